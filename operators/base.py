@@ -1,0 +1,129 @@
+"""What every stage shares: declared resources, schema conformance, and row accounting.
+
+A stage is a plain class: ``__init__`` loads what it needs once per worker, ``__call__`` takes a
+``pyarrow.Table`` batch and returns one. Nothing here imports Ray, so tests call stages directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.captions import OUTCOME_KEPT, OUTCOME_ROWS_IN, OUTCOME_ROWS_OUT, TALLY_COUNT, TALLY_OUTCOME, TALLY_STAGE
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a pipeline needs to know to turn a stage into a ``map_batches`` call."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    batch_size: int = 4096
+    # None: stateless stage, run as Ray tasks. An int: a pool of that many actors, each loading
+    # the stage's model once.
+    actors: int | None = None
+
+
+class ModelLoadError(RuntimeError):
+    """A configured model could not be loaded; the message names it and how to provide it."""
+
+
+def with_column(table: pa.Table, name: str, values) -> pa.Table:
+    """``table`` with column ``name`` set to ``values`` (replaced in place, or appended)."""
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, values) if i >= 0 else table.append_column(name, values)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Return ``table`` with exactly ``schema``'s columns, in order; absent columns are nulls."""
+    n = table.num_rows
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            if not col.type.equals(field.type):
+                col = col.cast(field.type)
+            columns.append(col)
+        else:
+            columns.append(pa.nulls(n, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def tally_rows(stage: str, counts: Mapping[str, int], schema: pa.Schema) -> pa.Table:
+    """One row per (stage, outcome) with its count and nulls elsewhere, conformed to ``schema``.
+
+    Outcomes with a zero count are still emitted, so every outcome appears in the summary.
+    """
+    outcomes = list(counts)
+    table = pa.table(
+        {
+            TALLY_STAGE: pa.array([stage] * len(outcomes), pa.string()),
+            TALLY_OUTCOME: pa.array(outcomes, pa.string()),
+            TALLY_COUNT: pa.array([int(counts[o]) for o in outcomes], pa.int64()),
+        }
+    )
+    return conform(table, schema)
+
+
+def split_tallies(batch: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Split a stream batch into (data rows, tally rows)."""
+    if TALLY_STAGE not in batch.column_names:
+        return batch, batch.slice(0, 0)
+    is_tally = pc.is_valid(batch.column(TALLY_STAGE))
+    return batch.filter(pc.invert(is_tally)), batch.filter(is_tally)
+
+
+def filter_with_tally(
+    batch: pa.Table,
+    stage: str,
+    outcome: pa.Array,
+    schema: pa.Schema,
+    outcomes: tuple[str, ...],
+) -> pa.Table:
+    """Keep rows whose ``outcome`` is "kept"; replace the others by tally rows counting each reason.
+
+    ``outcomes`` lists every possible outcome so that zero counts are reported too. The counts of
+    one call always add up to ``batch.num_rows``.
+    """
+    counts = dict.fromkeys((OUTCOME_KEPT,) + tuple(o for o in outcomes if o != OUTCOME_KEPT), 0)
+    if len(outcome):
+        vc = pc.value_counts(outcome)
+        for value, count in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
+            if value not in counts:
+                raise ValueError(f"stage {stage!r} produced unknown outcome {value!r}")
+            counts[value] = count
+    kept = batch.filter(pc.equal(outcome, OUTCOME_KEPT))
+    return pa.concat_tables([conform(kept, schema), tally_rows(stage, counts, schema)])
+
+
+class StreamStage:
+    """Run a stage on a stream that also carries tally rows, and count what it does.
+
+    Tally rows skip the operator and are passed on unchanged. A filtering operator (one with a
+    ``status_column``) keeps its "kept" rows and turns the others into tally rows per reason;
+    any other named operator tallies the rows it received and passed on. The result is conformed
+    to the stream schema, so every block of the stream has one schema.
+    """
+
+    def __init__(self, factory: Callable[..., Callable[[pa.Table], pa.Table]], kwargs: dict, schema: pa.Schema):
+        self.op = factory(**kwargs)
+        self.schema = schema
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        data, tallies = split_tallies(batch)
+        parts = []
+        if data.num_rows:
+            out = self.op(data)
+            stage = getattr(self.op, "stage_name", None)
+            status = getattr(self.op, "status_column", None)
+            if status is not None:
+                parts.append(filter_with_tally(out, stage, out.column(status), self.schema, self.op.outcomes))
+            else:
+                parts.append(conform(out, self.schema))
+                if stage is not None:
+                    parts.append(tally_rows(stage, {OUTCOME_ROWS_IN: data.num_rows, OUTCOME_ROWS_OUT: out.num_rows}, self.schema))
+        parts.append(conform(tallies, self.schema))
+        return pa.concat_tables(parts)

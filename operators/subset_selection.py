@@ -1,0 +1,160 @@
+"""Training subsets per occupation (paper 002, sections 4, 5.1, 5.2, 5.3) as a mergeable top-k.
+
+Every subset is "the k best rows of a group" for some order:
+
+* naive:            per occupation, the ``sample_size`` rows with the smallest ``sample_key``
+                    (a seeded uniform random sample, section 4);
+* nn:               per (occupation, prompt), the ``nn_k`` rows with the highest SBERT cosine to
+                    the prompt (section 5.2);
+* no_indicators / nn_no_indicators (section 5.1 / 5.3):
+    - mode "split" (the paper's): the rows of naive / nn whose caption has no gender indicator;
+    - mode "resample": the same top-k, drawn from captions without indicators only.
+
+``partial_top_k`` keeps at most k rows per group of one batch; the top-k of a union equals the
+top-k of the union of partial top-ks, so batches reduce independently on workers and the partials
+of one occupation merge in ``finalize``. Ties are broken by ``caption_id``, so the result does not
+depend on how the input was split into files, blocks or batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import conform
+from schemas.captions import (
+    CAPTION,
+    CAPTION_GENDER,
+    CAPTION_ID,
+    OCCUPATION,
+    PROMPT_SIMILARITY,
+    SAMPLE_KEY,
+    URL,
+    CaptionGender,
+)
+from schemas.subsets import PROMPT, PROMPT_ID, RANK, SIMILARITY, SUBSET, TRAINING_SUBSETS, Subset
+
+ORDER_KEY = "_order_key"
+MODES = ("split", "resample")
+CANDIDATES = pa.schema(
+    [
+        pa.field(OCCUPATION, pa.string()),
+        pa.field(SUBSET, pa.string()),
+        pa.field(PROMPT_ID, pa.int32()),  # 0 for prompt-free subsets while selecting
+        pa.field(ORDER_KEY, pa.float64()),
+        pa.field(CAPTION_ID, pa.int64()),
+        pa.field(URL, pa.string()),
+        pa.field(CAPTION, pa.string()),
+        pa.field(CAPTION_GENDER, pa.string()),
+        pa.field(SIMILARITY, pa.float32()),
+        pa.field(SAMPLE_KEY, pa.float64()),
+    ]
+)
+
+
+class SelectionConfig:
+    def __init__(self, sample_size: int = 500, nn_k: int = 500, n_prompts: int = 4, mode: str = "split"):
+        if mode not in MODES:
+            raise ValueError(f"no_indicator_mode must be one of {MODES}, not {mode!r}")
+        if sample_size < 0 or nn_k < 0:
+            raise ValueError("sample_size and nn_k must be >= 0")
+        self.sample_size, self.nn_k, self.n_prompts, self.mode = int(sample_size), int(nn_k), int(n_prompts), mode
+
+    def limit(self, subset: str) -> int:
+        return self.nn_k if subset in Subset.PER_PROMPT else self.sample_size
+
+    def as_dict(self) -> dict:
+        return {"sample_size": self.sample_size, "nn_k": self.nn_k, "n_prompts": self.n_prompts,
+                "no_indicator_mode": self.mode}
+
+
+def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, similarity: np.ndarray) -> pa.Table:
+    n = rows.num_rows
+    return pa.table(
+        {
+            OCCUPATION: rows.column(OCCUPATION),
+            SUBSET: pa.array([subset] * n, pa.string()),
+            PROMPT_ID: pa.array(np.full(n, prompt_id, np.int32)),
+            ORDER_KEY: pa.array(order, pa.float64()),
+            CAPTION_ID: rows.column(CAPTION_ID),
+            URL: rows.column(URL),
+            CAPTION: rows.column(CAPTION),
+            CAPTION_GENDER: rows.column(CAPTION_GENDER),
+            SIMILARITY: pa.array(similarity, pa.float32()),
+            SAMPLE_KEY: rows.column(SAMPLE_KEY),
+        },
+        schema=CANDIDATES,
+    )
+
+
+def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
+    """Every (group, row) pair a batch of annotated captions contributes, with its order key."""
+    sims = batch.column(PROMPT_SIMILARITY).combine_chunks()
+    if len(sims) and pc.min(pc.list_value_length(sims)).as_py() != cfg.n_prompts:
+        raise ValueError(f"{PROMPT_SIMILARITY} must hold {cfg.n_prompts} values per row")
+    sim = pc.list_flatten(sims).to_numpy(zero_copy_only=False).reshape(-1, cfg.n_prompts) if len(sims) else np.zeros((0, cfg.n_prompts), np.float32)
+    key = batch.column(SAMPLE_KEY).to_numpy()
+    parts = [_block(batch, Subset.NAIVE, 0, key, sim.mean(axis=1))]
+    parts += [_block(batch, Subset.NN, p + 1, -sim[:, p].astype(np.float64), sim[:, p]) for p in range(cfg.n_prompts)]
+    if cfg.mode == "resample":
+        none = pc.equal(batch.column(CAPTION_GENDER), CaptionGender.NONE).to_numpy(zero_copy_only=False)
+        rows, s, k = batch.filter(pa.array(none)), sim[none], key[none]
+        parts.append(_block(rows, Subset.NO_INDICATORS, 0, k, s.mean(axis=1)))
+        parts += [_block(rows, Subset.NN_NO_INDICATORS, p + 1, -s[:, p].astype(np.float64), s[:, p]) for p in range(cfg.n_prompts)]
+    return pa.concat_tables(parts)
+
+
+def _ranked(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """Sort by (occupation, subset, prompt_id, order key, caption_id); 0-based rank within group."""
+    order = pc.sort_indices(
+        table,
+        sort_keys=[(OCCUPATION, "ascending"), (SUBSET, "ascending"), (PROMPT_ID, "ascending"),
+                   (ORDER_KEY, "ascending"), (CAPTION_ID, "ascending")],
+    )
+    table = table.take(order)
+    n = table.num_rows
+    if n == 0:
+        return table, np.zeros(0, np.int64)
+    occ = pc.dictionary_encode(table.column(OCCUPATION)).combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    sub = pc.dictionary_encode(table.column(SUBSET)).combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    pid = table.column(PROMPT_ID).to_numpy().astype(np.int64)
+    new_group = np.ones(n, bool)
+    new_group[1:] = (occ[1:] != occ[:-1]) | (sub[1:] != sub[:-1]) | (pid[1:] != pid[:-1])
+    starts = np.flatnonzero(new_group)
+    group_start = starts[np.cumsum(new_group) - 1]
+    return table, np.arange(n) - group_start
+
+
+def top_k(table: pa.Table, cfg: SelectionConfig) -> pa.Table:
+    """At most ``cfg.limit(subset)`` best rows per (occupation, subset, prompt_id)."""
+    table, rank = _ranked(table)
+    limits = np.array([cfg.limit(s) for s in table.column(SUBSET).to_pylist()], np.int64) if table.num_rows else np.zeros(0, np.int64)
+    return table.filter(pa.array(rank < limits))
+
+
+def partial_top_k(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
+    """Reduce one batch of annotated captions to its contribution to every subset."""
+    return top_k(candidates(batch, cfg), cfg)
+
+
+def finalize(partials: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) -> pa.Table:
+    """Merge partial top-ks (of one or more occupations) into rows of the TRAINING_SUBSETS table."""
+    best = top_k(conform(partials, CANDIDATES), cfg)
+    if cfg.mode == "split":
+        none = pc.equal(best.column(CAPTION_GENDER), CaptionGender.NONE)
+        derived = best.filter(none)
+        renamed = pc.if_else(pc.equal(derived.column(SUBSET), Subset.NAIVE), Subset.NO_INDICATORS, Subset.NN_NO_INDICATORS)
+        derived = derived.set_column(derived.schema.get_field_index(SUBSET), SUBSET, renamed)
+        best = pa.concat_tables([best, derived])
+    best, rank = _ranked(best)
+    pid = best.column(PROMPT_ID).to_numpy()
+    occ = best.column(OCCUPATION).to_pylist()
+    prompt_text = [prompts[o][p - 1] if p > 0 else None for o, p in zip(occ, pid)]
+    out = (
+        best.drop_columns([ORDER_KEY, PROMPT_ID])
+        .append_column(PROMPT_ID, pa.array(pid, pa.int32(), mask=pid == 0))  # null: prompt-free subset
+        .append_column(PROMPT, pa.array(prompt_text, pa.string()))
+        .append_column(RANK, pa.array(rank + 1, pa.int32()))
+    )
+    return conform(out, TRAINING_SUBSETS)

@@ -1,0 +1,189 @@
+"""Occupation matching over captions (paper 002, sections 2.3 and 3.2; Table 4).
+
+Case-insensitive whole-word search for every occupation term and its regular plural,
+multi-word terms included ("prime minister"). Two vectorised passes:
+
+1. a single RE2 alternation over all terms (``pyarrow.compute.match_substring_regex``) finds the
+   captions that name any occupation -- this pass sees every caption of the scan;
+2. only for those captions, word n-grams are looked up in a hash set of all term forms
+   (``pyarrow.compute.index_in``), which says *which* occupations each caption names.
+
+Both passes share one definition of a word (see ``text_tokens``), so pass 1 never drops a caption
+that pass 2 would match.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import Resources, with_column
+from operators.text_tokens import NON_WORD, WORD_SEPARATORS, lists_from_pairs, ngrams, regex_escape, words
+from schemas.captions import (
+    CAPTION,
+    DROP_NO_OCCUPATION,
+    OCCUPATIONS,
+    OUTCOME_KEPT,
+    STAGE_OCCUPATIONS,
+)
+
+OCCUPATION_STATUS = "occupation_status"
+
+_VOWEL_Y = re.compile(r"[aeiou]y$")
+
+
+def normalise_name(name: str) -> str:
+    """Canonical spelling of an occupation name: lower case, underscores and runs of space as one space."""
+    return " ".join(str(name).replace("_", " ").lower().split())
+
+
+def plural(term: str) -> str:
+    """Regular English plural of the last word of ``term`` (engineers, attorneys, secretaries, coaches)."""
+    head, _, last = term.rpartition(" ")
+    if re.search(r"(s|x|z|ch|sh)$", last):
+        last = last + "es"
+    elif last.endswith("y") and not _VOWEL_Y.search(last):
+        last = last[:-1] + "ies"
+    else:
+        last = last + "s"
+    return f"{head} {last}" if head else last
+
+
+@dataclass(frozen=True)
+class Occupation:
+    """One occupation of a study: its canonical name and the surface terms that select it."""
+
+    name: str
+    terms: tuple[str, ...] = ()
+    prompt_name: str | None = None
+    article: str | None = None
+    extra_forms: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", normalise_name(self.name))
+        terms = tuple(normalise_name(t) for t in (self.terms or (self.name,)))
+        object.__setattr__(self, "terms", terms)
+
+    @classmethod
+    def parse(cls, spec) -> "Occupation":
+        """From a YAML entry: a plain string, or a mapping with name/terms/prompt_name/article/forms."""
+        if isinstance(spec, Occupation):
+            return spec
+        if isinstance(spec, str):
+            return cls(spec)
+        if isinstance(spec, dict) and "name" in spec:
+            unknown = set(spec) - {"name", "terms", "prompt_name", "article", "forms"}
+            if unknown:
+                raise ValueError(f"occupation {spec['name']!r}: unknown keys {sorted(unknown)}")
+            return cls(
+                spec["name"],
+                tuple(spec.get("terms") or ()),
+                spec.get("prompt_name"),
+                spec.get("article"),
+                tuple(normalise_name(f) for f in spec.get("forms") or ()),
+            )
+        raise ValueError(f"cannot read occupation entry {spec!r}: expected a name or a mapping with 'name'")
+
+    def forms(self) -> tuple[str, ...]:
+        """Every surface form searched: each term, its regular plural, and any explicit extra forms."""
+        out: list[str] = []
+        for t in self.terms:
+            for f in (t, plural(t)):
+                if f not in out:
+                    out.append(f)
+        out += [f for f in self.extra_forms if f not in out]
+        return tuple(out)
+
+
+def parse_occupations(specs) -> list[Occupation]:
+    occupations = [Occupation.parse(s) for s in specs]
+    names = [o.name for o in occupations]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"occupation list names {dupes} more than once")
+    if not occupations:
+        raise ValueError("the occupation list is empty")
+    return occupations
+
+
+class OccupationMatcher:
+    """Adds ``occupations`` (list of matched occupation names, in list order) and a status column.
+
+    Status: ``kept`` when the caption names at least one occupation, else ``no_occupation``.
+    Reads ``caption``; null captions never match.
+    """
+
+    stage_name = STAGE_OCCUPATIONS
+    status_column = OCCUPATION_STATUS
+    outcomes = (OUTCOME_KEPT, DROP_NO_OCCUPATION)
+    resources = Resources(num_cpus=1, batch_size=65536)
+
+    def __init__(self, occupations):
+        self.occupations = parse_occupations(occupations)
+        # form -> occupation index; a form claimed by two occupations is a configuration error
+        owner: dict[str, int] = {}
+        for i, occ in enumerate(self.occupations):
+            for form in occ.forms():
+                if form in owner and owner[form] != i:
+                    raise ValueError(
+                        f"term {form!r} selects both {self.occupations[owner[form]].name!r} and {occ.name!r}"
+                    )
+                owner[form] = i
+        self.max_words = max(len(f.split(" ")) for f in owner)
+        self._by_length: dict[int, tuple[pa.Array, np.ndarray]] = {}
+        for n in range(1, self.max_words + 1):
+            forms = [f for f in owner if len(f.split(" ")) == n]
+            if forms:
+                self._by_length[n] = (pa.array(forms, pa.string()), np.array([owner[f] for f in forms], np.int64))
+        # Longest forms first so the alternation prefers them; RE2 semantics make this irrelevant
+        # for a boolean match, but it keeps the pattern readable in logs.
+        alternation = "|".join(
+            WORD_SEPARATORS.join(regex_escape(w) for w in f.split(" ")) for f in sorted(owner, key=len, reverse=True)
+        )
+        self.pattern = f"(?i)(?:^|{NON_WORD})(?:{alternation})(?:{NON_WORD}|$)"
+        self._names = pa.array([o.name for o in self.occupations], pa.string())
+
+    def any_match(self, captions: pa.Array) -> np.ndarray:
+        """Boolean mask: does the caption name any occupation (pass 1, every caption)."""
+        hit = pc.match_substring_regex(captions, self.pattern)
+        return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
+
+    def which(self, captions: pa.Array) -> pa.ListArray:
+        """List of occupation names per caption (pass 2; run it only on captions that matched)."""
+        tokens, parent = words(captions)
+        rows, occs = [], []
+        for n, (forms, owners) in self._by_length.items():
+            grams, gparent = ngrams(tokens, parent, n)
+            idx = pc.index_in(grams, value_set=forms).to_numpy(zero_copy_only=False)
+            found = ~np.isnan(idx) if idx.dtype.kind == "f" else np.ones(len(idx), bool)
+            if idx.dtype.kind == "f":
+                rows.append(gparent[found])
+                occs.append(owners[idx[found].astype(np.int64)])
+            else:  # no nulls at all: every n-gram matched
+                rows.append(gparent)
+                occs.append(owners[idx])
+        rows_a = np.concatenate(rows) if rows else np.empty(0, np.int64)
+        occs_a = np.concatenate(occs) if occs else np.empty(0, np.int64)
+        # one entry per (row, occupation), ordered by row then by the occupation list order
+        key = np.unique(rows_a * len(self.occupations) + occs_a)
+        pair_rows, pair_occ = np.divmod(key, len(self.occupations))
+        return lists_from_pairs(len(captions), pair_rows, self._names.take(pa.array(pair_occ)))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        captions = batch.column(CAPTION).combine_chunks()
+        n = len(captions)
+        mask = self.any_match(captions)
+        hit_rows = np.flatnonzero(mask)
+        sub_lists = self.which(captions.take(pa.array(hit_rows, pa.int64())))
+        lengths = np.zeros(n, np.int64)
+        lengths[hit_rows] = pc.list_value_length(sub_lists).to_numpy(zero_copy_only=False)
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        occupations = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), sub_lists.flatten())
+        status = np.where(lengths > 0, OUTCOME_KEPT, DROP_NO_OCCUPATION)
+        batch = with_column(batch, OCCUPATIONS, occupations)
+        return with_column(batch, OCCUPATION_STATUS, pa.array(status, pa.string()))
