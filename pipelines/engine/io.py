@@ -1,0 +1,150 @@
+"""Reading LAION metadata from anywhere pyarrow/fsspec reaches, and writing results there.
+
+Input validation happens on the driver before any data is read: every file's parquet footer is
+read (metadata only), so a missing caption column or an unreadable file fails at once with a
+message naming the file and the column.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+
+class InputError(ValueError):
+    """Bad input detected before the run starts: the message names the file and the column."""
+
+
+@dataclass
+class ParquetInput:
+    files: list[str]            # paths within ``filesystem``
+    filesystem: pafs.FileSystem
+    fsspec_fs: fsspec.AbstractFileSystem
+    protocol: str
+    schemas: list[pa.Schema]    # one per file, read from the footers
+    num_rows: int               # total rows of all files, from the footers
+
+    def display(self, path: str) -> str:
+        return path if self.protocol in ("file", "local") else f"{self.protocol}://{path}"
+
+
+def _to_pyarrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("file", "local"):
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
+    """Expand files, directories (recursively, ``*.parquet``) and globs on one filesystem."""
+    if isinstance(paths, str):
+        paths = [paths]
+    files: list[str] = []
+    fs0 = None
+    for spec in paths:
+        fs, path = fsspec.core.url_to_fs(spec)
+        if fs0 is None:
+            fs0 = fs
+        elif type(fs) is not type(fs0):
+            raise InputError(f"all inputs must be on one filesystem; {spec!r} is not on {fs0.protocol}")
+        if fsspec.core.has_magic(path):
+            matched = sorted(fs.glob(path))
+            if not matched:
+                raise InputError(f"no files match {spec!r}")
+            for m in matched:
+                files += _expand(fs, m)
+        elif fs.isdir(path):
+            found = _expand(fs, path)
+            if not found:
+                raise InputError(f"no .parquet files under directory {spec!r}")
+            files += found
+        elif fs.exists(path):
+            files.append(path)
+        else:
+            raise InputError(f"input {spec!r} does not exist")
+    protocol = fs0.protocol if isinstance(fs0.protocol, str) else fs0.protocol[0]
+    pyfs = _to_pyarrow_fs(fs0)
+    metas = _read_footers(pyfs, files, protocol)
+    return ParquetInput(files, pyfs, fs0, protocol, [m.schema.to_arrow_schema() for m in metas],
+                        sum(m.num_rows for m in metas))
+
+
+def _expand(fs, path: str) -> list[str]:
+    if fs.isdir(path):
+        return sorted(p for p in fs.find(path) if p.endswith(".parquet") and not posixpath.basename(p).startswith((".", "_")))
+    return [path]
+
+
+def _read_footers(fs: pafs.FileSystem, files: list[str], protocol: str) -> list[pq.FileMetaData]:
+    def one(path: str) -> pq.FileMetaData:
+        try:
+            with fs.open_input_file(path) as fh:
+                return pq.read_metadata(fh)
+        except Exception as exc:  # ArrowInvalid (not parquet), OSError (permissions), ...
+            shown = path if protocol in ("file", "local") else f"{protocol}://{path}"
+            raise InputError(f"cannot read parquet file {shown}: {exc}") from exc
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(one, files))
+
+
+def resolve_column(inp: ParquetInput, wanted: str, role: str, required: bool = True) -> str | None:
+    """The column to read for ``wanted``: exact name, else a case-insensitive match (TEXT/text).
+
+    Every file must have it; the first file lacking it is named in the error.
+    """
+    chosen = None
+    for path, schema in zip(inp.files, inp.schemas):
+        names = schema.names
+        if wanted in names:
+            name = wanted
+        else:
+            ci = [n for n in names if n.lower() == wanted.lower()]
+            name = ci[0] if len(ci) == 1 else None
+        if name is None:
+            if not required:
+                return None
+            raise InputError(
+                f"{inp.display(path)} has no {role} column {wanted!r} (columns: {', '.join(names)}); "
+                f"choose it with --{role}-column"
+            )
+        if chosen is not None and name != chosen:
+            raise InputError(f"{inp.display(path)} names the {role} column {name!r}, other files {chosen!r}")
+        chosen = name
+    return chosen
+
+
+def output_fs(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, path) for an output location: a local path or any fsspec URI."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    return _to_pyarrow_fs(fs), path.rstrip("/")
+
+
+def write_table(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as fh:
+        pq.write_table(table, fh)
+
+
+def write_text(text: str, fs: pafs.FileSystem, path: str) -> None:
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as fh:
+        fh.write(text.encode("utf-8"))
+
+
+def clear_dir(fs: pafs.FileSystem, path: str) -> None:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir_contents(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound

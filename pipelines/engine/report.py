@@ -1,0 +1,69 @@
+"""Per-occupation tables of the caption side, computed from bounded inputs (subsets, group stats)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.subset_selection import SelectionConfig
+from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
+from schemas.subsets import SIMILARITY, SIMILARITY_SUMMARY, SUBSET, Subset
+
+STATS = pa.schema(
+    [
+        pa.field(OCCUPATION, pa.string()),
+        pa.field("matched_captions", pa.int64()),
+        pa.field("female_indicator_captions", pa.int64()),
+        pa.field("male_indicator_captions", pa.int64()),
+        pa.field("any_indicator_captions", pa.int64()),
+    ]
+)
+
+
+def occupation_stats(group: pa.Table) -> pa.Table:
+    """Caption and indicator counts of one occupation's annotated captions (a Ray map_groups fn)."""
+    g = group.column(CAPTION_GENDER)
+    female = pc.sum(pc.is_in(g, pa.array([CaptionGender.FEMALE, CaptionGender.BOTH]))).as_py() or 0
+    male = pc.sum(pc.is_in(g, pa.array([CaptionGender.MALE, CaptionGender.BOTH]))).as_py() or 0
+    anyind = pc.sum(pc.not_equal(g, CaptionGender.NONE)).as_py() or 0
+    return pa.table(
+        {
+            OCCUPATION: [group.column(OCCUPATION)[0].as_py()],
+            "matched_captions": [group.num_rows],
+            "female_indicator_captions": [female],
+            "male_indicator_captions": [male],
+            "any_indicator_captions": [anyind],
+        },
+        schema=STATS,
+    )
+
+
+def similarity_summary(stats: pa.Table | None, subsets: pa.Table, occupations, selection: SelectionConfig) -> pa.Table:
+    """One row per configured occupation (also those no caption names), SIMILARITY_SUMMARY schema."""
+    by_occ = {}
+    if stats is not None:
+        for row in stats.to_pylist():
+            by_occ[row[OCCUPATION]] = row
+    sims: dict[tuple[str, str], list[float]] = {}
+    for occ, sub, sim in zip(subsets.column(OCCUPATION).to_pylist(), subsets.column(SUBSET).to_pylist(),
+                             subsets.column(SIMILARITY).to_pylist()):
+        sims.setdefault((occ, sub), []).append(sim)
+    rows = []
+    for o in occupations:
+        st = by_occ.get(o.name, {})
+        n = st.get("matched_captions", 0)
+        rnd, nn = sims.get((o.name, Subset.NAIVE), []), sims.get((o.name, Subset.NN), [])
+        rows.append(
+            {
+                OCCUPATION: o.name,
+                "matched_captions": n,
+                "random_sample_size": len(rnd),
+                "random_mean_cosine": sum(rnd) / len(rnd) if rnd else None,
+                "nn_selected": len(nn),
+                "nn_mean_cosine": sum(nn) / len(nn) if nn else None,
+                "female_indicator_share": st["female_indicator_captions"] / n if n else None,
+                "male_indicator_share": st["male_indicator_captions"] / n if n else None,
+                "any_indicator_share": st["any_indicator_captions"] / n if n else None,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=SIMILARITY_SUMMARY)
