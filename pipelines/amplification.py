@@ -185,8 +185,9 @@ def run_captions(args) -> dict:
     actor_cpus = args.embed_actors + (0 if args.no_names else args.ner_actors)
     ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, actor_cpus=actor_cpus)
     scan = Resources(num_cpus=1, batch_size=args.scan_batch_size)
-    ds = ray.data.read_parquet(inp.files, filesystem=inp.filesystem,
-                               columns=[c for c in (text_col, url_col, *extras) if c])
+    # only the needed columns are read: Ray pushes the projection down into the parquet reader
+    ds = ray.data.read_parquet(inp.files, filesystem=inp.filesystem).select_columns(
+        [c for c in (text_col, url_col, *extras) if c])
     ds = runtime.stage(ds, CaptionValidator, {"text_column": text_col, "url_column": url_col}, schema, scan)
     ds = runtime.stage(ds, OccupationMatcher, {"occupations": occupations}, schema, scan)
     ds = runtime.stage(ds, GenderWordIndicators, {k: gi[k] for k in ("male_words", "female_words", "male_pronouns", "female_pronouns")}, schema)

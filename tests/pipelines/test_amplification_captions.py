@@ -1,0 +1,146 @@
+"""The caption side end to end on a local Ray instance, checked against synthetic ground truth."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipelines import amplification
+from pipelines.synthetic_laion import generate, write
+from schemas.captions import annotated_schema
+from schemas.subsets import TRAINING_SUBSETS
+
+pytestmark = pytest.mark.ray
+
+K_SAMPLE, K_NN = 20, 15
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return generate(2000, seed=7)
+
+
+@pytest.fixture(scope="module")
+def run(ray_local, synthetic, tmp_path_factory):
+    base = tmp_path_factory.mktemp("captions")
+    write(synthetic, base / "laion", files=3)
+    out = base / "out"
+    rc = amplification.main(["captions", "--input", str(base / "laion"), "--output", str(out),
+                             "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN), "--keep-columns", "WIDTH"])
+    assert rc == 0
+    return base, out
+
+
+def by_url(table):
+    return {r["url"]: r for r in table.to_pylist()}
+
+
+def test_annotated_captions_match_ground_truth(run, synthetic):
+    _, out = run
+    ann = pq.read_table(out / "annotated_captions")
+    assert ann.schema.remove_metadata().equals(
+        annotated_schema([pa.field("WIDTH", pa.int32())]).remove_metadata(), check_metadata=False)
+    truth = [r for r in synthetic.to_pylist() if r["gt_occupations"]]
+    assert ann.num_rows == sum(len(r["gt_occupations"]) for r in truth)
+    got = {}
+    for r in ann.to_pylist():
+        got.setdefault(r["url"], []).append(r)
+    assert set(got) == {r["URL"] for r in truth}
+    agree, explicit_ok = 0, True
+    for r in truth:
+        rows = got[r["URL"]]
+        assert sorted(x["occupation"] for x in rows) == sorted(r["gt_occupations"])
+        assert len({x["caption_id"] for x in rows}) == 1 and rows[0]["WIDTH"] == r["WIDTH"]
+        label = rows[0]["caption_gender"]
+        agree += label == r["gt_caption_gender"]
+        if set(r["gt_indicator_kinds"]) <= {"word", "pronoun"}:
+            explicit_ok &= label == r["gt_caption_gender"]
+    assert explicit_ok  # words and pronouns are exact
+    assert agree / len(truth) > 0.97  # names go through a statistical NER model
+
+
+def test_every_row_is_accounted_for(run, synthetic):
+    _, out = run
+    metrics = json.loads((out / "metrics.json").read_text())
+    counts = metrics["counts"]
+    text = synthetic.column("TEXT")
+    nulls = text.null_count
+    blanks = pc.sum(pc.equal(pc.utf8_trim_whitespace(text), "")).as_py()
+    assert counts["read_captions"] == {"rows_in": 2000, "rows_out": 2000 - nulls - blanks,
+                                       "dropped": {"empty_caption": blanks, "non_text_caption": 0, "null_caption": nulls}}
+    matched = sum(1 for o in synthetic.column("gt_occupations").to_pylist() if o)
+    assert counts["occupation_match"]["rows_out"] == matched
+    assert counts["occupation_match"]["dropped"]["no_occupation"] == 2000 - nulls - blanks - matched
+    assert counts["explode_occupations"]["rows_in"] == matched
+    assert counts["prompt_similarity"]["rows_out"] == metrics["annotated_rows"]
+    csv = (out / "stage_counts.csv").read_text()
+    assert "read_captions,null_caption," in csv
+
+
+def test_training_subsets(run):
+    _, out = run
+    subsets = pq.read_table(out / "training_subsets.parquet")
+    assert subsets.schema.equals(TRAINING_SUBSETS, check_metadata=False)
+    ann = pq.read_table(out / "annotated_captions").to_pandas()
+    df = subsets.to_pandas()
+    per_occ = ann.groupby("occupation").size()
+    for occ, n in per_occ.items():
+        s = df[df.occupation == occ]
+        naive = s[s.subset == "naive"]
+        assert len(naive) == min(K_SAMPLE, n)
+        assert naive.caption_id.tolist() == ann[ann.occupation == occ].nsmallest(K_SAMPLE, "sample_key").caption_id.tolist()
+        assert s[s.subset == "no_indicators"].caption_id.tolist() == naive[naive.caption_gender == "none"].caption_id.tolist()
+        for p in (1, 2, 3, 4):
+            nn = s[(s.subset == "nn") & (s.prompt_id == p)]
+            assert len(nn) == min(K_NN, n)
+            assert (nn.similarity.diff().dropna() <= 1e-6).all()  # ranked by similarity
+    sim = pq.read_table(out / "similarity_summary.parquet").to_pandas()
+    assert len(sim) == 62
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["headline"]["nn_mean_cosine"] > metrics["headline"]["random_mean_cosine"]
+
+
+def test_metrics_record_configuration(run):
+    _, out = run
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["config"]["selection"] == {"sample_size": K_SAMPLE, "nn_k": K_NN, "n_prompts": 4,
+                                        "no_indicator_mode": "split", "seed": 0}
+    assert m["models"]["sbert"]["source"] == "package" and len(m["models"]["sbert"]["weights_sha256"]) == 64
+    assert m["models"]["spacy"]["version"]
+    assert m["environment"]["packages"]["ray"]
+    assert len(m["config"]["occupations"]) == 62 and len(m["input"]["files"]) == 3
+
+
+def test_same_result_from_one_file_and_refuses_to_overwrite(run, synthetic, capsys):
+    base, out = run
+    write(synthetic, base / "single.parquet")
+    out2 = base / "out2"
+    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(out2),
+                               "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN)]) == 0
+    a = pq.read_table(out / "training_subsets.parquet")
+    b = pq.read_table(out2 / "training_subsets.parquet")
+    assert a.drop_columns(["similarity"]).equals(b.drop_columns(["similarity"]))
+    assert pc.max(pc.abs(pc.subtract(a["similarity"], b["similarity"]))).as_py() < 1e-5
+    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(out2)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
+    pq.write_table(pa.table({"url": ["a", "b", "c", "d"],
+                             "text": ["Two dog walkers in the park", "A barista pouring coffee", "her barista job", "a nurse"]}),
+                   tmp_path / "in.parquet")
+    (tmp_path / "occ.yaml").write_text(yaml.safe_dump(["dog walker", "barista"]))
+    out = tmp_path / "out"
+    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out),
+                               "--occupations-file", str(tmp_path / "occ.yaml"), "--no-names", "--nn-k", "1"]) == 0
+    ann = pq.read_table(out / "annotated_captions").sort_by("url").to_pydict()
+    assert ann["occupation"] == ["dog walker", "barista", "barista"]
+    assert ann["caption_gender"] == ["none", "none", "female"]
+    m = json.loads((out / "metrics.json").read_text())
+    assert "person_names" not in m["counts"] and m["counts"]["occupation_match"]["dropped"]["no_occupation"] == 1
+    nn = pq.read_table(out / "training_subsets.parquet").filter(pc.equal(pc.field("subset"), "nn")).to_pydict()
+    assert nn["prompt"][:4] == ["A photo of the face of a barista", "A portrait photo of a barista",
+                                "A photo of a barista smiling", "A photo of a barista at work"]

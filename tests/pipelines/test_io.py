@@ -1,0 +1,72 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.engine import io
+
+
+def write(path, **cols):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+@pytest.fixture
+def laion_dir(tmp_path):
+    for i in range(3):
+        write(tmp_path / "laion" / f"part-{i}.parquet", URL=[f"u{i}"], TEXT=[f"t{i}"])
+    (tmp_path / "laion" / "_SUCCESS").write_text("")
+    return tmp_path / "laion"
+
+
+def test_file_directory_glob_and_uri(laion_dir):
+    one = io.resolve_parquet_inputs(str(laion_dir / "part-0.parquet"))
+    assert len(one.files) == 1 and one.num_rows == 1
+    assert len(io.resolve_parquet_inputs(str(laion_dir)).files) == 3
+    assert len(io.resolve_parquet_inputs(str(laion_dir / "part-[01].parquet")).files) == 2
+    uri = io.resolve_parquet_inputs(f"file://{laion_dir}")
+    assert len(uri.files) == 3 and uri.num_rows == 3
+    many = io.resolve_parquet_inputs([str(laion_dir / "part-0.parquet"), str(laion_dir / "part-2.parquet")])
+    assert many.num_rows == 2
+
+
+def test_column_names_configurable_and_lower_case_accepted(tmp_path):
+    lower = io.resolve_parquet_inputs(str(write(tmp_path / "a.parquet", url=["u"], text=["t"])))
+    assert io.resolve_column(lower, "TEXT", "text") == "text"
+    assert io.resolve_column(lower, "URL", "url") == "url"
+    custom = io.resolve_parquet_inputs(str(write(tmp_path / "b.parquet", link=["u"], caption_text=["t"])))
+    assert io.resolve_column(custom, "caption_text", "text") == "caption_text"
+
+
+def test_missing_column_names_file_and_column(laion_dir):
+    bad = write(laion_dir / "part-9.parquet", URL=["u"], caption=["t"])
+    inp = io.resolve_parquet_inputs(str(laion_dir))
+    with pytest.raises(io.InputError) as exc:
+        io.resolve_column(inp, "TEXT", "text")
+    assert str(bad) in str(exc.value) and "'TEXT'" in str(exc.value)
+
+
+def test_unreadable_file_is_named(laion_dir):
+    broken = laion_dir / "part-5.parquet"
+    broken.write_bytes(b"this is not parquet")
+    with pytest.raises(io.InputError, match=str(broken)):
+        io.resolve_parquet_inputs(str(laion_dir))
+
+
+def test_missing_inputs(tmp_path):
+    with pytest.raises(io.InputError, match="does not exist"):
+        io.resolve_parquet_inputs(str(tmp_path / "nope.parquet"))
+    with pytest.raises(io.InputError, match="no files match"):
+        io.resolve_parquet_inputs(str(tmp_path / "*.parquet"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(io.InputError, match="no .parquet files"):
+        io.resolve_parquet_inputs(str(tmp_path / "empty"))
+
+
+def test_outputs_through_fsspec(tmp_path):
+    fs, path = io.output_fs("memory://results/run1")
+    io.write_text("{}", fs, f"{path}/metrics.json")
+    assert io.exists(fs, f"{path}/metrics.json")
+    fs, path = io.output_fs(f"file://{tmp_path}/out")
+    io.write_table(pa.table({"a": [1]}), fs, f"{path}/t.parquet")
+    assert pq.read_table(tmp_path / "out" / "t.parquet")["a"].to_pylist() == [1]
