@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,6 +36,12 @@ def with_column(table: pa.Table, name: str, values) -> pa.Table:
     """``table`` with column ``name`` set to ``values`` (replaced in place, or appended)."""
     i = table.schema.get_field_index(name)
     return table.set_column(i, name, values) if i >= 0 else table.append_column(name, values)
+
+
+def status_array(codes: np.ndarray, outcomes: tuple[str, ...]) -> pa.DictionaryArray:
+    """A status column from integer (or boolean) codes indexing ``outcomes``; dictionary-encoded,
+    so building it costs nothing per row."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, np.int8)), pa.array(list(outcomes), pa.string()))
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

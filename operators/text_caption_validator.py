@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import Resources, with_column
+from operators.base import Resources, status_array, with_column
 from schemas.captions import CAPTION, DROP_EMPTY, DROP_NON_TEXT, DROP_NULL, OUTCOME_KEPT, STAGE_CAPTIONS, URL
 
 CAPTION_STATUS = "caption_status"
@@ -61,9 +61,9 @@ class CaptionValidator:
         is_null = pc.is_null(text).to_numpy(zero_copy_only=False) & ~non_text
         blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
         is_empty = pc.fill_null(blank, False).to_numpy(zero_copy_only=False)
-        status = np.where(
-            non_text, DROP_NON_TEXT, np.where(is_null, DROP_NULL, np.where(is_empty, DROP_EMPTY, OUTCOME_KEPT))
-        )
+        # codes index self.outcomes = (kept, null, empty, non_text)
+        codes = np.where(non_text, 3, np.where(is_null, 1, np.where(is_empty, 2, 0)))
+        status = status_array(codes, self.outcomes)
         if self.url_column is not None:
             url_raw = batch.column(self.url_column).combine_chunks()
             url, _ = _as_text(url_raw)
@@ -72,4 +72,4 @@ class CaptionValidator:
         rest = batch.drop_columns([c for c in {self.text_column, self.url_column} if c is not None])
         rest = with_column(rest, CAPTION, text)
         rest = with_column(rest, URL, url)
-        return with_column(rest, CAPTION_STATUS, pa.array(status, pa.string()))
+        return with_column(rest, CAPTION_STATUS, status)

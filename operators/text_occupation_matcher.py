@@ -8,8 +8,9 @@ multi-word terms included ("prime minister"). Two vectorised passes:
 2. only for those captions, word n-grams are looked up in a hash set of all term forms
    (``pyarrow.compute.index_in``), which says *which* occupations each caption names.
 
-Both passes share one definition of a word (see ``text_tokens``), so pass 1 never drops a caption
-that pass 2 would match.
+Pass 1 uses RE2's ASCII word boundary ``\b`` (the fastest form of the pattern), widened by ``_``
+so that "fashion_designer" passes. That is exactly the word boundary of ``text_tokens``, so the
+two passes agree: pass 1 neither drops a caption pass 2 would match nor keeps one it would not.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import Resources, with_column
-from operators.text_tokens import NON_WORD, WORD_SEPARATORS, lists_from_pairs, ngrams, regex_escape, words
+from operators.base import Resources, status_array, with_column
+from operators.text_tokens import lists_from_pairs, ngrams, regex_escape, words
 from schemas.captions import (
     CAPTION,
     DROP_NO_OCCUPATION,
@@ -139,13 +140,27 @@ class OccupationMatcher:
             forms = [f for f in owner if len(f.split(" ")) == n]
             if forms:
                 self._by_length[n] = (pa.array(forms, pa.string()), np.array([owner[f] for f in forms], np.int64))
-        # Longest forms first so the alternation prefers them; RE2 semantics make this irrelevant
-        # for a boolean match, but it keeps the pattern readable in logs.
-        alternation = "|".join(
-            WORD_SEPARATORS.join(regex_escape(w) for w in f.split(" ")) for f in sorted(owner, key=len, reverse=True)
-        )
-        self.pattern = f"(?i)(?:^|{NON_WORD})(?:{alternation})(?:{NON_WORD}|$)"
+        self.pattern = rf"(?i)(?:\b|_)(?:{'|'.join(self._alternatives())})(?:\b|_)"
         self._names = pa.array([o.name for o in self.occupations], pa.string())
+
+    def _alternatives(self) -> list[str]:
+        """Regex alternatives for all forms; "engineers?" instead of "engineer|engineers" keeps
+        RE2's automaton small (about 10% faster than listing every form)."""
+        def rx(form: str) -> str:
+            return r"[\W_]+".join(regex_escape(w) for w in form.split(" "))
+
+        out = []
+        for occ in self.occupations:
+            for t in occ.terms:
+                p = plural(t)
+                if p == t + "s":
+                    out.append(rx(t) + "s?")
+                elif p == t + "es":
+                    out.append(rx(t) + "(?:es)?")
+                else:
+                    out.append(f"{rx(t)}|{rx(p)}")
+            out += [rx(f) for f in occ.extra_forms]
+        return out
 
     def any_match(self, captions: pa.Array) -> np.ndarray:
         """Boolean mask: does the caption name any occupation (pass 1, every caption)."""
@@ -158,14 +173,10 @@ class OccupationMatcher:
         rows, occs = [], []
         for n, (forms, owners) in self._by_length.items():
             grams, gparent = ngrams(tokens, parent, n)
-            idx = pc.index_in(grams, value_set=forms).to_numpy(zero_copy_only=False)
-            found = ~np.isnan(idx) if idx.dtype.kind == "f" else np.ones(len(idx), bool)
-            if idx.dtype.kind == "f":
-                rows.append(gparent[found])
-                occs.append(owners[idx[found].astype(np.int64)])
-            else:  # no nulls at all: every n-gram matched
-                rows.append(gparent)
-                occs.append(owners[idx])
+            idx = pc.index_in(grams, value_set=forms)
+            found = pc.is_valid(idx).to_numpy(zero_copy_only=False)
+            rows.append(gparent[found])
+            occs.append(owners[pc.fill_null(idx, 0).to_numpy(zero_copy_only=False)[found]])
         rows_a = np.concatenate(rows) if rows else np.empty(0, np.int64)
         occs_a = np.concatenate(occs) if occs else np.empty(0, np.int64)
         # one entry per (row, occupation), ordered by row then by the occupation list order
@@ -184,6 +195,6 @@ class OccupationMatcher:
         offsets = np.zeros(n + 1, np.int32)
         np.cumsum(lengths, out=offsets[1:])
         occupations = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), sub_lists.flatten())
-        status = np.where(lengths > 0, OUTCOME_KEPT, DROP_NO_OCCUPATION)
+        status = status_array(lengths == 0, (OUTCOME_KEPT, DROP_NO_OCCUPATION))
         batch = with_column(batch, OCCUPATIONS, occupations)
-        return with_column(batch, OCCUPATION_STATUS, pa.array(status, pa.string()))
+        return with_column(batch, OCCUPATION_STATUS, status)

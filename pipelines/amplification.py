@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--ner-actors", type=int, default=1, help="spaCy actors (default 1)")
     k.add_argument("--embed-actors", type=int, default=1, help="SBERT actors (default 1)")
     k.add_argument("--embed-gpus", type=float, default=0.0, help="GPUs per SBERT actor (default 0)")
-    k.add_argument("--scan-batch-size", type=int, default=65536, help="rows per batch of the caption scan")
+    k.add_argument("--scan-batch-size", type=int, default=262144,
+                   help="rows per batch of the caption scan (default 262144: amortises the regex compile)")
     _common(p)
     return ap
 

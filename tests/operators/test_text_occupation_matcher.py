@@ -78,12 +78,15 @@ def test_status_column(matcher):
 
 
 def test_prefilter_agrees_with_word_lookup(matcher):
-    """Pass 1 (regex over every caption) must select exactly the captions pass 2 finds occupations in."""
+    """Pass 1 (regex over every caption) selects exactly the captions pass 2 finds occupations in."""
     caps = generate(4000, seed=3).column("TEXT").combine_chunks()
-    caps = pa.concat_arrays([caps, pa.array(["x_nurse_y", "nurse-led", "ünurse", "nurseé", "naïve nurse"])])
+    odd = pa.array(["x_nurse_y", "nurse-led", "nurse2", "2nurse", "ünurse", "naïve nurse", "prime\u00a0minister",
+                    "chef’s", "prime__minister", "primeminister", "NURSE", "nurses'", "nurseS"])
+    caps = pa.concat_arrays([caps, odd])
     prefilter = matcher.any_match(caps)
     which = np.array([len(x) > 0 for x in matcher.which(caps).to_pylist()])
     assert (prefilter == which).all()
+    assert match(matcher, ["nurse2", "prime\u00a0minister", "primeminister"]) == [[], ["prime minister"], []]
 
 
 def test_matches_synthetic_ground_truth(matcher):
