@@ -30,11 +30,11 @@ from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_name_gender import NameGenderIndicators, load_spacy  # noqa: E402
 from operators.text_occupation_explode import OccupationExploder  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from operators.text_prompt_similarity import PromptSimilarity, resolve_sbert, weights_fingerprint, load_sentence_transformer  # noqa: E402
+from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, resolve_sbert, weights_fingerprint  # noqa: E402
 from pipelines.engine import config as study_config  # noqa: E402
 from pipelines.engine import io, runtime  # noqa: E402
-from pipelines.engine.report import similarity_summary, occupation_stats  # noqa: E402
-from pipelines.engine.summary import check_chain, format_summary, stage_counts, summarize  # noqa: E402
+from pipelines.engine import report  # noqa: E402
+from pipelines.engine.summary import CountMismatch, check_chain, format_summary, stage_counts, summarize  # noqa: E402
 from schemas import captions as C  # noqa: E402
 from schemas.subsets import TRAINING_SUBSETS  # noqa: E402
 
@@ -45,11 +45,13 @@ STAGE_ORDER = [
     C.STAGE_CAPTIONS, C.STAGE_OCCUPATIONS, "gender_words", "person_names", C.STAGE_EXPLODE, "prompt_similarity",
 ]
 
-ANNOTATED_DIR = "annotated_captions"
-SUBSETS_FILE = "training_subsets.parquet"
-SIMILARITY_FILE = "similarity_summary"
-COUNTS_FILE = "stage_counts"
-METRICS_FILE = "metrics.json"
+FILES = {  # what the captions subcommand writes under --output
+    "annotated": "annotated_captions",
+    "subsets": "training_subsets.parquet",
+    "similarity": "similarity_summary",
+    "counts": "stage_counts",
+    "metrics": "metrics.json",
+}
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -146,139 +148,152 @@ def _settings(args) -> dict:
 def run_captions(args) -> dict:
     started = time.time()
     st = _settings(args)
-    occupations, templates = st["occupations"], st["prompts"]
-    gi, sel, models = st["gender_indicators"], st["selection"], st["models"]
-    selection = SelectionConfig(sel["sample_size"], sel["nn_k"], len(templates), sel["no_indicator_mode"])
-    prompts = prompt_table(occupations, templates)
+    selection = SelectionConfig(st["selection"]["sample_size"], st["selection"]["nn_k"], len(st["prompts"]),
+                                st["selection"]["no_indicator_mode"])
+    prompts = prompt_table(st["occupations"], st["prompts"])
 
-    # 1. validate the input before anything runs: files readable, columns present
-    inp = io.resolve_parquet_inputs(args.input)
-    text_col = io.resolve_column(inp, args.text_column, "text")
-    url_col = None if args.url_column.lower() == "none" else io.resolve_column(inp, args.url_column, "url")
-    extras = [io.resolve_column(inp, c, "keep") for c in args.keep_columns]
-    reserved = set(C.stream_schema().names)
-    clash = [c for c in extras if c in reserved]
-    if clash:
-        raise io.InputError(f"--keep-columns {clash} clash with columns this pipeline writes")
-    extra_fields = [inp.schemas[0].field(c) for c in extras]
+    inp, columns, extra_fields = _validate_input(args)          # fails now on bad files / columns
+    out_fs, out = _prepare_output(args)
+    model_record = _load_models_once(args, st)                 # fails now on an unloadable model
+    ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose,
+                           actor_cpus=args.embed_actors + (0 if args.no_names else args.ner_actors))
+
     schema = C.stream_schema(extra_fields)
+    ds = caption_stream(ray, inp, columns, schema, st, args).materialize()  # matched captions + tally rows
 
-    out_fs, out = io.output_fs(args.output)
-    if io.exists(out_fs, f"{out}/{METRICS_FILE}") or io.exists(out_fs, f"{out}/{ANNOTATED_DIR}"):
-        if not args.overwrite:
-            raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
-        for name in (ANNOTATED_DIR, SUBSETS_FILE, METRICS_FILE):
-            io.clear_dir(out_fs, f"{out}/{name}")
-
-    # 2. load every model once on the driver: a model that cannot load fails here, before any data
-    model_record = {}
-    if not args.no_names:
-        nlp = load_spacy(gi["spacy_model"])
-        model_record["spacy"] = {"model": gi["spacy_model"], "name": nlp.meta.get("name"),
-                                 "version": nlp.meta.get("version"), "pipes": nlp.pipe_names}
-        del nlp
-    load_sentence_transformer(models["sbert"], models["sbert_revision"], "cpu")
-    _, sbert_record = resolve_sbert(models["sbert"], models["sbert_revision"])
-    sbert_record["weights_sha256"] = weights_fingerprint(sbert_record.get("path") or "")
-    model_record["sbert"] = sbert_record
-
-    # 3. the streaming caption scan
-    actor_cpus = args.embed_actors + (0 if args.no_names else args.ner_actors)
-    ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, actor_cpus=actor_cpus)
-    scan = Resources(num_cpus=1, batch_size=args.scan_batch_size)
-    # only the needed columns are read: Ray pushes the projection down into the parquet reader
-    ds = ray.data.read_parquet(inp.files, filesystem=inp.filesystem).select_columns(
-        [c for c in (text_col, url_col, *extras) if c])
-    ds = runtime.stage(ds, CaptionValidator, {"text_column": text_col, "url_column": url_col}, schema, scan)
-    ds = runtime.stage(ds, OccupationMatcher, {"occupations": occupations}, schema, scan)
-    ds = runtime.stage(ds, GenderWordIndicators, {k: gi[k] for k in ("male_words", "female_words", "male_pronouns", "female_pronouns")}, schema)
-    if not args.no_names:
-        ds = runtime.stage(ds, NameGenderIndicators,
-                           {"spacy_model": gi["spacy_model"], "count_mostly": gi["count_mostly_names"],
-                            "skip_words": [t for o in occupations for t in o.forms()]},
-                           schema, Resources(num_cpus=1, batch_size=1024, actors=args.ner_actors))
-    ds = runtime.stage(ds, OccupationExploder, {"seed": sel["seed"]}, schema)
-    ds = runtime.stage(ds, PromptSimilarity,
-                       {"model": models["sbert"], "revision": models["sbert_revision"], "occupations": occupations,
-                        "templates": templates, "device": args.device},
-                       schema, Resources(num_cpus=1, num_gpus=args.embed_gpus, batch_size=2048, actors=args.embed_actors))
-    # Executes the whole stream; what stays in the object store is the matched captions only.
-    ds = ds.materialize()
-
-    # 4. split tally rows (run summary) from data rows (annotated captions)
-    annotated_schema = C.annotated_schema(extra_fields)
     tallies = pa.concat_tables(ray.get(ds.map_batches(_tally_part, batch_format="pyarrow").to_arrow_refs())
                                or [schema.empty_table()])
-    data = ds.map_batches(_data_part, fn_args=(annotated_schema,), batch_format="pyarrow").materialize()
+    data = ds.map_batches(_data_part, fn_args=(C.annotated_schema(extra_fields),), batch_format="pyarrow").materialize()
     annotated_rows = data.count()
-    data.write_parquet(f"{out}/{ANNOTATED_DIR}", filesystem=out_fs)
+    data.write_parquet(f"{out}/{FILES['annotated']}", filesystem=out_fs)
 
-    # 5. training subsets: partial top-k per batch, merged per occupation
-    if annotated_rows:
-        subsets = (
-            data.map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=65536)
-            .groupby(C.OCCUPATION)
-            .map_groups(finalize, fn_args=(selection, prompts), batch_format="pyarrow")
-        )
-        subsets = pa.concat_tables(ray.get(subsets.to_arrow_refs()))
-        subsets = conform(subsets, TRAINING_SUBSETS).sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
-        stats = pa.concat_tables(ray.get(
-            data.select_columns([C.OCCUPATION, C.CAPTION_GENDER, C.MALE_INDICATORS, C.FEMALE_INDICATORS])
-            .groupby(C.OCCUPATION).map_groups(occupation_stats, batch_format="pyarrow").to_arrow_refs()))
-    else:
-        subsets, stats = TRAINING_SUBSETS.empty_table(), None
-    io.write_table(subsets, out_fs, f"{out}/{SUBSETS_FILE}")
-    sim = similarity_summary(stats, subsets, occupations, selection)
-    io.write_table(sim, out_fs, f"{out}/{SIMILARITY_FILE}.parquet")
-    io.write_text(sim.to_pandas().to_csv(index=False), out_fs, f"{out}/{SIMILARITY_FILE}.csv")
+    subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
+    io.write_table(subsets, out_fs, f"{out}/{FILES['subsets']}")
+    sim = report.similarity_summary(stats, subsets, st["occupations"], selection)
+    _write_both(sim, out_fs, f"{out}/{FILES['similarity']}")
 
-    # 6. the run summary: rows in / kept / dropped per reason per stage, and they must add up
     counts = stage_counts(tallies)
-    io.write_table(counts, out_fs, f"{out}/{COUNTS_FILE}.parquet")
-    io.write_text(counts.to_pandas().to_csv(index=False), out_fs, f"{out}/{COUNTS_FILE}.csv")
-    order = [s for s in STAGE_ORDER if not (args.no_names and s == "person_names")]
-    summary = summarize(counts, order)
+    _write_both(counts, out_fs, f"{out}/{FILES['counts']}")
+    summary = summarize(counts, [s for s in STAGE_ORDER if not (args.no_names and s == "person_names")])
     if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
-        raise AssertionError(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
+        raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
     check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))
 
-    headline = _headline(sim, subsets)
+    sizes, head = report.subset_sizes(subsets), report.headline(sim)
     metrics = {
-        "study": "paper002-amplification",
-        "stage": "captions",
-        "started_unix": started,
-        "duration_s": round(time.time() - started, 3),
+        "study": "paper002-amplification", "stage": "captions",
+        "started_unix": started, "duration_s": round(time.time() - started, 3),
         "input": {"paths": list(args.input), "files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
-                  "text_column": text_col, "url_column": url_col, "kept_columns": extras},
+                  **columns},
         "output": args.output,
         "config": {
-            "occupations": [o.__dict__ | {"forms": list(o.forms())} for o in occupations],
-            "prompts": templates,
-            "gender_indicators": gi | {"names_enabled": not args.no_names},
-            "selection": selection.as_dict() | {"seed": sel["seed"]},
-            "models": models,
+            "occupations": [o.__dict__ | {"forms": list(o.forms())} for o in st["occupations"]],
+            "prompts": st["prompts"],
+            "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
+            "selection": selection.as_dict() | {"seed": st["selection"]["seed"]},
+            "models": st["models"],
             "config_file": args.config or str(study_config.default_config_path()),
+            "resources": {"scan_batch_size": args.scan_batch_size, "ner_actors": args.ner_actors,
+                          "embed_actors": args.embed_actors, "embed_gpus": args.embed_gpus, "device": args.device},
         },
         "models": model_record,
         "environment": study_config.environment(),
         "counts": summary,
         "annotated_rows": annotated_rows,
-        "subset_rows": {s: int(n) for s, n in _subset_sizes(subsets).items()},
-        "headline": headline,
+        "subset_rows": sizes,
+        "headline": head,
     }
-    io.write_text(json.dumps(metrics, indent=2, default=str), out_fs, f"{out}/{METRICS_FILE}")
-
-    print(format_summary(summary))
-    print()
-    print(f"annotated captions : {annotated_rows:,} rows (one per caption and occupation) -> {args.output}/{ANNOTATED_DIR}/")
-    print(f"training subsets   : {subsets.num_rows:,} rows -> {args.output}/{SUBSETS_FILE}")
-    for s, n in metrics["subset_rows"].items():
-        print(f"    {s:<18} {n:>8,}")
-    if headline["random_mean_cosine"] is not None:
-        print(f"caption-prompt SBERT cosine, mean over occupations: random sample {headline['random_mean_cosine']:.3f}, "
-              f"nearest neighbours {headline['nn_mean_cosine']:.3f} (paper, LAION: 0.385 vs 0.704)")
-    print(f"metrics and configuration -> {args.output}/{METRICS_FILE}")
+    io.write_text(json.dumps(metrics, indent=2, default=str), out_fs, f"{out}/{FILES['metrics']}")
+    report.print_caption_report(format_summary(summary), args.output, annotated_rows, subsets, sizes, head, FILES)
     return metrics
+
+
+def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
+    """The caption scan as one Ray Data stream: each line is one stage (see operators/)."""
+    gi, models = st["gender_indicators"], st["models"]
+    scan = Resources(num_cpus=1, batch_size=args.scan_batch_size)
+    # only the needed columns are read: Ray pushes the projection down into the parquet reader
+    ds = ray.data.read_parquet(inp.files, filesystem=inp.filesystem).select_columns(
+        [c for c in (columns["text_column"], columns["url_column"], *columns["kept_columns"]) if c])
+    ds = runtime.stage(ds, CaptionValidator, {"text_column": columns["text_column"], "url_column": columns["url_column"]}, schema, scan)
+    ds = runtime.stage(ds, OccupationMatcher, {"occupations": st["occupations"]}, schema, scan)
+    ds = runtime.stage(ds, GenderWordIndicators, {k: gi[k] for k in ("male_words", "female_words", "male_pronouns", "female_pronouns")}, schema)
+    if not args.no_names:
+        ds = runtime.stage(ds, NameGenderIndicators,
+                           {"spacy_model": gi["spacy_model"], "count_mostly": gi["count_mostly_names"],
+                            "skip_words": [t for o in st["occupations"] for t in o.forms()]},
+                           schema, Resources(num_cpus=1, batch_size=1024, actors=args.ner_actors))
+    ds = runtime.stage(ds, OccupationExploder, {"seed": st["selection"]["seed"]}, schema)
+    ds = runtime.stage(ds, PromptSimilarity,
+                       {"model": models["sbert"], "revision": models["sbert_revision"], "occupations": st["occupations"],
+                        "templates": st["prompts"], "device": args.device},
+                       schema, Resources(num_cpus=1, num_gpus=args.embed_gpus, batch_size=2048, actors=args.embed_actors))
+    return ds
+
+
+def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, prompts: dict, n_occupations: int):
+    """Training subsets by partial top-k per batch, merged per occupation; and per-occupation stats.
+
+    Only the partial top-ks (at most k rows per group and batch) cross the shuffle, and the
+    results are bounded by occupations x subsets x k: nothing scales with the caption stream.
+    """
+    if annotated_rows == 0:
+        return TRAINING_SUBSETS.empty_table(), None
+    parts = max(1, min(n_occupations, int(ray.cluster_resources().get("CPU", 1))))
+    subsets = (
+        data.map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=65536)
+        .groupby(C.OCCUPATION, num_partitions=parts)
+        .map_groups(finalize, fn_args=(selection, prompts), batch_format="pyarrow")
+    )
+    subsets = conform(pa.concat_tables(ray.get(subsets.to_arrow_refs())), TRAINING_SUBSETS)
+    subsets = subsets.sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
+    stats = (
+        data.select_columns([C.OCCUPATION, C.CAPTION_GENDER])
+        .groupby(C.OCCUPATION, num_partitions=parts)
+        .map_groups(report.occupation_stats, batch_format="pyarrow")
+    )
+    return subsets, pa.concat_tables(ray.get(stats.to_arrow_refs()))
+
+
+def _validate_input(args):
+    inp = io.resolve_parquet_inputs(args.input)
+    text_col = io.resolve_column(inp, args.text_column, "text")
+    url_col = None if args.url_column.lower() == "none" else io.resolve_column(inp, args.url_column, "url")
+    extras = [io.resolve_column(inp, c, "keep") for c in args.keep_columns]
+    clash = [c for c in extras if c in set(C.stream_schema().names)]
+    if clash:
+        raise io.InputError(f"--keep-columns {clash} clash with columns this pipeline writes")
+    columns = {"text_column": text_col, "url_column": url_col, "kept_columns": extras}
+    return inp, columns, [inp.schemas[0].field(c) for c in extras]
+
+
+def _prepare_output(args):
+    out_fs, out = io.output_fs(args.output)
+    if any(io.exists(out_fs, f"{out}/{name}") for name in FILES.values()):
+        if not args.overwrite:
+            raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
+        for name in FILES.values():
+            io.clear_dir(out_fs, f"{out}/{name}")
+    return out_fs, out
+
+
+def _load_models_once(args, st) -> dict:
+    """Load every model on the driver before any data is read; return what to record about them."""
+    record = {}
+    if not args.no_names:
+        nlp = load_spacy(st["gender_indicators"]["spacy_model"])
+        record["spacy"] = {"model": st["gender_indicators"]["spacy_model"], "name": nlp.meta.get("name"),
+                           "version": nlp.meta.get("version"), "pipes": nlp.pipe_names}
+    sbert, revision = st["models"]["sbert"], st["models"]["sbert_revision"]
+    load_sentence_transformer(sbert, revision, "cpu")
+    _, record["sbert"] = resolve_sbert(sbert, revision)
+    record["sbert"]["weights_sha256"] = weights_fingerprint(record["sbert"].get("path") or "")
+    return record
+
+
+def _write_both(table: pa.Table, fs, stem: str) -> None:
+    io.write_table(table, fs, f"{stem}.parquet")
+    io.write_text(table.to_pandas().to_csv(index=False), fs, f"{stem}.csv")
 
 
 def _tally_part(batch: pa.Table) -> pa.Table:
@@ -287,29 +302,6 @@ def _tally_part(batch: pa.Table) -> pa.Table:
 
 def _data_part(batch: pa.Table, annotated_schema: pa.Schema) -> pa.Table:
     return conform(split_tallies(batch)[0], annotated_schema)
-
-
-def _subset_sizes(subsets: pa.Table) -> dict:
-    if subsets.num_rows == 0:
-        return {}
-    vc = subsets.group_by("subset").aggregate([("rank", "count")])
-    return dict(zip(vc.column("subset").to_pylist(), vc.column("rank_count").to_pylist()))
-
-
-def _headline(sim: pa.Table, subsets: pa.Table) -> dict:
-    import pyarrow.compute as pc
-
-    def mean(col):
-        v = pc.mean(sim.column(col)).as_py() if sim.num_rows else None
-        return None if v is None else round(v, 4)
-
-    return {
-        "occupations_with_captions": int(pc.sum(pc.greater(sim.column("matched_captions"), 0)).as_py() or 0) if sim.num_rows else 0,
-        "random_mean_cosine": mean("random_mean_cosine"),
-        "nn_mean_cosine": mean("nn_mean_cosine"),
-        "female_indicator_share_mean": mean("female_indicator_share"),
-        "any_indicator_share_mean": mean("any_indicator_share"),
-    }
 
 
 def main(argv=None) -> int:

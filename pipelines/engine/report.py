@@ -67,3 +67,39 @@ def similarity_summary(stats: pa.Table | None, subsets: pa.Table, occupations, s
             }
         )
     return pa.Table.from_pylist(rows, schema=SIMILARITY_SUMMARY)
+
+
+def subset_sizes(subsets: pa.Table) -> dict[str, int]:
+    if subsets.num_rows == 0:
+        return {}
+    vc = subsets.group_by(SUBSET).aggregate([(SUBSET, "count")])
+    return dict(zip(vc.column(SUBSET).to_pylist(), vc.column(f"{SUBSET}_count").to_pylist()))
+
+
+def headline(sim: pa.Table) -> dict:
+    """Means over occupations of the similarity summary: the numbers a reader compares with §5.2."""
+    def mean(col):
+        v = pc.mean(sim.column(col)).as_py() if sim.num_rows else None
+        return None if v is None else round(v, 4)
+
+    return {
+        "occupations_with_captions": int(pc.sum(pc.greater(sim.column("matched_captions"), 0)).as_py() or 0),
+        "random_mean_cosine": mean("random_mean_cosine"),
+        "nn_mean_cosine": mean("nn_mean_cosine"),
+        "female_indicator_share_mean": mean("female_indicator_share"),
+        "any_indicator_share_mean": mean("any_indicator_share"),
+    }
+
+
+def print_caption_report(summary_text: str, output: str, annotated_rows: int, subsets: pa.Table,
+                         sizes: dict, head: dict, files: dict) -> None:
+    print(summary_text)
+    print()
+    print(f"annotated captions : {annotated_rows:,} rows (one per caption and occupation) -> {output}/{files['annotated']}/")
+    print(f"training subsets   : {subsets.num_rows:,} rows -> {output}/{files['subsets']}")
+    for s, n in sizes.items():
+        print(f"    {s:<18} {n:>8,}")
+    if head["random_mean_cosine"] is not None:
+        print(f"caption-prompt SBERT cosine, mean over occupations: random sample {head['random_mean_cosine']:.3f}, "
+              f"nearest neighbours {head['nn_mean_cosine']:.3f} (paper 002 on LAION: 0.385 vs 0.704)")
+    print(f"metrics and configuration -> {output}/{files['metrics']}")
