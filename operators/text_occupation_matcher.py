@@ -135,11 +135,12 @@ class OccupationMatcher:
                     )
                 owner[form] = i
         self.max_words = max(len(f.split(" ")) for f in owner)
-        self._by_length: dict[int, tuple[pa.Array, np.ndarray]] = {}
+        self._by_length: dict[int, tuple[pa.Array, np.ndarray, pa.Array]] = {}
         for n in range(1, self.max_words + 1):
             forms = [f for f in owner if len(f.split(" ")) == n]
             if forms:
-                self._by_length[n] = (pa.array(forms, pa.string()), np.array([owner[f] for f in forms], np.int64))
+                self._by_length[n] = (pa.array(forms, pa.string()), np.array([owner[f] for f in forms], np.int64),
+                                      pa.array(sorted({f.split(" ")[0] for f in forms}), pa.string()))
         self.pattern = rf"(?i)(?:\b|_)(?:{'|'.join(self._alternatives())})(?:\b|_)"
         self._names = pa.array([o.name for o in self.occupations], pa.string())
 
@@ -171,8 +172,8 @@ class OccupationMatcher:
         """List of occupation names per caption (pass 2; run it only on captions that matched)."""
         tokens, parent = words(captions)
         rows, occs = [], []
-        for n, (forms, owners) in self._by_length.items():
-            grams, gparent = ngrams(tokens, parent, n)
+        for n, (forms, owners, first_words) in self._by_length.items():
+            grams, gparent = ngrams(tokens, parent, n, first_words)
             idx = pc.index_in(grams, value_set=forms)
             found = pc.is_valid(idx).to_numpy(zero_copy_only=False)
             rows.append(gparent[found])

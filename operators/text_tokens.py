@@ -17,11 +17,9 @@ import pyarrow.compute as pc
 
 WORD_SEPARATORS = r"[^a-z0-9]+"  # the same definition as a regex, for RE2 patterns
 
-_IS_WORD_BYTE = np.zeros(256, bool)
-for _lo, _hi in ((b"a", b"z"), (b"A", b"Z"), (b"0", b"9")):
+_IS_WORD_BYTE = np.zeros(256, bool)  # after ASCII lower-casing
+for _lo, _hi in ((b"a", b"z"), (b"0", b"9")):
     _IS_WORD_BYTE[_lo[0] : _hi[0] + 1] = True
-_ASCII_LOWER = np.arange(256, dtype=np.uint8)
-_ASCII_LOWER[ord("A") : ord("Z") + 1] += 32
 
 
 def words(text: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -33,7 +31,7 @@ def words(text: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """
     if isinstance(text, pa.ChunkedArray):
         text = text.combine_chunks()
-    text = pc.fill_null(text.cast(pa.large_string()), "")
+    text = pc.ascii_lower(pc.fill_null(text.cast(pa.large_string()), ""))
     n = len(text)
     bufs = text.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int64)[text.offset : text.offset + n + 1]
@@ -55,22 +53,28 @@ def words(text: pa.Array) -> tuple[pa.Array, np.ndarray]:
     starts = np.flatnonzero(is_word & ~prev_word)
     ends = np.flatnonzero(is_word & ~next_word) + 1
     parent = np.searchsorted(rel, starts, side="right") - 1
-    word_bytes = _ASCII_LOWER[data[is_word]]
+    word_bytes = data[is_word]
     tok_offsets = np.zeros(len(starts) + 1, np.int32)
     np.cumsum(ends - starts, out=tok_offsets[1:])
     tokens = pa.StringArray.from_buffers(len(starts), pa.py_buffer(tok_offsets), pa.py_buffer(word_bytes))
     return tokens, parent.astype(np.int64, copy=False)
 
 
-def ngrams(tokens: pa.Array, parent: np.ndarray, n: int) -> tuple[pa.Array, np.ndarray]:
-    """Space-joined runs of ``n`` consecutive tokens of the same row, with their parent rows."""
+def ngrams(tokens: pa.Array, parent: np.ndarray, n: int, first_words: pa.Array | None = None) -> tuple[pa.Array, np.ndarray]:
+    """Space-joined runs of ``n`` consecutive tokens of the same row, with their parent rows.
+
+    With ``first_words``, only runs whose first token is one of them are built (the only ones
+    that can match a known multi-word term), which skips most of the joining work.
+    """
     if n == 1:
         return tokens, parent
     m = len(tokens) - n + 1
     if m <= 0:
         return pa.array([], pa.string()), np.empty(0, np.int64)
-    same_row = parent[: m] == parent[n - 1 :]
-    idx = np.flatnonzero(same_row)
+    keep = parent[:m] == parent[n - 1 :]
+    if first_words is not None:
+        keep &= pc.is_in(tokens.slice(0, m), value_set=first_words).to_numpy(zero_copy_only=False)
+    idx = np.flatnonzero(keep)
     parts = [tokens.take(pa.array(idx + k)) for k in range(n)]
     joined = pc.binary_join_element_wise(*parts, " ")
     return joined, parent[idx]
