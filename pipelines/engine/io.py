@@ -48,7 +48,7 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
     files: list[str] = []
     fs0 = None
     for spec in paths:
-        fs, path = fsspec.core.url_to_fs(spec)
+        fs, path = _url_to_fs(spec)
         if fs0 is None:
             fs0 = fs
         elif type(fs) is not type(fs0):
@@ -73,6 +73,16 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
     metas = _read_footers(pyfs, files, protocol)
     return ParquetInput(files, pyfs, fs0, protocol, [m.schema.to_arrow_schema() for m in metas],
                         sum(m.num_rows for m in metas))
+
+
+def _url_to_fs(uri: str):
+    try:
+        return fsspec.core.url_to_fs(uri)
+    except ImportError as exc:  # e.g. s3:// without s3fs
+        raise InputError(
+            f"cannot open {uri!r}: {exc}. Install the filesystem driver, e.g. pip install -e '.[cloud]' "
+            f"for s3:// and gs://"
+        ) from exc
 
 
 def _expand(fs, path: str) -> list[str]:
@@ -122,7 +132,7 @@ def resolve_column(inp: ParquetInput, wanted: str, role: str, required: bool = T
 
 def output_fs(uri: str) -> tuple[pafs.FileSystem, str]:
     """(pyarrow filesystem, path) for an output location: a local path or any fsspec URI."""
-    fs, path = fsspec.core.url_to_fs(uri)
+    fs, path = _url_to_fs(uri)
     return _to_pyarrow_fs(fs), path.rstrip("/")
 
 

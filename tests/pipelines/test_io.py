@@ -70,3 +70,14 @@ def test_outputs_through_fsspec(tmp_path):
     fs, path = io.output_fs(f"file://{tmp_path}/out")
     io.write_table(pa.table({"a": [1]}), fs, f"{path}/t.parquet")
     assert pq.read_table(tmp_path / "out" / "t.parquet")["a"].to_pylist() == [1]
+
+
+def test_uri_without_its_driver_is_a_clear_error(monkeypatch):
+    import fsspec
+
+    def no_driver(uri, **kw):
+        raise ImportError("Install s3fs to access S3")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_driver)
+    with pytest.raises(io.InputError, match=r"s3://bucket/x.parquet.*\[cloud\]"):
+        io.resolve_parquet_inputs("s3://bucket/x.parquet")
