@@ -91,8 +91,10 @@ def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, simil
 def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
     """Every (group, row) pair a batch of annotated captions contributes, with its order key."""
     sims = batch.column(PROMPT_SIMILARITY).combine_chunks()
-    if len(sims) and pc.min(pc.list_value_length(sims)).as_py() != cfg.n_prompts:
-        raise ValueError(f"{PROMPT_SIMILARITY} must hold {cfg.n_prompts} values per row")
+    if len(sims):
+        lengths = pc.min_max(pc.list_value_length(sims))
+        if lengths["min"].as_py() != cfg.n_prompts or lengths["max"].as_py() != cfg.n_prompts:
+            raise ValueError(f"{PROMPT_SIMILARITY} must hold {cfg.n_prompts} values per row")
     sim = pc.list_flatten(sims).to_numpy(zero_copy_only=False).reshape(-1, cfg.n_prompts) if len(sims) else np.zeros((0, cfg.n_prompts), np.float32)
     key = batch.column(SAMPLE_KEY).to_numpy()
     parts = [_block(batch, Subset.NAIVE, 0, key, sim.mean(axis=1))]

@@ -163,9 +163,13 @@ def run_captions(args) -> dict:
 
     tallies = pa.concat_tables(ray.get(ds.map_batches(_tally_part, batch_format="pyarrow").to_arrow_refs())
                                or [schema.empty_table()])
-    data = ds.map_batches(_data_part, fn_args=(C.annotated_schema(extra_fields),), batch_format="pyarrow").materialize()
+    annotated_schema = C.annotated_schema(extra_fields)
+    data = ds.map_batches(_data_part, fn_args=(annotated_schema,), batch_format="pyarrow")
     annotated_rows = data.count()
-    data.write_parquet(f"{out}/{FILES['annotated']}", filesystem=out_fs)
+    if annotated_rows:
+        data.write_parquet(f"{out}/{FILES['annotated']}", filesystem=out_fs)
+    else:  # no caption named an occupation: still leave a readable (empty) table
+        io.write_table(annotated_schema.empty_table(), out_fs, f"{out}/{FILES['annotated']}/part-0.parquet")
 
     subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
     io.write_table(subsets, out_fs, f"{out}/{FILES['subsets']}")

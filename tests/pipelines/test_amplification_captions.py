@@ -144,3 +144,18 @@ def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
     nn = pq.read_table(out / "training_subsets.parquet").filter(pc.equal(pc.field("subset"), "nn")).to_pydict()
     assert nn["prompt"][:4] == ["A photo of the face of a barista", "A portrait photo of a barista",
                                 "A photo of a barista smiling", "A photo of a barista at work"]
+
+
+def test_no_caption_names_an_occupation(ray_local, tmp_path):
+    pq.write_table(pa.table({"URL": ["a", "b", None], "TEXT": ["fresh cookies", "internal memo", None]}),
+                   tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out),
+                               "--occupations", "nurse", "--no-names"]) == 0
+    assert pq.read_table(out / "annotated_captions").num_rows == 0
+    assert pq.read_table(out / "training_subsets.parquet").num_rows == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["counts"]["read_captions"]["dropped"]["null_caption"] == 1
+    assert m["counts"]["occupation_match"] == {"rows_in": 2, "rows_out": 0, "dropped": {"no_occupation": 2}}
+    sim = pq.read_table(out / "similarity_summary.parquet").to_pylist()
+    assert sim[0]["occupation"] == "nurse" and sim[0]["matched_captions"] == 0
