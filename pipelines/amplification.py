@@ -41,9 +41,8 @@ from schemas.subsets import TRAINING_SUBSETS  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_INPUT = REPO / "data" / "synthetic" / "laion_synthetic_sample.parquet"
 
-STAGE_ORDER = [
-    C.STAGE_CAPTIONS, C.STAGE_OCCUPATIONS, "gender_words", "person_names", C.STAGE_EXPLODE, "prompt_similarity",
-]
+STAGE_ORDER = [op.stage_name for op in (CaptionValidator, OccupationMatcher, GenderWordIndicators,
+                                         NameGenderIndicators, OccupationExploder, PromptSimilarity)]
 
 FILES = {  # what the captions subcommand writes under --output
     "annotated": "annotated_captions",
@@ -178,7 +177,7 @@ def run_captions(args) -> dict:
 
     counts = stage_counts(tallies)
     _write_both(counts, out_fs, f"{out}/{FILES['counts']}")
-    summary = summarize(counts, [s for s in STAGE_ORDER if not (args.no_names and s == "person_names")])
+    summary = summarize(counts, [s for s in STAGE_ORDER if not (args.no_names and s == NameGenderIndicators.stage_name)])
     if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
         raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
     check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))

@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from operators.prompts import indefinite_article  # noqa: E402
+from operators.text_occupation_matcher import plural  # noqa: E402
 
 DEFAULT_OCCUPATIONS = [
     "accountant", "architect", "assistant", "athlete", "attorney", "author", "baker", "bartender", "ceo",
@@ -61,12 +62,6 @@ def _a(word: str) -> str:
     return f"{indefinite_article(word)} {word}"
 
 
-def _plural(term: str) -> str:
-    from operators.text_occupation_matcher import plural
-
-    return plural(term)
-
-
 def make_caption(rng: np.random.Generator, occupations: list[str]) -> tuple[str, list[str], str, list[str]]:
     """One synthetic caption: (text, occupations in it, explicit caption gender, evidence kinds)."""
     occ = occupations[rng.integers(len(occupations))]
@@ -90,7 +85,7 @@ def make_caption(rng: np.random.Generator, occupations: list[str]) -> tuple[str,
     if kind == "prompt_like":
         return f"A photo of {_a(occ)} smiling", [occ], "none", []
     if kind == "plural":
-        return f"Group of {_plural(occ)} {ctx}", [occ], "none", []
+        return f"Group of {plural(occ)} {ctx}", [occ], "none", []
     other = occupations[rng.integers(len(occupations))]
     if other == occ:
         return f"Portrait of {_a(occ)} {ctx}", [occ], "none", []
