@@ -10,10 +10,12 @@ Every subset is "the k best rows of a group" for some order:
     - mode "split" (the paper's): the rows of naive / nn whose caption has no gender indicator;
     - mode "resample": the same top-k, drawn from captions without indicators only.
 
-``partial_top_k`` keeps at most k rows per group of one batch; the top-k of a union equals the
-top-k of the union of partial top-ks, so batches reduce independently on workers and the partials
-of one occupation merge in ``finalize``. Ties are broken by ``caption_id``, so the result does not
-depend on how the input was split into files, blocks or batches.
+``partial_top_k`` keeps the rows of a batch that are in the top k of their occupation for at least
+one order. The top-k of a union lies inside the union of the partial top-ks, so batches reduce
+independently on workers, the reduction can be repeated on its own output (a reduction tree),
+and ``finalize`` computes the subsets from what is left. A partial never outputs more rows than
+it received. Ties are broken by ``caption_id``, so the result does not depend on how the input
+was split into files, blocks or batches.
 """
 
 from __future__ import annotations
@@ -36,7 +38,20 @@ from schemas.captions import (
 from schemas.subsets import PROMPT, PROMPT_ID, RANK, SIMILARITY, SUBSET, TRAINING_SUBSETS, Subset
 
 ORDER_KEY = "_order_key"
+SOURCE_ROW = "_source_row"  # index of the candidate's row in the batch it came from
 MODES = ("split", "resample")
+# Rows of the annotated-captions table that selection reads and passes on.
+SELECTION_INPUT = pa.schema(
+    [
+        pa.field(CAPTION_ID, pa.int64()),
+        pa.field(URL, pa.string()),
+        pa.field(CAPTION, pa.string()),
+        pa.field(OCCUPATION, pa.string()),
+        pa.field(CAPTION_GENDER, pa.string()),
+        pa.field(PROMPT_SIMILARITY, pa.list_(pa.float32())),
+        pa.field(SAMPLE_KEY, pa.float64()),
+    ]
+)
 CANDIDATES = pa.schema(
     [
         pa.field(OCCUPATION, pa.string()),
@@ -49,6 +64,7 @@ CANDIDATES = pa.schema(
         pa.field(CAPTION_GENDER, pa.string()),
         pa.field(SIMILARITY, pa.float32()),
         pa.field(SAMPLE_KEY, pa.float64()),
+        pa.field(SOURCE_ROW, pa.int64()),
     ]
 )
 
@@ -69,7 +85,8 @@ class SelectionConfig:
                 "no_indicator_mode": self.mode}
 
 
-def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, similarity: np.ndarray) -> pa.Table:
+def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, similarity: np.ndarray,
+           source: np.ndarray) -> pa.Table:
     n = rows.num_rows
     return pa.table(
         {
@@ -83,6 +100,7 @@ def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, simil
             CAPTION_GENDER: rows.column(CAPTION_GENDER),
             SIMILARITY: pa.array(similarity, pa.float32()),
             SAMPLE_KEY: rows.column(SAMPLE_KEY),
+            SOURCE_ROW: pa.array(source, pa.int64()),
         },
         schema=CANDIDATES,
     )
@@ -97,13 +115,15 @@ def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
             raise ValueError(f"{PROMPT_SIMILARITY} must hold {cfg.n_prompts} values per row")
     sim = pc.list_flatten(sims).to_numpy(zero_copy_only=False).reshape(-1, cfg.n_prompts) if len(sims) else np.zeros((0, cfg.n_prompts), np.float32)
     key = batch.column(SAMPLE_KEY).to_numpy()
-    parts = [_block(batch, Subset.NAIVE, 0, key, sim.mean(axis=1))]
-    parts += [_block(batch, Subset.NN, p + 1, -sim[:, p].astype(np.float64), sim[:, p]) for p in range(cfg.n_prompts)]
+    src = np.arange(batch.num_rows, dtype=np.int64)
+    parts = [_block(batch, Subset.NAIVE, 0, key, sim.mean(axis=1), src)]
+    parts += [_block(batch, Subset.NN, p + 1, -sim[:, p].astype(np.float64), sim[:, p], src) for p in range(cfg.n_prompts)]
     if cfg.mode == "resample":
         none = pc.equal(batch.column(CAPTION_GENDER), CaptionGender.NONE).to_numpy(zero_copy_only=False)
-        rows, s, k = batch.filter(pa.array(none)), sim[none], key[none]
-        parts.append(_block(rows, Subset.NO_INDICATORS, 0, k, s.mean(axis=1)))
-        parts += [_block(rows, Subset.NN_NO_INDICATORS, p + 1, -s[:, p].astype(np.float64), s[:, p]) for p in range(cfg.n_prompts)]
+        rows, s, k, r = batch.filter(pa.array(none)), sim[none], key[none], src[none]
+        parts.append(_block(rows, Subset.NO_INDICATORS, 0, k, s.mean(axis=1), r))
+        parts += [_block(rows, Subset.NN_NO_INDICATORS, p + 1, -s[:, p].astype(np.float64), s[:, p], r)
+                  for p in range(cfg.n_prompts)]
     return pa.concat_tables(parts)
 
 
@@ -129,20 +149,30 @@ def _ranked(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
 
 
 def top_k(table: pa.Table, cfg: SelectionConfig) -> pa.Table:
-    """At most ``cfg.limit(subset)`` best rows per (occupation, subset, prompt_id)."""
+    """At most ``cfg.limit(subset)`` best rows per (occupation, subset, prompt_id) of a candidates table."""
     table, rank = _ranked(table)
     limits = np.array([cfg.limit(s) for s in table.column(SUBSET).to_pylist()], np.int64) if table.num_rows else np.zeros(0, np.int64)
     return table.filter(pa.array(rank < limits))
 
 
 def partial_top_k(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
-    """Reduce one batch of annotated captions to its contribution to every subset."""
-    return top_k(candidates(batch, cfg), cfg)
+    """Keep the rows of a batch that are among the best of their occupation for some subset order.
+
+    The output has the input's rows and columns (never more rows than came in, at most
+    occupations x orders x k), so it can be applied again to its own output, at any batching,
+    before ``finalize``: a reduction tree of any shape gives the same subsets.
+    """
+    batch = conform(batch, SELECTION_INPUT)
+    if batch.num_rows == 0:
+        return batch
+    best = top_k(candidates(batch, cfg), cfg)
+    keep = np.unique(best.column(SOURCE_ROW).to_numpy())
+    return batch.take(pa.array(keep, pa.int64()))
 
 
-def finalize(partials: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) -> pa.Table:
-    """Merge partial top-ks (of one or more occupations) into rows of the TRAINING_SUBSETS table."""
-    best = top_k(conform(partials, CANDIDATES), cfg)
+def finalize(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) -> pa.Table:
+    """The TRAINING_SUBSETS rows of annotated captions (or of ``partial_top_k`` outputs of them)."""
+    best = top_k(candidates(conform(rows, SELECTION_INPUT), cfg), cfg)
     if cfg.mode == "split":
         none = pc.equal(best.column(CAPTION_GENDER), CaptionGender.NONE)
         derived = best.filter(none)
@@ -154,7 +184,7 @@ def finalize(partials: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[s
     occ = best.column(OCCUPATION).to_pylist()
     prompt_text = [prompts[o][p - 1] if p > 0 else None for o, p in zip(occ, pid)]
     out = (
-        best.drop_columns([ORDER_KEY, PROMPT_ID])
+        best.drop_columns([ORDER_KEY, PROMPT_ID, SOURCE_ROW])
         .append_column(PROMPT_ID, pa.array(pid, pa.int32(), mask=pid == 0))  # null: prompt-free subset
         .append_column(PROMPT, pa.array(prompt_text, pa.string()))
         .append_column(RANK, pa.array(rank + 1, pa.int32()))

@@ -245,6 +245,9 @@ def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, p
     parts = max(1, min(n_occupations, int(ray.cluster_resources().get("CPU", 1))))
     subsets = (
         data.map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=65536)
+        # a second, coarser level of the reduction tree before the shuffle: the partials of
+        # ~16 first-level batches are reduced again, so far fewer rows cross the shuffle
+        .map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=1 << 20)
         .groupby(C.OCCUPATION, num_partitions=parts)
         .map_groups(finalize, fn_args=(selection, prompts), batch_format="pyarrow")
     )

@@ -86,14 +86,26 @@ def test_resample_mode_draws_k_from_no_indicator_captions():
 @pytest.mark.parametrize("mode", ["split", "resample"])
 def test_partial_aggregation_does_not_depend_on_batching(mode):
     t, cfg = annotated(500, seed=4), SelectionConfig(sample_size=25, nn_k=15, n_prompts=2, mode=mode)
-    whole = select(t, cfg)
+    whole = finalize(t, cfg, PROMPTS)
     rng = np.random.default_rng(1)
     shuffled = t.take(rng.permutation(t.num_rows))
     cuts = np.sort(rng.choice(np.arange(1, t.num_rows), 9, replace=False))
     parts = [partial_top_k(shuffled.slice(a, b - a), cfg) for a, b in zip([0, *cuts], [*cuts, t.num_rows])]
-    merged = finalize(pa.concat_tables(parts), cfg, PROMPTS)
+    assert finalize(pa.concat_tables(parts), cfg, PROMPTS).equals(whole)
+    # a second reduction level over the partials (a reduction tree) changes nothing
+    level2 = [partial_top_k(pa.concat_tables(parts[i:i + 4]), cfg) for i in range(0, len(parts), 4)]
+    merged = finalize(pa.concat_tables(level2), cfg, PROMPTS)
     assert merged.equals(whole)
     assert merged.schema.equals(TRAINING_SUBSETS)
+
+
+def test_partials_never_grow_and_are_bounded_by_k():
+    t, cfg = annotated(2000, seed=5), SelectionConfig(sample_size=10, nn_k=5, n_prompts=2, mode="resample")
+    part = partial_top_k(t, cfg)
+    # at most occupations x (naive + 2 NN + no-ind + 2 NN-no-ind) x k rows, and never more than came in
+    assert part.num_rows <= 2 * (10 + 2 * 5 + 10 + 2 * 5)
+    small = t.slice(0, 7)
+    assert partial_top_k(small, cfg).num_rows <= 7
 
 
 def test_fewer_captions_than_k():
