@@ -215,10 +215,15 @@ def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
     """The caption scan as one Ray Data stream: each line is one stage (see operators/)."""
     gi, models = st["gender_indicators"], st["models"]
     scan = Resources(num_cpus=1, batch_size=args.scan_batch_size)
-    # only the needed columns are read: Ray pushes the projection down into the parquet reader
-    ds = ray.data.read_parquet(inp.files, filesystem=inp.filesystem).select_columns(
-        [c for c in (columns["text_column"], columns["url_column"], *columns["kept_columns"]) if c])
-    ds = runtime.stage(ds, CaptionValidator, {"text_column": columns["text_column"], "url_column": columns["url_column"]}, schema, scan)
+    read = [c for c in (columns["text_column"], columns["url_column"], *columns["kept_columns"]) if c]
+    validate = {"text_column": columns["text_column"], "url_column": columns["url_column"]}
+    streams = [  # one per group of files whose columns have the same types; validation unifies them
+        # only the needed columns are read: Ray pushes the projection down into the parquet reader
+        runtime.stage(ray.data.read_parquet(files, filesystem=inp.filesystem).select_columns(read),
+                      CaptionValidator, validate, schema, scan)
+        for files in inp.groups_by_type(read)
+    ]
+    ds = streams[0].union(*streams[1:]) if len(streams) > 1 else streams[0]
     ds = runtime.stage(ds, OccupationMatcher, {"occupations": st["occupations"]}, schema, scan)
     ds = runtime.stage(ds, GenderWordIndicators, {k: gi[k] for k in ("male_words", "female_words", "male_pronouns", "female_pronouns")}, schema)
     if not args.no_names:

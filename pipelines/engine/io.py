@@ -33,6 +33,16 @@ class ParquetInput:
     def display(self, path: str) -> str:
         return path if self.protocol in ("file", "local") else f"{self.protocol}://{path}"
 
+    def groups_by_type(self, columns: list[str]) -> list[list[str]]:
+        """Files grouped by the Arrow types of ``columns``: Ray cannot read files whose types
+        disagree (a caption column that is text in one file and numbers in another) as one
+        dataset, so each group is read on its own."""
+        groups: dict[tuple, list[str]] = {}
+        for path, schema in zip(self.files, self.schemas):
+            key = tuple(str(schema.field(c).type) for c in columns)
+            groups.setdefault(key, []).append(path)
+        return list(groups.values())
+
 
 def _to_pyarrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]

@@ -74,6 +74,7 @@ def test_every_row_is_accounted_for(run, synthetic):
     matched = sum(1 for o in synthetic.column("gt_occupations").to_pylist() if o)
     assert counts["occupation_match"]["rows_out"] == matched
     assert counts["occupation_match"]["dropped"]["no_occupation"] == 2000 - nulls - blanks - matched
+    assert counts["person_names"]["rows_in"] == matched  # NER only on captions naming an occupation
     assert counts["explode_occupations"]["rows_in"] == matched
     assert counts["prompt_similarity"]["rows_out"] == metrics["annotated_rows"]
     csv = (out / "stage_counts.csv").read_text()
@@ -159,3 +160,18 @@ def test_no_caption_names_an_occupation(ray_local, tmp_path):
     assert m["counts"]["occupation_match"] == {"rows_in": 2, "rows_out": 0, "dropped": {"no_occupation": 2}}
     sim = pq.read_table(out / "similarity_summary.parquet").to_pylist()
     assert sim[0]["occupation"] == "nurse" and sim[0]["matched_captions"] == 0
+
+
+def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
+    """One file's TEXT holds numbers: its rows are counted as non-text, the other files still run."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"URL": ["a", "b"], "TEXT": ["a nurse at work", "a pilot"]}), tmp_path / "in" / "p0.parquet")
+    pq.write_table(pa.table({"URL": ["c", "d", "e"], "TEXT": pa.array([5, None, 7], pa.int64())}),
+                   tmp_path / "in" / "p1.parquet")
+    out = tmp_path / "out"
+    assert amplification.main(["captions", "--input", str(tmp_path / "in"), "--output", str(out),
+                               "--occupations", "nurse,pilot", "--no-names", "--nn-k", "1"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["counts"]["read_captions"] == {"rows_in": 5, "rows_out": 2,
+                                            "dropped": {"empty_caption": 0, "non_text_caption": 2, "null_caption": 1}}
+    assert sorted(pq.read_table(out / "annotated_captions")["occupation"].to_pylist()) == ["nurse", "pilot"]
