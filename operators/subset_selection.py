@@ -52,18 +52,14 @@ SELECTION_INPUT = pa.schema(
         pa.field(SAMPLE_KEY, pa.float64()),
     ]
 )
-CANDIDATES = pa.schema(
+CANDIDATES = pa.schema(  # keys only: the payload (url, caption, ...) is attached in finalize
     [
         pa.field(OCCUPATION, pa.string()),
         pa.field(SUBSET, pa.string()),
         pa.field(PROMPT_ID, pa.int32()),  # 0 for prompt-free subsets while selecting
         pa.field(ORDER_KEY, pa.float64()),
         pa.field(CAPTION_ID, pa.int64()),
-        pa.field(URL, pa.string()),
-        pa.field(CAPTION, pa.string()),
-        pa.field(CAPTION_GENDER, pa.string()),
         pa.field(SIMILARITY, pa.float32()),
-        pa.field(SAMPLE_KEY, pa.float64()),
         pa.field(SOURCE_ROW, pa.int64()),
     ]
 )
@@ -76,9 +72,6 @@ class SelectionConfig:
         if sample_size < 0 or nn_k < 0:
             raise ValueError("sample_size and nn_k must be >= 0")
         self.sample_size, self.nn_k, self.n_prompts, self.mode = int(sample_size), int(nn_k), int(n_prompts), mode
-
-    def limit(self, subset: str) -> int:
-        return self.nn_k if subset in Subset.PER_PROMPT else self.sample_size
 
     def as_dict(self) -> dict:
         return {"sample_size": self.sample_size, "nn_k": self.nn_k, "n_prompts": self.n_prompts,
@@ -95,11 +88,7 @@ def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, simil
             PROMPT_ID: pa.array(np.full(n, prompt_id, np.int32)),
             ORDER_KEY: pa.array(order, pa.float64()),
             CAPTION_ID: rows.column(CAPTION_ID),
-            URL: rows.column(URL),
-            CAPTION: rows.column(CAPTION),
-            CAPTION_GENDER: rows.column(CAPTION_GENDER),
             SIMILARITY: pa.array(similarity, pa.float32()),
-            SAMPLE_KEY: rows.column(SAMPLE_KEY),
             SOURCE_ROW: pa.array(source, pa.int64()),
         },
         schema=CANDIDATES,
@@ -107,7 +96,9 @@ def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, simil
 
 
 def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
-    """Every (group, row) pair a batch of annotated captions contributes, with its order key."""
+    """Every (group, row) pair a batch of annotated captions contributes, with its order key and
+    the row it came from."""
+    batch = batch.select([OCCUPATION, CAPTION_ID, CAPTION_GENDER, PROMPT_SIMILARITY, SAMPLE_KEY])
     sims = batch.column(PROMPT_SIMILARITY).combine_chunks()
     if len(sims):
         lengths = pc.min_max(pc.list_value_length(sims))
@@ -149,10 +140,11 @@ def _ranked(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
 
 
 def top_k(table: pa.Table, cfg: SelectionConfig) -> pa.Table:
-    """At most ``cfg.limit(subset)`` best rows per (occupation, subset, prompt_id) of a candidates table."""
+    """The best rows per (occupation, subset, prompt_id) of a candidates table: ``nn_k`` for the
+    per-prompt subsets, ``sample_size`` for the others."""
     table, rank = _ranked(table)
-    limits = np.array([cfg.limit(s) for s in table.column(SUBSET).to_pylist()], np.int64) if table.num_rows else np.zeros(0, np.int64)
-    return table.filter(pa.array(rank < limits))
+    per_prompt = pc.is_in(table.column(SUBSET), value_set=pa.array(Subset.PER_PROMPT)).to_numpy(zero_copy_only=False)
+    return table.filter(pa.array(rank < np.where(per_prompt, cfg.nn_k, cfg.sample_size)))
 
 
 def partial_top_k(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
@@ -172,10 +164,12 @@ def partial_top_k(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
 
 def finalize(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) -> pa.Table:
     """The TRAINING_SUBSETS rows of annotated captions (or of ``partial_top_k`` outputs of them)."""
-    best = top_k(candidates(conform(rows, SELECTION_INPUT), cfg), cfg)
+    rows = conform(rows, SELECTION_INPUT)
+    best = top_k(candidates(rows, cfg), cfg)
+    payload = rows.take(best.column(SOURCE_ROW)).select([URL, CAPTION, CAPTION_GENDER, SAMPLE_KEY])
+    best = pa.Table.from_arrays(best.columns + payload.columns, names=best.column_names + payload.column_names)
     if cfg.mode == "split":
-        none = pc.equal(best.column(CAPTION_GENDER), CaptionGender.NONE)
-        derived = best.filter(none)
+        derived = best.filter(pc.equal(best.column(CAPTION_GENDER), CaptionGender.NONE))
         renamed = pc.if_else(pc.equal(derived.column(SUBSET), Subset.NAIVE), Subset.NO_INDICATORS, Subset.NN_NO_INDICATORS)
         derived = derived.set_column(derived.schema.get_field_index(SUBSET), SUBSET, renamed)
         best = pa.concat_tables([best, derived])

@@ -49,7 +49,7 @@ class CaptionValidator:
     stage_name = STAGE_CAPTIONS
     status_column = CAPTION_STATUS
     outcomes = (OUTCOME_KEPT, DROP_NULL, DROP_EMPTY, DROP_NON_TEXT)
-    resources = Resources(num_cpus=1, batch_size=65536)
+    resources = Resources(num_cpus=1, batch_size=262144)
 
     def __init__(self, text_column: str, url_column: str | None):
         self.text_column = text_column

@@ -121,7 +121,7 @@ class OccupationMatcher:
     stage_name = STAGE_OCCUPATIONS
     status_column = OCCUPATION_STATUS
     outcomes = (OUTCOME_KEPT, DROP_NO_OCCUPATION)
-    resources = Resources(num_cpus=1, batch_size=65536)
+    resources = Resources(num_cpus=1, batch_size=262144)
 
     def __init__(self, occupations):
         self.occupations = parse_occupations(occupations)
@@ -196,6 +196,6 @@ class OccupationMatcher:
         offsets = np.zeros(n + 1, np.int32)
         np.cumsum(lengths, out=offsets[1:])
         occupations = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), sub_lists.flatten())
-        status = status_array(lengths == 0, (OUTCOME_KEPT, DROP_NO_OCCUPATION))
+        status = status_array(lengths == 0, self.outcomes)  # 0: kept, 1: no_occupation
         batch = with_column(batch, OCCUPATIONS, occupations)
         return with_column(batch, OCCUPATION_STATUS, status)

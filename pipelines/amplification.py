@@ -172,7 +172,7 @@ def run_captions(args) -> dict:
 
     subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
     io.write_table(subsets, out_fs, f"{out}/{FILES['subsets']}")
-    sim = report.similarity_summary(stats, subsets, st["occupations"], selection)
+    sim = report.similarity_summary(stats, subsets, st["occupations"])
     _write_both(sim, out_fs, f"{out}/{FILES['similarity']}")
 
     counts = stage_counts(tallies)

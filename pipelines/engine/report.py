@@ -5,7 +5,6 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.subset_selection import SelectionConfig
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
 from schemas.subsets import SIMILARITY, SIMILARITY_SUMMARY, SUBSET, Subset
 
@@ -38,7 +37,7 @@ def occupation_stats(group: pa.Table) -> pa.Table:
     )
 
 
-def similarity_summary(stats: pa.Table | None, subsets: pa.Table, occupations, selection: SelectionConfig) -> pa.Table:
+def similarity_summary(stats: pa.Table | None, subsets: pa.Table, occupations) -> pa.Table:
     """One row per configured occupation (also those no caption names), SIMILARITY_SUMMARY schema."""
     by_occ = {}
     if stats is not None:
