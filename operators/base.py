@@ -13,7 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.captions import OUTCOME_KEPT, OUTCOME_ROWS_IN, OUTCOME_ROWS_OUT, TALLY_COUNT, TALLY_OUTCOME, TALLY_STAGE
+from schemas.captions import (
+    OUTCOME_KEPT,
+    OUTCOME_ROWS_IN,
+    OUTCOME_ROWS_OUT,
+    TALLY_COUNT,
+    TALLY_OUTCOME,
+    TALLY_STAGE,
+)
 
 
 @dataclass(frozen=True)

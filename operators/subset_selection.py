@@ -35,34 +35,22 @@ from schemas.captions import (
     URL,
     CaptionGender,
 )
-from schemas.subsets import PROMPT, PROMPT_ID, RANK, SIMILARITY, SUBSET, TRAINING_SUBSETS, Subset
+from schemas.subsets import (
+    ORDER_KEY,
+    PROMPT,
+    PROMPT_ID,
+    RANK,
+    SELECTION_CANDIDATES,
+    SELECTION_INPUT,
+    SIMILARITY,
+    SOURCE_ROW,
+    SUBSET,
+    TRAINING_SUBSETS,
+    Subset,
+)
 
-ORDER_KEY = "_order_key"
-SOURCE_ROW = "_source_row"  # index of the candidate's row in the batch it came from
 MODES = ("split", "resample")
-# Rows of the annotated-captions table that selection reads and passes on.
-SELECTION_INPUT = pa.schema(
-    [
-        pa.field(CAPTION_ID, pa.int64()),
-        pa.field(URL, pa.string()),
-        pa.field(CAPTION, pa.string()),
-        pa.field(OCCUPATION, pa.string()),
-        pa.field(CAPTION_GENDER, pa.string()),
-        pa.field(PROMPT_SIMILARITY, pa.list_(pa.float32())),
-        pa.field(SAMPLE_KEY, pa.float64()),
-    ]
-)
-CANDIDATES = pa.schema(  # keys only: the payload (url, caption, ...) is attached in finalize
-    [
-        pa.field(OCCUPATION, pa.string()),
-        pa.field(SUBSET, pa.string()),
-        pa.field(PROMPT_ID, pa.int32()),  # 0 for prompt-free subsets while selecting
-        pa.field(ORDER_KEY, pa.float64()),
-        pa.field(CAPTION_ID, pa.int64()),
-        pa.field(SIMILARITY, pa.float32()),
-        pa.field(SOURCE_ROW, pa.int64()),
-    ]
-)
+
 
 
 class SelectionConfig:
@@ -91,7 +79,7 @@ def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, simil
             SIMILARITY: pa.array(similarity, pa.float32()),
             SOURCE_ROW: pa.array(source, pa.int64()),
         },
-        schema=CANDIDATES,
+        schema=SELECTION_CANDIDATES,
     )
 
 

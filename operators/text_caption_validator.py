@@ -12,9 +12,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, status_array, with_column
-from schemas.captions import CAPTION, DROP_EMPTY, DROP_NON_TEXT, DROP_NULL, OUTCOME_KEPT, STAGE_CAPTIONS, URL
-
-CAPTION_STATUS = "caption_status"
+from schemas.captions import (
+    CAPTION,
+    CAPTION_STATUS,
+    DROP_EMPTY,
+    DROP_NON_TEXT,
+    DROP_NULL,
+    OUTCOME_KEPT,
+    STAGE_CAPTIONS,
+    URL,
+)
 
 
 def _as_text(col: pa.Array) -> tuple[pa.Array, np.ndarray]:

@@ -16,7 +16,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from schemas.captions import CAPTION, CAPTION_ID, OCCUPATION, OCCUPATIONS, SAMPLE_KEY, STAGE_EXPLODE, URL
+from schemas.captions import (
+    CAPTION,
+    CAPTION_ID,
+    OCCUPATION,
+    OCCUPATIONS,
+    SAMPLE_KEY,
+    STAGE_EXPLODE,
+    URL,
+)
 
 _MASK63 = (1 << 63) - 1
 

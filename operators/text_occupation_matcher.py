@@ -27,12 +27,11 @@ from operators.text_tokens import lists_from_pairs, ngrams, regex_escape, words
 from schemas.captions import (
     CAPTION,
     DROP_NO_OCCUPATION,
+    OCCUPATION_STATUS,
     OCCUPATIONS,
     OUTCOME_KEPT,
     STAGE_OCCUPATIONS,
 )
-
-OCCUPATION_STATUS = "occupation_status"
 
 _VOWEL_Y = re.compile(r"[aeiou]y$")
 

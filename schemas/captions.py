@@ -50,6 +50,10 @@ TALLY_OUTCOME = "_tally_outcome"
 TALLY_COUNT = "_tally_count"
 OUTCOME_KEPT = "kept"
 
+# Status columns written by the filtering stages (transient: the stream keeps only kept rows).
+CAPTION_STATUS = "caption_status"
+OCCUPATION_STATUS = "occupation_status"
+
 # Outcomes of the stage that validates captions.
 STAGE_CAPTIONS = "read_captions"
 DROP_NULL = "null_caption"

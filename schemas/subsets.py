@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, SAMPLE_KEY, URL
+from schemas.captions import (
+    ANNOTATED_CAPTIONS,
+    CAPTION,
+    CAPTION_GENDER,
+    CAPTION_ID,
+    OCCUPATION,
+    PROMPT_SIMILARITY,
+    SAMPLE_KEY,
+    URL,
+)
 
 SUBSET = "subset"
 PROMPT_ID = "prompt_id"      # 1-based index into the prompt list (Table 1); null for prompt-free subsets
@@ -56,5 +65,38 @@ SIMILARITY_SUMMARY = pa.schema(
         pa.field("female_indicator_share", pa.float64()),
         pa.field("male_indicator_share", pa.float64()),
         pa.field("any_indicator_share", pa.float64()),
+    ]
+)
+
+# --- working schemas of the selection (operators/subset_selection.py) -------------------------------
+ORDER_KEY = "_order_key"      # ascending order within a selection group
+SOURCE_ROW = "_source_row"    # index of a candidate's row in the batch it came from
+
+# The annotated-caption columns selection reads and passes on between reduction levels.
+SELECTION_INPUT = pa.schema(
+    [ANNOTATED_CAPTIONS.field(n) for n in (CAPTION_ID, URL, CAPTION, OCCUPATION, CAPTION_GENDER, PROMPT_SIMILARITY, SAMPLE_KEY)]
+)
+
+# One row per (selection group, caption): keys only; the payload is attached when finalising.
+SELECTION_CANDIDATES = pa.schema(
+    [
+        pa.field(OCCUPATION, pa.string()),
+        pa.field(SUBSET, pa.string()),
+        pa.field(PROMPT_ID, pa.int32()),  # 0 for prompt-free subsets while selecting
+        pa.field(ORDER_KEY, pa.float64()),
+        pa.field(CAPTION_ID, pa.int64()),
+        pa.field(SIMILARITY, pa.float32()),
+        pa.field(SOURCE_ROW, pa.int64()),
+    ]
+)
+
+# Caption and indicator counts per occupation (feeds SIMILARITY_SUMMARY).
+OCCUPATION_STATS = pa.schema(
+    [
+        pa.field(OCCUPATION, pa.string()),
+        pa.field("matched_captions", pa.int64()),
+        pa.field("female_indicator_captions", pa.int64()),
+        pa.field("male_indicator_captions", pa.int64()),
+        pa.field("any_indicator_captions", pa.int64()),
     ]
 )

@@ -6,16 +6,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
-from schemas.subsets import SIMILARITY, SIMILARITY_SUMMARY, SUBSET, Subset
-
-STATS = pa.schema(
-    [
-        pa.field(OCCUPATION, pa.string()),
-        pa.field("matched_captions", pa.int64()),
-        pa.field("female_indicator_captions", pa.int64()),
-        pa.field("male_indicator_captions", pa.int64()),
-        pa.field("any_indicator_captions", pa.int64()),
-    ]
+from schemas.subsets import (
+    OCCUPATION_STATS,
+    SIMILARITY,
+    SIMILARITY_SUMMARY,
+    SUBSET,
+    Subset,
 )
 
 
@@ -33,7 +29,7 @@ def occupation_stats(group: pa.Table) -> pa.Table:
             "male_indicator_captions": [male],
             "any_indicator_captions": [anyind],
         },
-        schema=STATS,
+        schema=OCCUPATION_STATS,
     )
 
 

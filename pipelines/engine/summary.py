@@ -9,12 +9,16 @@ import pyarrow.compute as pc
 
 from schemas.captions import (
     OUTCOME_KEPT,
-    OUTCOME_ROWS_IN as ROWS_IN,
-    OUTCOME_ROWS_OUT as ROWS_OUT,
     STAGE_COUNTS,
     TALLY_COUNT,
     TALLY_OUTCOME,
     TALLY_STAGE,
+)
+from schemas.captions import (
+    OUTCOME_ROWS_IN as ROWS_IN,
+)
+from schemas.captions import (
+    OUTCOME_ROWS_OUT as ROWS_OUT,
 )
 
 
