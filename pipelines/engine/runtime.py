@@ -25,13 +25,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
     if ray.is_initialized():
         return ray
     address = address or os.environ.get("RAY_ADDRESS")
-    kwargs = {"include_dashboard": False, "log_to_driver": not quiet}
     if address:
-        ray.init(address=address, **kwargs)
+        ray.init(address=address, log_to_driver=not quiet)
     else:
-        if num_cpus is None:
-            num_cpus = max(os.cpu_count() or 1, int(actor_cpus + 0.999) + 2)
-        ray.init(num_cpus=num_cpus, **kwargs)
+        try:  # a cluster started on this node: `ray up` / `ray start`, where `ray submit` runs us
+            ray.init(address="auto", log_to_driver=not quiet)
+        except ConnectionError:
+            if num_cpus is None:
+                num_cpus = max(os.cpu_count() or 1, int(actor_cpus + 0.999) + 2)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=not quiet)
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
