@@ -24,14 +24,15 @@ from schemas.captions import (
 )
 
 STAGE_GENDER_WORDS = "gender_words"
+# label by code = has male evidence + 2 * has female evidence
+_GENDER_BY_CODE = pa.array([CaptionGender.NONE, CaptionGender.MALE, CaptionGender.FEMALE, CaptionGender.BOTH], pa.string())
 
 
 def caption_gender(male: pa.Array, female: pa.Array) -> pa.Array:
     """{male, female, both, none} from the two evidence list columns."""
     m = pc.fill_null(pc.greater(pc.list_value_length(male), 0), False).to_numpy(zero_copy_only=False)
     f = pc.fill_null(pc.greater(pc.list_value_length(female), 0), False).to_numpy(zero_copy_only=False)
-    label = np.where(m & f, CaptionGender.BOTH, np.where(m, CaptionGender.MALE, np.where(f, CaptionGender.FEMALE, CaptionGender.NONE)))
-    return pa.array(label, pa.string())
+    return _GENDER_BY_CODE.take(pa.array(m.astype(np.int8) + 2 * f.astype(np.int8)))
 
 
 class GenderWordIndicators:

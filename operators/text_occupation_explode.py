@@ -29,16 +29,13 @@ from schemas.captions import (
 _MASK63 = (1 << 63) - 1
 
 
+def _hash64(text: str) -> int:
+    """64-bit BLAKE2b of a string, as an unsigned int."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
 def caption_ids(urls: list, captions: list) -> np.ndarray:
-    out = np.empty(len(captions), np.int64)
-    for i, (u, c) in enumerate(zip(urls, captions)):
-        digest = hashlib.blake2b(f"{u or ''}\x1f{c}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
-        out[i] = int.from_bytes(digest, "little") & _MASK63
-    return out
-
-
-def _string_hash64(text: str) -> np.uint64:
-    return np.uint64(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little"))
+    return np.array([_hash64(f"{u or ''}\x1f{c}") & _MASK63 for u, c in zip(urls, captions)], np.int64)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -54,8 +51,10 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 def sample_keys(ids: np.ndarray, occupations: pa.Array, seed: int) -> np.ndarray:
     """Uniform [0, 1) keys, a deterministic function of (seed, caption_id, occupation)."""
-    enc = pc.dictionary_encode(occupations).combine_chunks() if isinstance(occupations, pa.ChunkedArray) else pc.dictionary_encode(occupations)
-    occ_hash = np.array([_string_hash64(s) for s in enc.dictionary.to_pylist()], np.uint64)
+    if isinstance(occupations, pa.ChunkedArray):
+        occupations = occupations.combine_chunks()
+    enc = pc.dictionary_encode(occupations)
+    occ_hash = np.array([_hash64(s) for s in enc.dictionary.to_pylist()], np.uint64)
     per_row = occ_hash[enc.indices.to_numpy(zero_copy_only=False)] if len(occ_hash) else np.zeros(0, np.uint64)
     x = _mix64(ids.astype(np.uint64) ^ per_row ^ _mix64(np.array([seed], np.uint64))[0])
     return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53

@@ -25,13 +25,12 @@ class InputError(ValueError):
 class ParquetInput:
     files: list[str]            # paths within ``filesystem``
     filesystem: pafs.FileSystem
-    fsspec_fs: fsspec.AbstractFileSystem
     protocol: str
     schemas: list[pa.Schema]    # one per file, read from the footers
     num_rows: int               # total rows of all files, from the footers
 
     def display(self, path: str) -> str:
-        return path if self.protocol in ("file", "local") else f"{self.protocol}://{path}"
+        return _display(self.protocol, path)
 
     def groups_by_type(self, columns: list[str]) -> list[list[str]]:
         """Files grouped by the Arrow types of ``columns``: Ray cannot read files whose types
@@ -44,9 +43,17 @@ class ParquetInput:
         return list(groups.values())
 
 
+def _protocol(fs: fsspec.AbstractFileSystem) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+def _display(protocol: str, path: str) -> str:
+    """A path as the user would write it: bare for local files, with its scheme otherwise."""
+    return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
 def _to_pyarrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in ("file", "local"):
+    if _protocol(fs) in ("file", "local"):
         return pafs.LocalFileSystem()
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
@@ -78,10 +85,10 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
             files.append(path)
         else:
             raise InputError(f"input {spec!r} does not exist")
-    protocol = fs0.protocol if isinstance(fs0.protocol, str) else fs0.protocol[0]
+    protocol = _protocol(fs0)
     pyfs = _to_pyarrow_fs(fs0)
     metas = _read_footers(pyfs, files, protocol)
-    return ParquetInput(files, pyfs, fs0, protocol, [m.schema.to_arrow_schema() for m in metas],
+    return ParquetInput(files, pyfs, protocol, [m.schema.to_arrow_schema() for m in metas],
                         sum(m.num_rows for m in metas))
 
 
@@ -107,8 +114,7 @@ def _read_footers(fs: pafs.FileSystem, files: list[str], protocol: str) -> list[
             with fs.open_input_file(path) as fh:
                 return pq.read_metadata(fh)
         except Exception as exc:  # ArrowInvalid (not parquet), OSError (permissions), ...
-            shown = path if protocol in ("file", "local") else f"{protocol}://{path}"
-            raise InputError(f"cannot read parquet file {shown}: {exc}") from exc
+            raise InputError(f"cannot read parquet file {_display(protocol, path)}: {exc}") from exc
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         return list(pool.map(one, files))
