@@ -1,0 +1,160 @@
+"""Column names and pyarrow schemas of the image side (paper 002, sections 2.2, 3, 6).
+
+Training images (fetched from LAION URLs) and generated images (Stable Diffusion) flow through
+the same operators: fetch or generate -> face filter -> CLIP gender. No operator drops a row:
+each writes a status column, and a row's image counts towards a percentage only when every
+status on its way is ok (``counted``). A null status means the row never reached that stage
+(for example no face filter on an image that could not be fetched).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
+from schemas.subsets import PROMPT, PROMPT_ID, SUBSET
+
+# --- where an image came from --------------------------------------------------------------------
+SOURCE = "source"
+
+
+class Source:
+    TRAINING = "training"            # LAION image of a caption in a training subset (T)
+    GENERATED = "generated"          # generated from a Table 1 prompt (G)
+    CAPTION_PROMPT = "caption_prompt"  # generated from a training caption used as the prompt (section 6)
+    ALL = (TRAINING, GENERATED, CAPTION_PROMPT)
+
+
+MODEL = "model"              # generator model id / directory (null for training images)
+SEED = "seed"                # int64 seed of the generator's initial noise: regenerates the image exactly
+IMAGE_INDEX = "image_index"  # 0-based index of the image among those of its prompt
+SAFETY_CHECKER = "safety_checker"  # safety-checker policy in force for this image
+
+# --- image payload (transient: never written to the per-image table) ------------------------------
+IMAGE = "image"                    # binary: encoded image (jpeg/png/webp) or raw RGB8 pixels
+IMAGE_ENCODING = "image_encoding"  # "encoded" (any format PIL/OpenCV reads) or "rgb8" (raw, row-major HWC)
+IMAGE_HEIGHT = "image_height"      # int32 pixels of the payload (required for rgb8)
+IMAGE_WIDTH = "image_width"
+ENCODED = "encoded"
+RGB8 = "rgb8"
+
+# --- fetch (img2dataset) ------------------------------------------------------------------------------
+FETCH_STATUS = "fetch_status"
+FETCH_ERROR = "fetch_error"        # human-readable detail for non-ok statuses
+HTTP_STATUS = "http_status"        # int32 HTTP status code when a response arrived
+ORIGINAL_HEIGHT = "original_height"
+ORIGINAL_WIDTH = "original_width"
+
+
+class FetchStatus:
+    OK = "ok"
+    HTTP_ERROR = "http_error"          # 4xx / 5xx
+    TIMEOUT = "timeout"
+    NOT_IMAGE = "not_image"            # bytes arrived but do not decode as an image
+    TOO_LARGE = "too_large"            # over the byte limit or the pixel-area limit
+    REFUSED = "refused"                # resolves to a loopback/private/link-local/metadata address
+    NETWORK_ERROR = "network_error"    # DNS failure, connection refused/reset, TLS error
+    INVALID_URL = "invalid_url"        # null, not http(s), no host
+    ALL = (OK, HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL)
+
+
+# --- generation ---------------------------------------------------------------------------------------
+GENERATION_STATUS = "generation_status"
+NSFW = "nsfw"                      # bool: the safety checker flagged (and blanked) the image; null: no checker
+
+
+class GenerationStatus:
+    OK = "ok"
+    NSFW_BLOCKED = "nsfw_blocked"      # blanked by the safety checker: no usable image
+    ALL = (OK, NSFW_BLOCKED)
+
+
+# --- face filter (section 2.2) ------------------------------------------------------------------------
+FACE_STATUS = "face_status"
+FACE_COUNT = "face_count"          # int32 detections at or above the confidence threshold
+FACE_SCORE = "face_score"          # float32 confidence of the best detection
+FACE_BOX_WIDTH = "face_box_width"  # float32 relative width of the best detection's box
+FACE_BOX_HEIGHT = "face_box_height"
+
+
+class FaceStatus:
+    OK = "ok"                  # exactly one face, relative box height and width >= 0.1
+    NO_FACE = "no_face"
+    MANY_FACES = "many_faces"
+    SMALL_FACE = "small_face"
+    DECODE_ERROR = "decode_error"
+    ALL = (OK, NO_FACE, MANY_FACES, SMALL_FACE, DECODE_ERROR)
+
+
+# --- CLIP zero-shot gender (section 2.2, App. A.4) -------------------------------------------------
+GENDER = "gender"                  # perceived gender: male / female / ambiguous (p < threshold) / decode_error
+P_MALE = "p_male"                  # float32 softmax probability of "A photo of a man"
+P_FEMALE = "p_female"              # float32 softmax probability of "A photo of a woman"
+
+
+class Gender:
+    MALE = "male"
+    FEMALE = "female"
+    AMBIGUOUS = "ambiguous"
+    DECODE_ERROR = "decode_error"
+    ALL = (MALE, FEMALE, AMBIGUOUS, DECODE_ERROR)
+    DECIDED = (MALE, FEMALE)
+
+
+COUNTED = "counted"                # bool: the image enters % female (all statuses ok, gender decided)
+
+# --- the per-image table of a run ---------------------------------------------------------------------
+IMAGE_RESULTS = pa.schema(
+    [
+        pa.field(SOURCE, pa.string(), nullable=False),
+        pa.field(OCCUPATION, pa.string(), nullable=False),
+        pa.field(SUBSET, pa.string()),           # training images: the training subset
+        pa.field(PROMPT_ID, pa.int32()),         # generated: Table 1 prompt; training NN subsets: its prompt
+        pa.field(PROMPT, pa.string()),           # the text the generator was given (or the NN prompt)
+        pa.field(CAPTION_ID, pa.int64()),
+        pa.field(CAPTION, pa.string()),
+        pa.field(CAPTION_GENDER, pa.string()),
+        pa.field(URL, pa.string()),
+        pa.field(MODEL, pa.string()),
+        pa.field(SEED, pa.int64()),
+        pa.field(IMAGE_INDEX, pa.int32()),
+        pa.field(SAFETY_CHECKER, pa.string()),
+        pa.field(FETCH_STATUS, pa.string()),
+        pa.field(FETCH_ERROR, pa.string()),
+        pa.field(HTTP_STATUS, pa.int32()),
+        pa.field(ORIGINAL_HEIGHT, pa.int32()),
+        pa.field(ORIGINAL_WIDTH, pa.int32()),
+        pa.field(GENERATION_STATUS, pa.string()),
+        pa.field(NSFW, pa.bool_()),
+        pa.field(FACE_STATUS, pa.string()),
+        pa.field(FACE_COUNT, pa.int32()),
+        pa.field(FACE_SCORE, pa.float32()),
+        pa.field(FACE_BOX_WIDTH, pa.float32()),
+        pa.field(FACE_BOX_HEIGHT, pa.float32()),
+        pa.field(GENDER, pa.string()),
+        pa.field(P_MALE, pa.float32()),
+        pa.field(P_FEMALE, pa.float32()),
+        pa.field(COUNTED, pa.bool_(), nullable=False),
+    ]
+)
+
+# Columns each operator adds (what it writes; the pipeline conforms the rest).
+FETCH_COLUMNS = pa.schema([
+    pa.field(IMAGE, pa.binary()), pa.field(IMAGE_ENCODING, pa.string()),
+    pa.field(IMAGE_HEIGHT, pa.int32()), pa.field(IMAGE_WIDTH, pa.int32()),
+    IMAGE_RESULTS.field(FETCH_STATUS), IMAGE_RESULTS.field(FETCH_ERROR), IMAGE_RESULTS.field(HTTP_STATUS),
+    IMAGE_RESULTS.field(ORIGINAL_HEIGHT), IMAGE_RESULTS.field(ORIGINAL_WIDTH),
+])
+FACE_COLUMNS = pa.schema([IMAGE_RESULTS.field(n) for n in (FACE_STATUS, FACE_COUNT, FACE_SCORE, FACE_BOX_WIDTH, FACE_BOX_HEIGHT)])
+GENDER_COLUMNS = pa.schema([IMAGE_RESULTS.field(n) for n in (GENDER, P_MALE, P_FEMALE)])
+GENERATION_COLUMNS = pa.schema([
+    pa.field(IMAGE, pa.binary()), pa.field(IMAGE_ENCODING, pa.string()),
+    pa.field(IMAGE_HEIGHT, pa.int32()), pa.field(IMAGE_WIDTH, pa.int32()),
+    IMAGE_RESULTS.field(GENERATION_STATUS), IMAGE_RESULTS.field(NSFW), IMAGE_RESULTS.field(SAFETY_CHECKER),
+    IMAGE_RESULTS.field(MODEL),
+])
+
+# --- summary tables ----------------------------------------------------------------------------------------
+GROUP = "group"                    # "training" or a prompt id, in the summarize CSV
+PERCENT_FEMALE = "percent_female"
+TRAINING_GROUP = "training"
