@@ -4,6 +4,8 @@ Subcommands:
   captions   the training-caption side: select LAION captions naming each occupation, detect
              explicit gender indicators, score caption/prompt similarity with SBERT, and write
              the training subsets (naive, no indicators, NN, NN + no indicators).
+  summarize  the amplification table (E[A] per prompt, exclusions, t-tests) from a CSV of known
+             percentages: re-analyse published tables without images.
 
 Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with
 RAY_ADDRESS / --ray-address set, it runs on that cluster.
@@ -119,6 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--scan-batch-size", type=int, default=262144,
                    help="rows per batch of the caption scan (default 262144: amortises the regex compile)")
     _common(p)
+
+    q = sub.add_parser(
+        "summarize",
+        help="amplification from a CSV of known percentages (occupation,group,percent_female)",
+        description="Compute bias amplification (paper 002, section 3.3) from already-known percentages. "
+                    "The CSV has columns occupation,group,percent_female and optionally model; group "
+                    "'training' holds T (% female in training images) and every other group value is a "
+                    "generation prompt holding G. Prints E[A] per prompt and averaged over prompts, the "
+                    "occupations excluded per prompt (training and generation skew in different "
+                    "directions) and a one-sample t-test of E[A] = 0 per prompt; --output writes the same "
+                    "as JSON. Example: the paper's Table 6 gives Table 3's naive row for SD 1.4.",
+    )
+    q.add_argument("--percentages", required=True, metavar="CSV", help="CSV file (local path or fsspec URI)")
+    q.add_argument("--output", metavar="DIR", help="write amplification_summary.json and amplification_rows.csv here")
+    q.add_argument("--training-group", default="training", help="group value of the training rows (default training)")
     return ap
 
 
@@ -315,11 +332,40 @@ def _data_part(batch: pa.Table, annotated_schema: pa.Schema) -> pa.Table:
     return conform(split_tallies(batch)[0], annotated_schema)
 
 
+def run_summarize(args) -> dict:
+    import pandas as pd
+
+    from operators.metric_amplification import format_results, summarize_percentages
+
+    import io as _io
+
+    text = io.read_text(args.percentages)
+    try:
+        df = pd.read_csv(_io.StringIO(text), dtype={"occupation": str, "group": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise io.InputError(f"{args.percentages}: not a readable CSV ({exc})") from None
+    result = summarize_percentages(df, args.training_group)
+    for model, res in result.items():
+        title = f"Bias amplification ({model}), {res['occupations']} occupations" if model != "all" \
+            else f"Bias amplification, {res['occupations']} occupations"
+        print(format_results(title, res["per_prompt"], res["average"]))
+    if args.output:
+        out_fs, out = io.output_fs(args.output)
+        io.write_text(json.dumps({"input": args.percentages, "results": result}, indent=2, default=str), out_fs,
+                      f"{out}/amplification_summary.json")
+        rows = pd.concat([pd.DataFrame(r["rows"]).assign(model=m) for m, r in result.items()], ignore_index=True)
+        io.write_text(rows.to_csv(index=False), out_fs, f"{out}/amplification_rows.csv")
+        print(f"wrote {args.output}/amplification_summary.json and amplification_rows.csv")
+    return result
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "captions":
             run_captions(args)
+        elif args.command == "summarize":
+            run_summarize(args)
     except (io.InputError, ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

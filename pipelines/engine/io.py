@@ -174,3 +174,15 @@ def clear_dir(fs: pafs.FileSystem, path: str) -> None:
 
 def exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def read_text(uri: str) -> str:
+    """The text of a local file or fsspec URI; InputError when it cannot be read."""
+    fs, path = _url_to_fs(uri)
+    try:
+        with fs.open(path, "rb") as fh:
+            return fh.read().decode("utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{uri}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {uri}: {exc}") from None

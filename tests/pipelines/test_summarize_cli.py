@@ -1,0 +1,37 @@
+"""`pipelines/amplification.py summarize` on the paper's published tables."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(ROOT / "pipelines" / "amplification.py"), "summarize", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_summarize_table6_prints_and_writes_table3(tmp_path):
+    res = run("--percentages", str(DATA / "paper002_table6.csv"), "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    lines = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines() if ln.strip().startswith("#")}
+    assert [lines[f"#{i}"][1] for i in range(1, 5)] == ["10.24", "17.57", "10.77", "11.68"]
+    assert "direction_switch: assistant" in res.stdout
+    doc = json.loads((tmp_path / "out" / "amplification_summary.json").read_text())
+    per = doc["results"]["all"]["per_prompt"]
+    assert [round(p["expected_amplification"], 2) for p in per] == [10.24, 17.57, 10.77, 11.68]
+    assert "supervisor" in per[0]["excluded"]["direction_switch"]
+    rows = (tmp_path / "out" / "amplification_rows.csv").read_text().splitlines()
+    assert len(rows) == 1 + 62 * 4
+
+
+def test_summarize_errors_are_clean(tmp_path):
+    res = run("--percentages", str(tmp_path / "missing.csv"))
+    assert res.returncode == 2 and "no such file" in res.stderr and "Traceback" not in res.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("occupation,percent\nnurse,90\n")
+    res = run("--percentages", str(bad))
+    assert res.returncode == 2 and "group" in res.stderr and "Traceback" not in res.stderr
