@@ -1,0 +1,212 @@
+"""Single-face filter with MediaPipe BlazeFace (paper 002, section 2.2).
+
+An image is kept (``ok``) when the face detector finds exactly one face (a detection scoring at
+least ``min_confidence``) whose relative bounding box is at least ``min_relative_size`` of the
+image in both height and width. The model is the BlazeFace detector that ships inside the
+``mediapipe`` wheel (``mediapipe/modules/face_detection/``), so it loads offline; the paper's
+footnote points at the MediaPipe face detector, whose default is the full-range model.
+
+Rules where the paper is silent:
+- every detection at or above the confidence threshold counts as a face, however small, so a
+  large face with a small one in the background is ``many_faces``;
+- the box is clipped to the image before it is measured: a face cut by the border counts only
+  with its visible part;
+- the reported score and box are those of the best-scoring detection (null when there is none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+import pyarrow as pa
+
+from operators.base import ModelLoadError, Resources, with_column
+from operators.image_codec import batch_images
+from schemas.images import (
+    FACE_BOX_HEIGHT,
+    FACE_BOX_WIDTH,
+    FACE_COLUMNS,
+    FACE_COUNT,
+    FACE_SCORE,
+    FACE_STATUS,
+    IMAGE,
+    FaceStatus,
+)
+
+STAGE_FACE_FILTER = "face_filter"
+
+# model_selection -> (name, tflite file inside the mediapipe wheel). The file names are those the
+# graphs compiled into mediapipe 0.10.14 load (FaceDetectionFullRange / FaceDetectionShortRange).
+BLAZEFACE_MODELS = {
+    1: ("full-range", "face_detection_full_range_sparse.tflite"),
+    0: ("short-range", "face_detection_short_range.tflite"),
+}
+MEDIAPIPE_DIST = "mediapipe"
+MEDIAPIPE_PIN = "mediapipe==0.10.14"
+
+
+def _load_error(model_selection: int, why: str, exc: BaseException | None = None) -> ModelLoadError:
+    name, file = BLAZEFACE_MODELS.get(model_selection, ("?", "?"))
+    return ModelLoadError(
+        f"cannot load MediaPipe BlazeFace face detector ({name}, {file}, model_selection="
+        f"{model_selection}): {why}{f': {exc}' if exc is not None else ''}. The model ships inside the "
+        f"mediapipe wheel under mediapipe/modules/face_detection/; install {MEDIAPIPE_PIN} on every "
+        f"node that runs the face filter (no download is needed or attempted)."
+    )
+
+
+def blazeface_file(model_selection: int) -> Path:
+    """Path of the BlazeFace .tflite file inside the installed mediapipe package."""
+    if model_selection not in BLAZEFACE_MODELS:
+        raise ValueError(f"model_selection must be 0 (short-range) or 1 (full-range), got {model_selection!r}")
+    try:
+        import mediapipe
+    except Exception as exc:  # ImportError, or a broken native extension
+        raise _load_error(model_selection, "the mediapipe package cannot be imported", exc) from exc
+    path = Path(mediapipe.__file__).resolve().parent / "modules" / "face_detection" / BLAZEFACE_MODELS[model_selection][1]
+    if not path.is_file():
+        raise _load_error(model_selection, f"model file {path} is missing from the installed mediapipe")
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def relative_extent(start: float, length: float) -> float:
+    """Length of the interval [start, start + length] clipped to [0, 1] (relative coordinates)."""
+    return float(max(0.0, min(1.0, start + length) - max(0.0, start)))
+
+
+def as_rgb(image: np.ndarray) -> np.ndarray:
+    """``image`` as a contiguous (H, W, 3) uint8 array: grey (H, W) or (H, W, 1) is replicated,
+    an alpha channel is dropped."""
+    a = np.asarray(image)
+    if a.dtype != np.uint8:
+        raise ValueError(f"expected a uint8 image, got {a.dtype}")
+    if a.ndim == 2:
+        a = a[:, :, None]
+    if a.ndim != 3 or a.shape[2] not in (1, 3, 4):
+        raise ValueError(f"expected an (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) image, got shape {a.shape}")
+    if a.shape[2] == 1:
+        a = np.repeat(a, 3, axis=2)
+    elif a.shape[2] == 4:
+        a = a[:, :, :3]
+    return np.ascontiguousarray(a)
+
+
+class FaceFilter:
+    """Adds the FACE_COLUMNS: face_status (FaceStatus), face_count, face_score, face_box_width/height.
+
+    Rows whose IMAGE is null never reached this stage (fetch or generation failed upstream) and
+    get nulls in every face column. Rows are never dropped.
+    """
+
+    stage_name = STAGE_FACE_FILTER
+    resources = Resources(num_cpus=1, batch_size=64, actors=1)
+
+    def __init__(self, model_selection: int = 1, min_confidence: float = 0.5, min_relative_size: float = 0.1):
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence!r}")
+        if not 0.0 <= min_relative_size <= 1.0:
+            raise ValueError(f"min_relative_size must be in [0, 1], got {min_relative_size!r}")
+        self.model_selection = int(model_selection)
+        self.min_confidence = float(min_confidence)
+        self.min_relative_size = float(min_relative_size)
+        self.detector = None
+        path = blazeface_file(self.model_selection)
+        try:
+            import mediapipe as mp
+
+            # One graph per instance (so one per Ray actor); it is not shared between threads.
+            self.detector = mp.solutions.face_detection.FaceDetection(
+                model_selection=self.model_selection, min_detection_confidence=self.min_confidence
+            )
+        except Exception as exc:
+            raise _load_error(self.model_selection, "the face detection graph failed to start", exc) from exc
+        name = BLAZEFACE_MODELS[self.model_selection][0]
+        self.record = {
+            "model": f"mediapipe BlazeFace {name}",
+            "package": f"{MEDIAPIPE_DIST}=={importlib.metadata.version(MEDIAPIPE_DIST)}",
+            "model_selection": self.model_selection,
+            "model_range": name,
+            "model_file": str(path),
+            "model_sha256": sha256_file(path),
+            "min_confidence": self.min_confidence,
+            "min_relative_size": self.min_relative_size,
+            "box_clipped_to_image": True,
+        }
+
+    def evaluate(self, rgb: np.ndarray) -> tuple[str, int, float | None, float | None, float | None]:
+        """(status, count, best_score, box_width, box_height) for one image.
+
+        ``rgb`` is an (H, W, 3) uint8 RGB image (grey (H, W) is accepted too). Count is the number
+        of detections scoring at least ``min_confidence``; score and box (relative, clipped to the
+        image) are those of the best of them, None when there is none.
+        """
+        if self.detector is None:
+            raise RuntimeError("FaceFilter is closed")
+        result = self.detector.process(as_rgb(rgb))
+        faces = []
+        for det in result.detections or []:
+            score = float(det.score[0]) if len(det.score) else 0.0
+            if score >= self.min_confidence:
+                box = det.location_data.relative_bounding_box
+                faces.append((score, relative_extent(box.xmin, box.width), relative_extent(box.ymin, box.height)))
+        if not faces:
+            return FaceStatus.NO_FACE, 0, None, None, None
+        score, width, height = max(faces, key=lambda f: f[0])
+        if len(faces) > 1:
+            status = FaceStatus.MANY_FACES
+        elif width >= self.min_relative_size and height >= self.min_relative_size:
+            status = FaceStatus.OK
+        else:
+            status = FaceStatus.SMALL_FACE
+        return status, len(faces), score, width, height
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        n = batch.num_rows
+        status: list[str | None] = [None] * n
+        count: list[int | None] = [None] * n
+        score: list[float | None] = [None] * n
+        width: list[float | None] = [None] * n
+        height: list[float | None] = [None] * n
+        if IMAGE in batch.column_names:
+            rows = np.flatnonzero(batch.column(IMAGE).is_valid().to_numpy(zero_copy_only=False)).tolist()
+        else:
+            rows = []
+        for i, rgb in zip(rows, batch_images(batch, rows)):
+            if rgb is None:
+                status[i] = FaceStatus.DECODE_ERROR
+                continue
+            status[i], count[i], score[i], width[i], height[i] = self.evaluate(rgb)
+        values = {FACE_STATUS: status, FACE_COUNT: count, FACE_SCORE: score, FACE_BOX_WIDTH: width,
+                  FACE_BOX_HEIGHT: height}
+        for field in FACE_COLUMNS:
+            batch = with_column(batch, field.name, pa.array(values[field.name], field.type))
+        return batch
+
+    def close(self) -> None:
+        """Release the MediaPipe graph (idempotent)."""
+        detector, self.detector = getattr(self, "detector", None), None
+        if detector is not None:
+            with contextlib.suppress(Exception):  # already closed, or interpreter shutting down
+                detector.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
