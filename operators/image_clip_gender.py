@@ -1,0 +1,439 @@
+"""CLIP zero-shot perceived-gender classification (paper 002, section 2.2 and App. A.4).
+
+Each image is compared with the text embeddings of two prompts, "A photo of a man" and "A photo
+of a woman"; a softmax over CLIP's scaled cosine similarities gives p_male and p_female
+(summing to 1). The image gets the winning label only when its probability is at least the
+threshold (0.9 in the paper, inclusive); otherwise it is ``ambiguous`` and does not count.
+
+The paper uses CLIP ViT-L/14 with OpenAI's weights (open_clip ``ViT-L-14`` / ``openai``).
+
+Fetched images (encoded bytes) and generated images (raw RGB8 payloads, or the generator's
+tensor handed over directly with ``classify_tensor``) go through one preprocessing path: torch
+ops on the image's device equivalent to open_clip's eval transform (resize the shortest side to
+the model's image size with antialiased bicubic interpolation, center crop, normalise with the
+model's mean and std). Generated images are therefore never re-encoded or copied to the CPU.
+
+Reads IMAGE (+ IMAGE_ENCODING / IMAGE_HEIGHT / IMAGE_WIDTH) and FACE_STATUS when present;
+adds ``schemas.images.GENDER_COLUMNS`` (GENDER, P_MALE, P_FEMALE).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import ModelLoadError, Resources, with_column
+from operators.image_codec import batch_images
+from schemas.images import (
+    FACE_STATUS,
+    GENDER,
+    GENDER_COLUMNS,
+    IMAGE,
+    P_FEMALE,
+    P_MALE,
+    FaceStatus,
+    Gender,
+)
+
+STAGE_CLIP_GENDER = "clip_gender"
+DEFAULT_MODEL = "ViT-L-14"
+DEFAULT_PRETRAINED = "openai"
+DEFAULT_PROMPTS = ("A photo of a man", "A photo of a woman")  # order: [male, female]
+DEFAULT_THRESHOLD = 0.9
+
+LOCAL_DIR = "local-dir:"
+HF_HUB = "hf-hub:"
+SOURCE_BUILTIN = "builtin"
+SOURCE_LOCAL_DIR = "local-dir"
+SOURCE_HF_HUB = "hf-hub"
+SOURCE_CHECKPOINT = "checkpoint file"
+
+# The weight files open_clip looks for in a local directory, in its order of preference
+# (open_clip.factory._find_checkpoint_in_dir).
+_PREFERRED_WEIGHTS = (
+    "open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin",
+    "open_clip_pytorch_model.pth", "model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth",
+)
+
+
+@dataclass
+class ClipBundle:
+    """A loaded CLIP: the model (eval mode, on ``device``) and what preprocessing needs."""
+
+    model: Any                      # open_clip CLIP / CustomTextCLIP
+    tokenizer: Any
+    mean: Any                       # torch float32 (3,) on device
+    std: Any                        # torch float32 (3,) on device
+    image_size: tuple[int, int]     # (height, width) the vision tower takes
+    device: str
+    interpolation: str = "bicubic"  # "bicubic" or "bilinear"
+    resize_mode: str = "shortest"   # "shortest" (resize + center crop), "longest" (resize + pad), "squash"
+    fill_color: int = 0
+    record: dict = field(default_factory=dict)
+
+
+def pick_device(device: str = "auto") -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _weights_in_dir(directory: Path) -> Path | None:
+    for name in _PREFERRED_WEIGHTS:
+        if (directory / name).is_file():
+            return directory / name
+    found = sorted(p for ext in ("*.safetensors", "*.bin", "*.pth") for p in directory.glob(ext))
+    return found[0] if found else None
+
+
+def resolve_clip_spec(model: str, pretrained: str | None) -> tuple[str, str | None, dict]:
+    """(model name for open_clip, pretrained for open_clip, provenance) for a model spec.
+
+    A plain directory path is read as ``local-dir:``; ``local-dir:`` and ``hf-hub:`` specs ignore
+    ``pretrained``; a built-in architecture takes a pretrained tag or a checkpoint file path.
+    """
+    if not model.startswith((LOCAL_DIR, HF_HUB)) and os.path.isdir(model):
+        model = LOCAL_DIR + model
+    if model.startswith(LOCAL_DIR):
+        path = Path(model[len(LOCAL_DIR):]).expanduser().resolve()
+        return LOCAL_DIR + str(path), None, {"source": SOURCE_LOCAL_DIR, "path": str(path)}
+    if model.startswith(HF_HUB):
+        return model, None, {"source": SOURCE_HF_HUB}
+    if pretrained and os.path.isfile(pretrained):
+        return model, pretrained, {"source": SOURCE_CHECKPOINT, "path": str(Path(pretrained).resolve())}
+    return model, pretrained, {"source": SOURCE_BUILTIN}
+
+
+def _weight_file(name: str, pretrained: str | None, record: dict) -> str | None:
+    """The local file the weights load from (downloading them into open_clip's / the HF cache
+    when a tag or hub id is not cached yet); errors propagate to the caller."""
+    from open_clip import pretrained as oc_pretrained
+
+    source = record["source"]
+    if source == SOURCE_CHECKPOINT:
+        return record["path"]
+    if source == SOURCE_LOCAL_DIR:
+        found = _weights_in_dir(Path(record["path"]))
+        return str(found) if found is not None else None
+    if source == SOURCE_HF_HUB:
+        return oc_pretrained.download_pretrained_from_hf(name[len(HF_HUB):])
+    cfg = oc_pretrained.get_pretrained_cfg(name.replace("/", "-"), pretrained) if pretrained else {}
+    if not cfg:
+        return None  # unknown tag: create_model reports it
+    return oc_pretrained.download_pretrained(cfg) or None
+
+
+def load_clip(model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
+              device: str = "auto") -> ClipBundle:
+    """Load an open_clip model for inference, or raise ModelLoadError saying how to provide it.
+
+    ``model`` is a built-in architecture (``ViT-L-14``) with ``pretrained`` a tag (``openai``,
+    fetched through open_clip's cache) or a checkpoint file; ``local-dir:/path`` or a plain
+    directory (``open_clip_config.json`` + weights); or ``hf-hub:org/repo``. A model whose
+    weights cannot be found is an error, never a silently random model.
+    """
+    import open_clip
+    import torch
+
+    name, tag, where = resolve_clip_spec(model, pretrained)
+    record = {"model": model, "pretrained": tag, **where}  # pretrained: None where the spec ignores it
+    dev = pick_device(device)
+    try:
+        weights = _weight_file(name, tag, record)
+        net = open_clip.create_model(name, pretrained=tag, device=dev, require_pretrained=True)
+        tokenizer = open_clip.get_tokenizer(name)
+    except Exception as exc:  # open_clip raises RuntimeError, FileNotFoundError, ValueError, hub errors...
+        raise ModelLoadError(
+            f"cannot load CLIP model {model!r} (pretrained {pretrained!r}): {type(exc).__name__}: {exc}. "
+            f"Provide it in one of these ways: a built-in open_clip architecture with a pretrained tag "
+            f"whose weights are in the Hugging Face / open_clip cache (download once online, or point "
+            f"HF_HOME at a pre-filled cache on every node); --clip-model local-dir:/path/to/dir (a "
+            f"directory with open_clip_config.json and open_clip_model.safetensors); a built-in "
+            f"architecture with a checkpoint file path as the pretrained value; or hf-hub:org/repo "
+            f"(cached, or reachable from every node)."
+        ) from exc
+    net.eval()
+    if weights is not None and os.path.isfile(weights):
+        record["weights"] = str(Path(weights).resolve())
+        record["sha256"] = file_sha256(weights)
+    else:
+        record["sha256"] = None
+    if record["source"] == SOURCE_LOCAL_DIR:
+        try:
+            note = json.loads((Path(record["path"]) / "open_clip_config.json").read_text()).get("standin")
+        except (OSError, ValueError):
+            note = None
+        if note:
+            record["standin"] = note
+    cfg = open_clip.get_model_preprocess_cfg(net)
+    size = cfg.get("size", net.visual.image_size)
+    size = (int(size), int(size)) if isinstance(size, (int, float)) else (int(size[0]), int(size[1]))
+    mean, std = cfg.get("mean"), cfg.get("std")
+    mean = (mean,) * 3 if isinstance(mean, (int, float)) else mean
+    std = (std,) * 3 if isinstance(std, (int, float)) else std
+    record.update({
+        "image_size": list(size),
+        "interpolation": cfg.get("interpolation", "bicubic"),
+        "resize_mode": cfg.get("resize_mode", "shortest"),
+        "open_clip_version": importlib.metadata.version("open_clip_torch"),
+    })
+    return ClipBundle(
+        model=net,
+        tokenizer=tokenizer,
+        mean=torch.tensor(mean, dtype=torch.float32, device=dev),
+        std=torch.tensor(std, dtype=torch.float32, device=dev),
+        image_size=size,
+        device=dev,
+        interpolation=record["interpolation"],
+        resize_mode=record["resize_mode"],
+        fill_color=int(cfg.get("fill_color", 0) or 0),
+        record=record,
+    )
+
+
+# --- pure functions -------------------------------------------------------------------------------------
+
+
+def _as_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor, any device / dtype
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def zero_shot_probs(image_features, text_features, logit_scale) -> np.ndarray:
+    """Softmax over ``logit_scale`` * cosine(image, text): (n, d) x (k, d) -> (n, k) float64.
+
+    Both feature sets are L2-normalised here; numpy arrays or torch tensors are accepted.
+    ``logit_scale`` is the multiplier itself (CLIP's ``logit_scale.exp()``, 100 for OpenAI's).
+    """
+    img = _as_numpy(image_features)
+    txt = _as_numpy(text_features)
+    scale = float(_as_numpy(logit_scale).reshape(-1)[0])
+    img = img / np.maximum(np.linalg.norm(img, axis=-1, keepdims=True), 1e-12)
+    txt = txt / np.maximum(np.linalg.norm(txt, axis=-1, keepdims=True), 1e-12)
+    logits = scale * (img @ txt.T)
+    logits -= logits.max(axis=-1, keepdims=True)
+    e = np.exp(logits)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def decide(probs: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> np.ndarray:
+    """Label per row of ``probs`` (n, 2) with columns [male, female]: the winning class where its
+    probability is >= ``threshold`` (inclusive, compared in the dtype of ``probs``), else ambiguous.
+
+    ``threshold`` must be in (0.5, 1], so at most one class can reach it. NaN rows are ambiguous.
+    """
+    if not 0.5 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0.5, 1], got {threshold}")
+    p = np.asarray(probs)
+    if p.ndim != 2 or p.shape[1] != 2:
+        raise ValueError(f"probs must have shape (n, 2) [male, female], got {p.shape}")
+    thr = np.asarray(threshold, dtype=p.dtype if np.issubdtype(p.dtype, np.floating) else np.float64)
+    labels = np.full(len(p), Gender.AMBIGUOUS, dtype=object)
+    labels[p[:, 0] >= thr] = Gender.MALE
+    labels[p[:, 1] >= thr] = Gender.FEMALE
+    return labels
+
+
+# --- preprocessing on the image's device ------------------------------------------------------------
+
+
+def _resize(x, size: tuple[int, int], interpolation: str):
+    import torch.nn.functional as F
+
+    mode = "bilinear" if interpolation == "bilinear" else "bicubic"
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    # torchvision's tensor Resize: antialiased; PIL (open_clip's path) clamps to the pixel range
+    return F.interpolate(x, size=size, mode=mode, align_corners=False, antialias=True).clamp_(0.0, 1.0)
+
+
+def _center_crop(x, size: tuple[int, int], fill: float):
+    """torchvision's center_crop (crop offsets rounded), padding with ``fill`` where the image is smaller."""
+    import torch.nn.functional as F
+
+    h, w = x.shape[-2:]
+    th, tw = size
+    if th > h or tw > w:
+        pt, pl = (th - h) // 2 if th > h else 0, (tw - w) // 2 if tw > w else 0
+        pb, pr = (th - h + 1) // 2 if th > h else 0, (tw - w + 1) // 2 if tw > w else 0
+        x = F.pad(x, (pl, pr, pt, pb), value=fill)
+        h, w = x.shape[-2:]
+    top, left = round((h - th) / 2.0), round((w - tw) / 2.0)
+    return x[..., top:top + th, left:left + tw]
+
+
+def preprocess_tensor(images, bundle: ClipBundle):
+    """(B, 3, H, W) float in [0, 1] on any device -> normalised (B, 3, h, w) float32 on that device,
+    following open_clip's eval transform for the model's ``resize_mode``."""
+    x = images.float()
+    h, w = x.shape[-2:]
+    th, tw = bundle.image_size
+    fill = bundle.fill_color / 255.0
+    if bundle.resize_mode == "squash":
+        x = _resize(x, (th, tw), bundle.interpolation)
+    elif bundle.resize_mode == "longest":
+        scale = max(th, tw) / max(h, w)
+        x = _resize(x, (max(1, round(h * scale)), max(1, round(w * scale))), bundle.interpolation)
+        x = _center_crop(x, (th, tw), fill)
+    else:  # shortest, as torchvision Resize(int): short side -> target, long side truncated
+        target = min(th, tw) if th == tw else None
+        if target is not None:
+            if h <= w:
+                new = (target, int(target * w / h))
+            else:
+                new = (int(target * h / w), target)
+        else:  # open_clip ResizeKeepRatio for a non-square target
+            ratio = min(h / th, w / tw)
+            new = (max(1, round(h / ratio)), max(1, round(w / ratio)))
+        x = _center_crop(_resize(x, new, bundle.interpolation), (th, tw), fill)
+    mean = bundle.mean.to(x.device).view(1, 3, 1, 1)
+    std = bundle.std.to(x.device).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+# --- the operator ------------------------------------------------------------------------------------------
+
+
+class ClipGenderClassifier:
+    """Adds GENDER, P_MALE, P_FEMALE: CLIP zero-shot perceived gender of each usable image."""
+
+    stage_name = STAGE_CLIP_GENDER
+    resources = Resources(num_cpus=1, batch_size=64, actors=1)
+
+    def __init__(self, model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
+                 prompts=DEFAULT_PROMPTS, threshold: float = DEFAULT_THRESHOLD, device: str = "auto",
+                 batch_size: int = 64, only_face_ok: bool = True):
+        import torch
+
+        if len(prompts) != 2:
+            raise ValueError(f"prompts must be two texts [male, female], got {prompts!r}")
+        if not 0.5 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0.5, 1], got {threshold}")
+        self.bundle = load_clip(model, pretrained, device)
+        self.prompts = tuple(prompts)
+        self.threshold = float(threshold)
+        self.batch_size = int(batch_size)
+        self.only_face_ok = bool(only_face_ok)
+        net = self.bundle.model
+        with torch.inference_mode():
+            tokens = self.bundle.tokenizer(list(self.prompts)).to(self.bundle.device)
+            self.text_features = net.encode_text(tokens).float()
+            self.logit_scale = float(net.logit_scale.exp().item())
+        self.record = {**self.bundle.record, "prompts": list(self.prompts), "threshold": self.threshold,
+                       "logit_scale": self.logit_scale}
+
+    # -- images already on a device ------------------------------------------------------------------
+
+    def encode_images(self, images):
+        """CLIP image features (float32, on the images' device) of (B, 3, H, W) images in [0, 1]."""
+        import torch
+
+        feats = []
+        with torch.inference_mode():
+            for start in range(0, images.shape[0], self.batch_size):
+                feats.append(self._encode_preprocessed(preprocess_tensor(images[start:start + self.batch_size],
+                                                                         self.bundle)))
+        if not feats:
+            return torch.zeros((0, self.text_features.shape[-1]), dtype=torch.float32)
+        return torch.cat(feats)
+
+    def _encode_preprocessed(self, x):
+        import torch
+
+        net = self.bundle.model
+        x = x.to(self.bundle.device)
+        if x.device.type == "cuda":
+            with torch.autocast("cuda", dtype=torch.float16):
+                return net.encode_image(x).float()
+        return net.encode_image(x).float()
+
+    def _result(self, features) -> dict[str, np.ndarray]:
+        probs = zero_shot_probs(features, self.text_features, self.logit_scale).astype(np.float32)
+        if len(probs) == 0:
+            probs = np.zeros((0, 2), np.float32)
+        return {GENDER: decide(probs, self.threshold).astype(str), P_MALE: probs[:, 0], P_FEMALE: probs[:, 1]}
+
+    def classify_tensor(self, images) -> dict[str, np.ndarray]:
+        """Classify (B, 3, H, W) float images in [0, 1] on any device (e.g. the generator's output),
+        preprocessed where they are. Returns {GENDER: str array, P_MALE, P_FEMALE: float32 arrays}."""
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
+        return self._result(self.encode_images(images))
+
+    # -- payload batches ------------------------------------------------------------------------------
+
+    def _rows_to_classify(self, batch: pa.Table) -> np.ndarray:
+        if self.only_face_ok and FACE_STATUS in batch.column_names:
+            status = batch.column(FACE_STATUS)
+            if pa.types.is_dictionary(status.type):
+                status = status.cast(pa.string())
+            mask = pc.fill_null(pc.equal(status, FaceStatus.OK), False)
+        elif IMAGE in batch.column_names:
+            mask = pc.is_valid(batch.column(IMAGE))
+        else:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+
+    def _encode_arrays(self, arrays: list[np.ndarray]):
+        """Features of decoded (H, W, 3) uint8 images, in order: same-size images are resized together."""
+        import torch
+
+        dev = self.bundle.device
+        th, tw = self.bundle.image_size
+        pre = torch.empty((len(arrays), 3, th, tw), dtype=torch.float32, device=dev)
+        by_shape: dict[tuple, list[int]] = {}
+        for i, a in enumerate(arrays):
+            by_shape.setdefault(a.shape, []).append(i)
+        with torch.inference_mode():
+            for idx in by_shape.values():
+                for start in range(0, len(idx), self.batch_size):
+                    part = idx[start:start + self.batch_size]
+                    stacked = np.stack([arrays[i] for i in part])
+                    x = torch.from_numpy(stacked).to(dev).permute(0, 3, 1, 2).float().div_(255.0)
+                    pre[torch.as_tensor(part, device=dev)] = preprocess_tensor(x, self.bundle)
+            step = self.batch_size
+            feats = [self._encode_preprocessed(pre[s:s + step]) for s in range(0, len(arrays), step)]
+        return torch.cat(feats) if feats else torch.zeros((0, self.text_features.shape[-1]))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        n = batch.num_rows
+        rows = self._rows_to_classify(batch)
+        gender = np.full(n, None, dtype=object)
+        p_male = np.full(n, np.nan, dtype=np.float32)
+        p_female = np.full(n, np.nan, dtype=np.float32)
+        valid = np.zeros(n, dtype=bool)
+        if len(rows):
+            decoded = batch_images(batch, rows.tolist())
+            ok = np.array([a is not None for a in decoded], dtype=bool)
+            gender[rows[~ok]] = Gender.DECODE_ERROR
+            good = rows[ok]
+            if len(good):
+                res = self._result(self._encode_arrays([a for a in decoded if a is not None]))
+                gender[good] = res[GENDER]
+                p_male[good] = res[P_MALE]
+                p_female[good] = res[P_FEMALE]
+                valid[good] = True
+        types = {f.name: f.type for f in GENDER_COLUMNS}
+        batch = with_column(batch, GENDER, pa.array(gender, types[GENDER]))
+        batch = with_column(batch, P_MALE, pa.array(p_male, types[P_MALE], mask=~valid))
+        return with_column(batch, P_FEMALE, pa.array(p_female, types[P_FEMALE], mask=~valid))
