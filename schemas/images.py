@@ -55,7 +55,8 @@ class FetchStatus:
     REFUSED = "refused"                # resolves to a loopback/private/link-local/metadata address
     NETWORK_ERROR = "network_error"    # DNS failure, connection refused/reset, TLS error
     INVALID_URL = "invalid_url"        # null, not http(s), no host
-    ALL = (OK, HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL)
+    DISALLOWED = "disallowed"          # the site opted out (X-Robots-Tag noai/noimageai/...), as img2dataset honours
+    ALL = (OK, HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL, DISALLOWED)
 
 
 # --- generation ---------------------------------------------------------------------------------------
@@ -66,7 +67,8 @@ NSFW = "nsfw"                      # bool: the safety checker flagged (and blank
 class GenerationStatus:
     OK = "ok"
     NSFW_BLOCKED = "nsfw_blocked"      # blanked by the safety checker: no usable image
-    ALL = (OK, NSFW_BLOCKED)
+    INVALID_PROMPT = "invalid_prompt"  # null or blank prompt: nothing generated
+    ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT)
 
 
 # --- face filter (section 2.2) ------------------------------------------------------------------------
