@@ -1,0 +1,308 @@
+"""Text-to-image generation: prompt + seed -> image (paper 002, sections 3.1 and 6, App. A.3).
+
+The paper generates 500 images per (occupation, prompt) with Stable Diffusion 1.4 and 1.5, "using
+various random seeds to initialize random noise", guidance scale 7.5 and 50 inference steps. This
+stage loads any diffusers text-to-image pipeline (``AutoPipelineForText2Image``: SD 1.x/2.x, SDXL,
+...) from a hub id or a local directory and generates one image per row.
+
+Reproducibility: every row gets its own ``torch.Generator`` seeded with the row's SEED, so its
+initial noise depends only on that seed, never on which rows share its micro-batch or in which
+order. By default the generators live on the CPU (``noise_device="cpu"``): the same seed then
+gives the same initial noise on a CPU and on a GPU. :func:`regenerate` re-creates one image
+alone from (model, prompt, seed, settings).
+
+Bit-exactness: with ``micro_batch=1`` every pipeline call has the same shapes, so an image is
+bit-for-bit the one :func:`regenerate` produces on the same device, dtype and library versions,
+whatever its neighbours in the Ray batch. With ``micro_batch > 1`` the initial noise is still
+identical, but the batched kernels (GEMM row tiling, SIMD tails, conv algorithm choice) round a
+sample differently depending on its position and the batch size, so pixels can differ by a
+level or two from the image generated alone; that is floating-point, not a different image.
+
+Images stay on the device as a float tensor in [0, 1] (``output_type="pt"``); with a
+``classifier`` the CLIP gender of each image is computed from that tensor directly (no
+encode/decode round trip), then the images move to the CPU once as raw RGB8 payloads
+(``operators.image_codec.pack_rgb8``).
+
+Rows whose prompt is null or blank are not generated: they get GENERATION_STATUS
+``invalid_prompt`` and a null payload. Where the pipeline's safety checker flags an image it
+blanks it; that row gets ``nsfw_blocked`` and NSFW true (and no gender). NSFW is null when no
+checker ran (none shipped, or ``safety_checker="off"``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from operators.base import ModelLoadError, Resources, with_column
+from operators.image_codec import pack_rgb8
+from operators.text_prompt_similarity import pick_device, weights_fingerprint
+from schemas.images import (
+    GENDER,
+    GENDER_COLUMNS,
+    GENERATION_STATUS,
+    IMAGE,
+    IMAGE_ENCODING,
+    IMAGE_HEIGHT,
+    IMAGE_WIDTH,
+    MODEL,
+    NSFW,
+    P_FEMALE,
+    P_MALE,
+    SAFETY_CHECKER,
+    SEED,
+    GenerationStatus,
+)
+from schemas.subsets import PROMPT
+
+STAGE_GENERATE = "generate"
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class SafetyCheckerPolicy:
+    MODEL_DEFAULT = "model-default"  # keep whatever checker the model ships (none for SDXL)
+    OFF = "off"                      # load without a checker: every image is returned as generated
+    ALL = (MODEL_DEFAULT, OFF)
+
+
+def _torch_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        return torch.float16 if str(device).startswith("cuda") else torch.float32
+    name = str(dtype).replace("torch.", "")
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {DTYPES}")
+    return getattr(torch, name)
+
+
+def _dtype_keyword() -> str:
+    """``dtype`` where diffusers accepts it (it deprecates ``torch_dtype``), else ``torch_dtype``."""
+    try:
+        from diffusers.utils import deprecation_utils
+
+        return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+    except ImportError:
+        return "torch_dtype"
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def load_text2image(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto",
+                    safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT):
+    """Load a diffusers text-to-image pipeline; return ``(pipe, record)``.
+
+    ``model`` is a hub id (pinned to ``revision``) or a local directory written by
+    ``save_pretrained``. ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``:
+    float16 on CUDA, float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
+    ships (if any), "off" loads it without one. ``record`` is the provenance of what was loaded.
+    """
+    if safety_checker not in SafetyCheckerPolicy.ALL:
+        raise ValueError(f"safety_checker must be one of {SafetyCheckerPolicy.ALL}, got {safety_checker!r}")
+    device = pick_device(device)
+    torch_dtype = _torch_dtype(dtype, device)
+    kwargs = {_dtype_keyword(): torch_dtype, "revision": revision}
+    if safety_checker == SafetyCheckerPolicy.OFF:
+        kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument
+    try:
+        from diffusers import AutoPipelineForText2Image
+
+        pipe = AutoPipelineForText2Image.from_pretrained(model, **kwargs)
+        pipe = pipe.to(device)
+    except Exception as exc:  # OSError, ValueError, EnvironmentError, HTTP errors, CUDA errors...
+        raise ModelLoadError(
+            f"cannot load text-to-image model {model!r} (revision {revision!r}): {type(exc).__name__}: {str(exc).rstrip('. ')}. "
+            f"Provide it as a local directory written by DiffusionPipeline.save_pretrained() (with "
+            f"model_index.json), as a hub id already in the Hugging Face cache (pre-fill HF_HOME / "
+            f"HF_HUB_CACHE on every node; HF_HUB_OFFLINE=1 then loads it from there), or as a hub id "
+            f"with network access to the Hugging Face hub (pin it with a revision)."
+        ) from exc
+    if safety_checker == SafetyCheckerPolicy.OFF and getattr(pipe, "safety_checker", None) is not None:
+        pipe.safety_checker = None
+    pipe.set_progress_bar_config(disable=True)
+    record = {
+        "model": model,
+        "revision": revision,
+        "source": "directory" if os.path.isdir(model) else "hub",
+        "pipeline_class": type(pipe).__name__,
+        "scheduler_class": type(pipe.scheduler).__name__ if getattr(pipe, "scheduler", None) is not None else None,
+        "dtype": str(torch_dtype).replace("torch.", ""),
+        "device": device,
+        "safety_checker_policy": safety_checker,
+        "safety_checker_present": getattr(pipe, "safety_checker", None) is not None,
+        "diffusers_version": _package_version("diffusers"),
+        "transformers_version": _package_version("transformers"),
+        "torch_version": _package_version("torch"),
+        "weights_sha256": weights_fingerprint(model),
+    }
+    if record["source"] == "directory":
+        record["path"] = os.path.abspath(model)
+    return pipe, record
+
+
+def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float,
+              height: int | None, width: int | None, noise_device: str):
+    """One pipeline call: (B, 3, H, W) images in [0, 1] on the pipeline's device, and the safety
+    checker's per-image flags (None when no checker ran). Row ``i`` is seeded with ``seeds[i]``
+    alone."""
+    import torch
+
+    generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
+    out = pipe(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
+               height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt")
+    images = out.images
+    if not torch.is_tensor(images):  # a pipeline that ignores output_type="pt" (PIL images or arrays)
+        arr = np.stack([np.asarray(a) for a in images])
+        arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32)
+        images = torch.from_numpy(arr).permute(0, 3, 1, 2)
+    flags = getattr(out, "nsfw_content_detected", None)
+    return images, (None if flags is None else [bool(f) for f in flags])
+
+
+def _to_uint8(images):
+    """(B, 3, H, W) floats in [0, 1] -> (B, H, W, 3) uint8, still on the images' device."""
+    import torch
+
+    return (images.float() * 255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def regenerate(pipe_or_generator, prompt: str, seed: int, steps: int = 50, guidance_scale: float = 7.5,
+               height: int | None = None, width: int | None = None, noise_device: str = "cpu") -> np.ndarray:
+    """Re-create one image alone: (H, W, 3) uint8, equal to the image the stage produced for
+    (prompt, seed) with the same model and settings. Given an :class:`ImageGenerator`, its own
+    settings are used (the keyword arguments are ignored)."""
+    if isinstance(pipe_or_generator, ImageGenerator):
+        return pipe_or_generator.regenerate(prompt, seed)
+    images, _ = _generate(pipe_or_generator, [prompt], [seed], steps, guidance_scale, height, width, noise_device)
+    return _to_uint8(images)[0].cpu().numpy()
+
+
+def _valid_prompt(p) -> bool:
+    return isinstance(p, str) and bool(p.strip())
+
+
+class ImageGenerator:
+    """Adds GENERATION_COLUMNS (and GENDER_COLUMNS with a ``classifier``): one image per row from
+    its PROMPT and SEED."""
+
+    stage_name = STAGE_GENERATE
+    resources = Resources(num_cpus=1, num_gpus=1, batch_size=8, actors=1)
+
+    def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
+                 height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
+                 safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, classifier=None, micro_batch: int = 8,
+                 noise_device: str = "cpu"):
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+        self.model = model
+        self.steps = int(steps)
+        self.guidance_scale = float(guidance_scale)
+        self.height = height
+        self.width = width
+        self.micro_batch = int(micro_batch)
+        self.safety_checker = safety_checker
+        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker)
+        self.device = load_record["device"]
+        # noise on the CPU by default: the same seed gives the same initial noise on any device
+        self.noise_device = pick_device(noise_device)
+        if classifier is None or hasattr(classifier, "classify_tensor"):
+            self.classifier = classifier
+        else:
+            from operators.image_clip_gender import ClipGenderClassifier
+
+            kwargs = dict(classifier)
+            kwargs.setdefault("device", self.device)  # classify where the images are
+            self.classifier = ClipGenderClassifier(**kwargs)
+        self.record = {
+            **load_record,
+            "steps": self.steps,
+            "guidance_scale": self.guidance_scale,
+            "height": height,
+            "width": width,
+            "default_size": self._default_size(),
+            "micro_batch": self.micro_batch,
+            "noise_device": self.noise_device,
+            "classifier": getattr(self.classifier, "record", None) if self.classifier is not None else None,
+        }
+
+    def _default_size(self) -> list[int] | None:
+        """(height, width) the pipeline generates when none is configured, where it can be read."""
+        unet = getattr(self.pipe, "unet", None)
+        scale = getattr(self.pipe, "vae_scale_factor", None)
+        size = getattr(getattr(unet, "config", None), "sample_size", None)
+        if isinstance(size, int) and isinstance(scale, int):
+            return [size * scale, size * scale]
+        return None
+
+    def _generate(self, prompts: list[str], seeds: list[int]):
+        return _generate(self.pipe, prompts, seeds, self.steps, self.guidance_scale, self.height, self.width,
+                         self.noise_device)
+
+    def regenerate(self, prompt: str, seed: int) -> np.ndarray:
+        """The (H, W, 3) uint8 image this stage produces for (prompt, seed), generated alone."""
+        images, _ = self._generate([prompt], [seed])
+        return _to_uint8(images)[0].cpu().numpy()
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import torch
+
+        n = batch.num_rows
+        prompts = batch.column(PROMPT).to_pylist()
+        seeds = batch.column(SEED).to_pylist()
+        todo = [i for i in range(n) if _valid_prompt(prompts[i])]
+        missing = [i for i in todo if seeds[i] is None]
+        if missing:
+            raise ValueError(f"rows {missing[:10]} have a prompt but a null {SEED}: every image needs a recorded seed")
+
+        status = np.full(n, GenerationStatus.INVALID_PROMPT, dtype=object)
+        nsfw: list[bool | None] = [None] * n
+        gender = np.full(n, None, dtype=object)
+        p_male = np.full(n, np.nan, np.float32)
+        p_female = np.full(n, np.nan, np.float32)
+        classified = np.zeros(n, bool)
+        pixels = []  # uint8 (b, H, W, 3) device tensors, in ``todo`` order
+        with torch.inference_mode():
+            for start in range(0, len(todo), self.micro_batch):
+                rows = todo[start:start + self.micro_batch]
+                images, flags = self._generate([prompts[i] for i in rows], [seeds[i] for i in rows])
+                blocked = np.zeros(len(rows), bool) if flags is None else np.asarray(flags, bool)
+                for j, i in enumerate(rows):
+                    status[i] = GenerationStatus.NSFW_BLOCKED if blocked[j] else GenerationStatus.OK
+                    nsfw[i] = None if flags is None else bool(blocked[j])
+                if self.classifier is not None and not blocked.all():
+                    keep = np.flatnonzero(~blocked)
+                    sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
+                    result = self.classifier.classify_tensor(sub)
+                    idx = np.asarray(rows)[keep]
+                    gender[idx] = np.asarray(result[GENDER], dtype=object)
+                    p_male[idx] = np.asarray(result[P_MALE], np.float32)
+                    p_female[idx] = np.asarray(result[P_FEMALE], np.float32)
+                    classified[idx] = True
+                pixels.append(_to_uint8(images))
+            arrays = list(torch.cat(pixels).cpu().numpy()) if pixels else []  # one device -> host copy
+
+        payload = pack_rgb8(arrays)
+        # scatter the generated rows' payload back to all rows (null where nothing was generated)
+        where = np.full(n, -1, np.int64)
+        where[todo] = np.arange(len(todo))
+        take = pa.array(where, mask=where < 0)
+        out = batch
+        for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):
+            out = with_column(out, name, payload[name].take(take))
+        out = with_column(out, GENERATION_STATUS, pa.array(status.tolist(), pa.string()))
+        out = with_column(out, NSFW, pa.array(nsfw, pa.bool_()))
+        out = with_column(out, SAFETY_CHECKER, pa.array([self.safety_checker] * n, pa.string()))
+        out = with_column(out, MODEL, pa.array([self.model] * n, pa.string()))
+        if self.classifier is not None:
+            out = with_column(out, GENDER, pa.array(gender.tolist(), GENDER_COLUMNS.field(GENDER).type))
+            out = with_column(out, P_MALE, pa.array(p_male, pa.float32(), mask=~classified))
+            out = with_column(out, P_FEMALE, pa.array(p_female, pa.float32(), mask=~classified))
+        return out

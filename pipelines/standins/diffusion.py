@@ -1,0 +1,185 @@
+"""A tiny random-weight Stable Diffusion 1.x pipeline, built from the real component classes.
+
+RANDOM STAND-IN: the weights are random, so its images are meaningless noise-like pictures. It
+exists so that tests and the offline embedded run exercise the production loading and generation
+code (``AutoPipelineForText2Image.from_pretrained`` on a directory written by
+``StableDiffusionPipeline.save_pretrained``) without downloading anything.
+
+Everything is the real thing except the sizes: the UNet, VAE, PNDM scheduler with the SD v1
+settings, CLIP text encoder, and the real CLIP BPE tokenizer (vocabulary rebuilt from the merges
+file that open_clip ships, exactly as CLIP derives it), optionally the safety checker and its
+image processor.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+
+# The SD v1 scheduler settings (scheduler_config.json of CompVis/stable-diffusion-v1-4).
+SD1_SCHEDULER = {
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "set_alpha_to_one": False,
+}
+
+CLIP_VOCAB_SIZE = 49408  # 256 bytes + 256 "</w>" variants + 48894 merges + 2 special tokens
+CLIP_BOS = "<|startoftext|>"
+CLIP_EOS = "<|endoftext|>"
+TINY_HIDDEN = 32
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """CLIP/GPT-2's reversible map from bytes to printable unicode characters."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, (chr(c) for c in chars)))
+
+
+def clip_bpe_files(directory: str | os.PathLike) -> tuple[str, str]:
+    """Write CLIP's vocab.json and merges.txt into ``directory``; return their paths.
+
+    Derived from open_clip's ``bpe_simple_vocab_16e6.txt.gz`` the way CLIP builds its vocabulary:
+    the 256 byte symbols, their ``</w>`` variants, the first 49152-256-2 merges, then the two
+    special tokens -- 49408 entries, the same ids as openai/clip-vit-large-patch14's tokenizer.
+    """
+    import open_clip
+
+    bpe = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
+    with gzip.open(bpe, "rt", encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    merges = lines[1 : 49152 - 256 - 2 + 1]  # line 0 is the "#version" header
+    base = list(_bytes_to_unicode().values())
+    vocab = base + [s + "</w>" for s in base] + ["".join(m.split()) for m in merges] + [CLIP_BOS, CLIP_EOS]
+    if len(vocab) != CLIP_VOCAB_SIZE or len(set(vocab)) != CLIP_VOCAB_SIZE:
+        raise RuntimeError(f"unexpected CLIP vocabulary from {bpe}: {len(vocab)} entries")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab_file, merges_file = directory / "vocab.json", directory / "merges.txt"
+    vocab_file.write_text(json.dumps({tok: i for i, tok in enumerate(vocab)}, ensure_ascii=False), encoding="utf-8")
+    merges_file.write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return str(vocab_file), str(merges_file)
+
+
+def build_clip_tokenizer():
+    """The real CLIP tokenizer (transformers ``CLIPTokenizer``), built without a download."""
+    from transformers import CLIPTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file, _ = clip_bpe_files(tmp)
+        # from_pretrained on the two files: the loader converts them to a tokenizer with every
+        # transformers version (v5's constructor takes the vocabulary itself, not file names)
+        tok = CLIPTokenizer.from_pretrained(tmp, model_max_length=77)
+        if len(tok) != CLIP_VOCAB_SIZE:  # the tokenizer did not read the files
+            raise RuntimeError(f"CLIPTokenizer built from {vocab_file} has {len(tok)} tokens, expected {CLIP_VOCAB_SIZE}")
+    return tok
+
+
+def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, with_safety_checker: bool = False) -> str:
+    """Build and save a tiny random-weight SD 1.x pipeline into ``directory``; return the directory.
+
+    RANDOM STAND-IN, OUTPUTS MEANINGLESS. Same classes and file layout as a real SD 1.x checkpoint
+    (``StableDiffusionPipeline.save_pretrained``): UNet (latents 8x8, channels 32/64), VAE with the
+    real 8x down-scaling (so images are 64x64 px), PNDM scheduler with the SD v1 settings, CLIP text
+    encoder (hidden size 32, the real 49408-token vocabulary and tokenizer) and, with
+    ``with_safety_checker``, a tiny ``StableDiffusionSafetyChecker`` plus its ``CLIPImageProcessor``.
+    The same ``seed`` gives the same weights.
+    """
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        PNDMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import (
+        CLIPConfig,
+        CLIPImageProcessor,
+        CLIPTextConfig,
+        CLIPTextModel,
+    )
+
+    directory = str(directory)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        unet = UNet2DConditionModel(
+            sample_size=8,
+            in_channels=4,
+            out_channels=4,
+            block_out_channels=(32, 64),
+            layers_per_block=1,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=TINY_HIDDEN,
+            attention_head_dim=8,
+            norm_num_groups=32,
+        )
+        torch.manual_seed(seed + 1)
+        vae = AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(8, 8, 16, 16),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=8,
+            sample_size=64,
+        )
+        torch.manual_seed(seed + 2)
+        text_encoder = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=CLIP_VOCAB_SIZE,
+                hidden_size=TINY_HIDDEN,
+                intermediate_size=37,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=77,
+                projection_dim=TINY_HIDDEN,
+                bos_token_id=CLIP_VOCAB_SIZE - 2,
+                eos_token_id=CLIP_VOCAB_SIZE - 1,
+                pad_token_id=CLIP_VOCAB_SIZE - 1,
+            )
+        )
+        safety_checker = feature_extractor = None
+        if with_safety_checker:
+            from diffusers.pipelines.stable_diffusion.safety_checker import (
+                StableDiffusionSafetyChecker,
+            )
+
+            torch.manual_seed(seed + 3)
+            safety_checker = StableDiffusionSafetyChecker(
+                CLIPConfig(
+                    text_config={"vocab_size": CLIP_VOCAB_SIZE, "hidden_size": TINY_HIDDEN, "intermediate_size": 37,
+                                 "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 77},
+                    vision_config={"hidden_size": TINY_HIDDEN, "intermediate_size": 37, "num_hidden_layers": 1,
+                                   "num_attention_heads": 4, "image_size": 32, "patch_size": 8},
+                    projection_dim=TINY_HIDDEN,
+                )
+            )
+            feature_extractor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=build_clip_tokenizer(),
+        unet=unet,
+        scheduler=PNDMScheduler(**SD1_SCHEDULER),
+        safety_checker=safety_checker,
+        feature_extractor=feature_extractor,
+        requires_safety_checker=with_safety_checker,
+    )
+    pipe.save_pretrained(directory)
+    return directory
