@@ -14,7 +14,14 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from schemas.images import ENCODED, IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH, RGB8
+from schemas.images import (
+    ENCODED,
+    IMAGE,
+    IMAGE_ENCODING,
+    IMAGE_HEIGHT,
+    IMAGE_WIDTH,
+    RGB8,
+)
 
 
 def decode_rgb(data: bytes | None, encoding: str | None = ENCODED, height: int | None = None,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+
 # Words whose spelling and sound disagree on the first letter.
 _AN_DESPITE_CONSONANT = ("hour", "honest", "honor", "honour", "heir")
 _A_DESPITE_VOWEL = ("uni", "use", "usu", "uti", "eu", "one", "once", "ewe", "uro")
@@ -34,3 +38,19 @@ def prompt_table(occupations, templates) -> dict[str, list[str]]:
         if "{occupation}" not in t:
             raise ValueError(f"prompt template {t!r} has no {{occupation}} placeholder")
     return {o.name: [render(t, o) for t in templates] for o in occupations}
+
+
+_MASK63 = (1 << 63) - 1
+
+
+def image_seeds(base_seed: int, prompts, indices) -> np.ndarray:
+    """Per-image generator seeds: a deterministic 63-bit hash of (base seed, prompt text, index).
+
+    The seed does not depend on the model, the batch or the worker, so every image can be
+    regenerated alone, and two models see the same initial noise for the same prompt and index.
+    """
+    out = np.empty(len(prompts), np.int64)
+    for i, (p, k) in enumerate(zip(prompts, indices)):
+        d = hashlib.blake2b(f"{int(base_seed)}\x1f{p}\x1f{int(k)}".encode("utf-8", "surrogatepass"), digest_size=8)
+        out[i] = int.from_bytes(d.digest(), "little") & _MASK63
+    return out

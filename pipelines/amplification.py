@@ -32,11 +32,25 @@ from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_name_gender import NameGenderIndicators, load_spacy  # noqa: E402
 from operators.text_occupation_explode import OccupationExploder  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, resolve_sbert, weights_fingerprint  # noqa: E402
+from operators.text_prompt_similarity import (  # noqa: E402
+    PromptSimilarity,
+    load_sentence_transformer,
+    resolve_sbert,
+    weights_fingerprint,
+)
 from pipelines.engine import config as study_config  # noqa: E402
-from pipelines.engine import io, runtime  # noqa: E402
-from pipelines.engine import report  # noqa: E402
-from pipelines.engine.summary import CountMismatch, check_chain, format_summary, stage_counts, summarize  # noqa: E402
+from pipelines.engine import (  # noqa: E402
+    io,
+    report,  # noqa: E402
+    runtime,
+)
+from pipelines.engine.summary import (  # noqa: E402
+    CountMismatch,
+    check_chain,
+    format_summary,
+    stage_counts,
+    summarize,
+)
 from schemas import captions as C  # noqa: E402
 from schemas.subsets import TRAINING_SUBSETS  # noqa: E402
 
@@ -85,6 +99,40 @@ def build_parser() -> argparse.ArgumentParser:
         description="Select and annotate LAION captions per occupation and write the training subsets "
                     "(paper 002, sections 3.2, 4, 5.1, 5.2; Tables 1 and 4; Appendix A.5).",
     )
+    _caption_args(p)
+    _common(p)
+
+    r = sub.add_parser(
+        "run",
+        help="end to end: caption side, training-image fetch, generation, face filter, CLIP gender, amplification",
+        description="The whole study of paper 002 in one Ray job: the caption side (see `captions`), then the "
+                    "training images of every subset (img2dataset fetch -> BlazeFace -> CLIP), images generated "
+                    "from the Table 1 prompts and from the training captions (section 6) (generation -> CLIP on "
+                    "the device tensor -> BlazeFace), and the amplification results: Table 3/6-shaped "
+                    "summaries, per-image table, metrics.json and report.html.",
+    )
+    _caption_args(r)
+    _image_args(r)
+    _common(r)
+
+    q = sub.add_parser(
+        "summarize",
+        help="amplification from a CSV of known percentages (occupation,group,percent_female)",
+        description="Compute bias amplification (paper 002, section 3.3) from already-known percentages. "
+                    "The CSV has columns occupation,group,percent_female and optionally model; group "
+                    "'training' holds T (% female in training images) and every other group value is a "
+                    "generation prompt holding G. Prints E[A] per prompt and averaged over prompts, the "
+                    "occupations excluded per prompt (training and generation skew in different "
+                    "directions) and a one-sample t-test of E[A] = 0 per prompt; --output writes the same "
+                    "as JSON. Example: the paper's Table 6 gives Table 3's naive row for SD 1.4.",
+    )
+    q.add_argument("--percentages", required=True, metavar="CSV", help="CSV file (local path or fsspec URI)")
+    q.add_argument("--output", metavar="DIR", help="write amplification_summary.json and amplification_rows.csv here")
+    q.add_argument("--training-group", default="training", help="group value of the training rows (default training)")
+    return ap
+
+
+def _caption_args(p: argparse.ArgumentParser) -> None:
     i = p.add_argument_group("input and output")
     i.add_argument("--input", nargs="+", default=[str(SAMPLE_INPUT)], metavar="PATH",
                    help="LAION metadata parquet: files, directories, globs or fsspec URIs (s3://, gs://, "
@@ -120,26 +168,61 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--embed-gpus", type=float, default=0.0, help="GPUs per SBERT actor (default 0)")
     k.add_argument("--scan-batch-size", type=int, default=262144,
                    help="rows per batch of the caption scan (default 262144: amortises the regex compile)")
-    _common(p)
 
-    q = sub.add_parser(
-        "summarize",
-        help="amplification from a CSV of known percentages (occupation,group,percent_female)",
-        description="Compute bias amplification (paper 002, section 3.3) from already-known percentages. "
-                    "The CSV has columns occupation,group,percent_female and optionally model; group "
-                    "'training' holds T (% female in training images) and every other group value is a "
-                    "generation prompt holding G. Prints E[A] per prompt and averaged over prompts, the "
-                    "occupations excluded per prompt (training and generation skew in different "
-                    "directions) and a one-sample t-test of E[A] = 0 per prompt; --output writes the same "
-                    "as JSON. Example: the paper's Table 6 gives Table 3's naive row for SD 1.4.",
-    )
-    q.add_argument("--percentages", required=True, metavar="CSV", help="CSV file (local path or fsspec URI)")
-    q.add_argument("--output", metavar="DIR", help="write amplification_summary.json and amplification_rows.csv here")
-    q.add_argument("--training-group", default="training", help="group value of the training rows (default training)")
-    return ap
 
 
 # ----------------------------------------------------------------------------------- caption side
+def _image_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generation (paper 002, section 3.1, section 6, App. A.3)")
+    g.add_argument("--generators", nargs="+", metavar="MODEL",
+                   help="diffusers text-to-image models: hub ids or directories (default: "
+                        "CompVis/stable-diffusion-v1-4 stable-diffusion-v1-5/stable-diffusion-v1-5)")
+    g.add_argument("--images-per-prompt", type=int, help="images per occupation and prompt (default 500)")
+    g.add_argument("--caption-images", type=int, help="images per training caption used as the prompt, section 6 "
+                                                      "(default 10; 0 turns caption-as-prompt off)")
+    g.add_argument("--steps", type=int, help="inference steps (default 50)")
+    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
+    g.add_argument("--height", type=int, help="image height (default: the model's)")
+    g.add_argument("--width", type=int, help="image width (default: the model's)")
+    g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
+    g.add_argument("--safety-checker", choices=["model-default", "off"],
+                   help="keep the model's safety checker (flagged images count as nsfw_blocked) or turn it off "
+                        "(default model-default)")
+    c = p.add_argument_group("face filter and gender classifier (paper 002, section 2.2, App. A.4)")
+    c.add_argument("--clip-model", help="open_clip architecture (default ViT-L-14), or local-dir:/path, a "
+                                        "directory, or hf-hub:org/repo")
+    c.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
+    c.add_argument("--gender-threshold", type=float, help="minimum winning CLIP probability (default 0.9)")
+    c.add_argument("--face-min-confidence", type=float, help="BlazeFace confidence (default 0.5)")
+    c.add_argument("--face-min-size", type=float, help="minimum relative face box height and width (default 0.1)")
+    c.add_argument("--standin-models", action="store_true",
+                   help="use tiny random-weight stand-ins for CLIP and the generators (built offline from the "
+                        "real classes; results are meaningless, for smoke runs without model downloads). "
+                        "spaCy, SBERT and BlazeFace stay the real models")
+    f = p.add_argument_group("training-image fetch (img2dataset)")
+    f.add_argument("--image-size", type=int, help="img2dataset resize target (default 512)")
+    f.add_argument("--resize-mode", choices=["no", "keep_ratio", "center_crop", "border"],
+                   help="img2dataset resize mode (default keep_ratio)")
+    f.add_argument("--fetch-timeout", type=float, help="seconds per request (default 10)")
+    f.add_argument("--fetch-retries", type=int, help="retries after a failed request, not after 4xx (default 1)")
+    f.add_argument("--fetch-threads", type=int, help="concurrent downloads per fetch task (default 32)")
+    f.add_argument("--max-image-bytes", type=int, help="larger responses count as too_large (default 20 MB)")
+    f.add_argument("--allow-local-urls", action="store_true",
+                   help="fetch URLs resolving to loopback/private/link-local addresses (tests, local mirrors); "
+                        "refused by default, since dataset URLs are untrusted input")
+    f.add_argument("--url-rewrite", action="append", default=[], metavar="FROM=TO",
+                   help="fetch URLs starting with FROM from TO instead (e.g. a local mirror); repeatable")
+    f.add_argument("--no-local-image-server", action="store_true",
+                   help="with the bundled sample, do not serve its images from a local server on 127.0.0.1")
+    k = p.add_argument_group("image resources")
+    k.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
+    k.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
+    k.add_argument("--gpus-per-actor", type=float,
+                   help="GPUs per generator / CLIP actor (default 1 when the cluster has GPUs, else 0)")
+    k.add_argument("--face-actors", type=int, default=1, help="BlazeFace actors (default 1)")
+    k.add_argument("--clip-actors", type=int, default=1, help="CLIP actors for training images (default 1)")
+
+
 def _settings(args) -> dict:
     """The effective study settings: the config file with command-line overrides applied."""
     cfg = study_config.load_config(args.config)
@@ -158,7 +241,7 @@ def _settings(args) -> dict:
     elif args.sbert_revision:
         models["sbert_revision"] = args.sbert_revision
     return {"occupations": occupations, "prompts": list(cfg["prompts"]), "gender_indicators": gi,
-            "selection": sel, "models": models}
+            "selection": sel, "models": models, "config": cfg}
 
 
 def run_captions(args) -> dict:
@@ -297,10 +380,11 @@ def _validate_input(args):
 
 def _prepare_output(args):
     out_fs, out = io.output_fs(args.output)
-    if any(io.exists(out_fs, f"{out}/{name}") for name in FILES.values()):
-        if not args.overwrite:
+    names = list(FILES.values()) + (list(RUN_FILES.values()) if args.command == "run" else [])
+    if any(io.exists(out_fs, f"{out}/{name}") for name in names):
+        if not args.overwrite and not getattr(args, "_output_checked", False):
             raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
-        for name in FILES.values():
+        for name in (n for n in names if n != RUN_FILES["standins"]):
             io.clear_dir(out_fs, f"{out}/{name}")
     return out_fs, out
 
@@ -332,12 +416,31 @@ def _data_part(batch: pa.Table, annotated_schema: pa.Schema) -> pa.Table:
     return conform(split_tallies(batch)[0], annotated_schema)
 
 
+RUN_FILES = {  # what the run subcommand writes under --output, besides the caption side's FILES
+    "images": "images.parquet",
+    "training": "training_percentages",
+    "generated": "generated_percentages",
+    "table3": "table3",
+    "table6": "table6",
+    "image_counts": "image_stage_counts",
+    "amplification": "amplification.json",
+    "report": "report.html",
+    "standins": "standin_models",
+}
+
+
+def run_all(args) -> dict:
+    from pipelines.engine import study
+
+    return study.run(args, run_captions, FILES, RUN_FILES, SAMPLE_INPUT)
+
+
 def run_summarize(args) -> dict:
+    import io as _io
+
     import pandas as pd
 
     from operators.metric_amplification import format_results, summarize_percentages
-
-    import io as _io
 
     text = io.read_text(args.percentages)
     try:
@@ -364,6 +467,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "captions":
             run_captions(args)
+        elif args.command == "run":
+            run_all(args)
         elif args.command == "summarize":
             run_summarize(args)
     except (io.InputError, ModelLoadError, ValueError) as exc:

@@ -72,3 +72,32 @@ def stage(ds, factory, kwargs: dict, schema: pa.Schema, resources: Resources | N
 
 def _run_in_task(batch: pa.Table, factory, kwargs: dict, schema: pa.Schema) -> pa.Table:
     return StreamStage(factory, kwargs, schema)(batch)
+
+
+def map_stage(ds, factory, kwargs: dict, resources: Resources | None = None):
+    """Apply operator ``factory(**kwargs)`` to every batch of ``ds``: for image stages, which never
+    drop rows (they write status columns), so no tally rows travel with them.
+
+    Stages with ``resources.actors`` run in an actor pool (model loaded once per actor), the
+    others as tasks.
+    """
+    res = resources or getattr(factory, "resources", Resources())
+    common = dict(batch_format="pyarrow", batch_size=res.batch_size, num_cpus=res.num_cpus, zero_copy_batch=True)
+    if res.num_gpus:
+        common["num_gpus"] = res.num_gpus
+    if res.actors:
+        from ray.data import ActorPoolStrategy
+
+        return ds.map_batches(factory, fn_constructor_kwargs=kwargs, compute=ActorPoolStrategy(size=res.actors), **common)
+    return ds.map_batches(_apply_in_task, fn_args=(factory, kwargs), **common)
+
+
+def _apply_in_task(batch: pa.Table, factory, kwargs: dict) -> pa.Table:
+    return factory(**kwargs)(batch)
+
+
+def from_table(ray, table: pa.Table, rows_per_block: int):
+    """A Ray dataset over ``table`` in blocks of ``rows_per_block`` rows, so stages run in parallel."""
+    step = max(1, rows_per_block)
+    parts = [table.slice(i, step) for i in range(0, table.num_rows, step)] or [table]
+    return ray.data.from_arrow(parts)

@@ -1,7 +1,13 @@
 import pyarrow as pa
 import pytest
 
-from operators.base import StreamStage, conform, filter_with_tally, split_tallies, tally_rows
+from operators.base import (
+    StreamStage,
+    conform,
+    filter_with_tally,
+    split_tallies,
+    tally_rows,
+)
 from schemas.captions import TALLY_COUNT, TALLY_OUTCOME, TALLY_STAGE, stream_schema
 
 SCHEMA = stream_schema()

@@ -3,9 +3,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from operators.prompts import prompt_table
 from operators.subset_selection import SelectionConfig, finalize, partial_top_k
 from operators.text_occupation_matcher import Occupation
-from operators.prompts import prompt_table
 from schemas.subsets import TRAINING_SUBSETS
 
 PROMPTS = prompt_table([Occupation("nurse"), Occupation("pilot")], ["A photo of {article} {occupation}", "A {occupation} at work"])

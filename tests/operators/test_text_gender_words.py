@@ -1,5 +1,4 @@
 import pytest
-
 from helpers import captions_table
 
 # Table 5 of paper 002 (word and pronoun rows) and Table 2: caption -> (label, evidence)

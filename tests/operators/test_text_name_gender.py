@@ -2,11 +2,10 @@
 
 import pyarrow as pa
 import pytest
+from helpers import captions_table
 
 from operators.base import ModelLoadError
 from operators.text_name_gender import NameGenderIndicators, load_spacy
-
-from helpers import captions_table
 
 
 def annotate(words, names, captions):

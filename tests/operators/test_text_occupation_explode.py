@@ -1,7 +1,11 @@
 import numpy as np
 import pyarrow as pa
 
-from operators.text_occupation_explode import OccupationExploder, caption_ids, sample_keys
+from operators.text_occupation_explode import (
+    OccupationExploder,
+    caption_ids,
+    sample_keys,
+)
 
 
 def table(caps, occs, urls=None):

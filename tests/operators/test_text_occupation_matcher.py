@@ -1,12 +1,16 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import captions_table
 
-from operators.text_occupation_matcher import Occupation, OccupationMatcher, normalise_name, plural
+from operators.text_occupation_matcher import (
+    Occupation,
+    OccupationMatcher,
+    normalise_name,
+    plural,
+)
 from pipelines.synthetic_laion import generate
 from schemas.captions import OCCUPATIONS
-
-from helpers import captions_table
 
 
 @pytest.fixture(scope="module")

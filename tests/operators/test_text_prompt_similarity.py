@@ -6,7 +6,11 @@ import pytest
 
 from operators.base import ModelLoadError
 from operators.text_occupation_matcher import Occupation
-from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, resolve_sbert
+from operators.text_prompt_similarity import (
+    PromptSimilarity,
+    load_sentence_transformer,
+    resolve_sbert,
+)
 
 TEMPLATES = [
     "A photo of the face of {article} {occupation}",

@@ -1,7 +1,13 @@
 import pyarrow as pa
 import pytest
 
-from pipelines.engine.summary import CountMismatch, check_chain, format_summary, stage_counts, summarize
+from pipelines.engine.summary import (
+    CountMismatch,
+    check_chain,
+    format_summary,
+    stage_counts,
+    summarize,
+)
 
 
 def tallies(rows):

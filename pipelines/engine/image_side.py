@@ -1,0 +1,227 @@
+"""The image side of paper 002 as Ray Data streams: training images (fetch -> face -> CLIP) and
+generated images (generate + CLIP on the GPU tensor -> face), and the per-image table.
+
+Image stages never drop rows; each writes a status column, and the payload columns are dropped
+as soon as the last stage that needs pixels has run, so only statuses and scores leave the
+stream. Rows out of every stream equal rows in, which the run checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import Resources, conform
+from operators.image_clip_gender import ClipGenderClassifier
+from operators.image_face_filter import FaceFilter
+from operators.image_fetch import ImageFetcher
+from operators.image_generation import ImageGenerator
+from operators.prompts import image_seeds
+from pipelines.engine import runtime
+from schemas import images as I
+from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
+from schemas.subsets import PROMPT, PROMPT_ID, SUBSET, Subset
+
+PAYLOAD = [I.IMAGE, I.IMAGE_ENCODING, I.IMAGE_HEIGHT, I.IMAGE_WIDTH]
+
+
+@dataclass
+class ImageSettings:
+    """Everything the image side needs: operator kwargs and resources (all plain values)."""
+
+    fetch: dict
+    face: dict
+    clip: dict                         # ClipGenderClassifier kwargs
+    generation: dict                   # ImageGenerator kwargs except model
+    generators: list[str]
+    images_per_prompt: int
+    caption_images: int
+    seed: int
+    url_rewrite: list[tuple[str, str]] = field(default_factory=list)
+    fetch_block_rows: int = 256
+    face_actors: int = 1
+    clip_actors: int = 1
+    clip_gpus: float = 0.0
+    gen_actors: int = 1
+    gen_gpus: float = 0.0
+    gen_batch_size: int = 8
+
+
+# ------------------------------------------------------------------------------------ training
+def unique_urls(subsets: pa.Table, rewrite: list[tuple[str, str]]) -> pa.Table:
+    """One row per distinct URL of the training subsets (each fetched and classified once),
+    with the URL actually fetched (after ``rewrite`` prefix mappings, e.g. to a local mirror)."""
+    urls = pc.unique(subsets.column(URL).drop_null())
+    fetch = urls
+    for src, dst in rewrite:
+        fetch = pc.replace_substring_regex(fetch, "^" + _re_escape(src), dst.replace("\\", "\\\\"))
+    return pa.table({URL: urls, FETCH_URL: fetch})
+
+
+FETCH_URL = "_fetch_url"  # transient: the URL the fetcher requests (after --url-rewrite)
+
+
+def _re_escape(s: str) -> str:
+    import re
+
+    return re.escape(s)
+
+
+def training_images(ray, subsets: pa.Table, st: ImageSettings) -> pa.Table:
+    """Fetch, face-filter and classify every distinct training URL: one row per URL."""
+    urls = unique_urls(subsets, st.url_rewrite)
+    out_schema = pa.schema([pa.field(URL, pa.string())] + [f for f in I.FETCH_COLUMNS if f.name not in PAYLOAD]
+                           + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS))
+    if urls.num_rows == 0:
+        return out_schema.empty_table()
+    ds = runtime.from_table(ray, urls, st.fetch_block_rows)
+    ds = runtime.map_stage(ds, _FetchRewritten, {"kwargs": st.fetch},
+                           Resources(num_cpus=1, batch_size=st.fetch_block_rows))
+    ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
+    ds = runtime.map_stage(ds, ClipGenderClassifier, st.clip | {"only_face_ok": True},
+                           Resources(num_cpus=1, num_gpus=st.clip_gpus, batch_size=64, actors=st.clip_actors))
+    ds = ds.drop_columns(PAYLOAD + [FETCH_URL])
+    return conform(_collect(ray, ds, out_schema), out_schema)
+
+
+class _FetchRewritten:
+    """The fetcher applied to the rewritten URL column, results keyed by the dataset's URL."""
+
+    def __init__(self, kwargs: dict):
+        self.fetcher = ImageFetcher(**kwargs)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        original = batch.column(URL)
+        out = self.fetcher(batch.set_column(batch.schema.get_field_index(URL), URL, batch.column(FETCH_URL)))
+        return out.set_column(out.schema.get_field_index(URL), URL, original)
+
+
+def training_rows(subsets: pa.Table, url_results: pa.Table) -> pa.Table:
+    """Per-image rows of the training side: one per (occupation, subset, prompt, caption)."""
+    keep = [OCCUPATION, SUBSET, PROMPT_ID, PROMPT, CAPTION_ID, CAPTION, CAPTION_GENDER, URL]
+    rows = subsets.select(keep).join(url_results, keys=URL, join_type="left outer", use_threads=False)
+    n = rows.num_rows
+    no_url = pc.is_null(rows.column(URL)).to_numpy(zero_copy_only=False)
+    status = np.array(rows.column(I.FETCH_STATUS).to_pylist(), dtype=object)
+    status[no_url] = I.FetchStatus.INVALID_URL
+    err = np.array(rows.column(I.FETCH_ERROR).to_pylist(), dtype=object)
+    err[no_url] = "no URL in the dataset row"
+    rows = rows.set_column(rows.schema.get_field_index(I.FETCH_STATUS), I.FETCH_STATUS, pa.array(status, pa.string()))
+    rows = rows.set_column(rows.schema.get_field_index(I.FETCH_ERROR), I.FETCH_ERROR, pa.array(err, pa.string()))
+    rows = rows.append_column(I.SOURCE, pa.array([I.Source.TRAINING] * n, pa.string()))
+    counted = _all_ok(rows, I.FETCH_STATUS)
+    rows = rows.append_column(I.COUNTED, pa.array(counted))
+    order = [(OCCUPATION, "ascending"), (SUBSET, "ascending"), (PROMPT_ID, "ascending"), (CAPTION_ID, "ascending")]
+    return conform(rows, I.IMAGE_RESULTS).sort_by(order)
+
+
+def _all_ok(rows: pa.Table, first_status: str) -> np.ndarray:
+    ok = lambda col, v: np.asarray(pc.fill_null(pc.equal(rows.column(col), v), False))  # noqa: E731
+    gender = rows.column(I.GENDER)
+    decided = np.asarray(pc.fill_null(pc.is_in(gender, pa.array(list(I.Gender.DECIDED))), False))
+    return ok(first_status, "ok") & ok(I.FACE_STATUS, I.FaceStatus.OK) & decided
+
+
+# ---------------------------------------------------------------------------------- generation
+def generation_requests(prompts: dict[str, list[str]], subsets: pa.Table, st: ImageSettings,
+                        caption_prompts: bool) -> pa.Table:
+    """One row per image to generate (per model): Table 1 prompts x occupations x N, and
+    (section 6) M images per caption of the naive subset, each with its own seed."""
+    occ, pid, text, idx = [], [], [], []
+    for o, plist in prompts.items():
+        for j, p in enumerate(plist):
+            occ += [o] * st.images_per_prompt
+            pid += [j + 1] * st.images_per_prompt
+            text += [p] * st.images_per_prompt
+            idx += list(range(st.images_per_prompt))
+    prompt_rows = pa.table({
+        I.SOURCE: pa.array([I.Source.GENERATED] * len(occ), pa.string()),
+        OCCUPATION: pa.array(occ, pa.string()), PROMPT_ID: pa.array(pid, pa.int32()),
+        PROMPT: pa.array(text, pa.string()), I.IMAGE_INDEX: pa.array(idx, pa.int32()),
+    })
+    parts = [prompt_rows]
+    if caption_prompts and st.caption_images > 0:
+        naive = subsets.filter(pc.equal(subsets.column(SUBSET), Subset.NAIVE))
+        m = st.caption_images
+        take = np.repeat(np.arange(naive.num_rows), m)
+        cap = naive.take(pa.array(take, pa.int64()))
+        parts.append(pa.table({
+            I.SOURCE: pa.array([I.Source.CAPTION_PROMPT] * cap.num_rows, pa.string()),
+            OCCUPATION: cap.column(OCCUPATION), SUBSET: cap.column(SUBSET),
+            PROMPT: cap.column(CAPTION), I.IMAGE_INDEX: pa.array(np.tile(np.arange(m), naive.num_rows), pa.int32()),
+            CAPTION_ID: cap.column(CAPTION_ID), CAPTION: cap.column(CAPTION),
+            CAPTION_GENDER: cap.column(CAPTION_GENDER), URL: cap.column(URL),
+        }))
+    req = pa.concat_tables([conform(p, REQUEST_SCHEMA) for p in parts])
+    seeds = image_seeds(st.seed, req.column(PROMPT).to_pylist(), req.column(I.IMAGE_INDEX).to_pylist())
+    return req.set_column(req.schema.get_field_index(I.SEED), I.SEED, pa.array(seeds, pa.int64()))
+
+
+REQUEST_SCHEMA = pa.schema([I.IMAGE_RESULTS.field(n) for n in (
+    I.SOURCE, OCCUPATION, SUBSET, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID, CAPTION, CAPTION_GENDER, URL)])
+
+
+def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings) -> pa.Table:
+    """Generate (and CLIP-classify on the device) every request with ``model``, then face-filter."""
+    out_schema = pa.schema(list(REQUEST_SCHEMA) + [f for f in I.GENERATION_COLUMNS if f.name not in PAYLOAD]
+                           + list(I.GENDER_COLUMNS) + list(I.FACE_COLUMNS))
+    if requests.num_rows == 0:
+        return out_schema.empty_table()
+    ds = runtime.from_table(ray, requests, st.gen_batch_size * 4)
+    ds = runtime.map_stage(ds, ImageGenerator, st.generation | {"model": model, "classifier": st.clip},
+                           Resources(num_cpus=1, num_gpus=st.gen_gpus, batch_size=st.gen_batch_size, actors=st.gen_actors))
+    ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
+    ds = ds.drop_columns(PAYLOAD)
+    return conform(_collect(ray, ds, out_schema), out_schema)
+
+
+def generated_rows(gen: pa.Table) -> pa.Table:
+    counted = _all_ok(gen, I.GENERATION_STATUS)
+    return conform(gen.append_column(I.COUNTED, pa.array(counted)), I.IMAGE_RESULTS)
+
+
+def _collect(ray, ds, schema: pa.Schema) -> pa.Table:
+    parts = [conform(t, schema) for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+# ------------------------------------------------------------------------------ row accounting
+def image_stage_counts(url_results: pa.Table, generated: pa.Table) -> list[dict]:
+    """Rows in and outcome counts per image stage, as a cascade: a stage's input is the rows the
+    previous stage passed. Every stage's outcomes add up to its input (checked)."""
+    rows = []
+
+    def cascade(branch: str, table: pa.Table, steps: list[tuple[str, str, tuple, str]]):
+        mask = np.ones(table.num_rows, bool)
+        for stage, col, outcomes, ok in steps:
+            vals = np.array(table.column(col).to_pylist(), dtype=object)[mask]
+            counts = {o: int((vals == o).sum()) for o in outcomes}
+            rows_in = int(mask.sum())
+            if sum(counts.values()) != rows_in:
+                unknown = sorted({str(v) for v in vals} - set(outcomes))
+                raise RuntimeError(f"{branch}/{stage}: outcomes add up to {sum(counts.values())} of {rows_in} rows "
+                                   f"(unexpected values {unknown})")
+            for o, c in counts.items():
+                rows.append({"branch": branch, "stage": stage, "rows_in": rows_in, "outcome": o, "count": c})
+            col_vals = np.array(table.column(col).to_pylist(), dtype=object)
+            mask = mask & (col_vals == ok) if ok != "decided" else mask
+    gender_outcomes = I.Gender.ALL
+    cascade("training", url_results, [
+        ("fetch", I.FETCH_STATUS, I.FetchStatus.ALL, "ok"),
+        ("face_filter", I.FACE_STATUS, I.FaceStatus.ALL, "ok"),
+        ("clip_gender", I.GENDER, gender_outcomes, "decided"),
+    ])
+    for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT):
+        for model in sorted(set(generated.column(I.MODEL).to_pylist()) - {None}) if generated.num_rows else []:
+            sel = generated.filter(pc.and_(pc.equal(generated.column(I.SOURCE), source),
+                                           pc.equal(generated.column(I.MODEL), model)))
+            if sel.num_rows:
+                cascade(f"{source}:{model}", sel, [
+                    ("generate", I.GENERATION_STATUS, tuple(I.GenerationStatus.ALL), "ok"),
+                    ("face_filter", I.FACE_STATUS, I.FaceStatus.ALL, "ok"),
+                    ("clip_gender", I.GENDER, gender_outcomes, "decided"),
+                ])
+    return rows

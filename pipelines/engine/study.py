@@ -1,0 +1,272 @@
+"""`amplification.py run`: the whole of paper 002 in one Ray job.
+
+caption side (the `captions` subcommand) -> training subsets
+  -> distinct URLs -> fetch (img2dataset) -> BlazeFace -> CLIP gender          => T[occupation, subset]
+Table 1 prompts x occupations x N, and naive captions x M (section 6)
+  -> generation (+ CLIP on the device tensor) -> BlazeFace                     => G[model, occupation, prompt]
+T, G -> amplification (Table 3, section 6), Pearson r (section 5.1), report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from operators.prompts import prompt_table
+from pipelines.engine import amplification_report as rep
+from pipelines.engine import config as study_config
+from pipelines.engine import image_side, io, runtime
+from pipelines.engine.image_side import ImageSettings
+from schemas import images as I
+
+SAMPLE_URL_PREFIX = "https://images.example.org/"
+
+
+def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
+    """Operator settings from the config file with command-line overrides; and what to record."""
+    gen, face, clip, fetch = (dict(cfg[k]) for k in ("generation", "face_filter", "gender_classifier", "fetch"))
+    for key, value in (("images_per_prompt", args.images_per_prompt), ("caption_images", args.caption_images),
+                       ("steps", args.steps), ("guidance_scale", args.guidance_scale), ("seed", args.generation_seed),
+                       ("safety_checker", args.safety_checker)):
+        if value is not None:
+            gen[key] = value
+    if args.generators:
+        gen["models"] = list(args.generators)
+    for key, value in (("model", args.clip_model), ("pretrained", args.clip_pretrained),
+                       ("threshold", args.gender_threshold)):
+        if value is not None:
+            clip[key] = value
+    if args.clip_model and args.clip_pretrained is None and (args.clip_model.startswith(("local-dir:", "hf-hub:"))
+                                                             or Path(args.clip_model).is_dir()):
+        clip["pretrained"] = None
+    for key, value in (("min_confidence", args.face_min_confidence), ("min_relative_size", args.face_min_size)):
+        if value is not None:
+            face[key] = value
+    for key, value in (("image_size", args.image_size), ("resize_mode", args.resize_mode),
+                       ("timeout", args.fetch_timeout), ("retries", args.fetch_retries),
+                       ("threads", args.fetch_threads), ("max_bytes", args.max_image_bytes)):
+        if value is not None:
+            fetch[key] = value
+    fetch["allow_local"] = bool(args.allow_local_urls)
+    rewrite = []
+    for spec in args.url_rewrite:
+        if "=" not in spec:
+            raise ValueError(f"--url-rewrite {spec!r}: expected FROM=TO")
+        a, b = spec.split("=", 1)
+        rewrite.append((a, b))
+    settings = ImageSettings(
+        fetch=fetch,
+        face={"model_selection": face["model_selection"], "min_confidence": face["min_confidence"],
+              "min_relative_size": face["min_relative_size"]},
+        clip={"model": clip["model"], "pretrained": clip["pretrained"], "prompts": tuple(clip["prompts"]),
+              "threshold": clip["threshold"]},
+        generation={"steps": gen["steps"], "guidance_scale": gen["guidance_scale"], "height": args.height,
+                    "width": args.width, "safety_checker": gen["safety_checker"]},
+        generators=list(gen["models"]), images_per_prompt=int(gen["images_per_prompt"]),
+        caption_images=int(gen["caption_images"]), seed=int(gen["seed"]), url_rewrite=rewrite,
+        face_actors=args.face_actors, clip_actors=args.clip_actors, gen_actors=args.gen_actors,
+        gen_batch_size=args.gen_batch_size,
+    )
+    return settings, {"generation": gen, "face_filter": face, "gender_classifier": clip, "fetch": fetch}
+
+
+def build_standins(root: str) -> tuple[str, list[str]]:
+    """Tiny random CLIP and generators (one per default model) under ``root``."""
+    from pipelines.standins.clip import build_tiny_open_clip
+    from pipelines.standins.diffusion import build_tiny_stable_diffusion
+
+    clip = build_tiny_open_clip(str(Path(root) / "clip-vit-standin"), seed=0)
+    gens = [build_tiny_stable_diffusion(str(Path(root) / name), seed=i)
+            for i, name in enumerate(("stable-diffusion-v1-4-standin", "stable-diffusion-v1-5-standin"))]
+    return clip, gens
+
+
+def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
+    """Load CLIP and every generator once on the driver, before any data is read: an unloadable
+    model fails the run now, naming it. Returns the provenance records."""
+    from operators.image_clip_gender import load_clip
+    from operators.image_face_filter import FaceFilter
+    from operators.image_generation import load_text2image
+
+    face = FaceFilter(**st.face)
+    records = [{"role": "face detector", "model": f"MediaPipe BlazeFace ({face.record.get('model_range')})",
+                "standin": False, "detail": face.record}]
+    face.close()
+    bundle = load_clip(st.clip["model"], st.clip["pretrained"], device="cpu")
+    records.append({"role": "gender classifier (CLIP)", "model": st.clip["model"], "standin": standin,
+                    "detail": bundle.record})
+    del bundle
+    for model in st.generators:
+        pipe, rec = load_text2image(model, device="cpu", dtype="float32", safety_checker=st.generation["safety_checker"])
+        records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
+        del pipe
+        gc.collect()
+    return records
+
+
+def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) -> dict:
+    started = time.time()
+    cfg = study_config.load_config(args.config)
+    st, recorded = image_settings(args, cfg)
+    out_fs, out = io.output_fs(args.output)
+    names = list(files.values()) + list(run_files.values())
+    if any(io.exists(out_fs, f"{out}/{n}") for n in names) and not args.overwrite:
+        raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
+    args._output_checked = True
+
+    with contextlib.ExitStack() as stack:
+        if args.standin_models:
+            root = args.output if Path(args.output).parent.exists() and "://" not in args.output else None
+            root = root and str(Path(root) / run_files["standins"])
+            root = root or stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
+            print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
+            st.clip["model"], st.generators = build_standins(root)
+            st.clip["pretrained"] = None
+        model_records = load_image_models(st, args.standin_models)
+        for r in model_records:
+            tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
+            print(f"model {r['role']:<26} {tag:<46} {r['model']}")
+
+        server_url = None
+        uses_sample = [str(p) for p in args.input] == [str(sample_input)]
+        if uses_sample and not st.url_rewrite and not args.no_local_image_server:
+            from pipelines.engine.sample_server import LocalImageServer
+
+            server = stack.enter_context(LocalImageServer())
+            server_url = server.base_url
+            st.url_rewrite = [(SAMPLE_URL_PREFIX, server_url + "/")]
+            st.fetch["allow_local"] = True
+            print(f"serving the synthetic sample's images from a local server at {server_url} "
+                  f"(rewriting {SAMPLE_URL_PREFIX}); local addresses allowed for this run")
+
+        ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose,
+                               actor_cpus=max(args.embed_actors + (0 if args.no_names else args.ner_actors),
+                                              args.face_actors + args.clip_actors + args.gen_actors))
+        gpus = float(ray.cluster_resources().get("GPU", 0))
+        per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
+        st.clip_gpus = st.gen_gpus = per_actor
+
+        caption_metrics = run_captions(args)
+        subsets = pq.read_table(out_fs.open_input_file(f"{out}/{files['subsets']}"))
+        occupations = [o["name"] for o in caption_metrics["config"]["occupations"]]
+        prompts = prompt_table([_Occ(o) for o in caption_metrics["config"]["occupations"]], st_prompts(caption_metrics))
+
+        print(f"\ntraining images: {image_side.unique_urls(subsets, []).num_rows:,} distinct URLs of "
+              f"{subsets.num_rows:,} subset rows ...")
+        url_results = image_side.training_images(ray, subsets, st)
+        train_rows = image_side.training_rows(subsets, url_results)
+
+        requests = image_side.generation_requests(prompts, subsets, st, caption_prompts=st.caption_images > 0)
+        gen_parts = []
+        for model in st.generators:
+            print(f"generating {requests.num_rows:,} images with {model} ...")
+            gen = image_side.generated_images(ray, requests, model, st)
+            if gen.num_rows != requests.num_rows:
+                raise RuntimeError(f"{model}: {requests.num_rows} images requested, {gen.num_rows} rows came back")
+            gen_parts.append(gen)
+        generated = pa.concat_tables(gen_parts) if gen_parts else None
+        gen_rows = image_side.generated_rows(generated) if generated is not None else I.IMAGE_RESULTS.empty_table()
+
+    per_image = pa.concat_tables([train_rows, gen_rows])
+    counts = pd.DataFrame(image_side.image_stage_counts(url_results, generated if generated is not None
+                                                        else gen_rows))
+    results = rep.compute(per_image.to_pandas(), occupations, len(st_prompts(caption_metrics)), st.generators)
+    t3 = rep.table3(results["approaches"], len(st_prompts(caption_metrics)))
+
+    io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
+    _write_both(results["T"], out_fs, f"{out}/{run_files['training']}")
+    _write_both(results["G"], out_fs, f"{out}/{run_files['generated']}")
+    _write_both(t3, out_fs, f"{out}/{run_files['table3']}")
+    _write_both(counts, out_fs, f"{out}/{run_files['image_counts']}")
+    for i, model in enumerate(st.generators):
+        _write_both(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
+    amp = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
+           "indicator_correlation": results["indicator_correlation"]}
+    io.write_text(json.dumps(amp, indent=2, default=_json_default), out_fs, f"{out}/{run_files['amplification']}")
+
+    metrics = caption_metrics | {
+        "stage": "run",
+        "started_unix": started,
+        "duration_s": round(time.time() - started, 3),
+        "image_config": recorded | {"url_rewrite": st.url_rewrite, "local_image_server": server_url,
+                                    "standin_models": bool(args.standin_models),
+                                    "gpus_per_actor": per_actor, "generators": st.generators,
+                                    "clip": st.clip},
+        "image_models": model_records,
+        "image_counts": counts.to_dict("records"),
+        "images": {"training_rows": train_rows.num_rows, "distinct_urls": url_results.num_rows,
+                   "generated_rows": gen_rows.num_rows},
+        "results": {
+            "table3": t3.to_dict("records"),
+            "caption_prompts": {m: {k: v["average"] for k, v in r.items()} for m, r in results["caption_prompts"].items()},
+            "indicator_correlation": results["indicator_correlation"],
+        },
+        "environment": study_config.environment(),
+    }
+    io.write_text(json.dumps(metrics, indent=2, default=_json_default), out_fs, f"{out}/{files['metrics']}")
+    meta = {"output": args.output, "input": ", ".join(map(str, args.input)), "occupations": len(occupations),
+            "images": per_image.num_rows, "local_image_server": server_url}
+    html_doc = rep.render_html(results, t3, counts, caption_metrics["counts"], model_records + _caption_models(caption_metrics), meta)
+    io.write_text(html_doc, out_fs, f"{out}/{run_files['report']}")
+    _print_summary(args.output, counts, t3, results, model_records, run_files)
+    return metrics
+
+
+class _Occ:
+    """An occupation record of metrics.json, as prompt_table expects it."""
+
+    def __init__(self, d: dict):
+        self.name, self.prompt_name, self.article = d["name"], d.get("prompt_name"), d.get("article")
+
+
+def st_prompts(caption_metrics: dict) -> list[str]:
+    return list(caption_metrics["config"]["prompts"])
+
+
+def _caption_models(caption_metrics: dict) -> list[dict]:
+    out = []
+    for role, rec in caption_metrics.get("models", {}).items():
+        out.append({"role": f"caption side ({role})", "model": rec.get("model") or rec.get("name"), "standin": False,
+                    "detail": rec})
+    return out
+
+
+def _write_both(df: pd.DataFrame, fs, stem: str) -> None:
+    io.write_table(pa.Table.from_pandas(df, preserve_index=False), fs, f"{stem}.parquet")
+    io.write_text(df.to_csv(index=False), fs, f"{stem}.csv")
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return None if np.isnan(o) else float(o)
+    return str(o)
+
+
+def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results: dict, models: list[dict],
+                   run_files: dict) -> None:
+    print("\nimage side: rows in, outcome counts per stage")
+    for (branch, stage), part in counts.groupby(["branch", "stage"], sort=False):
+        outcomes = ", ".join(f"{o}={c}" for o, c in zip(part["outcome"], part["count"]) if c)
+        print(f"  {branch:<48} {stage:<12} in {int(part['rows_in'].iloc[0]):>8,}  {outcomes}")
+    print("\nbias amplification E[A] (Table 3):")
+    print(t3.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for model, cp in results["caption_prompts"].items():
+        print(f"captions as prompts ({model}): " + ", ".join(
+            f"{k}: E[A] = {rep._fmt(v['average'])}" for k, v in cp.items()))
+    corr = results["indicator_correlation"]
+    print(f"Pearson r(% female training, % captions with female indicators) = {rep._fmt(corr['r'], 3)} (n = {corr['n']})")
+    if any(m["standin"] for m in models):
+        print("NOTE: CLIP and the generators were tiny random stand-ins: the numbers above are meaningless.")
+    print(f"\nper-image table -> {output}/{run_files['images']}; report -> {output}/{run_files['report']}")
