@@ -133,7 +133,10 @@ def table3(approaches: dict, n_prompts: int) -> pd.DataFrame:
                 rec[f"#{p}"] = by.get(str(p))
             rec["average"] = r["average"]
             recs.append(rec)
-    return pd.DataFrame(recs)
+    df = pd.DataFrame(recs)
+    num = [c for c in df.columns if c not in ("model", "approach")]
+    df[num] = df[num].astype(float)  # None (no value) -> NaN: an empty CSV cell, "n/a" in the report
+    return df
 
 
 # ------------------------------------------------------------------------------------ report.html

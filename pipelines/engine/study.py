@@ -112,8 +112,20 @@ def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
     return records
 
 
+def quiet_model_libraries() -> None:
+    """No download/loading progress bars or advice from the model libraries (--verbose keeps them)."""
+    import diffusers
+    import transformers
+
+    for lib in (diffusers, transformers):
+        lib.utils.logging.set_verbosity_error()
+        lib.utils.logging.disable_progress_bar()
+
+
 def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) -> dict:
     started = time.time()
+    if not args.verbose:
+        quiet_model_libraries()
     cfg = study_config.load_config(args.config)
     st, recorded = image_settings(args, cfg)
     out_fs, out = io.output_fs(args.output)
@@ -261,7 +273,7 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
         outcomes = ", ".join(f"{o}={c}" for o, c in zip(part["outcome"], part["count"]) if c)
         print(f"  {branch:<48} {stage:<12} in {int(part['rows_in'].iloc[0]):>8,}  {outcomes}")
     print("\nbias amplification E[A] (Table 3):")
-    print(t3.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    print(t3.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a"))
     for model, cp in results["caption_prompts"].items():
         print(f"captions as prompts ({model}): " + ", ".join(
             f"{k}: E[A] = {rep._fmt(v['average'])}" for k, v in cp.items()))
