@@ -92,6 +92,18 @@ def build_standins(root: str) -> tuple[str, list[str]]:
 def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
     """Load CLIP and every generator once on the driver, before any data is read: an unloadable
     model fails the run now, naming it. Returns the provenance records."""
+    from operators.base import ModelLoadError
+
+    try:
+        return _load_image_models(st, standin)
+    except ModelLoadError as exc:
+        if standin:
+            raise
+        raise ModelLoadError(f"{exc}\n(For an offline smoke run of the pipeline without these models, "
+                             f"--standin-models uses tiny random-weight stand-ins.)") from exc
+
+
+def _load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
     from operators.image_clip_gender import load_clip
     from operators.image_face_filter import FaceFilter
     from operators.image_generation import load_text2image

@@ -163,3 +163,21 @@ def test_amplification_matches_percentages(run_dir):
         assert per["1"]["expected_amplification"] == pytest.approx(np.mean(included))
     else:
         assert per["1"]["expected_amplification"] is None
+
+
+def test_unloadable_model_fails_before_any_work(tmp_path):
+    """Offline, the default CLIP (ViT-L/14, OpenAI) cannot load: the run stops at once, naming it,
+    before reading data or writing anything."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(root / "pipelines" / "amplification.py"), "run",
+                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 2
+    assert "cannot load CLIP model 'ViT-L-14'" in res.stderr and "--standin-models" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "out").exists()
