@@ -152,6 +152,8 @@ def summarize_percentages(df: pd.DataFrame, training_group: str = TRAINING) -> d
     bad = df[PERCENT_FEMALE].isna() | (df[PERCENT_FEMALE] < 0) | (df[PERCENT_FEMALE] > 100)
     if bad.any():
         raise ValueError(f"percent_female must be a number in [0, 100]; bad rows: {df[bad].head(5).to_dict('records')}")
+    if "model" in df and df["model"].isna().any():
+        raise ValueError("the model column has empty values; give every row a model (or drop the column)")
     models = df["model"].astype(str).unique().tolist() if "model" in df else [None]
     out = {}
     for model in models:
@@ -175,7 +177,7 @@ def summarize_percentages(df: pd.DataFrame, training_group: str = TRAINING) -> d
         rows = compare(training, generated, [OCCUPATION], "group")
         results, avg = expected_amplification(rows, "group")
         out[model or "all"] = result_dict(results, avg) | {
-            "occupations": int(training[OCCUPATION].nunique()),
+            "occupations": int(training[PERCENT_FEMALE].notna().sum()),
             "rows": json_rows(rows),
         }
     return out

@@ -212,11 +212,15 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                         "refused by default, since dataset URLs are untrusted input")
     f.add_argument("--url-rewrite", action="append", default=[], metavar="FROM=TO",
                    help="fetch URLs starting with FROM from TO instead (e.g. a local mirror); repeatable")
+    f.add_argument("--save-images", action="store_true",
+                   help="also save every fetched image (as resized, JPEG) and generated image (PNG) as parquet "
+                        "under --output/images/{training,generated}/ with their URL or (model, prompt, seed)")
     f.add_argument("--no-local-image-server", action="store_true",
                    help="with the bundled sample, do not serve its images from a local server on 127.0.0.1")
     k = p.add_argument_group("image resources")
     k.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
-    k.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
+    k.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8); 1 makes every image bit-exactly "
+                        "reproducible from its seed alone (larger batches round differently, ~1 level)")
     k.add_argument("--gpus-per-actor", type=float,
                    help="GPUs per generator / CLIP actor (default 1 when the cluster has GPUs, else 0)")
     k.add_argument("--face-actors", type=int, default=1, help="BlazeFace actors (default 1)")
@@ -426,6 +430,7 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
     "amplification": "amplification.json",
     "report": "report.html",
     "standins": "standin_models",
+    "saved_images": "images",
 }
 
 

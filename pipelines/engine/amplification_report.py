@@ -45,8 +45,15 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
     cap = images[images[I.SOURCE] == I.Source.CAPTION_PROMPT]
     prompt_ids = list(range(1, n_prompts + 1))
 
-    T = _complete(percent_female(train.assign(**{PROMPT_ID: train[PROMPT_ID].fillna(0)}), [SUBSET, OCCUPATION, PROMPT_ID]),
-                  {SUBSET: list(Subset.ALL), OCCUPATION: occupations, PROMPT_ID: [0] + prompt_ids})
+    # T per (subset, occupation) for prompt-free subsets (prompt_id 0 here, null when written),
+    # per (subset, occupation, prompt) for the subsets selected per prompt (NN)
+    tp = percent_female(train.assign(**{PROMPT_ID: train[PROMPT_ID].fillna(0)}), [SUBSET, OCCUPATION, PROMPT_ID])
+    free = [s for s in Subset.ALL if s not in Subset.PER_PROMPT]
+    T = pd.concat([
+        _complete(tp[tp[SUBSET].isin(free)], {SUBSET: free, OCCUPATION: occupations, PROMPT_ID: [0]}),
+        _complete(tp[tp[SUBSET].isin(Subset.PER_PROMPT)],
+                  {SUBSET: list(Subset.PER_PROMPT), OCCUPATION: occupations, PROMPT_ID: prompt_ids}),
+    ], ignore_index=True)
     G = _complete(percent_female(gen, [I.MODEL, OCCUPATION, PROMPT_ID]),
                   {I.MODEL: models, OCCUPATION: occupations, PROMPT_ID: prompt_ids})
     approaches, tables6 = {}, {}
@@ -128,13 +135,17 @@ def table3(approaches: dict, n_prompts: int) -> pd.DataFrame:
         for subset in Subset.ALL:
             r = per[subset]
             rec = {"model": model, "approach": APPROACH_TITLES[subset]}
-            by = {p["group"]: p["expected_amplification"] for p in r["per_prompt"]}
+            by = {p["group"]: p for p in r["per_prompt"]}
             for p in range(1, n_prompts + 1):
-                rec[f"#{p}"] = by.get(str(p))
+                rec[f"#{p}"] = by[str(p)]["expected_amplification"] if str(p) in by else None
             rec["average"] = r["average"]
+            for p in range(1, n_prompts + 1):  # occupations behind each E[A], and those left out
+                res = by.get(str(p))
+                rec[f"n_#{p}"] = res["occupations"] if res else 0
+                rec[f"excluded_#{p}"] = "; ".join(f"{k}={len(v)}" for k, v in res["excluded"].items()) if res else ""
             recs.append(rec)
     df = pd.DataFrame(recs)
-    num = [c for c in df.columns if c not in ("model", "approach")]
+    num = ["average"] + [f"#{p}" for p in range(1, n_prompts + 1)]
     df[num] = df[num].astype(float)  # None (no value) -> NaN: an empty CSV cell, "n/a" in the report
     return df
 
@@ -241,8 +252,15 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
         [{"role": m["role"], "model": m["model"], "real or stand-in": "STAND-IN (random weights)" if m.get("standin")
           else "real", "detail": m.get("detail", "")} for m in models])))
     out.append("<h2>Bias amplification E[A] (Table 3)</h2><p>A = |G - 50| - |T - 50| per occupation; occupations "
-               "whose training and generated images skew in different directions are excluded per prompt. "
-               "Positive: amplification.</p>" + _table_html(t3))
+               "whose training and generated images skew in different directions are excluded per prompt "
+               "(direction_switch), as are occupations without counted images on one side. Positive: "
+               "amplification. n_#p: occupations behind E[A] for prompt p; excluded_#p: how many were left "
+               "out, by reason.</p>" + _table_html(t3))
+    n_cols = [c for c in t3.columns if c.startswith("n_#")]
+    thin = int((t3[n_cols] < max(2, meta.get("occupations", 0) // 2)).to_numpy().sum()) if n_cols else 0
+    if thin:
+        out.append(f"<p class=warn>{thin} of the E[A] values above rest on fewer than half of the occupations "
+                   f"(or on none: n/a). Read them with their n_# and excluded_# columns.</p>")
     legend = ("<p class=legend>Shading:<span style='background:#f4c7c3'></span>amplification"
               "<span style='background:#c8e6c9'></span>de-amplification; the dashed diagonal is no amplification; "
               "excluded (direction-switching) occupations are not drawn.</p>")
@@ -277,3 +295,16 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                + "<h3>Image side</h3>" + _table_html(counts, 0))
     out.append("</body></html>")
     return "".join(out)
+
+
+def clean_json(obj):
+    """``obj`` with NaN / inf floats as None and numpy scalars as Python ones: strict JSON."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return None if not math.isfinite(float(obj)) else float(obj)
+    return obj

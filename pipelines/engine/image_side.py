@@ -19,6 +19,7 @@ from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_face_filter import FaceFilter
 from operators.image_fetch import ImageFetcher
 from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
 from operators.prompts import image_seeds
 from pipelines.engine import runtime
 from schemas import images as I
@@ -26,6 +27,7 @@ from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, UR
 from schemas.subsets import PROMPT, PROMPT_ID, SUBSET, Subset
 
 PAYLOAD = [I.IMAGE, I.IMAGE_ENCODING, I.IMAGE_HEIGHT, I.IMAGE_WIDTH]
+TRAINING_URLS = "training (distinct URLs)"
 
 
 @dataclass
@@ -48,6 +50,7 @@ class ImageSettings:
     gen_actors: int = 1
     gen_gpus: float = 0.0
     gen_batch_size: int = 8
+    save_images: str | None = None     # URI: save fetched and generated images there (parquet)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -80,11 +83,19 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings) -> pa.Table:
     ds = runtime.from_table(ray, urls, st.fetch_block_rows)
     ds = runtime.map_stage(ds, _FetchRewritten, {"kwargs": st.fetch},
                            Resources(num_cpus=1, batch_size=st.fetch_block_rows))
+    if st.save_images:
+        ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/training", "keys": [URL]})
     ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
     ds = runtime.map_stage(ds, ClipGenderClassifier, st.clip | {"only_face_ok": True},
                            Resources(num_cpus=1, num_gpus=st.clip_gpus, batch_size=64, actors=st.clip_actors))
     ds = ds.drop_columns(PAYLOAD + [FETCH_URL])
-    return conform(_collect(ray, ds, out_schema), out_schema)
+    results = conform(_collect(ray, ds, out_schema), out_schema)
+    got = results.column(URL)
+    if results.num_rows != urls.num_rows or pc.count_distinct(got).as_py() != urls.num_rows \
+            or pc.any(pc.invert(pc.is_in(urls.column(URL), got))).as_py():
+        raise RuntimeError(f"training images: {urls.num_rows} distinct URLs went in, {results.num_rows} rows "
+                           f"({pc.count_distinct(got).as_py()} distinct URLs) came back")
+    return results
 
 
 class _FetchRewritten:
@@ -111,6 +122,10 @@ def training_rows(subsets: pa.Table, url_results: pa.Table) -> pa.Table:
     err[no_url] = "no URL in the dataset row"
     rows = rows.set_column(rows.schema.get_field_index(I.FETCH_STATUS), I.FETCH_STATUS, pa.array(status, pa.string()))
     rows = rows.set_column(rows.schema.get_field_index(I.FETCH_ERROR), I.FETCH_ERROR, pa.array(err, pa.string()))
+    if n != subsets.num_rows or pc.sum(pc.and_(pc.invert(pa.array(no_url)),
+                                               pc.is_null(rows.column(I.FETCH_STATUS)))).as_py():
+        raise RuntimeError(f"training rows: {subsets.num_rows} subset rows, {n} after joining the URL results, "
+                           f"or a URL without a result")
     rows = rows.append_column(I.SOURCE, pa.array([I.Source.TRAINING] * n, pa.string()))
     counted = _all_ok(rows, I.FETCH_STATUS)
     rows = rows.append_column(I.COUNTED, pa.array(counted))
@@ -126,10 +141,14 @@ def _all_ok(rows: pa.Table, first_status: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------- generation
-def generation_requests(prompts: dict[str, list[str]], subsets: pa.Table, st: ImageSettings,
+def generation_requests(prompts: dict[str, list[str]], training: pa.Table, st: ImageSettings,
                         caption_prompts: bool) -> pa.Table:
     """One row per image to generate (per model): Table 1 prompts x occupations x N, and
-    (section 6) M images per caption of the naive subset, each with its own seed."""
+    (section 6) M images per caption of the naive subset whose training image counts, so that
+    the prompts are exactly the captions behind T (P_o = S_o); each image has its own seed.
+
+    ``training`` is the training side of the per-image table (``training_rows``).
+    """
     occ, pid, text, idx = [], [], [], []
     for o, plist in prompts.items():
         for j, p in enumerate(plist):
@@ -144,7 +163,7 @@ def generation_requests(prompts: dict[str, list[str]], subsets: pa.Table, st: Im
     })
     parts = [prompt_rows]
     if caption_prompts and st.caption_images > 0:
-        naive = subsets.filter(pc.equal(subsets.column(SUBSET), Subset.NAIVE))
+        naive = training.filter(pc.and_(pc.equal(training.column(SUBSET), Subset.NAIVE), training.column(I.COUNTED)))
         m = st.caption_images
         take = np.repeat(np.arange(naive.num_rows), m)
         cap = naive.take(pa.array(take, pa.int64()))
@@ -156,7 +175,11 @@ def generation_requests(prompts: dict[str, list[str]], subsets: pa.Table, st: Im
             CAPTION_GENDER: cap.column(CAPTION_GENDER), URL: cap.column(URL),
         }))
     req = pa.concat_tables([conform(p, REQUEST_SCHEMA) for p in parts])
-    seeds = image_seeds(st.seed, req.column(PROMPT).to_pylist(), req.column(I.IMAGE_INDEX).to_pylist())
+    # the seed key is the prompt text; for captions also the caption id, so that two training
+    # examples with the same caption text still get independent images
+    keys = [p if cid is None else f"caption:{cid}\x1f{p}"
+            for p, cid in zip(req.column(PROMPT).to_pylist(), req.column(CAPTION_ID).to_pylist())]
+    seeds = image_seeds(st.seed, keys, req.column(I.IMAGE_INDEX).to_pylist())
     return req.set_column(req.schema.get_field_index(I.SEED), I.SEED, pa.array(seeds, pa.int64()))
 
 
@@ -171,8 +194,11 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings) -> 
     if requests.num_rows == 0:
         return out_schema.empty_table()
     ds = runtime.from_table(ray, requests, st.gen_batch_size * 4)
-    ds = runtime.map_stage(ds, ImageGenerator, st.generation | {"model": model, "classifier": st.clip},
+    ds = runtime.map_stage(ds, ImageGenerator, st.generation | {"model": model, "classifier": st.clip, "micro_batch": st.gen_batch_size},
                            Resources(num_cpus=1, num_gpus=st.gen_gpus, batch_size=st.gen_batch_size, actors=st.gen_actors))
+    if st.save_images:
+        ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
+            I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})
     ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
     ds = ds.drop_columns(PAYLOAD)
     return conform(_collect(ray, ds, out_schema), out_schema)
@@ -189,7 +215,7 @@ def _collect(ray, ds, schema: pa.Schema) -> pa.Table:
 
 
 # ------------------------------------------------------------------------------ row accounting
-def image_stage_counts(url_results: pa.Table, generated: pa.Table) -> list[dict]:
+def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.Table | None = None) -> list[dict]:
     """Rows in and outcome counts per image stage, as a cascade: a stage's input is the rows the
     previous stage passed. Every stage's outcomes add up to its input (checked)."""
     rows = []
@@ -209,11 +235,16 @@ def image_stage_counts(url_results: pa.Table, generated: pa.Table) -> list[dict]
             col_vals = np.array(table.column(col).to_pylist(), dtype=object)
             mask = mask & (col_vals == ok) if ok != "decided" else mask
     gender_outcomes = I.Gender.ALL
-    cascade("training", url_results, [
+    training_steps = [
         ("fetch", I.FETCH_STATUS, I.FetchStatus.ALL, "ok"),
         ("face_filter", I.FACE_STATUS, I.FaceStatus.ALL, "ok"),
         ("clip_gender", I.GENDER, gender_outcomes, "decided"),
-    ])
+    ]
+    cascade(TRAINING_URLS, url_results, training_steps)
+    if training is not None:  # the same per subset row (a URL in several subsets counts in each)
+        for subset in sorted(set(training.column(SUBSET).to_pylist())):
+            cascade(f"training rows: {subset}", training.filter(pc.equal(training.column(SUBSET), subset)),
+                    training_steps)
     for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT):
         for model in sorted(set(generated.column(I.MODEL).to_pylist()) - {None}) if generated.num_rows else []:
             sel = generated.filter(pc.and_(pc.equal(generated.column(I.SOURCE), source),

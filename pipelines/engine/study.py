@@ -145,6 +145,10 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
     if any(io.exists(out_fs, f"{out}/{n}") for n in names) and not args.overwrite:
         raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
     args._output_checked = True
+    if args.overwrite:
+        io.clear_dir(out_fs, f"{out}/{run_files['saved_images']}")
+    if args.save_images:
+        st.save_images = f"{args.output.rstrip('/')}/{run_files['saved_images']}"
 
     with contextlib.ExitStack() as stack:
         if args.standin_models:
@@ -188,7 +192,7 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
         url_results = image_side.training_images(ray, subsets, st)
         train_rows = image_side.training_rows(subsets, url_results)
 
-        requests = image_side.generation_requests(prompts, subsets, st, caption_prompts=st.caption_images > 0)
+        requests = image_side.generation_requests(prompts, train_rows, st, caption_prompts=st.caption_images > 0)
         gen_parts = []
         for model in st.generators:
             print(f"generating {requests.num_rows:,} images with {model} ...")
@@ -201,12 +205,13 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
 
     per_image = pa.concat_tables([train_rows, gen_rows])
     counts = pd.DataFrame(image_side.image_stage_counts(url_results, generated if generated is not None
-                                                        else gen_rows))
+                                                        else gen_rows, train_rows))
     results = rep.compute(per_image.to_pandas(), occupations, len(st_prompts(caption_metrics)), st.generators)
     t3 = rep.table3(results["approaches"], len(st_prompts(caption_metrics)))
 
     io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
-    _write_both(results["T"], out_fs, f"{out}/{run_files['training']}")
+    T = results["T"].assign(**{"prompt_id": results["T"]["prompt_id"].astype("Int64").replace(0, pd.NA)})
+    _write_both(T, out_fs, f"{out}/{run_files['training']}")
     _write_both(results["G"], out_fs, f"{out}/{run_files['generated']}")
     _write_both(t3, out_fs, f"{out}/{run_files['table3']}")
     _write_both(counts, out_fs, f"{out}/{run_files['image_counts']}")
@@ -214,7 +219,8 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
         _write_both(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
     amp = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
            "indicator_correlation": results["indicator_correlation"]}
-    io.write_text(json.dumps(amp, indent=2, default=_json_default), out_fs, f"{out}/{run_files['amplification']}")
+    io.write_text(json.dumps(rep.clean_json(amp), indent=2, default=_json_default, allow_nan=False), out_fs,
+                  f"{out}/{run_files['amplification']}")
 
     metrics = caption_metrics | {
         "stage": "run",
@@ -235,7 +241,8 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
         },
         "environment": study_config.environment(),
     }
-    io.write_text(json.dumps(metrics, indent=2, default=_json_default), out_fs, f"{out}/{files['metrics']}")
+    io.write_text(json.dumps(rep.clean_json(metrics), indent=2, default=_json_default, allow_nan=False), out_fs,
+                  f"{out}/{files['metrics']}")
     meta = {"output": args.output, "input": ", ".join(map(str, args.input)), "occupations": len(occupations),
             "images": per_image.num_rows, "local_image_server": server_url}
     html_doc = rep.render_html(results, t3, counts, caption_metrics["counts"], model_records + _caption_models(caption_metrics), meta)

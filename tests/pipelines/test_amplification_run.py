@@ -4,11 +4,13 @@ local HTTP server, real BlazeFace, tiny random CLIP and Stable Diffusion stand-i
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from pipelines import amplification, synthetic_laion
+from pipelines.engine.image_side import TRAINING_URLS
 from pipelines.engine.sample_server import LocalImageServer, synthetic_kind
 from schemas import images as I
 from schemas.captions import URL
@@ -33,9 +35,12 @@ def run_dir(tmp_path_factory, ray_local):
         argv = ["run", "--input", str(root / "input.parquet"), "--output", str(root / "out"),
                 "--occupations", ",".join(OCCS), "--sample-size", "12", "--nn-k", "6",
                 "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
-                "--steps", "2", "--standin-models", "--allow-local-urls",
+                "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
                 # the random stand-in CLIP is never 90% sure: a threshold just above 0.5 lets its
-                # (meaningless) decisions through, so the percentages and E[A] are exercised
+                # (meaningless) decisions through, so training percentages and the section 6
+                # caption prompts are exercised (the stand-in generators draw noise without faces,
+                # so G stays empty: E[A] itself is checked on hand-built tables in
+                # test_amplification_report.py)
                 "--gender-threshold", "0.5000001",
                 "--url-rewrite", f"https://images.example.org/={server.base_url}/"]
         assert amplification.main(argv) == 0
@@ -67,6 +72,7 @@ def test_training_rows_one_per_subset_row_with_real_statuses(run_dir):
         if rec[I.FACE_STATUS] == "ok":
             assert rec[I.GENDER] in I.Gender.ALL   # CLIP ran on every image that passed the face filter
     assert {"astronaut", "camera", "broken"} <= seen
+    assert train.column(I.FETCH_STATUS).null_count == 0
 
 
 def test_generated_rows_and_seeds(run_dir):
@@ -74,11 +80,16 @@ def test_generated_rows_and_seeds(run_dir):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     models = metrics["image_config"]["generators"]
     subsets = pq.read_table(run_dir / "training_subsets.parquet")
-    naive = subsets.filter(pc.equal(subsets.column("subset"), Subset.NAIVE)).num_rows
+    del subsets
+    train = images.filter(pc.equal(images.column(I.SOURCE), I.Source.TRAINING))
+    # section 6: M images per naive caption whose training image counts (P_o = S_o)
+    counted_naive = train.filter(pc.and_(pc.equal(train.column("subset"), Subset.NAIVE), train.column(I.COUNTED)))
+    assert counted_naive.num_rows > 0
     gen = images.filter(pc.equal(images.column(I.SOURCE), I.Source.GENERATED))
     cap = images.filter(pc.equal(images.column(I.SOURCE), I.Source.CAPTION_PROMPT))
     assert gen.num_rows == len(models) * len(OCCS) * 4 * IMAGES_PER_PROMPT
-    assert cap.num_rows == len(models) * naive * CAPTION_IMAGES
+    assert cap.num_rows == len(models) * counted_naive.num_rows * CAPTION_IMAGES
+    assert set(cap.column("caption_id").to_pylist()) == set(counted_naive.column("caption_id").to_pylist())
     for t in (gen, cap):
         assert t.column(I.SEED).null_count == 0 and t.column(I.GENERATION_STATUS).null_count == 0
         assert set(t.column(I.MODEL).to_pylist()) == set(models)
@@ -86,6 +97,11 @@ def test_generated_rows_and_seeds(run_dir):
     for model in models:
         part = gen.filter(pc.equal(gen.column(I.MODEL), model))
         assert len(set(part.column(I.SEED).to_pylist())) == part.num_rows
+        # caption prompts: one seed per (caption, index), even for captions with the same text
+        part = cap.filter(pc.equal(cap.column(I.MODEL), model))
+        keys = set(zip(part.column("caption_id").to_pylist(), part.column(I.IMAGE_INDEX).to_pylist(),
+                       part.column("occupation").to_pylist()))
+        assert len(set(zip(part.column(I.SEED).to_pylist(), part.column("occupation").to_pylist()))) == len(keys)
     # prompts are Table 1's with the right article
     prompts = set(gen.column("prompt").to_pylist())
     assert "A photo of the face of an engineer" in prompts and "A photo of a nurse at work" in prompts
@@ -105,6 +121,25 @@ def test_recorded_seed_regenerates_the_image(run_dir):
     assert out.column(I.P_FEMALE)[0].as_py() == pytest.approx(gen.column(I.P_FEMALE)[0].as_py(), abs=1e-4)
 
 
+def test_saved_images(run_dir):
+    images = pq.read_table(run_dir / "images.parquet")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    saved_training = pq.read_table(run_dir / "images" / "training")
+    saved_generated = pq.read_table(run_dir / "images" / "generated")
+    fetched_ok = sum(r["count"] for r in metrics["image_counts"]
+                     if r["branch"] == TRAINING_URLS and r["stage"] == "fetch" and r["outcome"] == "ok")
+    assert saved_training.num_rows == fetched_ok
+    gen = images.filter(pc.is_in(images.column(I.SOURCE), pa.array([I.Source.GENERATED, I.Source.CAPTION_PROMPT])))
+    assert saved_generated.num_rows == gen.num_rows
+    # a saved generated image is found by its (model, seed) and decodes to an image
+    import io
+
+    from PIL import Image
+
+    rec = saved_generated.slice(0, 1).to_pylist()[0]
+    assert Image.open(io.BytesIO(rec[I.IMAGE])).size[0] > 0 and rec[I.SEED] in set(gen.column(I.SEED).to_pylist())
+
+
 def test_counts_add_up(run_dir):
     import pandas as pd
 
@@ -112,8 +147,16 @@ def test_counts_add_up(run_dir):
     for (branch, stage), part in counts.groupby(["branch", "stage"]):
         assert part["count"].sum() == part["rows_in"].iloc[0], (branch, stage)
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    fetch = counts[(counts.branch == "training") & (counts.stage == "fetch")]
+    fetch = counts[(counts.branch == TRAINING_URLS) & (counts.stage == "fetch")]
     assert fetch["rows_in"].iloc[0] == metrics["images"]["distinct_urls"]
+    # the per-subset-row branches agree with the per-image table
+    images = pq.read_table(run_dir / "images.parquet").to_pandas()
+    train = images[images[I.SOURCE] == "training"]
+    for subset, part in train.groupby("subset"):
+        c = counts[counts.branch == f"training rows: {subset}"]
+        assert c[c.stage == "fetch"]["rows_in"].iloc[0] == len(part)
+        decided = c[(c.stage == "clip_gender") & c.outcome.isin(["male", "female"])]["count"].sum()
+        assert decided == int(part[I.COUNTED].sum())
     # every stage's input is what the previous one passed
     for branch, part in counts.groupby("branch"):
         stages = list(dict.fromkeys(part["stage"]))
@@ -122,8 +165,16 @@ def test_counts_add_up(run_dir):
             assert part[part.stage == b]["rows_in"].iloc[0] == passed, (branch, a, b)
 
 
+def _strict(text):
+    def bad(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    return json.loads(text, parse_constant=bad)
+
+
 def test_metrics_and_report_say_standins(run_dir):
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = _strict((run_dir / "metrics.json").read_text())
+    _strict((run_dir / "amplification.json").read_text())
     roles = {m["role"]: m["standin"] for m in metrics["image_models"]}
     assert roles["gender classifier (CLIP)"] is True and roles["generator"] is True
     assert roles["face detector"] is False
@@ -157,6 +208,12 @@ def test_amplification_matches_percentages(run_dir):
             assert r["generated"] == pytest.approx(100 * (g[I.GENDER] == "female").mean())
         if r["training"] is not None and r["generated"] is not None and r["excluded"] is None:
             assert r["amplification"] == pytest.approx(abs(r["generated"] - 50) - abs(r["training"] - 50))
+    # training percentages are real numbers here; the noise images of the stand-in generators
+    # hold no counted face, which must show as an exclusion reason, not as a silent gap
+    assert any(r["training"] is not None for r in rows)
+    for r in rows:
+        if r["generated"] is None:
+            assert r["excluded"] in ("no_generated_images", "no_training_images")
     included = [r["amplification"] for r in rows if r["excluded"] is None and r["prompt_id"] == 1]
     per = {p["group"]: p for p in amp["approaches"][model]["naive"]["per_prompt"]}
     if included:
