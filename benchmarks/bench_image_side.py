@@ -36,23 +36,25 @@ def rate(n: int, fn) -> float:
     return n / (time.perf_counter() - t)
 
 
-def bench_fetch(n: int) -> None:
+def bench_fetch(n: int, latency: float) -> None:
     from operators.image_fetch import ImageFetcher
     from pipelines.engine.sample_server import LocalImageServer
 
-    with LocalImageServer() as server:
-        urls = pa.table({URL: [server.url(f"/photo/{p}.jpg") + f"?i={i}" for i, p in
-                              zip(range(n), ["astronaut", "camera", "coffee", "chelsea"] * n)]})
+    # /slow.jpg answers after `latency` seconds: a stand-in for the round trip to a remote host
+    with LocalImageServer(slow_seconds=latency) as server:
+        urls = pa.table({URL: [server.url("/slow.jpg") + f"?i={i}" for i in range(n)]})
         fast = ImageFetcher(allow_local=True, threads=32)
         slow = ImageFetcher(allow_local=True, threads=1)
         a, b = rate(n, lambda: fast(urls)), rate(n, lambda: slow(urls))
-    print(f"fetch        {a:8.1f} images/s with 32 threads   vs {b:8.1f} images/s with 1 thread   ({a / b:.1f}x)")
+    print(f"fetch        {a:8.1f} images/s with 32 threads   vs {b:8.1f} images/s with 1 thread   ({a / b:.1f}x), "
+          f"{latency * 1000:.0f} ms server latency, one process")
 
 
 def photos(n: int) -> list[np.ndarray]:
     from skimage import data
 
-    base = [data.astronaut(), np.repeat(data.camera()[:, :, None], 3, 2), data.coffee()[:512, :512]]
+    coffee = np.pad(data.coffee(), ((0, 112), (0, 0), (0, 0)))[:512, :512]  # 512 x 512 like the others
+    base = [data.astronaut(), np.repeat(data.camera()[:, :, None], 3, 2), coffee]
     return [np.ascontiguousarray(base[i % len(base)]) for i in range(n)]
 
 
@@ -114,12 +116,13 @@ def main() -> None:
     ap.add_argument("--clip", default="tiny", help="tiny, or an open_clip architecture such as ViT-L-14")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", choices=["fetch", "face", "clip"])
+    ap.add_argument("--latency", type=float, default=0.05, help="simulated server latency for fetch (s)")
     args = ap.parse_args()
     import torch
 
     print(f"{args.images} images, torch threads {torch.get_num_threads()}")
     if args.only in (None, "fetch"):
-        bench_fetch(args.images)
+        bench_fetch(args.images, args.latency)
     if args.only in (None, "face"):
         bench_face(args.images)
     if args.only in (None, "clip"):
