@@ -463,8 +463,30 @@ def run_summarize(args) -> dict:
                       f"{out}/amplification_summary.json")
         rows = pd.concat([pd.DataFrame(r["rows"]).assign(model=m) for m, r in result.items()], ignore_index=True)
         io.write_text(rows.to_csv(index=False), out_fs, f"{out}/amplification_rows.csv")
-        print(f"wrote {args.output}/amplification_summary.json and amplification_rows.csv")
+        io.write_text(_summary_html(args.percentages, result), out_fs, f"{out}/amplification.html")
+        print(f"wrote {args.output}/amplification_summary.json, amplification_rows.csv and amplification.html")
     return result
+
+
+def _summary_html(source: str, result: dict) -> str:
+    """Figure 3-style scatter plots (training vs generated % female) per model and prompt."""
+    import html
+
+    from pipelines.engine.amplification_report import svg_scatter
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Amplification</title></head><body>",
+             f"<h1>Bias amplification from {html.escape(source)}</h1>",
+             "<p>Shaded red: amplification; green: de-amplification; excluded occupations are not drawn.</p>"]
+    for model, res in result.items():
+        parts.append(f"<h2>{html.escape(model)}: average E[A] = "
+                     f"{'n/a' if res['average'] is None else format(res['average'], '.2f')}</h2><div>")
+        for p in res["per_prompt"]:
+            pts = [(r["training"], r["generated"], r["occupation"]) for r in res["rows"]
+                   if r["group"] == p["group"] and r["excluded"] is None]
+            ea = "n/a" if p["expected_amplification"] is None else f"{p['expected_amplification']:.2f}"
+            parts.append(svg_scatter(pts, f"{p['group']}: E[A] = {ea} ({p['occupations']} occupations)"))
+        parts.append("</div>")
+    return "".join(parts) + "</body></html>"
 
 
 def main(argv=None) -> int:

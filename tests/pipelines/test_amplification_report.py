@@ -106,8 +106,18 @@ def test_missing_generation_is_listed_not_lost():
 
 
 def test_svg_scatter_shading_and_points():
-    svg = rep.svg_scatter([(20.0, 10.0, "engineer"), (np.nan, 5.0, "x")], "t")
+    import xml.etree.ElementTree as ET
+
+    svg = rep.svg_scatter([(20.0, 10.0, "engineer"), (np.nan, 5.0, "x")], "t & <t>")
     assert svg.count("<polygon") == 4 and svg.count("<circle") == 1 and "engineer" in svg
+    root = ET.fromstring(svg)  # well-formed, names escaped
+    ns = "{http://www.w3.org/2000/svg}"
+    circle = root.find(f".//{ns}circle")
+    # the point (T=20, G=10) lies in the lower-left amplification triangle (0,0)-(50,0)-(50,50)
+    pad, size = 34, 300
+    x = (float(circle.get("cx")) - pad) / (size - 2 * pad) * 100
+    y = (size - pad - float(circle.get("cy"))) / (size - 2 * pad) * 100
+    assert x == pytest.approx(20.0) and y == pytest.approx(10.0)
 
 
 def test_clean_json_is_strict():
