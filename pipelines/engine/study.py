@@ -152,9 +152,11 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
 
     with contextlib.ExitStack() as stack:
         if args.standin_models:
-            root = args.output if Path(args.output).parent.exists() and "://" not in args.output else None
-            root = root and str(Path(root) / run_files["standins"])
-            root = root or stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
+            if "://" not in args.output:  # kept with the results, so recorded seeds can be regenerated
+                root = str(Path(args.output) / run_files["standins"])
+                Path(root).mkdir(parents=True, exist_ok=True)
+            else:  # remote output: a local temporary directory (stand-ins are for local smoke runs)
+                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
             print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
             st.clip["model"], st.generators = build_standins(root)
             st.clip["pretrained"] = None
