@@ -145,6 +145,7 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
     if any(io.exists(out_fs, f"{out}/{n}") for n in names) and not args.overwrite:
         raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
     args._output_checked = True
+    io.resolve_parquet_inputs(args.input)  # a missing or unreadable input fails now, before any model loads
     if args.overwrite:
         io.clear_dir(out_fs, f"{out}/{run_files['saved_images']}")
     if args.save_images:

@@ -238,3 +238,10 @@ def test_unloadable_model_fails_before_any_work(tmp_path):
     assert "cannot load CLIP model 'ViT-L-14'" in res.stderr and "--standin-models" in res.stderr
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_missing_input_fails_before_any_work(tmp_path):
+    res = amplification.main(["run", "--output", str(tmp_path / "out"), "--standin-models",
+                              "--input", str(tmp_path / "missing.parquet")])
+    assert res == 2
+    assert not (tmp_path / "out").exists()  # no stand-ins built, nothing written
