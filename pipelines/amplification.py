@@ -170,8 +170,6 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                    help="rows per batch of the caption scan (default 262144: amortises the regex compile)")
 
 
-
-# ----------------------------------------------------------------------------------- caption side
 def _image_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation (paper 002, section 3.1, section 6, App. A.3)")
     g.add_argument("--generators", nargs="+", metavar="MODEL",
@@ -227,6 +225,7 @@ def _image_args(p: argparse.ArgumentParser) -> None:
     k.add_argument("--clip-actors", type=int, default=1, help="CLIP actors for training images (default 1)")
 
 
+# ----------------------------------------------------------------------------------- caption side
 def _settings(args) -> dict:
     """The effective study settings: the config file with command-line overrides applied."""
     cfg = study_config.load_config(args.config)

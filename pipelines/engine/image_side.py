@@ -8,6 +8,7 @@ stream. Rows out of every stream equal rows in, which the run checks.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,17 +61,11 @@ def unique_urls(subsets: pa.Table, rewrite: list[tuple[str, str]]) -> pa.Table:
     urls = pc.unique(subsets.column(URL).drop_null())
     fetch = urls
     for src, dst in rewrite:
-        fetch = pc.replace_substring_regex(fetch, "^" + _re_escape(src), dst.replace("\\", "\\\\"))
+        fetch = pc.replace_substring_regex(fetch, "^" + re.escape(src), dst.replace("\\", "\\\\"))
     return pa.table({URL: urls, FETCH_URL: fetch})
 
 
 FETCH_URL = "_fetch_url"  # transient: the URL the fetcher requests (after --url-rewrite)
-
-
-def _re_escape(s: str) -> str:
-    import re
-
-    return re.escape(s)
 
 
 def training_images(ray, subsets: pa.Table, st: ImageSettings) -> pa.Table:
@@ -223,7 +218,8 @@ def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.
     def cascade(branch: str, table: pa.Table, steps: list[tuple[str, str, tuple, str]]):
         mask = np.ones(table.num_rows, bool)
         for stage, col, outcomes, ok in steps:
-            vals = np.array(table.column(col).to_pylist(), dtype=object)[mask]
+            col_vals = np.array(table.column(col).to_pylist(), dtype=object)
+            vals = col_vals[mask]
             counts = {o: int((vals == o).sum()) for o in outcomes}
             rows_in = int(mask.sum())
             if sum(counts.values()) != rows_in:
@@ -232,7 +228,6 @@ def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.
                                    f"(unexpected values {unknown})")
             for o, c in counts.items():
                 rows.append({"branch": branch, "stage": stage, "rows_in": rows_in, "outcome": o, "count": c})
-            col_vals = np.array(table.column(col).to_pylist(), dtype=object)
             mask = mask & (col_vals == ok) if ok != "decided" else mask
     gender_outcomes = I.Gender.ALL
     training_steps = [
