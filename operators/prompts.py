@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
+
+from operators.text_occupation_explode import _MASK63, _hash64
 
 # Words whose spelling and sound disagree on the first letter.
 _AN_DESPITE_CONSONANT = ("hour", "honest", "honor", "honour", "heir")
@@ -40,17 +40,11 @@ def prompt_table(occupations, templates) -> dict[str, list[str]]:
     return {o.name: [render(t, o) for t in templates] for o in occupations}
 
 
-_MASK63 = (1 << 63) - 1
-
-
 def image_seeds(base_seed: int, prompts, indices) -> np.ndarray:
     """Per-image generator seeds: a deterministic 63-bit hash of (base seed, prompt text, index).
 
     The seed does not depend on the model, the batch or the worker, so every image can be
     regenerated alone, and two models see the same initial noise for the same prompt and index.
     """
-    out = np.empty(len(prompts), np.int64)
-    for i, (p, k) in enumerate(zip(prompts, indices)):
-        d = hashlib.blake2b(f"{int(base_seed)}\x1f{p}\x1f{int(k)}".encode("utf-8", "surrogatepass"), digest_size=8)
-        out[i] = int.from_bytes(d.digest(), "little") & _MASK63
-    return out
+    return np.array([_hash64(f"{int(base_seed)}\x1f{p}\x1f{int(k)}") & _MASK63 for p, k in zip(prompts, indices)],
+                    np.int64)

@@ -276,10 +276,10 @@ def run_captions(args) -> dict:
     subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
     io.write_table(subsets, out_fs, f"{out}/{FILES['subsets']}")
     sim = report.similarity_summary(stats, subsets, st["occupations"])
-    _write_both(sim, out_fs, f"{out}/{FILES['similarity']}")
+    io.write_table_and_csv(sim, out_fs, f"{out}/{FILES['similarity']}")
 
     counts = stage_counts(tallies)
-    _write_both(counts, out_fs, f"{out}/{FILES['counts']}")
+    io.write_table_and_csv(counts, out_fs, f"{out}/{FILES['counts']}")
     summary = summarize(counts, [s for s in STAGE_ORDER if not (args.no_names and s == NameGenderIndicators.stage_name)])
     if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
         raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
@@ -404,11 +404,6 @@ def _load_models_once(args, st) -> dict:
     _, record["sbert"] = resolve_sbert(sbert, revision)
     record["sbert"]["weights_sha256"] = weights_fingerprint(record["sbert"].get("path") or "")
     return record
-
-
-def _write_both(table: pa.Table, fs, stem: str) -> None:
-    io.write_table(table, fs, f"{stem}.parquet")
-    io.write_text(table.to_pandas().to_csv(index=False), fs, f"{stem}.csv")
 
 
 def _tally_part(batch: pa.Table) -> pa.Table:

@@ -110,17 +110,13 @@ def training_rows(subsets: pa.Table, url_results: pa.Table) -> pa.Table:
     keep = [OCCUPATION, SUBSET, PROMPT_ID, PROMPT, CAPTION_ID, CAPTION, CAPTION_GENDER, URL]
     rows = subsets.select(keep).join(url_results, keys=URL, join_type="left outer", use_threads=False)
     n = rows.num_rows
-    no_url = pc.is_null(rows.column(URL)).to_numpy(zero_copy_only=False)
-    status = np.array(rows.column(I.FETCH_STATUS).to_pylist(), dtype=object)
-    status[no_url] = I.FetchStatus.INVALID_URL
-    err = np.array(rows.column(I.FETCH_ERROR).to_pylist(), dtype=object)
-    err[no_url] = "no URL in the dataset row"
-    rows = rows.set_column(rows.schema.get_field_index(I.FETCH_STATUS), I.FETCH_STATUS, pa.array(status, pa.string()))
-    rows = rows.set_column(rows.schema.get_field_index(I.FETCH_ERROR), I.FETCH_ERROR, pa.array(err, pa.string()))
-    if n != subsets.num_rows or pc.sum(pc.and_(pc.invert(pa.array(no_url)),
-                                               pc.is_null(rows.column(I.FETCH_STATUS)))).as_py():
+    no_url = pc.is_null(rows.column(URL))
+    if n != subsets.num_rows or pc.any(pc.and_(pc.invert(no_url), pc.is_null(rows.column(I.FETCH_STATUS)))).as_py():
         raise RuntimeError(f"training rows: {subsets.num_rows} subset rows, {n} after joining the URL results, "
                            f"or a URL without a result")
+    for col, value in ((I.FETCH_STATUS, I.FetchStatus.INVALID_URL), (I.FETCH_ERROR, "no URL in the dataset row")):
+        rows = rows.set_column(rows.schema.get_field_index(col), col,
+                               pc.if_else(no_url, pa.scalar(value, pa.string()), rows.column(col)))
     rows = rows.append_column(I.SOURCE, pa.array([I.Source.TRAINING] * n, pa.string()))
     counted = _all_ok(rows, I.FETCH_STATUS)
     rows = rows.append_column(I.COUNTED, pa.array(counted))

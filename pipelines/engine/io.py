@@ -158,6 +158,17 @@ def write_table(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
         pq.write_table(table, fh)
 
 
+def write_table_and_csv(data, fs: pafs.FileSystem, stem: str) -> None:
+    """``stem``.parquet and ``stem``.csv from a pyarrow Table or a pandas DataFrame (the CSV is
+    written from the pandas form either way)."""
+    if isinstance(data, pa.Table):
+        table, frame = data, data.to_pandas()
+    else:
+        table, frame = pa.Table.from_pandas(data, preserve_index=False), data
+    write_table(table, fs, f"{stem}.parquet")
+    write_text(frame.to_csv(index=False), fs, f"{stem}.csv")
+
+
 def write_text(text: str, fs: pafs.FileSystem, path: str) -> None:
     fs.create_dir(posixpath.dirname(path), recursive=True)
     with fs.open_output_stream(path) as fh:

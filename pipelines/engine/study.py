@@ -187,8 +187,9 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
 
         caption_metrics = run_captions(args)
         subsets = pq.read_table(out_fs.open_input_file(f"{out}/{files['subsets']}"))
-        occupations = [o["name"] for o in caption_metrics["config"]["occupations"]]
-        prompts = prompt_table([_Occ(o) for o in caption_metrics["config"]["occupations"]], st_prompts(caption_metrics))
+        occupation_list = study_config.occupations_from(cfg, args.occupations, args.occupations_file)
+        occupations = [o.name for o in occupation_list]
+        prompts = prompt_table(occupation_list, cfg["prompts"])
 
         print(f"\ntraining images: {image_side.unique_urls(subsets, []).num_rows:,} distinct URLs of "
               f"{subsets.num_rows:,} subset rows ...")
@@ -209,20 +210,20 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
     per_image = pa.concat_tables([train_rows, gen_rows])
     counts = pd.DataFrame(image_side.image_stage_counts(url_results, generated if generated is not None
                                                         else gen_rows, train_rows))
-    results = rep.compute(per_image.to_pandas(), occupations, len(st_prompts(caption_metrics)), st.generators)
-    t3 = rep.table3(results["approaches"], len(st_prompts(caption_metrics)))
+    results = rep.compute(per_image.to_pandas(), occupations, len(cfg["prompts"]), st.generators)
+    t3 = rep.table3(results["approaches"], len(cfg["prompts"]))
 
     io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
     T = results["T"].assign(**{"prompt_id": results["T"]["prompt_id"].astype("Int64").replace(0, pd.NA)})
-    _write_both(T, out_fs, f"{out}/{run_files['training']}")
-    _write_both(results["G"], out_fs, f"{out}/{run_files['generated']}")
-    _write_both(t3, out_fs, f"{out}/{run_files['table3']}")
-    _write_both(counts, out_fs, f"{out}/{run_files['image_counts']}")
+    io.write_table_and_csv(T, out_fs, f"{out}/{run_files['training']}")
+    io.write_table_and_csv(results["G"], out_fs, f"{out}/{run_files['generated']}")
+    io.write_table_and_csv(t3, out_fs, f"{out}/{run_files['table3']}")
+    io.write_table_and_csv(counts, out_fs, f"{out}/{run_files['image_counts']}")
     for i, model in enumerate(st.generators):
-        _write_both(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
+        io.write_table_and_csv(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
     amp = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
            "indicator_correlation": results["indicator_correlation"]}
-    io.write_text(json.dumps(rep.clean_json(amp), indent=2, default=_json_default, allow_nan=False), out_fs,
+    io.write_text(json.dumps(rep.clean_json(amp), indent=2, default=str, allow_nan=False), out_fs,
                   f"{out}/{run_files['amplification']}")
 
     metrics = caption_metrics | {
@@ -244,7 +245,7 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
         },
         "environment": study_config.environment(),
     }
-    io.write_text(json.dumps(rep.clean_json(metrics), indent=2, default=_json_default, allow_nan=False), out_fs,
+    io.write_text(json.dumps(rep.clean_json(metrics), indent=2, default=str, allow_nan=False), out_fs,
                   f"{out}/{files['metrics']}")
     meta = {"output": args.output, "input": ", ".join(map(str, args.input)), "occupations": len(occupations),
             "images": per_image.num_rows, "local_image_server": server_url}
@@ -254,38 +255,12 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
     return metrics
 
 
-class _Occ:
-    """An occupation record of metrics.json, as prompt_table expects it."""
-
-    def __init__(self, d: dict):
-        self.name, self.prompt_name, self.article = d["name"], d.get("prompt_name"), d.get("article")
-
-
-def st_prompts(caption_metrics: dict) -> list[str]:
-    return list(caption_metrics["config"]["prompts"])
-
-
 def _caption_models(caption_metrics: dict) -> list[dict]:
     out = []
     for role, rec in caption_metrics.get("models", {}).items():
         out.append({"role": f"caption side ({role})", "model": rec.get("model") or rec.get("name"), "standin": False,
                     "detail": rec})
     return out
-
-
-def _write_both(df: pd.DataFrame, fs, stem: str) -> None:
-    io.write_table(pa.Table.from_pandas(df, preserve_index=False), fs, f"{stem}.parquet")
-    io.write_text(df.to_csv(index=False), fs, f"{stem}.csv")
-
-
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return None if np.isnan(o) else float(o)
-    return str(o)
 
 
 def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results: dict, models: list[dict],
