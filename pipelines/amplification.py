@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a script (python pipelines/amplification
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 
 from operators.base import ModelLoadError, Resources, conform, split_tallies  # noqa: E402
 from operators.prompts import prompt_table  # noqa: E402
@@ -39,17 +40,17 @@ from operators.text_prompt_similarity import (  # noqa: E402
     weights_fingerprint,
 )
 from pipelines.engine import config as study_config  # noqa: E402
-from pipelines.engine import (  # noqa: E402
-    io,
-    report,  # noqa: E402
-    runtime,
-)
+from pipelines.engine import io, report, rundir, runtime  # noqa: E402
+from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain  # noqa: E402
 from pipelines.engine.summary import (  # noqa: E402
     CountMismatch,
     check_chain,
+    format_run_summary,
     format_summary,
+    run_summary_csv,
     stage_counts,
     summarize,
+    summary_rows_captions,
 )
 from schemas import captions as C  # noqa: E402
 from schemas.subsets import TRAINING_SUBSETS  # noqa: E402
@@ -71,21 +72,46 @@ FILES = {  # what the captions subcommand writes under --output
 
 # --------------------------------------------------------------------------------------------- CLI
 def _common(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("study configuration")
+    g = parser.add_argument_group("study configuration (ad-hoc jobs need no code changes)")
     g.add_argument("--config", metavar="YAML",
                    help="study preset; keys it leaves out come from configs/paper002.yaml (the default)")
     g.add_argument("--occupations", metavar="A,B,...",
-                   help='comma-separated occupations to run instead of the config\'s 62 (e.g. "nurse,dog walker")')
+                   help='comma-separated occupations to run instead of the config\'s 62 (e.g. "astronaut,plumber")')
     g.add_argument("--occupations-file", metavar="YAML",
-                   help="YAML list of occupations (names, or mappings with name/terms/prompt_name/article)")
+                   help="job file (e.g. jobs/new.yaml): a YAML list of occupations (names, or mappings with "
+                        "name/terms/prompt_name/article/forms), or a mapping with occupations, and optionally "
+                        "prompts (templates) and name (the run id label)")
+    g.add_argument("--prompt", action="append", dest="prompt_templates", metavar="TEMPLATE",
+                   help='prompt template replacing the config\'s four (repeatable), with {occupation} and '
+                        'optionally {article}: --prompt "A photo of {article} {occupation} in uniform"')
     r = parser.add_argument_group("execution")
+    r.add_argument("--run-id", metavar="ID",
+                   help="name of this run's directory under --output (default: <job label>-<8 hex digits of the "
+                        "configuration fingerprint>, so the same command resumes in the same directory and a "
+                        "different job never overwrites it)")
     r.add_argument("--ray-address", metavar="ADDR",
-                   help="Ray cluster to connect to (default: RAY_ADDRESS, else the cluster `ray submit` "
-                        "started this job on, else a new local instance)")
+                   help="Ray cluster to connect to (default: RAY_ADDRESS, else the cluster `ray submit` / "
+                        "`ray job submit` started this job on, else a new local instance); 'local' always "
+                        "starts a new local instance")
     r.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance (default: all cores, and at "
                         "least the actors' CPUs + 2 so the scan always has a slot)")
-    r.add_argument("--verbose", action="store_true", help="show Ray progress bars and worker logs")
-    r.add_argument("--overwrite", action="store_true", help="replace results already in --output")
+    r.add_argument("--files-per-shard", type=int,
+                   help="input files per caption shard, the unit of resume on the caption side (default 8; "
+                        "the shards of a run are fixed when it starts)")
+    r.add_argument("--max-retries", type=int,
+                   help="retries of a crashed Ray task and restarts of a crashed actor, per stage (default 3); "
+                        "exceptions raised by the code itself are not retried")
+    r.add_argument("--max-error-rate", type=float,
+                   help="error budget: fail the job when more than this share of a stage's rows fail (null / "
+                        "non-text captions, undecodable images, rejected prompts) (default 0.05)")
+    r.add_argument("--max-fetch-failures", type=float,
+                   help="error budget of the training-image download: fail the job when more than this share "
+                        "of URLs fail (HTTP errors, timeouts, network errors, not an image, too large, refused) "
+                        "(default 0.8: LAION links rot)")
+    r.add_argument("--no-progress", action="store_true", help="no Ray Data progress bars and no progress lines")
+    r.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
+    r.add_argument("--overwrite", action="store_true",
+                   help="discard this run's directory (results and checkpoints) and start again instead of resuming")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,9 +253,10 @@ def _image_args(p: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------------------------- caption side
 def _settings(args) -> dict:
-    """The effective study settings: the config file with command-line overrides applied."""
-    cfg = study_config.load_config(args.config)
-    occupations = study_config.occupations_from(cfg, args.occupations, args.occupations_file)
+    """The effective study settings: the config file (or preset) with the job's and the command
+    line's overrides applied."""
+    cfg, label = study_config.job_config(args.config, args.occupations, args.occupations_file, args.prompt_templates)
+    occupations = study_config.occupations_from(cfg)
     gi, sel, models = dict(cfg["gender_indicators"]), dict(cfg["selection"]), dict(cfg["models"])
     for key, value in (("sample_size", args.sample_size), ("nn_k", args.nn_k), ("seed", args.seed),
                        ("no_indicator_mode", args.no_indicator_mode)):
@@ -243,55 +270,106 @@ def _settings(args) -> dict:
         models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
     elif args.sbert_revision:
         models["sbert_revision"] = args.sbert_revision
+    ex = dict(cfg["execution"])
+    for key in ("files_per_shard", "max_retries", "max_error_rate", "max_fetch_failures"):
+        if getattr(args, key) is not None:
+            ex[key] = getattr(args, key)
     return {"occupations": occupations, "prompts": list(cfg["prompts"]), "gender_indicators": gi,
-            "selection": sel, "models": models, "config": cfg}
+            "selection": sel, "models": models, "execution": ex, "config": cfg, "label": label}
 
 
-def run_captions(args) -> dict:
+def caption_job(args, st: dict, inp, columns: dict) -> dict:
+    """Everything the caption side's results depend on (its fingerprint names the run)."""
+    return {
+        "study": "paper002-amplification", "command": args.command,
+        "input": {"files": [inp.display(f) for f in inp.files], "rows": inp.num_rows}, "columns": columns,
+        "occupations": [study_config.occupation_spec(o) for o in st["occupations"]], "prompts": st["prompts"],
+        "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
+        "selection": st["selection"], "models": st["models"],
+    }
+
+
+def plan_run(args, st: dict, job: dict) -> rundir.RunDir:
+    """This job's directory under --output (nothing is written yet: see ``open_run``)."""
+    fp = rundir.fingerprint(job)
+    rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(st["label"], fp))
+    rd.job, rd.fingerprint = job, fp
+    return rd
+
+
+def open_run(args, rd: rundir.RunDir, overwrite: bool | None = None) -> rundir.RunDir:
+    """Start the run in its directory, or resume it there when it holds the same configuration."""
+    rd.open(rd.fingerprint, rd.job, overwrite=args.overwrite if overwrite is None else overwrite,
+            command=" ".join(sys.argv))
+    print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
+    return rd
+
+
+def run_captions(args, run: rundir.RunDir | None = None, st: dict | None = None, ray=None,
+                 model_record: dict | None = None) -> dict:
+    """The caption side. ``run``/``st``/``ray``/``model_record`` are given when `run` calls it as
+    its first phase (the run directory is then already open and the models checked)."""
     started = time.time()
-    st = _settings(args)
+    st = st or _settings(args)
     selection = SelectionConfig(st["selection"]["sample_size"], st["selection"]["nn_k"], len(st["prompts"]),
                                 st["selection"]["no_indicator_mode"])
     prompts = prompt_table(st["occupations"], st["prompts"])
 
     inp, columns, extra_fields = _validate_input(args)          # fails now on bad files / columns
-    out_fs, out = _prepare_output(args)
+    if run is not None:
+        return _run_captions(args, run, st, ray, started, selection, prompts, inp, columns, extra_fields,
+                             model_record, own_run=False)
+    rd = plan_run(args, st, caption_job(args, st, inp, columns))
     model_record = _load_models_once(args, st)                 # fails now on an unloadable model
-    ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose,
-                           actor_cpus=args.embed_actors + (0 if args.no_names else args.ner_actors))
+    open_run(args, rd)
+    try:
+        metrics = _run_captions(args, rd, st, ray, started, selection, prompts, inp, columns, extra_fields,
+                                model_record, own_run=True)
+    except BaseException as exc:
+        rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+        raise
+    rd.finish("finished", duration_s=round(time.time() - started, 3))
+    return metrics
 
-    schema = C.stream_schema(extra_fields)
-    ds = caption_stream(ray, inp, columns, schema, st, args).materialize()  # matched captions + tally rows
 
-    tallies = pa.concat_tables(ray.get(ds.map_batches(_tally_part, batch_format="pyarrow").to_arrow_refs())
-                               or [schema.empty_table()])
+def _run_captions(args, run, st, ray, started, selection, prompts, inp, columns, extra_fields, model_record,
+                  own_run: bool) -> dict:
+    ray = ray or runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose,
+                                  progress=not args.no_progress,
+                                  actor_cpus=args.embed_actors + (0 if args.no_names else args.ner_actors))
+    runtime.configure(st["execution"]["max_retries"])
+
     annotated_schema = C.annotated_schema(extra_fields)
-    data = ds.map_batches(_data_part, fn_args=(annotated_schema,), batch_format="pyarrow")
-    annotated_rows = data.count()
-    if annotated_rows:
-        data.write_parquet(f"{out}/{FILES['annotated']}", filesystem=out_fs)
-    else:  # no caption named an occupation: still leave a readable (empty) table
-        io.write_table(annotated_schema.empty_table(), out_fs, f"{out}/{FILES['annotated']}/part-0.parquet")
+    phase, budget, attempt = scan_shards(ray, run, inp, columns, annotated_schema, C.stream_schema(extra_fields),
+                                         st, args)
+    tallies = run.read_parts(CAPTION_TALLIES, TALLY_SCHEMA)
+    annotated_dir = run.file(FILES["annotated"])
+    annotated_rows = io.count_parquet_rows(run.fs, annotated_dir)
+    if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
+        io.write_table(annotated_schema.empty_table(), run.fs, f"{annotated_dir}/part-0.parquet")
+    data = ray.data.read_parquet(annotated_dir, filesystem=run.fs, schema=annotated_schema)
 
     subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
-    io.write_table(subsets, out_fs, f"{out}/{FILES['subsets']}")
+    io.write_table(subsets, run.fs, run.file(FILES["subsets"]))
     sim = report.similarity_summary(stats, subsets, st["occupations"])
-    io.write_table_and_csv(sim, out_fs, f"{out}/{FILES['similarity']}")
+    io.write_table_and_csv(sim, run.fs, run.file(FILES["similarity"]))
 
     counts = stage_counts(tallies)
-    io.write_table_and_csv(counts, out_fs, f"{out}/{FILES['counts']}")
-    summary = summarize(counts, [s for s in STAGE_ORDER if not (args.no_names and s == NameGenderIndicators.stage_name)])
+    io.write_table_and_csv(counts, run.fs, run.file(FILES["counts"]))
+    order = [s for s in STAGE_ORDER if not (args.no_names and s == NameGenderIndicators.stage_name)]
+    summary = summarize(counts, order)
     if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
         raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
     check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))
 
     sizes, head = report.subset_sizes(subsets), report.headline(sim)
     metrics = {
-        "study": "paper002-amplification", "stage": "captions",
+        "study": "paper002-amplification", "stage": "captions", "run_id": run.run_id,
+        "attempt_summary": summarize(stage_counts(attempt), order),
         "started_unix": started, "duration_s": round(time.time() - started, 3),
         "input": {"paths": list(args.input), "files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
                   **columns},
-        "output": args.output,
+        "output": run.display(),
         "config": {
             "occupations": [o.__dict__ | {"forms": list(o.forms())} for o in st["occupations"]],
             "prompts": st["prompts"],
@@ -299,19 +377,127 @@ def run_captions(args) -> dict:
             "selection": selection.as_dict() | {"seed": st["selection"]["seed"]},
             "models": st["models"],
             "config_file": args.config or str(study_config.default_config_path()),
+            "occupations_file": args.occupations_file,
+            "execution": st["execution"],
             "resources": {"scan_batch_size": args.scan_batch_size, "ner_actors": args.ner_actors,
                           "embed_actors": args.embed_actors, "embed_gpus": args.embed_gpus, "device": args.device},
         },
         "models": model_record,
         "environment": study_config.environment(),
         "counts": summary,
+        "caption_phase": _phase_record(phase),
+        "error_budgets": [budget.as_dict()],
         "annotated_rows": annotated_rows,
         "subset_rows": sizes,
         "headline": head,
     }
-    io.write_text(json.dumps(metrics, indent=2, default=str), out_fs, f"{out}/{FILES['metrics']}")
-    report.print_caption_report(format_summary(summary), args.output, annotated_rows, subsets, sizes, head, FILES)
+    if own_run:
+        rows = summary_rows_captions(summary, phase, summarize(stage_counts(attempt), order))
+        write_run_summary(run, rows)
+        metrics["run_summary"] = rows
+    io.write_text(json.dumps(metrics, indent=2, default=str), run.fs, run.file(FILES["metrics"]))
+    report.print_caption_report(format_summary(summary), run.display(), annotated_rows, subsets, sizes, head, FILES)
+    if own_run:
+        print(format_run_summary(metrics["run_summary"]))
     return metrics
+
+
+CAPTION_TALLIES = "caption_tallies"
+TALLY_SCHEMA = pa.schema([pa.field(C.TALLY_STAGE, pa.string()), pa.field(C.TALLY_OUTCOME, pa.string()),
+                          pa.field(C.TALLY_COUNT, pa.int64())])
+CAPTION_FAILURES = (C.DROP_NULL, C.DROP_EMPTY, C.DROP_NON_TEXT)
+
+
+def caption_shards(run: rundir.RunDir, inp, files_per_shard: int) -> list[list[str]]:
+    """The input files in shards of ``files_per_shard``, fixed when the run starts (recorded)."""
+    n = max(1, int(files_per_shard))
+    return run.plan("caption_shards", [inp.files[i:i + n] for i in range(0, len(inp.files), n)])
+
+
+def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: pa.Schema, schema: pa.Schema,
+                st: dict, args) -> tuple[Phase, ErrorBudget, pa.Table]:
+    """The caption scan, one shard of input files at a time. A finished shard is marked done and
+    skipped on resume; an unfinished one is cleared and scanned again."""
+    ex = st["execution"]
+    shards = caption_shards(run, inp, ex["files_per_shard"])
+    if sorted(f for sh in shards for f in sh) != sorted(inp.files):
+        raise io.InputError(f"the input files differ from those this run started with ({run.display('run.json')})")
+    rows_of = dict(zip(inp.files, inp.row_counts))
+    phase = Phase("caption scan", "captions", inp.num_rows)
+    budget = ErrorBudget(C.STAGE_CAPTIONS, {}, float(ex["max_error_rate"]), int(ex["error_budget_min_rows"]))
+    attempt: list[pa.Table] = []
+    for i, files in enumerate(shards):
+        name = f"captions/shard-{i:05d}"
+        shard_rows = sum(rows_of[f] for f in files)
+        if run.done(name):
+            phase.reused += shard_rows
+            continue
+        print(f"caption shard {i + 1}/{len(shards)}: {len(files)} file(s), {shard_rows:,} rows ...")
+        data_dir = f"{run.file(FILES['annotated'])}/shard-{i:05d}"
+        run.clear(data_dir)
+        ds = caption_stream(ray, inp.subset(files), columns, schema, st, args)
+        ds = runtime.map_batches(ds, _write_shard_part, runtime.task_retries(), batch_format="pyarrow", num_cpus=1,
+                                 fn_args=(run.fs, data_dir, annotated_schema))
+        parts: list[pa.Table] = []
+        sink_budget = _TallyBudget(budget)
+        drain(ds, parts.append, phase, budgets=[sink_budget], flush_rows=1, echo=_echo(args), count=_captions_read)
+        shard_tallies = pa.concat_tables(parts) if parts else TALLY_SCHEMA.empty_table()
+        run.write_part(CAPTION_TALLIES, shard_tallies)
+        run.mark_done(name, {"files": [inp.display(f) for f in files], "rows": shard_rows})
+        attempt.append(shard_tallies)
+    return phase, budget, pa.concat_tables(attempt) if attempt else TALLY_SCHEMA.empty_table()
+
+
+class _TallyBudget:
+    """The caption validator's error budget, fed from tally rows (the stream carries counts)."""
+
+    def __init__(self, budget: ErrorBudget):
+        self.budget = budget
+
+    def add(self, tallies: pa.Table) -> None:
+        rows = tallies.filter(pc.equal(tallies.column(C.TALLY_STAGE), C.STAGE_CAPTIONS)).to_pylist()
+        for r in rows:
+            self.budget.seen += r[C.TALLY_COUNT]
+            if r[C.TALLY_OUTCOME] in CAPTION_FAILURES:
+                self.budget.failed[r[C.TALLY_OUTCOME]] = self.budget.failed.get(r[C.TALLY_OUTCOME], 0) + r[C.TALLY_COUNT]
+
+    def check(self, final: bool = False) -> None:
+        self.budget.check(final)
+
+
+def _captions_read(tallies: pa.Table) -> int:
+    """Input captions a block of tally rows accounts for (the validator sees every row once)."""
+    mask = pc.equal(tallies.column(C.TALLY_STAGE), C.STAGE_CAPTIONS)
+    return int(pc.sum(tallies.column(C.TALLY_COUNT).filter(mask)).as_py() or 0)
+
+
+def _write_shard_part(batch: pa.Table, fs, data_dir: str, annotated_schema: pa.Schema) -> pa.Table:
+    """Sink of the caption stream: write the annotated rows of this batch as a part file of the
+    shard, and pass on only the tally rows (small) to the driver."""
+    import uuid
+
+    data, tallies = split_tallies(batch)
+    if data.num_rows:
+        io.write_table(conform(data, annotated_schema), fs, f"{data_dir}/part-{uuid.uuid4().hex}.parquet")
+    return tallies.select([C.TALLY_STAGE, C.TALLY_OUTCOME, C.TALLY_COUNT]).cast(TALLY_SCHEMA)
+
+
+def _echo(args):
+    return (lambda *a, **k: None) if args.no_progress else print
+
+
+def _phase_record(phase: Phase) -> dict:
+    return {"name": phase.name, "unit": phase.unit, "total": phase.total, "reused": phase.reused,
+            "processed": phase.processed, "seconds": round(phase.seconds, 3),
+            "rate_per_s": None if phase.rate is None else round(phase.rate, 3)}
+
+
+def write_run_summary(run: rundir.RunDir, rows: list[dict]) -> None:
+    io.write_text(json.dumps(rows, indent=2, default=str), run.fs, run.file(f"{RUN_SUMMARY}.json"))
+    io.write_text(run_summary_csv(rows), run.fs, run.file(f"{RUN_SUMMARY}.csv"))
+
+
+RUN_SUMMARY = "run_summary"
 
 
 def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
@@ -381,17 +567,6 @@ def _validate_input(args):
     return inp, columns, [inp.schemas[0].field(c) for c in extras]
 
 
-def _prepare_output(args):
-    out_fs, out = io.output_fs(args.output)
-    names = list(FILES.values()) + (list(RUN_FILES.values()) if args.command == "run" else [])
-    if any(io.exists(out_fs, f"{out}/{name}") for name in names):
-        if not args.overwrite and not getattr(args, "_output_checked", False):
-            raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
-        for name in (n for n in names if n != RUN_FILES["standins"]):
-            io.clear_dir(out_fs, f"{out}/{name}")
-    return out_fs, out
-
-
 def _load_models_once(args, st) -> dict:
     """Load every model on the driver before any data is read; return what to record about them."""
     record = {}
@@ -406,14 +581,6 @@ def _load_models_once(args, st) -> dict:
     return record
 
 
-def _tally_part(batch: pa.Table) -> pa.Table:
-    return split_tallies(batch)[1].select([C.TALLY_STAGE, C.TALLY_OUTCOME, C.TALLY_COUNT])
-
-
-def _data_part(batch: pa.Table, annotated_schema: pa.Schema) -> pa.Table:
-    return conform(split_tallies(batch)[0], annotated_schema)
-
-
 RUN_FILES = {  # what the run subcommand writes under --output, besides the caption side's FILES
     "images": "images.parquet",
     "training": "training_percentages",
@@ -425,13 +592,14 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
     "report": "report.html",
     "standins": "standin_models",
     "saved_images": "images",
+    "ray_stats": "ray_data_stats.txt",
 }
 
 
 def run_all(args) -> dict:
     from pipelines.engine import study
 
-    return study.run(args, run_captions, FILES, RUN_FILES, SAMPLE_INPUT)
+    return study.run(args, sys.modules[__name__])
 
 
 def run_summarize(args) -> dict:
@@ -495,6 +663,19 @@ def main(argv=None) -> int:
     except (io.InputError, ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ErrorBudgetExceeded as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # a Ray task or actor that failed beyond its retries, or a bug
+        from ray.exceptions import RayError
+
+        if not isinstance(exc, RayError):
+            raise
+        first = str(exc).strip().splitlines()
+        print(f"error: a Ray worker failed and its retries are exhausted (--max-retries): "
+              f"{type(exc).__name__}: {first[0] if first else ''}\n"
+              f"Finished work is checkpointed under --output; the same command resumes from it.", file=sys.stderr)
+        return 4
     return 0
 
 

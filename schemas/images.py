@@ -57,6 +57,8 @@ class FetchStatus:
     INVALID_URL = "invalid_url"        # null, not http(s), no host
     DISALLOWED = "disallowed"          # the site opted out (X-Robots-Tag noai/noimageai/...), as img2dataset honours
     ALL = (OK, HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL, DISALLOWED)
+    # what the download error budget counts (an opt-out is the site's choice, not a failure)
+    FAILURES = (HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL)
 
 
 # --- generation ---------------------------------------------------------------------------------------
@@ -69,6 +71,7 @@ class GenerationStatus:
     NSFW_BLOCKED = "nsfw_blocked"      # blanked by the safety checker: no usable image
     INVALID_PROMPT = "invalid_prompt"  # null or blank prompt: nothing generated
     ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT)
+    FAILURES = (INVALID_PROMPT,)       # counted by the error budget (a blocked image is a measurement)
 
 
 # --- face filter (section 2.2) ------------------------------------------------------------------------

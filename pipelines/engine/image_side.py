@@ -23,6 +23,7 @@ from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.prompts import image_seeds
 from pipelines.engine import runtime
+from pipelines.engine.progress import Phase, drain
 from schemas import images as I
 from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
 from schemas.subsets import PROMPT, PROMPT_ID, SUBSET, Subset
@@ -68,29 +69,63 @@ def unique_urls(subsets: pa.Table, rewrite: list[tuple[str, str]]) -> pa.Table:
 FETCH_URL = "_fetch_url"  # transient: the URL the fetcher requests (after --url-rewrite)
 
 
-def training_images(ray, subsets: pa.Table, st: ImageSettings) -> pa.Table:
-    """Fetch, face-filter and classify every distinct training URL: one row per URL."""
+TRAINING_CHECKPOINT = "training_images"
+
+
+def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets=(), echo=print):
+    """Fetch, face-filter and classify every distinct training URL: one row per URL; and the Phase.
+
+    With ``run`` (a RunDir) results are checkpointed as they arrive, and URLs whose results a
+    previous attempt checkpointed are not fetched again.
+    """
     urls = unique_urls(subsets, st.url_rewrite)
-    out_schema = pa.schema([pa.field(URL, pa.string())] + [f for f in I.FETCH_COLUMNS if f.name not in PAYLOAD]
-                           + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS))
-    if urls.num_rows == 0:
-        return out_schema.empty_table()
-    ds = runtime.from_table(ray, urls, st.fetch_block_rows)
-    ds = runtime.map_stage(ds, _FetchRewritten, {"kwargs": st.fetch},
-                           Resources(num_cpus=1, batch_size=st.fetch_block_rows))
-    if st.save_images:
-        ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/training", "keys": [URL]})
-    ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
-    ds = runtime.map_stage(ds, ClipGenderClassifier, st.clip | {"only_face_ok": True},
-                           Resources(num_cpus=1, num_gpus=st.clip_gpus, batch_size=64, actors=st.clip_actors))
-    ds = ds.drop_columns(PAYLOAD + [FETCH_URL])
-    results = conform(_collect(ray, ds, out_schema), out_schema)
+    out_schema = TRAINING_RESULT_SCHEMA
+    done = _dedupe(run.read_parts(TRAINING_CHECKPOINT, out_schema), [URL]) if run else out_schema.empty_table()
+    done = done.filter(pc.is_in(done.column(URL), urls.column(URL)))
+    todo = urls.filter(pc.invert(pc.is_in(urls.column(URL), done.column(URL))))
+    phase = Phase("training images", "URLs", urls.num_rows, reused=done.num_rows)
+    for b in budgets:
+        b.add(done)
+    new_parts: list[pa.Table] = []
+    sink = (lambda t: run.write_part(TRAINING_CHECKPOINT, conform(t, out_schema))) if run else new_parts.append
+    if todo.num_rows:
+        ds = runtime.from_table(ray, todo, st.fetch_block_rows)
+        ds = runtime.map_stage(ds, _FetchRewritten, {"kwargs": st.fetch},
+                               Resources(num_cpus=1, batch_size=st.fetch_block_rows))
+        if st.save_images:
+            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/training", "keys": [URL]})
+        ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
+        ds = runtime.map_stage(ds, ClipGenderClassifier, st.clip | {"only_face_ok": True},
+                               Resources(num_cpus=1, num_gpus=st.clip_gpus, batch_size=64, actors=st.clip_actors))
+        ds = ds.drop_columns(PAYLOAD + [FETCH_URL])
+        drain(ds, sink, phase, budgets=budgets, flush_rows=st.fetch_block_rows, echo=echo)
+    elif budgets:
+        for b in budgets:
+            b.check(final=True)
+    if run:
+        results = _dedupe(run.read_parts(TRAINING_CHECKPOINT, out_schema), [URL])
+        results = results.filter(pc.is_in(results.column(URL), urls.column(URL)))
+    else:
+        results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
     got = results.column(URL)
     if results.num_rows != urls.num_rows or pc.count_distinct(got).as_py() != urls.num_rows \
             or pc.any(pc.invert(pc.is_in(urls.column(URL), got))).as_py():
         raise RuntimeError(f"training images: {urls.num_rows} distinct URLs went in, {results.num_rows} rows "
                            f"({pc.count_distinct(got).as_py()} distinct URLs) came back")
-    return results
+    return results.sort_by(URL), phase
+
+
+TRAINING_RESULT_SCHEMA = pa.schema([pa.field(URL, pa.string())] + [f for f in I.FETCH_COLUMNS if f.name not in PAYLOAD]
+                                   + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS))
+
+
+def _dedupe(table: pa.Table, keys: list[str]) -> pa.Table:
+    """The first row per key (a batch checkpointed twice by two attempts counts once)."""
+    if table.num_rows == 0:
+        return table
+    idx = table.append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
+    first = idx.group_by(keys, use_threads=False).aggregate([("_row", "min")]).column("_row_min")
+    return table.take(pc.sort_indices(first))
 
 
 class _FetchRewritten:
@@ -178,31 +213,65 @@ REQUEST_SCHEMA = pa.schema([I.IMAGE_RESULTS.field(n) for n in (
     I.SOURCE, OCCUPATION, SUBSET, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID, CAPTION, CAPTION_GENDER, URL)])
 
 
-def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings) -> pa.Table:
-    """Generate (and CLIP-classify on the device) every request with ``model``, then face-filter."""
-    out_schema = pa.schema(list(REQUEST_SCHEMA) + [f for f in I.GENERATION_COLUMNS if f.name not in PAYLOAD]
-                           + list(I.GENDER_COLUMNS) + list(I.FACE_COLUMNS))
-    if requests.num_rows == 0:
-        return out_schema.empty_table()
-    ds = runtime.from_table(ray, requests, st.gen_batch_size * 4)
-    ds = runtime.map_stage(ds, ImageGenerator, st.generation | {"model": model, "classifier": st.clip, "micro_batch": st.gen_batch_size},
-                           Resources(num_cpus=1, num_gpus=st.gen_gpus, batch_size=st.gen_batch_size, actors=st.gen_actors))
-    if st.save_images:
-        ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
-            I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})
-    ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
-    ds = ds.drop_columns(PAYLOAD)
-    return conform(_collect(ray, ds, out_schema), out_schema)
+def generation_checkpoint(model: str) -> str:
+    import hashlib
+
+    return f"generated/{hashlib.sha256(model.encode()).hexdigest()[:12]}"
+
+
+def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run=None, budgets=(), echo=print):
+    """Generate (and CLIP-classify on the device) every request with ``model``, then face-filter;
+    and the Phase. With ``run``, images are checkpointed by (model, prompt, seed) as they arrive,
+    and a resumed run generates only those not yet recorded."""
+    out_schema = generated_schema()
+    key = [PROMPT, I.SEED]
+    done = out_schema.empty_table()
+    if run:
+        done = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
+        done = done.filter(pc.equal(done.column(I.MODEL), model))
+        done = done.join(requests.select(key), keys=key, join_type="left semi", use_threads=False)
+    todo = requests.join(done.select(key), keys=key, join_type="left anti", use_threads=False) \
+        if done.num_rows else requests
+    phase = Phase(f"generate {model}", "images", requests.num_rows, reused=done.num_rows)
+    for b in budgets:
+        b.add(done)
+    new_parts: list[pa.Table] = []
+    sink = (lambda t: run.write_part(generation_checkpoint(model), conform(t, out_schema))) if run \
+        else new_parts.append
+    if todo.num_rows:
+        todo = todo.sort_by([(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT, "ascending"),
+                             (I.IMAGE_INDEX, "ascending")])
+        ds = runtime.from_table(ray, todo, st.gen_batch_size * 4)
+        ds = runtime.map_stage(ds, ImageGenerator, st.generation | {"model": model, "classifier": st.clip, "micro_batch": st.gen_batch_size},
+                               Resources(num_cpus=1, num_gpus=st.gen_gpus, batch_size=st.gen_batch_size, actors=st.gen_actors))
+        if st.save_images:
+            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
+                I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})
+        ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
+        ds = ds.drop_columns(PAYLOAD)
+        drain(ds, sink, phase, budgets=budgets, flush_rows=max(st.gen_batch_size * 4, 32), echo=echo)
+    elif budgets:
+        for b in budgets:
+            b.check(final=True)
+    if run:
+        results = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
+        results = results.filter(pc.equal(results.column(I.MODEL), model))
+        results = results.join(requests.select(key), keys=key, join_type="left semi", use_threads=False)
+    else:
+        results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
+    order = [(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT_ID, "ascending"), (PROMPT, "ascending"),
+             (CAPTION_ID, "ascending"), (I.IMAGE_INDEX, "ascending")]
+    return conform(results, out_schema).sort_by(order), phase
+
+
+def generated_schema() -> pa.Schema:
+    return pa.schema(list(REQUEST_SCHEMA) + [f for f in I.GENERATION_COLUMNS if f.name not in PAYLOAD]
+                     + list(I.GENDER_COLUMNS) + list(I.FACE_COLUMNS))
 
 
 def generated_rows(gen: pa.Table) -> pa.Table:
     counted = _all_ok(gen, I.GENERATION_STATUS)
     return conform(gen.append_column(I.COUNTED, pa.array(counted)), I.IMAGE_RESULTS)
-
-
-def _collect(ray, ds, schema: pa.Schema) -> pa.Table:
-    parts = [conform(t, schema) for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
 # ------------------------------------------------------------------------------ row accounting

@@ -28,6 +28,14 @@ class ParquetInput:
     protocol: str
     schemas: list[pa.Schema]    # one per file, read from the footers
     num_rows: int               # total rows of all files, from the footers
+    row_counts: list[int] | None = None  # rows per file
+
+    def subset(self, files: list[str]) -> "ParquetInput":
+        """The same input restricted to ``files`` (a shard)."""
+        idx = [self.files.index(f) for f in files]
+        counts = [self.row_counts[i] for i in idx] if self.row_counts else None
+        return ParquetInput(list(files), self.filesystem, self.protocol, [self.schemas[i] for i in idx],
+                            sum(counts) if counts else 0, counts)
 
     def display(self, path: str) -> str:
         return _display(self.protocol, path)
@@ -89,7 +97,7 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
     pyfs = _to_pyarrow_fs(fs0)
     metas = _read_footers(pyfs, files, protocol)
     return ParquetInput(files, pyfs, protocol, [m.schema.to_arrow_schema() for m in metas],
-                        sum(m.num_rows for m in metas))
+                        sum(m.num_rows for m in metas), [m.num_rows for m in metas])
 
 
 def _url_to_fs(uri: str):
@@ -181,6 +189,15 @@ def clear_dir(fs: pafs.FileSystem, path: str) -> None:
         fs.delete_dir_contents(path)
     elif info.type == pafs.FileType.File:
         fs.delete_file(path)
+
+
+def count_parquet_rows(fs: pafs.FileSystem, path: str) -> int:
+    """Rows of every ``*.parquet`` file under ``path`` (from the footers); 0 when there is none."""
+    if not exists(fs, path):
+        return 0
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    files = [i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
+    return sum(m.num_rows for m in _read_footers(fs, files, "file"))
 
 
 def exists(fs: pafs.FileSystem, path: str) -> bool:

@@ -12,9 +12,11 @@ from operators.base import Resources, StreamStage
 log = logging.getLogger(__name__)
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool = True, actor_cpus: float = 0):
+def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool = True, actor_cpus: float = 0,
+             progress: bool = True):
     """Connect to a running cluster (``--ray-address``, ``RAY_ADDRESS``, or the one ``ray submit``
-    / ``ray job submit`` started this driver in), else start a local Ray instance.
+    / ``ray job submit`` started this driver in), else start a local Ray instance. The address
+    ``local`` always starts a new local instance.
 
     A local instance gets at least ``actor_cpus + 2`` logical CPUs: actor pools hold their CPUs
     for the whole run, and the scan tasks need CPUs of their own, so on a 2-core laptop two
@@ -22,24 +24,66 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
     """
     import ray
 
-    if ray.is_initialized():
-        return ray
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=not quiet)
-    else:
-        try:  # a cluster started on this node: `ray up` / `ray start`, where `ray submit` runs us
-            ray.init(address="auto", log_to_driver=not quiet)
-        except ConnectionError:
-            if num_cpus is None:
-                num_cpus = max(os.cpu_count() or 1, int(actor_cpus + 0.999) + 2)
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=not quiet)
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS")
+        if address and address != "local":
+            ray.init(address=address, log_to_driver=not quiet)
+            print(f"connected to the Ray cluster at {address}")
+        else:
+            try:  # a cluster started on this node: `ray up` / `ray start`, where `ray submit` runs us
+                if address == "local":
+                    raise ConnectionError
+                ray.init(address="auto", log_to_driver=not quiet)
+                print("connected to the Ray cluster running on this node")
+            except ConnectionError:
+                if num_cpus is None:
+                    num_cpus = max(os.cpu_count() or 1, int(actor_cpus + 0.999) + 2)
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=not quiet)
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    ctx.enable_progress_bars = not quiet
+    ctx.enable_progress_bars = progress
     ctx.print_on_execution_start = not quiet
     return ray
+
+
+MAX_RETRIES = 3  # set per run by configure(); the default of the execution config
+
+
+def configure(max_retries: int) -> None:
+    """Fault tolerance of every stage built afterwards: a task whose worker dies is retried, and a
+    crashed actor is restarted (its in-flight batch retried), at most ``max_retries`` times.
+    Exceptions raised by the stage code itself are not retried: they are bugs or bad input, and
+    fail the job with their message."""
+    global MAX_RETRIES
+    if max_retries < 0:
+        raise ValueError("--max-retries must be >= 0")
+    MAX_RETRIES = int(max_retries)
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    if hasattr(ctx, "max_consecutive_actor_init_deaths"):  # actors dying while loading their model
+        ctx.max_consecutive_actor_init_deaths = MAX_RETRIES
+
+
+def task_retries(max_retries: int | None = None) -> dict:
+    return {"max_retries": MAX_RETRIES if max_retries is None else int(max_retries)}
+
+
+def actor_retries(max_retries: int | None = None) -> dict:
+    n = MAX_RETRIES if max_retries is None else int(max_retries)
+    return {"max_restarts": n, "max_task_retries": n}
+
+
+def map_batches(ds, fn, retries: dict, **kwargs):
+    """``ds.map_batches`` with bounded retries. Ray 2.60 takes retry limits only through its
+    (deprecated, still working) generic remote-arguments path; its deprecation warning is
+    silenced here, once, rather than at every stage."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        return ds.map_batches(fn, **kwargs, **retries)
 
 
 def stage(ds, factory, kwargs: dict, schema: pa.Schema, resources: Resources | None = None):
@@ -61,13 +105,9 @@ def stage(ds, factory, kwargs: dict, schema: pa.Schema, resources: Resources | N
     if res.actors:
         from ray.data import ActorPoolStrategy
 
-        return ds.map_batches(
-            StreamStage,
-            fn_constructor_args=(factory, kwargs, schema),
-            compute=ActorPoolStrategy(size=res.actors),
-            **common,
-        )
-    return ds.map_batches(_run_in_task, fn_args=(factory, kwargs, schema), **common)
+        return map_batches(ds, StreamStage, actor_retries(), fn_constructor_args=(factory, kwargs, schema),
+                           compute=ActorPoolStrategy(size=res.actors), **common)
+    return map_batches(ds, _run_in_task, task_retries(), fn_args=(factory, kwargs, schema), **common)
 
 
 def _run_in_task(batch: pa.Table, factory, kwargs: dict, schema: pa.Schema) -> pa.Table:
@@ -88,8 +128,9 @@ def map_stage(ds, factory, kwargs: dict, resources: Resources | None = None):
     if res.actors:
         from ray.data import ActorPoolStrategy
 
-        return ds.map_batches(factory, fn_constructor_kwargs=kwargs, compute=ActorPoolStrategy(size=res.actors), **common)
-    return ds.map_batches(_apply_in_task, fn_args=(factory, kwargs), **common)
+        return map_batches(ds, factory, actor_retries(), fn_constructor_kwargs=kwargs,
+                           compute=ActorPoolStrategy(size=res.actors), **common)
+    return map_batches(ds, _apply_in_task, task_retries(), fn_args=(factory, kwargs), **common)
 
 
 def _apply_in_task(batch: pa.Table, factory, kwargs: dict) -> pa.Table:

@@ -10,6 +10,7 @@ T, G -> amplification (Table 3, section 6), Pearson r (section 5.1), report.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import json
 import tempfile
@@ -25,6 +26,11 @@ from pipelines.engine import amplification_report as rep
 from pipelines.engine import config as study_config
 from pipelines.engine import image_side, io, runtime
 from pipelines.engine.image_side import ImageSettings
+from pipelines.engine.summary import (
+    format_run_summary,
+    summary_rows_captions,
+    summary_rows_images,
+)
 from schemas import images as I
 
 SAMPLE_URL_PREFIX = "https://images.example.org/"
@@ -134,27 +140,64 @@ def quiet_model_libraries() -> None:
         lib.utils.logging.disable_progress_bar()
 
 
-def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) -> dict:
+def image_job(args, recorded: dict) -> dict:
+    """What the image side's results depend on (added to the caption side's for the run id):
+    execution settings (threads, actors, batch sizes, retries, budgets) are left out."""
+    fetch = {k: v for k, v in recorded["fetch"].items() if k != "threads"}
+    return {"generation": recorded["generation"], "face_filter": recorded["face_filter"],
+            "gender_classifier": recorded["gender_classifier"], "fetch": fetch,
+            "height": args.height, "width": args.width, "standin_models": bool(args.standin_models),
+            "url_rewrite": list(args.url_rewrite), "local_image_server": not args.no_local_image_server,
+            "save_images": bool(args.save_images)}
+
+
+def image_budgets(ex: dict) -> tuple[list, list]:
+    """Error budgets of the training-image phase and of a generation phase."""
+    from pipelines.engine.progress import ErrorBudget
+
+    n = int(ex["error_budget_min_rows"])
+    decode = {I.FACE_STATUS: (I.FaceStatus.DECODE_ERROR,), I.GENDER: (I.Gender.DECODE_ERROR,)}
+    training = [ErrorBudget("fetch (training images)", {I.FETCH_STATUS: I.FetchStatus.FAILURES},
+                            float(ex["max_fetch_failures"]), n, flag="--max-fetch-failures"),
+                ErrorBudget("decode (training images)", decode, float(ex["max_error_rate"]), n)]
+    generation = [ErrorBudget("generation", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES, **decode},
+                              float(ex["max_error_rate"]), n)]
+    return training, generation
+
+
+def run(args, amp) -> dict:
+    """``amp`` is the amplification pipeline module (its caption side, files and settings)."""
     started = time.time()
     if not args.verbose:
         quiet_model_libraries()
-    cfg = study_config.load_config(args.config)
+    cs = amp._settings(args)                      # the job: occupations, prompts, thresholds
+    cfg = cs["config"]
     st, recorded = image_settings(args, cfg)
-    out_fs, out = io.output_fs(args.output)
-    names = list(files.values()) + list(run_files.values())
-    if any(io.exists(out_fs, f"{out}/{n}") for n in names) and not args.overwrite:
-        raise io.InputError(f"{args.output} already holds results; pass --overwrite to replace them")
-    args._output_checked = True
-    io.resolve_parquet_inputs(args.input)  # a missing or unreadable input fails now, before any model loads
+    inp, columns, _ = amp._validate_input(args)   # a missing or unreadable input fails now, before any model loads
+    rd = amp.plan_run(args, cs, amp.caption_job(args, cs, inp, columns) | {"images": image_job(args, recorded)})
     if args.overwrite:
-        io.clear_dir(out_fs, f"{out}/{run_files['saved_images']}")
+        io.clear_dir(rd.fs, rd.path)
+    try:
+        metrics = _run(args, amp, rd, cs, cfg, st, recorded, started)
+    except BaseException as exc:
+        if rd.record:  # opened: record the failure; before that nothing was written
+            rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+        raise
+    rd.finish("finished", duration_s=round(time.time() - started, 3))
+    return metrics
+
+
+def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, started: float) -> dict:
+    files, run_files = amp.FILES, amp.RUN_FILES
+    out_fs, out = rd.fs, rd.path
+    echo = (lambda *a, **k: None) if args.no_progress else print
     if args.save_images:
-        st.save_images = f"{args.output.rstrip('/')}/{run_files['saved_images']}"
+        st.save_images = f"{rd.uri}/{run_files['saved_images']}"
 
     with contextlib.ExitStack() as stack:
         if args.standin_models:
-            if "://" not in args.output:  # kept with the results, so recorded seeds can be regenerated
-                root = str(Path(args.output) / run_files["standins"])
+            if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
+                root = str(Path(rd.uri) / run_files["standins"])
                 Path(root).mkdir(parents=True, exist_ok=True)
             else:  # remote output: a local temporary directory (stand-ins are for local smoke runs)
                 root = stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
@@ -165,9 +208,11 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
         for r in model_records:
             tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
             print(f"model {r['role']:<26} {tag:<46} {r['model']}")
+        caption_models = amp._load_models_once(args, cs)
+        amp.open_run(args, rd, overwrite=False)  # (cleared above with --overwrite) every model loads: start (or resume) the run
 
         server_url = None
-        uses_sample = [str(p) for p in args.input] == [str(sample_input)]
+        uses_sample = [str(p) for p in args.input] == [str(amp.SAMPLE_INPUT)]
         if uses_sample and not st.url_rewrite and not args.no_local_image_server:
             from pipelines.engine.sample_server import LocalImageServer
 
@@ -178,40 +223,50 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
             print(f"serving the synthetic sample's images from a local server at {server_url} "
                   f"(rewriting {SAMPLE_URL_PREFIX}); local addresses allowed for this run")
 
-        ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose,
+        ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, progress=not args.no_progress,
                                actor_cpus=max(args.embed_actors + (0 if args.no_names else args.ner_actors),
                                               args.face_actors + args.clip_actors + args.gen_actors))
+        runtime.configure(cs["execution"]["max_retries"])
         gpus = float(ray.cluster_resources().get("GPU", 0))
         per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
         st.clip_gpus = st.gen_gpus = per_actor
 
-        caption_metrics = run_captions(args)
+        caption_metrics = amp.run_captions(args, run=rd, st=cs, ray=ray, model_record=caption_models)
         subsets = pq.read_table(out_fs.open_input_file(f"{out}/{files['subsets']}"))
-        occupation_list = study_config.occupations_from(cfg, args.occupations, args.occupations_file)
+        occupation_list = cs["occupations"]
         occupations = [o.name for o in occupation_list]
-        prompts = prompt_table(occupation_list, cfg["prompts"])
+        prompts = prompt_table(occupation_list, cs["prompts"])
+        train_budgets, gen_budgets = image_budgets(cs["execution"])
 
         print(f"\ntraining images: {image_side.unique_urls(subsets, []).num_rows:,} distinct URLs of "
               f"{subsets.num_rows:,} subset rows ...")
-        url_results = image_side.training_images(ray, subsets, st)
+        url_results, train_phase = image_side.training_images(ray, subsets, st, run=rd, budgets=train_budgets, echo=echo)
+        _resumed_note(train_phase)
         train_rows = image_side.training_rows(subsets, url_results)
 
         requests = image_side.generation_requests(prompts, train_rows, st, caption_prompts=st.caption_images > 0)
-        gen_parts = []
+        gen_parts, phases = [], {}
         for model in st.generators:
             print(f"generating {requests.num_rows:,} images with {model} ...")
-            gen = image_side.generated_images(ray, requests, model, st)
+            budgets = [copy.deepcopy(b) for b in gen_budgets]
+            for b in budgets:
+                b.stage = f"generation ({model})"
+            gen, phase = image_side.generated_images(ray, requests, model, st, run=rd, budgets=budgets, echo=echo)
+            _resumed_note(phase)
             if gen.num_rows != requests.num_rows:
                 raise RuntimeError(f"{model}: {requests.num_rows} images requested, {gen.num_rows} rows came back")
             gen_parts.append(gen)
+            for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT):
+                phases[f"{source}:{model}"] = phase
+            train_budgets += budgets
         generated = pa.concat_tables(gen_parts) if gen_parts else None
         gen_rows = image_side.generated_rows(generated) if generated is not None else I.IMAGE_RESULTS.empty_table()
 
     per_image = pa.concat_tables([train_rows, gen_rows])
-    counts = pd.DataFrame(image_side.image_stage_counts(url_results, generated if generated is not None
-                                                        else gen_rows, train_rows))
-    results = rep.compute(per_image.to_pandas(), occupations, len(cfg["prompts"]), st.generators)
-    t3 = rep.table3(results["approaches"], len(cfg["prompts"]))
+    count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows)
+    counts = pd.DataFrame(count_rows)
+    results = rep.compute(per_image.to_pandas(), occupations, len(cs["prompts"]), st.generators)
+    t3 = rep.table3(results["approaches"], len(cs["prompts"]))
 
     io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
     T = results["T"].assign(**{"prompt_id": results["T"]["prompt_id"].astype("Int64").replace(0, pd.NA)})
@@ -221,10 +276,21 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
     io.write_table_and_csv(counts, out_fs, f"{out}/{run_files['image_counts']}")
     for i, model in enumerate(st.generators):
         io.write_table_and_csv(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
-    amp = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
-           "indicator_correlation": results["indicator_correlation"]}
-    io.write_text(json.dumps(rep.clean_json(amp), indent=2, default=str, allow_nan=False), out_fs,
+    amp_json = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
+                "indicator_correlation": results["indicator_correlation"]}
+    io.write_text(json.dumps(rep.clean_json(amp_json), indent=2, default=str, allow_nan=False), out_fs,
                   f"{out}/{run_files['amplification']}")
+
+    cap_phase = caption_metrics["caption_phase"]
+    summary_rows = summary_rows_captions(caption_metrics["counts"], _Phase(**cap_phase),
+                                         caption_metrics["attempt_summary"])
+    phases[image_side.TRAINING_URLS] = train_phase
+    for subset in sorted(set(train_rows.column("subset").to_pylist())):
+        phases[f"training rows: {subset}"] = train_phase
+    summary_rows += summary_rows_images(count_rows, phases)
+    amp.write_run_summary(rd, summary_rows)
+    stats = [f"===== {p.name} =====\n{p.ray_stats}" for p in {id(p): p for p in phases.values()}.values() if p.ray_stats]
+    io.write_text("\n\n".join(stats) + "\n", out_fs, f"{out}/{run_files['ray_stats']}")
 
     metrics = caption_metrics | {
         "stage": "run",
@@ -243,16 +309,34 @@ def run(args, run_captions, files: dict, run_files: dict, sample_input: Path) ->
             "caption_prompts": {m: {k: v["average"] for k, v in r.items()} for m, r in results["caption_prompts"].items()},
             "indicator_correlation": results["indicator_correlation"],
         },
+        "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
+        "run_summary": summary_rows,
         "environment": study_config.environment(),
     }
     io.write_text(json.dumps(rep.clean_json(metrics), indent=2, default=str, allow_nan=False), out_fs,
                   f"{out}/{files['metrics']}")
-    meta = {"output": args.output, "input": ", ".join(map(str, args.input)), "occupations": len(occupations),
+    meta = {"output": rd.display(), "input": ", ".join(map(str, args.input)), "occupations": len(occupations),
             "images": per_image.num_rows, "local_image_server": server_url}
     html_doc = rep.render_html(results, t3, counts, caption_metrics["counts"], model_records + _caption_models(caption_metrics), meta)
     io.write_text(html_doc, out_fs, f"{out}/{run_files['report']}")
-    _print_summary(args.output, counts, t3, results, model_records, run_files)
+    _print_summary(rd.display(), counts, t3, results, model_records, run_files)
+    print()
+    print(format_run_summary(summary_rows))
     return metrics
+
+
+class _Phase:
+    """A Phase rebuilt from its metrics record."""
+
+    def __init__(self, name, unit, total, reused, processed, seconds, rate_per_s=None):
+        self.name, self.unit, self.total, self.reused = name, unit, total, reused
+        self.processed, self.seconds = processed, seconds
+
+
+def _resumed_note(phase) -> None:
+    if phase.reused:
+        print(f"  {phase.name}: {phase.reused:,} of {phase.total:,} {phase.unit} reused from the checkpoint, "
+              f"{phase.processed:,} processed now")
 
 
 def _caption_models(caption_metrics: dict) -> list[dict]:

@@ -85,3 +85,75 @@ def format_summary(summary: "OrderedDict[str, dict]") -> str:
         note = "" if c["rows_in"] == c["rows_out"] + dropped else "  (expands one row per occupation)"
         lines.append(f"{name:<22} {c['rows_in']:>12,} {c['rows_out']:>12,} {dropped:>12,}  {reasons}{note}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ run summary
+def summary_rows_captions(summary: "OrderedDict[str, dict]", phase, attempt: "OrderedDict[str, dict] | None" = None) -> list[dict]:
+    """Run-summary rows of the caption stages. The stages of the scan stream concurrently, so
+    the throughput of each is its rows in during this attempt over the scan's wall time."""
+    rows = []
+    for name, c in summary.items():
+        now = (attempt or {}).get(name, {}).get("rows_in", 0)
+        rows.append(_row(phase, "captions", name, c["rows_in"], c["rows_out"], c["dropped"], now))
+    return rows
+
+
+def summary_rows_images(counts: list[dict], phases: dict) -> list[dict]:
+    """Run-summary rows of the image stages from ``image_stage_counts`` rows; ``phases`` maps a
+    branch to the Phase that produced it (training images, or one generator)."""
+    out, seen = [], {}
+    for r in counts:
+        key = (r["branch"], r["stage"])
+        if key not in seen:
+            seen[key] = {"rows_in": r["rows_in"], "outcomes": {}}
+        seen[key]["outcomes"][r["outcome"]] = r["count"]
+    for (branch, stage), c in seen.items():
+        phase = phases.get(branch)
+        kept_outcome = {"clip_gender": None}.get(stage, "ok")
+        if kept_outcome is None:  # the classifier keeps decided images
+            kept = sum(n for o, n in c["outcomes"].items() if o in ("male", "female"))
+        else:
+            kept = c["outcomes"].get(kept_outcome, 0)
+        dropped = {o: n for o, n in c["outcomes"].items() if n and o not in ("ok", "male", "female")}
+        share = (phase.processed / phase.total) if phase is not None and phase.total else 0.0
+        out.append(_row(phase, branch, stage, c["rows_in"], kept, dropped, round(c["rows_in"] * share)))
+    return out
+
+
+def _row(phase, branch: str, stage: str, rows_in: int, kept: int, dropped: dict, rows_now: int) -> dict:
+    seconds = round(phase.seconds, 3) if phase is not None else None
+    return {
+        "phase": phase.name if phase is not None else None, "branch": branch, "stage": stage,
+        "rows_in": int(rows_in), "kept": int(kept), "dropped": int(sum(dropped.values())),
+        "dropped_by_reason": {k: int(v) for k, v in dropped.items() if v},
+        "rows_this_attempt": int(rows_now), "rows_reused": int(rows_in - rows_now),
+        "phase_seconds": seconds,
+        "rows_per_s": round(rows_now / phase.seconds, 2) if phase is not None and phase.seconds > 0 and rows_now else None,
+    }
+
+
+def format_run_summary(rows: list[dict]) -> str:
+    lines = ["run summary: rows in, kept, dropped per reason, and throughput per stage (this attempt; "
+             "the stages of one phase stream concurrently)",
+             f"{'branch':<34} {'stage':<20} {'rows in':>10} {'kept':>10} {'dropped':>9}  {'rows/s':>9} "
+             f"{'reused':>9}  reasons"]
+    for r in rows:
+        rate = "-" if r["rows_per_s"] is None else f"{r['rows_per_s']:,.1f}"
+        reasons = ", ".join(f"{k}={v:,}" for k, v in r["dropped_by_reason"].items()) or "-"
+        lines.append(f"{r['branch'][:34]:<34} {r['stage'][:20]:<20} {r['rows_in']:>10,} {r['kept']:>10,} "
+                     f"{r['dropped']:>9,}  {rate:>9} {r['rows_reused']:>9,}  {reasons}")
+    return "\n".join(lines)
+
+
+def run_summary_csv(rows: list[dict]) -> str:
+    import csv
+    import io as _io
+
+    buf = _io.StringIO()
+    cols = ["phase", "branch", "stage", "rows_in", "kept", "dropped", "dropped_by_reason", "rows_this_attempt",
+            "rows_reused", "phase_seconds", "rows_per_s"]
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    for r in rows:
+        w.writerow(r | {"dropped_by_reason": ";".join(f"{k}={v}" for k, v in r["dropped_by_reason"].items())})
+    return buf.getvalue()

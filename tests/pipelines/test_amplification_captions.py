@@ -28,10 +28,10 @@ def run(ray_local, synthetic, tmp_path_factory):
     base = tmp_path_factory.mktemp("captions")
     write(synthetic, base / "laion", files=3)
     out = base / "out"
-    rc = amplification.main(["captions", "--input", str(base / "laion"), "--output", str(out),
+    rc = amplification.main(["captions", "--input", str(base / "laion"), "--output", str(out), "--run-id", "r",
                              "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN), "--keep-columns", "WIDTH"])
     assert rc == 0
-    return base, out
+    return base, out / "r"
 
 
 def by_url(table):
@@ -115,18 +115,27 @@ def test_metrics_record_configuration(run):
     assert len(m["config"]["occupations"]) == 62 and len(m["input"]["files"]) == 3
 
 
-def test_same_result_from_one_file_and_refuses_to_overwrite(run, synthetic, capsys):
+def test_same_result_from_one_file_and_a_run_id_is_never_mixed(run, synthetic, capsys):
     base, out = run
     write(synthetic, base / "single.parquet")
-    out2 = base / "out2"
-    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(out2),
-                               "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN)]) == 0
+    root2 = base / "out2"
+    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(root2),
+                               "--run-id", "r", "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN)]) == 0
     a = pq.read_table(out / "training_subsets.parquet")
-    b = pq.read_table(out2 / "training_subsets.parquet")
+    b = pq.read_table(root2 / "r" / "training_subsets.parquet")
     assert a.drop_columns(["similarity"]).equals(b.drop_columns(["similarity"]))
     assert pc.max(pc.abs(pc.subtract(a["similarity"], b["similarity"]))).as_py() < 1e-5
-    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(out2)]) == 2
-    assert "--overwrite" in capsys.readouterr().err
+    # the same run id with another configuration is refused, naming what differs
+    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(root2),
+                               "--run-id", "r"]) == 2
+    err = capsys.readouterr().err
+    assert "different configuration" in err and "selection.nn_k" in err and "--overwrite" in err
+    # without --run-id, each configuration gets its own directory: nothing is overwritten
+    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(root2),
+                               "--occupations", "nurse", "--no-names"]) == 0
+    dirs = sorted(p.name for p in root2.iterdir())
+    assert len(dirs) == 2 and "r" in dirs and [d for d in dirs if d != "r"][0].startswith("nurse-")
+    assert pq.read_table(root2 / "r" / "training_subsets.parquet").equals(b)
 
 
 def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
@@ -135,14 +144,15 @@ def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
                    tmp_path / "in.parquet")
     (tmp_path / "occ.yaml").write_text(yaml.safe_dump(["dog walker", "barista"]))
     out = tmp_path / "out"
-    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out),
+    run = out / "r"
+    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
                                "--occupations-file", str(tmp_path / "occ.yaml"), "--no-names", "--nn-k", "1"]) == 0
-    ann = pq.read_table(out / "annotated_captions").sort_by("url").to_pydict()
+    ann = pq.read_table(run / "annotated_captions").sort_by("url").to_pydict()
     assert ann["occupation"] == ["dog walker", "barista", "barista"]
     assert ann["caption_gender"] == ["none", "none", "female"]
-    m = json.loads((out / "metrics.json").read_text())
+    m = json.loads((run / "metrics.json").read_text())
     assert "person_names" not in m["counts"] and m["counts"]["occupation_match"]["dropped"]["no_occupation"] == 1
-    nn = pq.read_table(out / "training_subsets.parquet").filter(pc.equal(pc.field("subset"), "nn")).to_pydict()
+    nn = pq.read_table(run / "training_subsets.parquet").filter(pc.equal(pc.field("subset"), "nn")).to_pydict()
     assert nn["prompt"][:4] == ["A photo of the face of a barista", "A portrait photo of a barista",
                                 "A photo of a barista smiling", "A photo of a barista at work"]
 
@@ -151,14 +161,15 @@ def test_no_caption_names_an_occupation(ray_local, tmp_path):
     pq.write_table(pa.table({"URL": ["a", "b", None], "TEXT": ["fresh cookies", "internal memo", None]}),
                    tmp_path / "in.parquet")
     out = tmp_path / "out"
-    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out),
+    run = out / "r"
+    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
                                "--occupations", "nurse", "--no-names"]) == 0
-    assert pq.read_table(out / "annotated_captions").num_rows == 0
-    assert pq.read_table(out / "training_subsets.parquet").num_rows == 0
-    m = json.loads((out / "metrics.json").read_text())
+    assert pq.read_table(run / "annotated_captions").num_rows == 0
+    assert pq.read_table(run / "training_subsets.parquet").num_rows == 0
+    m = json.loads((run / "metrics.json").read_text())
     assert m["counts"]["read_captions"]["dropped"]["null_caption"] == 1
     assert m["counts"]["occupation_match"] == {"rows_in": 2, "rows_out": 0, "dropped": {"no_occupation": 2}}
-    sim = pq.read_table(out / "similarity_summary.parquet").to_pylist()
+    sim = pq.read_table(run / "similarity_summary.parquet").to_pylist()
     assert sim[0]["occupation"] == "nurse" and sim[0]["matched_captions"] == 0
 
 
@@ -169,9 +180,10 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
     pq.write_table(pa.table({"URL": ["c", "d", "e"], "TEXT": pa.array([5, None, 7], pa.int64())}),
                    tmp_path / "in" / "p1.parquet")
     out = tmp_path / "out"
-    assert amplification.main(["captions", "--input", str(tmp_path / "in"), "--output", str(out),
+    run = out / "r"
+    assert amplification.main(["captions", "--input", str(tmp_path / "in"), "--output", str(out), "--run-id", "r",
                                "--occupations", "nurse,pilot", "--no-names", "--nn-k", "1"]) == 0
-    m = json.loads((out / "metrics.json").read_text())
+    m = json.loads((run / "metrics.json").read_text())
     assert m["counts"]["read_captions"] == {"rows_in": 5, "rows_out": 2,
                                             "dropped": {"empty_caption": 0, "non_text_caption": 2, "null_caption": 1}}
-    assert sorted(pq.read_table(out / "annotated_captions")["occupation"].to_pylist()) == ["nurse", "pilot"]
+    assert sorted(pq.read_table(run / "annotated_captions")["occupation"].to_pylist()) == ["nurse", "pilot"]

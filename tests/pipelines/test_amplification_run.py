@@ -32,7 +32,7 @@ def run_dir(tmp_path_factory, ray_local):
     root = tmp_path_factory.mktemp("amp_run")
     synthetic_laion.write(synthetic_laion.generate(3000, seed=1), root / "input.parquet")
     with LocalImageServer() as server:
-        argv = ["run", "--input", str(root / "input.parquet"), "--output", str(root / "out"),
+        argv = ["run", "--input", str(root / "input.parquet"), "--output", str(root / "out"), "--run-id", "r",
                 "--occupations", ",".join(OCCS), "--sample-size", "12", "--nn-k", "6",
                 "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
                 "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
@@ -44,7 +44,7 @@ def run_dir(tmp_path_factory, ray_local):
                 "--gender-threshold", "0.5000001",
                 "--url-rewrite", f"https://images.example.org/={server.base_url}/"]
         assert amplification.main(argv) == 0
-    return root / "out"
+    return root / "out" / "r"
 
 
 def test_outputs_exist(run_dir):

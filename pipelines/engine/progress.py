@@ -1,0 +1,158 @@
+"""Driving a Ray Data stream from the driver: checkpoint what comes back as it arrives, report
+progress, enforce the error budget, and time each phase for the run summary.
+
+A phase (the caption scan of one shard, the training images, the images of one generator) is a
+stream whose results are small (statuses and scores, no pixels). ``drain`` pulls its blocks as
+they finish, hands them to a sink (a checkpoint writer) in parts of bounded size, prints a
+progress line at most every ``interval`` seconds, and checks the failure rate against the error
+budget as it goes, so a run whose URLs all time out stops after the first few hundred rows, not
+after hours.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class ErrorBudgetExceeded(RuntimeError):
+    """More rows of a stage failed than the configured error budget allows."""
+
+
+@dataclass
+class ErrorBudget:
+    """Fail the job when the failure share of a stage exceeds ``max_rate``.
+
+    ``failures`` maps a status column to the values that count as failures (a measurement such as
+    "no face" or "ambiguous" is not a failure; a timeout, a 404 or undecodable bytes are). The
+    share is checked as rows arrive and at the end, once at least ``min_rows`` rows have arrived
+    (on fewer rows a share says little; the counts are reported in the metrics either way).
+    """
+
+    stage: str
+    failures: dict[str, tuple[str, ...]]
+    max_rate: float
+    min_rows: int = 200
+    flag: str = "--max-error-rate"
+    seen: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+
+    def add(self, batch: pa.Table) -> None:
+        self.seen += batch.num_rows
+        for col, values in self.failures.items():
+            if col not in batch.column_names:
+                continue
+            vc = pc.value_counts(batch.column(col).filter(pc.is_in(batch.column(col), pa.array(values, pa.string()))))
+            for item in vc.to_pylist():
+                self.failed[item["values"]] = self.failed.get(item["values"], 0) + item["counts"]
+
+    def check(self, final: bool = False) -> None:
+        n_failed = sum(self.failed.values())
+        if self.seen < max(1, self.min_rows) or self.max_rate >= 1.0:
+            return  # too few rows for a share to mean anything (a tiny job is judged by its counts)
+        rate = n_failed / self.seen
+        if rate > self.max_rate:
+            reasons = ", ".join(f"{k}={v:,}" for k, v in sorted(self.failed.items(), key=lambda kv: -kv[1]) if v)
+            raise ErrorBudgetExceeded(
+                f"error budget exceeded at stage {self.stage}: {n_failed:,} of {self.seen:,} rows failed "
+                f"({100 * rate:.1f}%: {reasons}); the budget is {100 * self.max_rate:g}% ({self.flag}). "
+                f"Check the input, the network or the model; work finished so far is checkpointed, and the "
+                f"same command resumes once the cause is fixed (or raise {self.flag}).")
+
+    def as_dict(self) -> dict:
+        return {"stage": self.stage, "max_rate": self.max_rate, "rows": self.seen, "failed": dict(self.failed)}
+
+
+@dataclass
+class Phase:
+    """What one phase did, for the run summary."""
+
+    name: str
+    unit: str
+    total: int
+    reused: int = 0
+    processed: int = 0
+    seconds: float = 0.0
+    ray_stats: str = ""
+
+    @property
+    def rate(self) -> float | None:
+        return self.processed / self.seconds if self.seconds > 0 and self.processed else None
+
+
+def drain(ds, sink, phase: Phase, budgets: list[ErrorBudget] = (), flush_rows: int = 512,
+          flush_seconds: float = 30.0, interval: float = 10.0, echo=print, count=None) -> Phase:
+    """Pull every block of ``ds``; give them to ``sink(table)`` in parts of about ``flush_rows``
+    rows (or every ``flush_seconds``); report progress; check ``budgets``. Returns ``phase``.
+
+    ``count(block)`` is how many of the phase's units a block stands for (default: its rows)."""
+    start = last_flush = last_print = time.time()
+    buffer: list[pa.Table] = []
+    buffered = 0
+
+    def flush():
+        nonlocal buffer, buffered, last_flush
+        if buffer:
+            sink(pa.concat_tables(buffer, promote_options="default"))
+        buffer, buffered, last_flush = [], 0, time.time()
+
+    try:
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            if not block.num_rows:
+                continue
+            buffer.append(block)
+            buffered += block.num_rows
+            phase.processed += block.num_rows if count is None else count(block)
+            for b in budgets:
+                b.add(block)
+                b.check()
+            now = time.time()
+            if buffered >= flush_rows or now - last_flush >= flush_seconds:
+                flush()
+            if now - last_print >= interval:
+                last_print = now
+                echo(progress_line(phase, now - start))
+        flush()
+    except BaseException:
+        try:  # what arrived is valid: checkpoint it before the error propagates
+            flush()
+        except Exception:
+            pass
+        raise
+    finally:
+        phase.seconds = time.time() - start
+    for b in budgets:
+        b.check(final=True)
+    try:
+        phase.ray_stats = ds.stats()
+    except Exception:  # stats are informative only
+        phase.ray_stats = ""
+    return phase
+
+
+def progress_line(phase: Phase, elapsed: float) -> str:
+    done = phase.reused + phase.processed
+    pct = f" ({100 * done / phase.total:.0f}%)" if phase.total else ""
+    rate = phase.processed / elapsed if elapsed > 0 else 0.0
+    eta = ""
+    if rate > 0 and phase.total > done:
+        eta = f", about {_duration((phase.total - done) / rate)} left"
+    return f"  [{phase.name}] {done:,}/{phase.total:,} {phase.unit}{pct}, {rate:,.1f} {phase.unit}/s{eta}"
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def outcome_counts(table: pa.Table, column: str) -> dict[str, int]:
+    """Counts of each value of ``column`` (nulls as "null")."""
+    if table.num_rows == 0:
+        return {}
+    vals = np.array(table.column(column).to_pylist(), dtype=object)
+    keys, counts = np.unique(np.where(vals == None, "null", vals).astype(str), return_counts=True)  # noqa: E711
+    return {str(k): int(c) for k, c in zip(keys, counts)}
