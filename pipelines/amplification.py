@@ -55,7 +55,8 @@ from pipelines.engine.summary import (  # noqa: E402
 from schemas import captions as C  # noqa: E402
 from schemas.subsets import TRAINING_SUBSETS  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+# the installed project, also when `ray submit` runs a copy of this script outside the repository
+REPO = Path(study_config.__file__).resolve().parents[2]
 SAMPLE_INPUT = REPO / "data" / "synthetic" / "laion_synthetic_sample.parquet"
 
 STAGE_ORDER = [op.stage_name for op in (CaptionValidator, OccupationMatcher, GenderWordIndicators,

@@ -30,8 +30,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
             ray.init(address=address, log_to_driver=not quiet)
             print(f"connected to the Ray cluster at {address}")
         else:
-            try:  # a cluster started on this node: `ray up` / `ray start`, where `ray submit` runs us
-                if address == "local":
+            try:  # the cluster `ray start` (run by `ray up`) recorded on this node, where `ray submit` runs us
+                if address == "local" or not _node_cluster_address():
                     raise ConnectionError
                 ray.init(address="auto", log_to_driver=not quiet)
                 print("connected to the Ray cluster running on this node")
@@ -45,6 +45,18 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
     ctx.enable_progress_bars = progress
     ctx.print_on_execution_start = not quiet
     return ray
+
+
+def _node_cluster_address() -> str | None:
+    """The address of the cluster ``ray start`` recorded on this node (its address file), or None.
+    Unlike ``ray.init(address="auto")`` alone, this does not attach to some other Ray instance
+    that merely runs on the machine (another user's job, a test session)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(None)
+    except Exception:  # a Ray without this helper: fall back to auto-detection
+        return "auto"
 
 
 MAX_RETRIES = 3  # set per run by configure(); the default of the execution config

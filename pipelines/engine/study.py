@@ -147,8 +147,9 @@ def image_job(args, recorded: dict) -> dict:
     return {"generation": recorded["generation"], "face_filter": recorded["face_filter"],
             "gender_classifier": recorded["gender_classifier"], "fetch": fetch,
             "height": args.height, "width": args.width, "standin_models": bool(args.standin_models),
-            "url_rewrite": list(args.url_rewrite), "local_image_server": not args.no_local_image_server,
-            "save_images": bool(args.save_images)}
+            "local_image_server": not args.no_local_image_server, "save_images": bool(args.save_images)}
+    # --url-rewrite names a mirror of the same images (recorded in metrics.json): moving the mirror
+    # does not change the results, so a run resumes against a new mirror address
 
 
 def image_budgets(ex: dict) -> tuple[list, list]:

@@ -160,3 +160,36 @@ def test_ray_workers_reach_the_server_through_runtime_env(s3_server, ray_local):
 
     task = read.options(runtime_env={"env_vars": s3_server.env})
     assert ray_local.get(task.remote(s3_server.url("ray.txt")), timeout=120) == "from ray"
+
+
+@pytest.mark.ray
+def test_pipeline_writes_its_run_to_s3_and_resumes_there(s3_server, tmp_path):  # noqa: F811
+    """The caption side with --output on S3 (moto server on 127.0.0.1, reached through s3fs by
+    the driver and by the Ray workers that write the annotated shards), then the same command
+    again: it resumes in the same run directory and reuses the finished shard."""
+    import json
+    from pathlib import Path
+
+    n = 400
+    pq.write_table(pa.table({"URL": [f"u{i}" for i in range(n)],
+                             "TEXT": [f"a nurse at work {i}" if i % 2 else f"a pilot {i}" for i in range(n)]}),
+                   tmp_path / "in.parquet")
+    repo = Path(__file__).resolve().parents[2]
+    out = s3_server.url("runs")
+    cmd = [sys.executable, str(repo / "pipelines" / "amplification.py"), "captions", "--input",
+           str(tmp_path / "in.parquet"), "--output", out, "--run-id", "s3run", "--occupations", "nurse,pilot",
+           "--no-names", "--nn-k", "2", "--sample-size", "5", "--ray-address", "local", "--num-cpus", "3",
+           "--no-progress"]
+    for attempt in (1, 2):
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=repo)
+        assert res.returncode == 0, res.stderr[-3000:]
+    fs = s3_server.fs()
+    base = f"{s3_server.bucket}/runs/s3run"
+    m = json.loads(fs.cat_file(f"{base}/metrics.json"))
+    assert m["output"] == f"{out}/s3run" and m["annotated_rows"] == n
+    assert m["caption_phase"]["reused"] == n and m["caption_phase"]["processed"] == 0  # the second attempt
+    record = json.loads(fs.cat_file(f"{base}/run.json"))
+    assert record["status"] == "finished" and [a["resumed"] for a in record["attempts"]] == [False, True]
+    parts = [p for p in fs.find(f"{base}/annotated_captions") if p.endswith(".parquet")]
+    assert sum(pq.ParquetFile(fs.open(p)).metadata.num_rows for p in parts) == n
+    assert fs.exists(f"{base}/training_subsets.parquet") and fs.exists(f"{base}/run_summary.csv")
