@@ -27,22 +27,26 @@ EXPECTED = {
 }
 
 
+def study_args(*extra):
+    """The study of this module's run (the resume test runs the same study)."""
+    return ["--occupations", ",".join(OCCS), "--sample-size", "12", "--nn-k", "6",
+            "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
+            "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
+            # the random stand-in CLIP is never 90% sure: a threshold just above 0.5 lets its
+            # (meaningless) decisions through, so training percentages and the section 6
+            # caption prompts are exercised (the stand-in generators draw noise without faces,
+            # so G stays empty: E[A] itself is checked on hand-built tables in
+            # test_amplification_report.py)
+            "--gender-threshold", "0.5000001", *extra]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, ray_local):
     root = tmp_path_factory.mktemp("amp_run")
     synthetic_laion.write(synthetic_laion.generate(3000, seed=1), root / "input.parquet")
     with LocalImageServer() as server:
         argv = ["run", "--input", str(root / "input.parquet"), "--output", str(root / "out"), "--run-id", "r",
-                "--occupations", ",".join(OCCS), "--sample-size", "12", "--nn-k", "6",
-                "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
-                "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
-                # the random stand-in CLIP is never 90% sure: a threshold just above 0.5 lets its
-                # (meaningless) decisions through, so training percentages and the section 6
-                # caption prompts are exercised (the stand-in generators draw noise without faces,
-                # so G stays empty: E[A] itself is checked on hand-built tables in
-                # test_amplification_report.py)
-                "--gender-threshold", "0.5000001",
-                "--url-rewrite", f"https://images.example.org/={server.base_url}/"]
+                *study_args("--url-rewrite", f"https://images.example.org/={server.base_url}/")]
         assert amplification.main(argv) == 0
     return root / "out" / "r"
 
@@ -245,3 +249,86 @@ def test_missing_input_fails_before_any_work(tmp_path):
                               "--input", str(tmp_path / "missing.parquet")])
     assert res == 2
     assert not (tmp_path / "out").exists()  # no stand-ins built, nothing written
+
+
+_DRIVER = """
+import sys
+from pipelines import amplification
+from pipelines.engine.sample_server import LocalImageServer
+with LocalImageServer() as server:
+    sys.exit(amplification.main(sys.argv[1:] + ["--url-rewrite", f"https://images.example.org/={server.base_url}/"]))
+"""
+
+
+@pytest.mark.timeout(1500)
+def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
+    """Kill a run (SIGKILL to its whole process group, local Ray included) while it generates
+    images; the same command then skips the finished caption shards, the fetched URLs and the
+    generated images, and ends with the results of the uninterrupted run (``run_dir``, which read
+    the same captions from one file instead of two shards of one file each)."""
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pandas as pd
+
+    synthetic_laion.write(synthetic_laion.generate(3000, seed=1), tmp_path / "laion", files=2)
+    out = tmp_path / "out"
+    argv = ["run", "--input", str(tmp_path / "laion"), "--output", str(out), "--run-id", "k",
+            "--files-per-shard", "1", "--gen-batch-size", "2", *study_args()]
+    repo = Path(__file__).resolve().parents[2]
+    log = open(tmp_path / "killed.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, *argv, "--ray-address", "local", "--num-cpus", "4",
+                             "--no-progress"], cwd=repo, env=os.environ | {"PYTHONPATH": str(repo)},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    parts = str(out / "k" / "_work" / "generated" / "*" / "part-*.parquet")
+    deadline = time.time() + 480
+    try:
+        while not glob.glob(parts) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert glob.glob(parts), (tmp_path / "killed.log").read_text()[-3000:]
+    run = out / "k"
+    assert not (run / "images.parquet").exists() and not (run / "report.html").exists()  # killed midway
+    assert json.loads((run / "run.json").read_text())["status"] == "running"
+    assert len(glob.glob(str(run / "_work" / "captions" / "shard-*.done"))) == 2
+
+    with LocalImageServer() as server:
+        assert amplification.main(argv + ["--url-rewrite", f"https://images.example.org/={server.base_url}/",
+                                          "--no-progress"]) == 0
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "finished" and [a["resumed"] for a in record["attempts"]] == [False, True]
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["caption_phase"]["reused"] == 3000 and m["caption_phase"]["processed"] == 0
+    summary = {(r["branch"], r["stage"]): r for r in m["run_summary"]}
+    fetch = summary[(TRAINING_URLS, "fetch")]
+    assert fetch["rows_reused"] == fetch["rows_in"] > 0  # every URL came from the checkpoint
+    gen = [r for (b, s), r in summary.items() if b.startswith(I.Source.GENERATED + ":") and s == "generate"]
+    assert gen and gen[0]["rows_reused"] > 0  # the first model's finished images were not generated again
+
+    # identical results (the stand-in generators live in each run's directory: compare their names)
+    def same_models(df):
+        for col in ("model", "branch"):
+            if col in df:
+                df[col] = df[col].map(lambda v: v if not isinstance(v, str) else
+                                      v.replace(str(run), "<run>").replace(str(run_dir), "<run>"))
+        return df
+
+    for name in ("training_percentages.csv", "generated_percentages.csv", "table3.csv", "table6_1.csv",
+                 "table6_2.csv", "image_stage_counts.csv", "similarity_summary.csv"):
+        pd.testing.assert_frame_equal(same_models(pd.read_csv(run / name)), same_models(pd.read_csv(run_dir / name)),
+                                      check_exact=False, rtol=1e-4, obj=name)
+    key = [I.SOURCE, I.MODEL, "occupation", "subset", "prompt_id", "prompt", "caption_id", I.IMAGE_INDEX, URL]
+    a = same_models(pq.read_table(run / "images.parquet").to_pandas())
+    b = same_models(pq.read_table(run_dir / "images.parquet").to_pandas())
+    a = a.sort_values(key, na_position="first").reset_index(drop=True)
+    b = b.sort_values(key, na_position="first").reset_index(drop=True)
+    exact = key + [I.SEED, I.FETCH_STATUS, I.FACE_STATUS, I.GENDER, I.GENERATION_STATUS, I.COUNTED]
+    pd.testing.assert_frame_equal(a[exact], b[exact])
+    np.testing.assert_allclose(a[I.P_FEMALE].fillna(-1).to_numpy(), b[I.P_FEMALE].fillna(-1).to_numpy(), atol=1e-4)
