@@ -457,10 +457,8 @@ class _TallyBudget:
 
     def add(self, tallies: pa.Table) -> None:
         rows = tallies.filter(pc.equal(tallies.column(C.TALLY_STAGE), C.STAGE_CAPTIONS)).to_pylist()
-        for r in rows:
-            self.budget.seen += r[C.TALLY_COUNT]
-            if r[C.TALLY_OUTCOME] in CAPTION_FAILURES:
-                self.budget.failed[r[C.TALLY_OUTCOME]] = self.budget.failed.get(r[C.TALLY_OUTCOME], 0) + r[C.TALLY_COUNT]
+        self.budget.count(sum(r[C.TALLY_COUNT] for r in rows),
+                          {r[C.TALLY_OUTCOME]: r[C.TALLY_COUNT] for r in rows if r[C.TALLY_OUTCOME] in CAPTION_FAILURES})
 
     def check(self, final: bool = False) -> None:
         self.budget.check(final)

@@ -42,13 +42,21 @@ class ErrorBudget:
     failed: dict[str, int] = field(default_factory=dict)
 
     def add(self, batch: pa.Table) -> None:
-        self.seen += batch.num_rows
+        """Count the rows of a result batch and its failures (per status column)."""
+        failed = {}
         for col, values in self.failures.items():
             if col not in batch.column_names:
                 continue
             vc = pc.value_counts(batch.column(col).filter(pc.is_in(batch.column(col), pa.array(values, pa.string()))))
             for item in vc.to_pylist():
-                self.failed[item["values"]] = self.failed.get(item["values"], 0) + item["counts"]
+                failed[item["values"]] = failed.get(item["values"], 0) + item["counts"]
+        self.count(batch.num_rows, failed)
+
+    def count(self, rows: int, failed: dict[str, int]) -> None:
+        """Count ``rows`` more rows, ``failed`` of them failing per reason."""
+        self.seen += rows
+        for reason, n in failed.items():
+            self.failed[reason] = self.failed.get(reason, 0) + n
 
     def check(self, final: bool = False) -> None:
         n_failed = sum(self.failed.values())

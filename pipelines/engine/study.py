@@ -26,6 +26,7 @@ from pipelines.engine import amplification_report as rep
 from pipelines.engine import config as study_config
 from pipelines.engine import image_side, io, runtime
 from pipelines.engine.image_side import ImageSettings
+from pipelines.engine.progress import Phase
 from pipelines.engine.summary import (
     format_run_summary,
     summary_rows_captions,
@@ -283,7 +284,8 @@ def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, 
                   f"{out}/{run_files['amplification']}")
 
     cap_phase = caption_metrics["caption_phase"]
-    summary_rows = summary_rows_captions(caption_metrics["counts"], _Phase(**cap_phase),
+    summary_rows = summary_rows_captions(caption_metrics["counts"], Phase(**{k: v for k, v in cap_phase.items()
+                                                                             if k != "rate_per_s"}),
                                          caption_metrics["attempt_summary"])
     phases[image_side.TRAINING_URLS] = train_phase
     for subset in sorted(set(train_rows.column("subset").to_pylist())):
@@ -324,14 +326,6 @@ def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, 
     print()
     print(format_run_summary(summary_rows))
     return metrics
-
-
-class _Phase:
-    """A Phase rebuilt from its metrics record."""
-
-    def __init__(self, name, unit, total, reused, processed, seconds, rate_per_s=None):
-        self.name, self.unit, self.total, self.reused = name, unit, total, reused
-        self.processed, self.seconds = processed, seconds
 
 
 def _resumed_note(phase) -> None:

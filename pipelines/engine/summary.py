@@ -20,6 +20,7 @@ from schemas.captions import (
 from schemas.captions import (
     OUTCOME_ROWS_OUT as ROWS_OUT,
 )
+from schemas.images import Gender
 
 
 class CountMismatch(AssertionError):
@@ -109,12 +110,9 @@ def summary_rows_images(counts: list[dict], phases: dict) -> list[dict]:
         seen[key]["outcomes"][r["outcome"]] = r["count"]
     for (branch, stage), c in seen.items():
         phase = phases.get(branch)
-        kept_outcome = {"clip_gender": None}.get(stage, "ok")
-        if kept_outcome is None:  # the classifier keeps decided images
-            kept = sum(n for o, n in c["outcomes"].items() if o in ("male", "female"))
-        else:
-            kept = c["outcomes"].get(kept_outcome, 0)
-        dropped = {o: n for o, n in c["outcomes"].items() if n and o not in ("ok", "male", "female")}
+        passed = set(Gender.DECIDED) if stage == "clip_gender" else {"ok"}  # the classifier keeps decided images
+        kept = sum(n for o, n in c["outcomes"].items() if o in passed)
+        dropped = {o: n for o, n in c["outcomes"].items() if n and o not in passed}
         share = (phase.processed / phase.total) if phase is not None and phase.total else 0.0
         out.append(_row(phase, branch, stage, c["rows_in"], kept, dropped, round(c["rows_in"] * share)))
     return out

@@ -35,3 +35,21 @@ def test_lost_rows_are_detected():
     lost = summarize(stage_counts(tallies(ROWS[:3] + [("match", "kept", 30), ("match", "no_occupation", 59)])), ["read", "match"])
     with pytest.raises(CountMismatch, match="match received 89"):
         check_chain(lost)
+
+
+def test_run_summary_rows_count_kept_dropped_reused_and_throughput():
+    from pipelines.engine.progress import Phase
+    from pipelines.engine.summary import format_run_summary, run_summary_csv, summary_rows_images
+
+    phase = Phase("training images", "URLs", total=10, reused=4, processed=6, seconds=2.0)
+    counts = [{"branch": "b", "stage": "fetch", "rows_in": 10, "outcome": o, "count": n}
+              for o, n in (("ok", 7), ("timeout", 3), ("http_error", 0))]
+    counts += [{"branch": "b", "stage": "clip_gender", "rows_in": 7, "outcome": o, "count": n}
+               for o, n in (("male", 3), ("female", 2), ("ambiguous", 2))]
+    fetch, clip = summary_rows_images(counts, {"b": phase})
+    assert (fetch["rows_in"], fetch["kept"], fetch["dropped"], fetch["dropped_by_reason"]) == (10, 7, 3, {"timeout": 3})
+    assert (fetch["rows_this_attempt"], fetch["rows_reused"], fetch["rows_per_s"]) == (6, 4, 3.0)
+    assert (clip["kept"], clip["dropped_by_reason"]) == (5, {"ambiguous": 2})
+    text = format_run_summary([fetch, clip])
+    assert "timeout=3" in text and "ambiguous=2" in text
+    assert "dropped_by_reason" in run_summary_csv([fetch]).splitlines()[0] and "timeout=3" in run_summary_csv([fetch])
