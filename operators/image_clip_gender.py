@@ -311,6 +311,69 @@ def preprocess_tensor(images, bundle: ClipBundle):
     return (x - mean) / std
 
 
+def _encode_preprocessed(bundle: ClipBundle, x):
+    """Image features of preprocessed images (fp16 autocast on CUDA), float32 on the model's device."""
+    import torch
+
+    x = x.to(bundle.device)
+    if x.device.type == "cuda":
+        with torch.autocast("cuda", dtype=torch.float16):
+            return bundle.model.encode_image(x).float()
+    return bundle.model.encode_image(x).float()
+
+
+def _empty_features(bundle: ClipBundle):
+    import torch
+
+    dim = getattr(bundle.model, "embed_dim", None) or bundle.model.text_projection.shape[-1]
+    return torch.zeros((0, int(dim)), dtype=torch.float32)
+
+
+def encode_image_tensor(bundle: ClipBundle, images, batch_size: int = 64):
+    """CLIP image features (float32, on the model's device) of (B, 3, H, W) float images in [0, 1]
+    on any device, preprocessed where they are (never copied to the CPU)."""
+    import torch
+
+    feats = []
+    with torch.inference_mode():
+        for start in range(0, images.shape[0], batch_size):
+            feats.append(_encode_preprocessed(bundle, preprocess_tensor(images[start:start + batch_size], bundle)))
+    return torch.cat(feats) if feats else _empty_features(bundle)
+
+
+def encode_image_arrays(bundle: ClipBundle, arrays: list[np.ndarray], batch_size: int = 64):
+    """Features of decoded (H, W, 3) uint8 images, in order: same-size images are resized together."""
+    import torch
+
+    dev = bundle.device
+    th, tw = bundle.image_size
+    pre = torch.empty((len(arrays), 3, th, tw), dtype=torch.float32, device=dev)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, a in enumerate(arrays):
+        by_shape.setdefault(a.shape, []).append(i)
+    with torch.inference_mode():
+        for idx in by_shape.values():
+            for start in range(0, len(idx), batch_size):
+                part = idx[start:start + batch_size]
+                stacked = np.stack([arrays[i] for i in part])
+                x = torch.from_numpy(stacked).to(dev).permute(0, 3, 1, 2).float().div_(255.0)
+                pre[torch.as_tensor(part, device=dev)] = preprocess_tensor(x, bundle)
+        feats = [_encode_preprocessed(bundle, pre[s:s + batch_size]) for s in range(0, len(arrays), batch_size)]
+    return torch.cat(feats) if feats else _empty_features(bundle)
+
+
+def encode_texts(bundle: ClipBundle, texts: list[str], batch_size: int = 256):
+    """CLIP text features (float32, on the model's device) of ``texts``, in order."""
+    import torch
+
+    feats = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch_size):
+            tokens = bundle.tokenizer(list(texts[start:start + batch_size])).to(bundle.device)
+            feats.append(bundle.model.encode_text(tokens).float())
+    return torch.cat(feats) if feats else _empty_features(bundle)
+
+
 # --- the operator ------------------------------------------------------------------------------------------
 
 
@@ -319,6 +382,7 @@ class ClipGenderClassifier:
 
     stage_name = STAGE_CLIP_GENDER
     resources = Resources(num_cpus=1, batch_size=64, actors=1)
+    output_fields = GENDER_COLUMNS   # what classify_tensor returns, for the generator
 
     def __init__(self, model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
                  prompts=DEFAULT_PROMPTS, threshold: float = DEFAULT_THRESHOLD, device: str = "auto",
@@ -334,11 +398,9 @@ class ClipGenderClassifier:
         self.threshold = float(threshold)
         self.batch_size = int(batch_size)
         self.only_face_ok = bool(only_face_ok)
-        net = self.bundle.model
+        self.text_features = encode_texts(self.bundle, list(self.prompts))
         with torch.inference_mode():
-            tokens = self.bundle.tokenizer(list(self.prompts)).to(self.bundle.device)
-            self.text_features = net.encode_text(tokens).float()
-            self.logit_scale = float(net.logit_scale.exp().item())
+            self.logit_scale = float(self.bundle.model.logit_scale.exp().item())
         self.record = {**self.bundle.record, "prompts": list(self.prompts), "threshold": self.threshold,
                        "logit_scale": self.logit_scale}
 
@@ -346,26 +408,7 @@ class ClipGenderClassifier:
 
     def encode_images(self, images):
         """CLIP image features (float32, on the images' device) of (B, 3, H, W) images in [0, 1]."""
-        import torch
-
-        feats = []
-        with torch.inference_mode():
-            for start in range(0, images.shape[0], self.batch_size):
-                feats.append(self._encode_preprocessed(preprocess_tensor(images[start:start + self.batch_size],
-                                                                         self.bundle)))
-        if not feats:
-            return torch.zeros((0, self.text_features.shape[-1]), dtype=torch.float32)
-        return torch.cat(feats)
-
-    def _encode_preprocessed(self, x):
-        import torch
-
-        net = self.bundle.model
-        x = x.to(self.bundle.device)
-        if x.device.type == "cuda":
-            with torch.autocast("cuda", dtype=torch.float16):
-                return net.encode_image(x).float()
-        return net.encode_image(x).float()
+        return encode_image_tensor(self.bundle, images, self.batch_size)
 
     def _result(self, features) -> dict[str, np.ndarray]:
         probs = zero_shot_probs(features, self.text_features, self.logit_scale).astype(np.float32)
@@ -394,27 +437,6 @@ class ClipGenderClassifier:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
 
-    def _encode_arrays(self, arrays: list[np.ndarray]):
-        """Features of decoded (H, W, 3) uint8 images, in order: same-size images are resized together."""
-        import torch
-
-        dev = self.bundle.device
-        th, tw = self.bundle.image_size
-        pre = torch.empty((len(arrays), 3, th, tw), dtype=torch.float32, device=dev)
-        by_shape: dict[tuple, list[int]] = {}
-        for i, a in enumerate(arrays):
-            by_shape.setdefault(a.shape, []).append(i)
-        with torch.inference_mode():
-            for idx in by_shape.values():
-                for start in range(0, len(idx), self.batch_size):
-                    part = idx[start:start + self.batch_size]
-                    stacked = np.stack([arrays[i] for i in part])
-                    x = torch.from_numpy(stacked).to(dev).permute(0, 3, 1, 2).float().div_(255.0)
-                    pre[torch.as_tensor(part, device=dev)] = preprocess_tensor(x, self.bundle)
-            step = self.batch_size
-            feats = [self._encode_preprocessed(pre[s:s + step]) for s in range(0, len(arrays), step)]
-        return torch.cat(feats) if feats else torch.zeros((0, self.text_features.shape[-1]))
-
     def __call__(self, batch: pa.Table) -> pa.Table:
         n = batch.num_rows
         rows = self._rows_to_classify(batch)
@@ -428,7 +450,7 @@ class ClipGenderClassifier:
             gender[rows[~ok]] = Gender.DECODE_ERROR
             good = rows[ok]
             if len(good):
-                res = self._result(self._encode_arrays([a for a in decoded if a is not None]))
+                res = self._result(encode_image_arrays(self.bundle, [a for a in decoded if a is not None], self.batch_size))
                 gender[good] = res[GENDER]
                 p_male[good] = res[P_MALE]
                 p_female[good] = res[P_FEMALE]

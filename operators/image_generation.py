@@ -41,8 +41,6 @@ from operators.base import ModelLoadError, Resources, with_column
 from operators.image_codec import pack_rgb8
 from operators.text_prompt_similarity import pick_device, weights_fingerprint
 from schemas.images import (
-    GENDER,
-    GENDER_COLUMNS,
     GENERATION_STATUS,
     IMAGE,
     IMAGE_ENCODING,
@@ -50,8 +48,6 @@ from schemas.images import (
     IMAGE_WIDTH,
     MODEL,
     NSFW,
-    P_FEMALE,
-    P_MALE,
     SAFETY_CHECKER,
     SEED,
     GenerationStatus,
@@ -97,13 +93,15 @@ def _package_version(name: str) -> str | None:
 
 
 def load_text2image(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto",
-                    safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT):
+                    safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, scheduler: str | None = None):
     """Load a diffusers text-to-image pipeline; return ``(pipe, record)``.
 
     ``model`` is a hub id (pinned to ``revision``) or a local directory written by
     ``save_pretrained``. ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``:
     float16 on CUDA, float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
-    ships (if any), "off" loads it without one. ``record`` is the provenance of what was loaded.
+    ships (if any), "off" loads it without one. ``scheduler``: None keeps the model's sampler, a
+    diffusers scheduler class name (``LMSDiscreteScheduler``, the k-LMS sampler of paper 001 App. A)
+    replaces it, built from the model's scheduler config. ``record`` is the provenance of what was loaded.
     """
     if safety_checker not in SafetyCheckerPolicy.ALL:
         raise ValueError(f"safety_checker must be one of {SafetyCheckerPolicy.ALL}, got {safety_checker!r}")
@@ -127,6 +125,8 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         ) from exc
     if safety_checker == SafetyCheckerPolicy.OFF and getattr(pipe, "safety_checker", None) is not None:
         pipe.safety_checker = None
+    if scheduler:
+        pipe.scheduler = _scheduler(scheduler, pipe)
     pipe.set_progress_bar_config(disable=True)
     record = {
         "model": model,
@@ -146,6 +146,18 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if record["source"] == "directory":
         record["path"] = os.path.abspath(model)
     return pipe, record
+
+
+def _scheduler(name: str, pipe):
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if cls is None or not hasattr(cls, "from_config") or not name.endswith("Scheduler"):
+        raise ValueError(f"unknown diffusers scheduler {name!r} (e.g. LMSDiscreteScheduler, DDIMScheduler, "
+                         f"PNDMScheduler, EulerDiscreteScheduler)")
+    if getattr(pipe, "scheduler", None) is None:
+        raise ValueError(f"scheduler {name!r} given, but the pipeline {type(pipe).__name__} has none to replace")
+    return cls.from_config(pipe.scheduler.config)
 
 
 def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float,
@@ -199,7 +211,7 @@ class ImageGenerator:
     def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, classifier=None, micro_batch: int = 8,
-                 noise_device: str = "cpu"):
+                 noise_device: str = "cpu", embedder=None, scheduler: str | None = None):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         self.model = model
@@ -209,18 +221,15 @@ class ImageGenerator:
         self.width = width
         self.micro_batch = int(micro_batch)
         self.safety_checker = safety_checker
-        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker)
+        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler)
         self.device = load_record["device"]
         # noise on the CPU by default: the same seed gives the same initial noise on any device
         self.noise_device = pick_device(noise_device)
-        if classifier is None or hasattr(classifier, "classify_tensor"):
-            self.classifier = classifier
-        else:
-            from operators.image_clip_gender import ClipGenderClassifier
-
-            kwargs = dict(classifier)
-            kwargs.setdefault("device", self.device)  # classify where the images are
-            self.classifier = ClipGenderClassifier(**kwargs)
+        self.classifier = self._head(classifier, "operators.image_clip_gender", "ClipGenderClassifier")
+        self.embedder = self._head(embedder, "operators.image_clip_embedding", "ClipImageEmbedder")
+        # what runs on every generated image while it is still on the device: CLIP gender and/or a
+        # CLIP embedding; each returns the columns of its ``output_fields``
+        self.heads = [h for h in (self.classifier, self.embedder) if h is not None]
         self.record = {
             **load_record,
             "steps": self.steps,
@@ -231,7 +240,19 @@ class ImageGenerator:
             "micro_batch": self.micro_batch,
             "noise_device": self.noise_device,
             "classifier": getattr(self.classifier, "record", None) if self.classifier is not None else None,
+            "embedder": getattr(self.embedder, "record", None) if self.embedder is not None else None,
         }
+
+    def _head(self, spec, module: str, name: str):
+        """An operator with ``classify_tensor`` as given, or built here from its kwargs (on the
+        generator's device, where the images are)."""
+        if spec is None or hasattr(spec, "classify_tensor"):
+            return spec
+        import importlib
+
+        kwargs = dict(spec)
+        kwargs.setdefault("device", self.device)
+        return getattr(importlib.import_module(module), name)(**kwargs)
 
     def _default_size(self) -> list[int] | None:
         """(height, width) the pipeline generates when none is configured, where it can be read."""
@@ -264,9 +285,7 @@ class ImageGenerator:
 
         status = np.full(n, GenerationStatus.INVALID_PROMPT, dtype=object)
         nsfw: list[bool | None] = [None] * n
-        gender = np.full(n, None, dtype=object)
-        p_male = np.full(n, np.nan, np.float32)
-        p_female = np.full(n, np.nan, np.float32)
+        outputs = {f.name: np.full(n, None, dtype=object) for h in self.heads for f in h.output_fields}
         classified = np.zeros(n, bool)
         pixels = []  # uint8 (b, H, W, 3) device tensors, in ``todo`` order
         with torch.inference_mode():
@@ -277,14 +296,15 @@ class ImageGenerator:
                 for j, i in enumerate(rows):
                     status[i] = GenerationStatus.NSFW_BLOCKED if blocked[j] else GenerationStatus.OK
                     nsfw[i] = None if flags is None else bool(blocked[j])
-                if self.classifier is not None and not blocked.all():
+                if self.heads and not blocked.all():
                     keep = np.flatnonzero(~blocked)
                     sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
-                    result = self.classifier.classify_tensor(sub)
                     idx = np.asarray(rows)[keep]
-                    gender[idx] = np.asarray(result[GENDER], dtype=object)
-                    p_male[idx] = np.asarray(result[P_MALE], np.float32)
-                    p_female[idx] = np.asarray(result[P_FEMALE], np.float32)
+                    for head in self.heads:
+                        for name, values in head.classify_tensor(sub).items():
+                            column = outputs[name]
+                            for j, i in enumerate(idx):
+                                column[i] = values[j]
                     classified[idx] = True
                 pixels.append(_to_uint8(images))
             arrays = list(torch.cat(pixels).cpu().numpy()) if pixels else []  # one device -> host copy
@@ -301,8 +321,8 @@ class ImageGenerator:
         out = with_column(out, NSFW, pa.array(nsfw, pa.bool_()))
         out = with_column(out, SAFETY_CHECKER, pa.array([self.safety_checker] * n, pa.string()))
         out = with_column(out, MODEL, pa.array([self.model] * n, pa.string()))
-        if self.classifier is not None:
-            out = with_column(out, GENDER, pa.array(gender.tolist(), GENDER_COLUMNS.field(GENDER).type))
-            out = with_column(out, P_MALE, pa.array(p_male, pa.float32(), mask=~classified))
-            out = with_column(out, P_FEMALE, pa.array(p_female, pa.float32(), mask=~classified))
+        for head in self.heads:
+            for f in head.output_fields:
+                values = [v if classified[i] else None for i, v in enumerate(outputs[f.name])]
+                out = with_column(out, f.name, pa.array(values, f.type))
         return out

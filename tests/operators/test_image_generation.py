@@ -55,6 +55,8 @@ class FakeClassifier:
     """Records what it is given; p_male = mean intensity of each image, so a row's result can be
     checked against that row's own pixels."""
 
+    output_fields = GENDER_COLUMNS
+
     def __init__(self):
         self.calls = []
 

@@ -1,0 +1,114 @@
+"""Column names and schemas of the GEP study (paper 001, "Auditing Gender Presentation Differences").
+
+One row per generated image (``GEP_IMAGES``): which setting, gender indicator, attribute and
+context its prompt was built from, its seed, its generation status and its L2-normalised CLIP
+image embedding. Scoring adds one row per (image, scored attribute) (``GEP_SCORES``): in the
+neutral setting every attribute of A is scored on every image, in the explicit setting only the
+attribute named in the image's prompt (section 3). Aggregating scores per (model, setting, gender,
+attribute) gives the attribute frequencies (``GEP_FREQUENCIES``, Eq. 1 / Eqs. 4, 5, 7), from which
+the GEP vectors and scores follow (Eq. 2).
+
+"gender" is the label of a gender indicator g in G ("woman" for "A woman"); a study may use any
+groups (section 7: "lawyer", "female lawyer", ...), and the column keeps its name.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from schemas.images import (
+    GENERATION_STATUS,
+    IMAGE_INDEX,
+    MODEL,
+    NSFW,
+    SAFETY_CHECKER,
+    SEED,
+)
+from schemas.subsets import PROMPT
+
+IMAGE_ID = "image_id"          # stable id of one image: setting, gender, attribute, context, index
+SETTING = "setting"            # "neutral" ("[g] [c]") or "explicit" ("[g] [a] [c]")
+GENDER = "gender"              # label of the gender indicator (group) of the prompt
+GENDER_TEXT = "gender_text"    # its text in the prompt ("A woman")
+ATTRIBUTE = "attribute"        # attribute name ("dress"); in the image table: the prompt's (null when neutral)
+CONTEXT_ID = "context_id"      # 0-based index into C (null when the study has no contexts)
+CONTEXT = "context"            # context text ("riding a bike")
+EMBEDDING = "clip_embedding"   # list<float32>: L2-normalised CLIP image embedding (null when no image)
+
+# scores of one (image, attribute): the three automatic estimators of section 4
+SCORE_C = "c"                  # cos(C(I), C(a))                                    (Eq. 4)
+SCORE_CC = "cc"                # cos(C(I), C(a)) - cos(C(I), C(r(a)))               (Eq. 5)
+SCORE_CLS = "cls"              # ensemble mean of cls(C(I)), cross-modal classifiers (Eq. 7)
+
+# frequencies and GEP vectors
+ESTIMATOR = "estimator"        # "human", "C", "CC", "CLS"
+FREQUENCY = "frequency"        # f_ij (human: share of images showing the attribute; else the mean score)
+IMAGES = "images"              # images behind a frequency
+PRESENT = "present"            # human annotation: 0/1, the attribute is visible on the person
+
+
+class Setting:
+    NEUTRAL = "neutral"
+    EXPLICIT = "explicit"
+    ALL = (NEUTRAL, EXPLICIT)
+
+
+class Estimator:
+    HUMAN = "human"
+    C = "C"
+    CC = "CC"
+    CLS = "CLS"
+    AUTO = (C, CC, CLS)
+    COLUMNS = {C: SCORE_C, CC: SCORE_CC, CLS: SCORE_CLS}   # estimator -> its score column
+
+
+GEP_REQUESTS = pa.schema([
+    pa.field(IMAGE_ID, pa.string(), nullable=False),
+    pa.field(SETTING, pa.string(), nullable=False),
+    pa.field(GENDER, pa.string(), nullable=False),
+    pa.field(GENDER_TEXT, pa.string()),
+    pa.field(ATTRIBUTE, pa.string()),
+    pa.field(CONTEXT_ID, pa.int32()),
+    pa.field(CONTEXT, pa.string()),
+    pa.field(PROMPT, pa.string(), nullable=False),
+    pa.field(IMAGE_INDEX, pa.int32(), nullable=False),
+    pa.field(SEED, pa.int64(), nullable=False),
+])
+
+EMBEDDING_COLUMNS = pa.schema([pa.field(EMBEDDING, pa.list_(pa.float32()))])
+
+GEP_IMAGES = pa.schema(list(GEP_REQUESTS) + [
+    pa.field(MODEL, pa.string()),
+    pa.field(GENERATION_STATUS, pa.string()),
+    pa.field(NSFW, pa.bool_()),
+    pa.field(SAFETY_CHECKER, pa.string()),
+    EMBEDDING_COLUMNS.field(EMBEDDING),
+])
+
+GEP_SCORES = pa.schema([
+    pa.field(IMAGE_ID, pa.string(), nullable=False),
+    pa.field(MODEL, pa.string()),
+    pa.field(SETTING, pa.string(), nullable=False),
+    pa.field(GENDER, pa.string(), nullable=False),
+    pa.field(ATTRIBUTE, pa.string(), nullable=False),
+    pa.field(CONTEXT_ID, pa.int32()),
+    pa.field(SCORE_C, pa.float32()),
+    pa.field(SCORE_CC, pa.float32()),
+    pa.field(SCORE_CLS, pa.float32()),
+])
+
+GEP_FREQUENCIES = pa.schema([
+    pa.field(MODEL, pa.string()),
+    pa.field(SETTING, pa.string(), nullable=False),
+    pa.field(GENDER, pa.string(), nullable=False),
+    pa.field(ATTRIBUTE, pa.string(), nullable=False),
+    pa.field(ESTIMATOR, pa.string(), nullable=False),
+    pa.field(FREQUENCY, pa.float64()),
+    pa.field(IMAGES, pa.int64()),
+])
+
+ANNOTATIONS = pa.schema([
+    pa.field(IMAGE_ID, pa.string(), nullable=False),
+    pa.field(ATTRIBUTE, pa.string(), nullable=False),
+    pa.field(PRESENT, pa.int8(), nullable=False),
+])
