@@ -24,13 +24,15 @@ RECORDED_PACKAGES = (
 )
 
 
-def default_config_path() -> Path:
-    return Path(str(resources.files("configs").joinpath(DEFAULT_CONFIG)))
+def default_config_path(preset: str = DEFAULT_CONFIG) -> Path:
+    return Path(str(resources.files("configs").joinpath(preset)))
 
 
-def load_config(path: str | Path | None = None) -> dict:
-    """Read a study YAML. Keys missing from a user file are taken from the paper-002 preset."""
-    with open(default_config_path()) as fh:
+def load_config(path: str | Path | None = None, preset: str = DEFAULT_CONFIG, replace: tuple[str, ...] = ()) -> dict:
+    """Read a study YAML. Keys missing from a user file are taken from the preset (paper 002's by
+    default); a mapping merges one level deep into the preset's, except the keys in ``replace``,
+    which the user's value replaces whole (a study's own list of groups or attributes)."""
+    with open(default_config_path(preset)) as fh:
         base = yaml.safe_load(fh)
     if path is None:
         return base
@@ -43,7 +45,7 @@ def load_config(path: str | Path | None = None) -> dict:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(base)}")
     merged = copy.deepcopy(base)
     for key, value in user.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key not in replace:
             unknown = set(value) - set(merged[key])
             if unknown:
                 raise ValueError(f"{path}: unknown keys under {key!r}: {sorted(unknown)}")

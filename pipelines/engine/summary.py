@@ -95,7 +95,7 @@ def summary_rows_captions(summary: "OrderedDict[str, dict]", phase, attempt: "Or
     rows = []
     for name, c in summary.items():
         now = (attempt or {}).get(name, {}).get("rows_in", 0)
-        rows.append(_row(phase, "captions", name, c["rows_in"], c["rows_out"], c["dropped"], now))
+        rows.append(stage_row(phase, "captions", name, c["rows_in"], c["rows_out"], c["dropped"], now))
     return rows
 
 
@@ -114,11 +114,11 @@ def summary_rows_images(counts: list[dict], phases: dict) -> list[dict]:
         kept = sum(n for o, n in c["outcomes"].items() if o in passed)
         dropped = {o: n for o, n in c["outcomes"].items() if n and o not in passed}
         share = (phase.processed / phase.total) if phase is not None and phase.total else 0.0
-        out.append(_row(phase, branch, stage, c["rows_in"], kept, dropped, round(c["rows_in"] * share)))
+        out.append(stage_row(phase, branch, stage, c["rows_in"], kept, dropped, round(c["rows_in"] * share)))
     return out
 
 
-def _row(phase, branch: str, stage: str, rows_in: int, kept: int, dropped: dict, rows_now: int) -> dict:
+def stage_row(phase, branch: str, stage: str, rows_in: int, kept: int, dropped: dict, rows_now: int) -> dict:
     seconds = round(phase.seconds, 3) if phase is not None else None
     return {
         "phase": phase.name if phase is not None else None, "branch": branch, "stage": stage,

@@ -1,0 +1,149 @@
+"""Gender presentation differences (GEP) of paper 001, "Auditing Gender Presentation Differences in
+Text-to-Image Models", on the shared operators.
+
+Subcommands:
+  run        prompts from G, A, C (section 3) -> generation with any diffusers model (recorded seeds)
+             -> L2-normalised CLIP image embeddings on the generator's device -> C-f, CC-f and CLS-f per
+             image and attribute (section 4) -> attribute frequencies per gender, GEP vectors and scores
+             (Eq. 2), tables shaped like Tables 11-14, metrics.json, report.html; with --annotations,
+             GEP_human and the evaluation of every estimator against it (Tables 4, 6, 7, 16).
+  evaluate   the same evaluation against human annotations for a finished run (annotations come after
+             people have looked at the saved images).
+  summarize  GEP vectors and scores from a CSV of known frequencies (model,setting,gender,attribute,
+             frequency): re-analyse published tables (Tables 11 and 12 give Table 3).
+
+Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with RAY_ADDRESS
+/ --ray-address set, on that cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (python pipelines/gep.py, ray submit)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from operators.base import ModelLoadError  # noqa: E402
+from pipelines.engine import io  # noqa: E402
+from pipelines.engine.progress import ErrorBudgetExceeded  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gep.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="generate, embed, score, and compute GEP (one Ray job)")
+    r.add_argument("--output", required=True, metavar="DIR",
+                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
+    s = r.add_argument_group("study (paper 001, section 3; any key of configs/gep.yaml in --config)")
+    s.add_argument("--config", metavar="YAML", help="study file overriding configs/gep.yaml (e.g. jobs/gep_lawyer.yaml)")
+    s.add_argument("--settings", nargs="+", choices=["neutral", "explicit"], help="settings to run (default both)")
+    s.add_argument("--attributes", metavar="A,B,...", help="only these attributes of the configured set")
+    s.add_argument("--max-contexts", type=int, metavar="N", help="only the first N contexts (quick runs)")
+    g = r.add_argument_group("generation (section 5, App. A)")
+    g.add_argument("--generators", nargs="+", metavar="MODEL", help="diffusers models: hub ids or directories")
+    g.add_argument("--images-per-prompt", type=int, help="images per prompt (default 5)")
+    g.add_argument("--steps", type=int, help="inference steps (default 50)")
+    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
+    g.add_argument("--scheduler", help="diffusers scheduler class (default LMSDiscreteScheduler); 'model' keeps the model's")
+    g.add_argument("--height", type=int, help="image height (default: the model's)")
+    g.add_argument("--width", type=int, help="image width (default: the model's)")
+    g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
+    g.add_argument("--safety-checker", choices=["model-default", "off"], help="default off (App. A)")
+    e = r.add_argument_group("estimators (section 4)")
+    e.add_argument("--clip-model", help="open_clip architecture (default ViT-L-14), local-dir:/path or hf-hub:org/repo")
+    e.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
+    e.add_argument("--reference", help="reference string r(a) of CC-f (default 'an object')")
+    e.add_argument("--ensemble", type=int, help="classifiers per attribute in the CLS-f ensemble (default 10)")
+    e.add_argument("--annotations", metavar="CSV",
+                   help="human annotations (image_id,attribute,present[,model]): adds GEP_human and the evaluation")
+    e.add_argument("--standin-models", action="store_true",
+                   help="tiny random-weight CLIP and generators (offline smoke run; numbers are meaningless)")
+    x = r.add_argument_group("execution")
+    x.add_argument("--run-id", metavar="ID", help="run directory name (default gep-<8 hex digits of the configuration>)")
+    x.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address; 'local' starts a local instance")
+    x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
+    x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
+    x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
+    x.add_argument("--gpus-per-actor", type=float, help="GPUs per generator / scorer actor (default 1 with GPUs, else 0)")
+    x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
+    x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
+    x.add_argument("--no-save-images", action="store_true", help="do not write the images (annotators need them)")
+    x.add_argument("--no-progress", action="store_true", help="no progress bars and lines")
+    x.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
+    x.add_argument("--overwrite", action="store_true", help="discard this run id's directory and start again")
+
+    v = sub.add_parser("evaluate", help="GEP_human and estimator evaluation for a finished run")
+    v.add_argument("--run", required=True, metavar="DIR", help="the run's directory (<output>/<run id>)")
+    v.add_argument("--annotations", required=True, metavar="CSV", help="image_id,attribute,present[,model]")
+
+    q = sub.add_parser("summarize", help="GEP vectors and scores from known frequencies")
+    q.add_argument("--frequencies", required=True, metavar="CSV",
+                   help="columns model,setting,gender,attribute,frequency (gender woman/man)")
+    q.add_argument("--first", default="woman", help="first group of v_j = f_first - f_second (default woman)")
+    q.add_argument("--second", default="man", help="second group (default man)")
+    q.add_argument("--output", metavar="DIR", help="write gep_summary.json and gep_summary.html here")
+    return p
+
+
+def run_summarize(args) -> dict:
+    import io as _io
+
+    import pandas as pd
+
+    from operators.metric_gep import format_summary, summarize_frequencies
+    from pipelines.engine import gep_report
+
+    text = io.read_text(args.frequencies)
+    try:
+        df = pd.read_csv(_io.StringIO(text), dtype={"model": str, "setting": str, "gender": str, "attribute": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise io.InputError(f"{args.frequencies}: not a readable CSV ({exc})") from None
+    result = summarize_frequencies(df, args.first, args.second)
+    print(format_summary(result))
+    if args.output:
+        out_fs, out = io.output_fs(args.output)
+        io.write_text(json.dumps({"input": args.frequencies, **result}, indent=2), out_fs, f"{out}/gep_summary.json")
+        io.write_text(gep_report.summary_html(args.frequencies, result), out_fs, f"{out}/gep_summary.html")
+        print(f"wrote {args.output}/gep_summary.json and gep_summary.html")
+    return result
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "summarize":
+            run_summarize(args)
+        elif args.command == "run":
+            from pipelines.engine import gep_study
+
+            gep_study.run(args)
+        elif args.command == "evaluate":
+            from pipelines.engine import gep_study
+
+            gep_study.evaluate_run(args)
+    except (io.InputError, ModelLoadError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ErrorBudgetExceeded as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # a Ray task or actor that failed beyond its retries, or a bug
+        from ray.exceptions import RayError
+
+        if not isinstance(exc, RayError):
+            raise
+        first = str(exc).strip().splitlines()
+        print(f"error: a Ray worker failed and its retries are exhausted (--max-retries): "
+              f"{type(exc).__name__}: {first[0] if first else ''}\n"
+              f"Finished images are checkpointed under --output; the same command resumes from them.", file=sys.stderr)
+        return 4
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
