@@ -39,7 +39,11 @@ def test_lost_rows_are_detected():
 
 def test_run_summary_rows_count_kept_dropped_reused_and_throughput():
     from pipelines.engine.progress import Phase
-    from pipelines.engine.summary import format_run_summary, run_summary_csv, summary_rows_images
+    from pipelines.engine.summary import (
+        format_run_summary,
+        run_summary_csv,
+        summary_rows_images,
+    )
 
     phase = Phase("training images", "URLs", total=10, reused=4, processed=6, seconds=2.0)
     counts = [{"branch": "b", "stage": "fetch", "rows_in": 10, "outcome": o, "count": n}
