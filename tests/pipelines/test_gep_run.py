@@ -140,16 +140,26 @@ def test_bad_annotations_are_clean_errors(run, tmp_path, capsys):
     assert "gloves" in capsys.readouterr().err
 
 
-def test_rerun_reuses_images_and_rescoring_changes_only_cc(run, capsys):
+def test_rerun_reuses_images_and_rescoring_changes_only_cc(run, capsys, tmp_path):
     before = pd.read_csv(run / "scores.csv")
-    assert gep.main(["run", "--output", str(run.parent), *ARGS, "--reference", "clothes"]) == 0
+    _annotations(run, tmp_path / "ann.csv", model_column=True)
+    assert gep.main(["run", "--output", str(run.parent), *ARGS, "--reference", "clothes",
+                     "--annotations", str(tmp_path / "ann.csv")]) == 0
     out = capsys.readouterr().out
     assert f"{N_NEUTRAL + N_EXPLICIT} of {N_NEUTRAL + N_EXPLICIT} images reused" in out
     after = pd.read_csv(run / "scores.csv")
     np.testing.assert_allclose(after.c, before.c, rtol=1e-6)
     np.testing.assert_allclose(after.cls, before.cls, rtol=1e-6)
     assert not np.allclose(after.cc, before.cc)
-    assert json.loads((run / "metrics.json").read_text())["config"]["scoring"]["reference"] == "clothes"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["config"]["scoring"]["reference"] == "clothes"
+    # annotations given to run: GEP_human joins the tables, the report and metrics.json
+    assert {r["setting"]: round(r["gep"], 6) for r in metrics["evaluation"]["human_gep"]} == \
+        {"neutral": round(2 / 3, 6), "explicit": round(2 / 3, 6)}
+    table = pd.read_csv(run / "table_gep_vectors_explicit.csv")
+    human = table[table.estimator == "human"].iloc[0]
+    assert (human["dress"], human["suit"], human["hat"]) == (1, -1, 0)
+    assert "Against human annotations" in (run / "report.html").read_text()
 
 
 def test_bad_study_input_fails_before_any_work(tmp_path, capsys):
