@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script (python pipelines/amplification
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from operators.base import ModelLoadError, Resources, conform, split_tallies  # noqa: E402
+from operators.base import Resources, conform, split_tallies  # noqa: E402
 from operators.prompts import prompt_table  # noqa: E402
 from operators.subset_selection import SelectionConfig, finalize, partial_top_k  # noqa: E402
 from operators.text_caption_validator import CaptionValidator  # noqa: E402
@@ -39,9 +39,9 @@ from operators.text_prompt_similarity import (  # noqa: E402
     resolve_sbert,
     weights_fingerprint,
 )
+from pipelines.engine import cli, io, report, rundir, runtime  # noqa: E402
 from pipelines.engine import config as study_config  # noqa: E402
-from pipelines.engine import io, report, rundir, runtime  # noqa: E402
-from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain  # noqa: E402
+from pipelines.engine.progress import ErrorBudget, Phase, drain  # noqa: E402
 from pipelines.engine.summary import (  # noqa: E402
     CountMismatch,
     check_chain,
@@ -652,31 +652,8 @@ def _summary_html(source: str, result: dict) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "captions":
-            run_captions(args)
-        elif args.command == "run":
-            run_all(args)
-        elif args.command == "summarize":
-            run_summarize(args)
-    except (io.InputError, ModelLoadError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ErrorBudgetExceeded as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except Exception as exc:  # a Ray task or actor that failed beyond its retries, or a bug
-        from ray.exceptions import RayError
-
-        if not isinstance(exc, RayError):
-            raise
-        first = str(exc).strip().splitlines()
-        print(f"error: a Ray worker failed and its retries are exhausted (--max-retries): "
-              f"{type(exc).__name__}: {first[0] if first else ''}\n"
-              f"Finished work is checkpointed under --output; the same command resumes from it.", file=sys.stderr)
-        return 4
-    return 0
-
+    commands = {"captions": run_captions, "run": run_all, "summarize": run_summarize}
+    return cli.exit_code(lambda: commands[args.command](args))
 
 if __name__ == "__main__":
     sys.exit(main())

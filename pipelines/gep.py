@@ -26,9 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/gep.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from operators.base import ModelLoadError  # noqa: E402
-from pipelines.engine import io  # noqa: E402
-from pipelines.engine.progress import ErrorBudgetExceeded  # noqa: E402
+from pipelines.engine import cli, io  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,37 +111,22 @@ def run_summarize(args) -> dict:
     return result
 
 
+def run(args) -> dict:
+    from pipelines.engine import gep_study
+
+    return gep_study.run(args)
+
+
+def evaluate(args) -> dict:
+    from pipelines.engine import gep_study
+
+    return gep_study.evaluate_run(args)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "summarize":
-            run_summarize(args)
-        elif args.command == "run":
-            from pipelines.engine import gep_study
-
-            gep_study.run(args)
-        elif args.command == "evaluate":
-            from pipelines.engine import gep_study
-
-            gep_study.evaluate_run(args)
-    except (io.InputError, ModelLoadError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ErrorBudgetExceeded as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except Exception as exc:  # a Ray task or actor that failed beyond its retries, or a bug
-        from ray.exceptions import RayError
-
-        if not isinstance(exc, RayError):
-            raise
-        first = str(exc).strip().splitlines()
-        print(f"error: a Ray worker failed and its retries are exhausted (--max-retries): "
-              f"{type(exc).__name__}: {first[0] if first else ''}\n"
-              f"Finished images are checkpointed under --output; the same command resumes from them.", file=sys.stderr)
-        return 4
-    return 0
-
+    commands = {"run": run, "evaluate": evaluate, "summarize": run_summarize}
+    return cli.exit_code(lambda: commands[args.command](args))
 
 if __name__ == "__main__":
     sys.exit(main())

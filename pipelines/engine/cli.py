@@ -1,0 +1,37 @@
+"""Exit codes of the study command lines, shared by every pipeline's ``main``.
+
+0 done; 2 bad input or an unloadable model (a clear message, no traceback); 3 an error budget
+was exceeded; 4 a Ray task or actor failed beyond its retries (finished work is checkpointed, the
+same command resumes). Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from operators.base import ModelLoadError
+from pipelines.engine import io
+from pipelines.engine.progress import ErrorBudgetExceeded
+
+
+def exit_code(work: Callable[[], object]) -> int:
+    try:
+        work()
+    except (io.InputError, ModelLoadError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ErrorBudgetExceeded as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:
+        from ray.exceptions import RayError
+
+        if not isinstance(exc, RayError):
+            raise
+        first = str(exc).strip().splitlines()
+        print(f"error: a Ray worker failed and its retries are exhausted (--max-retries): "
+              f"{type(exc).__name__}: {first[0] if first else ''}\n"
+              f"Finished work is checkpointed under --output; the same command resumes from it.", file=sys.stderr)
+        return 4
+    return 0
