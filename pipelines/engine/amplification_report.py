@@ -307,4 +307,6 @@ def clean_json(obj):
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         return None if not math.isfinite(float(obj)) else float(obj)
+    if obj is pd.NA or obj is pd.NaT:
+        return None
     return obj

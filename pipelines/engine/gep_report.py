@@ -64,7 +64,9 @@ def score_table(scores: pd.DataFrame) -> pd.DataFrame:
     return wide.sort_values(S.ESTIMATOR, key=lambda s: s.map(_est_rank), kind="stable").reset_index(drop=True)
 
 
-def _with_human(results: dict, evaluation: dict | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def with_human(results: dict, evaluation: dict | None) -> dict[str, pd.DataFrame]:
+    """The automatic frequencies, vectors and scores (pandas), with the human ones first when there
+    are annotations: what the tables, the report and the printed summary show."""
     freq = results["frequencies"]
     freq = freq.to_pandas() if hasattr(freq, "to_pandas") else freq
     vectors, scores = results["vectors"], results["gep"]
@@ -74,12 +76,13 @@ def _with_human(results: dict, evaluation: dict | None) -> tuple[pd.DataFrame, p
                             ignore_index=True)
         scores = pd.concat([evaluation["human_gep"].assign(**{S.ESTIMATOR: S.Estimator.HUMAN}), scores],
                            ignore_index=True)
-    return freq, vectors, scores
+    return {"frequencies": freq, "vectors": vectors, "gep": scores}
 
 
-def paper_tables(results: dict, names: list[str], evaluation: dict | None = None) -> dict[str, pd.DataFrame]:
-    """File stem -> table: frequencies and GEP vectors per setting, and the GEP scores."""
-    freq, vectors, scores = _with_human(results, evaluation)
+def paper_tables(shown: dict, names: list[str]) -> dict[str, pd.DataFrame]:
+    """File stem -> table: frequencies and GEP vectors per setting, and the GEP scores, from
+    ``with_human``'s frames."""
+    freq, vectors, scores = shown["frequencies"], shown["vectors"], shown["gep"]
     out = {}
     for setting in [s for s in S.Setting.ALL if s in set(freq[S.SETTING])]:
         out[f"table_frequencies_{setting}"] = frequency_table(freq, setting, names)
@@ -88,10 +91,9 @@ def paper_tables(results: dict, names: list[str], evaluation: dict | None = None
     return out
 
 
-def format_scores(gep: pd.DataFrame, evaluation: dict | None = None) -> str:
-    scores = gep if evaluation is None else pd.concat(
-        [evaluation["human_gep"].assign(**{S.ESTIMATOR: S.Estimator.HUMAN}), gep], ignore_index=True)
-    table = score_table(scores)
+def format_scores(shown: dict, evaluation: dict | None = None) -> str:
+    """The printed summary: GEP scores from ``with_human``'s frames, and the agreement with humans."""
+    table = score_table(shown["gep"])
     settings = [c for c in S.Setting.ALL if c in table.columns]
     lines = ["GEP scores (mean |v_j|, Eq. 2; automatic estimators are on their own scale, compare ranks):",
              f"{'model':<28} {'comparison':<24} {'estimator':<9} " + " ".join(f"{s:>10}" for s in settings)]
@@ -180,10 +182,10 @@ STYLE = ("<style>body{font-family:sans-serif;margin:2em;max-width:1300px}table{b
          ".warn{background:#fff3cd;border:1px solid #e0c060;padding:.6em}</style>")
 
 
-def render_html(meta: dict, results: dict, tables: dict[str, pd.DataFrame], evaluation: dict | None,
+def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evaluation: dict | None,
                 records: list[dict]) -> str:
     names = meta["attributes"]
-    _, vectors, scores = _with_human(results, evaluation)
+    vectors = shown["vectors"]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>GEP report</title>", STYLE, "</head><body>",
              f"<h1>Gender presentation differences (GEP, paper 001): run {html.escape(meta['run_id'])}</h1>",
              f"<p>{meta['images']:,} images from {len(meta['models'])} generator(s), settings "

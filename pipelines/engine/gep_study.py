@@ -40,9 +40,10 @@ from operators.image_sink import ImageSink
 from operators.text_attribute_classifier import TABLE2_CONTEXTS
 from operators.text_gep_prompts import gep_requests, parse_attributes, parse_genders
 from pipelines.engine import config as study_config
-from pipelines.engine import gep_report, io, rundir, runtime
+from pipelines.engine import gep_report, io, rundir, runtime, study
+from pipelines.engine.amplification_report import clean_json
 from pipelines.engine.image_side import PAYLOAD, generation_checkpoint
-from pipelines.engine.progress import ErrorBudget, Phase, drain
+from pipelines.engine.progress import ErrorBudget, Phase, drain, outcome_counts
 from pipelines.engine.summary import format_run_summary, run_summary_csv, stage_row
 from schemas import gep as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
@@ -143,52 +144,19 @@ def scoring_config(st: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------ models
-def build_standins(root: str, models: list[str]) -> tuple[str, list[str]]:
-    from pipelines.standins.clip import build_tiny_open_clip
-    from pipelines.standins.diffusion import build_tiny_stable_diffusion
-
-    clip = build_tiny_open_clip(str(Path(root) / "clip-standin"), seed=0)
-    gens = [build_tiny_stable_diffusion(str(Path(root) / f"generator-{i + 1}-standin"), seed=i)
-            for i in range(len(models))]
-    return clip, gens
-
-
 def load_models(clip: dict, models: list[str], gen: dict, standin: bool) -> list[dict]:
     """Load CLIP and every generator once on the driver before any work: an unloadable model fails
     the run now, naming it and how to provide it."""
-    import gc
-
-    from operators.base import ModelLoadError
-    from operators.image_clip_gender import load_clip
-    from operators.image_generation import load_text2image
-
-    records = []
-    try:
-        bundle = load_clip(clip["model"], clip.get("pretrained"), device="cpu")
-        records.append({"role": "CLIP (embeddings, estimators)", "model": clip["model"], "standin": standin,
-                        "detail": bundle.record})
-        del bundle
-        for model in models:
-            pipe, rec = load_text2image(model, device="cpu", dtype="float32", safety_checker=gen["safety_checker"],
-                                        scheduler=gen.get("scheduler"))
-            records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
-            del pipe
-            gc.collect()
-    except ModelLoadError as exc:
-        if standin:
-            raise
-        raise ModelLoadError(f"{exc}\n(For an offline smoke run without these models, --standin-models uses tiny "
-                             f"random-weight stand-ins.)") from exc
-    return records
+    with study.standin_hint(standin):
+        return study.load_clip_and_generators(clip, models, gen["safety_checker"], standin,
+                                              "CLIP (embeddings, estimators)", gen.get("scheduler"))
 
 
 # ------------------------------------------------------------------------------------ run
 def run(args) -> dict:
     started = time.time()
     if not args.verbose:
-        from pipelines.engine.study import quiet_model_libraries
-
-        quiet_model_libraries()
+        study.quiet_model_libraries()
     st = settings(args)
     requests = requests_of(st)
     annotations = read_annotations(args.annotations) if args.annotations else None  # bad input fails now
@@ -209,7 +177,8 @@ def run(args) -> dict:
                 root = stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
             print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
             st["clip"] = {"model": None, "pretrained": None}
-            st["clip"]["model"], models = build_standins(root, models)
+            st["clip"]["model"], models = study.build_standins(
+                root, [f"generator-{i + 1}-standin" for i in range(len(models))])
         records = load_models(st["clip"], models, st["generation"], args.standin_models)
         for r in records:
             tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
@@ -260,7 +229,8 @@ def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: lis
     io.write_table_and_csv(results["vectors"], out_fs, f"{out}/{FILES['vectors']}")
     io.write_table_and_csv(results["gep"], out_fs, f"{out}/{FILES['gep']}")
     names = [a.name for a in st["attributes"]]
-    tables = gep_report.paper_tables(results, names, evaluation)
+    shown = gep_report.with_human(results, evaluation)
+    tables = gep_report.paper_tables(shown, names)
     for name, table in tables.items():
         io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
     save_images = not args.no_save_images
@@ -280,7 +250,7 @@ def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: lis
                    "save_images": save_images},
         "models": records, "scorer": scorer_record,
         "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
-                   "status": _value_counts(images, GENERATION_STATUS),
+                   "status": outcome_counts(images, GENERATION_STATUS),
                    "embedded": int(pc.sum(pc.is_valid(images.column(S.EMBEDDING))).as_py() or 0),
                    "scored_pairs": scores.num_rows},
         "results": {"gep": results["gep"].to_dict("records"), "vectors": results["vectors"].to_dict("records"),
@@ -288,15 +258,14 @@ def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: lis
         "evaluation": evaluation_json(evaluation) if evaluation is not None else None,
         "error_budgets": [b.as_dict() for b in budgets],
         "run_summary": summary_rows,
-        "environment": study_config.environment() | {"packages": study_config.package_versions(
-            study_config.RECORDED_PACKAGES + ("scikit-learn",))},
+        "environment": study_config.environment(),
     }
-    io.write_text(json.dumps(_clean(metrics), indent=2, default=str, allow_nan=False), out_fs, f"{out}/{FILES['metrics']}")
+    io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), out_fs, f"{out}/{FILES['metrics']}")
     meta = {"run_id": rd.run_id, "output": rd.display(), "images": images.num_rows, "models": models,
             "standin": bool(args.standin_models), "settings": st["settings"], "reference": st["reference"],
             "ensemble": st["classifier"]["ensemble"], "attributes": names}
-    io.write_text(gep_report.render_html(meta, results, tables, evaluation, records), out_fs, f"{out}/{FILES['report']}")
-    print(gep_report.format_scores(results["gep"], evaluation))
+    io.write_text(gep_report.render_html(meta, shown, tables, evaluation, records), out_fs, f"{out}/{FILES['report']}")
+    print(gep_report.format_scores(shown, evaluation))
     print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "
           f"{', '.join(sorted(n + '.csv' for n in tables))}, {FILES['tasks']}"
           + (f", {FILES['images_dir']}/" if save_images else ""))
@@ -499,7 +468,7 @@ def evaluate(images: pa.Table, scores: pa.Table, results: dict, ann: pd.DataFram
 def write_evaluation(ev: dict, fs, out: str) -> None:
     for key in ("human_frequencies", "human_vectors", "human_gep", "vector_agreement", "roc"):
         io.write_text(ev[key].to_csv(index=False), fs, f"{out}/{key}.csv")
-    io.write_text(json.dumps(_clean(evaluation_json(ev)), indent=2, default=str, allow_nan=False), fs,
+    io.write_text(json.dumps(clean_json(evaluation_json(ev)), indent=2, default=str, allow_nan=False), fs,
                   f"{out}/{FILES['evaluation']}")
 
 
@@ -528,7 +497,7 @@ def evaluate_run(args) -> dict:
     results = analyse(scores, st)
     ev = evaluate(images, scores, results, ann, st)
     write_evaluation(ev, fs, path)
-    print(gep_report.format_scores(results["gep"], ev))
+    print(gep_report.format_scores(gep_report.with_human(results, ev), ev))
     print(f"\nwrote {args.run}/{FILES['evaluation']} and the human_*.csv, vector_agreement.csv, roc.csv tables")
     return ev
 
@@ -555,7 +524,7 @@ def run_summary_rows(images: pa.Table, requested: int, phases: dict, score_phase
     rows = []
     for model, phase in phases.items():
         mine = images.filter(pc.equal(images.column(MODEL), model))
-        status = _value_counts(mine, GENERATION_STATUS)
+        status = outcome_counts(mine, GENERATION_STATUS)
         ok = status.get(GenerationStatus.OK, 0)
         share = phase.processed / phase.total if phase.total else 0.0
         rows.append(stage_row(phase, f"generated: {Path(model.rstrip('/')).name}", "generate", requested, ok,
@@ -567,25 +536,3 @@ def run_summary_rows(images: pa.Table, requested: int, phases: dict, score_phase
     rows.append(stage_row(score_phase, f"all generators ({pairs:,} image-attribute pairs)", "attribute_scores",
                           embedded, embedded, {}, embedded))
     return rows
-
-
-def _value_counts(table: pa.Table, column: str) -> dict[str, int]:
-    if not table.num_rows:
-        return {}
-    return {str(r["values"]): int(r["counts"]) for r in pc.value_counts(table.column(column)).to_pylist()}
-
-
-def _clean(obj):
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if obj is pd.NA or obj is pd.NaT:
-        return None
-    return obj
-

@@ -85,24 +85,40 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
     return settings, {"generation": gen, "face_filter": face, "gender_classifier": clip, "fetch": fetch}
 
 
-def build_standins(root: str) -> tuple[str, list[str]]:
-    """Tiny random CLIP and generators (one per default model) under ``root``."""
+STANDIN_GENERATORS = ("stable-diffusion-v1-4-standin", "stable-diffusion-v1-5-standin")
+
+
+def build_standins(root: str, names=STANDIN_GENERATORS) -> tuple[str, list[str]]:
+    """A tiny random CLIP and one tiny random generator per name (seeds 0, 1, ...) under ``root``."""
     from pipelines.standins.clip import build_tiny_open_clip
     from pipelines.standins.diffusion import build_tiny_stable_diffusion
 
     clip = build_tiny_open_clip(str(Path(root) / "clip-vit-standin"), seed=0)
-    gens = [build_tiny_stable_diffusion(str(Path(root) / name), seed=i)
-            for i, name in enumerate(("stable-diffusion-v1-4-standin", "stable-diffusion-v1-5-standin"))]
+    gens = [build_tiny_stable_diffusion(str(Path(root) / name), seed=i) for i, name in enumerate(names)]
     return clip, gens
 
 
 def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
-    """Load CLIP and every generator once on the driver, before any data is read: an unloadable
-    model fails the run now, naming it. Returns the provenance records."""
+    """Load the face detector, CLIP and every generator once on the driver, before any data is
+    read: an unloadable model fails the run now, naming it. Returns the provenance records."""
+    from operators.image_face_filter import FaceFilter
+
+    with standin_hint(standin):
+        face = FaceFilter(**st.face)
+        records = [{"role": "face detector", "model": f"MediaPipe BlazeFace ({face.record.get('model_range')})",
+                    "standin": False, "detail": face.record}]
+        face.close()
+        return records + load_clip_and_generators(st.clip, st.generators, st.generation["safety_checker"], standin,
+                                                  "gender classifier (CLIP)")
+
+
+@contextlib.contextmanager
+def standin_hint(standin: bool):
+    """A model that cannot load, outside a stand-in run, also says how to run without it."""
     from operators.base import ModelLoadError
 
     try:
-        return _load_image_models(st, standin)
+        yield
     except ModelLoadError as exc:
         if standin:
             raise
@@ -110,21 +126,18 @@ def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
                              f"--standin-models uses tiny random-weight stand-ins.)") from exc
 
 
-def _load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
+def load_clip_and_generators(clip: dict, generators: list[str], safety_checker: str, standin: bool, clip_role: str,
+                             scheduler: str | None = None) -> list[dict]:
+    """Load CLIP and each generator on the CPU once (and let them go): their provenance records."""
     from operators.image_clip_gender import load_clip
-    from operators.image_face_filter import FaceFilter
     from operators.image_generation import load_text2image
 
-    face = FaceFilter(**st.face)
-    records = [{"role": "face detector", "model": f"MediaPipe BlazeFace ({face.record.get('model_range')})",
-                "standin": False, "detail": face.record}]
-    face.close()
-    bundle = load_clip(st.clip["model"], st.clip["pretrained"], device="cpu")
-    records.append({"role": "gender classifier (CLIP)", "model": st.clip["model"], "standin": standin,
-                    "detail": bundle.record})
+    bundle = load_clip(clip["model"], clip.get("pretrained"), device="cpu")
+    records = [{"role": clip_role, "model": clip["model"], "standin": standin, "detail": bundle.record}]
     del bundle
-    for model in st.generators:
-        pipe, rec = load_text2image(model, device="cpu", dtype="float32", safety_checker=st.generation["safety_checker"])
+    for model in generators:
+        pipe, rec = load_text2image(model, device="cpu", dtype="float32", safety_checker=safety_checker,
+                                    scheduler=scheduler)
         records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
         del pipe
         gc.collect()
