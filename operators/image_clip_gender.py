@@ -240,10 +240,11 @@ def decide(probs: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> np.ndarra
     """Label per row of ``probs`` (n, 2) with columns [male, female]: the winning class where its
     probability is >= ``threshold`` (inclusive, compared in the dtype of ``probs``), else ambiguous.
 
-    ``threshold`` must be in (0.5, 1], so at most one class can reach it. NaN rows are ambiguous.
+    ``threshold`` must be in [0.5, 1]; 0.5 is the plain argmax (DALL-Eval's CLIP method), where an
+    exact tie reaches the threshold on both sides and stays ambiguous. NaN rows are ambiguous.
     """
-    if not 0.5 < threshold <= 1.0:
-        raise ValueError(f"threshold must be in (0.5, 1], got {threshold}")
+    if not 0.5 <= threshold <= 1.0:
+        raise ValueError(f"threshold must be in [0.5, 1], got {threshold}")
     p = np.asarray(probs)
     if p.ndim != 2 or p.shape[1] != 2:
         raise ValueError(f"probs must have shape (n, 2) [male, female], got {p.shape}")
@@ -251,6 +252,7 @@ def decide(probs: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> np.ndarra
     labels = np.full(len(p), Gender.AMBIGUOUS, dtype=object)
     labels[p[:, 0] >= thr] = Gender.MALE
     labels[p[:, 1] >= thr] = Gender.FEMALE
+    labels[(p[:, 0] >= thr) & (p[:, 1] >= thr)] = Gender.AMBIGUOUS
     return labels
 
 
@@ -391,8 +393,8 @@ class ClipGenderClassifier:
 
         if len(prompts) != 2:
             raise ValueError(f"prompts must be two texts [male, female], got {prompts!r}")
-        if not 0.5 < threshold <= 1.0:
-            raise ValueError(f"threshold must be in (0.5, 1], got {threshold}")
+        if not 0.5 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0.5, 1], got {threshold}")
         self.bundle = load_clip(model, pretrained, device)
         self.prompts = tuple(prompts)
         self.threshold = float(threshold)

@@ -99,7 +99,12 @@ def test_decide_threshold_is_inclusive_for_both_classes():
 
 def test_decide_rejects_bad_threshold_and_shape_and_nan_is_ambiguous():
     with pytest.raises(ValueError):
-        decide(np.array([[0.6, 0.4]]), 0.5)
+        decide(np.array([[0.6, 0.4]]), 0.49)
+    with pytest.raises(ValueError):
+        decide(np.array([[0.6, 0.4]]), 1.01)
+    # 0.5 is the argmax; an exact tie stays ambiguous
+    assert decide(np.array([[0.6, 0.4], [0.4, 0.6], [0.5, 0.5]]), 0.5).tolist() == [
+        Gender.MALE, Gender.FEMALE, Gender.AMBIGUOUS]
     with pytest.raises(ValueError):
         decide(np.array([0.6, 0.4]), 0.9)
     assert decide(np.array([[np.nan, np.nan]]), 0.9).tolist() == [Gender.AMBIGUOUS]

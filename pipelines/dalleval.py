@@ -1,0 +1,126 @@
+"""Social bias of text-to-image models with DALL-Eval's diagnostic prompts (paper 000, "DALL-Eval:
+Probing the Reasoning Skills and Social Biases of Text-to-Image Generation Models", section 4.2).
+
+Subcommands:
+  run        "[G] who works as a/an [P]" for G in {a person, a man, a woman} and the 83 professions of
+             Table 13, plus the bare "[G]" prompts (252 prompts), 9 images each with recorded seeds ->
+             generation with any diffusers model -> on the generator's device: perceived gender (BLIP-2
+             "the person looks like a male or a female?", or CLIP zero-shot) and the 15 attributes
+             (BLIP-2 "Is the person wearing [A]?") -> skin tone (face-mesh landmarks, skin region, ITA,
+             nearest Monk Skin Tone) -> average gender / skin tone and MAD against uniform per prompt
+             and per model (Tables 6-8, 16-17, 20-21), attribute presence per gender (Tables 9, 22-31),
+             per-image table, metrics.json, report.html.
+  summarize  average gender and MAD per model from a CSV of per-prompt counts (model,prompt,male,female
+             and optionally tone_1..tone_10): re-analyse published counts (Tables 16-17 give Table 8).
+
+Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with RAY_ADDRESS
+/ --ray-address set, on that cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (python pipelines/dalleval.py, ray submit)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.engine import cli, io  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dalleval.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="generate, detect gender / attributes / skin tone, and measure bias (one Ray job)")
+    r.add_argument("--output", required=True, metavar="DIR",
+                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
+    s = r.add_argument_group("study (section 4.2.1; any key of configs/dalleval.yaml in --config)")
+    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval.yaml")
+    s.add_argument("--professions", metavar="P,Q,...", help="only these professions of the configured list")
+    s.add_argument("--max-professions", type=int, metavar="N", help="only the first N professions (quick runs)")
+    s.add_argument("--no-bare-prompts", action="store_true", help="leave out the bare '[G]' prompts")
+    g = r.add_argument_group("generation")
+    g.add_argument("--generators", nargs="+", metavar="MODEL", help="diffusers models: hub ids or directories")
+    g.add_argument("--images-per-prompt", type=int, help="images per prompt (default 9)")
+    g.add_argument("--steps", type=int, help="inference steps (default 50)")
+    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
+    g.add_argument("--scheduler", help="diffusers scheduler class; 'model' keeps the model's (default)")
+    g.add_argument("--height", type=int, help="image height (default: the model's)")
+    g.add_argument("--width", type=int, help="image width (default: the model's)")
+    g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
+    g.add_argument("--safety-checker", choices=["model-default", "off"], help="default off")
+    d = r.add_argument_group("detection (section 4.2.3)")
+    d.add_argument("--gender-detector", choices=["blip2", "clip"], help="blip2 (default, the paper's) or clip zero-shot")
+    d.add_argument("--blip2-model", help="BLIP-2 model: hub id or directory (default Salesforce/blip2-flan-t5-xl)")
+    d.add_argument("--clip-model", help="CLIP of the clip detector: open_clip architecture, local-dir:/path or hf-hub:")
+    d.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
+    d.add_argument("--no-attributes", action="store_true", help="do not ask about the attributes")
+    d.add_argument("--no-skin-tone", action="store_true", help="do not measure skin tone")
+    d.add_argument("--standin-models", action="store_true",
+                   help="tiny random-weight generators, BLIP-2 and CLIP (offline smoke run; numbers are meaningless)")
+    x = r.add_argument_group("execution")
+    x.add_argument("--run-id", metavar="ID", help="run directory name (default dalleval-<8 hex digits of the configuration>)")
+    x.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address; 'local' starts a local instance")
+    x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
+    x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
+    x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
+    x.add_argument("--skin-actors", type=int, default=1, help="skin-tone (CPU) actors (default 1)")
+    x.add_argument("--gpus-per-actor", type=float, help="GPUs per generator actor (default 1 with GPUs, else 0)")
+    x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
+    x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
+    x.add_argument("--no-save-images", action="store_true", help="do not write the images")
+    x.add_argument("--no-progress", action="store_true", help="no progress bars and lines")
+    x.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
+    x.add_argument("--overwrite", action="store_true", help="discard this run id's directory and start again")
+
+    q = sub.add_parser("summarize", help="average gender / skin tone and MAD from per-prompt counts")
+    q.add_argument("--counts", required=True, metavar="CSV",
+                   help="columns model,prompt,male,female and optionally tone_1..tone_10 (and group)")
+    q.add_argument("--group", metavar="LABEL",
+                   help="gender metrics over this group's prompts only (needs a group column; default: every prompt)")
+    q.add_argument("--output", metavar="DIR", help="write dalleval_summary.json here")
+    return p
+
+
+def run_summarize(args) -> dict:
+    import io as _io
+
+    import pandas as pd
+
+    from operators.metric_dalleval import format_summary, summarize_counts
+
+    text = io.read_text(args.counts)
+    try:
+        df = pd.read_csv(_io.StringIO(text), dtype={"model": str, "prompt": str, "group": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise io.InputError(f"{args.counts}: not a readable CSV ({exc})") from None
+    if args.group is not None and "group" not in df:
+        raise io.InputError(f"--group {args.group}: the counts CSV has no group column")
+    result = summarize_counts(df, args.group)
+    print(format_summary(result))
+    if args.output:
+        out_fs, out = io.output_fs(args.output)
+        io.write_text(json.dumps({"input": args.counts, **result}, indent=2, allow_nan=False), out_fs,
+                      f"{out}/dalleval_summary.json")
+        print(f"wrote {args.output}/dalleval_summary.json")
+    return result
+
+
+def run(args) -> dict:
+    from pipelines.engine import dalleval_study
+
+    return dalleval_study.run(args)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"run": run, "summarize": run_summarize}
+    return cli.exit_code(lambda: commands[args.command](args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
