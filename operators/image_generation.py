@@ -202,8 +202,9 @@ def _valid_prompt(p) -> bool:
 
 
 class ImageGenerator:
-    """Adds GENERATION_COLUMNS (and GENDER_COLUMNS with a ``classifier``): one image per row from
-    its PROMPT and SEED."""
+    """Adds GENERATION_COLUMNS (and the ``output_fields`` of each head: GENDER_COLUMNS with a
+    ``classifier``, the CLIP embedding with an ``embedder``, BLIP-2 answers with a ``detector``): one
+    image per row from its PROMPT and SEED."""
 
     stage_name = STAGE_GENERATE
     resources = Resources(num_cpus=1, num_gpus=1, batch_size=8, actors=1)
@@ -211,7 +212,7 @@ class ImageGenerator:
     def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, classifier=None, micro_batch: int = 8,
-                 noise_device: str = "cpu", embedder=None, scheduler: str | None = None):
+                 noise_device: str = "cpu", embedder=None, scheduler: str | None = None, detector=None):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         self.model = model
@@ -227,9 +228,10 @@ class ImageGenerator:
         self.noise_device = pick_device(noise_device)
         self.classifier = self._head(classifier, "operators.image_clip_gender", "ClipGenderClassifier")
         self.embedder = self._head(embedder, "operators.image_clip_embedding", "ClipImageEmbedder")
-        # what runs on every generated image while it is still on the device: CLIP gender and/or a
-        # CLIP embedding; each returns the columns of its ``output_fields``
-        self.heads = [h for h in (self.classifier, self.embedder) if h is not None]
+        self.detector = self._head(detector, "operators.image_blip2_vqa", "Blip2Detector")
+        # what runs on every generated image while it is still on the device: CLIP gender, a CLIP
+        # embedding and/or BLIP-2 questions; each returns the columns of its ``output_fields``
+        self.heads = [h for h in (self.classifier, self.embedder, self.detector) if h is not None]
         self.record = {
             **load_record,
             "steps": self.steps,
@@ -241,6 +243,7 @@ class ImageGenerator:
             "noise_device": self.noise_device,
             "classifier": getattr(self.classifier, "record", None) if self.classifier is not None else None,
             "embedder": getattr(self.embedder, "record", None) if self.embedder is not None else None,
+            "detector": getattr(self.detector, "record", None) if self.detector is not None else None,
         }
 
     def _head(self, spec, module: str, name: str):

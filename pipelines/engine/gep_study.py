@@ -27,7 +27,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,8 +38,8 @@ from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.text_attribute_classifier import TABLE2_CONTEXTS
 from operators.text_gep_prompts import gep_requests, parse_attributes, parse_genders
+from pipelines.engine import checkpoint, gep_report, io, rundir, runtime, study
 from pipelines.engine import config as study_config
-from pipelines.engine import gep_report, io, rundir, runtime, study
 from pipelines.engine.amplification_report import clean_json
 from pipelines.engine.image_side import PAYLOAD, generation_checkpoint
 from pipelines.engine.progress import ErrorBudget, Phase, drain, outcome_counts
@@ -281,22 +280,14 @@ def model_dir(model: str) -> str:
 
 def _checkpointed(rd, name: str, model: str, requests: pa.Table) -> pa.Table:
     """This model's checkpointed images that are still requested, one row per image id."""
-    done = rd.read_parts(name, S.GEP_IMAGES)
-    done = done.filter(pc.equal(done.column(MODEL), model))
-    if done.num_rows:
-        idx = pa.array(np.arange(done.num_rows), pa.int64())
-        first = done.append_column("_i", idx).group_by([S.IMAGE_ID], use_threads=False).aggregate([("_i", "min")])
-        done = done.take(first.column("_i_min"))
-    # (no pyarrow join here: joins cannot carry the list-typed embedding column)
-    return done.filter(pc.is_in(done.column(S.IMAGE_ID), requests.column(S.IMAGE_ID)))
+    return checkpoint.checkpointed(rd, name, model, requests, S.GEP_IMAGES, S.IMAGE_ID)
 
 
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     """Generate and embed every requested image with ``model`` (resuming from the checkpoint)."""
     name = generation_checkpoint(model)
     done = _checkpointed(rd, name, model, requests)
-    todo = requests.filter(pc.invert(pc.is_in(requests.column(S.IMAGE_ID), done.column(S.IMAGE_ID)))) \
-        if done.num_rows else requests
+    todo = checkpoint.still_to_do(requests, done, S.IMAGE_ID)
     phase = Phase(f"generate {Path(model.rstrip('/')).name}", "images", requests.num_rows, reused=done.num_rows)
     for b in budgets:
         b.add(done)
@@ -320,10 +311,7 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
     elif budgets:
         for b in budgets:
             b.check(final=True)
-    images = _checkpointed(rd, name, model, requests)
-    if images.num_rows != requests.num_rows:
-        raise RuntimeError(f"{model}: {requests.num_rows} images requested, {images.num_rows} came back")
-    images = images.take(pc.index_in(requests.column(S.IMAGE_ID), images.column(S.IMAGE_ID)))  # request order
+    images = checkpoint.in_request_order(_checkpointed(rd, name, model, requests), requests, S.IMAGE_ID, model)
     return conform(images, S.GEP_IMAGES), phase
 
 
