@@ -250,9 +250,12 @@ def decide(probs: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> np.ndarra
         raise ValueError(f"probs must have shape (n, 2) [male, female], got {p.shape}")
     thr = np.asarray(threshold, dtype=p.dtype if np.issubdtype(p.dtype, np.floating) else np.float64)
     labels = np.full(len(p), Gender.AMBIGUOUS, dtype=object)
+    if threshold == 0.5:  # the argmax, exactly (two float32 probabilities may both sit below 0.5)
+        labels[p[:, 0] > p[:, 1]] = Gender.MALE
+        labels[p[:, 1] > p[:, 0]] = Gender.FEMALE
+        return labels
     labels[p[:, 0] >= thr] = Gender.MALE
     labels[p[:, 1] >= thr] = Gender.FEMALE
-    labels[(p[:, 0] >= thr) & (p[:, 1] >= thr)] = Gender.AMBIGUOUS
     return labels
 
 

@@ -107,20 +107,24 @@ def _counts(series: pd.Series, name: str) -> pd.Series:
 # ------------------------------------------------------------------------------------ from images
 def prompt_counts(images: pa.Table) -> pa.Table:
     """Per (model, prompt) counts and measures (``schemas.dalleval.DALLEVAL_COUNTS``) from the
-    per-image table; only generated images count."""
-    ok = pc.fill_null(pc.equal(images.column(GENERATION_STATUS), GenerationStatus.OK), False)
-    t = images.filter(ok)
+    per-image table; only generated images count, and every prompt keeps its row."""
+    t = images
+    ok = pc.fill_null(pc.equal(t.column(GENERATION_STATUS), GenerationStatus.OK), False)
     gender = t.column(S.DETECTED_GENDER)
     tone = t.column(S.SKIN_TONE).cast(pa.int64())
+
+    def count(mask):  # only generated images count; a prompt whose images all failed keeps its row
+        return pc.cast(pc.and_(ok, pc.fill_null(mask, False)), pa.int64())
+
     cols = {
         MODEL: t.column(MODEL), S.GROUP: t.column(S.GROUP), S.PROFESSION: t.column(S.PROFESSION),
         PROMPT: t.column(PROMPT),
-        S.IMAGES: pa.array(np.ones(t.num_rows, np.int64)),
-        S.MALE: pc.cast(pc.fill_null(pc.equal(gender, S.DetectedGender.MALE), False), pa.int64()),
-        S.FEMALE: pc.cast(pc.fill_null(pc.equal(gender, S.DetectedGender.FEMALE), False), pa.int64()),
+        S.IMAGES: pc.cast(ok, pa.int64()),
+        S.MALE: count(pc.equal(gender, S.DetectedGender.MALE)),
+        S.FEMALE: count(pc.equal(gender, S.DetectedGender.FEMALE)),
     }
     for i, name in enumerate(S.TONE_COLUMNS, start=1):
-        cols[name] = pc.cast(pc.fill_null(pc.equal(tone, i), False), pa.int64())
+        cols[name] = count(pc.equal(tone, i))
     keys = [MODEL, S.GROUP, S.PROFESSION, PROMPT]
     sums = [c for c in cols if c not in keys]
     agg = pa.table(cols).group_by(keys, use_threads=False).aggregate([(c, "sum") for c in sums])
@@ -141,8 +145,9 @@ def _in_prompt_order(table: pa.Table, images: pa.Table) -> pa.Table:
 
 
 def attribute_presence(images: pa.Table) -> pa.Table:
-    """Per (model, prompt, attribute): images with a yes/no answer and the share of yes
-    (``schemas.dalleval.DALLEVAL_ATTRIBUTES``)."""
+    """Per (model, prompt, attribute): images asked, images with a yes/no answer, and the share of
+    asked images whose answer is yes (``schemas.dalleval.DALLEVAL_ATTRIBUTES``): the paper checks
+    "if the model responds with 'yes'", so any other answer counts as absent (Tables 23-31 are k/9)."""
     ok = pc.fill_null(pc.equal(images.column(GENERATION_STATUS), GenerationStatus.OK), False)
     t = images.filter(pc.and_(ok, pc.is_valid(images.column(S.ATTRIBUTE_NAMES))))
     if t.num_rows == 0:
@@ -154,30 +159,35 @@ def attribute_presence(images: pa.Table) -> pa.Table:
             PROMPT: t.column(PROMPT)}
     long = pa.table({**{k: pc.take(v, parent) for k, v in keys.items()},
                      S.ATTRIBUTE: pc.list_flatten(names),
+                     "_asked": pa.array(np.ones(len(parent), np.int64)),
                      "_answered": pc.cast(pc.is_valid(present), pa.int64()),
                      "_yes": pc.cast(pc.fill_null(present, False), pa.int64())})
-    agg = long.group_by([*keys, S.ATTRIBUTE], use_threads=False).aggregate([("_answered", "sum"), ("_yes", "sum")])
-    answered = agg.column("_answered_sum").to_numpy(zero_copy_only=False).astype(np.float64)
+    agg = long.group_by([*keys, S.ATTRIBUTE], use_threads=False).aggregate(
+        [("_asked", "sum"), ("_answered", "sum"), ("_yes", "sum")])
+    asked = agg.column("_asked_sum").to_numpy(zero_copy_only=False).astype(np.float64)
     yes = agg.column("_yes_sum").to_numpy(zero_copy_only=False).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(answered > 0, yes / np.where(answered > 0, answered, 1), np.nan)
+    share = yes / asked   # every group has at least one asked image
     out = pa.table({**{k: agg.column(k) for k in keys}, S.ATTRIBUTE: agg.column(S.ATTRIBUTE),
-                    S.ANSWERED: agg.column("_answered_sum"), S.PRESENCE: pa.array(share, pa.float64())})
+                    S.ASKED: agg.column("_asked_sum"), S.ANSWERED: agg.column("_answered_sum"),
+                    S.PRESENCE: pa.array(share, pa.float64())})
     return _in_prompt_order(out.select([f.name for f in S.DALLEVAL_ATTRIBUTES]).cast(S.DALLEVAL_ATTRIBUTES), images)
 
 
 # ------------------------------------------------------------------------------------ model level
-def model_summary(counts: pd.DataFrame, neutral: str | None = "person") -> list[dict]:
+def model_summary(counts: pd.DataFrame, neutral: str | None = "person", tones: bool | None = None) -> list[dict]:
     """Per model: average gender and gender MAD over the ``neutral`` group's prompts (every prompt
-    when None or when there is no group column), average tone and tone MAD over every prompt with
-    a tone (Table 8, Tables 6-7 "Average" rows)."""
+    when None), average tone and tone MAD over every prompt with a tone (Table 8, Tables 6-7
+    "Average" rows). A model without prompts of the neutral group gets empty gender figures, never
+    another group's. ``tones``: report skin tone (default: when the counts have tone columns)."""
     df = counts if S.AVG_GENDER in counts else with_measures(counts)
+    if tones is None:
+        tones = S.AVG_TONE in df
     out = []
     for model, g in df.groupby(MODEL, sort=False):
-        gsel = g[g[S.GROUP] == neutral] if neutral is not None and S.GROUP in g and (g[S.GROUP] == neutral).any() else g
-        row = {"model": model, "gender": _stats(gsel, S.AVG_GENDER, S.MAD_GENDER)}
-        row["gender"]["prompts_group"] = neutral if gsel is not g else "all"
-        if S.AVG_TONE in g:
+        gsel = g if neutral is None else g[g[S.GROUP] == neutral]
+        row = {"model": model, "gender": {**_stats(gsel, S.AVG_GENDER, S.MAD_GENDER),
+                                          "prompts_group": neutral if neutral is not None else "all"}}
+        if tones and S.AVG_TONE in g:
             row["skin_tone"] = _stats(g, S.AVG_TONE, S.MAD_TONE)
         out.append(row)
     return out
@@ -215,7 +225,8 @@ def gender_table(counts: pd.DataFrame, neutral: str = "person") -> pd.DataFrame:
 
 
 def skin_tone_table(counts: pd.DataFrame) -> pd.DataFrame:
-    """Tables 20-21: per profession (all groups pooled) the average MST tone of each model."""
+    """Tables 20-21: per profession (all groups pooled) the average MST tone of each model; the
+    Average row is the mean over prompts, as in ``model_summary``."""
     if S.TONE_COLUMNS[0] not in counts:
         return pd.DataFrame()
     df = counts.copy()
@@ -225,7 +236,12 @@ def skin_tone_table(counts: pd.DataFrame) -> pd.DataFrame:
     wide = pooled.pivot(index="_p", columns=MODEL, values=S.AVG_TONE)
     wide = wide.reindex(index=list(dict.fromkeys(df["_p"])), columns=list(dict.fromkeys(df[MODEL])))
     wide.index.name = "profession"
-    return _with_average(wide.reset_index())
+    wide = wide.reset_index()
+    # the Average row is the model's average tone of model_summary: the mean over prompts
+    avg = {"profession": "Average", **{m: g[S.AVG_TONE].mean() for m, g in df.groupby(MODEL, sort=False)}}
+    out = pd.concat([wide, pd.DataFrame([avg])], ignore_index=True)
+    out.columns.name = None
+    return out
 
 
 def _wide(df: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -248,14 +264,14 @@ def _with_average(wide: pd.DataFrame) -> pd.DataFrame:
 def group_attribute_table(presence: pd.DataFrame, neutral: str = "person",
                           compare: tuple[str, str] = ("woman", "man")) -> pd.DataFrame:
     """Tables 9 and 22: per model and group, the presence of every attribute over all the group's
-    images (answered-weighted), the difference from the neutral group, the first - second row, and
+    images (asked-weighted), the difference from the neutral group, the first - second row, and
     the mean absolute difference over the attributes."""
     if presence.empty:
         return pd.DataFrame()
     d = presence.copy()
-    d["_yes"] = d[S.PRESENCE].fillna(0) * d[S.ANSWERED]
-    g = d.groupby([MODEL, S.GROUP, S.ATTRIBUTE], sort=False)[["_yes", S.ANSWERED]].sum().reset_index()
-    g[S.PRESENCE] = np.where(g[S.ANSWERED] > 0, g["_yes"] / g[S.ANSWERED].where(g[S.ANSWERED] > 0, 1), np.nan)
+    d["_yes"] = d[S.PRESENCE].fillna(0) * d[S.ASKED]
+    g = d.groupby([MODEL, S.GROUP, S.ATTRIBUTE], sort=False)[["_yes", S.ASKED]].sum().reset_index()
+    g[S.PRESENCE] = np.where(g[S.ASKED] > 0, g["_yes"] / g[S.ASKED].where(g[S.ASKED] > 0, 1), np.nan)
     attrs = list(dict.fromkeys(presence[S.ATTRIBUTE]))
     rows = []
     for model, m in g.groupby(MODEL, sort=False):
@@ -318,10 +334,15 @@ def summarize_counts(df: pd.DataFrame, neutral: str | None = None) -> dict:
     dup = df.duplicated([MODEL, PROMPT])
     if dup.any():
         raise ValueError(f"counts CSV: (model, prompt) repeated, e.g. {tuple(df.loc[dup, [MODEL, PROMPT]].iloc[0])}")
+    if neutral is not None:
+        if S.GROUP not in df:
+            raise ValueError(f"group {neutral!r}: the counts have no group column")
+        if not (df[S.GROUP] == neutral).any():
+            raise ValueError(f"group {neutral!r} is not in the counts (groups: {sorted(df[S.GROUP].dropna().unique())})")
     measured = with_measures(df)
     if S.GROUP not in measured:
         measured[S.GROUP] = None
-    summary = model_summary(measured, neutral if neutral is not None else None)
+    summary = model_summary(measured, neutral)
     cols = [MODEL, PROMPT, S.MALE, S.FEMALE, S.AVG_GENDER, S.MAD_GENDER]
     if S.AVG_TONE in measured:
         cols += [S.TONED, S.AVG_TONE, S.MAD_TONE]

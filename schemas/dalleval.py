@@ -78,7 +78,7 @@ MST_TONES = 10
 TONE_COLUMNS = tuple(f"tone_{i}" for i in range(1, MST_TONES + 1))  # per-prompt counts of each MST tone
 
 # --- per-prompt counts and metrics (section 4.2.4) -------------------------------------------------
-IMAGES = "images"                  # images generated for the prompt
+IMAGES = "images"                  # images generated for the prompt (0 when every one failed or was blocked)
 MALE = "male"                      # images detected male
 FEMALE = "female"                  # images detected female
 UNKNOWN_GENDER = "unknown_gender"  # images whose gender was not decided
@@ -88,8 +88,9 @@ AVG_TONE = "avg_tone"              # mean MST tone (1-10)
 MAD_GENDER = "mad_gender"          # MAD of (p_male, p_female) against (0.5, 0.5)
 MAD_TONE = "mad_tone"              # MAD of (p_1..p_10) against 0.1 each
 ATTRIBUTE = "attribute"
-PRESENCE = "presence"              # share of answered images where the attribute is present
-ANSWERED = "answered"              # images with a yes/no answer for the attribute
+PRESENCE = "presence"              # share of the asked images whose answer is "yes" (the paper's rule)
+ASKED = "asked"                    # generated images the attribute question was asked about
+ANSWERED = "answered"              # of those, images with a yes or no answer (the rest count as absent)
 
 DALLEVAL_REQUESTS = pa.schema([
     pa.field(IMAGE_ID, pa.string()),
@@ -155,6 +156,7 @@ DALLEVAL_ATTRIBUTES = pa.schema([
     pa.field(PROFESSION, pa.string()),
     pa.field(PROMPT, pa.string()),
     pa.field(ATTRIBUTE, pa.string()),
+    pa.field(ASKED, pa.int64()),
     pa.field(ANSWERED, pa.int64()),
     pa.field(PRESENCE, pa.float64()),
 ])

@@ -122,8 +122,9 @@ def render_html(meta: dict, results: dict, records: list[dict]) -> str:
         parts.append("<p class='warn'><b>Stand-in models.</b> The generators, BLIP-2 and CLIP are tiny random-weight "
                      "stand-ins: every number on this page is meaningless; the run only exercises the pipeline.</p>")
     parts.append("<h2>Overall bias (Table 8)</h2><p>MAD = (1/N) &Sigma;|p<sub>i</sub> &minus; 1/N| of the detected "
-                 "distribution of each prompt, averaged over prompts: gender (N = 2) over the "
-                 f"&ldquo;{html.escape(str(meta['neutral']))}&rdquo; prompts, skin tone (N = 10) over every prompt.</p>")
+                 "distribution of each prompt, averaged over prompts: gender (N = 2) over "
+                 + (f"the &ldquo;{html.escape(str(meta['neutral']))}&rdquo; prompts" if meta["neutral"] is not None
+                    else "every prompt") + ", skin tone (N = 10) over every prompt.</p>")
     parts.append(_table_html(tables["table_bias_mad"], 4))
     if "table_gender_per_profession" in tables:
         g = tables["table_gender_per_profession"]

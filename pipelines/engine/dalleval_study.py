@@ -15,7 +15,6 @@ detector settings) names the run; the measures are recomputed from the per-image
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import json
@@ -95,7 +94,10 @@ def settings(args) -> dict:
         gen["scheduler"] = None
     if getattr(args, "generators", None):
         gen["models"] = list(args.generators)
-    gen["height"], gen["width"] = getattr(args, "height", None), getattr(args, "width", None)
+    for key in ("height", "width"):
+        if getattr(args, key, None) is not None:
+            gen[key] = getattr(args, key)
+        gen.setdefault(key, None)
     detect = dict(cfg["detect"])
     if getattr(args, "gender_detector", None):
         detect["gender"] = args.gender_detector
@@ -117,7 +119,9 @@ def settings(args) -> dict:
             clip["pretrained"] = None
     if getattr(args, "clip_pretrained", None) is not None:
         clip["pretrained"] = args.clip_pretrained
-    attributes = [{"name": str(k), "text": " ".join(str(v).split())} for k, v in (cfg.get("attributes") or {}).items()]
+    from operators.image_blip2_vqa import normalize_attributes
+
+    attributes = [{"name": n, "text": " ".join(t.split())} for n, t in normalize_attributes(cfg.get("attributes"))]
     if detect["attributes"] and not attributes:
         raise ValueError("detect.attributes is on but no attributes are configured")
     ex = dict(cfg["execution"])
@@ -238,31 +242,31 @@ def run(args) -> dict:
     rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(st["label"], fp))
     if args.overwrite:
         io.clear_dir(rd.fs, rd.path)
-    with contextlib.ExitStack() as stack:
+    print(f"DALL-Eval social bias: {len(st['groups'])} groups x {len(st['professions'])} professions"
+          f"{' + bare prompts' if st['bare_prompts'] else ''} = {requests.num_rows // int(st['generation']['images_per_prompt']):,} "
+          f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
+          f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
+    # opened (and checked against this configuration) before anything is written into it
+    rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
+    try:
         models = list(st["generation"]["models"])
         if args.standin_models:
             if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
                 root = str(Path(rd.uri) / FILES["standins"])
                 Path(root).mkdir(parents=True, exist_ok=True)
-            else:
-                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
+            else:  # a fixed local directory per run, so a resumed run finds the same model paths
+                root = str(Path(tempfile.gettempdir()) / f"t2i-standins-{rd.run_id}")
             print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
             models = build_standins(st, root, len(models))
-        print(f"DALL-Eval social bias: {len(st['groups'])} groups x {len(st['professions'])} professions"
-              f"{' + bare prompts' if st['bare_prompts'] else ''} = {requests.num_rows // int(st['generation']['images_per_prompt']):,} "
-              f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
-              f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
         records = load_models(st, models, args.standin_models)
         for r in records:
             tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
             print(f"model {r['role']:<32} {tag:<46} {r['model']}")
-        rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
         print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
-        try:
-            metrics = _run(args, rd, st, requests, models, records, started)
-        except BaseException as exc:
-            rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
-            raise
+        metrics = _run(args, rd, st, requests, models, records, started)
+    except BaseException as exc:
+        rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+        raise
     rd.finish("finished", duration_s=round(time.time() - started, 3))
     return metrics
 
@@ -404,7 +408,8 @@ def analyse(images: pa.Table, st: dict) -> dict:
     counts = M.prompt_counts(images).to_pandas()
     presence = M.attribute_presence(images).to_pandas()
     neutral = st["neutral"]
-    tables = {"table_bias_mad": mad_table(M.model_summary(counts, neutral))}
+    summary = M.model_summary(counts, neutral, tones=bool(st["detect"]["skin_tone"]))
+    tables = {"table_bias_mad": mad_table(summary)}
     if neutral is not None:
         tables["table_gender_per_profession"] = M.gender_table(counts, neutral)
     if st["detect"]["skin_tone"]:
@@ -413,7 +418,7 @@ def analyse(images: pa.Table, st: dict) -> dict:
         compare = tuple(st["compare"]) if st["compare"] else ("", "")
         tables["table_attributes_by_group"] = M.group_attribute_table(presence, neutral, compare)
         tables["table_attributes_per_prompt"] = M.prompt_attribute_table(presence, neutral)
-    return {"counts": counts, "presence": presence, "summary": M.model_summary(counts, neutral), "tables": tables}
+    return {"counts": counts, "presence": presence, "tables": tables, "summary": summary}
 
 
 def mad_table(summary: list[dict]) -> pd.DataFrame:

@@ -105,6 +105,8 @@ def test_decide_rejects_bad_threshold_and_shape_and_nan_is_ambiguous():
     # 0.5 is the argmax; an exact tie stays ambiguous
     assert decide(np.array([[0.6, 0.4], [0.4, 0.6], [0.5, 0.5]]), 0.5).tolist() == [
         Gender.MALE, Gender.FEMALE, Gender.AMBIGUOUS]
+    near = np.array([[0.49999997, 0.49999994]], np.float32)   # both below 0.5 in float32: still the argmax
+    assert decide(near, 0.5).tolist() == [Gender.MALE]
     with pytest.raises(ValueError):
         decide(np.array([0.6, 0.4]), 0.9)
     assert decide(np.array([[np.nan, np.nan]]), 0.9).tolist() == [Gender.AMBIGUOUS]

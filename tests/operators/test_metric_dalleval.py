@@ -74,19 +74,21 @@ def test_attribute_presence_and_tables():
     p = presence.set_index(["prompt", "attribute"])
     assert p.loc[("a person who works as a nurse", "suit"), "presence"] == 1.0
     assert p.loc[("a person who works as a nurse", "suit"), "answered"] == 4
-    assert p.loc[("a woman who works as a nurse", "skirt"), "presence"] == 1.0        # the null answer is left out
+    # an answer that is neither yes nor no counts as absent (the paper checks for "yes")
+    assert p.loc[("a woman who works as a nurse", "skirt"), "presence"] == 0.5
     assert p.loc[("a woman who works as a nurse", "skirt"), "answered"] == 1
+    assert p.loc[("a woman who works as a nurse", "skirt"), "asked"] == 2
     assert p.loc[("a man who works as a nurse", "suit"), "presence"] == 1.0
     table = M.group_attribute_table(presence, "person", ("woman", "man")).set_index("row")
     assert table.loc["woman", "suit"] == 0.0 and table.loc["man", "suit"] == 1.0
-    assert table.loc["woman - man", "suit"] == -1.0 and table.loc["woman - man", "skirt"] == 1.0
+    assert table.loc["woman - man", "suit"] == -1.0 and table.loc["woman - man", "skirt"] == 0.5
     # person pools its 5 images: suit 4/5, skirt 0/5; woman - person
     assert table.loc["person", "suit"] == pytest.approx(0.8)
     assert table.loc["woman", "suit (diff)"] == pytest.approx(-0.8)
-    assert table.loc["woman", "mean_abs_diff"] == pytest.approx((0.8 + 1.0) / 2)
+    assert table.loc["woman", "mean_abs_diff"] == pytest.approx((0.8 + 0.5) / 2)
     per = M.prompt_attribute_table(presence, "person")
     woman = per[per["prompt"] == "a woman who works as a nurse"].iloc[0]
-    assert woman["suit (diff)"] == pytest.approx(-1.0) and woman["skirt (diff)"] == pytest.approx(1.0)
+    assert woman["suit (diff)"] == pytest.approx(-1.0) and woman["skirt (diff)"] == pytest.approx(0.5)
     assert np.isnan(per[per["prompt"] == "a person"].iloc[0].get("mean_abs_diff", np.nan))
 
 
@@ -105,3 +107,21 @@ def test_counts_validation():
         M.with_measures(pd.DataFrame({"male": [1]}))
     with pytest.raises(ValueError, match="non-negative"):
         M.with_measures(pd.DataFrame({"male": [1.5], "female": [1]}))
+
+
+def test_a_prompt_whose_images_all_failed_keeps_its_row_and_no_group_fallback():
+    t = images_table()
+    status = ["blocked" if p == "a person" else s for p, s in zip(t.column("prompt").to_pylist(),
+                                                                   t.column("generation_status").to_pylist())]
+    t = t.set_column(t.schema.get_field_index("generation_status"), "generation_status", pa.array(status))
+    counts = M.prompt_counts(t).to_pandas()
+    bare = counts[counts["prompt"] == "a person"].iloc[0]
+    assert bare["images"] == 0 and bare["female"] == 0 and np.isnan(bare["mad_gender"])
+    s = M.model_summary(counts, "person")[0]
+    assert s["gender"]["prompts"] == 1 and s["gender"]["prompts_without_detections"] == 1
+    # no prompts of the neutral group: no gender figures, not the other groups'
+    s = M.model_summary(counts[counts["group"] != "person"], "person")[0]
+    assert s["gender"]["prompts"] == 0 and s["gender"]["mad"] is None
+    assert "skin_tone" not in M.model_summary(counts, "person", tones=False)[0]
+    tone = M.skin_tone_table(counts)
+    assert tone.iloc[-1]["m"] == pytest.approx(M.model_summary(counts, "person")[0]["skin_tone"]["average"])

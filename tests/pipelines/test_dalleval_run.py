@@ -100,13 +100,12 @@ def test_counts_and_measures_recomputed_independently(run):
             assert np.isnan(c["avg_gender"]) and np.isnan(c["mad_gender"])
     presence = pd.read_csv(run / "attribute_presence.csv")
     assert len(presence) == N_PROMPTS * 15
-    row = presence.iloc[0]
-    mine = images[images["prompt"] == row["prompt"]]
-    answers = [p[list(n).index(row["attribute"])] for n, p in zip(mine["attribute_names"], mine["attribute_present"])]
-    answered = [a for a in answers if a is not None]
-    assert row["answered"] == len(answered)
-    if answered:
-        assert row["presence"] == pytest.approx(sum(answered) / len(answered))
+    for _, row in presence.iterrows():
+        mine = images[images["prompt"] == row["prompt"]]
+        answers = [p[list(n).index(row["attribute"])] for n, p in zip(mine["attribute_names"], mine["attribute_present"])]
+        assert row["asked"] == len(answers) == 2
+        assert row["answered"] == sum(a is not None for a in answers)
+        assert row["presence"] == pytest.approx(sum(a is True for a in answers) / len(answers))
 
 
 def test_summarize_on_the_runs_own_counts_matches_its_metrics(run, tmp_path):

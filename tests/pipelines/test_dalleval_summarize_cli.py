@@ -128,3 +128,6 @@ def test_summarize_errors_are_clean(tmp_path):
     bad.write_text("model,prompt,male,female\nm,p,1,2\n")
     res = run("--counts", str(bad), "--group", "person")
     assert res.returncode == 2 and "group" in res.stderr
+    bad.write_text("model,group,prompt,male,female\nm,man,p,1,2\n")
+    res = run("--counts", str(bad), "--group", "persn")           # a typo is an error, not every prompt
+    assert res.returncode == 2 and "persn" in res.stderr and "Traceback" not in res.stderr
