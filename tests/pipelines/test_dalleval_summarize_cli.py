@@ -61,6 +61,10 @@ def test_tables_16_17_give_table_8(tmp_path):
         assert g["prompts"] == 83
         assert abs(g["average"] - TABLE17_AVERAGE[model]) < 0.005, (model, g["average"])
         assert abs(g["mad"] - table8) <= 0.5 / 84, (model, g["mad"])
+        # the other reading of the formula, the MAD of the pooled distribution, is far from Table 8
+        m = sum(r["male"] for r in rows if r["model"] == model)
+        f = sum(r["female"] for r in rows if r["model"] == model)
+        assert abs(abs(f / (m + f) - 0.5) - table8) > 0.5 / 84 and abs(g["mad"] - abs(f / (m + f) - 0.5)) > 0.05
         bare = 84 * table8 - 83 * g["mad"]   # the MAD of the unprinted bare "a person" prompt
         assert -0.01 < bare < 0.51 and abs(bare * 18 - round(bare * 18)) < 84 * 0.00005 * 18 + 1e-6, (model, bare)
     assert [r["gender"] for r in doc["reference"]] == [0.0, 0.5]
@@ -72,16 +76,6 @@ def test_tables_16_17_give_table_8(tmp_path):
     # the printed table: one line per model, then the reference rows
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("minDALL-E", "Karlo", "Stable"))]
     assert len(lines) == 3 and all(ln.split()[-3] == "83" for ln in lines)
-
-
-def test_pooled_mad_is_not_what_table_8_reports(tmp_path):
-    """Guard against the other reading of the formula: MAD of the pooled distribution over all prompts."""
-    rows = counts_from_tables(tmp_path / "counts.csv")
-    for model, table8 in TABLE8_GENDER.items():
-        m = sum(r["male"] for r in rows if r["model"] == model)
-        f = sum(r["female"] for r in rows if r["model"] == model)
-        pooled = abs(f / (m + f) - 0.5)
-        assert abs(pooled - table8) > 0.5 / 84
 
 
 def test_skin_tone_columns_and_group_filter(tmp_path):
