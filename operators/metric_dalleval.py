@@ -152,24 +152,34 @@ def attribute_presence(images: pa.Table) -> pa.Table:
     t = images.filter(pc.and_(ok, pc.is_valid(images.column(S.ATTRIBUTE_NAMES))))
     if t.num_rows == 0:
         return S.DALLEVAL_ATTRIBUTES.empty_table()
-    names = t.column(S.ATTRIBUTE_NAMES)
-    parent = pc.list_parent_indices(names)
-    present = pc.list_flatten(t.column(S.ATTRIBUTE_PRESENT))
-    keys = {MODEL: t.column(MODEL), S.GROUP: t.column(S.GROUP), S.PROFESSION: t.column(S.PROFESSION),
-            PROMPT: t.column(PROMPT)}
-    long = pa.table({**{k: pc.take(v, parent) for k, v in keys.items()},
-                     S.ATTRIBUTE: pc.list_flatten(names),
-                     "_asked": pa.array(np.ones(len(parent), np.int64)),
-                     "_answered": pc.cast(pc.is_valid(present), pa.int64()),
-                     "_yes": pc.cast(pc.fill_null(present, False), pa.int64())})
-    agg = long.group_by([*keys, S.ATTRIBUTE], use_threads=False).aggregate(
-        [("_asked", "sum"), ("_answered", "sum"), ("_yes", "sum")])
-    asked = agg.column("_asked_sum").to_numpy(zero_copy_only=False).astype(np.float64)
-    yes = agg.column("_yes_sum").to_numpy(zero_copy_only=False).astype(np.float64)
-    share = yes / asked   # every group has at least one asked image
-    out = pa.table({**{k: agg.column(k) for k in keys}, S.ATTRIBUTE: agg.column(S.ATTRIBUTE),
-                    S.ASKED: agg.column("_asked_sum"), S.ANSWERED: agg.column("_answered_sum"),
-                    S.PRESENCE: pa.array(share, pa.float64())})
+    t = t.combine_chunks()
+    names = t.column(S.ATTRIBUTE_NAMES).chunk(0) if t.num_rows else None
+    present = t.column(S.ATTRIBUTE_PRESENT).chunk(0)
+    if not pc.all(pc.equal(pc.list_value_length(names), pc.list_value_length(present))).as_py():
+        raise ValueError(f"{S.ATTRIBUTE_NAMES} and {S.ATTRIBUTE_PRESENT} differ in length on some rows")
+    # integer codes instead of a group-by over (model, group, profession, prompt, attribute) strings
+    # on one row per (image, attribute): the prompt determines group and profession within a model
+    key = pc.dictionary_encode(pc.binary_join_element_wise(t.column(MODEL), t.column(PROMPT), "\x1f")).combine_chunks()
+    kcode = key.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    attr = pc.dictionary_encode(pc.list_flatten(names))
+    acode = attr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    n_attr = len(attr.dictionary)
+    parent = pc.list_parent_indices(names).to_numpy(zero_copy_only=False)
+    cell = kcode[parent] * n_attr + acode
+    flat = pc.list_flatten(present)
+    size = len(key.dictionary) * n_attr
+    asked = np.bincount(cell, minlength=size)
+    answered = np.bincount(cell, weights=pc.is_valid(flat).to_numpy(zero_copy_only=False), minlength=size)
+    yes = np.bincount(cell, weights=pc.fill_null(flat, False).to_numpy(zero_copy_only=False), minlength=size)
+    cells = np.flatnonzero(asked)
+    _, first = np.unique(kcode, return_index=True)          # a row of each (model, prompt)
+    rows = first[cells // n_attr]
+    out = pa.table({MODEL: t.column(MODEL).take(rows), S.GROUP: t.column(S.GROUP).take(rows),
+                    S.PROFESSION: t.column(S.PROFESSION).take(rows), PROMPT: t.column(PROMPT).take(rows),
+                    S.ATTRIBUTE: attr.dictionary.take(pa.array(cells % n_attr)),
+                    S.ASKED: pa.array(asked[cells].astype(np.int64)),
+                    S.ANSWERED: pa.array(answered[cells].astype(np.int64)),
+                    S.PRESENCE: pa.array(yes[cells] / asked[cells], pa.float64())})
     return _in_prompt_order(out.select([f.name for f in S.DALLEVAL_ATTRIBUTES]).cast(S.DALLEVAL_ATTRIBUTES), images)
 
 
