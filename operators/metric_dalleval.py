@@ -368,7 +368,8 @@ def format_summary(result: dict) -> str:
     lines = [head]
     fmt = lambda x, w, d: f"{x:>{w}.{d}f}" if x is not None else f"{'-':>{w}}"  # noqa: E731
     for m in result["models"]:
-        line = f"{m['model'][:31]:<32}{m['gender']['prompts']:>8}{fmt(m['gender']['average'], 12, 4)}" \
+        name = str(m["model"]).rstrip("/").split("/")[-1]   # a model directory: its last component
+        line = f"{name[:31]:<32}{m['gender']['prompts']:>8}{fmt(m['gender']['average'], 12, 4)}" \
                f"{fmt(m['gender']['mad'], 12, 4)}"
         if tone:
             st = m.get("skin_tone") or {"average": None, "mad": None}
