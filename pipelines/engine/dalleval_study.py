@@ -41,7 +41,7 @@ from pipelines.engine import checkpoint, dalleval_report, io, rundir, runtime, s
 from pipelines.engine import config as study_config
 from pipelines.engine.amplification_report import clean_json
 from pipelines.engine.image_side import PAYLOAD, generation_checkpoint
-from pipelines.engine.progress import ErrorBudget, Phase, drain, outcome_counts
+from pipelines.engine.progress import Phase, drain, outcome_counts
 from pipelines.engine.summary import format_run_summary, run_summary_csv, stage_row
 from schemas import dalleval as S
 from schemas.gep import IMAGE_ID
@@ -273,24 +273,10 @@ def run(args) -> dict:
 
 def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: list[dict], started: float) -> dict:
     echo = (lambda *a, **k: None) if args.no_progress else print
-    ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, progress=not args.no_progress,
-                           actor_cpus=args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0))
-    runtime.configure(st["execution"]["max_retries"])
-    gpus = float(ray.cluster_resources().get("GPU", 0))
-    per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
-
-    parts, phases, budgets = [], {}, []
-    for model in models:
-        print(f"generating and detecting {requests.num_rows:,} images with {model} ...")
-        budget = ErrorBudget(f"generation ({model})", {GENERATION_STATUS: GenerationStatus.FAILURES},
-                             float(st["execution"]["max_error_rate"]), int(st["execution"]["error_budget_min_rows"]))
-        images, phase = generate(ray, rd, requests, model, st, args, per_actor, [budget], echo)
-        if phase.reused:
-            print(f"  {phase.reused:,} of {phase.total:,} images reused from the checkpoint, {phase.processed:,} now")
-        parts.append(images)
-        phases[model] = phase
-        budgets.append(budget)
-    images = pa.concat_tables(parts)
+    ray, per_actor = study.start_ray(args, st["execution"], actor_cpus=args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0))
+    images, phases, budgets = study.generate_per_model(
+        models, requests, st["execution"],
+        lambda model, budgets: generate(ray, rd, requests, model, st, args, per_actor, budgets, echo), "generating and detecting")
 
     results = analyse(images, st)
     out_fs, out = rd.fs, rd.path

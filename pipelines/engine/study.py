@@ -26,7 +26,7 @@ from pipelines.engine import amplification_report as rep
 from pipelines.engine import config as study_config
 from pipelines.engine import image_side, io, runtime
 from pipelines.engine.image_side import ImageSettings
-from pipelines.engine.progress import Phase
+from pipelines.engine.progress import ErrorBudget, Phase
 from pipelines.engine.summary import (
     format_run_summary,
     summary_rows_captions,
@@ -142,6 +142,33 @@ def load_clip_and_generators(clip: dict, generators: list[str], safety_checker: 
         del pipe
         gc.collect()
     return records
+
+
+def start_ray(args, execution: dict, actor_cpus: float):
+    """The Ray instance of a study's run (local or the cluster's) and the GPUs per model actor."""
+    ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, progress=not args.no_progress,
+                           actor_cpus=actor_cpus)
+    runtime.configure(execution["max_retries"])
+    gpus = float(ray.cluster_resources().get("GPU", 0))
+    per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
+    return ray, per_actor
+
+
+def generate_per_model(models: list[str], requests: pa.Table, execution: dict, generate_one, what: str = "generating"):
+    """Run ``generate_one(model, budgets) -> (images, phase)`` for every generator, each with its own
+    error budget on generation failures; returns (all images, phases per model, budgets)."""
+    parts, phases, budgets = [], {}, []
+    for model in models:
+        print(f"{what} {requests.num_rows:,} images with {model} ...")
+        budget = ErrorBudget(f"generation ({model})", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES},
+                             float(execution["max_error_rate"]), int(execution["error_budget_min_rows"]))
+        images, phase = generate_one(model, [budget])
+        if phase.reused:
+            print(f"  {phase.reused:,} of {phase.total:,} images reused from the checkpoint, {phase.processed:,} now")
+        parts.append(images)
+        phases[model] = phase
+        budgets.append(budget)
+    return pa.concat_tables(parts), phases, budgets
 
 
 def quiet_model_libraries() -> None:
