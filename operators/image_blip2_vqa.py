@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 
 from operators.base import ModelLoadError, Resources, with_column
 from operators.image_codec import batch_images
+from operators.image_generation import resolve_dtype
 from operators.text_prompt_similarity import pick_device, weights_fingerprint
 from schemas.dalleval import (
     ATTRIBUTE_ANSWERS,
@@ -80,7 +81,6 @@ DEFAULT_MALE_WORDS = ("male", "man", "boy", "gentleman")
 DEFAULT_FEMALE_WORDS = ("female", "woman", "girl", "lady")
 YES_WORDS = ("yes", "yeah", "yep")
 NO_WORDS = ("no", "nope")
-DTYPES = ("float32", "float16", "bfloat16")
 
 OUTPUT_FIELDS = tuple(f for f in DETECTION_FIELDS if f.name not in (P_MALE, P_FEMALE))
 
@@ -169,17 +169,6 @@ class Blip2Bundle:
     record: dict = field(default_factory=dict)
 
 
-def _torch_dtype(dtype: str, device: str):
-    import torch
-
-    if dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    name = str(dtype).replace("torch.", "")
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {DTYPES}")
-    return getattr(torch, name)
-
-
 def _version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -266,7 +255,7 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
     from transformers import AutoConfig, AutoProcessor, Blip2ForConditionalGeneration
 
     dev = pick_device(device)
-    torch_dtype = _torch_dtype(dtype, dev)
+    torch_dtype = resolve_dtype(dtype, dev, cuda_auto="bfloat16")  # Flan-T5 overflows in float16
     try:
         config = AutoConfig.from_pretrained(model, revision=revision)
         if getattr(config, "model_type", None) != "blip-2":

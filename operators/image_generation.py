@@ -64,11 +64,13 @@ class SafetyCheckerPolicy:
     ALL = (MODEL_DEFAULT, OFF)
 
 
-def _torch_dtype(dtype: str, device: str):
+def resolve_dtype(dtype: str, device: str, cuda_auto: str = "float16"):
+    """The torch dtype for a model: ``dtype`` by name, or for "auto" ``cuda_auto`` on CUDA and
+    float32 elsewhere."""
     import torch
 
     if dtype == "auto":
-        return torch.float16 if str(device).startswith("cuda") else torch.float32
+        return getattr(torch, cuda_auto) if str(device).startswith("cuda") else torch.float32
     name = str(dtype).replace("torch.", "")
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {DTYPES}")
@@ -106,7 +108,7 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if safety_checker not in SafetyCheckerPolicy.ALL:
         raise ValueError(f"safety_checker must be one of {SafetyCheckerPolicy.ALL}, got {safety_checker!r}")
     device = pick_device(device)
-    torch_dtype = _torch_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device)
     kwargs = {_dtype_keyword(): torch_dtype, "revision": revision}
     if safety_checker == SafetyCheckerPolicy.OFF:
         kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument

@@ -83,21 +83,7 @@ def settings(args) -> dict:
     compare = list(cfg.get("compare") or [])
     if compare and (len(compare) != 2 or any(c not in groups for c in compare) or compare[0] == compare[1]):
         raise ValueError(f"compare: {compare} must name two different groups of {list(groups)}")
-    gen = dict(cfg["generation"])
-    for key, attr in (("images_per_prompt", "images_per_prompt"), ("steps", "steps"),
-                      ("guidance_scale", "guidance_scale"), ("seed", "generation_seed"),
-                      ("safety_checker", "safety_checker"), ("scheduler", "scheduler")):
-        value = getattr(args, attr, None)
-        if value is not None:
-            gen[key] = value
-    if gen.get("scheduler") in ("model", "", "none"):
-        gen["scheduler"] = None
-    if getattr(args, "generators", None):
-        gen["models"] = list(args.generators)
-    for key in ("height", "width"):
-        if getattr(args, key, None) is not None:
-            gen[key] = getattr(args, key)
-        gen.setdefault(key, None)
+    gen = study.generation_settings(cfg["generation"], args)
     detect = dict(cfg["detect"])
     if getattr(args, "gender_detector", None):
         detect["gender"] = args.gender_detector
@@ -111,14 +97,7 @@ def settings(args) -> dict:
     if getattr(args, "blip2_model", None):
         blip2["model"] = args.blip2_model
         blip2["revision"] = None
-    clip = dict(cfg["clip"])
-    if getattr(args, "clip_model", None):
-        clip["model"] = args.clip_model
-        if args.clip_pretrained is None and (args.clip_model.startswith(("local-dir:", "hf-hub:"))
-                                             or Path(args.clip_model).is_dir()):
-            clip["pretrained"] = None
-    if getattr(args, "clip_pretrained", None) is not None:
-        clip["pretrained"] = args.clip_pretrained
+    clip = study.clip_settings(cfg["clip"], args)
     from operators.image_blip2_vqa import normalize_attributes
 
     attributes = [{"name": n, "text": " ".join(t.split())} for n, t in normalize_attributes(cfg.get("attributes"))]

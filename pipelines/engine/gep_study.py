@@ -86,26 +86,8 @@ def settings(args) -> dict:
     for c in comparisons:
         if len(c) != 2 or c[0] not in genders or c[1] not in genders or c[0] == c[1]:
             raise ValueError(f"comparisons: {list(c)} must name two different groups of {list(genders)}")
-    gen = dict(cfg["generation"])
-    for key, attr in (("images_per_prompt", "images_per_prompt"), ("steps", "steps"),
-                      ("guidance_scale", "guidance_scale"), ("seed", "generation_seed"),
-                      ("safety_checker", "safety_checker"), ("scheduler", "scheduler")):
-        value = getattr(args, attr, None)
-        if value is not None:
-            gen[key] = value
-    if gen.get("scheduler") in ("model", "", "none"):
-        gen["scheduler"] = None
-    if getattr(args, "generators", None):
-        gen["models"] = list(args.generators)
-    gen["height"], gen["width"] = getattr(args, "height", None), getattr(args, "width", None)
-    clip = dict(cfg["clip"])
-    if getattr(args, "clip_model", None):
-        clip["model"] = args.clip_model
-        if args.clip_pretrained is None and (args.clip_model.startswith(("local-dir:", "hf-hub:"))
-                                             or Path(args.clip_model).is_dir()):
-            clip["pretrained"] = None
-    if getattr(args, "clip_pretrained", None) is not None:
-        clip["pretrained"] = args.clip_pretrained
+    gen = study.generation_settings(cfg["generation"], args)
+    clip = study.clip_settings(cfg["clip"], args)
     classifier = dict(cfg["classifier"])
     classifier["contexts"] = list(classifier.get("contexts") or contexts or TABLE2_CONTEXTS)
     if getattr(args, "ensemble", None) is not None:

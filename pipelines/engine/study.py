@@ -144,6 +144,40 @@ def load_clip_and_generators(clip: dict, generators: list[str], safety_checker: 
     return records
 
 
+def generation_settings(generation: dict, args) -> dict:
+    """A study's generation settings with the command line's overrides (flags given, not defaults);
+    height and width from a study file are kept unless a flag replaces them."""
+    gen = dict(generation)
+    for key, attr in (("images_per_prompt", "images_per_prompt"), ("steps", "steps"),
+                      ("guidance_scale", "guidance_scale"), ("seed", "generation_seed"),
+                      ("safety_checker", "safety_checker"), ("scheduler", "scheduler"),
+                      ("height", "height"), ("width", "width")):
+        value = getattr(args, attr, None)
+        if value is not None:
+            gen[key] = value
+    if gen.get("scheduler") in ("model", "", "none"):
+        gen["scheduler"] = None
+    if getattr(args, "generators", None):
+        gen["models"] = list(args.generators)
+    gen.setdefault("height", None)
+    gen.setdefault("width", None)
+    return gen
+
+
+def clip_settings(clip: dict, args) -> dict:
+    """A study's CLIP with --clip-model / --clip-pretrained applied (a directory or local-dir: /
+    hf-hub: model needs no pretrained tag)."""
+    clip = dict(clip)
+    if getattr(args, "clip_model", None):
+        clip["model"] = args.clip_model
+        if args.clip_pretrained is None and (args.clip_model.startswith(("local-dir:", "hf-hub:"))
+                                             or Path(args.clip_model).is_dir()):
+            clip["pretrained"] = None
+    if getattr(args, "clip_pretrained", None) is not None:
+        clip["pretrained"] = args.clip_pretrained
+    return clip
+
+
 def start_ray(args, execution: dict, actor_cpus: float):
     """The Ray instance of a study's run (local or the cluster's) and the GPUs per model actor."""
     ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, progress=not args.no_progress,
