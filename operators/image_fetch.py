@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 import pyarrow as pa
 
@@ -99,6 +99,22 @@ _BLOCKED_NETWORKS = tuple(
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")        # IPv4 embedded in the low 32 bits
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")       # deprecated IPv4-compatible IPv6
+# Tunnels whose relay delivers to an embedded IPv4 address (Python calls 6to4 global):
+# 6to4 (RFC 3056) carries it in bits 16-48; Teredo (RFC 4380) its server in bits 32-64 and the
+# client in the last 32 bits, XOR 0xffffffff. ipaddress's ``sixtofour`` and ``teredo`` decode both.
+
+
+def embedded_ipv4(addr: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries (mapped, NAT64, IPv4-compatible, 6to4, Teredo)."""
+    if addr.ipv4_mapped is not None:
+        return [addr.ipv4_mapped]
+    if addr in _NAT64 or (addr in _V4_COMPATIBLE and int(addr) > 1):
+        return [ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)]
+    if addr.sixtofour is not None:
+        return [addr.sixtofour]
+    if addr.teredo is not None:
+        return list(addr.teredo)  # (server, client)
+    return []
 
 
 def is_blocked_address(ip: str) -> bool:
@@ -107,18 +123,19 @@ def is_blocked_address(ip: str) -> bool:
     Blocked: the networks in ``_BLOCKED_NETWORKS`` (loopback, RFC 1918 private, link-local and
     metadata, carrier NAT, unspecified, multicast, reserved), anything else Python does not
     consider globally routable (documentation and benchmark ranges...), and IPv6 forms that
-    carry such an IPv4 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64, IPv4-compatible).
-    A string that is not an IP address is blocked too.
+    carry such an IPv4 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64, IPv4-compatible, and the
+    6to4 and Teredo tunnels, :func:`embedded_ipv4`). A string that is not an IP address is blocked too.
     """
     try:
         addr = ipaddress.ip_address(str(ip).split("%", 1)[0].strip("[]"))
     except ValueError:
         return True
     if addr.version == 6:
-        if addr.ipv4_mapped is not None:
-            return is_blocked_address(str(addr.ipv4_mapped))
-        if addr in _NAT64 or (addr in _V4_COMPATIBLE and int(addr) > 1):
-            return is_blocked_address(str(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)))
+        embedded = embedded_ipv4(addr)
+        if embedded and addr.sixtofour is None and addr.teredo is None:
+            return is_blocked_address(str(embedded[0]))  # mapped, NAT64, compatible: the IPv4 decides
+        if any(is_blocked_address(str(a)) for a in embedded):  # tunnels: and the IPv6 checks below
+            return True
     if any(addr in net for net in _BLOCKED_NETWORKS if net.version == addr.version):
         return True
     return not addr.is_global or addr.is_multicast or addr.is_reserved
@@ -133,6 +150,12 @@ def resolve_host(host: str) -> list[str]:
     """The default resolver: every address ``host`` resolves to (system resolver), in order."""
     infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _dns_name(host: str) -> str:
+    """``host`` without the one trailing dot of a fully qualified name (``localhost.`` is
+    ``localhost``, ``127.0.0.1.`` the literal ``127.0.0.1``), so it is checked as what it names."""
+    return host[:-1] if host.endswith(".") and not host.endswith("..") else host
 
 
 def _ip_literal(host: str) -> str | None:
@@ -196,12 +219,23 @@ class AddressRefused(Exception):
 
     def __init__(self, host: str, address: str):
         where = "" if host == address else f"{host} resolves to "
-        super().__init__(f"{where}blocked address {address}")
+        try:
+            inner = ipaddress.ip_address(address.split("%", 1)[0])
+            carried = embedded_ipv4(inner) if inner.version == 6 else []
+        except ValueError:
+            carried = []
+        via = f" (carries {', '.join(map(str, carried))})" if carried else ""
+        super().__init__(f"{where}blocked address {address}{via}")
         self.host, self.address = host, address
 
 
 class RedirectRefused(Exception):
-    """A redirect to a scheme other than http(s)."""
+    """A redirect that is not followed: to a scheme other than http(s) (``refused``), or to a URL
+    :func:`check_url` rejects, e.g. one with userinfo (``invalid_url``)."""
+
+    def __init__(self, message: str, status: str = FetchStatus.REFUSED):
+        super().__init__(message)
+        self.status = status
 
 
 class _ConnectGuard:
@@ -212,6 +246,7 @@ class _ConnectGuard:
         self.address_filter = address_filter  # None: everything allowed (allow_local)
 
     def connect(self, host: str, port: int, timeout, source_address) -> socket.socket:
+        host = _dns_name(host)
         literal = _ip_literal(host)
         addresses = [literal] if literal is not None else [str(a) for a in self.resolver(host)]
         if not addresses:
@@ -286,11 +321,30 @@ class _GuardedHTTPSHandler(urllib.request.HTTPSHandler):
 class _RedirectHandler(urllib.request.HTTPRedirectHandler):
     max_redirections = MAX_REDIRECTS
 
+    def http_error_302(self, req, fp, code, msg, headers):
+        # Checked here, before urllib's own test (which answers file:, data:, gopher: with an
+        # HTTPError, i.e. "http_error") and before the Request is built (whose host would keep a
+        # userinfo "user@" and go to DNS as a name).
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            self._check(fp, urljoin(req.full_url, location.strip()))
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if urlsplit(newurl).scheme.lower() not in ("http", "https"):
-            fp.close()
-            raise RedirectRefused(f"redirect to a non-http(s) URL: {newurl[:200]}")
+        self._check(fp, newurl)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    @staticmethod
+    def _check(fp, newurl: str) -> None:
+        problem = check_url(newurl)
+        if problem is None:
+            return
+        fp.close()
+        if newurl.partition(":")[0].strip().lower() not in ("http", "https"):  # file:, data:, gopher:, ftp:...
+            raise RedirectRefused(f"redirect to a non-http(s) URL: {newurl[:200]}")
+        raise RedirectRefused(f"redirect to an invalid URL ({problem}): {newurl[:200]}", FetchStatus.INVALID_URL)
 
 
 def build_opener(guard: _ConnectGuard, tls: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
@@ -338,7 +392,8 @@ def normalize_url(url: str) -> str:
 
 def check_url(url) -> str | None:
     """Why ``url`` cannot be fetched (``None`` if it can): null, not a string, control characters,
-    not http(s), no host, bad port."""
+    not http(s), userinfo (``user[:password]@``: urllib would send it to DNS as part of the host
+    name, and no image URL needs credentials), no host, bad port."""
     if url is None:
         return "null URL"
     if not isinstance(url, str):
@@ -352,6 +407,8 @@ def check_url(url) -> str | None:
         return f"malformed URL: {exc}"
     if parts.scheme.lower() not in ("http", "https"):
         return f"not an http(s) URL (scheme {parts.scheme!r})" if parts.scheme else "not an http(s) URL"
+    if "@" in parts.netloc:
+        return "URL has userinfo (user@host)"
     if not parts.hostname:
         return "URL has no host"
     return None
@@ -363,7 +420,7 @@ def classify_error(exc: BaseException) -> FetchResult:
     if isinstance(exc, AddressRefused):
         return FetchResult(FetchStatus.REFUSED, str(exc))
     if isinstance(exc, RedirectRefused):
-        return FetchResult(FetchStatus.INVALID_URL, str(exc))
+        return FetchResult(exc.status, str(exc))
     if isinstance(exc, urllib.error.HTTPError):
         code = int(exc.code) if exc.code is not None else None
         exc.close()

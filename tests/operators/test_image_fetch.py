@@ -10,13 +10,15 @@ import ssl
 import subprocess
 import time
 from collections import Counter
+from ipaddress import IPv4Address, IPv6Address
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from operators.image_codec import decode_rgb
-from operators.image_fetch import ImageFetcher, is_blocked_address
+from operators.image_fetch import ImageFetcher, embedded_ipv4, is_blocked_address
 from pipelines.engine.sample_server import (
     BIG_SIZE,
     PHOTOS,
@@ -313,10 +315,74 @@ def test_empty_batch():
         ("::ffff:10.0.0.1", True), ("64:ff9b::a00:1", True), ("::127.0.0.1", True),
         ("8.8.8.8", False), ("1.1.1.1", False), ("2606:4700::1", False), ("::ffff:8.8.8.8", False),
         ("not-an-ip", True), ("", True),
+        # 6to4 (2002::/16) relays to the IPv4 address in bits 16-48
+        ("2002:7f00:1::1", True), ("2002:a9fe:a9fe::", True), ("2002:a00:1:5::9", True), ("2002:c0a8:101::1", True),
+        ("2002:808:808::1", False),
+        # Teredo (2001::/32): server 65.54.227.120, client (XOR 0xffffffff) 127.0.0.1 / 10.0.0.1 / 8.8.8.8
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", True), ("2001:0:4136:e378:8000:63bf:f5ff:fffe", True),
+        ("2001:0:4136:e378:8000:63bf:f7f7:f7f7", True),  # public client: still not global (RFC 4380 prefix)
     ],
 )
 def test_is_blocked_address(ip, blocked):
     assert is_blocked_address(ip) is blocked
+
+
+def teredo(server: str, client: str, flags_port: int = 0x800063BF) -> str:
+    """A Teredo address built from its parts (RFC 4380 section 4): prefix, server, flags+port, ~client."""
+    bits = (0x20010000 << 96) | (int(IPv4Address(server)) << 64) | (flags_port << 32)
+    return str(IPv6Address(bits | (int(IPv4Address(client)) ^ 0xFFFFFFFF)))
+
+
+@pytest.mark.parametrize(("server_ip", "client_ip"), [("65.54.227.120", "127.0.0.1"), ("127.0.0.1", "8.8.8.8"),
+                                                      ("8.8.4.4", "169.254.169.254"), ("1.2.3.4", "5.6.7.8")])
+def test_embedded_ipv4_of_tunnels(server_ip, client_ip):
+    assert embedded_ipv4(IPv6Address(teredo(server_ip, client_ip))) == [IPv4Address(server_ip), IPv4Address(client_ip)]
+    six = IPv6Address((0x2002 << 112) | (int(IPv4Address(client_ip)) << 80) | 0x1234)
+    assert embedded_ipv4(six) == [IPv4Address(client_ip)]
+    assert is_blocked_address(str(six)) is is_blocked_address(client_ip)
+    assert is_blocked_address(teredo(server_ip, client_ip))
+
+
+@pytest.mark.parametrize(("address", "carried"), [("2002:7f00:1::1", "127.0.0.1"),
+                                                  ("2002:a9fe:a9fe::1", "169.254.169.254"),
+                                                  (teredo("65.54.227.120", "10.0.0.1"), "10.0.0.1")])
+def test_production_refuses_tunnelled_blocked_ipv4(address, carried):
+    row = one(ImageFetcher(timeout=1, retries=0, resolver=lambda host: [address]), "http://tunnel.example.org/x.jpg")
+    assert row[FETCH_STATUS] == FetchStatus.REFUSED, row[FETCH_ERROR]
+    assert address in row[FETCH_ERROR] and f"carries {carried}" in row[FETCH_ERROR].replace("65.54.227.120, ", "")
+
+
+def recording_resolver(names: dict[str, list[str]]):
+    """A resolver that answers ``names`` and records every name asked (unknown: a DNS failure)."""
+    asked: list[str] = []
+
+    def resolve(host):
+        asked.append(host)
+        if host not in names:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return names[host]
+    return resolve, asked
+
+
+@pytest.mark.parametrize("userinfo", ["user@", "user:pw@", "@", "user%40x@", "a@b@"])
+def test_userinfo_is_invalid_url_and_never_resolved(server, userinfo):
+    resolve, asked = recording_resolver({"images.example.org": ["127.0.0.1"]})
+    for fetcher in (ImageFetcher(resolver=resolve), local(resolver=resolve)):
+        row = one(fetcher, f"http://{userinfo}images.example.org:{server.port}/photo/coffee.jpg")
+        assert row[FETCH_STATUS] == FetchStatus.INVALID_URL and "userinfo" in row[FETCH_ERROR]
+    assert asked == [] and sum(server.hits.values()) == 0
+
+
+def test_trailing_dot_is_checked_as_the_name_it_ends(server):
+    resolve, asked = recording_resolver({"localhost": ["127.0.0.1"], "images.example.org": ["127.0.0.1"]})
+    rows = fetch(ImageFetcher(resolver=resolve), [f"http://localhost.:{server.port}/x.jpg",
+                                                   f"http://127.0.0.1.:{server.port}/x.jpg"])
+    assert [r[FETCH_STATUS] for r in rows] == [FetchStatus.REFUSED] * 2, [r[FETCH_ERROR] for r in rows]
+    assert all("127.0.0.1" in r[FETCH_ERROR] for r in rows)
+    assert asked == ["localhost"]  # the literal with a dot is a literal, not a name for DNS
+    assert sum(server.hits.values()) == 0
+    ok = one(local(resolver=resolve), f"http://images.example.org.:{server.port}/photo/coffee.jpg")
+    assert ok[FETCH_STATUS] == FetchStatus.OK, ok[FETCH_ERROR]
 
 
 def test_production_refuses_loopback_url_without_connecting(server):
@@ -366,10 +432,28 @@ def test_redirect_to_blocked_address_refused_at_second_hop(server, target):
     assert ("10.0.0.1" if "internal" in target else target.split("/")[2].strip("[]")) in row[FETCH_ERROR]
 
 
+@pytest.mark.parametrize("target", ["file:///etc/passwd", "FILE:/etc/hostname", "data:image/png;base64,iVBORw0KGgo=",
+                                    "gopher://127.0.0.1:70/_x", "ftp://127.0.0.1/x.jpg", "dict://127.0.0.1:11211/",
+                                    "javascript:alert(1)"])
+def test_redirect_to_other_schemes_is_refused(server, target):
+    for fetcher in (local(), ImageFetcher(timeout=2, address_filter=only_local_server)):
+        row = one(fetcher, server.url("/redirect?to=" + quote(target, safe="")))
+        assert row[FETCH_STATUS] == FetchStatus.REFUSED, row[FETCH_ERROR]
+        assert "non-http(s)" in row[FETCH_ERROR] and row[HTTP_STATUS] is None
+    assert server.hits["/redirect"] == 2
+
+
+def test_redirect_to_userinfo_url_is_invalid_and_never_resolved(server):
+    resolve, asked = recording_resolver({"images.example.org": ["127.0.0.1"]})
+    target = f"http://user:pw@images.example.org:{server.port}/photo/coffee.jpg"
+    for userinfo in ("user:pw@", "user@"):
+        row = one(local(resolver=resolve), server.url("/redirect?to=" + quote(target.replace("user:pw@", userinfo), safe="")))
+        assert row[FETCH_STATUS] == FetchStatus.INVALID_URL and "userinfo" in row[FETCH_ERROR], row[FETCH_ERROR]
+    assert asked == [] and server.hits["/photo/coffee.jpg"] == 0
+
+
 def test_redirect_limits(server):
     fetcher = local()
-    ftp = one(fetcher, server.url("/redirect?to=ftp://127.0.0.1/x.jpg"))
-    assert ftp[FETCH_STATUS] == FetchStatus.INVALID_URL
     url = server.url("/photo/chelsea.jpg")
     for _ in range(7):  # seven nested redirects: over the limit of five
         url = server.url("/redirect?to=") + url.replace("%", "%25").replace("?", "%3F").replace("=", "%3D").replace("&", "%26")
