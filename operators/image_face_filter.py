@@ -2,9 +2,24 @@
 
 An image is kept (``ok``) when the face detector finds exactly one face (a detection scoring at
 least ``min_confidence``) whose relative bounding box is at least ``min_relative_size`` of the
-image in both height and width. The model is the BlazeFace detector that ships inside the
-``mediapipe`` wheel (``mediapipe/modules/face_detection/``), so it loads offline; the paper's
-footnote points at the MediaPipe face detector, whose default is the full-range model.
+image in both height and width. The paper states neither value (``configs/paper002.yaml`` and
+docs/method.md mark them as project choices).
+
+Which model. Footnote 6 links the MediaPipe Tasks face detector, whose only released model is
+BlazeFace short-range (128 px input, 896 anchors, tuned for faces within about 2 m of a selfie
+camera); the Tasks graph is built for exactly that model and refuses full-range. Short-range is
+therefore the default (``model_selection=0``); full-range (``model_selection=1``), the legacy
+solution's model for faces up to about 5 m, stays an option. Both files ship inside the
+``mediapipe`` wheel (``mediapipe/modules/face_detection/``), so nothing is downloaded; the file
+and its sha256 are recorded. Both run through the solution graph
+(``mp.solutions.face_detection``): given the same short-range file, the Tasks ``FaceDetector``
+finds the same faces with the same scores (tested), but it reports integer pixel boxes whose
+origin is clamped to the image while the size is not, so the visible box measured below cannot
+be recovered from it, and it cannot run full-range.
+
+Short-range finds no face smaller than about 15% of the image's longer side (the image is
+letterboxed to 128 px; the astronaut's face is found at 0.15 of the side, lost at 0.13), so
+such an image is ``no_face`` rather than ``small_face``, and the 0.1 size rule rarely binds.
 
 Rules where the paper is silent:
 - every detection at or above the confidence threshold counts as a face, however small, so a
@@ -41,11 +56,13 @@ from schemas.images import (
 STAGE_FACE_FILTER = "face_filter"
 
 # model_selection -> (name, tflite file inside the mediapipe wheel). The file names are those the
-# graphs compiled into mediapipe 0.10.14 load (FaceDetectionFullRange / FaceDetectionShortRange).
+# graphs compiled into mediapipe 0.10.14 load (FaceDetectionShortRange / FaceDetectionFullRange).
 BLAZEFACE_MODELS = {
-    1: ("full-range", "face_detection_full_range_sparse.tflite"),
     0: ("short-range", "face_detection_short_range.tflite"),
+    1: ("full-range", "face_detection_full_range_sparse.tflite"),
 }
+# The model of the Tasks face detector that paper 002's footnote 6 links (see the module docstring).
+DEFAULT_MODEL_SELECTION = 0
 MEDIAPIPE_DIST = "mediapipe"
 MEDIAPIPE_PIN = "mediapipe==0.10.14"
 
@@ -114,7 +131,8 @@ class FaceFilter:
     stage_name = STAGE_FACE_FILTER
     resources = Resources(num_cpus=1, batch_size=64, actors=1)
 
-    def __init__(self, model_selection: int = 1, min_confidence: float = 0.5, min_relative_size: float = 0.1):
+    def __init__(self, model_selection: int = DEFAULT_MODEL_SELECTION, min_confidence: float = 0.5,
+                 min_relative_size: float = 0.1):
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence!r}")
         if not 0.0 <= min_relative_size <= 1.0:
@@ -139,6 +157,7 @@ class FaceFilter:
             "package": f"{MEDIAPIPE_DIST}=={importlib.metadata.version(MEDIAPIPE_DIST)}",
             "model_selection": self.model_selection,
             "model_range": name,
+            "api": "mediapipe.solutions.face_detection",
             "model_file": str(path),
             "model_sha256": sha256_file(path),
             "min_confidence": self.min_confidence,

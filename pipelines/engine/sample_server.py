@@ -4,8 +4,8 @@ The bundled synthetic LAION sample points at ``https://images.example.org/synthe
 (a reserved name that never resolves). The pipeline rewrites that prefix to a
 :class:`LocalImageServer` on 127.0.0.1, so the default run downloads real JPEGs through the real
 fetch operator, and every fetch outcome occurs: photos with one face (scikit-image's astronaut and
-camera man), photos without a face (coffee, the cat Chelsea), a two-face montage (astronaut twice), bytes that are
-not an image, and 404s. Which one a URL gets is a fixed function of its index
+camera man), photos without a face (coffee, the cat Chelsea), a two-face montage (the astronaut's
+head twice), bytes that are not an image, and 404s. Which one a URL gets is a fixed function of its index
 (:func:`synthetic_kind`), so tests and the pipeline know each URL's expected outcome.
 
 Routes (all GET):
@@ -42,7 +42,7 @@ import numpy as np
 SAMPLE_URL_PREFIX = "https://images.example.org"
 
 PHOTOS = ("astronaut", "camera", "coffee", "chelsea", "montage")
-# Faces a detector should find in each photo (the montage is the astronaut beside her mirror image).
+# Faces a detector should find in each photo (the montage: the astronaut's head beside its mirror image).
 PHOTO_FACES = {"astronaut": 1, "camera": 1, "coffee": 0, "chelsea": 0, "montage": 2}
 BROKEN = "broken"          # 200 image/jpeg, not an image
 NOT_FOUND = "not_found"    # 404
@@ -84,9 +84,11 @@ def photo_arrays() -> dict[str, np.ndarray]:
     from skimage import data
 
     astronaut, camera = data.astronaut(), data.camera()
-    # two faces: the astronaut beside her mirror image (BlazeFace misses the camera man's smaller
-    # face once a side-by-side montage is scaled to its input size, so he is not used here)
-    montage = np.concatenate([astronaut, astronaut[:, ::-1]], axis=1)
+    # two faces: the astronaut's head and shoulders (a 256 px crop) beside its mirror image. Whole
+    # photos side by side would shrink each face to 9% of the montage's width, below what BlazeFace
+    # short-range (the default, a selfie-distance model) finds; in the crop each face is 18% wide.
+    head = astronaut[:256, 96:352]
+    montage = np.concatenate([head, head[:, ::-1]], axis=1)
     return {
         "astronaut": astronaut,
         "camera": camera,
