@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from operators.table_cells import numbers
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
 from schemas.images import COUNTED, GENDER, PERCENT_FEMALE, Gender
 
@@ -148,10 +149,7 @@ def summarize_percentages(df: pd.DataFrame, training_group: str = TRAINING) -> d
     df = df.copy()
     df[OCCUPATION] = df[OCCUPATION].astype(str).str.strip()
     df["group"] = df["group"].astype(str).str.strip()
-    df[PERCENT_FEMALE] = pd.to_numeric(df[PERCENT_FEMALE], errors="coerce")
-    bad = df[PERCENT_FEMALE].isna() | (df[PERCENT_FEMALE] < 0) | (df[PERCENT_FEMALE] > 100)
-    if bad.any():
-        raise ValueError(f"percent_female must be a number in [0, 100]; bad rows: {df[bad].head(5).to_dict('records')}")
+    df[PERCENT_FEMALE] = numbers(df[PERCENT_FEMALE], PERCENT_FEMALE, "percentages in [0, 100]", low=0, high=100)
     if "model" in df and df["model"].isna().any():
         raise ValueError("the model column has empty values; give every row a model (or drop the column)")
     models = df["model"].astype(str).unique().tolist() if "model" in df else [None]

@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from operators.table_cells import numbers
 from schemas import dalleval as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 from schemas.subsets import PROMPT
@@ -97,11 +98,7 @@ def with_measures(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _counts(series: pd.Series, name: str) -> pd.Series:
-    values = pd.to_numeric(series, errors="coerce")
-    bad = values.isna() | (values < 0) | (values != np.floor(values))
-    if bad.any():
-        raise ValueError(f"column {name!r}: counts must be non-negative integers; rows {list(np.flatnonzero(bad))[:10]} are not")
-    return values.astype(np.int64)
+    return numbers(series, name, "counts (non-negative integers)", low=0, integer=True)
 
 
 # ------------------------------------------------------------------------------------ from images

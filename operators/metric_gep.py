@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from operators.table_cells import numbers
 from schemas.gep import ATTRIBUTE, ESTIMATOR, FREQUENCY, GENDER, MODEL, SETTING
 
 COMPARISON = "comparison"      # "woman - man": the pair (first, second) of a GEP vector
@@ -360,21 +361,11 @@ def summarize_frequencies(df: pd.DataFrame, first: str = "woman", second: str = 
             continue
         text = data[c].where(data[c].isna(), data[c].astype(str).str.strip())
         data[c] = text.where(text != "", np.nan)
-    raw = data[FREQUENCY]
-    if raw.dtype == object:
-        raw = raw.where(raw.isna(), raw.astype(str).str.strip())
-        raw = raw.where(raw != "", np.nan)
-    blank = data[cols[:-1]].isna().any(axis=1).to_numpy() | raw.isna().to_numpy()
+    blank = data[cols[:-1]].isna().any(axis=1).to_numpy()
     if blank.any():
-        raise ValueError(f"missing (NaN or blank) values in {_row_list(df, blank, cols)}")
-    freq = pd.to_numeric(raw, errors="coerce")
-    bad = freq.isna().to_numpy()
-    if bad.any():
-        raise ValueError(f"frequency is not a number in {_row_list(df, bad, cols)}")
-    out_of_range = ((freq < 0) | (freq > 1)).to_numpy()
-    if out_of_range.any():
-        raise ValueError(f"frequency outside [0, 1] in {_row_list(df, out_of_range, cols)}")
-    data[FREQUENCY] = freq.astype(float)
+        empty = [c for c in cols[:-1] if data[c].isna().any()]
+        raise ValueError(f"missing (NaN or blank) values of {empty} in {_row_list(df, blank, cols)}")
+    data[FREQUENCY] = numbers(data[FREQUENCY], FREQUENCY, "frequencies in [0, 1]", low=0, high=1)
 
     vectors = gep_vectors(data, pairs=((first, second),), keys=keys)
     scores = gep_scores(vectors)

@@ -609,11 +609,14 @@ def run_summarize(args) -> dict:
     from operators.metric_amplification import format_results, summarize_percentages
 
     text = io.read_text(args.percentages)
-    try:
-        df = pd.read_csv(_io.StringIO(text), dtype={"occupation": str, "group": str})
+    try:  # every cell as written (only an empty one is missing), so an error can show "12%" or "nan"
+        df = pd.read_csv(_io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise io.InputError(f"{args.percentages}: not a readable CSV ({exc})") from None
-    result = summarize_percentages(df, args.training_group)
+    try:
+        result = summarize_percentages(df, args.training_group)
+    except ValueError as exc:
+        raise io.InputError(f"{args.percentages}: {exc}") from None
     for model, res in result.items():
         title = f"Bias amplification ({model}), {res['occupations']} occupations" if model != "all" \
             else f"Bias amplification, {res['occupations']} occupations"

@@ -94,13 +94,16 @@ def run_summarize(args) -> dict:
     from operators.metric_dalleval import format_summary, summarize_counts
 
     text = io.read_text(args.counts)
-    try:
-        df = pd.read_csv(_io.StringIO(text), dtype={"model": str, "prompt": str, "group": str})
+    try:  # every cell as written (only an empty one is missing), so an error can show "2.5" or "inf"
+        df = pd.read_csv(_io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise io.InputError(f"{args.counts}: not a readable CSV ({exc})") from None
     if args.group is not None and "group" not in df:
-        raise io.InputError(f"--group {args.group}: the counts CSV has no group column")
-    result = summarize_counts(df, args.group)
+        raise io.InputError(f"--group {args.group}: {args.counts} has no group column")
+    try:
+        result = summarize_counts(df, args.group)
+    except ValueError as exc:
+        raise io.InputError(f"{args.counts}: {exc}") from None
     print(format_summary(result))
     if args.output:
         out_fs, out = io.output_fs(args.output)

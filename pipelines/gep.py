@@ -97,11 +97,14 @@ def run_summarize(args) -> dict:
     from pipelines.engine import gep_report
 
     text = io.read_text(args.frequencies)
-    try:
-        df = pd.read_csv(_io.StringIO(text), dtype={"model": str, "setting": str, "gender": str, "attribute": str})
+    try:  # every cell as written (only an empty one is missing), so an error can show "12%" or "nan"
+        df = pd.read_csv(_io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise io.InputError(f"{args.frequencies}: not a readable CSV ({exc})") from None
-    result = summarize_frequencies(df, args.first, args.second)
+    try:
+        result = summarize_frequencies(df, args.first, args.second)
+    except ValueError as exc:
+        raise io.InputError(f"{args.frequencies}: {exc}") from None
     print(format_summary(result))
     if args.output:
         out_fs, out = io.output_fs(args.output)

@@ -125,3 +125,22 @@ def test_summarize_errors_are_clean(tmp_path):
     bad.write_text("model,group,prompt,male,female\nm,man,p,1,2\n")
     res = run("--counts", str(bad), "--group", "persn")           # a typo is an error, not every prompt
     assert res.returncode == 2 and "persn" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(("column", "cell", "problem"), [
+    ("female", "2.5", "fractional (counts are whole numbers)"), ("female", "inf", "not a finite number"),
+    ("female", "nan", "not a finite number"), ("male", "1e400", "not a finite number"),
+    ("male", "12%", "not a number"), ("male", "-1", "negative"), ("female", "", "missing (blank)"),
+    ("tone_3", "0.5", "fractional (counts are whole numbers)"), ("tone_10", "inf", "not a finite number"),
+])
+def test_summarize_bad_counts_shown_as_written_with_file_and_column(tmp_path, column, cell, problem):
+    header = ["model", "prompt", "male", "female", *[f"tone_{i}" for i in range(1, 11)]]
+    good = dict(zip(header, ["m", "p", "4", "5", *["1"] * 10]))
+    bad_row = {**good, "prompt": "q", column: cell}
+    path = tmp_path / "counts.csv"
+    path.write_text("\n".join(",".join(r[h] for h in header) for r in (dict(zip(header, header)), good, bad_row)) + "\n")
+    res = run("--counts", str(path))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert str(path) in res.stderr and f"column {column!r}" in res.stderr, res.stderr
+    assert f"{problem} in row(s) [1]" + (f": {cell!r}" if cell else "") in res.stderr, res.stderr
+    assert cell == "nan" or "nan" not in res.stderr.replace(str(path), "")

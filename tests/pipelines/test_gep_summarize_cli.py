@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 
@@ -66,3 +68,17 @@ def gep_study_args(extra):
     from pipelines.gep import build_parser
 
     return build_parser().parse_args(["run", "--output", "unused", *extra])
+
+
+@pytest.mark.parametrize(("cell", "problem"), [("0.5%", "not a number"), ("abc", "not a number"),
+                                               ("inf", "not a finite number"), ("nan", "not a finite number"),
+                                               ("1.5", "outside [0, 1]"), ("", "missing (blank)")])
+def test_summarize_bad_frequency_shown_as_written_with_file_and_column(tmp_path, cell, problem):
+    bad = tmp_path / "freq.csv"
+    bad.write_text(f"model,setting,gender,attribute,frequency\nm,neutral,woman,hat,0.5\nm,neutral,man,hat,{cell}\n")
+    res = run("--frequencies", str(bad))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert str(bad) in res.stderr and "column 'frequency'" in res.stderr, res.stderr
+    shown = f"{problem} in row(s) [1]" + (f": {cell!r}" if cell else "")
+    assert shown in res.stderr, res.stderr
+    assert cell == "nan" or "nan" not in res.stderr.replace(str(bad), "")

@@ -37,3 +37,18 @@ def test_summarize_errors_are_clean(tmp_path):
     bad.write_text("occupation,percent\nnurse,90\n")
     res = run("--percentages", str(bad))
     assert res.returncode == 2 and "group" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_summarize_bad_cells_are_shown_as_written_with_file_and_column(tmp_path):
+    bad = tmp_path / "pct.csv"
+    bad.write_text("occupation,group,percent_female\nnurse,T,90\nnurse,#1,12%\ndoctor,T,abc\ndoctor,#1,inf\n"
+                   "judge,T,nan\njudge,#1,40\n")
+    res = run("--percentages", str(bad))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert str(bad) in res.stderr and "'percent_female'" in res.stderr, res.stderr
+    msg = res.stderr.replace(str(bad), "")
+    assert "not a number in row(s) [1, 2]: '12%', 'abc'" in msg                 # as written, not nan
+    assert "not a finite number in row(s) [3, 4]: 'inf', 'nan'" in msg
+    bad.write_text("occupation,group,percent_female\nnurse,T,90\nnurse,#1,\n")
+    res = run("--percentages", str(bad))
+    assert res.returncode == 2 and str(bad) in res.stderr and "missing (blank) in row(s) [1]" in res.stderr
