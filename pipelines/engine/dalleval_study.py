@@ -174,7 +174,8 @@ def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
         if st["detect"]["gender"] == S.GenderDetector.CLIP:
             from operators.image_clip_gender import load_clip
 
-            bundle = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu")
+            bundle = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
+                               revision=st["clip"].get("revision"))
             records.append({"role": "gender detector (CLIP zero-shot)", "model": st["clip"]["model"],
                             "standin": standin, "detail": bundle.record})
             del bundle
@@ -190,7 +191,7 @@ def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
                 records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
                                 "standin": False, "detail": det.record})
         for model in models:
-            pipe, rec = load_text2image(model, device="cpu", dtype="float32",
+            pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
                                         safety_checker=st["generation"]["safety_checker"],
                                         scheduler=st["generation"].get("scheduler"))
             records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
@@ -228,6 +229,9 @@ def run(args) -> dict:
     # opened (and checked against this configuration) before anything is written into it
     rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
     try:
+    # Ray first: a run whose real models could get no GPU stops here, before any model loads or write
+    ray, gp = study.start_ray(args, st["execution"], standin=args.standin_models,
+                              actor_cpus=args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0))
         models = list(st["generation"]["models"])
         if args.standin_models:
             if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
@@ -242,7 +246,7 @@ def run(args) -> dict:
             tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
             print(f"model {r['role']:<32} {tag:<46} {r['model']}")
         print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
-        metrics = _run(args, rd, st, requests, models, records, started)
+        metrics = _run(args, rd, ray, gp, st, requests, models, records, started)
     except BaseException as exc:
         rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
         raise
@@ -250,9 +254,11 @@ def run(args) -> dict:
     return metrics
 
 
-def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: list[dict], started: float) -> dict:
+def _run(args, rd, ray, gp, st: dict, requests: pa.Table, models: list[str], records: list[dict],
+         started: float) -> dict:
     echo = (lambda *a, **k: None) if args.no_progress else print
-    ray, per_actor = study.start_ray(args, st["execution"], actor_cpus=args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0))
+    per_actor = gp.per_actor
+    st["device"] = gp.device
     images, phases, budgets = study.generate_per_model(
         models, requests, st["execution"],
         lambda model, budgets: generate(ray, rd, requests, model, st, args, per_actor, budgets, echo), "generating and detecting")
@@ -273,7 +279,7 @@ def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: lis
         "study": "paper000-dalleval", "run_id": rd.run_id, "started_unix": started,
         "duration_s": round(time.time() - started, 3),
         "config": {"images": image_job(st, args), "neutral": st["neutral"], "compare": st["compare"],
-                   "execution": st["execution"], "gpus_per_actor": per_actor, "generators_loaded": models,
+                   "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(), "generators_loaded": models,
                    "blip2_loaded": st["blip2"] if uses_blip2(st) else None,
                    "clip_loaded": st["clip"] if st["detect"]["gender"] == S.GenderDetector.CLIP else None,
                    "save_images": save_images},
@@ -345,7 +351,7 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
         batch = max(1, args.gen_batch_size)
         kwargs = {"model": model, "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
                   "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
-                  "scheduler": gen.get("scheduler"), "micro_batch": batch,
+                  "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
                   "classifier": classifier_kwargs(st), "detector": detector_kwargs(st)}
         todo = todo.sort_by([(IMAGE_ID, "ascending")])
         ds = runtime.from_table(ray, todo, batch * 4)

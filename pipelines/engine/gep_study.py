@@ -149,6 +149,8 @@ def run(args) -> dict:
     print(f"GEP study: {len(st['genders'])} groups, {len(st['attributes'])} attributes, {len(st['contexts'])} "
           f"contexts, settings {', '.join(st['settings'])}: {requests.num_rows:,} images per generator")
     with contextlib.ExitStack() as stack:
+        # Ray first: a run whose real models could get no GPU stops here, before any model loads
+        ray, gp = study.start_ray(args, st["execution"], actor_cpus=args.gen_actors + 1, standin=args.standin_models)
         models = list(st["generation"]["models"])
         if args.standin_models:
             if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
@@ -167,7 +169,7 @@ def run(args) -> dict:
         rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
         print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
         try:
-            metrics = _run(args, rd, st, requests, models, records, annotations, started)
+            metrics = _run(args, rd, ray, gp, st, requests, models, records, annotations, started)
         except BaseException as exc:
             rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
             raise
@@ -175,10 +177,11 @@ def run(args) -> dict:
     return metrics
 
 
-def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: list[dict], annotations,
+def _run(args, rd, ray, gp, st: dict, requests: pa.Table, models: list[str], records: list[dict], annotations,
          started: float) -> dict:
     echo = (lambda *a, **k: None) if args.no_progress else print
-    ray, per_actor = study.start_ray(args, st["execution"], actor_cpus=args.gen_actors + 1)
+    per_actor = gp.per_actor
+    st["device"] = gp.device  # of the generator (its CLIP head follows it) and of the scorer
     images, phases, budgets = study.generate_per_model(
         models, requests, st["execution"],
         lambda model, budgets: generate(ray, rd, requests, model, st, args, per_actor, budgets, echo), "generating")
@@ -213,7 +216,7 @@ def _run(args, rd, st: dict, requests: pa.Table, models: list[str], records: lis
         "study": "paper001-gep", "run_id": rd.run_id, "started_unix": started,
         "duration_s": round(time.time() - started, 3),
         "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st["execution"],
-                   "gpus_per_actor": per_actor, "generators_loaded": models, "clip_loaded": st["clip"],
+                   "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(), "generators_loaded": models, "clip_loaded": st["clip"],
                    "save_images": save_images},
         "models": records, "scorer": scorer_record,
         "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
@@ -264,7 +267,7 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
         batch = max(1, args.gen_batch_size)
         kwargs = {"model": model, "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
                   "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
-                  "scheduler": gen.get("scheduler"), "micro_batch": batch,
+                  "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
                   "embedder": {"model": st["clip"]["model"], "pretrained": st["clip"].get("pretrained")}}
         todo = todo.sort_by([(S.IMAGE_ID, "ascending")])
         ds = runtime.from_table(ray, todo, batch * 4)
@@ -286,7 +289,7 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
 # ------------------------------------------------------------------------------------ scoring
 def scorer_kwargs(st: dict) -> dict:
     return {"attributes": [asdict(a) for a in st["attributes"]], "clip": st["clip"], "reference": st["reference"],
-            "classifier": st["classifier"]}
+            "classifier": st["classifier"], "device": st.get("device", "auto")}
 
 
 def score(ray, images: pa.Table, st: dict, per_actor: float):

@@ -47,6 +47,19 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
     return ray
 
 
+def is_local_instance() -> bool:
+    """Whether the Ray instance this driver is connected to was started by this process (a local
+    instance: no autoscaler, so the resources it has are all it will ever have), as opposed to a
+    cluster it connected to."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        return bool(node is not None and node.head and not getattr(node, "_connect_only", False))
+    except Exception:  # a Ray without these internals: assume a cluster (do not refuse)
+        return False
+
+
 def _node_cluster_address() -> str | None:
     """The address of the cluster ``ray start`` recorded on this node (its address file), or None.
     Unlike ``ray.init(address="auto")`` alone, this does not attach to some other Ray instance

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from operators.prompts import prompt_table
 from pipelines.engine import amplification_report as rep
 from pipelines.engine import config as study_config
-from pipelines.engine import image_side, io, runtime
+from pipelines.engine import gpus, image_side, io, runtime
 from pipelines.engine.image_side import ImageSettings
 from pipelines.engine.progress import ErrorBudget, Phase
 from pipelines.engine.summary import (
@@ -178,14 +178,18 @@ def clip_settings(clip: dict, args) -> dict:
     return clip
 
 
-def start_ray(args, execution: dict, actor_cpus: float):
-    """The Ray instance of a study's run (local or the cluster's) and the GPUs per model actor."""
+def start_ray(args, execution: dict, actor_cpus: float, standin: bool):
+    """The Ray instance of a study's run (local or the cluster's) and the GPU plan of its model
+    actors: GPUs asked for from the configuration, held against what this Ray instance can
+    provide before any model loads or data is read (pipelines/engine/gpus.py)."""
+    gp = gpus.plan(execution, args.gpus_per_actor, getattr(args, "device", None), standin)  # flags alone
     ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, progress=not args.no_progress,
                            actor_cpus=actor_cpus)
     runtime.configure(execution["max_retries"])
-    gpus = float(ray.cluster_resources().get("GPU", 0))
-    per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
-    return ray, per_actor
+    gp = gpus.check_cluster(ray, gp, standin, local=runtime.is_local_instance())
+    print(f"model actors: {gp.per_actor:g} GPU(s) each ({gp.source}), models on {gp.device}"
+          + (f"; {gp.note}" if gp.note else ""))
+    return ray, gp
 
 
 def generate_per_model(models: list[str], requests: pa.Table, execution: dict, generate_one, what: str = "generating"):
@@ -299,13 +303,12 @@ def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, 
             print(f"serving the synthetic sample's images from a local server at {server_url} "
                   f"(rewriting {SAMPLE_URL_PREFIX}); local addresses allowed for this run")
 
-        ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, progress=not args.no_progress,
-                               actor_cpus=max(args.embed_actors + (0 if args.no_names else args.ner_actors),
-                                              args.face_actors + args.clip_actors + args.gen_actors))
-        runtime.configure(cs["execution"]["max_retries"])
-        gpus = float(ray.cluster_resources().get("GPU", 0))
-        per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus >= 1 else 0.0)
-        st.clip_gpus = st.gen_gpus = per_actor
+        # Ray first: a run whose real models could get no GPU stops here, before any model loads
+        ray, gp = start_ray(args, cs["execution"], standin=args.standin_models,
+                            actor_cpus=max(args.embed_actors + (0 if args.no_names else args.ner_actors),
+                                           args.face_actors + args.clip_actors + args.gen_actors))
+        st.clip_gpus = st.gen_gpus = per_actor = gp.per_actor
+        st.clip["device"] = st.generation["device"] = gp.device
 
         caption_metrics = amp.run_captions(args, run=rd, st=cs, ray=ray, model_record=caption_models)
         subsets = pq.read_table(out_fs.open_input_file(f"{out}/{files['subsets']}"))
@@ -375,7 +378,8 @@ def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, 
         "duration_s": round(time.time() - started, 3),
         "image_config": recorded | {"url_rewrite": st.url_rewrite, "local_image_server": server_url,
                                     "standin_models": bool(args.standin_models),
-                                    "gpus_per_actor": per_actor, "generators": st.generators,
+                                    "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(),
+                                    "generators": st.generators,
                                     "clip": st.clip},
         "image_models": model_records,
         "image_counts": counts.to_dict("records"),
