@@ -4,8 +4,8 @@ For attribute a, a logistic regression is trained on CLIP *text* embeddings only
 "[g^] [a] [c^]" and negatives "[g^] [c^]" (g^ in {A man, A woman, A person}, c^ in C; 48 + 48
 sentences with the paper's sets), with binary cross-entropy, by SGD (scikit-learn's
 ``SGDClassifier``: learning rate 1e-3, at most 5000 iterations, 10 % of the texts held out for early
-stopping after 5 iterations without improvement; the paper does not give the schedule or the
-tolerance: a constant rate and scikit-learn's default tolerance 1e-3 here, both configurable). Because CLIP aligns texts and images in one
+stopping after 5 iterations without improvement; the paper gives neither the schedule nor the
+tolerance: ``SGD_READINGS`` names the readings, see there). Because CLIP aligns texts and images in one
 space, the classifier then scores *image* embeddings: CLS-f_a is the mean probability over the
 images (Eq. 7). Ten classifiers with different seeds form an ensemble whose probabilities are
 averaged.
@@ -32,6 +32,22 @@ TABLE2_CONTEXTS = (  # paper 001, Table 2: C^ when a study has no contexts of it
 )
 
 
+# Paper 001, section 6 "Experiment Details": "SGD, with learning rate 1e-3, maximum iterations 5000, validation
+# fraction 10%, and early stopping with 5 iterations in scikit-learn" -- scikit-learn's schedule (learning_rate)
+# and stopping tolerance (tol) are not given. With 10 validation texts the validation accuracy saturates at
+# once, so any tol stops training after 6 epochs; at a rate of 1e-3 that leaves every probability within ~0.01
+# of 0.5, while section 6.2 reports 0.6-0.8 for detected attributes. Evidence for each reading:
+# benchmarks/bench_gep_cls_schedule.py, docs/benchmarks.md.
+SGD_READINGS = {
+    # default: a constant rate of 1e-3 for all 5000 epochs (tol=None: the 5-epoch criterion never stops it;
+    # the 10 % stay held out). Detected attributes on CLIP-like image embeddings: 0.6-0.8, as in section 6.2.
+    "max-iter": {"schedule": "constant", "tol": None},
+    # scikit-learn's default tolerance: stops after 6 epochs, probabilities ~0.5 (ranks only)
+    "tol-1e-3": {"schedule": "constant", "tol": 1e-3},
+}
+FROM_SGD = "from sgd"  # schedule / tol not given: the named reading's
+
+
 @dataclass
 class ClassifierSettings:
     genders: list[str] = field(default_factory=lambda: ["A man", "A woman", "A person"])
@@ -44,10 +60,24 @@ class ClassifierSettings:
     max_iter: int = 5000
     validation_fraction: float = 0.1
     n_iter_no_change: int = 5
-    schedule: str = "constant"      # scikit-learn learning_rate: the rate above is eta0
-    tol: float | None = 1e-3        # scikit-learn's stopping tolerance on the validation score
+    alpha: float = 1e-4             # not stated: scikit-learn's default L2 penalty
+    sgd: str = "max-iter"           # a reading of SGD_READINGS (sets schedule and tol), or "custom"
+    schedule: str = FROM_SGD        # scikit-learn learning_rate (the rate above is eta0); given: overrides sgd
+    tol: float | None | str = FROM_SGD  # scikit-learn tol on the validation score; given: overrides sgd
 
     def __post_init__(self):
+        if self.sgd == "custom" and FROM_SGD in (self.schedule, self.tol):
+            raise ValueError("classifier sgd 'custom' needs both schedule and tol")
+        if self.sgd != "custom" and self.sgd not in SGD_READINGS:
+            raise ValueError(f"classifier sgd must be one of {sorted(SGD_READINGS)} or 'custom', got {self.sgd!r}")
+        reading = SGD_READINGS.get(self.sgd, {})
+        if self.schedule == FROM_SGD:
+            self.schedule = reading["schedule"]
+        if self.tol == FROM_SGD:
+            self.tol = reading["tol"]
+        # what the record names: the reading these values are, or "custom"
+        self.sgd = next((k for k, v in SGD_READINGS.items() if v == {"schedule": self.schedule, "tol": self.tol}),
+                        "custom")
         if self.ensemble < 1:
             raise ValueError(f"classifier ensemble must be >= 1, got {self.ensemble}")
         if not self.genders:
@@ -74,19 +104,37 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))  # overflow-free logistic
 
 
-def fit_ensemble(x: np.ndarray, y: np.ndarray, st: ClassifierSettings, attribute: str = "") -> Ensemble:
-    """Train ``st.ensemble`` logistic regressions by SGD on (x, y), seeds st.seed + k."""
+def _unused_score(coef, intercept) -> float:
+    return 0.0
+
+
+def sgd_classifier():
+    """scikit-learn's ``SGDClassifier``, except that with tol=None (where the validation score cannot stop
+    anything) the score is not computed: scikit-learn computes it every epoch through ``estimator.score``,
+    ~10 ms of input checks, which would make a 5000-epoch fit ~50 s instead of ~1 s. Same fit, bit for bit."""
     from sklearn.linear_model import SGDClassifier
 
+    class SGD(SGDClassifier):
+        def _make_validation_score_cb(self, *args, **kwargs):
+            if self.early_stopping and self.tol is None:
+                return _unused_score
+            return super()._make_validation_score_cb(*args, **kwargs)
+
+    return SGD
+
+
+def fit_ensemble(x: np.ndarray, y: np.ndarray, st: ClassifierSettings, attribute: str = "") -> Ensemble:
+    """Train ``st.ensemble`` logistic regressions by SGD on (x, y), seeds st.seed + k."""
+    SGD = sgd_classifier()
     x = np.asarray(x, np.float64)
     y = np.asarray(y, np.int64)
     if len(np.unique(y)) != 2:
         raise ValueError(f"classifier {attribute!r}: training texts need positives and negatives")
     weights, intercepts, iters, train_acc = [], [], [], []
     for k in range(st.ensemble):
-        clf = SGDClassifier(loss="log_loss", learning_rate=st.schedule, eta0=st.learning_rate, max_iter=st.max_iter,
-                            tol=st.tol, early_stopping=True, validation_fraction=st.validation_fraction,
-                            n_iter_no_change=st.n_iter_no_change, random_state=st.seed + k)
+        clf = SGD(loss="log_loss", learning_rate=st.schedule, eta0=st.learning_rate, alpha=st.alpha,
+                  max_iter=st.max_iter, tol=st.tol, early_stopping=True, validation_fraction=st.validation_fraction,
+                  n_iter_no_change=st.n_iter_no_change, random_state=st.seed + k)
         clf.fit(x, y)
         weights.append(clf.coef_[0].copy())
         intercepts.append(float(clf.intercept_[0]))

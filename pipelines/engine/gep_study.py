@@ -36,7 +36,7 @@ from operators import metric_gep as M
 from operators.base import Resources, conform
 from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
-from operators.text_attribute_classifier import TABLE2_CONTEXTS
+from operators.text_attribute_classifier import TABLE2_CONTEXTS, ClassifierSettings
 from operators.text_gep_prompts import gep_requests, parse_attributes, parse_genders
 from pipelines.engine import checkpoint, gep_report, io, rundir, runtime, study
 from pipelines.engine import config as study_config
@@ -92,6 +92,9 @@ def settings(args) -> dict:
     classifier["contexts"] = list(classifier.get("contexts") or contexts or TABLE2_CONTEXTS)
     if getattr(args, "ensemble", None) is not None:
         classifier["ensemble"] = args.ensemble
+    # resolved here (the named SGD reading -> schedule, tol): a bad setting fails before any model loads,
+    # and metrics.json records the values the scorer trains with
+    classifier = asdict(ClassifierSettings(**classifier))
     ex = dict(cfg["execution"])
     for key in ("max_retries", "max_error_rate"):
         if getattr(args, key, None) is not None:
