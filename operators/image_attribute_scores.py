@@ -70,7 +70,8 @@ class AttributeScorer:
         if not self.attributes:
             raise ValueError("no attributes to score")
         self.index = {a.name: i for i, a in enumerate(self.attributes)}
-        self.embedder = embedder or ClipImageEmbedder(clip["model"], clip.get("pretrained"), device)
+        self.embedder = embedder or ClipImageEmbedder(clip["model"], clip.get("pretrained"), device,
+                                                      revision=clip.get("revision"))
         self.reference = reference
         self.settings = ClassifierSettings(**(classifier or {}))
         self.text_vectors = self.embedder.embed_texts([a.text for a in self.attributes])

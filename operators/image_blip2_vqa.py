@@ -55,10 +55,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import ModelLoadError, Resources, with_column
+from operators.base import ModelLoadError, Resources, loaded_weight_files, weights_provenance, with_column
 from operators.image_codec import batch_images
 from operators.image_generation import resolve_dtype
-from operators.text_prompt_similarity import pick_device, weights_fingerprint
+from operators.text_prompt_similarity import pick_device
 from schemas.dalleval import (
     ATTRIBUTE_ANSWERS,
     ATTRIBUTE_NAMES,
@@ -243,6 +243,18 @@ def _resolved_dir(model: str, revision: str | None) -> str | None:
         return None
 
 
+def _weights_record(model: str, resolved: str | None, config) -> dict:
+    """The hub commit the model resolved to and the sha256 of the weight files transformers reads
+    from its directory (a local one, or the hub snapshot): operators.base.weights_provenance."""
+    if resolved is None or not os.path.isdir(resolved):
+        return {"commit": getattr(config, "_commit_hash", None), "weight_files": None, "weights_sha256": None}
+    record = weights_provenance(loaded_weight_files(resolved), resolved)
+    record["commit"] = record["commit"] or getattr(config, "_commit_hash", None)
+    if not record["weight_files"]:
+        record["weight_files"] = None
+    return record
+
+
 def load_blip2(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto") -> Blip2Bundle:
     """Load a BLIP-2 (``Blip2ForConditionalGeneration`` + its processor) for inference, or raise
     ModelLoadError naming the model and saying how to provide it.
@@ -289,7 +301,6 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
         "revision": revision,
         "source": "directory" if local else "hub",
         "resolved": resolved if resolved is not None else model,
-        "commit": getattr(config, "_commit_hash", None),
         "model_class": type(net).__name__,
         "config_class": type(config).__name__,
         "vision_config_class": type(config.vision_config).__name__,
@@ -306,17 +317,11 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
         "device": dev,
         "transformers_version": _version("transformers"),
         "torch_version": _version("torch"),
-        "weights_sha256": None,
-        "weight_files": None,
+        **_weights_record(model, resolved, config),
     }
     if local:
-        from operators.image_clip_gender import file_sha256
-
         root = Path(model).resolve()
         record["path"] = str(root)
-        record["weights_sha256"] = weights_fingerprint(str(root))
-        files = sorted(p for p in root.rglob("*") if p.suffix in {".safetensors", ".bin"} and p.is_file())
-        record["weight_files"] = {p.relative_to(root).as_posix(): file_sha256(p) for p in files}
         note = root / "STANDIN.txt"
         if note.is_file():
             record["standin"] = note.read_text().strip()
@@ -348,14 +353,15 @@ def check_blip2(model: str, revision: str | None = None) -> dict:
     except Exception as exc:  # OSError, ValueError, HTTP errors
         raise _load_error(model, revision, exc) from exc
     record = {"model": model, "revision": revision, "source": "directory" if local else "hub",
-              "commit": getattr(config, "_commit_hash", None), "config_class": type(config).__name__,
+              "config_class": type(config).__name__,
               "text_config_class": type(config.text_config).__name__, "processor_class": type(processor).__name__,
               "num_query_tokens": int(config.num_query_tokens), "transformers_version": _version("transformers"),
-              "weights_loaded": False}
+              "weights_loaded": False,
+              # the files the actors will load, where they are here already (a local or pre-filled cache)
+              **_weights_record(model, _resolved_dir(model, revision), config)}
     if local:
         root = Path(model).resolve()
         record["path"] = str(root)
-        record["weights_sha256"] = weights_fingerprint(str(root))
         note = root / "STANDIN.txt"
         if note.is_file():
             record["standin"] = note.read_text().strip()

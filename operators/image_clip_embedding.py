@@ -76,8 +76,8 @@ class ClipImageEmbedder:
     output_fields = EMBEDDING_COLUMNS   # what classify_tensor returns, for the generator
 
     def __init__(self, model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
-                 device: str = "auto", batch_size: int = 64):
-        self.bundle = load_clip(model, pretrained, device)
+                 device: str = "auto", batch_size: int = 64, revision: str | None = None):
+        self.bundle = load_clip(model, pretrained, device, revision)
         self.batch_size = int(batch_size)
         self.record = dict(self.bundle.record)
 

@@ -19,10 +19,13 @@ adds ``schemas.images.GENDER_COLUMNS`` (GENDER, P_MALE, P_FEMALE).
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import importlib.metadata
 import json
+import logging
 import os
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import ModelLoadError, Resources, with_column
+from operators.base import (
+    ModelLoadError,
+    Resources,
+    file_sha256,  # noqa: F401 -- re-exported: callers read it from here
+    pick_device,
+    weights_provenance,
+    with_column,
+)
 from operators.image_codec import batch_images
 from schemas.images import (
     FACE_STATUS,
@@ -81,22 +91,6 @@ class ClipBundle:
     record: dict = field(default_factory=dict)
 
 
-def pick_device(device: str = "auto") -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _weights_in_dir(directory: Path) -> Path | None:
     for name in _PREFERRED_WEIGHTS:
         if (directory / name).is_file():
@@ -123,47 +117,131 @@ def resolve_clip_spec(model: str, pretrained: str | None) -> tuple[str, str | No
     return model, pretrained, {"source": SOURCE_BUILTIN}
 
 
-def _weight_file(name: str, pretrained: str | None, record: dict) -> str | None:
-    """The local file the weights load from (downloading them into open_clip's / the HF cache
-    when a tag or hub id is not cached yet); errors propagate to the caller."""
+# open_clip only warns when the activation it builds differs from the one the weights were trained
+# with (warnings.warn in open_clip 3, e.g. "QuickGELU mismatch between final model config ...";
+# the same as warnings or log records in 2.x); every CLIP output would be perturbed, so it is an error.
+_ACTIVATION_MISMATCH = r".*(QuickGELU mismatch|trained with QuickGELU|QuickGELU activation)"
+
+
+@contextlib.contextmanager
+def activation_mismatch_is_an_error():
+    """Raise (ValueError, or the warning itself) where open_clip warns or logs that the model's
+    activation does not match its pretrained weights'."""
+    heard: list[str] = []
+    pattern = re.compile(_ACTIVATION_MISMATCH, re.IGNORECASE)
+
+    class _Listen(logging.Handler):
+        def emit(self, rec):
+            if pattern.match(rec.getMessage()):
+                heard.append(rec.getMessage())
+
+    listener = _Listen(logging.WARNING)
+    logging.getLogger().addHandler(listener)  # open_clip logs to the root logger
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=_ACTIVATION_MISMATCH)
+            yield
+    finally:
+        logging.getLogger().removeHandler(listener)
+    if heard:
+        raise ValueError(f"open_clip: {heard[0]}")
+
+
+def clip_architecture(name: str, pretrained: str | None) -> tuple[dict, str | None]:
+    """``create_model`` keyword arguments that build a built-in architecture with the activation its
+    pretrained tag's weights were trained with, and that activation ("QuickGELU" / "GELU"; None
+    where the tag is not in open_clip's registry, or the spec carries its own config).
+
+    open_clip builds ``ViT-L-14`` with GELU while OpenAI's weights (tag ``openai``) were trained
+    with QuickGELU (its registry says ``quick_gelu=True``); the ``-quickgelu`` names build QuickGELU."""
+    import open_clip
+
+    if not pretrained or name.startswith((LOCAL_DIR, HF_HUB)):
+        return {}, None
+    arch = name.replace("/", "-")
+    cfg = open_clip.get_pretrained_cfg(arch, pretrained)
+    if not cfg:
+        return {}, None
+    quick = bool(cfg.get("quick_gelu", False))
+    built_quick = bool((open_clip.get_model_config(arch) or {}).get("quick_gelu", False))
+    return ({"force_quick_gelu": True} if quick and not built_quick else {}), ("QuickGELU" if quick else "GELU")
+
+
+def clip_activation(net) -> str | None:
+    """The activation class of the model's transformer MLPs ("QuickGELU", "GELU"; "+"-joined when
+    the towers differ), None where they have none of open_clip's blocks (timm / HF towers)."""
+    found = sorted({type(m).__name__ for n, m in net.named_modules() if n.endswith("mlp.gelu")})
+    return "+".join(found) or None
+
+
+def _resolve_weights(name: str, tag: str | None, record: dict,
+                     revision: str | None) -> tuple[str, str | None, str | None]:
+    """(model name, pretrained value for ``create_model``, the local weight file it loads), reading
+    or downloading hub files into the Hugging Face cache pinned to ``revision``; errors propagate."""
     from open_clip import pretrained as oc_pretrained
 
     source = record["source"]
+    if revision is not None and source in (SOURCE_CHECKPOINT, SOURCE_LOCAL_DIR):
+        raise ValueError(f"a revision pins hub weights; {record['path']} is a local {source}")
     if source == SOURCE_CHECKPOINT:
-        return record["path"]
+        return name, tag, record["path"]
     if source == SOURCE_LOCAL_DIR:
         found = _weights_in_dir(Path(record["path"]))
-        return str(found) if found is not None else None
+        return name, tag, str(found) if found is not None else None
     if source == SOURCE_HF_HUB:
-        return oc_pretrained.download_pretrained_from_hf(name[len(HF_HUB):])
-    cfg = oc_pretrained.get_pretrained_cfg(name.replace("/", "-"), pretrained) if pretrained else {}
+        # open_clip's hf-hub: loader takes no revision: fetch the config and weights of the revision's
+        # snapshot and build from that directory (open_clip picks its weights as _weights_in_dir does)
+        repo = name[len(HF_HUB):]
+        config = oc_pretrained.download_pretrained_from_hf(repo, filename="open_clip_config.json", revision=revision)
+        oc_pretrained.download_pretrained_from_hf(repo, revision=revision)
+        snapshot = Path(config).parent
+        found = _weights_in_dir(snapshot)
+        return LOCAL_DIR + str(snapshot), None, str(found) if found is not None else None
+    cfg = oc_pretrained.get_pretrained_cfg(name.replace("/", "-"), tag) if tag else {}
     if not cfg:
-        return None  # unknown tag: create_model reports it
-    return oc_pretrained.download_pretrained(cfg) or None
+        return name, tag, None  # unknown tag: create_model reports it
+    if revision is None:
+        return name, tag, oc_pretrained.download_pretrained(cfg) or None  # the file create_model loads
+    if not cfg.get("hf_hub"):
+        raise ValueError(f"pretrained tag {tag!r} of {name} is not on the Hugging Face hub: a revision cannot pin it")
+    repo, filename = os.path.split(cfg["hf_hub"])
+    path = oc_pretrained.download_pretrained_from_hf(repo, filename=filename or None, revision=revision)
+    return name, path, path  # built from the file; the tag's preprocessing is passed along (load_clip)
 
 
 def load_clip(model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
-              device: str = "auto") -> ClipBundle:
+              device: str = "auto", revision: str | None = None) -> ClipBundle:
     """Load an open_clip model for inference, or raise ModelLoadError saying how to provide it.
 
     ``model`` is a built-in architecture (``ViT-L-14``) with ``pretrained`` a tag (``openai``,
     fetched through open_clip's cache) or a checkpoint file; ``local-dir:/path`` or a plain
-    directory (``open_clip_config.json`` + weights); or ``hf-hub:org/repo``. A model whose
-    weights cannot be found is an error, never a silently random model.
+    directory (``open_clip_config.json`` + weights); or ``hf-hub:org/repo``. ``revision`` (a hub
+    commit, branch or tag) pins an ``hf-hub:`` model or a tag whose weights are on the hub. A model
+    whose weights cannot be found is an error, never a silently random model; so is one built with
+    another activation than its weights were trained with (``openai`` tags get QuickGELU).
     """
     import open_clip
     import torch
 
     name, tag, where = resolve_clip_spec(model, pretrained)
-    record = {"model": model, "pretrained": tag, **where}  # pretrained: None where the spec ignores it
+    record = {"model": model, "pretrained": tag, "revision": revision, **where}  # pretrained: None where ignored
     dev = pick_device(device)
     try:
-        weights = _weight_file(name, tag, record)
-        net = open_clip.create_model(name, pretrained=tag, device=dev, require_pretrained=True)
+        arch_kwargs, trained_with = clip_architecture(name, tag)
+        name, weights_arg, weights = _resolve_weights(name, tag, record, revision)
+        if weights_arg != tag:  # a tag's file fetched at a revision: keep the tag's preprocessing
+            arch_kwargs["force_preprocess_cfg"] = open_clip.get_pretrained_cfg(name.replace("/", "-"), tag)
+        with activation_mismatch_is_an_error():
+            net = open_clip.create_model(name, pretrained=weights_arg, device=dev, require_pretrained=True, **arch_kwargs)
         tokenizer = open_clip.get_tokenizer(name)
+        built = clip_activation(net)
+        if trained_with is not None and built is not None and built != trained_with:
+            raise ValueError(f"open_clip built {model} with {built}, but the {tag!r} weights were trained with "
+                             f"{trained_with}")
     except Exception as exc:  # open_clip raises RuntimeError, FileNotFoundError, ValueError, hub errors...
         raise ModelLoadError(
-            f"cannot load CLIP model {model!r} (pretrained {pretrained!r}): {type(exc).__name__}: {exc}. "
+            f"cannot load CLIP model {model!r} (pretrained {pretrained!r}, revision {revision!r}): "
+            f"{type(exc).__name__}: {exc}. "
             f"Provide it in one of these ways: a built-in open_clip architecture with a pretrained tag "
             f"whose weights are in the Hugging Face / open_clip cache (download once online, or point "
             f"HF_HOME at a pre-filled cache on every node); --clip-model local-dir:/path/to/dir (a "
@@ -171,12 +249,17 @@ def load_clip(model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETR
             f"architecture with a checkpoint file path as the pretrained value; or hf-hub:org/repo "
             f"(cached, or reachable from every node)."
         ) from exc
+    record["activation"] = built  # QuickGELU for OpenAI's weights (paper 002 / 001 / 000 all use them)
+    if trained_with is not None:
+        record["weights_activation"] = trained_with
     net.eval()
     if weights is not None and os.path.isfile(weights):
-        record["weights"] = str(Path(weights).resolve())
-        record["sha256"] = file_sha256(weights)
+        # the snapshot path (not the blob it links to): it names the hub commit that loaded
+        record["weights"] = os.path.abspath(weights)
+        record.update(weights_provenance([weights], Path(record["weights"]).parent))
+        record["sha256"] = record["weight_files"][Path(weights).name]
     else:
-        record["sha256"] = None
+        record.update(sha256=None, commit=None, weight_files=None, weights_sha256=None)
     if record["source"] == SOURCE_LOCAL_DIR:
         try:
             note = json.loads((Path(record["path"]) / "open_clip_config.json").read_text()).get("standin")
@@ -391,14 +474,14 @@ class ClipGenderClassifier:
 
     def __init__(self, model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
                  prompts=DEFAULT_PROMPTS, threshold: float = DEFAULT_THRESHOLD, device: str = "auto",
-                 batch_size: int = 64, only_face_ok: bool = True):
+                 batch_size: int = 64, only_face_ok: bool = True, revision: str | None = None):
         import torch
 
         if len(prompts) != 2:
             raise ValueError(f"prompts must be two texts [male, female], got {prompts!r}")
         if not 0.5 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0.5, 1], got {threshold}")
-        self.bundle = load_clip(model, pretrained, device)
+        self.bundle = load_clip(model, pretrained, device, revision)
         self.prompts = tuple(prompts)
         self.threshold = float(threshold)
         self.batch_size = int(batch_size)

@@ -37,7 +37,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from operators.base import ModelLoadError, Resources, with_column
+from operators.base import ModelLoadError, Resources, loaded_weight_files, weights_provenance, with_column
 from operators.image_codec import pack_rgb8
 from operators.text_prompt_similarity import pick_device, weights_fingerprint
 from schemas.images import (
@@ -98,9 +98,10 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
                     safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, scheduler: str | None = None):
     """Load a diffusers text-to-image pipeline; return ``(pipe, record)``.
 
-    ``model`` is a hub id (pinned to ``revision``) or a local directory written by
-    ``save_pretrained``. ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``:
-    float16 on CUDA, float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
+    ``model`` is a hub id (pinned to ``revision``: a commit, branch or tag) or a local directory
+    written by ``save_pretrained``. A hub id is loaded from the cache snapshot it resolves to, so
+    the record names that commit and the sha256 of each weight file the pipeline read.
+    ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``: float16 on CUDA, float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
     ships (if any), "off" loads it without one. ``scheduler``: None keeps the model's sampler, a
     diffusers scheduler class name (``LMSDiscreteScheduler``, the k-LMS sampler of paper 001 App. A)
     replaces it, built from the model's scheduler config. ``record`` is the provenance of what was loaded.
@@ -113,9 +114,12 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if safety_checker == SafetyCheckerPolicy.OFF:
         kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument
     try:
-        from diffusers import AutoPipelineForText2Image
+        from diffusers import AutoPipelineForText2Image, DiffusionPipeline
 
-        pipe = AutoPipelineForText2Image.from_pretrained(model, **kwargs)
+        # a hub id: fetch (or find in the cache) the files this pipeline loads, at ``revision``, and
+        # load from that snapshot directory: its name is the commit, its files the weights recorded
+        source = model if os.path.isdir(model) else str(DiffusionPipeline.download(model, **kwargs))
+        pipe = AutoPipelineForText2Image.from_pretrained(source, **kwargs)
         pipe = pipe.to(device)
     except Exception as exc:  # OSError, ValueError, EnvironmentError, HTTP errors, CUDA errors...
         raise ModelLoadError(
@@ -143,11 +147,20 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         "diffusers_version": _package_version("diffusers"),
         "transformers_version": _package_version("transformers"),
         "torch_version": _package_version("torch"),
-        "weights_sha256": weights_fingerprint(model),
+        "path": os.path.abspath(source),
+        # commit, weight_files, weights_sha256: of the components loaded (a checker turned off is not)
+        **weights_provenance(_loaded_files(pipe, source), source),
     }
-    if record["source"] == "directory":
-        record["path"] = os.path.abspath(model)
     return pipe, record
+
+
+def _loaded_files(pipe, root: str) -> list:
+    """The weight files the pipeline's model components were read from: each component's folder,
+    with the file its library prefers there (operators.base.LOADED_WEIGHT_NAMES)."""
+    import torch
+
+    return [f for name, component in sorted(pipe.components.items()) if isinstance(component, torch.nn.Module)
+            for f in loaded_weight_files(os.path.join(root, name))]
 
 
 def _scheduler(name: str, pipe):

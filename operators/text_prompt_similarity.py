@@ -8,9 +8,9 @@ scalar, which streams and merges like any partial aggregation.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
 from pathlib import Path
 
@@ -18,7 +18,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import ModelLoadError, Resources, with_column
+from operators.base import (
+    ModelLoadError,
+    Resources,
+    hub_snapshot,
+    loaded_weight_files,
+    pick_device,
+    weights_fingerprint,  # noqa: F401 -- re-exported: callers read it from here
+    weights_provenance,
+    with_column,
+)
 from operators.prompts import prompt_table
 from schemas.captions import CAPTION, OCCUPATION, PROMPT_SIMILARITY
 
@@ -52,26 +61,24 @@ def resolve_sbert(model: str, revision: str | None = None) -> tuple[str, dict]:
     return model, {"model": model, "source": "hub", "revision": revision}
 
 
-def weights_fingerprint(path: str) -> str | None:
-    """sha256 over the weight files of a local model directory (None for hub ids)."""
-    if not os.path.isdir(path):
-        return None
-    h = hashlib.sha256()
-    files = sorted(p for p in Path(path).rglob("*") if p.suffix in {".safetensors", ".bin"} and p.is_file())
-    for p in files:
-        h.update(p.relative_to(path).as_posix().encode())
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest() if files else None
-
-
-def pick_device(device: str = "auto") -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def sbert_provenance(model: str, revision: str | None = None) -> dict:
+    """``resolve_sbert``'s record of a loaded model plus the hub commit it resolved to (None off
+    the hub) and the sha256 of the weight files its modules load (the Transformer's, a Dense
+    layer's), as ``operators.base.weights_provenance`` gives them."""
+    path, record = resolve_sbert(model, revision)
+    if record["source"] == "hub":
+        # a bare name is read as sentence-transformers/<name> by the library
+        ids = [model] if "/" in model else [model, f"sentence-transformers/{model}"]
+        found = [d for d in (hub_snapshot(i, "modules.json", revision) or hub_snapshot(i, "config.json", revision)
+                             for i in ids) if d is not None]
+        path = str(found[0]) if found else None
+        record["path"] = path
+    if path is None or not os.path.isdir(path):
+        return record | {"commit": None, "weight_files": None, "weights_sha256": None}
+    modules = Path(path) / "modules.json"
+    dirs = [m.get("path", "") for m in json.loads(modules.read_text())] if modules.is_file() else [""]
+    files = [f for d in dirs for f in loaded_weight_files(Path(path) / d)]
+    return record | weights_provenance(files, path)
 
 
 def load_sentence_transformer(model: str, revision: str | None = None, device: str = "auto"):

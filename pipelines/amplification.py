@@ -36,8 +36,7 @@ from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
 from operators.text_prompt_similarity import (  # noqa: E402
     PromptSimilarity,
     load_sentence_transformer,
-    resolve_sbert,
-    weights_fingerprint,
+    sbert_provenance,
 )
 from pipelines.engine import cli, io, report, rundir, runtime  # noqa: E402
 from pipelines.engine import config as study_config  # noqa: E402
@@ -204,6 +203,9 @@ def _image_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--generators", nargs="+", metavar="MODEL",
                    help="diffusers text-to-image models: hub ids or directories (default: "
                         "CompVis/stable-diffusion-v1-4 stable-diffusion-v1-5/stable-diffusion-v1-5)")
+    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
+                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
+                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
     g.add_argument("--images-per-prompt", type=int, help="images per occupation and prompt (default 500)")
     g.add_argument("--caption-images", type=int, help="images per training caption used as the prompt, section 6 "
                                                       "(default 10; 0 turns caption-as-prompt off)")
@@ -219,6 +221,9 @@ def _image_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--clip-model", help="open_clip architecture (default ViT-L-14), or local-dir:/path, a "
                                         "directory, or hf-hub:org/repo")
     c.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
+    c.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
+                                           "model or a pretrained tag hosted on the hub (default: main; the commit "
+                                           "is recorded)")
     c.add_argument("--gender-threshold", type=float, help="minimum winning CLIP probability (default 0.9)")
     c.add_argument("--face-min-confidence", type=float, help="BlazeFace confidence (default 0.5)")
     c.add_argument("--face-min-size", type=float, help="minimum relative face box height and width (default 0.1)")
@@ -578,8 +583,7 @@ def _load_models_once(args, st) -> dict:
                            "version": nlp.meta.get("version"), "pipes": nlp.pipe_names}
     sbert, revision = st["models"]["sbert"], st["models"]["sbert_revision"]
     load_sentence_transformer(sbert, revision, "cpu")
-    _, record["sbert"] = resolve_sbert(sbert, revision)
-    record["sbert"]["weights_sha256"] = weights_fingerprint(record["sbert"].get("path") or "")
+    record["sbert"] = sbert_provenance(sbert, revision)  # the hub commit and sha256 of what loaded
     return record
 
 

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-bare-prompts", action="store_true", help="leave out the bare '[G]' prompts")
     g = r.add_argument_group("generation")
     g.add_argument("--generators", nargs="+", metavar="MODEL", help="diffusers models: hub ids or directories")
+    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
+                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
+                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
     g.add_argument("--images-per-prompt", type=int, help="images per prompt (default 9)")
     g.add_argument("--steps", type=int, help="inference steps (default 50)")
     g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
@@ -56,8 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = r.add_argument_group("detection (section 4.2.3)")
     d.add_argument("--gender-detector", choices=["blip2", "clip"], help="blip2 (default, the paper's) or clip zero-shot")
     d.add_argument("--blip2-model", help="BLIP-2 model: hub id or directory (default Salesforce/blip2-flan-t5-xl)")
+    d.add_argument("--blip2-revision", help="hub revision (commit, branch or tag) of the BLIP-2 model (default: main; "
+                                            "the commit is recorded)")
     d.add_argument("--clip-model", help="CLIP of the clip detector: open_clip architecture, local-dir:/path or hf-hub:")
     d.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
+    d.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
+                                           "model or a pretrained tag hosted on the hub (default: main; the commit "
+                                           "is recorded)")
     d.add_argument("--no-attributes", action="store_true", help="do not ask about the attributes")
     d.add_argument("--no-skin-tone", action="store_true", help="do not measure skin tone")
     d.add_argument("--standin-models", action="store_true",

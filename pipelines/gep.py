@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-contexts", type=int, metavar="N", help="only the first N contexts (quick runs)")
     g = r.add_argument_group("generation (section 5, App. A)")
     g.add_argument("--generators", nargs="+", metavar="MODEL", help="diffusers models: hub ids or directories")
+    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
+                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
+                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
     g.add_argument("--images-per-prompt", type=int, help="images per prompt (default 5)")
     g.add_argument("--steps", type=int, help="inference steps (default 50)")
     g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
@@ -55,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = r.add_argument_group("estimators (section 4)")
     e.add_argument("--clip-model", help="open_clip architecture (default ViT-L-14), local-dir:/path or hf-hub:org/repo")
     e.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
+    e.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
+                                           "model or a pretrained tag hosted on the hub (default: main; the commit "
+                                           "is recorded)")
     e.add_argument("--reference", help="reference string r(a) of CC-f (default 'an object')")
     e.add_argument("--ensemble", type=int, help="classifiers per attribute in the CLS-f ensemble (default 10)")
     e.add_argument("--annotations", metavar="CSV",

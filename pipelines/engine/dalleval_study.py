@@ -97,6 +97,8 @@ def settings(args) -> dict:
     if getattr(args, "blip2_model", None):
         blip2["model"] = args.blip2_model
         blip2["revision"] = None
+    if getattr(args, "blip2_revision", None) is not None:
+        blip2["revision"] = args.blip2_revision
     clip = study.clip_settings(cfg["clip"], args)
     from operators.image_blip2_vqa import normalize_attributes
 
@@ -127,7 +129,7 @@ def uses_blip2(st: dict) -> bool:
 def image_job(st: dict, args) -> dict:
     """What the per-image results depend on: its fingerprint names the run."""
     gen = {k: st["generation"][k] for k in ("models", "images_per_prompt", "steps", "guidance_scale", "scheduler",
-                                            "seed", "safety_checker", "height", "width")}
+                                            "seed", "safety_checker", "height", "width", "revisions")}
     job = {"study": "paper000-dalleval", "groups": st["groups"], "professions": st["professions"],
            "template": st["template"], "bare_prompts": st["bare_prompts"], "articles": st["articles"],
            "generation": gen, "detect": st["detect"], "standin_models": bool(args.standin_models)}
@@ -159,7 +161,8 @@ def classifier_kwargs(st: dict) -> dict | None:
     if st["detect"]["gender"] != S.GenderDetector.CLIP:
         return None
     c = st["clip"]
-    return {"model": c["model"], "pretrained": c.get("pretrained"), "prompts": list(c["prompts"]),
+    return {"model": c["model"], "pretrained": c.get("pretrained"), "revision": c.get("revision"),
+            "prompts": list(c["prompts"]),
             "threshold": float(c["threshold"])}
 
 
@@ -205,7 +208,7 @@ def build_standins(st: dict, root: str, n_generators: int) -> list[str]:
     from pipelines.standins.blip2 import build_tiny_blip2
 
     clip, models = study.build_standins(root, [f"generator-{i + 1}-standin" for i in range(n_generators)])
-    st["clip"] = {**st["clip"], "model": clip, "pretrained": None}
+    st["clip"] = {**st["clip"], "model": clip, "pretrained": None, "revision": None}
     st["blip2"] = {**st["blip2"], "model": build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0), "revision": None}
     return models
 
@@ -353,6 +356,7 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
                   "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
                   "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
                   "classifier": classifier_kwargs(st), "detector": detector_kwargs(st)}
+        kwargs["revision"] = gen["revisions"].get(model)  # hub weights pinned, as on the driver
         todo = todo.sort_by([(IMAGE_ID, "ascending")])
         ds = runtime.from_table(ray, todo, batch * 4)
         ds = runtime.map_stage(ds, ImageGenerator, kwargs, Resources(num_cpus=1, num_gpus=per_actor, batch_size=batch,

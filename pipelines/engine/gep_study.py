@@ -115,7 +115,7 @@ def requests_of(st: dict) -> pa.Table:
 def image_job(st: dict, args) -> dict:
     """What the images depend on: its fingerprint names the run."""
     gen = {k: st["generation"][k] for k in ("models", "images_per_prompt", "steps", "guidance_scale", "scheduler",
-                                            "seed", "safety_checker", "height", "width")}
+                                            "seed", "safety_checker", "height", "width", "revisions")}
     return {"study": "paper001-gep", "genders": st["genders"], "settings": st["settings"],
             "attributes": [{"name": a.name, "phrase": a.phrase} for a in st["attributes"]],
             "contexts": st["contexts"], "templates": {k: st["templates"][k] for k in st["settings"]},
@@ -133,7 +133,8 @@ def load_models(clip: dict, models: list[str], gen: dict, standin: bool) -> list
     the run now, naming it and how to provide it."""
     with study.standin_hint(standin):
         return study.load_clip_and_generators(clip, models, gen["safety_checker"], standin,
-                                              "CLIP (embeddings, estimators)", gen.get("scheduler"))
+                                              "CLIP (embeddings, estimators)", gen.get("scheduler"),
+                                              gen.get("revisions"))
 
 
 # ------------------------------------------------------------------------------------ run
@@ -272,6 +273,8 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
                   "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
                   "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
                   "embedder": {"model": st["clip"]["model"], "pretrained": st["clip"].get("pretrained")}}
+        kwargs["revision"] = (gen.get("revisions") or {}).get(model)  # hub weights pinned, as on the driver
+        kwargs["embedder"]["revision"] = st["clip"].get("revision")
         todo = todo.sort_by([(S.IMAGE_ID, "ascending")])
         ds = runtime.from_table(ray, todo, batch * 4)
         ds = runtime.map_stage(ds, ImageGenerator, kwargs, Resources(num_cpus=1, num_gpus=per_actor, batch_size=batch,

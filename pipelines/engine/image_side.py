@@ -53,6 +53,7 @@ class ImageSettings:
     gen_gpus: float = 0.0
     gen_batch_size: int = 8
     save_images: str | None = None     # URI: save fetched and generated images there (parquet)
+    revisions: dict = field(default_factory=dict)  # generator -> hub revision it is pinned to
 
 
 # ------------------------------------------------------------------------------------ training
@@ -242,7 +243,9 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
         todo = todo.sort_by([(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT, "ascending"),
                              (I.IMAGE_INDEX, "ascending")])
         ds = runtime.from_table(ray, todo, st.gen_batch_size * 4)
-        ds = runtime.map_stage(ds, ImageGenerator, st.generation | {"model": model, "classifier": st.clip, "micro_batch": st.gen_batch_size},
+        gen_kwargs = st.generation | {"model": model, "revision": st.revisions.get(model), "classifier": st.clip,
+                                      "micro_batch": st.gen_batch_size}
+        ds = runtime.map_stage(ds, ImageGenerator, gen_kwargs,
                                Resources(num_cpus=1, num_gpus=st.gen_gpus, batch_size=st.gen_batch_size, actors=st.gen_actors))
         if st.save_images:
             ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/generated", "keys": [

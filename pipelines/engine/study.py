@@ -47,6 +47,8 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
             gen[key] = value
     if args.generators:
         gen["models"] = list(args.generators)
+    gen["revisions"] = generator_revisions(gen, args)
+    clip = clip_revision(clip, args)
     for key, value in (("model", args.clip_model), ("pretrained", args.clip_pretrained),
                        ("threshold", args.gender_threshold)):
         if value is not None:
@@ -74,13 +76,13 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         face={"model_selection": face["model_selection"], "min_confidence": face["min_confidence"],
               "min_relative_size": face["min_relative_size"]},
         clip={"model": clip["model"], "pretrained": clip["pretrained"], "prompts": tuple(clip["prompts"]),
-              "threshold": clip["threshold"]},
+              "threshold": clip["threshold"], "revision": clip["revision"]},
         generation={"steps": gen["steps"], "guidance_scale": gen["guidance_scale"], "height": args.height,
                     "width": args.width, "safety_checker": gen["safety_checker"]},
         generators=list(gen["models"]), images_per_prompt=int(gen["images_per_prompt"]),
         caption_images=int(gen["caption_images"]), seed=int(gen["seed"]), url_rewrite=rewrite,
         face_actors=args.face_actors, clip_actors=args.clip_actors, gen_actors=args.gen_actors,
-        gen_batch_size=args.gen_batch_size,
+        gen_batch_size=args.gen_batch_size, revisions=dict(gen["revisions"]),
     )
     return settings, {"generation": gen, "face_filter": face, "gender_classifier": clip, "fetch": fetch}
 
@@ -109,7 +111,7 @@ def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
                     "standin": False, "detail": face.record}]
         face.close()
         return records + load_clip_and_generators(st.clip, st.generators, st.generation["safety_checker"], standin,
-                                                  "gender classifier (CLIP)")
+                                                  "gender classifier (CLIP)", revisions=st.revisions)
 
 
 @contextlib.contextmanager
@@ -127,17 +129,18 @@ def standin_hint(standin: bool):
 
 
 def load_clip_and_generators(clip: dict, generators: list[str], safety_checker: str, standin: bool, clip_role: str,
-                             scheduler: str | None = None) -> list[dict]:
-    """Load CLIP and each generator on the CPU once (and let them go): their provenance records."""
+                             scheduler: str | None = None, revisions: dict | None = None) -> list[dict]:
+    """Load CLIP and each generator (hub ones at their ``revisions``) on the CPU once (and let them
+    go): their provenance records (hub commit, weight sha256s, CLIP's activation)."""
     from operators.image_clip_gender import load_clip
     from operators.image_generation import load_text2image
 
-    bundle = load_clip(clip["model"], clip.get("pretrained"), device="cpu")
+    bundle = load_clip(clip["model"], clip.get("pretrained"), device="cpu", revision=clip.get("revision"))
     records = [{"role": clip_role, "model": clip["model"], "standin": standin, "detail": bundle.record}]
     del bundle
     for model in generators:
-        pipe, rec = load_text2image(model, device="cpu", dtype="float32", safety_checker=safety_checker,
-                                    scheduler=scheduler)
+        pipe, rec = load_text2image(model, (revisions or {}).get(model), device="cpu", dtype="float32",
+                                    safety_checker=safety_checker, scheduler=scheduler)
         records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
         del pipe
         gc.collect()
@@ -159,9 +162,41 @@ def generation_settings(generation: dict, args) -> dict:
         gen["scheduler"] = None
     if getattr(args, "generators", None):
         gen["models"] = list(args.generators)
+    gen["revisions"] = generator_revisions(gen, args)
     gen.setdefault("height", None)
     gen.setdefault("width", None)
     return gen
+
+
+def generator_revisions(gen: dict, args) -> dict:
+    """{model: hub revision} for the generators of ``gen["models"]`` that have one: the study
+    file's ``revisions`` with --generator-revision MODEL=REVISION (a bare REVISION when there is
+    one generator) applied."""
+    models = list(gen["models"])
+    revisions = dict(gen.get("revisions") or {})
+    for spec in getattr(args, "generator_revision", None) or []:
+        model, eq, revision = spec.rpartition("=")
+        if not eq:
+            if len(models) != 1:
+                raise ValueError(f"--generator-revision {spec!r}: say which of the {len(models)} generators it pins "
+                                 f"(MODEL=REVISION)")
+            model, revision = models[0], spec
+        if model not in models:
+            raise ValueError(f"--generator-revision {spec!r}: {model!r} is not one of the generators {models}")
+        revisions[model] = revision or None
+    return {m: str(revisions[m]) for m in models if revisions.get(m)}
+
+
+def clip_revision(clip: dict, args) -> dict:
+    """``clip`` with --clip-revision applied; a revision belongs to the weights it was set for, so
+    --clip-model or --clip-pretrained without one drops the study file's."""
+    clip = dict(clip)
+    if getattr(args, "clip_model", None) or getattr(args, "clip_pretrained", None) is not None:
+        clip["revision"] = None
+    if getattr(args, "clip_revision", None) is not None:
+        clip["revision"] = args.clip_revision
+    clip.setdefault("revision", None)
+    return clip
 
 
 def clip_settings(clip: dict, args) -> dict:
@@ -175,7 +210,7 @@ def clip_settings(clip: dict, args) -> dict:
             clip["pretrained"] = None
     if getattr(args, "clip_pretrained", None) is not None:
         clip["pretrained"] = args.clip_pretrained
-    return clip
+    return clip_revision(clip, args)
 
 
 def start_ray(args, execution: dict, actor_cpus: float, standin: bool):
@@ -283,7 +318,7 @@ def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, 
                 root = stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
             print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
             st.clip["model"], st.generators = build_standins(root)
-            st.clip["pretrained"] = None
+            st.clip["pretrained"] = st.clip["revision"] = None
         model_records = load_image_models(st, args.standin_models)
         for r in model_records:
             tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"

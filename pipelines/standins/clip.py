@@ -21,6 +21,7 @@ WEIGHTS_NAME = "open_clip_model.safetensors"
 
 TINY_MODEL_CFG = {
     "embed_dim": 32,
+    "quick_gelu": True,  # as OpenAI's CLIP weights, which it stands in for, were trained with
     "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "head_width": 32, "patch_size": 16, "mlp_ratio": 2.0},
     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
 }

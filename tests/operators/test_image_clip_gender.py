@@ -1,6 +1,7 @@
 import io
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -314,3 +315,118 @@ def test_record_names_model_prompts_and_threshold(tiny_clip):
     assert c.record["threshold"] == 0.95 and c.record["sha256"]
     with pytest.raises(ValueError):
         ClipGenderClassifier(tiny_clip, prompts=("only one",), device="cpu")
+
+
+# --- activation: OpenAI's weights were trained with QuickGELU (issue 12, item 2) ---------------------------
+
+
+def _configured_clips() -> list[tuple[str, str]]:
+    """Every (model, pretrained) pair the study presets in configs/ name, wherever it sits."""
+    import yaml
+
+    import configs
+
+    found = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("model"), str) and isinstance(node.get("pretrained"), str):
+                found.add((node["model"], node["pretrained"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for path in sorted(Path(configs.__file__).parent.glob("*.yaml")):
+        walk(yaml.safe_load(path.read_text()))
+    return sorted(found)
+
+
+CONFIGURED_CLIPS = _configured_clips()
+
+
+def _activations(net) -> set[str]:
+    """The activation class in the MLP of every residual block of both towers."""
+    blocks = list(net.visual.transformer.resblocks) + list(net.transformer.resblocks)
+    return {type(b.mlp.gelu).__name__ for b in blocks}
+
+
+def test_the_presets_name_clip_models():
+    assert len(CONFIGURED_CLIPS) >= 1
+
+
+@pytest.mark.parametrize("model, pretrained", CONFIGURED_CLIPS)
+def test_every_configured_clip_is_built_with_the_activation_its_weights_were_trained_with(
+        model, pretrained, tmp_path, monkeypatch):
+    from open_clip import factory
+    from open_clip import pretrained as oc_pretrained
+
+    tag_cfg = oc_pretrained.get_pretrained_cfg(model, pretrained)
+    assert tag_cfg, f"{model} / {pretrained} is not in open_clip's pretrained registry"
+    trained_with = "QuickGELU" if tag_cfg.get("quick_gelu", False) else "GELU"
+    # offline and without the weights: the production loader builds the architecture on the meta
+    # device (random, unallocated parameters); only the download and the state-dict copy are skipped
+    placeholder = tmp_path / "not-loaded.bin"
+    placeholder.write_bytes(b"weights are not read in this test")
+    for module in (factory, oc_pretrained):
+        monkeypatch.setattr(module, "download_pretrained", lambda *a, **k: str(placeholder))
+    monkeypatch.setattr(factory, "load_checkpoint", lambda *a, **k: None)
+    with torch.device("meta"):
+        bundle = load_clip(model, pretrained, device="meta")
+    assert _activations(bundle.model) == {trained_with}
+    assert bundle.record["activation"] == bundle.record["weights_activation"] == trained_with
+
+
+def _register(monkeypatch, name: str, model_quick_gelu: bool, tag: str, tag_cfg: dict):
+    from open_clip import factory
+    from open_clip import pretrained as oc_pretrained
+
+    from pipelines.standins.clip import TINY_MODEL_CFG
+
+    monkeypatch.setitem(factory._MODEL_CONFIGS, name, {**json.loads(json.dumps(TINY_MODEL_CFG)),
+                                                      "quick_gelu": model_quick_gelu})
+    monkeypatch.setitem(oc_pretrained._PRETRAINED, name, {tag: tag_cfg})
+
+
+def test_a_quickgelu_tag_on_a_gelu_architecture_loads_with_quickgelu(tiny_clip, monkeypatch):
+    weights = str(Path(tiny_clip[len("local-dir:"):]) / "open_clip_model.safetensors")
+    _register(monkeypatch, "Tiny-ViT", False, "openai_like", {"file": weights, "quick_gelu": True})
+    bundle = load_clip("Tiny-ViT", "openai_like", device="cpu")
+    assert _activations(bundle.model) == {"QuickGELU"} and bundle.record["activation"] == "QuickGELU"
+    _register(monkeypatch, "Tiny-ViT-gelu", False, "gelu_tag", {"file": weights})
+    assert _activations(load_clip("Tiny-ViT-gelu", "gelu_tag", device="cpu").model) == {"GELU"}
+
+
+def test_an_activation_mismatch_open_clip_only_warns_about_is_an_error(tiny_clip, monkeypatch):
+    weights = str(Path(tiny_clip[len("local-dir:"):]) / "open_clip_model.safetensors")
+    # a -quickgelu architecture with weights trained with GELU: open_clip builds it and warns
+    _register(monkeypatch, "Tiny-ViT-quickgelu", True, "gelu_tag", {"file": weights, "quick_gelu": False})
+    with pytest.raises(ModelLoadError, match="QuickGELU"):
+        load_clip("Tiny-ViT-quickgelu", "gelu_tag", device="cpu")
+
+
+def test_a_logged_activation_mismatch_is_an_error_too():
+    import logging
+
+    from operators.image_clip_gender import activation_mismatch_is_an_error
+
+    with pytest.raises(ValueError, match="QuickGELU"):  # how some open_clip 2.x releases report it
+        with activation_mismatch_is_an_error():
+            logging.getLogger().warning("These pretrained weights were trained with QuickGELU activation but the "
+                                        "model config does not have that enabled.")
+    with activation_mismatch_is_an_error():  # other messages pass
+        logging.getLogger().warning("No pretrained weights loaded for model 'ViT-L-14-quickgelu'.")
+
+
+def test_a_local_dir_model_is_built_as_its_config_says_and_records_it(tiny_clip, tmp_path):
+    directory = Path(tiny_clip[len("local-dir:"):])
+    said = json.loads((directory / "open_clip_config.json").read_text())["model_cfg"].get("quick_gelu", False)
+    bundle = load_clip(tiny_clip, device="cpu")
+    assert bundle.record["activation"] == ("QuickGELU" if said else "GELU") == _activations(bundle.model).pop()
+    flipped = tmp_path / "flipped"
+    shutil.copytree(directory, flipped)
+    cfg = json.loads((flipped / "open_clip_config.json").read_text())
+    cfg["model_cfg"]["quick_gelu"] = not said
+    (flipped / "open_clip_config.json").write_text(json.dumps(cfg))
+    assert load_clip(f"local-dir:{flipped}", device="cpu").record["activation"] == ("GELU" if said else "QuickGELU")
