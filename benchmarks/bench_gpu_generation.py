@@ -98,11 +98,11 @@ def bench_clip(args) -> None:
     from operators.image_clip_gender import ClipGenderClassifier
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = open_clip.create_model("ViT-L-14", pretrained=None)
+        model = open_clip.create_model("ViT-L-14-quickgelu", pretrained=None)  # the OpenAI weights need QuickGELU
         ckpt = str(Path(tmp) / "vit-l-14-random.pt")
         torch.save(model.state_dict(), ckpt)
         del model
-        clf = ClipGenderClassifier(model="ViT-L-14", pretrained=ckpt, device=args.device, batch_size=args.clip_batch,
+        clf = ClipGenderClassifier(model="ViT-L-14-quickgelu", pretrained=ckpt, device=args.device, batch_size=args.clip_batch,
                                    only_face_ok=False)
         images = torch.rand(args.clip_images, 3, 512, 512, device=args.device)
         clf.classify_tensor(images[: args.clip_batch])
