@@ -24,6 +24,15 @@ from schemas.captions import (
 )
 
 
+def holds_text(t: pa.DataType) -> bool:
+    """Whether a caption column of type ``t`` can hold text (``_as_text`` makes every non-null
+    value of any other type a non-text caption, and a null-typed column is all null captions)."""
+    if pa.types.is_dictionary(t):
+        return holds_text(t.value_type)
+    return any(is_(t) for is_ in (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view,
+                                  pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary))
+
+
 def _as_text(col: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """(string array, non-text mask) for a caption column of any Arrow type."""
     n = len(col)

@@ -28,7 +28,7 @@ import pyarrow.compute as pc  # noqa: E402
 from operators.base import Resources, conform, split_tallies  # noqa: E402
 from operators.prompts import prompt_table  # noqa: E402
 from operators.subset_selection import SelectionConfig, finalize, partial_top_k  # noqa: E402
-from operators.text_caption_validator import CaptionValidator  # noqa: E402
+from operators.text_caption_validator import CaptionValidator, holds_text  # noqa: E402
 from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_name_gender import NameGenderIndicators, load_spacy  # noqa: E402
 from operators.text_occupation_explode import OccupationExploder  # noqa: E402
@@ -40,7 +40,7 @@ from operators.text_prompt_similarity import (  # noqa: E402
 )
 from pipelines.engine import cli, io, report, rundir, runtime  # noqa: E402
 from pipelines.engine import config as study_config  # noqa: E402
-from pipelines.engine.progress import ErrorBudget, Phase, drain  # noqa: E402
+from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain  # noqa: E402
 from pipelines.engine.summary import (  # noqa: E402
     CountMismatch,
     check_chain,
@@ -291,7 +291,10 @@ def caption_job(args, st: dict, inp, columns: dict) -> dict:
     """Everything the caption side's results depend on (its fingerprint names the run)."""
     return {
         "study": "paper002-amplification", "command": args.command,
-        "input": {"files": [inp.display(f) for f in inp.files], "rows": inp.num_rows}, "columns": columns,
+        # what identifies each file's data, not only its name and rows: a file rewritten in place
+        # gets a run of its own (or, under the same --run-id, a refusal), never the old results
+        "input": {"files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
+                  "data": inp.data_identity()}, "columns": columns,
         "occupations": [study_config.occupation_spec(o) for o in st["occupations"]], "prompts": st["prompts"],
         "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
         "selection": st["selection"], "models": st["models"],
@@ -324,7 +327,7 @@ def run_captions(args, run: rundir.RunDir | None = None, st: dict | None = None,
                                 st["selection"]["no_indicator_mode"])
     prompts = prompt_table(st["occupations"], st["prompts"])
 
-    inp, columns, extra_fields = _validate_input(args)          # fails now on bad files / columns
+    inp, columns, extra_fields = _validate_input(args, st)      # fails now on bad files / columns
     if run is not None:
         return _run_captions(args, run, st, ray, started, selection, prompts, inp, columns, extra_fields,
                              model_record, own_run=False)
@@ -449,7 +452,13 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
                                  fn_args=(run.fs, data_dir, annotated_schema))
         parts: list[pa.Table] = []
         sink_budget = _TallyBudget(budget)
-        drain(ds, parts.append, phase, budgets=[sink_budget], flush_rows=1, echo=_echo(args), count=_captions_read)
+        try:
+            drain(ds, parts.append, phase, budgets=[sink_budget], flush_rows=1, echo=_echo(args), count=_captions_read)
+        except Exception as exc:  # a file with corrupt data pages: name it and the cause, not a crashed worker
+            bad = io.unreadable_input(exc, inp.subset(files), _read_columns(columns))
+            if bad is None:
+                raise
+            raise bad from None
         shard_tallies = pa.concat_tables(parts) if parts else TALLY_SCHEMA.empty_table()
         run.write_part(CAPTION_TALLIES, shard_tallies)
         run.mark_done(name, {"files": [inp.display(f) for f in files], "rows": shard_rows})
@@ -507,11 +516,15 @@ def write_run_summary(run: rundir.RunDir, rows: list[dict]) -> None:
 RUN_SUMMARY = "run_summary"
 
 
+def _read_columns(columns: dict) -> list[str]:
+    return [c for c in (columns["text_column"], columns["url_column"], *columns["kept_columns"]) if c]
+
+
 def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
     """The caption scan as one Ray Data stream: each line is one stage (see operators/)."""
     gi, models = st["gender_indicators"], st["models"]
     scan = Resources(num_cpus=1, batch_size=args.scan_batch_size)
-    read = [c for c in (columns["text_column"], columns["url_column"], *columns["kept_columns"]) if c]
+    read = _read_columns(columns)
     validate = {"text_column": columns["text_column"], "url_column": columns["url_column"]}
     streams = [  # one per group of files whose columns have the same types; validation unifies them
         # only the needed columns are read: Ray pushes the projection down into the parquet reader
@@ -562,9 +575,13 @@ def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, p
     return subsets, pa.concat_tables(ray.get(stats.to_arrow_refs()))
 
 
-def _validate_input(args):
+def _validate_input(args, st: dict | None = None):
     inp = io.resolve_parquet_inputs(args.input)
     text_col = io.resolve_column(inp, args.text_column, "text")
+    _check_text_type(inp, text_col, (st or _settings(args))["execution"])
+    if inp.num_rows == 0:
+        print(f"warning: the input holds no rows ({len(inp.files)} file(s), per their parquet footers): every "
+              f"count, subset and table of this run will be empty", file=sys.stderr)
     url_col = None if args.url_column.lower() == "none" else io.resolve_column(inp, args.url_column, "url")
     extras = [io.resolve_column(inp, c, "keep") for c in args.keep_columns]
     clash = [c for c in extras if c in set(C.stream_schema().names)]
@@ -572,6 +589,32 @@ def _validate_input(args):
         raise io.InputError(f"--keep-columns {clash} clash with columns this pipeline writes")
     columns = {"text_column": text_col, "url_column": url_col, "kept_columns": extras}
     return inp, columns, [inp.schemas[0].field(c) for c in extras]
+
+
+def _check_text_type(inp, text_col: str, ex: dict) -> None:
+    """The caption column's type is in every footer: each row of a file where it cannot hold text
+    fails validation (non_text_caption, or null_caption where empty). Known before any data is
+    read, so a wrong --text-column fails now, and so does a share of such rows over the error
+    budget (which the scan would hit for certain); a smaller share is announced and counted."""
+    bad = [(f, s.field(text_col).type, n) for f, s, n in zip(inp.files, inp.schemas, inp.row_counts)
+           if not holds_text(s.field(text_col).type)]
+    rows = sum(n for *_, n in bad)
+    if not rows:
+        return
+    where = ", ".join(f"{inp.display(f)} ({t})" for f, t, _ in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    if len(bad) == len(inp.files):
+        raise io.InputError(f"the text column {text_col!r} holds no text in any input file ({where}); choose the "
+                            f"caption column with --text-column")
+    rate, min_rows = float(ex["max_error_rate"]), int(ex["error_budget_min_rows"])
+    if inp.num_rows >= max(1, min_rows) and rate < 1.0 and rows / inp.num_rows > rate:
+        raise ErrorBudgetExceeded(
+            f"error budget exceeded at stage {C.STAGE_CAPTIONS} before any data is read: {rows:,} of "
+            f"{inp.num_rows:,} rows ({100 * rows / inp.num_rows:.1f}%) are in files whose text column {text_col!r} "
+            f"is not text: {where}. They would all fail (non_text_caption or null_caption); the budget is "
+            f"{100 * rate:g}% (--max-error-rate). Choose the caption column with --text-column, leave those files "
+            f"out of --input, or raise --max-error-rate")
+    print(f"warning: the text column {text_col!r} is not text in {len(bad)} of {len(inp.files)} input files "
+          f"({where}): their {rows:,} rows count as non_text_caption (null_caption where empty)", file=sys.stderr)
 
 
 def _load_models_once(args, st) -> dict:

@@ -19,17 +19,17 @@ def exit_code(work: Callable[[], object]) -> int:
     try:
         work()
     except (io.InputError, ModelLoadError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {io.plain(str(exc))}", file=sys.stderr)
         return 2
     except ErrorBudgetExceeded as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {io.plain(str(exc))}", file=sys.stderr)
         return 3
     except Exception as exc:
         from ray.exceptions import RayError
 
         if not isinstance(exc, RayError):
             raise
-        first = str(exc).strip().splitlines()
+        first = io.plain(str(exc)).strip().splitlines()  # Ray colours its task tracebacks
         print(f"error: a Ray worker failed and its retries are exhausted (--max-retries): "
               f"{type(exc).__name__}: {first[0] if first else ''}\n"
               f"Finished work is checkpointed under --output; the same command resumes from it.", file=sys.stderr)

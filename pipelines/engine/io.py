@@ -7,7 +7,9 @@ message naming the file and the column.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,6 +23,14 @@ class InputError(ValueError):
     """Bad input detected before the run starts: the message names the file and the column."""
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal colour codes (Ray colours the tracebacks of failed tasks)."""
+    return _ANSI.sub("", text)
+
+
 @dataclass
 class ParquetInput:
     files: list[str]            # paths within ``filesystem``
@@ -29,13 +39,20 @@ class ParquetInput:
     schemas: list[pa.Schema]    # one per file, read from the footers
     num_rows: int               # total rows of all files, from the footers
     row_counts: list[int] | None = None  # rows per file
+    identities: list[str] | None = None  # per file, what identifies its data (see ``file_identity``)
 
     def subset(self, files: list[str]) -> "ParquetInput":
         """The same input restricted to ``files`` (a shard)."""
         idx = [self.files.index(f) for f in files]
         counts = [self.row_counts[i] for i in idx] if self.row_counts else None
+        idents = [self.identities[i] for i in idx] if self.identities else None
         return ParquetInput(list(files), self.filesystem, self.protocol, [self.schemas[i] for i in idx],
-                            sum(counts) if counts else 0, counts)
+                            sum(counts) if counts else 0, counts, idents)
+
+    def data_identity(self) -> dict[str, str]:
+        """{file as the user writes it: its identity}: a run's fingerprint includes it, so a file
+        rewritten in place (same name, same row count) never resumes a run made from the old data."""
+        return {self.display(f): i for f, i in zip(self.files, self.identities or [])}
 
     def display(self, path: str) -> str:
         return _display(self.protocol, path)
@@ -76,6 +93,7 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
         fs, path = _url_to_fs(spec)
         if fs0 is None:
             fs0 = fs
+            fs.invalidate_cache()  # a listing cached earlier in this process may predate a rewrite
         elif type(fs) is not type(fs0):
             raise InputError(f"all inputs must be on one filesystem; {spec!r} is not on {fs0.protocol}")
         if fsspec.core.has_magic(path):
@@ -96,8 +114,39 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
     protocol = _protocol(fs0)
     pyfs = _to_pyarrow_fs(fs0)
     metas = _read_footers(pyfs, files, protocol)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        idents = list(pool.map(lambda fm: file_identity(fs0, fm[0], fm[1], protocol), zip(files, metas)))
     return ParquetInput(files, pyfs, protocol, [m.schema.to_arrow_schema() for m in metas],
-                        sum(m.num_rows for m in metas), [m.num_rows for m in metas])
+                        sum(m.num_rows for m in metas), [m.num_rows for m in metas], idents)
+
+
+# What identifies a file's data without reading it. An object store's ETag (or version) changes
+# with every upload and stays when the object is only listed or copied within the store; other
+# filesystems give size and modification time. A hash of the parquet footer (row-group sizes and
+# min/max statistics, already read) is added: it catches a rewrite that kept size and time.
+_ETAG_KEYS = ("ETag", "etag", "md5Hash", "content_md5")
+_VERSION_KEYS = ("VersionId", "generation", "version_id")
+_MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
+
+
+def file_identity(fs: fsspec.AbstractFileSystem, path: str, meta: pq.FileMetaData, protocol: str = "file") -> str:
+    try:
+        info = fs.info(path)
+    except Exception as exc:
+        raise InputError(f"cannot read parquet file {_display(protocol, path)}: {exc}") from exc
+    parts = [f"size={info.get('size')}"]
+    etag = next((info[k] for k in _ETAG_KEYS if info.get(k)), None)
+    version = next((info[k] for k in _VERSION_KEYS if info.get(k)), None)
+    if etag:
+        parts.append(f"etag={str(etag).strip(chr(34))}")
+    if version:
+        parts.append(f"version={version}")
+    if not etag and not version:
+        parts.append(f"modified={next((info[k] for k in _MTIME_KEYS if info.get(k)), None)}")
+    footer = pa.BufferOutputStream()
+    meta.write_metadata_file(footer)
+    parts.append(f"footer={hashlib.sha256(footer.getvalue().to_pybytes()).hexdigest()[:16]}")
+    return " ".join(parts)
 
 
 def _url_to_fs(uri: str):
@@ -126,6 +175,37 @@ def _read_footers(fs: pafs.FileSystem, files: list[str], protocol: str) -> list[
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         return list(pool.map(one, files))
+
+
+def unreadable_input(exc: BaseException, inp: ParquetInput, columns: list[str]) -> InputError | None:
+    """When ``exc`` (what a stream over ``inp`` raised) comes from reading a parquet file, the
+    InputError naming the file and the cause; None for anything else.
+
+    A file whose footer is intact but whose data pages are corrupt passes the footer check and
+    fails inside a Ray read task, which reports neither the file nor, in its first line, the cause
+    (and Ray's wrapper reads like a crashed worker). The driver reads the failed files' ``columns``
+    again, one row group at a time, to find the file; a failure it cannot reproduce (a transient
+    network error) is left as it was."""
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = getattr(e, "cause", None) or e.__cause__
+    if isinstance(exc, InputError) or not any(isinstance(e, (pa.ArrowException, OSError)) for e in chain):
+        return None
+    said = plain("\n".join(str(e) for e in chain))
+    for path in sorted(inp.files, key=lambda f: f not in said):  # a file the error names first
+        try:
+            with inp.filesystem.open_input_file(path) as fh:
+                pf = pq.ParquetFile(fh)
+                for i in range(pf.num_row_groups):
+                    pf.read_row_group(i, columns=columns)
+        except Exception as err:  # noqa: BLE001 (any failure to decode the data names the file)
+            cause = plain(str(err)).strip().splitlines()
+            return InputError(
+                f"cannot read parquet file {inp.display(path)}: {type(err).__name__}: {cause[0] if cause else ''} "
+                f"(its footer is readable but its data is not: the file is corrupt or truncated; replace it, "
+                f"or leave it out of --input)")
+    return None
 
 
 def resolve_column(inp: ParquetInput, wanted: str, role: str, required: bool = True) -> str | None:

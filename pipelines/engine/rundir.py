@@ -12,7 +12,9 @@ The run id is ``--run-id`` or ``<label>-<8 hex digits of the configuration finge
 the same command lands in the same directory (and resumes there), while a job with other
 occupations, prompts, thresholds or models gets a directory of its own: jobs sharing a root
 never overwrite each other. A run id that already holds a run of a different configuration is
-refused rather than mixed.
+refused rather than mixed. The configuration includes what identifies each input file's data
+(``input.data``): an input rewritten in place gets a run of its own, never the old results.
+
 
 Checkpoint parts are written to a temporary name and moved into place, so a kill in the middle
 of a write leaves no half-written part behind (temporary names are ignored when reading).
@@ -34,6 +36,7 @@ import pyarrow.parquet as pq
 from pipelines.engine import io
 
 RUN_FILE = "run.json"
+INPUT_DATA = "input.data"  # {file: identity} in a job's configuration (io.ParquetInput.data_identity)
 WORK = "_work"
 TMP_SUFFIX = ".tmp"
 
@@ -79,6 +82,15 @@ class RunDir:
             previous = None
         if previous is not None and previous.get("fingerprint") != fp:
             diff = _differences(previous.get("config", {}), config)
+            changed = [d[len(INPUT_DATA) + 1:] for d in diff if d.startswith(f"{INPUT_DATA}.")]
+            if changed or INPUT_DATA in diff:
+                raise io.InputError(
+                    f"{self.uri} holds run {self.run_id!r} of a different configuration: its input data changed "
+                    f"since that run started ({', '.join(changed[:3]) or 'the input files'}"
+                    f"{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}: added, removed or rewritten; "
+                    f"size, modification time, ETag or parquet footer differ), so its results would be stale. "
+                    f"Leave --run-id out to get a run of its own for the new data, choose another --run-id, "
+                    f"or pass --overwrite to discard the old results")
             raise io.InputError(
                 f"{self.uri} holds run {self.run_id!r} of a different configuration (differs in: "
                 f"{', '.join(diff) or 'details'}); choose another --run-id, leave --run-id out to get a "
@@ -93,6 +105,7 @@ class RunDir:
 
     def finish(self, status: str = "finished", **info) -> None:
         self.record["status"] = status
+        info = {k: io.plain(v) if isinstance(v, str) else v for k, v in info.items()}  # no terminal colours
         self.record["attempts"][-1].update({"ended_unix": time.time(), "status": status, **info})
         self._write_record()
 
