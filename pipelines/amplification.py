@@ -567,12 +567,21 @@ def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, p
     )
     subsets = conform(pa.concat_tables(ray.get(subsets.to_arrow_refs())), TRAINING_SUBSETS)
     subsets = subsets.sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
-    stats = (
-        data.select_columns([C.OCCUPATION, C.CAPTION_GENDER])
-        .groupby(C.OCCUPATION, num_partitions=parts)
-        .map_groups(report.occupation_stats, batch_format="pyarrow")
-    )
-    return subsets, pa.concat_tables(ray.get(stats.to_arrow_refs()))
+    return subsets, occupation_stats(ray, data)
+
+
+def occupation_stats(ray, data) -> pa.Table:
+    """Caption and indicator counts per occupation: partial counts per block, summed on the driver
+    (at most occupations rows per block cross to it). A group-by would shuffle every annotated
+    caption and hold each occupation in one block: at LAION scale tens of millions of rows for
+    "student" or "author" in one worker."""
+    return report.combine_occupation_stats(ray.get(partial_occupation_stats(data).to_arrow_refs()))
+
+
+def partial_occupation_stats(data):
+    """The per-block partial counts (a map over the annotated captions, nothing else)."""
+    return data.select_columns([C.OCCUPATION, C.CAPTION_GENDER]).map_batches(
+        report.partial_occupation_stats, batch_format="pyarrow", batch_size=None)
 
 
 def _validate_input(args, st: dict | None = None):
@@ -706,7 +715,7 @@ def _summary_html(source: str, result: dict) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"captions": run_captions, "run": run_all, "summarize": run_summarize}
-    return cli.exit_code(lambda: commands[args.command](args))
+    return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -140,7 +140,7 @@ def evaluate(args) -> dict:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"run": run, "evaluate": evaluate, "summarize": run_summarize}
-    return cli.exit_code(lambda: commands[args.command](args))
+    return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
 
 if __name__ == "__main__":
     sys.exit(main())

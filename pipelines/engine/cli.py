@@ -15,8 +15,11 @@ from pipelines.engine import io
 from pipelines.engine.progress import ErrorBudgetExceeded
 
 
-def exit_code(work: Callable[[], object]) -> int:
+def exit_code(work: Callable[[], object], output: str | None = None) -> int:
+    """Run a subcommand; ``output`` (its --output, if any) is checked first, before any model loads."""
     try:
+        if output:
+            io.check_output(output)
         work()
     except (io.InputError, ModelLoadError, ValueError, FileNotFoundError) as exc:
         print(f"error: {io.plain(str(exc))}", file=sys.stderr)

@@ -294,3 +294,41 @@ def read_text(uri: str) -> str:
         raise InputError(f"{uri}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {uri}: {exc}") from None
+
+
+def check_output(uri: str, flag: str = "--output") -> None:
+    """Fail now, with one line, when ``uri`` cannot take the results: an existing file, a path
+    under a file, or a place this process cannot create or write files in. Checked by writing
+    and deleting a small probe file (permission bits alone say nothing for root or object stores),
+    before any model loads or data is read."""
+    import uuid
+
+    try:
+        fs, path = output_fs(uri)
+    except Exception as exc:  # unknown protocol, missing driver, bad URI
+        raise InputError(f"{flag} {uri}: {type(exc).__name__}: {exc}") from None
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        raise InputError(f"{flag} {uri} is an existing file; it must be a directory (it is created if missing)")
+    probe = f"{path}/.t2i-write-probe-{uuid.uuid4().hex[:12]}"
+    created, parent = [], path  # directories this check makes, removed again: it leaves nothing behind
+    while parent and fs.get_file_info(parent).type == pafs.FileType.NotFound:
+        created.append(parent)
+        up = posixpath.dirname(parent)
+        parent = up if up != parent else ""
+    try:
+        if parent and fs.get_file_info(parent).type == pafs.FileType.File:
+            raise NotADirectoryError(f"{parent} is a file")
+        fs.create_dir(path, recursive=True)
+        with fs.open_output_stream(probe) as fh:
+            fh.write(b"")
+        fs.delete_file(probe)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{flag} {uri} is not a writable directory ({reason})") from None
+    for d in created:  # best effort: on object stores the "directory" went with the probe
+        try:
+            if fs.get_file_info(d).type == pafs.FileType.Directory:
+                fs.delete_dir(d)
+        except (OSError, ValueError):
+            pass

@@ -15,22 +15,38 @@ from schemas.subsets import (
 )
 
 
-def occupation_stats(group: pa.Table) -> pa.Table:
-    """Caption and indicator counts of one occupation's annotated captions (a Ray map_groups fn)."""
-    g = group.column(CAPTION_GENDER)
-    female = pc.sum(pc.is_in(g, pa.array([CaptionGender.FEMALE, CaptionGender.BOTH]))).as_py() or 0
-    male = pc.sum(pc.is_in(g, pa.array([CaptionGender.MALE, CaptionGender.BOTH]))).as_py() or 0
-    anyind = pc.sum(pc.not_equal(g, CaptionGender.NONE)).as_py() or 0
-    return pa.table(
-        {
-            OCCUPATION: [group.column(OCCUPATION)[0].as_py()],
-            "matched_captions": [group.num_rows],
-            "female_indicator_captions": [female],
-            "male_indicator_captions": [male],
-            "any_indicator_captions": [anyind],
-        },
-        schema=OCCUPATION_STATS,
-    )
+def partial_occupation_stats(batch: pa.Table) -> pa.Table:
+    """Caption and indicator counts per occupation of one batch of annotated captions (at most one
+    row per occupation). The counts are sums, so partials of any batching add up to the totals
+    (``combine_occupation_stats``): no shuffle, and no worker ever holds one occupation's captions."""
+    g = batch.column(CAPTION_GENDER)
+    one = pa.scalar(1, pa.int64())
+    zero = pa.scalar(0, pa.int64())
+    flags = {
+        "matched_captions": pa.array([1] * batch.num_rows, pa.int64()) if batch.num_rows else pa.array([], pa.int64()),
+        "female_indicator_captions": pc.if_else(pc.is_in(g, pa.array([CaptionGender.FEMALE, CaptionGender.BOTH])), one, zero),
+        "male_indicator_captions": pc.if_else(pc.is_in(g, pa.array([CaptionGender.MALE, CaptionGender.BOTH])), one, zero),
+        "any_indicator_captions": pc.if_else(pc.not_equal(g, CaptionGender.NONE), one, zero),
+    }
+    return _sum_by_occupation(pa.table({OCCUPATION: batch.column(OCCUPATION), **flags}))
+
+
+def combine_occupation_stats(parts: list[pa.Table]) -> pa.Table:
+    """The totals per occupation from partial counts (OCCUPATION_STATS, sorted by occupation)."""
+    parts = [p.select(OCCUPATION_STATS.names).cast(OCCUPATION_STATS) for p in parts if p.num_rows]
+    if not parts:
+        return OCCUPATION_STATS.empty_table()
+    return _sum_by_occupation(pa.concat_tables(parts))
+
+
+def _sum_by_occupation(table: pa.Table) -> pa.Table:
+    counts = [n for n in OCCUPATION_STATS.names if n != OCCUPATION]
+    out = table.group_by(OCCUPATION, use_threads=False).aggregate([(c, "sum") for c in counts])
+    out = out.rename_columns([c[:-4] if c.endswith("_sum") else c for c in out.column_names])
+    # a null caption_gender counts as no indicator (sums skip nulls; an all-null group sums to null)
+    out = pa.table({n: (pc.fill_null(out.column(n), 0) if n != OCCUPATION else out.column(n))
+                    for n in OCCUPATION_STATS.names}).cast(OCCUPATION_STATS)
+    return out.sort_by(OCCUPATION)
 
 
 def similarity_summary(stats: pa.Table | None, subsets: pa.Table, occupations) -> pa.Table:

@@ -228,7 +228,8 @@ def test_amplification_matches_percentages(run_dir):
 
 def test_unloadable_model_fails_before_any_work(tmp_path):
     """Offline, the default CLIP (ViT-L/14, OpenAI) cannot load: the run stops at once, naming it,
-    before reading data or writing anything."""
+    before reading data or writing anything. (``--device cpu``: with no GPU here the GPU check
+    would refuse the real models even earlier, tests/pipelines/test_gpus.py.)"""
     import os
     import subprocess
     import sys
@@ -237,11 +238,12 @@ def test_unloadable_model_fails_before_any_work(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     res = subprocess.run([sys.executable, str(root / "pipelines" / "amplification.py"), "run",
-                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env)
+                          "--output", str(tmp_path / "out"), "--device", "cpu", "--ray-address", "local",
+                          "--num-cpus", "2"], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 2
     assert "cannot load CLIP model 'ViT-L-14'" in res.stderr and "--standin-models" in res.stderr
     assert "Traceback" not in res.stderr
-    assert not (tmp_path / "out").exists()
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 
 
 def test_missing_input_fails_before_any_work(tmp_path):

@@ -44,3 +44,45 @@ def test_bundled_sample_is_the_generator_output():
     bundled = pq.read_table(amplification.SAMPLE_INPUT)
     assert bundled.equals(generate(30000, seed=0), check_metadata=False)
     assert bundled.schema.metadata[b"synthetic"] == b"true"
+
+
+# --output that cannot take results: one line, exit 2, before any model loads or data is read
+import pytest  # noqa: E402
+
+from pipelines import dalleval, gep  # noqa: E402
+
+_OUTPUT_COMMANDS = [
+    (amplification.main, ["run", "--standin-models"]),
+    (amplification.main, ["captions"]),
+    (amplification.main, ["summarize", "--percentages", "tests/data/paper002_table6.csv"]),
+    (gep.main, ["run", "--standin-models"]),
+    (gep.main, ["summarize", "--frequencies", "tests/data/paper001_tables11_12.csv"]),
+    (dalleval.main, ["run", "--standin-models"]),
+    (dalleval.main, ["summarize", "--counts", "tests/data/paper000_tables16_17.csv"]),
+]
+
+
+def _bad_outputs(tmp_path):
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a directory")
+    return {"an existing file": (str(a_file), "is an existing file"),
+            "a path under a file": (str(a_file / "sub"), "not a writable directory"),
+            "an unwritable place": ("/proc/t2i-no-such-dir/out", "not a writable directory")}
+
+
+@pytest.mark.parametrize("main,argv", _OUTPUT_COMMANDS,
+                         ids=[f"{m.__module__.split('.')[-1]}-{a[0]}" for m, a in _OUTPUT_COMMANDS])
+def test_bad_output_fails_at_once_with_one_line(tmp_path, capsys, monkeypatch, main, argv):
+    from pipelines.engine import runtime, study
+
+    def no_model_may_load(*a, **k):
+        raise AssertionError("a model was loaded before --output was checked")
+
+    monkeypatch.setattr(study, "load_clip_and_generators", no_model_may_load)
+    monkeypatch.setattr(study, "build_standins", no_model_may_load)
+    monkeypatch.setattr(runtime, "init_ray", no_model_may_load)
+    for what, (output, message) in _bad_outputs(tmp_path).items():
+        assert main([*argv, "--output", output]) == 2, what
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("error: --output") and message in err, (what, err)
+        assert "Traceback" not in err and output in err
