@@ -26,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/gep.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli, io  # noqa: E402
+from pipelines.engine import cli, gpus, io  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,12 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
     x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
     x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
-    x.add_argument("--gpus-per-actor", type=float,
-                   help="GPUs per generator / scorer actor (default: execution.gpus_per_model_actor of the study file, 1; asked "
-                        "for even when no GPU is up yet, so the autoscaler starts GPU nodes)")
-    x.add_argument("--device", default="auto",
-                   help="auto (real models on GPU actors), cuda, or cpu (every model on the CPU on purpose; real "
-                        "models are otherwise refused on a CPU)")
+    gpus.add_arguments(x, "generator / scorer")
     x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
     x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     x.add_argument("--no-save-images", action="store_true", help="do not write the images (annotators need them)")

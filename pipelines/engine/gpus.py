@@ -44,6 +44,16 @@ class GpuPlan:
         return asdict(self)
 
 
+def add_arguments(group, actors: str) -> None:
+    """--gpus-per-actor and --device of a study whose model actors are ``actors``."""
+    group.add_argument("--gpus-per-actor", type=float,
+                       help=f"GPUs per {actors} actor (default: execution.gpus_per_model_actor of the study file, 1; "
+                            "asked for even when no GPU is up yet, so the autoscaler starts GPU nodes)")
+    group.add_argument("--device", default="auto",
+                       help="auto (real models on GPU actors), cuda, or cpu (every model on the CPU on purpose; real "
+                            "models are otherwise refused on a CPU)")
+
+
 def plan(execution: dict, gpus_per_actor: float | None, device: str | None, standin: bool) -> GpuPlan:
     """The request from configuration and flags alone (no Ray): what the README's commands ask for."""
     device = (device or "auto").lower()
