@@ -229,12 +229,12 @@ def run(args) -> dict:
           f"{' + bare prompts' if st['bare_prompts'] else ''} = {requests.num_rows // int(st['generation']['images_per_prompt']):,} "
           f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
           f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
-    # opened (and checked against this configuration) before anything is written into it
-    rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
-    try:
     # Ray first: a run whose real models could get no GPU stops here, before any model loads or write
     ray, gp = study.start_ray(args, st["execution"], standin=args.standin_models,
                               actor_cpus=args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0))
+    # opened (and checked against this configuration) before anything is written into it
+    rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
+    try:
         models = list(st["generation"]["models"])
         if args.standin_models:
             if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
