@@ -44,11 +44,6 @@ class ModelLoadError(RuntimeError):
     """A configured model could not be loaded; the message names it and how to provide it."""
 
 
-def with_column(table: pa.Table, name: str, values) -> pa.Table:
-    """``table`` with column ``name`` set to ``values`` (replaced in place, or appended)."""
-    i = table.schema.get_field_index(name)
-    return table.set_column(i, name, values) if i >= 0 else table.append_column(name, values)
-
 GPU_HINT = ("To get a GPU: run on a node with one (on a cluster, each model actor asks for --gpus-per-actor GPUs, "
             "default 1 from the study's execution settings, and the autoscaler starts cluster.yaml's gpu_worker "
             "nodes for them; `ray status` shows them); to run the models on the CPU on purpose, pass --device cpu.")
@@ -73,6 +68,11 @@ def pick_device(device: str = "auto") -> str:
                 f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}). {GPU_HINT}")
     return device
 
+
+def with_column(table: pa.Table, name: str, values) -> pa.Table:
+    """``table`` with column ``name`` set to ``values`` (replaced in place, or appended)."""
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, values) if i >= 0 else table.append_column(name, values)
 
 
 def status_array(codes: np.ndarray, outcomes: tuple[str, ...]) -> pa.DictionaryArray:

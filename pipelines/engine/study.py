@@ -310,6 +310,12 @@ def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, 
         st.save_images = f"{rd.uri}/{run_files['saved_images']}"
 
     with contextlib.ExitStack() as stack:
+        # Ray first: a run whose real models could get no GPU stops here, before any model loads
+        ray, gp = start_ray(args, cs["execution"], standin=args.standin_models,
+                            actor_cpus=max(args.embed_actors + (0 if args.no_names else args.ner_actors),
+                                           args.face_actors + args.clip_actors + args.gen_actors))
+        st.clip_gpus = st.gen_gpus = per_actor = gp.per_actor
+        st.clip["device"] = st.generation["device"] = gp.device
         if args.standin_models:
             if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
                 root = str(Path(rd.uri) / run_files["standins"])
@@ -338,12 +344,6 @@ def _run(args, amp, rd, cs: dict, cfg: dict, st: ImageSettings, recorded: dict, 
             print(f"serving the synthetic sample's images from a local server at {server_url} "
                   f"(rewriting {SAMPLE_URL_PREFIX}); local addresses allowed for this run")
 
-        # Ray first: a run whose real models could get no GPU stops here, before any model loads
-        ray, gp = start_ray(args, cs["execution"], standin=args.standin_models,
-                            actor_cpus=max(args.embed_actors + (0 if args.no_names else args.ner_actors),
-                                           args.face_actors + args.clip_actors + args.gen_actors))
-        st.clip_gpus = st.gen_gpus = per_actor = gp.per_actor
-        st.clip["device"] = st.generation["device"] = gp.device
 
         caption_metrics = amp.run_captions(args, run=rd, st=cs, ray=ray, model_record=caption_models)
         subsets = pq.read_table(out_fs.open_input_file(f"{out}/{files['subsets']}"))
