@@ -6,11 +6,18 @@ Fetched training images are saved as img2dataset's resizer wrote them (JPEG by d
 generated images, which travel as raw RGB8, are encoded as PNG (lossless). The batch passes on
 unchanged, so saving never changes what is measured. Rows without an image (failed fetches,
 blocked generations) are not written; their statuses are in the per-image table.
+
+This runs inside Ray tasks that may be killed and retried, so every file is written atomically
+(``_put``) and a part is named by its rows' keys: a batch written again by a retried task
+replaces its own part instead of adding a second one, and no reader sees a truncated file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import os
 import posixpath
 import uuid
 
@@ -63,15 +70,35 @@ class ImageSink:
         if self.name_column:
             for name, data, encoding in zip(part.column(self.name_column).to_pylist(), out, enc):
                 ext = "png" if encoding == RGB8 else _extension(data)
-                with self.fs.open(posixpath.join(self.root, f"{_safe_name(str(name))}.{ext}"), "wb") as fh:
-                    fh.write(data)
+                _put(self.fs, posixpath.join(self.root, f"{_safe_name(str(name))}.{ext}"), data)
             return batch
-        table = part.select([k for k in self.keys if k in part.column_names]).append_column(
-            IMAGE, pa.array(out, pa.binary()))
-        path = posixpath.join(self.root, f"part-{uuid.uuid4().hex}.parquet")
-        with self.fs.open(path, "wb") as fh:
-            pq.write_table(table, fh)
+        keys = part.select([k for k in self.keys if k in part.column_names])
+        table = keys.append_column(IMAGE, pa.array(out, pa.binary()))
+        name = hashlib.sha256(json.dumps(keys.to_pylist(), default=str).encode()).hexdigest()[:32] \
+            if keys.num_columns else uuid.uuid4().hex
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        _put(self.fs, posixpath.join(self.root, f"part-{name}.parquet"), sink.getvalue().to_pybytes())
         return batch
+
+
+def _put(fs, path: str, data: bytes) -> None:
+    """``data`` at ``path``, atomically: on local disk a hidden temporary name in the same directory,
+    then a rename; elsewhere one upload of the whole object (an object store publishes it only
+    once complete)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if not {"file", "local"} & set(protocols):
+        fs.pipe_file(path, data)
+        return
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def _safe_name(name: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import posixpath
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ if __package__ in (None, ""):  # run as a script (python pipelines/amplification
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
+import pyarrow.fs as pafs  # noqa: E402
 
 from operators.base import Resources, conform, split_tallies  # noqa: E402
 from operators.prompts import prompt_table  # noqa: E402
@@ -356,10 +358,12 @@ def _run_captions(args, run, st, ray, started, selection, prompts, inp, columns,
                                          st, args)
     tallies = run.read_parts(CAPTION_TALLIES, TALLY_SCHEMA)
     annotated_dir = run.file(FILES["annotated"])
-    annotated_rows = io.count_parquet_rows(run.fs, annotated_dir)
+    parts = committed_parts(run, len(caption_shards(run, inp, st["execution"]["files_per_shard"])))
+    annotated_rows = io.count_parquet_rows(run.fs, parts)
     if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
-        io.write_table(annotated_schema.empty_table(), run.fs, f"{annotated_dir}/part-0.parquet")
-    data = ray.data.read_parquet(annotated_dir, filesystem=run.fs, schema=annotated_schema)
+        parts = [f"{annotated_dir}/part-0.parquet"]
+        io.write_table(annotated_schema.empty_table(), run.fs, parts[0])
+    data = ray.data.read_parquet(parts, filesystem=run.fs, schema=annotated_schema)
 
     subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
     io.write_table(subsets, run.fs, run.file(FILES["subsets"]))
@@ -429,7 +433,12 @@ def caption_shards(run: rundir.RunDir, inp, files_per_shard: int) -> list[list[s
 def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: pa.Schema, schema: pa.Schema,
                 st: dict, args) -> tuple[Phase, ErrorBudget, pa.Table]:
     """The caption scan, one shard of input files at a time. A finished shard is marked done and
-    skipped on resume; an unfinished one is cleared and scanned again."""
+    skipped on resume; an unfinished one is cleared and scanned again.
+
+    Crash safety: sink tasks write their parts atomically and report them; the driver commits a
+    shard (keeps the parts it received, deletes what retried or killed attempts left, writes the
+    shard's tallies under a fixed name) and only then writes the done marker, which lists the parts:
+    a crash at any point leaves a shard that is either done and exact, or redone on resume."""
     ex = st["execution"]
     shards = caption_shards(run, inp, ex["files_per_shard"])
     if sorted(f for sh in shards for f in sh) != sorted(inp.files):
@@ -460,8 +469,11 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
                 raise
             raise bad from None
         shard_tallies = pa.concat_tables(parts) if parts else TALLY_SCHEMA.empty_table()
-        run.write_part(CAPTION_TALLIES, shard_tallies)
-        run.mark_done(name, {"files": [inp.display(f) for f in files], "rows": shard_rows})
+        written = pc.equal(shard_tallies.column(C.TALLY_STAGE), C.STAGE_WRITTEN_PARTS)
+        manifest = commit_parts(run.fs, data_dir, shard_tallies.filter(written))
+        shard_tallies = shard_tallies.filter(pc.invert(written))
+        run.write_part(CAPTION_TALLIES, shard_tallies, key=f"shard-{i:05d}")  # a redone shard replaces its own
+        run.mark_done(name, {"files": [inp.display(f) for f in files], "rows": shard_rows, "parts": manifest})
         attempt.append(shard_tallies)
     return phase, budget, pa.concat_tables(attempt) if attempt else TALLY_SCHEMA.empty_table()
 
@@ -489,13 +501,52 @@ def _captions_read(tallies: pa.Table) -> int:
 
 def _write_shard_part(batch: pa.Table, fs, data_dir: str, annotated_schema: pa.Schema) -> pa.Table:
     """Sink of the caption stream: write the annotated rows of this batch as a part file of the
-    shard, and pass on only the tally rows (small) to the driver."""
+    shard (atomically), and pass on only the tally rows (small) to the driver, with one more row
+    naming the part: the driver commits exactly the parts it receives (``commit_parts``)."""
     import uuid
 
     data, tallies = split_tallies(batch)
+    out = tallies.select([C.TALLY_STAGE, C.TALLY_OUTCOME, C.TALLY_COUNT]).cast(TALLY_SCHEMA)
     if data.num_rows:
-        io.write_table(conform(data, annotated_schema), fs, f"{data_dir}/part-{uuid.uuid4().hex}.parquet")
-    return tallies.select([C.TALLY_STAGE, C.TALLY_OUTCOME, C.TALLY_COUNT]).cast(TALLY_SCHEMA)
+        part = f"part-{uuid.uuid4().hex}.parquet"
+        io.write_table(conform(data, annotated_schema), fs, f"{data_dir}/{part}")
+        out = pa.concat_tables([out, pa.table([[C.STAGE_WRITTEN_PARTS], [part], [data.num_rows]], schema=TALLY_SCHEMA)])
+    return out
+
+
+def commit_parts(fs, data_dir: str, written: pa.Table) -> list[dict]:
+    """Keep exactly the parts the driver received (``written``: their tally rows) in a shard's
+    directory and delete everything else: parts of attempts Ray retried (a worker that died after
+    writing, a block re-run by lineage reconstruction) and temporary files of killed writes.
+    Returns the manifest, [{"name", "rows"}], for the shard's done marker."""
+    manifest = [{"name": n, "rows": int(r)} for n, r in zip(written.column(C.TALLY_OUTCOME).to_pylist(),
+                                                             written.column(C.TALLY_COUNT).to_pylist())]
+    keep = {m["name"] for m in manifest}
+    infos = fs.get_file_info(pafs.FileSelector(data_dir, allow_not_found=True, recursive=True))
+    files = {posixpath.basename(f.path): f.path for f in infos if f.type == pafs.FileType.File}
+    missing = sorted(keep - set(files))
+    if missing or len(keep) != len(manifest):
+        raise RuntimeError(f"caption parts reported written but not in {data_dir}: {missing[:5]}")
+    for base, path in files.items():
+        if base not in keep:
+            fs.delete_file(path)
+    return sorted(manifest, key=lambda m: m["name"])
+
+
+def committed_parts(run: rundir.RunDir, shards: int) -> list[str]:
+    """The annotated-caption part files of every done shard, as their done markers list them (a
+    file in a shard directory that no marker lists is never read)."""
+    paths = []
+    for i in range(shards):
+        shard_dir = f"{run.file(FILES['annotated'])}/shard-{i:05d}"
+        done = run.done(f"captions/shard-{i:05d}") or {}
+        if "parts" in done:
+            paths += [f"{shard_dir}/{p['name']}" for p in done["parts"]]
+        else:  # marked done by a version that kept no list: what its directory holds
+            infos = run.fs.get_file_info(pafs.FileSelector(shard_dir, allow_not_found=True))
+            paths += sorted(f.path for f in infos if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+                            and not posixpath.basename(f.path).startswith((".", "_")))
+    return paths
 
 
 def _echo(args):

@@ -68,6 +68,11 @@ STAGE_EXPLODE = "explode_occupations"
 OUTCOME_ROWS_IN = "rows_in"
 OUTCOME_ROWS_OUT = "rows_out"
 
+# The caption sink reports every part file it committed as one tally row of this stage (outcome:
+# the file name, count: its rows); the driver keeps exactly the parts it received (a part written by
+# an attempt Ray retried is never received) and lists them in the shard's done marker.
+STAGE_WRITTEN_PARTS = "_written_parts"
+
 TALLY_FIELDS = [
     pa.field(TALLY_STAGE, pa.string()),
     pa.field(TALLY_OUTCOME, pa.string()),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -241,9 +242,10 @@ def output_fs(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def write_table(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    with fs.open_output_stream(path) as fh:
-        pq.write_table(table, fh)
+    """``table`` as parquet at ``path``, atomically (see ``write_bytes``)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    write_bytes(fs, path, sink.getvalue().to_pybytes())
 
 
 def write_table_and_csv(data, fs: pafs.FileSystem, stem: str) -> None:
@@ -258,9 +260,57 @@ def write_table_and_csv(data, fs: pafs.FileSystem, stem: str) -> None:
 
 
 def write_text(text: str, fs: pafs.FileSystem, path: str) -> None:
+    """``text`` (UTF-8) at ``path``, atomically (see ``write_bytes``)."""
+    write_bytes(fs, path, text.encode("utf-8"))
+
+
+# Object stores publish an object only when its upload completes (S3 PutObject or
+# CompleteMultipartUpload, GCS and Azure likewise): one upload of the whole object is atomic there,
+# while a "rename" would be a copy and a delete that a crash can leave half done.
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory")
+TMP_SUFFIX = ".tmp"
+
+
+def temp_path(path: str) -> str:
+    """A hidden temporary name next to ``path``: dataset readers skip names starting with '.'
+    (pyarrow, Ray, ``resolve_parquet_inputs``), and it does not end in .parquet."""
+    return posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
+
+
+def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a
+    part of it, whatever kills the writer (also a Ray task retried after its worker died): on an
+    object store one upload of the whole object; elsewhere a temporary name in the same directory,
+    then a rename (atomic on POSIX, and it replaces the target)."""
     fs.create_dir(posixpath.dirname(path), recursive=True)
-    with fs.open_output_stream(path) as fh:
-        fh.write(text.encode("utf-8"))
+    store = _object_store(fs)
+    if store is not None:
+        store.pipe_file(path, data)  # one PUT (multipart for large data: visible only once complete)
+        return
+    if fs.type_name in OBJECT_STORES:  # pyarrow's own S3/GCS streams publish on close
+        with fs.open_output_stream(path) as fh:
+            fh.write(data)
+        return
+    tmp = temp_path(path)
+    try:
+        with fs.open_output_stream(tmp) as fh:
+            fh.write(data)
+        fs.move(tmp, path)
+    except BaseException:
+        try:  # the temporary file is never read; removing it is tidiness, not correctness
+            fs.delete_file(tmp)
+        except Exception:
+            pass
+        raise
+
+
+def _object_store(fs: pafs.FileSystem):
+    """The fsspec filesystem behind ``fs`` when it is an object store, else None."""
+    handler = getattr(fs, "handler", None)
+    inner = getattr(handler, "fs", None)
+    if isinstance(fs, pafs.PyFileSystem) and inner is not None and _protocol(inner) in OBJECT_STORES:
+        return inner
+    return None
 
 
 def clear_dir(fs: pafs.FileSystem, path: str) -> None:
@@ -271,12 +321,16 @@ def clear_dir(fs: pafs.FileSystem, path: str) -> None:
         fs.delete_file(path)
 
 
-def count_parquet_rows(fs: pafs.FileSystem, path: str) -> int:
-    """Rows of every ``*.parquet`` file under ``path`` (from the footers); 0 when there is none."""
-    if not exists(fs, path):
+def count_parquet_rows(fs: pafs.FileSystem, path: str | list[str]) -> int:
+    """Rows of every ``*.parquet`` file under directory ``path``, or of the files of a list (from
+    the footers); 0 when there is none."""
+    if isinstance(path, list):
+        files = path
+    elif not exists(fs, path):
         return 0
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-    files = [i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
+    else:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        files = [i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")]
     return sum(m.num_rows for m in _read_footers(fs, files, "file"))
 
 

@@ -15,7 +15,6 @@ never overwrite each other. A run id that already holds a run of a different con
 refused rather than mixed. The configuration includes what identifies each input file's data
 (``input.data``): an input rewritten in place gets a run of its own, never the old results.
 
-
 Checkpoint parts are written to a temporary name and moved into place, so a kill in the middle
 of a write leaves no half-written part behind (temporary names are ignored when reading).
 """
@@ -26,6 +25,7 @@ import hashlib
 import json
 import posixpath
 import re
+import sys
 import time
 import uuid
 
@@ -38,7 +38,7 @@ from pipelines.engine import io
 RUN_FILE = "run.json"
 INPUT_DATA = "input.data"  # {file: identity} in a job's configuration (io.ParquetInput.data_identity)
 WORK = "_work"
-TMP_SUFFIX = ".tmp"
+TMP_SUFFIX = io.TMP_SUFFIX
 
 
 def fingerprint(config) -> str:
@@ -107,7 +107,15 @@ class RunDir:
         self.record["status"] = status
         info = {k: io.plain(v) if isinstance(v, str) else v for k, v in info.items()}  # no terminal colours
         self.record["attempts"][-1].update({"ended_unix": time.time(), "status": status, **info})
-        self._write_record()
+        in_flight = sys.exception()  # called from an ``except`` recording that error
+        try:
+            self._write_record()
+        except Exception as exc:
+            if in_flight is None:
+                raise
+            # the error being recorded stays the one raised (its exit code, its message); this
+            # failure is not swallowed but noted on it
+            in_flight.add_note(f"recording it in {self.display(RUN_FILE)} failed too: {type(exc).__name__}: {exc}")
 
     def _read_record(self) -> dict | None:
         p = f"{self.path}/{RUN_FILE}"
@@ -151,9 +159,11 @@ class RunDir:
         write_atomic(self.fs, self.work(f"{name}.done"), json.dumps(info, default=str).encode("utf-8"))
 
     # ------------------------------------------------------------------------------ parts
-    def write_part(self, name: str, table: pa.Table) -> str:
-        """Write ``table`` as a new part of checkpoint ``name`` (atomic: temp name, then move)."""
-        path = self.work(name, f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet")
+    def write_part(self, name: str, table: pa.Table, key: str | None = None) -> str:
+        """Write ``table`` as a new part of checkpoint ``name`` (atomic: temp name, then move).
+        With ``key`` the part is ``part-<key>.parquet``, and writing the same key again replaces it:
+        a step redone after a crash leaves one part, not two."""
+        path = self.work(name, f"part-{key or f'{time.time_ns():020d}-{uuid.uuid4().hex[:8]}'}.parquet")
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         write_atomic(self.fs, path, sink.getvalue().to_pybytes())
@@ -169,7 +179,12 @@ class RunDir:
         parts = []
         for f in files:
             with self.fs.open_input_file(f) as fh:
-                parts.append(pq.read_table(fh).select(schema.names).cast(schema))
+                part = pq.read_table(fh)
+            # a column added to the schema since the part was written reads as nulls
+            missing = [c for c in schema.names if c not in part.column_names]
+            for c in missing:
+                part = part.append_column(c, pa.nulls(part.num_rows, schema.field(c).type))
+            parts.append(part.select(schema.names).cast(schema))
         return pa.concat_tables(parts) if parts else schema.empty_table()
 
     def clear(self, path: str) -> None:
@@ -178,11 +193,7 @@ class RunDir:
 
 def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the whole file or none of it."""
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    tmp = f"{path}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
-    with fs.open_output_stream(tmp) as fh:
-        fh.write(data)
-    fs.move(tmp, path)
+    io.write_bytes(fs, path, data)
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:

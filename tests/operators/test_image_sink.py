@@ -41,3 +41,14 @@ def test_encoded_images_saved_verbatim(tmp_path):
 def test_batches_without_images_write_nothing(tmp_path):
     ImageSink(str(tmp_path / "x"), [URL])(pa.table({URL: ["a"], I.IMAGE: pa.array([None], pa.binary())}))
     assert not list((tmp_path / "x").glob("*.parquet"))
+
+
+def test_a_batch_saved_again_by_a_retried_task_replaces_its_part(tmp_path):
+    imgs = [np.full((4, 4, 3), v, np.uint8) for v in (10, 20)]
+    batch = pa.table(pack_rgb8(imgs)).append_column(I.SEED, pa.array([1, 2], pa.int64()))
+    sink = ImageSink(str(tmp_path / "gen"), [I.SEED])
+    sink(batch)
+    sink(batch)  # the same block again: Ray retried the task after its worker died
+    assert len(list((tmp_path / "gen").iterdir())) == 1  # one part, no temporary files
+    sink(batch.slice(1))  # other rows: a part of their own
+    assert sorted(pq.read_table(tmp_path / "gen").column(I.SEED).to_pylist()) == [1, 2, 2]

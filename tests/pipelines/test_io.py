@@ -1,6 +1,8 @@
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 
 from pipelines.engine import io
 
@@ -81,3 +83,34 @@ def test_uri_without_its_driver_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(fsspec.core, "url_to_fs", no_driver)
     with pytest.raises(io.InputError, match=r"s3://bucket/x.parquet.*\[cloud\]"):
         io.resolve_parquet_inputs("s3://bucket/x.parquet")
+
+
+class _DiskFullMidWrite(LocalFileSystem):
+    """Local disk where every write stops halfway with ENOSPC (what a kill mid-write leaves)."""
+
+    def _open(self, path, mode="rb", **kw):
+        if "w" in mode:
+            return _HalfOpener(self._strip_protocol(path), mode, fs=self, **kw)
+        return super()._open(path, mode, **kw)
+
+
+class _HalfOpener(LocalFileOpener):
+    def write(self, data):
+        super().write(bytes(data)[:len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_file_or_none(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"old": true}')
+    fs = pafs.PyFileSystem(pafs.FSSpecHandler(_DiskFullMidWrite()))
+    with pytest.raises(OSError, match="No space left"):
+        io.write_text('{"new": true}' * 1000, fs, str(out / "metrics.json"))
+    with pytest.raises(OSError, match="No space left"):
+        io.write_table(pa.table({"a": list(range(1000))}), fs, str(out / "t.parquet"))
+    assert (out / "metrics.json").read_text() == '{"old": true}'  # never a truncated file
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]  # nor a temporary one
+    io.write_table(pa.table({"a": [1, 2]}), pafs.LocalFileSystem(), str(out / "t.parquet"))
+    assert pq.read_table(out / "t.parquet")["a"].to_pylist() == [1, 2]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "t.parquet"]
