@@ -27,6 +27,11 @@ Rows whose prompt is null or blank are not generated: they get GENERATION_STATUS
 ``invalid_prompt`` and a null payload. Where the pipeline's safety checker flags an image it
 blanks it; that row gets ``nsfw_blocked`` and NSFW true (and no gender). NSFW is null when no
 checker ran (none shipped, or ``safety_checker="off"``).
+
+Out of memory (``torch.cuda.OutOfMemoryError``, or a RuntimeError saying "out of memory") does not
+end the job: the micro-batch is retried in halves, down to one image, with the allocator's cache
+emptied between tries; an image that still fails alone gets ``generation_error`` and the message in
+GENERATION_DETAIL, and counts against the generation error budget. Other errors propagate.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from operators.base import ModelLoadError, Resources, loaded_weight_files, weigh
 from operators.image_codec import pack_rgb8
 from operators.text_prompt_similarity import pick_device, weights_fingerprint
 from schemas.images import (
+    GENERATION_DETAIL,
     GENERATION_STATUS,
     IMAGE,
     IMAGE_ENCODING,
@@ -216,6 +222,26 @@ def _valid_prompt(p) -> bool:
     return isinstance(p, str) and bool(p.strip())
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or a RuntimeError saying "out of memory" (cuBLAS/cuDNN workspaces,
+    other backends)."""
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def _free_device_memory(device: str) -> None:
+    """Give the allocator's cached blocks back before a smaller retry."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class ImageGenerator:
     """Adds GENERATION_COLUMNS (and the ``output_fields`` of each head: GENDER_COLUMNS with a
     ``classifier``, the CLIP embedding with an ``embedder``, BLIP-2 answers with a ``detector``): one
@@ -290,6 +316,23 @@ class ImageGenerator:
         images, _ = self._generate([prompt], [seed])
         return _to_uint8(images)[0].cpu().numpy()
 
+    def _micro_batch(self, rows: list[int], prompts: list, seeds: list):
+        """Generate ``rows`` in one call and run the heads on the unblocked images: (uint8 images,
+        blocked flags, checker flags or None, {column: (row indices, values)})."""
+        import torch
+
+        images, flags = self._generate([prompts[i] for i in rows], [seeds[i] for i in rows])
+        blocked = np.zeros(len(rows), bool) if flags is None else np.asarray(flags, bool)
+        heads = {}
+        if self.heads and not blocked.all():
+            keep = np.flatnonzero(~blocked)
+            sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
+            idx = np.asarray(rows)[keep]
+            for head in self.heads:
+                for name, values in head.classify_tensor(sub).items():
+                    heads[name] = (idx, values)
+        return _to_uint8(images), blocked, flags, heads
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
 
@@ -302,40 +345,57 @@ class ImageGenerator:
             raise ValueError(f"rows {missing[:10]} have a prompt but a null {SEED}: every image needs a recorded seed")
 
         status = np.full(n, GenerationStatus.INVALID_PROMPT, dtype=object)
+        detail: list[str | None] = [None] * n
         nsfw: list[bool | None] = [None] * n
         outputs = {f.name: np.full(n, None, dtype=object) for h in self.heads for f in h.output_fields}
         classified = np.zeros(n, bool)
-        pixels = []  # uint8 (b, H, W, 3) device tensors, in ``todo`` order
+        pixels = []  # uint8 (b, H, W, 3) device tensors, in ``generated`` order
+        generated: list[int] = []
+        # out of memory: the micro-batch is retried in halves down to one image; an image that
+        # fails alone gets generation_error (counted by the error budget), never a lost row or job
+        pending = [todo[s:s + self.micro_batch] for s in range(0, len(todo), self.micro_batch)]
         with torch.inference_mode():
-            for start in range(0, len(todo), self.micro_batch):
-                rows = todo[start:start + self.micro_batch]
-                images, flags = self._generate([prompts[i] for i in rows], [seeds[i] for i in rows])
-                blocked = np.zeros(len(rows), bool) if flags is None else np.asarray(flags, bool)
+            while pending:
+                rows = pending.pop(0)
+                failure = None
+                try:
+                    images, blocked, flags, heads = self._micro_batch(rows, prompts, seeds)
+                except Exception as exc:
+                    if not _out_of_memory(exc):
+                        raise
+                    failure = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+                if failure is not None:  # outside the except: its traceback no longer holds the tensors
+                    images = heads = None
+                    _free_device_memory(self.device)
+                    if len(rows) > 1:
+                        half = (len(rows) + 1) // 2
+                        pending[:0] = [rows[:half], rows[half:]]
+                    else:
+                        status[rows[0]] = GenerationStatus.ERROR
+                        detail[rows[0]] = f"out of memory with one image per call: {failure}"
+                    continue
                 for j, i in enumerate(rows):
                     status[i] = GenerationStatus.NSFW_BLOCKED if blocked[j] else GenerationStatus.OK
                     nsfw[i] = None if flags is None else bool(blocked[j])
-                if self.heads and not blocked.all():
-                    keep = np.flatnonzero(~blocked)
-                    sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
-                    idx = np.asarray(rows)[keep]
-                    for head in self.heads:
-                        for name, values in head.classify_tensor(sub).items():
-                            column = outputs[name]
-                            for j, i in enumerate(idx):
-                                column[i] = values[j]
+                for name, (idx, values) in heads.items():
+                    column = outputs[name]
+                    for j, i in enumerate(idx):
+                        column[i] = values[j]
                     classified[idx] = True
-                pixels.append(_to_uint8(images))
+                pixels.append(images)
+                generated += rows
             arrays = list(torch.cat(pixels).cpu().numpy()) if pixels else []  # one device -> host copy
 
         payload = pack_rgb8(arrays)
         # scatter the generated rows' payload back to all rows (null where nothing was generated)
         where = np.full(n, -1, np.int64)
-        where[todo] = np.arange(len(todo))
+        where[generated] = np.arange(len(generated))
         take = pa.array(where, mask=where < 0)
         out = batch
         for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):
             out = with_column(out, name, payload[name].take(take))
         out = with_column(out, GENERATION_STATUS, pa.array(status.tolist(), pa.string()))
+        out = with_column(out, GENERATION_DETAIL, pa.array(detail, pa.string()))
         out = with_column(out, NSFW, pa.array(nsfw, pa.bool_()))
         out = with_column(out, SAFETY_CHECKER, pa.array([self.safety_checker] * n, pa.string()))
         out = with_column(out, MODEL, pa.array([self.model] * n, pa.string()))

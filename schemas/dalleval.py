@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from schemas.gep import IMAGE_ID
 from schemas.images import (
+    GENERATION_DETAIL,
     GENERATION_STATUS,
     IMAGE_INDEX,
     MODEL,
@@ -127,6 +128,7 @@ DALLEVAL_IMAGES = pa.schema([
     *DALLEVAL_REQUESTS,
     pa.field(MODEL, pa.string()),
     pa.field(GENERATION_STATUS, pa.string()),
+    pa.field(GENERATION_DETAIL, pa.string()),
     pa.field(NSFW, pa.bool_()),
     pa.field(SAFETY_CHECKER, pa.string()),
     *DETECTION_FIELDS,

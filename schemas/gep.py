@@ -17,6 +17,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas.images import (
+    GENERATION_DETAIL,
     GENERATION_STATUS,
     IMAGE_INDEX,
     MODEL,
@@ -80,6 +81,7 @@ EMBEDDING_COLUMNS = pa.schema([pa.field(EMBEDDING, pa.list_(pa.float32()))])
 GEP_IMAGES = pa.schema(list(GEP_REQUESTS) + [
     pa.field(MODEL, pa.string()),
     pa.field(GENERATION_STATUS, pa.string()),
+    pa.field(GENERATION_DETAIL, pa.string()),
     pa.field(NSFW, pa.bool_()),
     pa.field(SAFETY_CHECKER, pa.string()),
     EMBEDDING_COLUMNS.field(EMBEDDING),

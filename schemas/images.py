@@ -63,6 +63,7 @@ class FetchStatus:
 
 # --- generation ---------------------------------------------------------------------------------------
 GENERATION_STATUS = "generation_status"
+GENERATION_DETAIL = "generation_detail"  # human-readable detail for non-ok statuses (the error message)
 NSFW = "nsfw"                      # bool: the safety checker flagged (and blanked) the image; null: no checker
 
 
@@ -70,8 +71,9 @@ class GenerationStatus:
     OK = "ok"
     NSFW_BLOCKED = "nsfw_blocked"      # blanked by the safety checker: no usable image
     INVALID_PROMPT = "invalid_prompt"  # null or blank prompt: nothing generated
-    ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT)
-    FAILURES = (INVALID_PROMPT,)       # counted by the error budget (a blocked image is a measurement)
+    ERROR = "generation_error"         # generation failed (out of memory even alone): nothing generated
+    ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT, ERROR)
+    FAILURES = (INVALID_PROMPT, ERROR)  # counted by the error budget (a blocked image is a measurement)
 
 
 # --- face filter (section 2.2) ------------------------------------------------------------------------
@@ -130,6 +132,7 @@ IMAGE_RESULTS = pa.schema(
         pa.field(ORIGINAL_HEIGHT, pa.int32()),
         pa.field(ORIGINAL_WIDTH, pa.int32()),
         pa.field(GENERATION_STATUS, pa.string()),
+        pa.field(GENERATION_DETAIL, pa.string()),
         pa.field(NSFW, pa.bool_()),
         pa.field(FACE_STATUS, pa.string()),
         pa.field(FACE_COUNT, pa.int32()),
@@ -155,7 +158,8 @@ GENDER_COLUMNS = pa.schema([IMAGE_RESULTS.field(n) for n in (GENDER, P_MALE, P_F
 GENERATION_COLUMNS = pa.schema([
     pa.field(IMAGE, pa.binary()), pa.field(IMAGE_ENCODING, pa.string()),
     pa.field(IMAGE_HEIGHT, pa.int32()), pa.field(IMAGE_WIDTH, pa.int32()),
-    IMAGE_RESULTS.field(GENERATION_STATUS), IMAGE_RESULTS.field(NSFW), IMAGE_RESULTS.field(SAFETY_CHECKER),
+    IMAGE_RESULTS.field(GENERATION_STATUS), IMAGE_RESULTS.field(GENERATION_DETAIL), IMAGE_RESULTS.field(NSFW),
+    IMAGE_RESULTS.field(SAFETY_CHECKER),
     IMAGE_RESULTS.field(MODEL),
 ])
 

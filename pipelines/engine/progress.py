@@ -23,6 +23,11 @@ class ErrorBudgetExceeded(RuntimeError):
     """More rows of a stage failed than the configured error budget allows."""
 
 
+class CheckpointError(RuntimeError):
+    """Checkpointing the rows that had arrived failed while the phase was stopping on another error.
+    Both are in the message; the flush failure is the cause and the stopping error its context."""
+
+
 @dataclass
 class ErrorBudget:
     """Fail the job when the failure share of a stage exceeds ``max_rate``.
@@ -101,11 +106,16 @@ def drain(ds, sink, phase: Phase, budgets: list[ErrorBudget] = (), flush_rows: i
     start = last_flush = last_print = time.time()
     buffer: list[pa.Table] = []
     buffered = 0
+    sink_failed = False
 
     def flush():
-        nonlocal buffer, buffered, last_flush
+        nonlocal buffer, buffered, last_flush, sink_failed
         if buffer:
-            sink(pa.concat_tables(buffer, promote_options="default"))
+            try:
+                sink(pa.concat_tables(buffer, promote_options="default"))
+            except BaseException:
+                sink_failed = True
+                raise
         buffer, buffered, last_flush = [], 0, time.time()
 
     try:
@@ -125,11 +135,21 @@ def drain(ds, sink, phase: Phase, budgets: list[ErrorBudget] = (), flush_rows: i
                 last_print = now
                 echo(progress_line(phase, now - start))
         flush()
-    except BaseException:
+    except BaseException as exc:
+        if sink_failed:  # the checkpoint write itself failed: that is the error
+            raise
         try:  # what arrived is valid: checkpoint it before the error propagates
             flush()
-        except Exception:
-            pass
+        except Exception as flush_exc:
+            # never swallowed: a checkpoint that cannot be written (disk full, no permission) must
+            # show, and so must the error that stopped the stream (chained as the context)
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: keep their meaning
+                exc.add_note(f"checkpointing the rows that had arrived also failed: "
+                             f"{type(flush_exc).__name__}: {flush_exc}")
+                raise exc
+            raise CheckpointError(
+                f"checkpointing the rows that had arrived failed ({type(flush_exc).__name__}: {flush_exc}) "
+                f"while the phase was stopping on {type(exc).__name__}: {exc}") from flush_exc
         raise
     finally:
         phase.seconds = time.time() - start

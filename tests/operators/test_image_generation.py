@@ -23,6 +23,7 @@ from schemas.images import (
     GENDER,
     GENDER_COLUMNS,
     GENERATION_COLUMNS,
+    GENERATION_DETAIL,
     GENERATION_STATUS,
     IMAGE,
     IMAGE_ENCODING,
@@ -315,3 +316,81 @@ def test_flagged_image_is_blocked_in_its_row(sd_checker_dir, monkeypatch):
     assert len(fake.calls) == 2  # blocked images are not classified
     assert out.column(GENDER).to_pylist()[1] is None and out.column(P_MALE).to_pylist()[1] is None
     assert out.column(P_MALE).null_count == 1
+
+
+# -- out of memory ---------------------------------------------------------------------------------------
+
+
+def oom_pipe(monkeypatch, gen, fails, error=lambda: torch.cuda.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.77 GiB")):
+    """The real pipeline, but a call whose prompts ``fails`` raises ``error()`` (as CUDA would)
+    before anything is generated; returns the batch sizes of every call, and counts the cache
+    releases between tries."""
+    from operators import image_generation
+
+    cls = type(gen.pipe)
+    real = cls.__call__
+    calls, released = [], []
+
+    def call(self, *args, **kwargs):
+        calls.append(len(kwargs["prompt"]))
+        if fails(kwargs["prompt"]):
+            raise error()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__call__", call)
+    real_free = image_generation._free_device_memory
+    monkeypatch.setattr(image_generation, "_free_device_memory", lambda d: (released.append(d), real_free(d)))
+    return calls, released
+
+
+def test_out_of_memory_halves_the_batch_down_to_one_image(batched_gen, monkeypatch):
+    monkeypatch.setattr(batched_gen, "micro_batch", 4)
+    calls, released = oom_pipe(monkeypatch, batched_gen, lambda prompts: len(prompts) > 1)
+    prompts = ["a photo of a doctor", "a photo of a nurse", "a photo of a chef", "a photo of a pilot",
+               "a photo of a judge"]
+    out = batched_gen(rows(prompts, [1, 2, 3, 4, 5]))
+    # 4 fails -> 2 fails -> 1, 1; the other 2 fails -> 1, 1; the fifth image alone
+    assert calls == [4, 2, 1, 1, 2, 1, 1, 1] and len(released) == 3
+    assert out.column(GENERATION_STATUS).to_pylist() == [GenerationStatus.OK] * 5
+    assert out.column(GENERATION_DETAIL).null_count == 5 and out.column(P_MALE).null_count == 0
+    for i, img in enumerate(batch_images(out)):  # each generated alone: bit-exact
+        assert np.array_equal(img, batched_gen.regenerate(prompts[i], i + 1))
+
+
+def test_an_image_out_of_memory_alone_gets_generation_error_and_is_counted(batched_gen, monkeypatch):
+    from pipelines.engine.progress import ErrorBudget
+
+    monkeypatch.setattr(batched_gen, "micro_batch", 4)
+    calls, _ = oom_pipe(monkeypatch, batched_gen, lambda prompts: "a photo of an astronaut" in prompts)
+    out = batched_gen(rows(["a photo of a doctor", "a photo of an astronaut", None, "a photo of a nurse"],
+                           [1, 2, 3, 4]))
+    assert calls == [3, 2, 1, 1, 1]  # the astronaut fails in every batch it is in, also alone
+    assert out.num_rows == 4 and out.column(SEED).to_pylist() == [1, 2, 3, 4]
+    assert out.column(GENERATION_STATUS).to_pylist() == [
+        GenerationStatus.OK, GenerationStatus.ERROR, GenerationStatus.INVALID_PROMPT, GenerationStatus.OK]
+    detail = out.column(GENERATION_DETAIL).to_pylist()
+    assert detail[0] is None and detail[2] is None and detail[3] is None
+    assert "OutOfMemoryError" in detail[1] and "Tried to allocate 2.00 GiB" in detail[1]
+    assert out.column(IMAGE).is_null().to_pylist() == [False, True, True, False]
+    assert out.column(NSFW).to_pylist()[1] is None and out.column(GENDER).to_pylist()[1] is None
+    assert out.column(P_MALE).is_null().to_pylist() == [False, True, True, False]
+    assert np.array_equal(batch_images(out)[3], batched_gen.regenerate("a photo of a nurse", 4))
+    budget = ErrorBudget("generation", {GENERATION_STATUS: GenerationStatus.FAILURES}, 0.05, min_rows=1)
+    budget.add(out)
+    assert budget.failed == {GenerationStatus.ERROR: 1, GenerationStatus.INVALID_PROMPT: 1}
+    with pytest.raises(Exception, match="generation_error=1"):
+        budget.check()
+
+
+def test_generic_out_of_memory_runtime_error_is_retried_other_errors_are_not(batched_gen, monkeypatch):
+    monkeypatch.setattr(batched_gen, "micro_batch", 2)
+    calls, _ = oom_pipe(monkeypatch, batched_gen, lambda prompts: len(prompts) > 1,
+                        lambda: RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be reported"))
+    out = batched_gen(rows(["a photo of a doctor", "a photo of a nurse"], [1, 2]))
+    assert calls == [2, 1, 1] and out.column(GENERATION_STATUS).to_pylist() == [GenerationStatus.OK] * 2
+    monkeypatch.undo()
+    monkeypatch.setattr(batched_gen, "micro_batch", 2)
+    oom_pipe(monkeypatch, batched_gen, lambda prompts: True, lambda: RuntimeError("expected scalar type Half"))
+    with pytest.raises(RuntimeError, match="expected scalar type Half"):
+        batched_gen(rows(["a photo of a doctor"], [1]))
