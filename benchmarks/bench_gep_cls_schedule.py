@@ -60,7 +60,8 @@ GENDER_WORDS = {"man": ["a man", "a young man", "an older man", "a guy"],
                 "woman": ["a woman", "a young woman", "an older woman", "a lady"]}
 PARAPHRASES = {  # Table 2's contexts as a caption writer might describe the image
     "sitting at a table": "seated at a dining table", "sitting on a bed": "sitting on the edge of a bed",
-    "standing on a skateboard": "balancing on a skateboard", "standing next to a rack": "standing beside a clothes rack",
+    "standing on a skateboard": "balancing on a skateboard",
+    "standing next to a rack": "standing beside a clothes rack",
     "riding a bike": "cycling down the street", "riding a horse": "on horseback in a field",
     "laying on the snow": "lying in the snow", "laying on a couch": "lying on a sofa",
     "walking through a forest": "hiking among the trees", "walking down a sidewalk": "strolling along the pavement",
@@ -128,7 +129,8 @@ class ClipLike:
         ip, ineg = self.images("man", a.phrase, 50, [c]), self.images("man", None, 50, [c])
         return (f"cos(text+, text-) {pos_t @ neg_t:.2f}; image with '{a.phrase} {c}' vs its prompt "
                 f"{(ip @ pos_t).mean():.2f}, vs an unrelated text {(ip @ other).mean():.2f}; "
-                f"cos(image, '{a.text}'-sentence) with - without the attribute {(ip @ pos_t).mean() - (ineg @ pos_t).mean():.3f}")
+                f"cos(image, '{a.text}'-sentence) with - without the attribute "
+                f"{(ip @ pos_t).mean() - (ineg @ pos_t).mean():.3f}")
 
 
 def minilm():
@@ -177,6 +179,7 @@ def evaluate(ensembles, texts_of, pos, neg) -> dict:
     return {"text+ p50": f"{np.median(cat(tp)):.2f}", "text- p50": f"{np.median(cat(tn)):.2f}",
             "image+ p10/50/90": q(cat(ip)), "image- p10/50/90": q(cat(ineg)),
             "CLS-f on images with a, per attribute": f"{min(per_attr):.2f}-{max(per_attr):.2f}",
+            "attributes at 0.6-0.8": f"{sum(0.6 <= v <= 0.8 for v in per_attr)}/{len(per_attr)}",
             "AUC": f"{np.mean(aucs):.3f}"}
 
 
@@ -221,7 +224,8 @@ def main() -> None:
                 t, y = classifier_sentences(at, st.genders, st.contexts, st.positive, st.negative)
                 texts_of[at.name] = (cached(t), np.asarray(y))
             epochs = int(np.median([n for e in ensembles for n in e.record["iterations"]]))
-            row = {"data": name, "reading": reading, "epochs (median)": epochs,
+            label = name + (f" (seed {a.seed})" if name == "clip-like" else "")
+            row = {"data": label, "reading": reading, "epochs (median)": epochs,
                    **evaluate(ensembles, texts_of, pos, neg), "train s": f"{train_s:.1f}"}
             rows.append(row)
             print(" | ".join(str(v) for v in row.values()), flush=True)

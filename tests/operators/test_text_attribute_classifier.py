@@ -142,8 +142,8 @@ def test_skipping_the_unused_validation_score_leaves_the_fit_unchanged(tol):
     from sklearn.linear_model import SGDClassifier
 
     embed, _ = synthetic_space()
-    texts, y = classifier_sentences(ATTRS[0], ["A man", "A woman"], ["riding a bike", "sitting at a table",
-                                                                     "holding an umbrella"], "{gender} {attribute} {context}",
+    contexts = ["riding a bike", "sitting at a table", "holding an umbrella"]
+    texts, y = classifier_sentences(ATTRS[0], ["A man", "A woman"], contexts, "{gender} {attribute} {context}",
                                     "{gender} {context}")
     kw = dict(loss="log_loss", learning_rate="constant", eta0=1e-3, max_iter=40, tol=tol, early_stopping=True,
               validation_fraction=0.1, n_iter_no_change=5, random_state=3)
