@@ -42,9 +42,15 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from operators.base import ModelLoadError, Resources, loaded_weight_files, weights_provenance, with_column
+from operators.base import (
+    ModelLoadError,
+    Resources,
+    loaded_weight_files,
+    pick_device,
+    weights_provenance,
+    with_column,
+)
 from operators.image_codec import pack_rgb8
-from operators.text_prompt_similarity import pick_device, weights_fingerprint
 from schemas.images import (
     GENERATION_DETAIL,
     GENERATION_STATUS,
