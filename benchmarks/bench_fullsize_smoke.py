@@ -224,6 +224,22 @@ def run_phases(args) -> list[str]:
     return ["run"] + [f"run warm {i}" for i in range(1, args.repeats)]
 
 
+def run_head(args, head, parts: dict, out: dict):
+    """Push the benchmark images through a device head (``classify_tensor``) once per phase,
+    recording the shapes and dtypes ``parts`` see; returns (io record, last result)."""
+    import torch
+
+    io: dict = {}
+    hooks = watch(parts, io)
+    images = images_for(args)
+    io["input images"] = _describe(images)
+    for phase in run_phases(args):
+        with Phase(phase, args.device, out), torch.inference_mode():
+            res = head.classify_tensor(images)
+        unwatch(hooks)
+    return io, res
+
+
 def images_for(args):
     """The (B, 3, size, size) float images in [0, 1] a generator hands its heads, on the device."""
     import torch
@@ -345,14 +361,7 @@ def run_clip(args, key: str, out: dict) -> None:
     out["weights_dtype"] = str(next(net.parameters()).dtype).replace("torch.", "")
     out["activation"] = activations(net)
     out["image_size"] = clf.bundle.image_size
-    io: dict = {}
-    hooks = watch({"visual": net.visual}, io)
-    images = images_for(args)
-    io["input images"] = _describe(images)
-    for phase in run_phases(args):
-        with Phase(phase, args.device, out), torch.inference_mode():
-            res = clf.classify_tensor(images)
-        unwatch(hooks)
+    io, res = run_head(args, clf, {"visual": net.visual}, out)
     io["result"] = {k: f"{getattr(v, 'shape', len(v))} {getattr(v, 'dtype', '')}" for k, v in res.items()}
     out["io"] = io
     out["sample"] = {k: [str(x) for x in v[:2]] for k, v in res.items()}
@@ -419,14 +428,7 @@ def run_blip2(args, out: dict) -> None:
     out["weights_dtype"] = {k: str(v.dtype if k == "query_tokens" else next(v.parameters()).dtype).replace("torch.", "")
                             for k, v in whole.items()}
     out["questions_per_image"] = len(det.questions)
-    io: dict = {}
-    hooks = watch(parts, io)
-    images = images_for(args)
-    io["input images"] = _describe(images)
-    for phase in run_phases(args):
-        with Phase(phase, args.device, out), torch.inference_mode():
-            res = det.classify_tensor(images)
-        unwatch(hooks)
+    io, res = run_head(args, det, parts, out)
     out["io"] = io
     out["sample"] = {k: res[k] for k in (GENDER_ANSWER, DETECTED_GENDER)}
     out["sample"]["first attribute answers"] = [a[:3] for a in res[ATTRIBUTE_ANSWERS]]
