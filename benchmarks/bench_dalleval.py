@@ -26,7 +26,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from operators import metric_dalleval as M  # noqa: E402
+from pipelines.studies.dalleval import metrics as M  # noqa: E402
 from operators.base import conform  # noqa: E402
 from schemas import dalleval as S  # noqa: E402
 

@@ -36,13 +36,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from operators.metric_gep import roc_auc  # noqa: E402
-from operators.text_attribute_classifier import (  # noqa: E402
+from pipelines.studies.gep.metrics import roc_auc  # noqa: E402
+from operators.support.attribute_classifier import (  # noqa: E402
     TABLE2_CONTEXTS,
     ClassifierSettings,
     train_attribute_classifiers,
 )
-from operators.text_gep_prompts import classifier_sentences, parse_attributes  # noqa: E402
+from operators.support.attribute_classifier import classifier_sentences
+from pipelines.studies.gep.prompts import parse_attributes  # noqa: E402
 from pipelines.engine.config import load_config  # noqa: E402
 
 # name -> ClassifierSettings overrides. The first two are the named readings (SGD_READINGS); the rest are

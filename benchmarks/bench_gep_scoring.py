@@ -22,11 +22,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from operators.image_attribute_scores import estimator_scores  # noqa: E402
-from operators.text_attribute_classifier import (  # noqa: E402
+from operators.support.attribute_classifier import (  # noqa: E402
     ClassifierSettings,
     train_attribute_classifiers,
 )
-from operators.text_gep_prompts import parse_attributes  # noqa: E402
+from pipelines.studies.gep.prompts import parse_attributes  # noqa: E402
 from pipelines.engine.config import load_config  # noqa: E402
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from operators.image_codec import pack_rgb8  # noqa: E402
+from operators.support.codec import pack_rgb8  # noqa: E402
 from schemas import images as I  # noqa: E402
 from schemas.captions import URL  # noqa: E402
 
@@ -38,7 +38,7 @@ def rate(n: int, fn) -> float:
 
 def bench_fetch(n: int, latency: float) -> None:
     from operators.image_fetch import ImageFetcher
-    from pipelines.engine.sample_server import LocalImageServer
+    from pipelines.studies.amplification.sample_server import LocalImageServer
 
     # /slow.jpg answers after `latency` seconds: a stand-in for the round trip to a remote host
     with LocalImageServer(slow_seconds=latency) as server:

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from pipelines.engine import report  # noqa: E402
+from pipelines.studies.amplification import caption_report as report  # noqa: E402
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender  # noqa: E402
 from schemas.subsets import OCCUPATION_STATS  # noqa: E402
 

@@ -6,12 +6,7 @@ A stage is a plain class: ``__init__`` loads what it needs once per worker, ``__
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
@@ -38,35 +33,6 @@ class Resources:
     # None: stateless stage, run as Ray tasks. An int: a pool of that many actors, each loading
     # the stage's model once.
     actors: int | None = None
-
-
-class ModelLoadError(RuntimeError):
-    """A configured model could not be loaded; the message names it and how to provide it."""
-
-
-GPU_HINT = ("To get a GPU: run on a node with one (on a cluster, each model actor asks for --gpus-per-actor GPUs, "
-            "default 1 from the study's execution settings, and the autoscaler starts cluster.yaml's gpu_worker "
-            "nodes for them; `ray status` shows them); to run the models on the CPU on purpose, pass --device cpu.")
-
-
-def pick_device(device: str = "auto") -> str:
-    """``auto``: cuda when torch sees a GPU, else cpu. ``cuda`` (a real model on a GPU actor) must
-    be there: a GPU node whose torch cannot see its GPU fails here rather than computing on the CPU."""
-    if device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if str(device).startswith("cuda"):
-        import os
-
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ModelLoadError(
-                f"device {device!r} asked for, but torch {torch.__version__} (CUDA build "
-                f"{torch.version.cuda or 'none'}) sees no GPU here (CUDA_VISIBLE_DEVICES="
-                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}). {GPU_HINT}")
-    return device
 
 
 def with_column(table: pa.Table, name: str, values) -> pa.Table:
@@ -171,90 +137,3 @@ class StreamStage:
                     parts.append(tally_rows(stage, {OUTCOME_ROWS_IN: data.num_rows, OUTCOME_ROWS_OUT: out.num_rows}, self.schema))
         parts.append(conform(tallies, self.schema))
         return pa.concat_tables(parts)
-
-
-# --- what a model loader records about the weights it loaded ------------------------------------------
-
-# A Hugging Face cache keeps each revision as .../models--org--name/snapshots/<commit>/<files>
-# (the files link into blobs/); the commit is read from that path, never from a resolved link.
-_SNAPSHOT = re.compile(r"(?:^|/)snapshots/([0-9a-f]{40})(?:/|$)")
-# The weight file a transformers / diffusers / sentence-transformers loader reads from one model
-# directory when no variant is asked for, in their order of preference (safetensors before
-# pickles; transformers tries a single file before a sharded index, diffusers the index first).
-# An index stands for the shards it names.
-LOADED_WEIGHT_NAMES = (
-    "model.safetensors", "model.safetensors.index.json",
-    "diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model.safetensors",
-    "pytorch_model.bin", "pytorch_model.bin.index.json",
-    "diffusion_pytorch_model.bin.index.json", "diffusion_pytorch_model.bin",
-)
-_sha256_seen: dict[tuple, str] = {}
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes (remembered per path, size and mtime: a worker that loads the same
-    multi-GB weights twice hashes them once)."""
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    key = (real, st.st_size, st.st_mtime_ns)
-    if key not in _sha256_seen:
-        h = hashlib.sha256()
-        with open(real, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-        _sha256_seen[key] = h.hexdigest()
-    return _sha256_seen[key]
-
-
-def hub_commit(path: str | os.PathLike | None) -> str | None:
-    """The commit of a file or directory inside a Hugging Face cache snapshot, else None."""
-    if not path:
-        return None
-    m = _SNAPSHOT.search(Path(os.path.abspath(path)).as_posix())
-    return m.group(1) if m else None
-
-
-def hub_snapshot(repo_id: str, filename: str, revision: str | None = None) -> Path | None:
-    """The cached snapshot directory holding ``filename`` of hub repo ``repo_id`` at ``revision``
-    (a commit, branch or tag; None: main), without network access; None when it is not cached."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(repo_id, filename, revision=revision)
-    except Exception:  # noqa: BLE001 -- not a valid repo id, no cache: nothing to record
-        return None
-    return Path(found).parent if isinstance(found, str) else None
-
-
-def loaded_weight_files(directory: str | os.PathLike) -> list[Path]:
-    """The weight files a transformers / diffusers model loads from ``directory`` (see
-    LOADED_WEIGHT_NAMES); empty when it holds none."""
-    d = Path(directory)
-    for name in LOADED_WEIGHT_NAMES:
-        p = d / name
-        if not p.is_file():
-            continue
-        if name.endswith(".index.json"):
-            shards = sorted(set(json.loads(p.read_text()).get("weight_map", {}).values()))
-            return [d / s for s in shards]
-        return [p]
-    return []
-
-
-def weights_provenance(files, root: str | os.PathLike) -> dict:
-    """What a loader records about the weights it read: the hub commit of ``root`` (None off the
-    hub), the sha256 of each file by its path under ``root``, and one sha256 over those pairs."""
-    root = Path(os.path.abspath(root))
-    shas = {Path(os.path.abspath(f)).relative_to(root).as_posix(): file_sha256(f) for f in files}
-    listing = "".join(f"{name}\0{sha}\n" for name, sha in sorted(shas.items()))
-    return {"commit": hub_commit(root), "weight_files": shas,
-            "weights_sha256": hashlib.sha256(listing.encode()).hexdigest() if shas else None}
-
-
-def weights_fingerprint(path: str) -> str | None:
-    """One sha256 over every weight file (.safetensors, .bin) under a local model directory (None
-    for anything else)."""
-    if not path or not os.path.isdir(path):
-        return None
-    files = [p for p in Path(path).rglob("*") if p.suffix in {".safetensors", ".bin"} and p.is_file()]
-    return weights_provenance(files, path)["weights_sha256"]

@@ -20,13 +20,13 @@ import pyarrow as pa
 
 from operators.base import Resources, conform
 from operators.image_clip_embedding import embeddings_of
-from operators.text_attribute_classifier import (
+from operators.support.attribute_classifier import (
     ClassifierSettings,
     Ensemble,
     settings_record,
     train_attribute_classifiers,
 )
-from operators.text_gep_prompts import Attribute
+from schemas.gep import Attribute
 from schemas.gep import (
     ATTRIBUTE,
     CONTEXT_ID,

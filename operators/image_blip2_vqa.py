@@ -34,7 +34,7 @@ Preprocessing: images already on a device (the generator's (B, 3, H, W) float ou
 over with ``classify_tensor``) are transformed there with torch ops equivalent to the loaded
 ``BlipImageProcessor`` (resize to its (height, width) with antialiased bicubic interpolation,
 rescale, normalise with its mean and std); payload batches (encoded bytes or raw RGB8) are
-decoded with ``operators.image_codec.batch_images`` and go through the same path.
+decoded with ``operators.support.codec.batch_images`` and go through the same path.
 
 dtype "auto" is bfloat16 on CUDA (Flan-T5 overflows in float16; LAVIS, the paper's
 implementation, ran the Flan-T5 half in bfloat16) and float32 on the CPU; ``dtype="float16"``
@@ -55,10 +55,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import ModelLoadError, Resources, loaded_weight_files, weights_provenance, with_column
-from operators.image_codec import batch_images
-from operators.image_generation import resolve_dtype
-from operators.text_prompt_similarity import pick_device
+from operators.support.models import ModelLoadError, loaded_weight_files, weights_provenance
+from operators.base import Resources, with_column
+from operators.support.codec import batch_images
+from operators.support.models import resolve_dtype
+from operators.support.models import pick_device
 from schemas.dalleval import (
     ATTRIBUTE_ANSWERS,
     ATTRIBUTE_NAMES,

@@ -26,7 +26,7 @@ from operators.image_clip_gender import (
     encode_texts,
     load_clip,
 )
-from operators.image_codec import batch_images
+from operators.support.codec import batch_images
 from schemas.gep import EMBEDDING, EMBEDDING_COLUMNS
 from schemas.images import IMAGE
 

@@ -34,15 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import (
-    ModelLoadError,
-    Resources,
-    file_sha256,  # noqa: F401 -- re-exported: callers read it from here
-    pick_device,
-    weights_provenance,
-    with_column,
-)
-from operators.image_codec import batch_images
+from operators.support.models import ModelLoadError, pick_device, weights_provenance
+from operators.base import Resources, with_column
+from operators.support.codec import batch_images
 from schemas.images import (
     FACE_STATUS,
     GENDER,

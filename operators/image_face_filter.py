@@ -31,17 +31,16 @@ Rules where the paper is silent:
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.metadata
 from pathlib import Path
-from typing import Self
 
 import numpy as np
 import pyarrow as pa
 
-from operators.base import ModelLoadError, Resources, with_column
-from operators.image_codec import batch_images
+from operators.base import Resources, with_column
+from operators.support.codec import as_rgb, batch_images
+from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MEDIAPIPE_PIN, MediaPipeGraph
+from operators.support.models import ModelLoadError, file_sha256
 from schemas.images import (
     FACE_BOX_HEIGHT,
     FACE_BOX_WIDTH,
@@ -63,8 +62,6 @@ BLAZEFACE_MODELS = {
 }
 # The model of the Tasks face detector that paper 002's footnote 6 links (see the module docstring).
 DEFAULT_MODEL_SELECTION = 0
-MEDIAPIPE_DIST = "mediapipe"
-MEDIAPIPE_PIN = "mediapipe==0.10.14"
 
 
 def _load_error(model_selection: int, why: str, exc: BaseException | None = None) -> ModelLoadError:
@@ -91,43 +88,19 @@ def blazeface_file(model_selection: int) -> Path:
     return path
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def relative_extent(start: float, length: float) -> float:
     """Length of the interval [start, start + length] clipped to [0, 1] (relative coordinates)."""
     return float(max(0.0, min(1.0, start + length) - max(0.0, start)))
 
 
-def as_rgb(image: np.ndarray) -> np.ndarray:
-    """``image`` as a contiguous (H, W, 3) uint8 array: grey (H, W) or (H, W, 1) is replicated,
-    an alpha channel is dropped."""
-    a = np.asarray(image)
-    if a.dtype != np.uint8:
-        raise ValueError(f"expected a uint8 image, got {a.dtype}")
-    if a.ndim == 2:
-        a = a[:, :, None]
-    if a.ndim != 3 or a.shape[2] not in (1, 3, 4):
-        raise ValueError(f"expected an (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) image, got shape {a.shape}")
-    if a.shape[2] == 1:
-        a = np.repeat(a, 3, axis=2)
-    elif a.shape[2] == 4:
-        a = a[:, :, :3]
-    return np.ascontiguousarray(a)
-
-
-class FaceFilter:
+class FaceFilter(MediaPipeGraph):
     """Adds the FACE_COLUMNS: face_status (FaceStatus), face_count, face_score, face_box_width/height.
 
     Rows whose IMAGE is null never reached this stage (fetch or generation failed upstream) and
     get nulls in every face column. Rows are never dropped.
     """
 
+    graph_attr = "detector"  # released by MediaPipeGraph.close()
     stage_name = STAGE_FACE_FILTER
     resources = Resources(num_cpus=1, batch_size=64, actors=1)
 
@@ -159,7 +132,7 @@ class FaceFilter:
             "model_range": name,
             "api": "mediapipe.solutions.face_detection",
             "model_file": str(path),
-            "model_sha256": sha256_file(path),
+            "model_sha256": file_sha256(path),
             "min_confidence": self.min_confidence,
             "min_relative_size": self.min_relative_size,
             "box_clipped_to_image": True,
@@ -213,19 +186,3 @@ class FaceFilter:
         for field in FACE_COLUMNS:
             batch = with_column(batch, field.name, pa.array(values[field.name], field.type))
         return batch
-
-    def close(self) -> None:
-        """Release the MediaPipe graph (idempotent)."""
-        detector, self.detector = getattr(self, "detector", None), None
-        if detector is not None:
-            with contextlib.suppress(Exception):  # already closed, or interpreter shutting down
-                detector.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()

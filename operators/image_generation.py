@@ -21,7 +21,7 @@ level or two from the image generated alone; that is floating-point, not a diffe
 Images stay on the device as a float tensor in [0, 1] (``output_type="pt"``); with a
 ``classifier`` the CLIP gender of each image is computed from that tensor directly (no
 encode/decode round trip), then the images move to the CPU once as raw RGB8 payloads
-(``operators.image_codec.pack_rgb8``).
+(``operators.support.codec.pack_rgb8``).
 
 Rows whose prompt is null or blank are not generated: they get GENERATION_STATUS
 ``invalid_prompt`` and a null payload. Where the pipeline's safety checker flags an image it
@@ -42,15 +42,9 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from operators.base import (
-    ModelLoadError,
-    Resources,
-    loaded_weight_files,
-    pick_device,
-    weights_provenance,
-    with_column,
-)
-from operators.image_codec import pack_rgb8
+from operators.support.models import ModelLoadError, loaded_weight_files, pick_device, resolve_dtype, weights_provenance
+from operators.base import Resources, with_column
+from operators.support.codec import pack_rgb8
 from schemas.images import (
     GENERATION_DETAIL,
     GENERATION_STATUS,
@@ -67,26 +61,12 @@ from schemas.images import (
 from schemas.subsets import PROMPT
 
 STAGE_GENERATE = "generate"
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 class SafetyCheckerPolicy:
     MODEL_DEFAULT = "model-default"  # keep whatever checker the model ships (none for SDXL)
     OFF = "off"                      # load without a checker: every image is returned as generated
     ALL = (MODEL_DEFAULT, OFF)
-
-
-def resolve_dtype(dtype: str, device: str, cuda_auto: str = "float16"):
-    """The torch dtype for a model: ``dtype`` by name, or for "auto" ``cuda_auto`` on CUDA and
-    float32 elsewhere."""
-    import torch
-
-    if dtype == "auto":
-        return getattr(torch, cuda_auto) if str(device).startswith("cuda") else torch.float32
-    name = str(dtype).replace("torch.", "")
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {DTYPES}")
-    return getattr(torch, name)
 
 
 def _dtype_keyword() -> str:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from operators.base import Resources
-from operators.image_codec import decode_rgb
+from operators.support.codec import decode_rgb
 from schemas.images import IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH, RGB8
 
 STAGE_SAVE_IMAGES = "save_images"

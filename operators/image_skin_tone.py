@@ -57,23 +57,18 @@ Rules where the paper is silent:
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 from pathlib import Path
-from typing import Callable, Self
+from typing import Callable
 
 import cv2
 import numpy as np
 import pyarrow as pa
 
-from operators.base import ModelLoadError, Resources, with_column
-from operators.image_codec import batch_images
-from operators.image_face_filter import (
-    MEDIAPIPE_DIST,
-    MEDIAPIPE_PIN,
-    as_rgb,
-    sha256_file,
-)
+from operators.base import Resources, with_column
+from operators.support.codec import as_rgb, batch_images
+from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MEDIAPIPE_PIN, MediaPipeGraph
+from operators.support.models import ModelLoadError, file_sha256
 from schemas.dalleval import (
     MST_TONES,
     SKIN_B,
@@ -301,7 +296,7 @@ def _hook_name(albedo) -> str:
     return getattr(albedo, "__qualname__", None) or getattr(type(albedo), "__qualname__", repr(albedo))
 
 
-class SkinToneDetector:
+class SkinToneDetector(MediaPipeGraph):
     """Adds the SKIN_FIELDS: skin_status (SkinStatus), skin_faces, skin_pixels, skin_l, skin_b,
     skin_ita, skin_tone (MST 1..10).
 
@@ -309,6 +304,7 @@ class SkinToneDetector:
     Rows are never dropped.
     """
 
+    graph_attr = "mesh"  # released by MediaPipeGraph.close()
     stage_name = STAGE_SKIN_TONE
     resources = Resources(num_cpus=1, batch_size=32, actors=1)
     output_fields = SKIN_FIELDS
@@ -352,9 +348,9 @@ class SkinToneDetector:
             "model": "mediapipe Face Mesh (468 landmarks, static image mode)",
             "package": f"{MEDIAPIPE_DIST}=={importlib.metadata.version(MEDIAPIPE_DIST)}",
             "landmark_model_file": str(paths["landmarks"]),
-            "landmark_model_sha256": sha256_file(paths["landmarks"]),
+            "landmark_model_sha256": file_sha256(paths["landmarks"]),
             "detector_model_file": str(paths["detector"]),
-            "detector_model_sha256": sha256_file(paths["detector"]),
+            "detector_model_sha256": file_sha256(paths["detector"]),
             "min_detection_confidence": self.min_detection_confidence,
             "min_presence_confidence": self.min_presence_confidence,
             "max_faces": self.max_faces,
@@ -437,19 +433,3 @@ class SkinToneDetector:
         for field in SKIN_FIELDS:
             batch = with_column(batch, field.name, pa.array(values[field.name], field.type))
         return batch
-
-    def close(self) -> None:
-        """Release the MediaPipe graph (idempotent)."""
-        mesh, self.mesh = getattr(self, "mesh", None), None
-        if mesh is not None:
-            with contextlib.suppress(Exception):  # already closed, or interpreter shutting down
-                mesh.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from operators.text_tokens import lists_from_pairs, words
+from operators.support.tokens import lists_from_pairs, words
 from schemas.captions import (
     CAPTION,
     CAPTION_GENDER,

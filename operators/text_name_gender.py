@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from operators.base import ModelLoadError, Resources, with_column
+from operators.support.models import ModelLoadError
+from operators.base import Resources, with_column
 from operators.text_gender_words import caption_gender
 from schemas.captions import (
     CAPTION,

@@ -9,13 +9,12 @@ reproducible from the seed, and computable as a streaming partial aggregation.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
+from operators.support.seeds import MASK63, hash64
 from schemas.captions import (
     CAPTION,
     CAPTION_ID,
@@ -26,16 +25,8 @@ from schemas.captions import (
     URL,
 )
 
-_MASK63 = (1 << 63) - 1
-
-
-def _hash64(text: str) -> int:
-    """64-bit BLAKE2b of a string, as an unsigned int."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
-
-
 def caption_ids(urls: list, captions: list) -> np.ndarray:
-    return np.array([_hash64(f"{u or ''}\x1f{c}") & _MASK63 for u, c in zip(urls, captions)], np.int64)
+    return np.array([hash64(f"{u or ''}\x1f{c}") & MASK63 for u, c in zip(urls, captions)], np.int64)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -54,7 +45,7 @@ def sample_keys(ids: np.ndarray, occupations: pa.Array, seed: int) -> np.ndarray
     if isinstance(occupations, pa.ChunkedArray):
         occupations = occupations.combine_chunks()
     enc = pc.dictionary_encode(occupations)
-    occ_hash = np.array([_hash64(s) for s in enc.dictionary.to_pylist()], np.uint64)
+    occ_hash = np.array([hash64(s) for s in enc.dictionary.to_pylist()], np.uint64)
     per_row = occ_hash[enc.indices.to_numpy(zero_copy_only=False)] if len(occ_hash) else np.zeros(0, np.uint64)
     x = _mix64(ids.astype(np.uint64) ^ per_row ^ _mix64(np.array([seed], np.uint64))[0])
     return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53

@@ -15,15 +15,14 @@ two passes agree: pass 1 neither drops a caption pass 2 would match nor keeps on
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, status_array, with_column
-from operators.text_tokens import lists_from_pairs, ngrams, regex_escape, words
+from operators.support.tokens import lists_from_pairs, ngrams, regex_escape, words
+from schemas.occupations import parse_occupations, plural
 from schemas.captions import (
     CAPTION,
     DROP_NO_OCCUPATION,
@@ -32,83 +31,6 @@ from schemas.captions import (
     OUTCOME_KEPT,
     STAGE_OCCUPATIONS,
 )
-
-_VOWEL_Y = re.compile(r"[aeiou]y$")
-
-
-def normalise_name(name: str) -> str:
-    """Canonical spelling of an occupation name: lower case, underscores and runs of space as one space."""
-    return " ".join(str(name).replace("_", " ").lower().split())
-
-
-def plural(term: str) -> str:
-    """Regular English plural of the last word of ``term`` (engineers, attorneys, secretaries, coaches)."""
-    head, _, last = term.rpartition(" ")
-    if re.search(r"(s|x|z|ch|sh)$", last):
-        last = last + "es"
-    elif last.endswith("y") and not _VOWEL_Y.search(last):
-        last = last[:-1] + "ies"
-    else:
-        last = last + "s"
-    return f"{head} {last}" if head else last
-
-
-@dataclass(frozen=True)
-class Occupation:
-    """One occupation of a study: its canonical name and the surface terms that select it."""
-
-    name: str
-    terms: tuple[str, ...] = ()
-    prompt_name: str | None = None
-    article: str | None = None
-    extra_forms: tuple[str, ...] = field(default=())
-
-    def __post_init__(self):
-        object.__setattr__(self, "name", normalise_name(self.name))
-        terms = tuple(normalise_name(t) for t in (self.terms or (self.name,)))
-        object.__setattr__(self, "terms", terms)
-
-    @classmethod
-    def parse(cls, spec) -> "Occupation":
-        """From a YAML entry: a plain string, or a mapping with name/terms/prompt_name/article/forms."""
-        if isinstance(spec, Occupation):
-            return spec
-        if isinstance(spec, str):
-            return cls(spec)
-        if isinstance(spec, dict) and "name" in spec:
-            unknown = set(spec) - {"name", "terms", "prompt_name", "article", "forms"}
-            if unknown:
-                raise ValueError(f"occupation {spec['name']!r}: unknown keys {sorted(unknown)}")
-            return cls(
-                spec["name"],
-                tuple(spec.get("terms") or ()),
-                spec.get("prompt_name"),
-                spec.get("article"),
-                tuple(normalise_name(f) for f in spec.get("forms") or ()),
-            )
-        raise ValueError(f"cannot read occupation entry {spec!r}: expected a name or a mapping with 'name'")
-
-    def forms(self) -> tuple[str, ...]:
-        """Every surface form searched: each term, its regular plural, and any explicit extra forms."""
-        out: list[str] = []
-        for t in self.terms:
-            for f in (t, plural(t)):
-                if f not in out:
-                    out.append(f)
-        out += [f for f in self.extra_forms if f not in out]
-        return tuple(out)
-
-
-def parse_occupations(specs) -> list[Occupation]:
-    occupations = [Occupation.parse(s) for s in specs]
-    names = [o.name for o in occupations]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"occupation list names {dupes} more than once")
-    if not occupations:
-        raise ValueError("the occupation list is empty")
-    return occupations
-
 
 class OccupationMatcher:
     """Adds ``occupations`` (list of matched occupation names, in list order) and a status column.

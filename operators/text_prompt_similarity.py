@@ -18,17 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import (
-    ModelLoadError,
-    Resources,
-    hub_snapshot,
-    loaded_weight_files,
-    pick_device,
-    weights_fingerprint,  # noqa: F401 -- re-exported: callers read it from here
-    weights_provenance,
-    with_column,
-)
-from operators.prompts import prompt_table
+from operators.support.models import ModelLoadError, hub_snapshot, loaded_weight_files, pick_device, weights_provenance
+from operators.base import Resources, with_column
 from schemas.captions import CAPTION, OCCUPATION, PROMPT_SIMILARITY
 
 STAGE_SIMILARITY = "prompt_similarity"
@@ -102,15 +93,19 @@ class PromptSimilarity:
     stage_name = STAGE_SIMILARITY
     resources = Resources(num_cpus=1, batch_size=2048, actors=1)
 
-    def __init__(self, model: str, occupations, templates, revision: str | None = None,
+    def __init__(self, model: str, prompts: dict[str, list[str]], revision: str | None = None,
                  device: str = "auto", encode_batch_size: int = 256):
+        """``prompts``: occupation name -> its prompts, the same number for each (prompt_id =
+        position + 1), e.g. the Table 1 prompts of every occupation."""
         self.model = load_sentence_transformer(model, revision, device)
         self.encode_batch_size = encode_batch_size
-        prompts = prompt_table(occupations, templates)
+        counts = {len(ps) for ps in prompts.values()}
+        if len(counts) != 1 or 0 in counts:
+            raise ValueError(f"every occupation needs the same, non-zero number of prompts, got {sorted(counts)}")
         self.occupation_names = pa.array(list(prompts), pa.string())
         flat = [p for ps in prompts.values() for p in ps]
         emb = self.encode(flat)
-        self.n_prompts = len(templates)
+        self.n_prompts = counts.pop()
         self.prompt_emb = emb.reshape(len(prompts), self.n_prompts, -1)
 
     def encode(self, texts: list[str]) -> np.ndarray:

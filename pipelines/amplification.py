@@ -28,8 +28,8 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.fs as pafs  # noqa: E402
 
 from operators.base import Resources, conform, split_tallies  # noqa: E402
-from operators.prompts import prompt_table  # noqa: E402
-from operators.subset_selection import SelectionConfig, finalize, partial_top_k  # noqa: E402
+from pipelines.studies.amplification.prompts import prompt_table  # noqa: E402
+from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k  # noqa: E402
 from operators.text_caption_validator import CaptionValidator, holds_text  # noqa: E402
 from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_name_gender import NameGenderIndicators, load_spacy  # noqa: E402
@@ -40,7 +40,8 @@ from operators.text_prompt_similarity import (  # noqa: E402
     load_sentence_transformer,
     sbert_provenance,
 )
-from pipelines.engine import cli, io, report, rundir, runtime  # noqa: E402
+from pipelines.engine import cli, io, rundir, runtime  # noqa: E402
+from pipelines.studies.amplification import caption_report as report  # noqa: E402
 from pipelines.engine import config as study_config  # noqa: E402
 from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain  # noqa: E402
 from pipelines.engine.summary import (  # noqa: E402
@@ -593,8 +594,8 @@ def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
                            schema, Resources(num_cpus=1, batch_size=1024, actors=args.ner_actors))
     ds = runtime.stage(ds, OccupationExploder, {"seed": st["selection"]["seed"]}, schema)
     ds = runtime.stage(ds, PromptSimilarity,
-                       {"model": models["sbert"], "revision": models["sbert_revision"], "occupations": st["occupations"],
-                        "templates": st["prompts"], "device": args.device},
+                       {"model": models["sbert"], "revision": models["sbert_revision"],
+                        "prompts": prompt_table(st["occupations"], st["prompts"]), "device": args.device},
                        schema, Resources(num_cpus=1, num_gpus=args.embed_gpus, batch_size=2048, actors=args.embed_actors))
     return ds
 
@@ -706,7 +707,7 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
 
 
 def run_all(args) -> dict:
-    from pipelines.engine import study
+    from pipelines.studies.amplification import study as study
 
     return study.run(args, sys.modules[__name__])
 
@@ -716,7 +717,7 @@ def run_summarize(args) -> dict:
 
     import pandas as pd
 
-    from operators.metric_amplification import format_results, summarize_percentages
+    from pipelines.studies.amplification.metrics import format_results, summarize_percentages
 
     text = io.read_text(args.percentages)
     try:  # every cell as written (only an empty one is missing), so an error can show "12%" or "nan"
@@ -746,7 +747,7 @@ def _summary_html(source: str, result: dict) -> str:
     """Figure 3-style scatter plots (training vs generated % female) per model and prompt."""
     import html
 
-    from pipelines.engine.amplification_report import svg_scatter
+    from pipelines.studies.amplification.report import svg_scatter
 
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Amplification</title></head><body>",
              f"<h1>Bias amplification from {html.escape(source)}</h1>",

@@ -99,7 +99,7 @@ def run_summarize(args) -> dict:
 
     import pandas as pd
 
-    from operators.metric_dalleval import format_summary, summarize_counts
+    from pipelines.studies.dalleval.metrics import format_summary, summarize_counts
 
     text = io.read_text(args.counts)
     try:  # every cell as written (only an empty one is missing), so an error can show "2.5" or "inf"
@@ -122,7 +122,7 @@ def run_summarize(args) -> dict:
 
 
 def run(args) -> dict:
-    from pipelines.engine import dalleval_study
+    from pipelines.studies.dalleval import study as dalleval_study
 
     return dalleval_study.run(args)
 

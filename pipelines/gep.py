@@ -99,8 +99,8 @@ def run_summarize(args) -> dict:
 
     import pandas as pd
 
-    from operators.metric_gep import format_summary, summarize_frequencies
-    from pipelines.engine import gep_report
+    from pipelines.studies.gep.metrics import format_summary, summarize_frequencies
+    from pipelines.studies.gep import report as gep_report
 
     text = io.read_text(args.frequencies)
     try:  # every cell as written (only an empty one is missing), so an error can show "12%" or "nan"
@@ -121,13 +121,13 @@ def run_summarize(args) -> dict:
 
 
 def run(args) -> dict:
-    from pipelines.engine import gep_study
+    from pipelines.studies.gep import study as gep_study
 
     return gep_study.run(args)
 
 
 def evaluate(args) -> dict:
-    from pipelines.engine import gep_study
+    from pipelines.studies.gep import study as gep_study
 
     return gep_study.evaluate_run(args)
 

@@ -24,8 +24,7 @@ import pyarrow.parquet as pq
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from operators.prompts import indefinite_article  # noqa: E402
-from operators.text_occupation_matcher import plural  # noqa: E402
+from schemas.occupations import indefinite_article, plural  # noqa: E402
 
 DEFAULT_OCCUPATIONS = [
     "accountant", "architect", "assistant", "athlete", "attorney", "author", "baker", "bartender", "ceo",

@@ -14,6 +14,9 @@ groups (section 7: "lawyer", "female lawyer", ...), and the column keeps its nam
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
 import pyarrow as pa
 
 from schemas.images import (
@@ -114,3 +117,43 @@ ANNOTATIONS = pa.schema([
     pa.field(ATTRIBUTE, pa.string(), nullable=False),
     pa.field(PRESENT, pa.int8(), nullable=False),
 ])
+
+
+_PREPOSITIONS = ("in", "with", "wearing", "on")
+
+
+def clean_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """An attribute of A: its name ("dress"), the phrase in prompts ("in a dress") and the text CLIP
+    compares images with in C-f / CC-f ("a dress": the phrase without its preposition, section 4.1)."""
+
+    name: str
+    phrase: str
+    text: str
+
+    @classmethod
+    def parse(cls, name: str, spec) -> "Attribute":
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"attribute name must be a non-empty string, got {name!r}")
+        if spec is None or isinstance(spec, str):
+            spec = {"phrase": spec or name}
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"attribute {name!r}: expected a phrase or a mapping with phrase/text, got {spec!r}")
+        unknown = set(spec) - {"phrase", "text"}
+        if unknown:
+            raise ValueError(f"attribute {name!r}: unknown keys {sorted(unknown)} (known: phrase, text)")
+        phrase = clean_text(str(spec.get("phrase") or name))
+        text = clean_text(str(spec["text"])) if spec.get("text") else strip_preposition(phrase)
+        return cls(name.strip(), phrase, text)
+
+
+def strip_preposition(phrase: str) -> str:
+    """ "in a dress" -> "a dress", "with gloves" -> "gloves"; a phrase without one is kept."""
+    words = phrase.split()
+    if len(words) > 1 and words[0].lower() in _PREPOSITIONS:
+        return " ".join(words[1:])
+    return phrase

@@ -68,7 +68,7 @@ SIMILARITY_SUMMARY = pa.schema(
     ]
 )
 
-# --- working schemas of the selection (operators/subset_selection.py) -------------------------------
+# --- working schemas of the selection (pipelines/studies/amplification/selection.py) -------------------------------
 ORDER_KEY = "_order_key"      # ascending order within a selection group
 SOURCE_ROW = "_source_row"    # index of a candidate's row in the batch it came from
 

@@ -5,6 +5,7 @@ Validation goes through Ray's own code and schema (ray/autoscaler/ray-schema.jso
 ``validate_config``. No network, no cloud, no cluster.
 """
 
+from helpers import REPO_ROOT
 import copy
 import json
 import os
@@ -20,7 +21,7 @@ import ray.autoscaler
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 CLUSTER_YAML = ROOT / "cluster.yaml"
 SCHEMA_PATH = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
 

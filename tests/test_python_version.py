@@ -9,6 +9,7 @@ away interpreters that would work. Using a newer feature not in the tables below
 
 from __future__ import annotations
 
+from helpers import REPO_ROOT
 import ast
 import re
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 # (module, name) -> the first Python version that has it, for `from module import name` and `module.name`
 ADDED = {
@@ -43,7 +44,11 @@ def pyproject() -> dict:
 
 def installed_sources() -> list[Path]:
     """The .py files of the packages pyproject installs."""
-    packages = pyproject()["tool"]["setuptools"]["packages"]
+    from setuptools import find_packages
+
+    include = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_packages(str(ROOT), include=include)
+    assert {"operators", "operators.support", "pipelines.engine", "pipelines.studies.amplification"} <= set(packages)
     files = [f for p in packages for f in sorted((ROOT / p.replace(".", "/")).glob("*.py"))]
     assert files, packages
     return files

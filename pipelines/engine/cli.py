@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from operators.base import ModelLoadError
+from operators.support.models import ModelLoadError
 from pipelines.engine import io
 from pipelines.engine.progress import ErrorBudgetExceeded
 

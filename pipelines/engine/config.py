@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from operators.text_occupation_matcher import Occupation, parse_occupations
+from schemas.occupations import Occupation, parse_occupations
 
 DEFAULT_CONFIG = "paper002.yaml"
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from operators.base import GPU_HINT, ModelLoadError
+from operators.support.models import GPU_HINT, ModelLoadError
 
 DEFAULT_GPUS_PER_MODEL_ACTOR = 1.0
 

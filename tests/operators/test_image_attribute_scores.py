@@ -7,7 +7,7 @@ import pytest
 
 from operators.image_attribute_scores import AttributeScorer, estimator_scores
 from operators.image_clip_embedding import embedding_array
-from operators.text_attribute_classifier import Ensemble
+from operators.support.attribute_classifier import Ensemble
 from schemas.gep import GEP_SCORES
 
 ATTRS = [{"name": "dress", "phrase": "in a dress", "text": "a dress"},

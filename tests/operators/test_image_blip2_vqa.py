@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from skimage import data
 
-from operators.base import ModelLoadError
+from operators.support.models import ModelLoadError
 from operators.image_blip2_vqa import (
     DEFAULT_GENDER_QUESTION,
     DEFAULT_PROMPT_TEMPLATE,
@@ -21,7 +21,7 @@ from operators.image_blip2_vqa import (
     parse_gender,
     parse_yes_no,
 )
-from operators.image_codec import pack_rgb8
+from operators.support.codec import pack_rgb8
 from pipelines.standins.blip2 import build_tiny_blip2
 from schemas.dalleval import (
     ATTRIBUTE_ANSWERS,

@@ -12,7 +12,7 @@ from operators.image_clip_embedding import (
     embeddings_of,
     normalise,
 )
-from operators.image_codec import pack_rgb8
+from operators.support.codec import pack_rgb8
 from pipelines.standins.clip import build_tiny_open_clip
 from schemas.gep import EMBEDDING
 

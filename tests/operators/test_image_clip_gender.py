@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from operators.base import ModelLoadError
+from operators.support.models import ModelLoadError
 from operators.image_clip_gender import (
     SOURCE_CHECKPOINT,
     SOURCE_LOCAL_DIR,
@@ -20,7 +20,7 @@ from operators.image_clip_gender import (
     resolve_clip_spec,
     zero_shot_probs,
 )
-from operators.image_codec import pack_rgb8
+from operators.support.codec import pack_rgb8
 from pipelines.standins.clip import build_tiny_open_clip
 from schemas.images import (
     ENCODED,

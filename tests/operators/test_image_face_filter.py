@@ -13,11 +13,12 @@ import pytest
 from PIL import Image
 from skimage import data
 
-from operators.base import ModelLoadError
-from operators.image_codec import pack_rgb8
-from operators.image_face_filter import BLAZEFACE_MODELS, FaceFilter, as_rgb, blazeface_file, relative_extent
+from operators.support.models import ModelLoadError
+from operators.support.codec import pack_rgb8
+from operators.image_face_filter import BLAZEFACE_MODELS, FaceFilter, blazeface_file, relative_extent
+from operators.support.codec import as_rgb
 from pipelines.engine.config import load_config
-from pipelines.engine.sample_server import photo_arrays
+from pipelines.studies.amplification.sample_server import photo_arrays
 from schemas.images import (
     ENCODED,
     FACE_BOX_HEIGHT,

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.image_codec import decode_rgb
+from operators.support.codec import decode_rgb
 from operators.image_fetch import ImageFetcher, embedded_ipv4, is_blocked_address
-from pipelines.engine.sample_server import (
+from pipelines.studies.amplification.sample_server import (
     BIG_SIZE,
     PHOTOS,
     SYNTHETIC_SHARES,

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from operators.base import ModelLoadError
-from operators.image_codec import batch_images
+from operators.support.models import ModelLoadError
+from operators.support.codec import batch_images
 from operators.image_generation import ImageGenerator, load_text2image, regenerate
 from pipelines.standins.diffusion import (
     SD1_SCHEDULER,
@@ -129,7 +129,7 @@ def test_standin_tokenizer_is_clips():
 
 
 def test_standin_deterministic_for_seed(sd_dir, tmp_path):
-    from operators.text_prompt_similarity import weights_fingerprint
+    from operators.support.models import weights_fingerprint
 
     same = build_tiny_stable_diffusion(tmp_path / "same", seed=0)
     other = build_tiny_stable_diffusion(tmp_path / "other", seed=1)

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from operators.image_codec import pack_rgb8
+from operators.support.codec import pack_rgb8
 from operators.image_sink import ImageSink
 from schemas import images as I
 from schemas.captions import URL

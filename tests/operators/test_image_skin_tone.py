@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 from skimage import data
 
-from operators.base import ModelLoadError
-from operators.image_codec import pack_rgb8
-from operators.image_face_filter import as_rgb
+from operators.support.models import ModelLoadError
+from operators.support.codec import pack_rgb8
+from operators.support.codec import as_rgb
 from operators.image_skin_tone import (
     MST_HEX,
     STAGE_SKIN_TONE,

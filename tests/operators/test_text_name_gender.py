@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 from helpers import captions_table
 
-from operators.base import ModelLoadError
+from operators.support.models import ModelLoadError
 from operators.text_name_gender import NameGenderIndicators, load_spacy
 
 

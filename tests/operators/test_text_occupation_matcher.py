@@ -3,12 +3,8 @@ import pyarrow as pa
 import pytest
 from helpers import captions_table
 
-from operators.text_occupation_matcher import (
-    Occupation,
-    OccupationMatcher,
-    normalise_name,
-    plural,
-)
+from operators.text_occupation_matcher import OccupationMatcher
+from schemas.occupations import Occupation, normalise_name, plural
 from pipelines.synthetic_laion import generate
 from schemas.captions import OCCUPATIONS
 

@@ -4,8 +4,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.base import ModelLoadError
-from operators.text_occupation_matcher import Occupation
+from operators.support.models import ModelLoadError
+from pipelines.studies.amplification.prompts import prompt_table
+from schemas.occupations import Occupation
 from operators.text_prompt_similarity import (
     PromptSimilarity,
     load_sentence_transformer,
@@ -23,7 +24,7 @@ OCCS = [Occupation("engineer"), Occupation("teacher")]
 
 @pytest.fixture(scope="module")
 def op():
-    return PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", OCCS, TEMPLATES, device="cpu")
+    return PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", prompt_table(OCCS, TEMPLATES), device="cpu")
 
 
 def sims(op, rows):
@@ -59,7 +60,7 @@ def test_same_caption_different_occupation_rows(op):
 
 def test_loads_from_a_directory(tmp_path, minilm, op):
     minilm.save(str(tmp_path / "sbert"))
-    from_dir = PromptSimilarity(str(tmp_path / "sbert"), OCCS, TEMPLATES, device="cpu")
+    from_dir = PromptSimilarity(str(tmp_path / "sbert"), prompt_table(OCCS, TEMPLATES), device="cpu")
     rows = [("Portrait of a smiling teacher in a classroom.", "teacher")]
     np.testing.assert_allclose(sims(from_dir, rows), sims(op, rows), atol=1e-6)
     assert resolve_sbert(str(tmp_path / "sbert"))[1]["source"] == "directory"

@@ -1,0 +1,321 @@
+"""The image side of paper 002 as Ray Data streams: training images (fetch -> face -> CLIP) and
+generated images (generate + CLIP on the GPU tensor -> face), and the per-image table.
+
+Image stages never drop rows; each writes a status column, and the payload columns are dropped
+as soon as the last stage that needs pixels has run, so only statuses and scores leave the
+stream. Rows out of every stream equal rows in, which the run checks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import Resources, conform
+from operators.image_clip_gender import ClipGenderClassifier
+from operators.image_face_filter import FaceFilter
+from operators.image_fetch import ImageFetcher
+from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
+from operators.support.seeds import image_seeds
+from pipelines.engine import runtime
+from pipelines.engine.progress import Phase, drain
+from schemas import images as I
+from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
+from schemas.subsets import PROMPT, PROMPT_ID, SUBSET, Subset
+
+PAYLOAD = [I.IMAGE, I.IMAGE_ENCODING, I.IMAGE_HEIGHT, I.IMAGE_WIDTH]
+TRAINING_URLS = "training (distinct URLs)"
+
+
+@dataclass
+class ImageSettings:
+    """Everything the image side needs: operator kwargs and resources (all plain values)."""
+
+    fetch: dict
+    face: dict
+    clip: dict                         # ClipGenderClassifier kwargs
+    generation: dict                   # ImageGenerator kwargs except model
+    generators: list[str]
+    images_per_prompt: int
+    caption_images: int
+    seed: int
+    url_rewrite: list[tuple[str, str]] = field(default_factory=list)
+    fetch_block_rows: int = 256
+    face_actors: int = 1
+    clip_actors: int = 1
+    clip_gpus: float = 0.0
+    gen_actors: int = 1
+    gen_gpus: float = 0.0
+    gen_batch_size: int = 8
+    save_images: str | None = None     # URI: save fetched and generated images there (parquet)
+    revisions: dict = field(default_factory=dict)  # generator -> hub revision it is pinned to
+
+
+# ------------------------------------------------------------------------------------ training
+def unique_urls(subsets: pa.Table, rewrite: list[tuple[str, str]]) -> pa.Table:
+    """One row per distinct URL of the training subsets (each fetched and classified once),
+    with the URL actually fetched (after ``rewrite`` prefix mappings, e.g. to a local mirror)."""
+    urls = pc.unique(subsets.column(URL).drop_null())
+    fetch = urls
+    for src, dst in rewrite:
+        fetch = pc.replace_substring_regex(fetch, "^" + re.escape(src), dst.replace("\\", "\\\\"))
+    return pa.table({URL: urls, FETCH_URL: fetch})
+
+
+FETCH_URL = "_fetch_url"  # transient: the URL the fetcher requests (after --url-rewrite)
+
+
+TRAINING_CHECKPOINT = "training_images"
+
+
+def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets=(), echo=print):
+    """Fetch, face-filter and classify every distinct training URL: one row per URL; and the Phase.
+
+    With ``run`` (a RunDir) results are checkpointed as they arrive, and URLs whose results a
+    previous attempt checkpointed are not fetched again.
+    """
+    urls = unique_urls(subsets, st.url_rewrite)
+    out_schema = TRAINING_RESULT_SCHEMA
+    done = _dedupe(run.read_parts(TRAINING_CHECKPOINT, out_schema), [URL]) if run else out_schema.empty_table()
+    done = done.filter(pc.is_in(done.column(URL), urls.column(URL)))
+    todo = urls.filter(pc.invert(pc.is_in(urls.column(URL), done.column(URL))))
+    phase = Phase("training images", "URLs", urls.num_rows, reused=done.num_rows)
+    for b in budgets:
+        b.add(done)
+    new_parts: list[pa.Table] = []
+    sink = (lambda t: run.write_part(TRAINING_CHECKPOINT, conform(t, out_schema))) if run else new_parts.append
+    if todo.num_rows:
+        ds = runtime.from_table(ray, todo, st.fetch_block_rows)
+        ds = runtime.map_stage(ds, _FetchRewritten, {"kwargs": st.fetch},
+                               Resources(num_cpus=1, batch_size=st.fetch_block_rows))
+        if st.save_images:
+            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/training", "keys": [URL]})
+        ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
+        ds = runtime.map_stage(ds, ClipGenderClassifier, st.clip | {"only_face_ok": True},
+                               Resources(num_cpus=1, num_gpus=st.clip_gpus, batch_size=64, actors=st.clip_actors))
+        ds = ds.drop_columns(PAYLOAD + [FETCH_URL])
+        drain(ds, sink, phase, budgets=budgets, flush_rows=st.fetch_block_rows, echo=echo)
+    elif budgets:
+        for b in budgets:
+            b.check(final=True)
+    if run:
+        results = _dedupe(run.read_parts(TRAINING_CHECKPOINT, out_schema), [URL])
+        results = results.filter(pc.is_in(results.column(URL), urls.column(URL)))
+    else:
+        results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
+    got = results.column(URL)
+    if results.num_rows != urls.num_rows or pc.count_distinct(got).as_py() != urls.num_rows \
+            or pc.any(pc.invert(pc.is_in(urls.column(URL), got))).as_py():
+        raise RuntimeError(f"training images: {urls.num_rows} distinct URLs went in, {results.num_rows} rows "
+                           f"({pc.count_distinct(got).as_py()} distinct URLs) came back")
+    return results.sort_by(URL), phase
+
+
+TRAINING_RESULT_SCHEMA = pa.schema([pa.field(URL, pa.string())] + [f for f in I.FETCH_COLUMNS if f.name not in PAYLOAD]
+                                   + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS))
+
+
+def _dedupe(table: pa.Table, keys: list[str]) -> pa.Table:
+    """The first row per key (a batch checkpointed twice by two attempts counts once)."""
+    if table.num_rows == 0:
+        return table
+    idx = table.append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
+    first = idx.group_by(keys, use_threads=False).aggregate([("_row", "min")]).column("_row_min")
+    return table.take(pc.sort_indices(first))
+
+
+class _FetchRewritten:
+    """The fetcher applied to the rewritten URL column, results keyed by the dataset's URL."""
+
+    def __init__(self, kwargs: dict):
+        self.fetcher = ImageFetcher(**kwargs)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        original = batch.column(URL)
+        out = self.fetcher(batch.set_column(batch.schema.get_field_index(URL), URL, batch.column(FETCH_URL)))
+        return out.set_column(out.schema.get_field_index(URL), URL, original)
+
+
+def training_rows(subsets: pa.Table, url_results: pa.Table) -> pa.Table:
+    """Per-image rows of the training side: one per (occupation, subset, prompt, caption)."""
+    keep = [OCCUPATION, SUBSET, PROMPT_ID, PROMPT, CAPTION_ID, CAPTION, CAPTION_GENDER, URL]
+    rows = subsets.select(keep).join(url_results, keys=URL, join_type="left outer", use_threads=False)
+    n = rows.num_rows
+    no_url = pc.is_null(rows.column(URL))
+    if n != subsets.num_rows or pc.any(pc.and_(pc.invert(no_url), pc.is_null(rows.column(I.FETCH_STATUS)))).as_py():
+        raise RuntimeError(f"training rows: {subsets.num_rows} subset rows, {n} after joining the URL results, "
+                           f"or a URL without a result")
+    for col, value in ((I.FETCH_STATUS, I.FetchStatus.INVALID_URL), (I.FETCH_ERROR, "no URL in the dataset row")):
+        rows = rows.set_column(rows.schema.get_field_index(col), col,
+                               pc.if_else(no_url, pa.scalar(value, pa.string()), rows.column(col)))
+    rows = rows.append_column(I.SOURCE, pa.array([I.Source.TRAINING] * n, pa.string()))
+    counted = _all_ok(rows, I.FETCH_STATUS)
+    rows = rows.append_column(I.COUNTED, pa.array(counted))
+    order = [(OCCUPATION, "ascending"), (SUBSET, "ascending"), (PROMPT_ID, "ascending"), (CAPTION_ID, "ascending")]
+    return conform(rows, I.IMAGE_RESULTS).sort_by(order)
+
+
+def _all_ok(rows: pa.Table, first_status: str) -> np.ndarray:
+    ok = lambda col, v: np.asarray(pc.fill_null(pc.equal(rows.column(col), v), False))  # noqa: E731
+    gender = rows.column(I.GENDER)
+    decided = np.asarray(pc.fill_null(pc.is_in(gender, pa.array(list(I.Gender.DECIDED))), False))
+    return ok(first_status, "ok") & ok(I.FACE_STATUS, I.FaceStatus.OK) & decided
+
+
+# ---------------------------------------------------------------------------------- generation
+def generation_requests(prompts: dict[str, list[str]], training: pa.Table, st: ImageSettings,
+                        caption_prompts: bool) -> pa.Table:
+    """One row per image to generate (per model): Table 1 prompts x occupations x N, and
+    (section 6) M images per caption of the naive subset whose training image counts, so that
+    the prompts are exactly the captions behind T (P_o = S_o); each image has its own seed.
+
+    ``training`` is the training side of the per-image table (``training_rows``).
+    """
+    occ, pid, text, idx = [], [], [], []
+    for o, plist in prompts.items():
+        for j, p in enumerate(plist):
+            occ += [o] * st.images_per_prompt
+            pid += [j + 1] * st.images_per_prompt
+            text += [p] * st.images_per_prompt
+            idx += list(range(st.images_per_prompt))
+    prompt_rows = pa.table({
+        I.SOURCE: pa.array([I.Source.GENERATED] * len(occ), pa.string()),
+        OCCUPATION: pa.array(occ, pa.string()), PROMPT_ID: pa.array(pid, pa.int32()),
+        PROMPT: pa.array(text, pa.string()), I.IMAGE_INDEX: pa.array(idx, pa.int32()),
+    })
+    parts = [prompt_rows]
+    if caption_prompts and st.caption_images > 0:
+        naive = training.filter(pc.and_(pc.equal(training.column(SUBSET), Subset.NAIVE), training.column(I.COUNTED)))
+        m = st.caption_images
+        take = np.repeat(np.arange(naive.num_rows), m)
+        cap = naive.take(pa.array(take, pa.int64()))
+        parts.append(pa.table({
+            I.SOURCE: pa.array([I.Source.CAPTION_PROMPT] * cap.num_rows, pa.string()),
+            OCCUPATION: cap.column(OCCUPATION), SUBSET: cap.column(SUBSET),
+            PROMPT: cap.column(CAPTION), I.IMAGE_INDEX: pa.array(np.tile(np.arange(m), naive.num_rows), pa.int32()),
+            CAPTION_ID: cap.column(CAPTION_ID), CAPTION: cap.column(CAPTION),
+            CAPTION_GENDER: cap.column(CAPTION_GENDER), URL: cap.column(URL),
+        }))
+    req = pa.concat_tables([conform(p, REQUEST_SCHEMA) for p in parts])
+    # the seed key is the prompt text; for captions also the caption id, so that two training
+    # examples with the same caption text still get independent images
+    keys = [p if cid is None else f"caption:{cid}\x1f{p}"
+            for p, cid in zip(req.column(PROMPT).to_pylist(), req.column(CAPTION_ID).to_pylist())]
+    seeds = image_seeds(st.seed, keys, req.column(I.IMAGE_INDEX).to_pylist())
+    return req.set_column(req.schema.get_field_index(I.SEED), I.SEED, pa.array(seeds, pa.int64()))
+
+
+REQUEST_SCHEMA = pa.schema([I.IMAGE_RESULTS.field(n) for n in (
+    I.SOURCE, OCCUPATION, SUBSET, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID, CAPTION, CAPTION_GENDER, URL)])
+
+
+def generation_checkpoint(model: str) -> str:
+    import hashlib
+
+    return f"generated/{hashlib.sha256(model.encode()).hexdigest()[:12]}"
+
+
+def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run=None, budgets=(), echo=print):
+    """Generate (and CLIP-classify on the device) every request with ``model``, then face-filter;
+    and the Phase. With ``run``, images are checkpointed by (model, prompt, seed) as they arrive,
+    and a resumed run generates only those not yet recorded."""
+    out_schema = generated_schema()
+    key = [PROMPT, I.SEED]
+    done = out_schema.empty_table()
+    if run:
+        done = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
+        done = done.filter(pc.equal(done.column(I.MODEL), model))
+        done = done.join(requests.select(key), keys=key, join_type="left semi", use_threads=False)
+    todo = requests.join(done.select(key), keys=key, join_type="left anti", use_threads=False) \
+        if done.num_rows else requests
+    phase = Phase(f"generate {model}", "images", requests.num_rows, reused=done.num_rows)
+    for b in budgets:
+        b.add(done)
+    new_parts: list[pa.Table] = []
+    sink = (lambda t: run.write_part(generation_checkpoint(model), conform(t, out_schema))) if run \
+        else new_parts.append
+    if todo.num_rows:
+        todo = todo.sort_by([(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT, "ascending"),
+                             (I.IMAGE_INDEX, "ascending")])
+        ds = runtime.from_table(ray, todo, st.gen_batch_size * 4)
+        gen_kwargs = st.generation | {"model": model, "revision": st.revisions.get(model), "classifier": st.clip,
+                                      "micro_batch": st.gen_batch_size}
+        ds = runtime.map_stage(ds, ImageGenerator, gen_kwargs,
+                               Resources(num_cpus=1, num_gpus=st.gen_gpus, batch_size=st.gen_batch_size, actors=st.gen_actors))
+        if st.save_images:
+            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
+                I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})
+        ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
+        ds = ds.drop_columns(PAYLOAD)
+        drain(ds, sink, phase, budgets=budgets, flush_rows=max(st.gen_batch_size * 4, 32), echo=echo)
+    elif budgets:
+        for b in budgets:
+            b.check(final=True)
+    if run:
+        results = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
+        results = results.filter(pc.equal(results.column(I.MODEL), model))
+        results = results.join(requests.select(key), keys=key, join_type="left semi", use_threads=False)
+    else:
+        results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
+    order = [(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT_ID, "ascending"), (PROMPT, "ascending"),
+             (CAPTION_ID, "ascending"), (I.IMAGE_INDEX, "ascending")]
+    return conform(results, out_schema).sort_by(order), phase
+
+
+def generated_schema() -> pa.Schema:
+    return pa.schema(list(REQUEST_SCHEMA) + [f for f in I.GENERATION_COLUMNS if f.name not in PAYLOAD]
+                     + list(I.GENDER_COLUMNS) + list(I.FACE_COLUMNS))
+
+
+def generated_rows(gen: pa.Table) -> pa.Table:
+    counted = _all_ok(gen, I.GENERATION_STATUS)
+    return conform(gen.append_column(I.COUNTED, pa.array(counted)), I.IMAGE_RESULTS)
+
+
+# ------------------------------------------------------------------------------ row accounting
+def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.Table | None = None) -> list[dict]:
+    """Rows in and outcome counts per image stage, as a cascade: a stage's input is the rows the
+    previous stage passed. Every stage's outcomes add up to its input (checked)."""
+    rows = []
+
+    def cascade(branch: str, table: pa.Table, steps: list[tuple[str, str, tuple, str]]):
+        mask = np.ones(table.num_rows, bool)
+        for stage, col, outcomes, ok in steps:
+            col_vals = np.array(table.column(col).to_pylist(), dtype=object)
+            vals = col_vals[mask]
+            counts = {o: int((vals == o).sum()) for o in outcomes}
+            rows_in = int(mask.sum())
+            if sum(counts.values()) != rows_in:
+                unknown = sorted({str(v) for v in vals} - set(outcomes))
+                raise RuntimeError(f"{branch}/{stage}: outcomes add up to {sum(counts.values())} of {rows_in} rows "
+                                   f"(unexpected values {unknown})")
+            for o, c in counts.items():
+                rows.append({"branch": branch, "stage": stage, "rows_in": rows_in, "outcome": o, "count": c})
+            mask = mask & (col_vals == ok) if ok != "decided" else mask
+    gender_outcomes = I.Gender.ALL
+    training_steps = [
+        ("fetch", I.FETCH_STATUS, I.FetchStatus.ALL, "ok"),
+        ("face_filter", I.FACE_STATUS, I.FaceStatus.ALL, "ok"),
+        ("clip_gender", I.GENDER, gender_outcomes, "decided"),
+    ]
+    cascade(TRAINING_URLS, url_results, training_steps)
+    if training is not None:  # the same per subset row (a URL in several subsets counts in each)
+        for subset in sorted(set(training.column(SUBSET).to_pylist())):
+            cascade(f"training rows: {subset}", training.filter(pc.equal(training.column(SUBSET), subset)),
+                    training_steps)
+    for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT):
+        for model in sorted(set(generated.column(I.MODEL).to_pylist()) - {None}) if generated.num_rows else []:
+            sel = generated.filter(pc.and_(pc.equal(generated.column(I.SOURCE), source),
+                                           pc.equal(generated.column(I.MODEL), model)))
+            if sel.num_rows:
+                cascade(f"{source}:{model}", sel, [
+                    ("generate", I.GENERATION_STATUS, tuple(I.GenerationStatus.ALL), "ok"),
+                    ("face_filter", I.FACE_STATUS, I.FaceStatus.ALL, "ok"),
+                    ("clip_gender", I.GENDER, gender_outcomes, "decided"),
+                ])
+    return rows

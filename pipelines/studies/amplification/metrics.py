@@ -1,0 +1,198 @@
+"""Bias amplification of paper 002 (section 3.3, Table 3, section 5.1, section 6) as plain functions.
+
+Percentages are % female over the images that count (one face, CLIP probability >= 0.9):
+
+    A(P_o, S_o) = |G(P_o) - 50| - |T(S_o) - 50|
+
+per occupation o, with T the training subset S_o and G the generation prompt P_o. Occupations
+whose training and generated images skew in different directions are excluded per prompt (the
+paper, section 3.3 and App. A.1); "direction" is the sign of (percent - 50), so a 50.0 on one
+side and a skew on the other is a switch too (this reproduces Table 3 from Tables 6 and 7 to the
+published rounding). E[A] is the mean over the remaining occupations, per prompt; the headline
+is the mean of the per-prompt E[A] over prompts. A one-sample t-test of E[A] = 0 is run per
+prompt (section 5.3).
+
+No Ray, no models: these functions take small tables (occupations x prompts) and are tested
+against the paper's own tables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from pipelines.engine.table_cells import numbers
+from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
+from schemas.images import COUNTED, GENDER, PERCENT_FEMALE, Gender
+
+N_IMAGES = "n_images"          # images behind a percentage (counted ones)
+N_FEMALE = "n_female"
+TRAINING = "training"          # percent_female of the training subset
+GENERATED = "generated"        # percent_female of the generated images
+AMPLIFICATION = "amplification"
+EXCLUDED = "excluded"          # why a (occupation, prompt) pair is left out, or None
+
+
+def direction(percent) -> np.ndarray:
+    """-1 male-skewed, +1 female-skewed, 0 balanced (exactly 50)."""
+    return np.sign(np.asarray(percent, dtype=float) - 50.0)
+
+
+def amplification(generated, training) -> np.ndarray:
+    """A = |G - 50| - |T - 50| (elementwise)."""
+    return np.abs(np.asarray(generated, float) - 50.0) - np.abs(np.asarray(training, float) - 50.0)
+
+
+def percent_female(images: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """% female per group of ``keys`` over the counted images; every group present in ``images``
+    appears, with n_images 0 and a NaN percentage when none of its images counts."""
+    df = images[keys].copy()
+    counted = images[COUNTED].fillna(False).astype(bool).to_numpy()
+    df[N_IMAGES] = counted.astype(np.int64)
+    df[N_FEMALE] = (counted & (images[GENDER] == Gender.FEMALE).to_numpy()).astype(np.int64)
+    out = df.groupby(keys, dropna=False, sort=True)[[N_IMAGES, N_FEMALE]].sum().reset_index()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out[PERCENT_FEMALE] = np.where(out[N_IMAGES] > 0, 100.0 * out[N_FEMALE] / out[N_IMAGES].clip(lower=1), np.nan)
+    return out
+
+
+def compare(training: pd.DataFrame, generated: pd.DataFrame, on: list[str], group: str) -> pd.DataFrame:
+    """One row per (occupation, group) of ``generated`` with T, G, A and the exclusion reason.
+
+    ``training`` has ``on`` + percent_female (+ n_images); ``generated`` has ``on`` + ``group`` +
+    percent_female (+ n_images). ``on`` is [occupation] for prompt-free training subsets, or
+    [occupation, prompt] for subsets selected per prompt (NN).
+    """
+    t = training[on + [PERCENT_FEMALE] + ([N_IMAGES] if N_IMAGES in training else [])].rename(
+        columns={PERCENT_FEMALE: TRAINING, N_IMAGES: "n_training"})
+    g = generated.rename(columns={PERCENT_FEMALE: GENERATED, N_IMAGES: "n_generated"})
+    rows = g.merge(t, on=on, how="outer", validate="many_to_one" if group not in on else "one_to_one")
+    rows = rows[rows[group].notna()] if group not in on else rows
+    tv, gv = rows[TRAINING].to_numpy(float), rows[GENERATED].to_numpy(float)
+    missing_t, missing_g = np.isnan(tv), np.isnan(gv)
+    switch = ~missing_t & ~missing_g & (direction(tv) != direction(gv))
+    reason = np.where(missing_t, "no_training_images",
+                      np.where(missing_g, "no_generated_images", np.where(switch, "direction_switch", None)))
+    rows[AMPLIFICATION] = np.where(missing_t | missing_g, np.nan, amplification(gv, tv))
+    rows[EXCLUDED] = reason
+    return rows.sort_values([group, OCCUPATION], kind="stable").reset_index(drop=True)
+
+
+@dataclass
+class PromptResult:
+    group: str
+    expected_amplification: float | None      # E[A] over the included occupations
+    occupations: int                           # included
+    amplified: int
+    deamplified: int
+    excluded: dict[str, list[str]] = field(default_factory=dict)  # reason -> occupations
+    t_statistic: float | None = None
+    p_value: float | None = None
+
+
+def expected_amplification(rows: pd.DataFrame, group: str) -> tuple[list[PromptResult], float | None]:
+    """E[A] per value of ``group`` over its included occupations, the one-sample t-test of
+    E[A] = 0, and the average of E[A] over the groups (None if no group has a value)."""
+    from scipy import stats
+
+    results = []
+    for g, part in rows.groupby(group, sort=False):
+        inc = part[part[EXCLUDED].isna()]
+        a = inc[AMPLIFICATION].to_numpy(float)
+        res = PromptResult(str(g), float(a.mean()) if len(a) else None, int(len(a)),
+                           int((a > 0).sum()), int((a < 0).sum()))
+        for reason, sub in part[part[EXCLUDED].notna()].groupby(EXCLUDED, sort=True):
+            res.excluded[str(reason)] = sorted(sub[OCCUPATION].astype(str))
+        if len(a) >= 2 and np.ptp(a) > 0:
+            t = stats.ttest_1samp(a, 0.0)
+            res.t_statistic, res.p_value = float(t.statistic), float(t.pvalue)
+        results.append(res)
+    values = [r.expected_amplification for r in results if r.expected_amplification is not None]
+    return results, (float(np.mean(values)) if values else None)
+
+
+def result_dict(results: list[PromptResult], average: float | None) -> dict:
+    return {"per_prompt": [asdict(r) for r in results], "average": average}
+
+
+def pearson(x, y) -> dict:
+    """Pearson r between two per-occupation series (NaNs dropped pairwise), with its p-value."""
+    from scipy import stats
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = ~np.isnan(x) & ~np.isnan(y)
+    n = int(ok.sum())
+    if n < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return {"r": None, "p_value": None, "n": n}
+    r = stats.pearsonr(x[ok], y[ok])
+    return {"r": float(r.statistic), "p_value": float(r.pvalue), "n": n}
+
+
+def female_indicator_share(captions: pd.DataFrame) -> pd.DataFrame:
+    """% of captions per occupation whose explicit indicators say female (female or both)."""
+    fem = captions[CAPTION_GENDER].isin([CaptionGender.FEMALE, CaptionGender.BOTH])
+    out = fem.groupby(captions[OCCUPATION]).mean().mul(100.0).rename("percent_female_indicator_captions")
+    return out.reset_index()
+
+
+# ------------------------------------------------------------------------------ summarize (CSV)
+def summarize_percentages(df: pd.DataFrame, training_group: str = TRAINING) -> dict:
+    """The amplification table from known percentages (columns occupation, group, percent_female;
+    optional ``model``). Group ``training_group`` is T; every other group is a prompt."""
+    need = {OCCUPATION, "group", PERCENT_FEMALE}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"CSV lacks column(s) {sorted(missing)}; expected occupation,group,percent_female[,model]")
+    df = df.copy()
+    df[OCCUPATION] = df[OCCUPATION].astype(str).str.strip()
+    df["group"] = df["group"].astype(str).str.strip()
+    df[PERCENT_FEMALE] = numbers(df[PERCENT_FEMALE], PERCENT_FEMALE, "percentages in [0, 100]", low=0, high=100)
+    if "model" in df and df["model"].isna().any():
+        raise ValueError("the model column has empty values; give every row a model (or drop the column)")
+    models = df["model"].astype(str).unique().tolist() if "model" in df else [None]
+    out = {}
+    for model in models:
+        part = df[df["model"].astype(str) == model] if model is not None else df
+        keys = [OCCUPATION, "group"]
+        dup = part.duplicated(keys)
+        if dup.any():
+            raise ValueError(f"duplicate (occupation, group) rows: {part[dup][keys].head(5).to_dict('records')}")
+        training = part[part["group"] == training_group][[OCCUPATION, PERCENT_FEMALE]]
+        if training.empty:
+            raise ValueError(f"no rows with group {training_group!r} (the training percentages)")
+        generated = part[part["group"] != training_group][[OCCUPATION, "group", PERCENT_FEMALE]]
+        if generated.empty:
+            raise ValueError("no prompt groups: every row is a training row")
+        # every (occupation, prompt) pair appears, so a missing percentage is listed, not lost
+        occs = sorted(set(training[OCCUPATION]) | set(generated[OCCUPATION]))
+        groups = list(dict.fromkeys(generated["group"]))
+        full = pd.MultiIndex.from_product([occs, groups], names=[OCCUPATION, "group"])
+        generated = generated.set_index([OCCUPATION, "group"]).reindex(full).reset_index()
+        training = training.set_index(OCCUPATION).reindex(occs).rename_axis(OCCUPATION).reset_index()
+        rows = compare(training, generated, [OCCUPATION], "group")
+        results, avg = expected_amplification(rows, "group")
+        out[model or "all"] = result_dict(results, avg) | {
+            "occupations": int(training[PERCENT_FEMALE].notna().sum()),
+            "rows": json_rows(rows),
+        }
+    return out
+
+
+def json_rows(rows: pd.DataFrame) -> list[dict]:
+    recs = rows.to_dict("records")
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in recs]
+
+
+def format_results(title: str, results: list[dict], average: float | None) -> str:
+    lines = [title, f"  {'prompt':<24}{'E[A]':>8}{'n':>5}{'amp':>5}{'deamp':>6}{'t':>8}{'p':>9}  excluded"]
+    for r in results:
+        ea = "n/a" if r["expected_amplification"] is None else f"{r['expected_amplification']:.2f}"
+        t = "" if r["t_statistic"] is None else f"{r['t_statistic']:.2f}"
+        p = "" if r["p_value"] is None else f"{r['p_value']:.3g}"
+        exc = "; ".join(f"{k}: {', '.join(v)}" for k, v in r["excluded"].items()) or "-"
+        lines.append(f"  {r['group']:<24}{ea:>8}{r['occupations']:>5}{r['amplified']:>5}{r['deamplified']:>6}{t:>8}{p:>9}  {exc}")
+    lines.append(f"  {'average over prompts':<24}{'n/a' if average is None else f'{average:.2f}':>8}")
+    return "\n".join(lines)

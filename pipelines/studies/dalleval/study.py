@@ -1,0 +1,439 @@
+"""`dalleval.py run`: the social-bias study of DALL-Eval (paper 000, section 4.2) as one Ray job.
+
+diagnostic prompts (Table 13), N images each with recorded seeds
+  -> generation (any diffusers model), and on the generator's device, while the images are there:
+     BLIP-2 "the person looks like a male or a female?" and "Is the person wearing [A]?" (or CLIP
+     zero-shot gender)                                                    [Ray Data, GPU actors]
+  -> skin tone: face-mesh landmarks, skin region, ITA, nearest Monk Skin Tone   [Ray Data, CPU actors]
+  -> per-image table, per-prompt counts, average gender / skin tone and MAD (Tables 6-8, 16-17,
+     20-21), attribute presence per group (Tables 9, 22-31), metrics.json, report.html.
+
+Images and their detections are checkpointed by (model, image id) as they arrive, so an interrupted
+run resumes where it stopped. Everything the per-image results depend on (prompts, generation,
+detector settings) names the run; the measures are recomputed from the per-image table every time.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.studies.dalleval import metrics as M
+from operators.base import Resources, conform
+from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
+from pipelines.studies.dalleval.prompts import (
+    dalleval_requests,
+    diagnostic_prompts,
+    parse_groups,
+    parse_professions,
+)
+from pipelines.engine import checkpoint, io, rundir, runtime
+from pipelines.studies.dalleval import report as dalleval_report
+from pipelines.studies.amplification import study as study
+from pipelines.engine import config as study_config
+from pipelines.studies.amplification.report import clean_json
+from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
+from pipelines.engine.progress import Phase, drain, outcome_counts
+from pipelines.engine.summary import format_run_summary, run_summary_csv, stage_row
+from schemas import dalleval as S
+from schemas.gep import IMAGE_ID
+from schemas.images import GENDER, GENERATION_STATUS, MODEL, Gender, GenerationStatus
+
+PRESET = "dalleval.yaml"
+REPLACED = ("groups", "professions", "attributes", "articles")  # a study file's own sets, not merged
+FILES = {
+    "images": "images",                          # per image: prompt, seed, status, detections (parquet + csv)
+    "counts": "prompt_counts.csv",               # per (model, prompt): the input of `dalleval.py summarize`
+    "presence": "attribute_presence.csv",        # per (model, prompt, attribute)
+    "metrics": "metrics.json",
+    "report": "report.html",
+    "summary": "run_summary",
+    "images_dir": "images",
+    "standins": "standin_models",
+}
+CLIP_TO_DETECTED = {Gender.MALE: S.DetectedGender.MALE, Gender.FEMALE: S.DetectedGender.FEMALE,
+                    Gender.AMBIGUOUS: S.DetectedGender.UNKNOWN}
+
+
+# ------------------------------------------------------------------------------------ settings
+def settings(args) -> dict:
+    """The effective study: configs/dalleval.yaml, the --config file, then command-line overrides."""
+    cfg = study_config.load_config(args.config, preset=PRESET, replace=REPLACED)
+    groups = parse_groups(cfg["groups"])
+    professions = parse_professions(cfg["professions"])
+    if getattr(args, "professions", None):
+        wanted = [p.strip() for p in args.professions.split(",") if p.strip()]
+        unknown = sorted(set(wanted) - set(professions))
+        if unknown:
+            raise ValueError(f"--professions: {unknown} are not in the configured list")
+        professions = [p for p in professions if p in wanted]
+    if getattr(args, "max_professions", None) is not None:
+        professions = professions[:max(0, args.max_professions)]
+    neutral = cfg.get("neutral")
+    if neutral is not None and neutral not in groups:
+        raise ValueError(f"neutral: {neutral!r} is not one of the groups {list(groups)}")
+    compare = list(cfg.get("compare") or [])
+    if compare and (len(compare) != 2 or any(c not in groups for c in compare) or compare[0] == compare[1]):
+        raise ValueError(f"compare: {compare} must name two different groups of {list(groups)}")
+    gen = study.generation_settings(cfg["generation"], args)
+    detect = dict(cfg["detect"])
+    if getattr(args, "gender_detector", None):
+        detect["gender"] = args.gender_detector
+    if getattr(args, "no_attributes", False):
+        detect["attributes"] = False
+    if getattr(args, "no_skin_tone", False):
+        detect["skin_tone"] = False
+    if detect["gender"] not in S.GenderDetector.ALL:
+        raise ValueError(f"detect.gender must be one of {S.GenderDetector.ALL}, got {detect['gender']!r}")
+    blip2 = dict(cfg["blip2"])
+    if getattr(args, "blip2_model", None):
+        blip2["model"] = args.blip2_model
+        blip2["revision"] = None
+    if getattr(args, "blip2_revision", None) is not None:
+        blip2["revision"] = args.blip2_revision
+    clip = study.clip_settings(cfg["clip"], args)
+    from operators.image_blip2_vqa import normalize_attributes
+
+    attributes = [{"name": n, "text": " ".join(t.split())} for n, t in normalize_attributes(cfg.get("attributes"))]
+    if detect["attributes"] and not attributes:
+        raise ValueError("detect.attributes is on but no attributes are configured")
+    ex = dict(cfg["execution"])
+    for key in ("max_retries", "max_error_rate"):
+        if getattr(args, key, None) is not None:
+            ex[key] = getattr(args, key)
+    bare = bool(cfg.get("bare_prompts", True)) and not getattr(args, "no_bare_prompts", False)
+    return {"label": str(cfg.get("name") or "dalleval"), "groups": groups, "professions": professions,
+            "template": str(cfg["template"]), "bare_prompts": bare, "articles": dict(cfg.get("articles") or {}),
+            "neutral": neutral, "compare": compare, "generation": gen, "detect": detect, "blip2": blip2,
+            "clip": clip, "attributes": attributes, "skin_tone": dict(cfg["skin_tone"]), "execution": ex}
+
+
+def requests_of(st: dict) -> pa.Table:
+    prompts = diagnostic_prompts(st["groups"], st["professions"], st["template"], st["bare_prompts"], st["articles"])
+    gen = st["generation"]
+    return dalleval_requests(prompts, int(gen["images_per_prompt"]), int(gen["seed"]))
+
+
+def uses_blip2(st: dict) -> bool:
+    return st["detect"]["gender"] == S.GenderDetector.BLIP2 or bool(st["detect"]["attributes"])
+
+
+def image_job(st: dict, args) -> dict:
+    """What the per-image results depend on: its fingerprint names the run."""
+    gen = {k: st["generation"][k] for k in ("models", "images_per_prompt", "steps", "guidance_scale", "scheduler",
+                                            "seed", "safety_checker", "height", "width", "revisions")}
+    job = {"study": "paper000-dalleval", "groups": st["groups"], "professions": st["professions"],
+           "template": st["template"], "bare_prompts": st["bare_prompts"], "articles": st["articles"],
+           "generation": gen, "detect": st["detect"], "standin_models": bool(args.standin_models)}
+    if uses_blip2(st):
+        job["blip2"] = {k: v for k, v in st["blip2"].items() if k != "batch_size"}
+    if st["detect"]["attributes"]:
+        job["attributes"] = st["attributes"]
+    if st["detect"]["gender"] == S.GenderDetector.CLIP:
+        job["clip"] = st["clip"]
+    if st["detect"]["skin_tone"]:
+        job["skin_tone"] = st["skin_tone"]
+    return job
+
+
+def detector_kwargs(st: dict) -> dict | None:
+    """The BLIP-2 head of the generator (None when nothing is asked)."""
+    if not uses_blip2(st):
+        return None
+    b = st["blip2"]
+    return {"model": b["model"], "revision": b.get("revision"),
+            "gender_question": b["gender_question"] if st["detect"]["gender"] == S.GenderDetector.BLIP2 else None,
+            "attributes": st["attributes"] if st["detect"]["attributes"] else [],
+            "attribute_question": b["attribute_question"], "prompt_template": b["prompt_template"],
+            "max_new_tokens": int(b["max_new_tokens"]), "batch_size": int(b["batch_size"]),
+            "dtype": b.get("dtype") or "auto"}
+
+
+def classifier_kwargs(st: dict) -> dict | None:
+    if st["detect"]["gender"] != S.GenderDetector.CLIP:
+        return None
+    c = st["clip"]
+    return {"model": c["model"], "pretrained": c.get("pretrained"), "revision": c.get("revision"),
+            "prompts": list(c["prompts"]),
+            "threshold": float(c["threshold"])}
+
+
+# ------------------------------------------------------------------------------------ models
+def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
+    """Load every model once on the driver before any work (BLIP-2 as configuration and processor
+    only: its weights are large): an unloadable model fails the run now, naming it."""
+    from operators.image_generation import load_text2image
+
+    records = []
+    with study.standin_hint(standin):
+        if st["detect"]["gender"] == S.GenderDetector.CLIP:
+            from operators.image_clip_gender import load_clip
+
+            bundle = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
+                               revision=st["clip"].get("revision"))
+            records.append({"role": "gender detector (CLIP zero-shot)", "model": st["clip"]["model"],
+                            "standin": standin, "detail": bundle.record})
+            del bundle
+        if uses_blip2(st):
+            from operators.image_blip2_vqa import check_blip2
+
+            records.append({"role": "BLIP-2 (gender / attributes)", "model": st["blip2"]["model"], "standin": standin,
+                            "detail": check_blip2(st["blip2"]["model"], st["blip2"].get("revision"))})
+        if st["detect"]["skin_tone"]:
+            from operators.image_skin_tone import SkinToneDetector
+
+            with SkinToneDetector(**st["skin_tone"]) as det:
+                records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
+                                "standin": False, "detail": det.record})
+        for model in models:
+            pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
+                                        safety_checker=st["generation"]["safety_checker"],
+                                        scheduler=st["generation"].get("scheduler"))
+            records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
+            del pipe
+            gc.collect()
+    return records
+
+
+def build_standins(st: dict, root: str, n_generators: int) -> list[str]:
+    """Tiny random generators, BLIP-2 and CLIP under ``root``; the study is pointed at them."""
+    from pipelines.standins.blip2 import build_tiny_blip2
+
+    clip, models = study.build_standins(root, [f"generator-{i + 1}-standin" for i in range(n_generators)])
+    st["clip"] = {**st["clip"], "model": clip, "pretrained": None, "revision": None}
+    st["blip2"] = {**st["blip2"], "model": build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0), "revision": None}
+    return models
+
+
+# ------------------------------------------------------------------------------------ run
+def run(args) -> dict:
+    started = time.time()
+    if not args.verbose:
+        study.quiet_model_libraries()
+    st = settings(args)
+    requests = requests_of(st)
+    job = image_job(st, args)
+    fp = rundir.fingerprint(job)
+    rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(st["label"], fp))
+    if args.overwrite:
+        io.clear_dir(rd.fs, rd.path)
+    print(f"DALL-Eval social bias: {len(st['groups'])} groups x {len(st['professions'])} professions"
+          f"{' + bare prompts' if st['bare_prompts'] else ''} = {requests.num_rows // int(st['generation']['images_per_prompt']):,} "
+          f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
+          f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
+    # Ray first: a run whose real models could get no GPU stops here, before any model loads or write
+    ray, gp = study.start_ray(args, st["execution"], standin=args.standin_models,
+                              actor_cpus=args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0))
+    # opened (and checked against this configuration) before anything is written into it
+    rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
+    try:
+        models = list(st["generation"]["models"])
+        if args.standin_models:
+            if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
+                root = str(Path(rd.uri) / FILES["standins"])
+                Path(root).mkdir(parents=True, exist_ok=True)
+            else:  # a fixed local directory per run, so a resumed run finds the same model paths
+                root = str(Path(tempfile.gettempdir()) / f"t2i-standins-{rd.run_id}")
+            print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
+            models = build_standins(st, root, len(models))
+        records = load_models(st, models, args.standin_models)
+        for r in records:
+            tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
+            print(f"model {r['role']:<32} {tag:<46} {r['model']}")
+        print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
+        metrics = _run(args, rd, ray, gp, st, requests, models, records, started)
+    except BaseException as exc:
+        rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+        raise
+    rd.finish("finished", duration_s=round(time.time() - started, 3))
+    return metrics
+
+
+def _run(args, rd, ray, gp, st: dict, requests: pa.Table, models: list[str], records: list[dict],
+         started: float) -> dict:
+    echo = (lambda *a, **k: None) if args.no_progress else print
+    per_actor = gp.per_actor
+    st["device"] = gp.device
+    images, phases, budgets = study.generate_per_model(
+        models, requests, st["execution"],
+        lambda model, budgets: generate(ray, rd, requests, model, st, args, per_actor, budgets, echo), "generating and detecting")
+
+    results = analyse(images, st)
+    out_fs, out = rd.fs, rd.path
+    io.write_table_and_csv(images, out_fs, f"{out}/{FILES['images']}")
+    io.write_text(results["counts"].to_csv(index=False), out_fs, f"{out}/{FILES['counts']}")
+    io.write_text(results["presence"].to_csv(index=False), out_fs, f"{out}/{FILES['presence']}")
+    for name, table in results["tables"].items():
+        io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
+
+    summary_rows = run_summary_rows(images, requests.num_rows, phases, st)
+    io.write_text(json.dumps(summary_rows, indent=2, default=str), out_fs, f"{out}/{FILES['summary']}.json")
+    io.write_text(run_summary_csv(summary_rows), out_fs, f"{out}/{FILES['summary']}.csv")
+    save_images = not args.no_save_images
+    metrics = {
+        "study": "paper000-dalleval", "run_id": rd.run_id, "started_unix": started,
+        "duration_s": round(time.time() - started, 3),
+        "config": {"images": image_job(st, args), "neutral": st["neutral"], "compare": st["compare"],
+                   "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(), "generators_loaded": models,
+                   "blip2_loaded": st["blip2"] if uses_blip2(st) else None,
+                   "clip_loaded": st["clip"] if st["detect"]["gender"] == S.GenderDetector.CLIP else None,
+                   "save_images": save_images},
+        "models": records,
+        "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
+                   "generation_status": outcome_counts(images, GENERATION_STATUS),
+                   "detected_gender": outcome_counts(images, S.DETECTED_GENDER),
+                   "skin_status": outcome_counts(images, S.SKIN_STATUS)},
+        "results": {"models": results["summary"], "reference": M.reference_rows(),
+                    "tables": {k: v.to_dict("records") for k, v in results["tables"].items()}},
+        "error_budgets": [b.as_dict() for b in budgets],
+        "run_summary": summary_rows,
+        "environment": study_config.environment(),
+    }
+    io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), out_fs,
+                  f"{out}/{FILES['metrics']}")
+    meta = {"run_id": rd.run_id, "output": rd.display(), "images": images.num_rows, "models": models,
+            "standin": bool(args.standin_models), "detect": st["detect"], "neutral": st["neutral"],
+            "compare": st["compare"], "attributes": [a["name"] for a in st["attributes"]]}
+    io.write_text(dalleval_report.render_html(meta, results, records), out_fs, f"{out}/{FILES['report']}")
+    print(dalleval_report.format_results(results))
+    print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
+          f"{FILES['counts']}, {FILES['presence']}, {', '.join(sorted(n + '.csv' for n in results['tables']))}"
+          + (f", {FILES['images_dir']}/" if save_images else ""))
+    print()
+    print(format_run_summary(summary_rows))
+    return metrics
+
+
+# ------------------------------------------------------------------------------------ generation
+def model_dir(model: str) -> str:
+    return f"{rundir.slug(Path(model.rstrip('/')).name, 30)}-{hashlib.sha256(model.encode()).hexdigest()[:6]}"
+
+
+class DetectedGenderColumns:
+    """Per-image table rows from the stages' output: CLIP's labels as detected genders, the detector
+    named, the schema's columns (a small CPU step on the driver's sink)."""
+
+    def __init__(self, detector: str):
+        self.detector = detector
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        if self.detector == S.GenderDetector.CLIP and GENDER in t.column_names:
+            clip = t.column(GENDER).cast(pa.string())
+            mapped = pa.nulls(t.num_rows, pa.string())   # decode errors and missing images stay null
+            for src, dst in CLIP_TO_DETECTED.items():
+                mapped = pc.if_else(pc.fill_null(pc.equal(clip, src), False), dst, mapped)
+            idx = t.schema.get_field_index(S.DETECTED_GENDER)
+            t = t.set_column(idx, S.DETECTED_GENDER, mapped) if idx >= 0 else t.append_column(S.DETECTED_GENDER, mapped)
+        if S.DETECTED_GENDER in t.column_names:
+            named = pc.if_else(pc.is_valid(t.column(S.DETECTED_GENDER)), self.detector, pa.scalar(None, pa.string()))
+            idx = t.schema.get_field_index(S.GENDER_DETECTOR)
+            t = t.set_column(idx, S.GENDER_DETECTOR, named) if idx >= 0 else t.append_column(S.GENDER_DETECTOR, named)
+        return conform(t, S.DALLEVAL_IMAGES)
+
+
+def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
+    """Generate, detect and measure every requested image with ``model`` (resuming from the checkpoint)."""
+    from operators.image_skin_tone import SkinToneDetector
+
+    name = generation_checkpoint(model)
+    done = checkpoint.checkpointed(rd, name, model, requests, S.DALLEVAL_IMAGES, IMAGE_ID)
+    todo = checkpoint.still_to_do(requests, done, IMAGE_ID)
+    phase = Phase(f"generate {Path(model.rstrip('/')).name}", "images", requests.num_rows, reused=done.num_rows)
+    for b in budgets:
+        b.add(done)
+    if todo.num_rows:
+        gen = st["generation"]
+        batch = max(1, args.gen_batch_size)
+        kwargs = {"model": model, "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
+                  "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
+                  "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
+                  "classifier": classifier_kwargs(st), "detector": detector_kwargs(st)}
+        kwargs["revision"] = gen["revisions"].get(model)  # hub weights pinned, as on the driver
+        todo = todo.sort_by([(IMAGE_ID, "ascending")])
+        ds = runtime.from_table(ray, todo, batch * 4)
+        ds = runtime.map_stage(ds, ImageGenerator, kwargs, Resources(num_cpus=1, num_gpus=per_actor, batch_size=batch,
+                                                                     actors=max(1, args.gen_actors)))
+        if st["detect"]["skin_tone"]:
+            ds = runtime.map_stage(ds, SkinToneDetector, dict(st["skin_tone"]),
+                                   Resources(num_cpus=1, batch_size=batch * 4, actors=max(1, args.skin_actors)))
+        if not args.no_save_images:
+            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{rd.uri}/{FILES['images_dir']}/{model_dir(model)}",
+                                                   "keys": [], "name_column": IMAGE_ID})
+        ds = ds.drop_columns(PAYLOAD)
+        finish = DetectedGenderColumns(st["detect"]["gender"])
+        drain(ds, lambda t: rd.write_part(name, finish(t)), phase, budgets=budgets,
+              flush_rows=max(batch * 4, 32), echo=echo)
+    elif budgets:
+        for b in budgets:
+            b.check(final=True)
+    images = checkpoint.checkpointed(rd, name, model, requests, S.DALLEVAL_IMAGES, IMAGE_ID)
+    return conform(checkpoint.in_request_order(images, requests, IMAGE_ID, model), S.DALLEVAL_IMAGES), phase
+
+
+# ------------------------------------------------------------------------------------ measures
+def analyse(images: pa.Table, st: dict) -> dict:
+    counts = M.prompt_counts(images).to_pandas()
+    presence = M.attribute_presence(images).to_pandas()
+    neutral = st["neutral"]
+    summary = M.model_summary(counts, neutral, tones=bool(st["detect"]["skin_tone"]))
+    tables = {"table_bias_mad": mad_table(summary)}
+    if neutral is not None:
+        tables["table_gender_per_profession"] = M.gender_table(counts, neutral)
+    if st["detect"]["skin_tone"]:
+        tables["table_skin_tone_per_profession"] = M.skin_tone_table(counts)
+    if st["detect"]["attributes"] and not presence.empty:
+        compare = tuple(st["compare"]) if st["compare"] else ("", "")
+        tables["table_attributes_by_group"] = M.group_attribute_table(presence, neutral, compare)
+        tables["table_attributes_per_prompt"] = M.prompt_attribute_table(presence, neutral)
+    return {"counts": counts, "presence": presence, "tables": tables, "summary": summary}
+
+
+def mad_table(summary: list[dict]) -> pd.DataFrame:
+    """Table 8: MAD of gender and skin tone per model, between the uniform and one-hot references."""
+    ref = M.reference_rows()
+    rows = [{"model": ref[0]["model"], "gender_mad": ref[0]["gender"], "skin_tone_mad": ref[0]["skin_tone"]}]
+    for m in summary:
+        rows.append({"model": m["model"], "gender_mad": m["gender"]["mad"], "gender_avg": m["gender"]["average"],
+                     "gender_prompts": m["gender"]["prompts"],
+                     "skin_tone_mad": (m.get("skin_tone") or {}).get("mad"),
+                     "skin_tone_avg": (m.get("skin_tone") or {}).get("average"),
+                     "skin_tone_prompts": (m.get("skin_tone") or {}).get("prompts")})
+    rows.append({"model": ref[1]["model"], "gender_mad": ref[1]["gender"], "skin_tone_mad": ref[1]["skin_tone"]})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------ accounting
+def run_summary_rows(images: pa.Table, requested: int, phases: dict, st: dict) -> list[dict]:
+    rows = []
+    for model, phase in phases.items():
+        mine = images.filter(pc.equal(images.column(MODEL), model))
+        branch = f"generated: {Path(model.rstrip('/')).name}"
+        status = outcome_counts(mine, GENERATION_STATUS)
+        ok = status.get(GenerationStatus.OK, 0)
+        share = phase.processed / phase.total if phase.total else 0.0
+        rows.append(stage_row(phase, branch, "generate", requested, ok,
+                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(requested * share)))
+        gen_ok = mine.filter(pc.fill_null(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK), False))
+        genders = outcome_counts(gen_ok, S.DETECTED_GENDER)
+        decided = genders.get(S.DetectedGender.MALE, 0) + genders.get(S.DetectedGender.FEMALE, 0)
+        dropped = {k: v for k, v in genders.items() if k not in (S.DetectedGender.MALE, S.DetectedGender.FEMALE)}
+        rows.append(stage_row(phase, branch, f"gender ({st['detect']['gender']})", ok, decided, dropped, round(ok * share)))
+        if st["detect"]["skin_tone"]:
+            skin = outcome_counts(gen_ok, S.SKIN_STATUS)
+            rows.append(stage_row(phase, branch, "skin_tone", ok, skin.get(S.SkinStatus.OK, 0),
+                                  {k: v for k, v in skin.items() if k != S.SkinStatus.OK}, round(ok * share)))
+        if st["detect"]["attributes"]:
+            asked = int(pc.sum(pc.is_valid(gen_ok.column(S.ATTRIBUTE_NAMES))).as_py() or 0)
+            rows.append(stage_row(phase, branch, "attributes (blip2)", ok, asked, {"not_asked": ok - asked},
+                                  round(ok * share)))
+    return rows

@@ -1,0 +1,505 @@
+"""`gep.py run` and `gep.py evaluate`: the GEP study of paper 001 as one Ray job.
+
+G x A x C -> prompts (neutral "[g] [c]", explicit "[g] [a] [c]"), N images each with recorded seeds
+  -> generation (any diffusers model) + L2-normalised CLIP image embedding on the device   [Ray Data, GPU actors]
+  -> C-f, CC-f, CLS-f per (image, attribute): every attribute on neutral images, the named
+     one on explicit images; CLS classifiers trained on CLIP text embeddings              [Ray actor]
+  -> frequencies per (model, setting, gender, attribute, estimator) -> GEP vectors and scores (Eq. 2)
+  -> tables (Tables 11-14), metrics.json, report.html; annotation tasks for people;
+     with annotations: GEP_human, Kendall tau-b / MCC per vector (Table 4), model-level tau (Table 6),
+     ROC-AUC per attribute (Tables 7, 16).
+
+Generated images are checkpointed by (model, image id) as they arrive, so an interrupted run
+resumes where it stopped. Only what the images depend on names the run (its fingerprint): the
+estimators' settings (reference string, classifier settings) are recomputed on every attempt, so
+re-running with another --reference re-scores the same images without generating them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io as _io
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipelines.studies.gep import metrics as M
+from operators.base import Resources, conform
+from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
+from operators.support.attribute_classifier import TABLE2_CONTEXTS, ClassifierSettings
+from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
+from pipelines.engine import checkpoint, io, rundir, runtime
+from pipelines.studies.gep import report as gep_report
+from pipelines.studies.amplification import study as study
+from pipelines.engine import config as study_config
+from pipelines.studies.amplification.report import clean_json
+from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
+from pipelines.engine.progress import Phase, drain, outcome_counts
+from pipelines.engine.summary import format_run_summary, run_summary_csv, stage_row
+from schemas import gep as S
+from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
+
+PRESET = "gep.yaml"
+REPLACED = ("genders", "comparisons", "attributes", "contexts", "settings")  # a study file's own sets, not merged
+FILES = {
+    "images": "images.parquet",                 # per image: prompt, seed, status, CLIP embedding
+    "scores": "scores",                         # per (image, attribute): C, CC, CLS
+    "frequencies": "frequencies",               # per (model, setting, gender, attribute, estimator)
+    "vectors": "gep_vectors",                   # per (model, setting, estimator, comparison, attribute)
+    "gep": "gep_scores",                        # per (model, setting, estimator, comparison)
+    "tasks": "annotation_tasks.csv",            # (image, attribute) pairs for people to annotate (section 5)
+    "metrics": "metrics.json",
+    "report": "report.html",
+    "summary": "run_summary",
+    "images_dir": "images",
+    "standins": "standin_models",
+    "evaluation": "evaluation.json",
+}
+SCORE_BLOCK = 4096
+
+
+# ------------------------------------------------------------------------------------ settings
+def settings(args) -> dict:
+    """The effective study: configs/gep.yaml, the --config file, then command-line overrides."""
+    cfg = study_config.load_config(args.config, preset=PRESET, replace=REPLACED)
+    genders = parse_genders(cfg["genders"])
+    attributes = parse_attributes(cfg["attributes"])
+    if getattr(args, "attributes", None):
+        wanted = [a.strip() for a in args.attributes.split(",") if a.strip()]
+        unknown = sorted(set(wanted) - {a.name for a in attributes})
+        if unknown:
+            raise ValueError(f"--attributes: {unknown} are not in the configured set {[a.name for a in attributes]}")
+        attributes = [a for a in attributes if a.name in wanted]
+    contexts = [" ".join(str(c).split()) for c in (cfg.get("contexts") or [])]
+    if getattr(args, "max_contexts", None) is not None:
+        contexts = contexts[:max(0, args.max_contexts)]
+    setting_list = list(getattr(args, "settings", None) or cfg["settings"])
+    comparisons = [tuple(c) for c in cfg["comparisons"]]
+    for c in comparisons:
+        if len(c) != 2 or c[0] not in genders or c[1] not in genders or c[0] == c[1]:
+            raise ValueError(f"comparisons: {list(c)} must name two different groups of {list(genders)}")
+    gen = study.generation_settings(cfg["generation"], args)
+    clip = study.clip_settings(cfg["clip"], args)
+    classifier = dict(cfg["classifier"])
+    classifier["contexts"] = list(classifier.get("contexts") or contexts or TABLE2_CONTEXTS)
+    if getattr(args, "ensemble", None) is not None:
+        classifier["ensemble"] = args.ensemble
+    # resolved here (the named SGD reading -> schedule, tol): a bad setting fails before any model loads,
+    # and metrics.json records the values the scorer trains with
+    classifier = asdict(ClassifierSettings(**classifier))
+    ex = dict(cfg["execution"])
+    for key in ("max_retries", "max_error_rate"):
+        if getattr(args, key, None) is not None:
+            ex[key] = getattr(args, key)
+    return {"label": str(cfg.get("name") or "gep"), "genders": genders, "comparisons": comparisons,
+            "attributes": attributes, "contexts": contexts, "settings": setting_list,
+            "templates": dict(cfg["templates"]), "generation": gen, "clip": clip,
+            "reference": getattr(args, "reference", None) or cfg["reference"], "classifier": classifier,
+            "execution": ex}
+
+
+def requests_of(st: dict) -> pa.Table:
+    gen = st["generation"]
+    return gep_requests(st["genders"], st["attributes"], st["contexts"], st["settings"], st["templates"],
+                        int(gen["images_per_prompt"]), int(gen["seed"]))
+
+
+def image_job(st: dict, args) -> dict:
+    """What the images depend on: its fingerprint names the run."""
+    gen = {k: st["generation"][k] for k in ("models", "images_per_prompt", "steps", "guidance_scale", "scheduler",
+                                            "seed", "safety_checker", "height", "width", "revisions")}
+    return {"study": "paper001-gep", "genders": st["genders"], "settings": st["settings"],
+            "attributes": [{"name": a.name, "phrase": a.phrase} for a in st["attributes"]],
+            "contexts": st["contexts"], "templates": {k: st["templates"][k] for k in st["settings"]},
+            "generation": gen, "clip": st["clip"], "standin_models": bool(args.standin_models)}
+
+
+def scoring_config(st: dict) -> dict:
+    return {"comparisons": [list(c) for c in st["comparisons"]], "reference": st["reference"],
+            "attributes": [asdict(a) for a in st["attributes"]], "classifier": st["classifier"]}
+
+
+# ------------------------------------------------------------------------------------ models
+def load_models(clip: dict, models: list[str], gen: dict, standin: bool) -> list[dict]:
+    """Load CLIP and every generator once on the driver before any work: an unloadable model fails
+    the run now, naming it and how to provide it."""
+    with study.standin_hint(standin):
+        return study.load_clip_and_generators(clip, models, gen["safety_checker"], standin,
+                                              "CLIP (embeddings, estimators)", gen.get("scheduler"),
+                                              gen.get("revisions"))
+
+
+# ------------------------------------------------------------------------------------ run
+def run(args) -> dict:
+    started = time.time()
+    if not args.verbose:
+        study.quiet_model_libraries()
+    st = settings(args)
+    requests = requests_of(st)
+    annotations = read_annotations(args.annotations) if args.annotations else None  # bad input fails now
+    job = image_job(st, args)
+    fp = rundir.fingerprint(job)
+    rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(st["label"], fp))
+    if args.overwrite:
+        io.clear_dir(rd.fs, rd.path)
+    print(f"GEP study: {len(st['genders'])} groups, {len(st['attributes'])} attributes, {len(st['contexts'])} "
+          f"contexts, settings {', '.join(st['settings'])}: {requests.num_rows:,} images per generator")
+    with contextlib.ExitStack() as stack:
+        # Ray first: a run whose real models could get no GPU stops here, before any model loads
+        ray, gp = study.start_ray(args, st["execution"], actor_cpus=args.gen_actors + 1, standin=args.standin_models)
+        models = list(st["generation"]["models"])
+        if args.standin_models:
+            if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
+                root = str(Path(rd.uri) / FILES["standins"])
+                Path(root).mkdir(parents=True, exist_ok=True)
+            else:
+                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
+            print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
+            st["clip"] = {"model": None, "pretrained": None}
+            st["clip"]["model"], models = study.build_standins(
+                root, [f"generator-{i + 1}-standin" for i in range(len(models))])
+        records = load_models(st["clip"], models, st["generation"], args.standin_models)
+        for r in records:
+            tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
+            print(f"model {r['role']:<30} {tag:<46} {r['model']}")
+        rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
+        print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
+        try:
+            metrics = _run(args, rd, ray, gp, st, requests, models, records, annotations, started)
+        except BaseException as exc:
+            rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+            raise
+    rd.finish("finished", duration_s=round(time.time() - started, 3))
+    return metrics
+
+
+def _run(args, rd, ray, gp, st: dict, requests: pa.Table, models: list[str], records: list[dict], annotations,
+         started: float) -> dict:
+    echo = (lambda *a, **k: None) if args.no_progress else print
+    per_actor = gp.per_actor
+    st["device"] = gp.device  # of the generator (its CLIP head follows it) and of the scorer
+    images, phases, budgets = study.generate_per_model(
+        models, requests, st["execution"],
+        lambda model, budgets: generate(ray, rd, requests, model, st, args, per_actor, budgets, echo), "generating")
+
+    print(f"scoring {len(st['attributes'])} attributes with C-f, CC-f and CLS-f "
+          f"(ensembles of {st['classifier']['ensemble']}) ...")
+    scores, scorer_record, score_phase = score(ray, images, st, per_actor)
+    results = analyse(scores, st)
+    evaluation = evaluate(images, scores, results, annotations, st) if annotations is not None else None
+
+    out_fs, out = rd.fs, rd.path
+    io.write_table(images, out_fs, f"{out}/{FILES['images']}")
+    io.write_table_and_csv(scores, out_fs, f"{out}/{FILES['scores']}")
+    io.write_table_and_csv(results["frequencies"], out_fs, f"{out}/{FILES['frequencies']}")
+    io.write_table_and_csv(results["vectors"], out_fs, f"{out}/{FILES['vectors']}")
+    io.write_table_and_csv(results["gep"], out_fs, f"{out}/{FILES['gep']}")
+    names = [a.name for a in st["attributes"]]
+    shown = gep_report.with_human(results, evaluation)
+    tables = gep_report.paper_tables(shown, names)
+    for name, table in tables.items():
+        io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
+    save_images = not args.no_save_images
+    io.write_text(annotation_tasks(images, st, rd if save_images else None).to_csv(index=False), out_fs,
+                  f"{out}/{FILES['tasks']}")
+    if evaluation is not None:
+        write_evaluation(evaluation, out_fs, out)
+
+    summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows)
+    io.write_text(json.dumps(summary_rows, indent=2, default=str), out_fs, f"{out}/{FILES['summary']}.json")
+    io.write_text(run_summary_csv(summary_rows), out_fs, f"{out}/{FILES['summary']}.csv")
+    metrics = {
+        "study": "paper001-gep", "run_id": rd.run_id, "started_unix": started,
+        "duration_s": round(time.time() - started, 3),
+        "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st["execution"],
+                   "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(), "generators_loaded": models, "clip_loaded": st["clip"],
+                   "save_images": save_images},
+        "models": records, "scorer": scorer_record,
+        "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
+                   "status": outcome_counts(images, GENERATION_STATUS),
+                   "embedded": int(pc.sum(pc.is_valid(images.column(S.EMBEDDING))).as_py() or 0),
+                   "scored_pairs": scores.num_rows},
+        "results": {"gep": results["gep"].to_dict("records"), "vectors": results["vectors"].to_dict("records"),
+                    "frequencies": results["frequencies"].to_pylist()},
+        "evaluation": evaluation_json(evaluation) if evaluation is not None else None,
+        "error_budgets": [b.as_dict() for b in budgets],
+        "run_summary": summary_rows,
+        "environment": study_config.environment(),
+    }
+    io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), out_fs, f"{out}/{FILES['metrics']}")
+    meta = {"run_id": rd.run_id, "output": rd.display(), "images": images.num_rows, "models": models,
+            "standin": bool(args.standin_models), "settings": st["settings"], "reference": st["reference"],
+            "ensemble": st["classifier"]["ensemble"], "attributes": names}
+    io.write_text(gep_report.render_html(meta, shown, tables, evaluation, records), out_fs, f"{out}/{FILES['report']}")
+    print(gep_report.format_scores(shown, evaluation))
+    print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "
+          f"{', '.join(sorted(n + '.csv' for n in tables))}, {FILES['tasks']}"
+          + (f", {FILES['images_dir']}/" if save_images else ""))
+    print()
+    print(format_run_summary(summary_rows))
+    return metrics
+
+
+# ------------------------------------------------------------------------------------ generation
+def model_dir(model: str) -> str:
+    return f"{rundir.slug(Path(model.rstrip('/')).name, 30)}-{hashlib.sha256(model.encode()).hexdigest()[:6]}"
+
+
+def _checkpointed(rd, name: str, model: str, requests: pa.Table) -> pa.Table:
+    """This model's checkpointed images that are still requested, one row per image id."""
+    return checkpoint.checkpointed(rd, name, model, requests, S.GEP_IMAGES, S.IMAGE_ID)
+
+
+def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
+    """Generate and embed every requested image with ``model`` (resuming from the checkpoint)."""
+    name = generation_checkpoint(model)
+    done = _checkpointed(rd, name, model, requests)
+    todo = checkpoint.still_to_do(requests, done, S.IMAGE_ID)
+    phase = Phase(f"generate {Path(model.rstrip('/')).name}", "images", requests.num_rows, reused=done.num_rows)
+    for b in budgets:
+        b.add(done)
+    if todo.num_rows:
+        gen = st["generation"]
+        batch = max(1, args.gen_batch_size)
+        kwargs = {"model": model, "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
+                  "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
+                  "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
+                  "embedder": {"model": st["clip"]["model"], "pretrained": st["clip"].get("pretrained")}}
+        kwargs["revision"] = (gen.get("revisions") or {}).get(model)  # hub weights pinned, as on the driver
+        kwargs["embedder"]["revision"] = st["clip"].get("revision")
+        todo = todo.sort_by([(S.IMAGE_ID, "ascending")])
+        ds = runtime.from_table(ray, todo, batch * 4)
+        ds = runtime.map_stage(ds, ImageGenerator, kwargs, Resources(num_cpus=1, num_gpus=per_actor, batch_size=batch,
+                                                                     actors=max(1, args.gen_actors)))
+        if not args.no_save_images:
+            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{rd.uri}/{FILES['images_dir']}/{model_dir(model)}",
+                                                   "keys": [], "name_column": S.IMAGE_ID})
+        ds = ds.drop_columns(PAYLOAD)
+        drain(ds, lambda t: rd.write_part(name, conform(t, S.GEP_IMAGES)), phase, budgets=budgets,
+              flush_rows=max(batch * 4, 32), echo=echo)
+    elif budgets:
+        for b in budgets:
+            b.check(final=True)
+    images = checkpoint.in_request_order(_checkpointed(rd, name, model, requests), requests, S.IMAGE_ID, model)
+    return conform(images, S.GEP_IMAGES), phase
+
+
+# ------------------------------------------------------------------------------------ scoring
+def scorer_kwargs(st: dict) -> dict:
+    return {"attributes": [asdict(a) for a in st["attributes"]], "clip": st["clip"], "reference": st["reference"],
+            "classifier": st["classifier"], "device": st.get("device", "auto")}
+
+
+def score(ray, images: pa.Table, st: dict, per_actor: float):
+    """Per-(image, attribute) scores from one scorer actor (CLIP text side + classifier ensembles)."""
+    from operators.image_attribute_scores import AttributeScorer
+
+    phase = Phase("score attributes", "images", images.num_rows)
+    t0 = time.time()
+    opts = {"num_cpus": 1, **runtime.actor_retries()}
+    if per_actor:
+        opts["num_gpus"] = per_actor
+    actor = ray.remote(**opts)(AttributeScorer).remote(**scorer_kwargs(st))
+    try:
+        record = ray.get(actor.describe.remote())
+        cols = [S.IMAGE_ID, MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE, S.CONTEXT_ID, S.EMBEDDING]
+        table = images.select(cols)
+        refs = [actor.score_batch.remote(table.slice(i, SCORE_BLOCK)) for i in range(0, table.num_rows, SCORE_BLOCK)]
+        parts = ray.get(refs)
+    finally:
+        ray.kill(actor)
+    phase.processed = images.num_rows
+    phase.seconds = time.time() - t0
+    scores = pa.concat_tables(parts) if parts else S.GEP_SCORES.empty_table()
+    return conform(scores, S.GEP_SCORES), record, phase
+
+
+def frequencies(scores: pa.Table) -> pa.Table:
+    """Mean score per (model, setting, gender, attribute), per estimator (C-f, CC-f, CLS-f)."""
+    keys = [MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE]
+    cols = list(S.Estimator.COLUMNS.values())
+    agg = scores.group_by(keys, use_threads=False).aggregate([(c, "mean") for c in cols] + [(S.IMAGE_ID, "count")])
+    parts = []
+    for est, col in S.Estimator.COLUMNS.items():
+        parts.append(pa.table({**{k: agg.column(k) for k in keys},
+                               S.ESTIMATOR: pa.array([est] * agg.num_rows, pa.string()),
+                               S.FREQUENCY: agg.column(f"{col}_mean").cast(pa.float64()),
+                               S.IMAGES: agg.column(f"{S.IMAGE_ID}_count").cast(pa.int64())}))
+    return conform(pa.concat_tables(parts), S.GEP_FREQUENCIES) if parts else S.GEP_FREQUENCIES.empty_table()
+
+
+def analyse(scores: pa.Table, st: dict) -> dict:
+    freq = frequencies(scores)
+    vectors = M.gep_vectors(freq.to_pandas(), pairs=st["comparisons"])
+    return {"frequencies": freq, "vectors": vectors, "gep": M.gep_scores(vectors)}
+
+
+# ------------------------------------------------------------------------------------ annotations
+def read_annotations(uri: str) -> pd.DataFrame:
+    """Human annotations: image_id, attribute, present (0/1) and, with several generators, model."""
+    text = io.read_text(uri)
+    try:
+        df = pd.read_csv(_io.StringIO(text), dtype={S.IMAGE_ID: str, S.ATTRIBUTE: str, MODEL: str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise io.InputError(f"{uri}: not a readable CSV ({exc})") from None
+    missing = [c for c in (S.IMAGE_ID, S.ATTRIBUTE, S.PRESENT) if c not in df.columns]
+    if missing:
+        raise io.InputError(f"{uri}: missing columns {missing} (need image_id, attribute, present; optional model)")
+    df = df.copy()
+    for c in (S.IMAGE_ID, S.ATTRIBUTE):
+        bad = df.index[df[c].isna() | (df[c].astype(str).str.strip() == "")].tolist()
+        if bad:
+            raise io.InputError(f"{uri}: empty {c} in data rows {bad[:10]}")
+        df[c] = df[c].astype(str).str.strip()
+    present = pd.to_numeric(df[S.PRESENT], errors="coerce")
+    bad = df.index[~present.isin([0, 1])].tolist()
+    if bad:
+        raise io.InputError(f"{uri}: present must be 0 or 1; data rows {bad[:10]} are not")
+    df[S.PRESENT] = present.astype(int)
+    keys = [c for c in (MODEL, S.IMAGE_ID, S.ATTRIBUTE) if c in df.columns]
+    dup = df.index[df.duplicated(keys, keep=False)].tolist()
+    if dup:
+        raise io.InputError(f"{uri}: the same (image, attribute) is annotated more than once in data rows {dup[:10]} "
+                            f"(give the majority label of the annotators, section 5)")
+    return df
+
+
+def human_labels(images: pa.Table, ann: pd.DataFrame, attributes: list[str]) -> tuple[pd.DataFrame, dict]:
+    """Annotations joined with their images (model, setting, gender); the pairs the paper annotates
+    are kept (every attribute on neutral images, the named one on explicit images), others counted."""
+    meta = images.select([MODEL, S.IMAGE_ID, S.SETTING, S.GENDER, S.ATTRIBUTE]).to_pandas()
+    meta = meta.rename(columns={S.ATTRIBUTE: "prompt_attribute"})
+    models = meta[MODEL].dropna().unique().tolist()
+    if MODEL not in ann.columns:
+        if len(models) > 1:
+            raise io.InputError(f"the run has {len(models)} generators: the annotations need a model column "
+                                f"(one of {models})")
+        ann = ann.assign(**{MODEL: models[0] if models else None})
+    unknown_attr = sorted(set(ann[S.ATTRIBUTE]) - set(attributes))
+    if unknown_attr:
+        raise io.InputError(f"annotations name attributes {unknown_attr} that the run does not score ({attributes})")
+    joined = ann.merge(meta, on=[MODEL, S.IMAGE_ID], how="left", indicator=True)
+    missing = joined.loc[joined["_merge"] == "left_only", [MODEL, S.IMAGE_ID]].drop_duplicates()
+    if len(missing):
+        raise io.InputError(f"annotations name {len(missing)} images that are not in the run, e.g. "
+                            f"{missing.head(5).to_dict('records')}")
+    joined = joined.drop(columns="_merge")
+    scored = (joined[S.SETTING] == S.Setting.NEUTRAL) | (joined[S.ATTRIBUTE] == joined["prompt_attribute"])
+    counts = {"annotations": int(len(joined)), "used": int(scored.sum()),
+              "ignored_not_scored_in_setting": int((~scored).sum())}
+    return joined[scored].drop(columns="prompt_attribute").reset_index(drop=True), counts
+
+
+def evaluate(images: pa.Table, scores: pa.Table, results: dict, ann: pd.DataFrame, st: dict) -> dict:
+    """GEP_human from the annotations, and each estimator against it (section 6)."""
+    names = [a.name for a in st["attributes"]]
+    labels, counts = human_labels(images, ann, names)
+    keys = [MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE]
+    hf = labels.groupby(keys, sort=False).agg(**{S.FREQUENCY: (S.PRESENT, "mean"), S.IMAGES: (S.PRESENT, "size")})
+    hf = hf.reset_index().assign(**{S.ESTIMATOR: S.Estimator.HUMAN})
+    order = {a: i for i, a in enumerate(names)}
+    hf = hf.sort_values([MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE], key=lambda s: s.map(order) if s.name == S.ATTRIBUTE
+                        else s, kind="stable").reset_index(drop=True)
+    auto_vectors = results["vectors"]
+    human_vectors = M.gep_vectors(hf, pairs=st["comparisons"])
+    human_gep = M.gep_scores(human_vectors)
+    # per-vector agreement (Table 4): only the attributes both sides have
+    table4 = M.compare_vectors(auto_vectors, human_vectors)
+    table6 = M.compare_scores(results["gep"], human_gep) if len(human_gep) >= 2 else None
+    # ROC-AUC per attribute (Tables 7, 16): annotated pairs of both settings, scores as predictions
+    sc = scores.select([MODEL, S.IMAGE_ID, S.ATTRIBUTE, S.SCORE_C, S.SCORE_CC, S.SCORE_CLS]).to_pandas()
+    pairs = labels.merge(sc, on=[MODEL, S.IMAGE_ID, S.ATTRIBUTE], how="inner")
+    roc_rows = []
+    for (model, attribute), grp in pairs.groupby([MODEL, S.ATTRIBUTE], sort=False):
+        for est, col in S.Estimator.COLUMNS.items():
+            roc_rows.append({MODEL: model, S.ESTIMATOR: est, S.ATTRIBUTE: attribute, "pairs": len(grp),
+                             "positives": int(grp[S.PRESENT].sum()),
+                             "roc_auc": M.roc_auc(grp[S.PRESENT].to_numpy(), grp[col].to_numpy())})
+    roc = pd.DataFrame(roc_rows, columns=[MODEL, S.ESTIMATOR, S.ATTRIBUTE, "pairs", "positives", "roc_auc"])
+    avg = (roc.dropna(subset=["roc_auc"]).groupby([MODEL, S.ESTIMATOR], sort=False)["roc_auc"].mean()
+           .rename("mean_roc_auc").reset_index())
+    return {"counts": counts, "human_frequencies": hf, "human_vectors": human_vectors, "human_gep": human_gep,
+            "vector_agreement": table4, "score_agreement": table6, "roc": roc, "roc_mean": avg}
+
+
+def write_evaluation(ev: dict, fs, out: str) -> None:
+    for key in ("human_frequencies", "human_vectors", "human_gep", "vector_agreement", "roc"):
+        io.write_text(ev[key].to_csv(index=False), fs, f"{out}/{key}.csv")
+    io.write_text(json.dumps(clean_json(evaluation_json(ev)), indent=2, default=str, allow_nan=False), fs,
+                  f"{out}/{FILES['evaluation']}")
+
+
+def evaluation_json(ev: dict) -> dict:
+    return {"counts": ev["counts"], "human_gep": ev["human_gep"].to_dict("records"),
+            "vector_agreement": ev["vector_agreement"].to_dict("records"), "score_agreement": ev["score_agreement"],
+            "roc_auc": ev["roc"].to_dict("records"), "mean_roc_auc": ev["roc_mean"].to_dict("records")}
+
+
+def evaluate_run(args) -> dict:
+    """`gep.py evaluate --run DIR --annotations CSV`: the evaluation for a finished run, from its files."""
+    fs, path = io.output_fs(args.run)
+    for name in ("run.json", FILES["images"], f"{FILES['scores']}.parquet"):
+        if not io.exists(fs, f"{path}/{name}"):
+            raise io.InputError(f"{args.run}: no {name}; is this a finished `gep.py run` directory?")
+    record = json.loads(io.read_text(f"{args.run.rstrip('/')}/{FILES['metrics']}"))
+    scoring = record["config"]["scoring"]
+    st = {"attributes": parse_attributes({a["name"]: {"phrase": a["phrase"], "text": a["text"]}
+                                          for a in scoring["attributes"]}),
+          "comparisons": [tuple(c) for c in scoring["comparisons"]]}
+    with fs.open_input_file(f"{path}/{FILES['images']}") as fh:
+        images = pq.read_table(fh)
+    with fs.open_input_file(f"{path}/{FILES['scores']}.parquet") as fh:
+        scores = pq.read_table(fh)
+    ann = read_annotations(args.annotations)
+    results = analyse(scores, st)
+    ev = evaluate(images, scores, results, ann, st)
+    write_evaluation(ev, fs, path)
+    print(gep_report.format_scores(gep_report.with_human(results, ev), ev))
+    print(f"\nwrote {args.run}/{FILES['evaluation']} and the human_*.csv, vector_agreement.csv, roc.csv tables")
+    return ev
+
+
+# ------------------------------------------------------------------------------------ accounting
+def annotation_tasks(images: pa.Table, st: dict, rd=None) -> pd.DataFrame:
+    """The (image, attribute) pairs of section 5 for people to annotate, with the question asked
+    ("Do you see a person in a dress?") and the image file; ``present`` is left for the answer."""
+    phrase = {a.name: a.phrase for a in st["attributes"]}
+    df = images.select([MODEL, S.IMAGE_ID, S.SETTING, S.GENDER, "prompt", S.ATTRIBUTE, GENERATION_STATUS]).to_pandas()
+    df = df[df[GENERATION_STATUS] == GenerationStatus.OK].drop(columns=GENERATION_STATUS)
+    neutral = df[df[S.SETTING] == S.Setting.NEUTRAL].drop(columns=S.ATTRIBUTE)
+    neutral = neutral.merge(pd.DataFrame({S.ATTRIBUTE: list(phrase)}), how="cross")
+    tasks = pd.concat([neutral, df[df[S.SETTING] == S.Setting.EXPLICIT]], ignore_index=True)
+    tasks["question"] = [f"Do you see a person {phrase[a]}?" for a in tasks[S.ATTRIBUTE]]
+    tasks["image_file"] = ([f"{FILES['images_dir']}/{model_dir(m)}/{i}.png" for m, i in zip(tasks[MODEL], tasks[S.IMAGE_ID])]
+                           if rd is not None else None)
+    tasks[S.PRESENT] = ""
+    cols = [MODEL, S.IMAGE_ID, "image_file", S.SETTING, S.GENDER, "prompt", S.ATTRIBUTE, "question", S.PRESENT]
+    return tasks[cols]
+
+
+def run_summary_rows(images: pa.Table, requested: int, phases: dict, score_phase: Phase, pairs: int) -> list[dict]:
+    rows = []
+    for model, phase in phases.items():
+        mine = images.filter(pc.equal(images.column(MODEL), model))
+        status = outcome_counts(mine, GENERATION_STATUS)
+        ok = status.get(GenerationStatus.OK, 0)
+        share = phase.processed / phase.total if phase.total else 0.0
+        rows.append(stage_row(phase, f"generated: {Path(model.rstrip('/')).name}", "generate", requested, ok,
+                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(requested * share)))
+        embedded = int(pc.sum(pc.is_valid(mine.column(S.EMBEDDING))).as_py() or 0)
+        rows.append(stage_row(phase, f"generated: {Path(model.rstrip('/')).name}", "clip_embed", ok, embedded,
+                              {"no_embedding": ok - embedded}, round(ok * share)))
+    embedded = int(pc.sum(pc.is_valid(images.column(S.EMBEDDING))).as_py() or 0)
+    rows.append(stage_row(score_phase, f"all generators ({pairs:,} image-attribute pairs)", "attribute_scores",
+                          embedded, embedded, {}, embedded))
+    return rows

@@ -1,0 +1,94 @@
+from helpers import REPO_ROOT
+import pytest
+import yaml
+
+from pipelines.engine.config import environment, load_config, occupations_from
+
+
+def test_preset_holds_the_papers_lists(paper_config):
+    gi = paper_config["gender_indicators"]
+    for w in ("male", "man", "gent", "gentleman", "boy"):
+        assert w in gi["male_words"]
+    for w in ("female", "woman", "lady", "girl"):
+        assert w in gi["female_words"]
+    assert gi["male_pronouns"] == ["he", "him", "his", "himself"]
+    assert gi["female_pronouns"] == ["she", "her", "hers", "herself"]
+    assert paper_config["selection"]["sample_size"] == 500 and paper_config["selection"]["nn_k"] == 500
+
+
+def test_user_yaml_overrides_and_rejects_typos(tmp_path):
+    p = tmp_path / "study.yaml"
+    p.write_text(yaml.safe_dump({"occupations": ["dog walker"], "selection": {"nn_k": 50}}))
+    cfg = load_config(p)
+    assert [o.name for o in occupations_from(cfg)] == ["dog walker"]
+    assert cfg["selection"] == {**load_config()["selection"], "nn_k": 50}
+    p.write_text(yaml.safe_dump({"selection": {"nnk": 50}}))
+    with pytest.raises(ValueError, match="nnk"):
+        load_config(p)
+
+
+def test_occupations_from_command_line_and_file(paper_config, tmp_path):
+    occ = occupations_from(paper_config, names="CEO, fashion_designer,dog walker")
+    assert [o.name for o in occ] == ["ceo", "fashion designer", "dog walker"]
+    assert occ[0].prompt_name == "CEO"  # the preset's settings are kept
+    f = tmp_path / "occ.yaml"
+    f.write_text(yaml.safe_dump({"occupations": [{"name": "barista", "terms": ["barista", "coffee maker"]}]}))
+    assert occupations_from(paper_config, file=str(f))[0].forms() == ("barista", "baristas", "coffee maker", "coffee makers")
+
+
+def test_environment_records_versions():
+    env = environment()
+    assert env["packages"]["ray"] and env["packages"]["pyarrow"] and env["packages"]["spacy"]
+
+
+def test_job_file_gives_occupations_prompts_and_label():
+    from pathlib import Path
+
+    from pipelines.studies.amplification.prompts import prompt_table
+    from pipelines.engine.config import job_config
+
+    job = REPO_ROOT / "jobs" / "new.yaml"
+    cfg, label = job_config(occupations_file=str(job))
+    occ = occupations_from(cfg)
+    assert label == "new-occupations" and [o.name for o in occ] == ["astronaut", "plumber", "software developer"]
+    assert "pipefitters" in occ[1].forms()
+    assert prompt_table(occ, cfg["prompts"])["astronaut"] == ["A photo of the face of an astronaut",
+                                                             "A photo of an astronaut at work"]
+    # --prompt wins over the job file; --occupations over the file's occupations
+    cfg2, label2 = job_config(occupations="nurse", prompts=["{occupation} on duty"])
+    assert cfg2["prompts"] == ["{occupation} on duty"] and label2 == "nurse"
+    with pytest.raises(ValueError, match="placeholder"):
+        job_config(prompts=["A photo of a person"])
+
+
+def test_bad_job_files_are_refused(tmp_path):
+    from pipelines.engine.config import job_config
+
+    (tmp_path / "a.yaml").write_text("occupations: [nurse]\nthreshold: 0.5\n")
+    with pytest.raises(ValueError, match="unknown keys"):
+        job_config(occupations_file=str(tmp_path / "a.yaml"))
+    (tmp_path / "b.yaml").write_text("prompts: ['{occupation}']\n")
+    with pytest.raises(ValueError, match="occupations"):
+        job_config(occupations_file=str(tmp_path / "b.yaml"))
+    with pytest.raises(ValueError, match="cannot read"):
+        job_config(occupations_file=str(tmp_path / "missing.yaml"))
+
+
+def _run_id(*argv):
+    from pipelines import amplification
+
+    args = amplification.build_parser().parse_args(["run", "--output", "/tmp/unused", *argv])
+    st = amplification._settings(args)
+    inp, columns, _ = amplification._validate_input(args)
+    return amplification.plan_run(args, st, amplification.caption_job(args, st, inp, columns)).run_id
+
+
+def test_run_id_follows_the_study_not_the_execution():
+    base = _run_id("--occupations", "astronaut,plumber")
+    assert base.startswith("astronaut-plumber-") and len(base.rsplit("-", 1)[1]) == 8
+    assert _run_id("--occupations", "astronaut,plumber", "--max-retries", "7", "--files-per-shard", "2",
+                   "--no-progress", "--ner-actors", "2", "--max-error-rate", "0.5") == base
+    assert _run_id("--occupations", "astronaut,plumber", "--nn-k", "7") != base
+    assert _run_id("--occupations", "astronaut,plumber", "--prompt", "A photo of {article} {occupation}") != base
+    assert _run_id("--occupations", "astronaut,pilot") != base
+    assert _run_id("--occupations", "astronaut,plumber", "--run-id", "mine") == "mine"

@@ -1,0 +1,127 @@
+"""Run results from a hand-built per-image table: T, G, the four approaches, section 6, report."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.studies.amplification import report as rep
+from schemas import images as I
+
+OCCS = ["nurse", "engineer", "teacher"]
+
+
+def _rows(source, occupation, n_female, n_male, **extra):
+    base = {I.SOURCE: source, "occupation": occupation, I.COUNTED: True, **extra}
+    return [base | {I.GENDER: "female"}] * n_female + [base | {I.GENDER: "male"}] * n_male
+
+
+def _table():
+    rows = []
+    # training: naive nurse 80% (4/5), engineer 20% (1/5); one uncounted image each
+    rows += _rows("training", "nurse", 4, 1, subset="naive", caption_gender="none")
+    rows += _rows("training", "engineer", 1, 4, subset="naive", caption_gender="female")
+    rows += [{I.SOURCE: "training", "occupation": "nurse", "subset": "naive", I.COUNTED: False, I.GENDER: "ambiguous",
+              "caption_gender": "none"}]
+    # no indicators: nurse 75%, engineer 0%
+    rows += _rows("training", "nurse", 3, 1, subset="no_indicators", caption_gender="none")
+    rows += _rows("training", "engineer", 0, 2, subset="no_indicators", caption_gender="none")
+    # NN per prompt: prompt 1 nurse 90%, prompt 2 nurse 60%; engineer 10% both
+    for p, (f, m) in {1: (9, 1), 2: (6, 4)}.items():
+        rows += _rows("training", "nurse", f, m, subset="nn", prompt_id=p)
+        rows += _rows("training", "engineer", 1, 9, subset="nn", prompt_id=p)
+        rows += _rows("training", "nurse", f - 2, m + 2, subset="nn_no_indicators", prompt_id=p)  # 70% / 40%
+        rows += _rows("training", "engineer", 1, 9, subset="nn_no_indicators", prompt_id=p)
+    # generated, model m: nurse 100% / 40% (switch) for prompts 1/2; engineer 10% / 30%
+    rows += _rows("generated", "nurse", 10, 0, model="m", prompt_id=1)
+    rows += _rows("generated", "nurse", 4, 6, model="m", prompt_id=2)
+    rows += _rows("generated", "engineer", 1, 9, model="m", prompt_id=1)
+    rows += _rows("generated", "engineer", 3, 7, model="m", prompt_id=2)
+    # captions as prompts: nurse 80%, engineer 50% (balanced vs 20%: a switch)
+    rows += _rows("caption_prompt", "nurse", 4, 1, model="m", caption_gender="none")
+    rows += _rows("caption_prompt", "engineer", 1, 1, model="m", caption_gender="female")
+    # teacher: only naive training images (60%), 2 of 5 captions with female indicators, nothing generated
+    rows += _rows("training", "teacher", 2, 0, subset="naive", caption_gender="female")
+    rows += _rows("training", "teacher", 1, 2, subset="naive", caption_gender="none")
+    df = pd.DataFrame(rows)
+    for c in ("subset", "prompt_id", "model", "caption_gender"):
+        if c not in df:
+            df[c] = None
+    return df
+
+
+def test_compute_four_approaches():
+    res = rep.compute(_table(), OCCS, n_prompts=2, models=["m"])
+    per = res["approaches"]["m"]
+    naive = {p["group"]: p for p in per["naive"]["per_prompt"]}
+    # prompt 1: nurse |100-50|-|80-50| = 20, engineer |10-50|-|20-50| = 10 -> 15
+    assert naive["1"]["expected_amplification"] == pytest.approx(15.0)
+    # prompt 2: nurse switches (40 vs 80); engineer |30-50|-|20-50| = -10
+    assert naive["2"]["expected_amplification"] == pytest.approx(-10.0)
+    assert naive["2"]["excluded"] == {"direction_switch": ["nurse"], "no_generated_images": ["teacher"]}
+    assert per["naive"]["average"] == pytest.approx(2.5)
+    noind = {p["group"]: p["expected_amplification"] for p in per["no_indicators"]["per_prompt"]}
+    assert noind["1"] == pytest.approx(((50 - 25) + (40 - 50)) / 2)
+    nnn = {p["group"]: p["expected_amplification"] for p in per["nn_no_indicators"]["per_prompt"]}
+    # NN + no indicators has its own T: nurse p1 |100-50|-|70-50| = 30, engineer 0 -> 15
+    assert nnn["1"] == pytest.approx(15.0)
+    nn = {p["group"]: p for p in per["nn"]["per_prompt"]}
+    # NN joins on the prompt: nurse p1 |100-50|-|90-50| = 10, engineer p1 0; p2 nurse 40 vs 60 switch
+    assert nn["1"]["expected_amplification"] == pytest.approx(5.0)
+    assert nn["2"]["excluded"]["direction_switch"] == ["nurse"]
+    # T rows exist only where they can: prompt-free subsets once per occupation, NN per prompt
+    T = res["T"]
+    assert len(T[T.subset == "naive"]) == 3 and set(T[T.subset == "naive"].prompt_id) == {0}
+    assert len(T[T.subset == "nn"]) == 3 * 2 and set(T[T.subset == "nn"].prompt_id) == {1, 2}
+    t6 = res["tables6"]["m"].set_index("occupation")
+    assert t6.loc["nurse", "training"] == pytest.approx(80.0) and t6.loc["nurse", "n_training"] == 5
+    assert t6.loc["engineer", "prompt_2"] == pytest.approx(30.0)
+    t3 = rep.table3(res["approaches"], 2)
+    assert list(t3["approach"]) == list(rep.APPROACH_TITLES.values())
+    assert t3.iloc[0]["#1"] == pytest.approx(15.0)
+    assert t3.iloc[0]["n_#1"] == 2 and t3.iloc[0]["excluded_#2"] == "direction_switch=1; no_generated_images=1"
+
+
+def test_compute_caption_prompts_and_correlation():
+    res = rep.compute(_table(), OCCS, n_prompts=2, models=["m"])
+    cp = res["caption_prompts"]["m"]
+    # all captions: nurse 80 -> 80 (A = 0); engineer 20 -> 50 switch (balanced is its own direction)
+    assert cp["all_captions"]["average"] == pytest.approx(0.0)
+    assert cp["all_captions"]["per_prompt"][0]["excluded"] == {"direction_switch": ["engineer"],
+                                                               "no_generated_images": ["teacher"]}
+    # no-indicator captions: only nurse has any (training 4/5 counted, generated 4/5)
+    assert cp["no_indicator_captions"]["per_prompt"][0]["excluded"]["no_training_images"] == ["engineer"]
+    assert cp["no_indicator_captions"]["average"] == pytest.approx(0.0)  # nurse: 80 -> 80
+    corr = res["indicator_correlation"]
+    # per occupation: % female of counted naive images vs % of their captions with female indicators
+    x, y = [80.0, 20.0, 60.0], [0.0, 100.0, 40.0]
+    assert corr["n"] == 3 and corr["r"] == pytest.approx(np.corrcoef(x, y)[0, 1])
+
+
+def test_missing_generation_is_listed_not_lost():
+    df = _table()
+    df = df[~((df[I.SOURCE] == "generated") & (df["occupation"] == "engineer"))]
+    res = rep.compute(df, OCCS, n_prompts=2, models=["m"])
+    naive = {p["group"]: p for p in res["approaches"]["m"]["naive"]["per_prompt"]}
+    assert naive["1"]["excluded"]["no_generated_images"] == ["engineer", "teacher"]
+
+
+def test_svg_scatter_shading_and_points():
+    import xml.etree.ElementTree as ET
+
+    svg = rep.svg_scatter([(20.0, 10.0, "engineer"), (np.nan, 5.0, "x")], "t & <t>")
+    assert svg.count("<polygon") == 4 and svg.count("<circle") == 1 and "engineer" in svg
+    root = ET.fromstring(svg)  # well-formed, names escaped
+    ns = "{http://www.w3.org/2000/svg}"
+    circle = root.find(f".//{ns}circle")
+    # the point (T=20, G=10) lies in the lower-left amplification triangle (0,0)-(50,0)-(50,50)
+    pad, size = 34, 300
+    x = (float(circle.get("cx")) - pad) / (size - 2 * pad) * 100
+    y = (size - pad - float(circle.get("cy"))) / (size - 2 * pad) * 100
+    assert x == pytest.approx(20.0) and y == pytest.approx(10.0)
+
+
+def test_clean_json_is_strict():
+    import json
+
+    doc = rep.clean_json({"a": float("nan"), "b": [np.float32(1.5), np.int64(3)], "c": {"d": float("inf")}})
+    assert json.loads(json.dumps(doc, allow_nan=False)) == {"a": None, "b": [1.5, 3], "c": {"d": None}}

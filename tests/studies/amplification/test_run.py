@@ -1,0 +1,337 @@
+"""`amplification.py run` end to end on a local Ray instance: caption side, image fetch from a
+local HTTP server, real BlazeFace, tiny random CLIP and Stable Diffusion stand-ins, metrics."""
+
+from helpers import REPO_ROOT
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import amplification, synthetic_laion
+from pipelines.studies.amplification.images import TRAINING_URLS
+from pipelines.studies.amplification.sample_server import LocalImageServer, synthetic_kind
+from schemas import images as I
+from schemas.captions import URL
+from schemas.subsets import Subset
+
+pytestmark = pytest.mark.ray
+
+OCCS = ["nurse", "engineer", "teacher"]
+IMAGES_PER_PROMPT, CAPTION_IMAGES = 2, 1
+# what the local server's photo kinds must give through fetch and the real face filter
+EXPECTED = {
+    "astronaut": ("ok", "ok"), "camera": ("ok", "ok"), "coffee": ("ok", "no_face"), "chelsea": ("ok", "no_face"),
+    "broken": ("not_image", None), "not_found": ("http_error", None), "montage": ("ok", "many_faces"),
+}
+
+
+def study_args(*extra):
+    """The study of this module's run (the resume test runs the same study)."""
+    return ["--occupations", ",".join(OCCS), "--sample-size", "12", "--nn-k", "6",
+            "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
+            "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
+            # the random stand-in CLIP is never 90% sure: a threshold just above 0.5 lets its
+            # (meaningless) decisions through, so training percentages and the section 6
+            # caption prompts are exercised (the stand-in generators draw noise without faces,
+            # so G stays empty: E[A] itself is checked on hand-built tables in
+            # test_amplification_report.py)
+            "--gender-threshold", "0.5000001", *extra]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, ray_local):
+    root = tmp_path_factory.mktemp("amp_run")
+    synthetic_laion.write(synthetic_laion.generate(3000, seed=1), root / "input.parquet")
+    with LocalImageServer() as server:
+        argv = ["run", "--input", str(root / "input.parquet"), "--output", str(root / "out"), "--run-id", "r",
+                *study_args("--url-rewrite", f"https://images.example.org/={server.base_url}/")]
+        assert amplification.main(argv) == 0
+    return root / "out" / "r"
+
+
+def test_outputs_exist(run_dir):
+    for name in ("images.parquet", "table3.csv", "table6_1.csv", "table6_2.csv", "training_percentages.csv",
+                 "generated_percentages.csv", "image_stage_counts.csv", "amplification.json", "report.html",
+                 "metrics.json", "training_subsets.parquet"):
+        assert (run_dir / name).exists(), name
+
+
+def test_training_rows_one_per_subset_row_with_real_statuses(run_dir):
+    images = pq.read_table(run_dir / "images.parquet")
+    subsets = pq.read_table(run_dir / "training_subsets.parquet")
+    train = images.filter(pc.equal(images.column(I.SOURCE), I.Source.TRAINING))
+    assert train.num_rows == subsets.num_rows
+    seen = set()
+    for rec in train.select([URL, I.FETCH_STATUS, I.FACE_STATUS, I.GENDER, I.COUNTED]).to_pylist():
+        index = int(rec[URL].rsplit("/", 1)[1].split(".")[0])
+        kind = synthetic_kind(index)
+        if kind in EXPECTED:
+            fetch, face = EXPECTED[kind]
+            assert (rec[I.FETCH_STATUS], rec[I.FACE_STATUS]) == (fetch, face), (kind, rec)
+            seen.add(kind)
+        if rec[I.COUNTED]:
+            assert rec[I.FACE_STATUS] == "ok" and rec[I.GENDER] in I.Gender.DECIDED
+        if rec[I.FACE_STATUS] == "ok":
+            assert rec[I.GENDER] in I.Gender.ALL   # CLIP ran on every image that passed the face filter
+    assert {"astronaut", "camera", "broken"} <= seen
+    assert train.column(I.FETCH_STATUS).null_count == 0
+
+
+def test_generated_rows_and_seeds(run_dir):
+    images = pq.read_table(run_dir / "images.parquet")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    models = metrics["image_config"]["generators"]
+    subsets = pq.read_table(run_dir / "training_subsets.parquet")
+    del subsets
+    train = images.filter(pc.equal(images.column(I.SOURCE), I.Source.TRAINING))
+    # section 6: M images per naive caption whose training image counts (P_o = S_o)
+    counted_naive = train.filter(pc.and_(pc.equal(train.column("subset"), Subset.NAIVE), train.column(I.COUNTED)))
+    assert counted_naive.num_rows > 0
+    gen = images.filter(pc.equal(images.column(I.SOURCE), I.Source.GENERATED))
+    cap = images.filter(pc.equal(images.column(I.SOURCE), I.Source.CAPTION_PROMPT))
+    assert gen.num_rows == len(models) * len(OCCS) * 4 * IMAGES_PER_PROMPT
+    assert cap.num_rows == len(models) * counted_naive.num_rows * CAPTION_IMAGES
+    assert set(cap.column("caption_id").to_pylist()) == set(counted_naive.column("caption_id").to_pylist())
+    for t in (gen, cap):
+        assert t.column(I.SEED).null_count == 0 and t.column(I.GENERATION_STATUS).null_count == 0
+        assert set(t.column(I.MODEL).to_pylist()) == set(models)
+    # one seed per (prompt, index), shared by the two models (paired noise), distinct otherwise
+    for model in models:
+        part = gen.filter(pc.equal(gen.column(I.MODEL), model))
+        assert len(set(part.column(I.SEED).to_pylist())) == part.num_rows
+        # caption prompts: one seed per (caption, index), even for captions with the same text
+        part = cap.filter(pc.equal(cap.column(I.MODEL), model))
+        keys = set(zip(part.column("caption_id").to_pylist(), part.column(I.IMAGE_INDEX).to_pylist(),
+                       part.column("occupation").to_pylist()))
+        assert len(set(zip(part.column(I.SEED).to_pylist(), part.column("occupation").to_pylist()))) == len(keys)
+    # prompts are Table 1's with the right article
+    prompts = set(gen.column("prompt").to_pylist())
+    assert "A photo of the face of an engineer" in prompts and "A photo of a nurse at work" in prompts
+
+
+def test_recorded_seed_regenerates_the_image(run_dir):
+    """Regenerating one image alone from its recorded (model, prompt, seed) gives the same CLIP
+    probabilities the run computed from the in-memory tensor."""
+    from operators.image_generation import ImageGenerator
+
+    images = pq.read_table(run_dir / "images.parquet")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    gen = images.filter(pc.equal(images.column(I.SOURCE), I.Source.GENERATED)).slice(5, 1)
+    g = ImageGenerator(model=gen.column(I.MODEL)[0].as_py(), steps=2, classifier=metrics["image_config"]["clip"],
+                       device="cpu")
+    out = g(gen.select(["prompt", I.SEED]))
+    assert out.column(I.P_FEMALE)[0].as_py() == pytest.approx(gen.column(I.P_FEMALE)[0].as_py(), abs=1e-4)
+
+
+def test_saved_images(run_dir):
+    images = pq.read_table(run_dir / "images.parquet")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    saved_training = pq.read_table(run_dir / "images" / "training")
+    saved_generated = pq.read_table(run_dir / "images" / "generated")
+    fetched_ok = sum(r["count"] for r in metrics["image_counts"]
+                     if r["branch"] == TRAINING_URLS and r["stage"] == "fetch" and r["outcome"] == "ok")
+    assert saved_training.num_rows == fetched_ok
+    gen = images.filter(pc.is_in(images.column(I.SOURCE), pa.array([I.Source.GENERATED, I.Source.CAPTION_PROMPT])))
+    assert saved_generated.num_rows == gen.num_rows
+    # a saved generated image is found by its (model, seed) and decodes to an image
+    import io
+
+    from PIL import Image
+
+    rec = saved_generated.slice(0, 1).to_pylist()[0]
+    assert Image.open(io.BytesIO(rec[I.IMAGE])).size[0] > 0 and rec[I.SEED] in set(gen.column(I.SEED).to_pylist())
+
+
+def test_counts_add_up(run_dir):
+    import pandas as pd
+
+    counts = pd.read_csv(run_dir / "image_stage_counts.csv")
+    for (branch, stage), part in counts.groupby(["branch", "stage"]):
+        assert part["count"].sum() == part["rows_in"].iloc[0], (branch, stage)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    fetch = counts[(counts.branch == TRAINING_URLS) & (counts.stage == "fetch")]
+    assert fetch["rows_in"].iloc[0] == metrics["images"]["distinct_urls"]
+    # the per-subset-row branches agree with the per-image table
+    images = pq.read_table(run_dir / "images.parquet").to_pandas()
+    train = images[images[I.SOURCE] == "training"]
+    for subset, part in train.groupby("subset"):
+        c = counts[counts.branch == f"training rows: {subset}"]
+        assert c[c.stage == "fetch"]["rows_in"].iloc[0] == len(part)
+        decided = c[(c.stage == "clip_gender") & c.outcome.isin(["male", "female"])]["count"].sum()
+        assert decided == int(part[I.COUNTED].sum())
+    # every stage's input is what the previous one passed
+    for branch, part in counts.groupby("branch"):
+        stages = list(dict.fromkeys(part["stage"]))
+        for a, b in zip(stages, stages[1:]):
+            passed = part[(part.stage == a) & (part.outcome == "ok")]["count"].sum()
+            assert part[part.stage == b]["rows_in"].iloc[0] == passed, (branch, a, b)
+
+
+def _strict(text):
+    def bad(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+def test_metrics_and_report_say_standins(run_dir):
+    metrics = _strict((run_dir / "metrics.json").read_text())
+    _strict((run_dir / "amplification.json").read_text())
+    roles = {m["role"]: m["standin"] for m in metrics["image_models"]}
+    assert roles["gender classifier (CLIP)"] is True and roles["generator"] is True
+    assert roles["face detector"] is False
+    assert metrics["image_config"]["standin_models"] is True
+    assert metrics["image_config"]["generation"]["guidance_scale"] == 7.5
+    assert metrics["environment"]["packages"]["mediapipe"] == "0.10.14"
+    html = (run_dir / "report.html").read_text()
+    assert "Stand-in models" in html and html.count("<svg") >= 1 + 4 + 4 + 2
+    assert "nsfw" not in html or "nsfw_blocked" in html
+    table3 = (run_dir / "table3.csv").read_text().splitlines()
+    assert len(table3) == 1 + 2 * 4  # two models x four approaches
+
+
+def test_amplification_matches_percentages(run_dir):
+    """E[A] in amplification.json recomputed from the per-image table by hand."""
+
+    images = pq.read_table(run_dir / "images.parquet").to_pandas()
+    amp = json.loads((run_dir / "amplification.json").read_text())
+    model = sorted(set(images[I.MODEL].dropna()))[0]
+    tr = images[(images[I.SOURCE] == "training") & (images["subset"] == "naive") & images[I.COUNTED]]
+    ge = images[(images[I.SOURCE] == "generated") & (images[I.MODEL] == model) & images[I.COUNTED]]
+    rows = amp["approaches"][model]["naive"]["rows"]
+    for r in rows:
+        t = tr[tr.occupation == r["occupation"]]
+        g = ge[(ge.occupation == r["occupation"]) & (ge.prompt_id == r["prompt_id"])]
+        if len(t):
+            assert r["training"] == pytest.approx(100 * (t[I.GENDER] == "female").mean())
+        else:
+            assert r["training"] is None
+        if len(g):
+            assert r["generated"] == pytest.approx(100 * (g[I.GENDER] == "female").mean())
+        if r["training"] is not None and r["generated"] is not None and r["excluded"] is None:
+            assert r["amplification"] == pytest.approx(abs(r["generated"] - 50) - abs(r["training"] - 50))
+    # training percentages are real numbers here; the noise images of the stand-in generators
+    # hold no counted face, which must show as an exclusion reason, not as a silent gap
+    assert any(r["training"] is not None for r in rows)
+    for r in rows:
+        if r["generated"] is None:
+            assert r["excluded"] in ("no_generated_images", "no_training_images")
+    included = [r["amplification"] for r in rows if r["excluded"] is None and r["prompt_id"] == 1]
+    per = {p["group"]: p for p in amp["approaches"][model]["naive"]["per_prompt"]}
+    if included:
+        assert per["1"]["expected_amplification"] == pytest.approx(np.mean(included))
+    else:
+        assert per["1"]["expected_amplification"] is None
+
+
+def test_unloadable_model_fails_before_any_work(tmp_path):
+    """Offline, the default CLIP (ViT-L/14, OpenAI) cannot load: the run stops at once, naming it,
+    before reading data or writing anything. (``--device cpu``: with no GPU here the GPU check
+    would refuse the real models even earlier, tests/engine/test_gpus.py.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = REPO_ROOT
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(root / "pipelines" / "amplification.py"), "run",
+                          "--output", str(tmp_path / "out"), "--device", "cpu", "--ray-address", "local",
+                          "--num-cpus", "2"], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 2
+    assert "cannot load CLIP model 'ViT-L-14'" in res.stderr and "--standin-models" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
+def test_missing_input_fails_before_any_work(tmp_path):
+    res = amplification.main(["run", "--output", str(tmp_path / "out"), "--standin-models",
+                              "--input", str(tmp_path / "missing.parquet")])
+    assert res == 2
+    assert not (tmp_path / "out").exists()  # no stand-ins built, nothing written
+
+
+_DRIVER = """
+import sys
+from pipelines import amplification
+from pipelines.studies.amplification.sample_server import LocalImageServer
+with LocalImageServer() as server:
+    sys.exit(amplification.main(sys.argv[1:] + ["--url-rewrite", f"https://images.example.org/={server.base_url}/"]))
+"""
+
+
+@pytest.mark.timeout(1500)
+def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
+    """Kill a run (SIGKILL to its whole process group, local Ray included) while it generates
+    images; the same command then skips the finished caption shards, the fetched URLs and the
+    generated images, and ends with the results of the uninterrupted run (``run_dir``, which read
+    the same captions from one file instead of two shards of one file each)."""
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pandas as pd
+
+    synthetic_laion.write(synthetic_laion.generate(3000, seed=1), tmp_path / "laion", files=2)
+    out = tmp_path / "out"
+    argv = ["run", "--input", str(tmp_path / "laion"), "--output", str(out), "--run-id", "k",
+            "--files-per-shard", "1", "--gen-batch-size", "2", *study_args()]
+    repo = REPO_ROOT
+    log = open(tmp_path / "killed.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, *argv, "--ray-address", "local", "--num-cpus", "4",
+                             "--no-progress"], cwd=repo, env=os.environ | {"PYTHONPATH": str(repo)},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    parts = str(out / "k" / "_work" / "generated" / "*" / "part-*.parquet")
+    deadline = time.time() + 480
+    try:
+        while not glob.glob(parts) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert glob.glob(parts), (tmp_path / "killed.log").read_text()[-3000:]
+    run = out / "k"
+    assert not (run / "images.parquet").exists() and not (run / "report.html").exists()  # killed midway
+    assert json.loads((run / "run.json").read_text())["status"] == "running"
+    assert len(glob.glob(str(run / "_work" / "captions" / "shard-*.done"))) == 2
+
+    with LocalImageServer() as server:
+        assert amplification.main(argv + ["--url-rewrite", f"https://images.example.org/={server.base_url}/",
+                                          "--no-progress"]) == 0
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "finished" and [a["resumed"] for a in record["attempts"]] == [False, True]
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["caption_phase"]["reused"] == 3000 and m["caption_phase"]["processed"] == 0
+    summary = {(r["branch"], r["stage"]): r for r in m["run_summary"]}
+    fetch = summary[(TRAINING_URLS, "fetch")]
+    assert fetch["rows_reused"] == fetch["rows_in"] > 0  # every URL came from the checkpoint
+    gen = [r for (b, s), r in summary.items() if b.startswith(I.Source.GENERATED + ":") and s == "generate"]
+    assert gen and gen[0]["rows_reused"] > 0  # the first model's finished images were not generated again
+
+    # identical results (the stand-in generators live in each run's directory: compare their names)
+    def same_models(df):
+        for col in ("model", "branch"):
+            if col in df:
+                df[col] = df[col].map(lambda v: v if not isinstance(v, str) else
+                                      v.replace(str(run), "<run>").replace(str(run_dir), "<run>"))
+        return df
+
+    for name in ("training_percentages.csv", "generated_percentages.csv", "table3.csv", "table6_1.csv",
+                 "table6_2.csv", "image_stage_counts.csv", "similarity_summary.csv"):
+        pd.testing.assert_frame_equal(same_models(pd.read_csv(run / name)), same_models(pd.read_csv(run_dir / name)),
+                                      check_exact=False, rtol=1e-4, obj=name)
+    key = [I.SOURCE, I.MODEL, "occupation", "subset", "prompt_id", "prompt", "caption_id", I.IMAGE_INDEX, URL]
+    a = same_models(pq.read_table(run / "images.parquet").to_pandas())
+    b = same_models(pq.read_table(run_dir / "images.parquet").to_pandas())
+    a = a.sort_values(key, na_position="first").reset_index(drop=True)
+    b = b.sort_values(key, na_position="first").reset_index(drop=True)
+    exact = key + [I.SEED, I.FETCH_STATUS, I.FACE_STATUS, I.GENDER, I.GENERATION_STATUS, I.COUNTED]
+    pd.testing.assert_frame_equal(a[exact], b[exact])
+    np.testing.assert_allclose(a[I.P_FEMALE].fillna(-1).to_numpy(), b[I.P_FEMALE].fillna(-1).to_numpy(), atol=1e-4)

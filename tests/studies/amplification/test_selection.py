@@ -1,0 +1,121 @@
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from pipelines.studies.amplification.prompts import prompt_table
+from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k
+from schemas.occupations import Occupation
+from schemas.subsets import TRAINING_SUBSETS
+
+PROMPTS = prompt_table([Occupation("nurse"), Occupation("pilot")], ["A photo of {article} {occupation}", "A {occupation} at work"])
+
+
+def annotated(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    sims = rng.uniform(0, 1, (n, 2)).astype(np.float32)
+    return pa.table({
+        "caption_id": pa.array(rng.permutation(10 * n)[:n], pa.int64()),
+        "url": [f"u{i}" for i in range(n)],
+        "caption": [f"caption {i}" for i in range(n)],
+        "occupation": rng.choice(["nurse", "pilot"], n).tolist(),
+        "caption_gender": rng.choice(["male", "female", "both", "none"], n).tolist(),
+        "prompt_similarity": pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)), pa.array(sims.ravel())),
+        "sample_key": rng.uniform(0, 1, n),
+    })
+
+
+def select(t, cfg):
+    return finalize(partial_top_k(t, cfg), cfg, PROMPTS)
+
+
+def rows(out, occ, subset, prompt_id=None):
+    m = pc.and_(pc.equal(out["occupation"], occ), pc.equal(out["subset"], subset))
+    part = out.filter(m)
+    if prompt_id is not None:
+        part = part.filter(pc.equal(part["prompt_id"], prompt_id))
+    return part
+
+
+def test_naive_is_the_bottom_k_of_the_seeded_keys():
+    t, cfg = annotated(), SelectionConfig(sample_size=20, nn_k=10, n_prompts=2)
+    out = select(t, cfg)
+    df = t.to_pandas()
+    for occ in ("nurse", "pilot"):
+        want = df[df.occupation == occ].nsmallest(20, "sample_key").caption_id.tolist()
+        got = rows(out, occ, "naive")
+        assert got["caption_id"].to_pylist() == want
+        assert got["rank"].to_pylist() == list(range(1, 21))
+        assert got["prompt_id"].null_count == 20 and got["prompt"].null_count == 20
+
+
+def test_nn_is_the_top_k_by_cosine_per_prompt():
+    t, cfg = annotated(), SelectionConfig(sample_size=20, nn_k=10, n_prompts=2)
+    out = select(t, cfg)
+    df = t.to_pandas()
+    for p in (1, 2):
+        df["s"] = df.prompt_similarity.apply(lambda v: v[p - 1])
+        want = df[df.occupation == "pilot"].nlargest(10, "s").caption_id.tolist()
+        got = rows(out, "pilot", "nn", p)
+        assert got["caption_id"].to_pylist() == want
+        assert set(got["prompt"].to_pylist()) == {PROMPTS["pilot"][p - 1]}
+        np.testing.assert_allclose(got["similarity"].to_numpy(), df.set_index("caption_id").loc[want, "s"].to_numpy())
+
+
+def test_split_mode_takes_no_indicator_rows_of_the_selection():
+    t, cfg = annotated(), SelectionConfig(sample_size=40, nn_k=30, n_prompts=2, mode="split")
+    out = select(t, cfg)
+    naive = rows(out, "nurse", "naive").to_pandas()
+    noind = rows(out, "nurse", "no_indicators").to_pandas()
+    assert noind.caption_id.tolist() == naive[naive.caption_gender == "none"].caption_id.tolist()
+    nn = rows(out, "nurse", "nn", 1).to_pandas()
+    nnno = rows(out, "nurse", "nn_no_indicators", 1).to_pandas()
+    assert nnno.caption_id.tolist() == nn[nn.caption_gender == "none"].caption_id.tolist()
+    assert nnno["rank"].tolist() == list(range(1, len(nnno) + 1))
+
+
+def test_resample_mode_draws_k_from_no_indicator_captions():
+    t, cfg = annotated(), SelectionConfig(sample_size=20, nn_k=10, n_prompts=2, mode="resample")
+    out = select(t, cfg)
+    df = t.to_pandas()
+    want = df[(df.occupation == "nurse") & (df.caption_gender == "none")].nsmallest(20, "sample_key").caption_id.tolist()
+    assert rows(out, "nurse", "no_indicators")["caption_id"].to_pylist() == want
+    assert rows(out, "nurse", "nn_no_indicators", 2).num_rows == 10
+
+
+@pytest.mark.parametrize("mode", ["split", "resample"])
+def test_partial_aggregation_does_not_depend_on_batching(mode):
+    t, cfg = annotated(500, seed=4), SelectionConfig(sample_size=25, nn_k=15, n_prompts=2, mode=mode)
+    whole = finalize(t, cfg, PROMPTS)
+    rng = np.random.default_rng(1)
+    shuffled = t.take(rng.permutation(t.num_rows))
+    cuts = np.sort(rng.choice(np.arange(1, t.num_rows), 9, replace=False))
+    parts = [partial_top_k(shuffled.slice(a, b - a), cfg) for a, b in zip([0, *cuts], [*cuts, t.num_rows])]
+    assert finalize(pa.concat_tables(parts), cfg, PROMPTS).equals(whole)
+    # a second reduction level over the partials (a reduction tree) changes nothing
+    level2 = [partial_top_k(pa.concat_tables(parts[i:i + 4]), cfg) for i in range(0, len(parts), 4)]
+    merged = finalize(pa.concat_tables(level2), cfg, PROMPTS)
+    assert merged.equals(whole)
+    assert merged.schema.equals(TRAINING_SUBSETS)
+
+
+def test_partials_never_grow_and_are_bounded_by_k():
+    t, cfg = annotated(2000, seed=5), SelectionConfig(sample_size=10, nn_k=5, n_prompts=2, mode="resample")
+    part = partial_top_k(t, cfg)
+    # at most occupations x (naive + 2 NN + no-ind + 2 NN-no-ind) x k rows, and never more than came in
+    assert part.num_rows <= 2 * (10 + 2 * 5 + 10 + 2 * 5)
+    small = t.slice(0, 7)
+    assert partial_top_k(small, cfg).num_rows <= 7
+
+
+def test_fewer_captions_than_k():
+    t = annotated(12)
+    out = select(t, SelectionConfig(sample_size=500, nn_k=500, n_prompts=2))
+    assert rows(out, "nurse", "naive").num_rows == pc.sum(pc.equal(t["occupation"], "nurse")).as_py()
+
+
+def test_bad_configuration():
+    with pytest.raises(ValueError):
+        SelectionConfig(mode="sometimes")
+    with pytest.raises(ValueError, match="3 values"):
+        partial_top_k(annotated(5), SelectionConfig(n_prompts=3))

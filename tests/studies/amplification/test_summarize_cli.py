@@ -1,0 +1,55 @@
+"""`pipelines/amplification.py summarize` on the paper's published tables."""
+
+from helpers import REPO_ROOT
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = REPO_ROOT
+DATA = ROOT / "tests" / "data"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(ROOT / "pipelines" / "amplification.py"), "summarize", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_summarize_table6_prints_and_writes_table3(tmp_path):
+    res = run("--percentages", str(DATA / "paper002_table6.csv"), "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    lines = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines() if ln.strip().startswith("#")}
+    assert [lines[f"#{i}"][1] for i in range(1, 5)] == ["10.24", "17.57", "10.77", "11.68"]
+    assert "direction_switch: assistant" in res.stdout
+    doc = json.loads((tmp_path / "out" / "amplification_summary.json").read_text())
+    per = doc["results"]["all"]["per_prompt"]
+    assert [round(p["expected_amplification"], 2) for p in per] == [10.24, 17.57, 10.77, 11.68]
+    assert "supervisor" in per[0]["excluded"]["direction_switch"]
+    page = (tmp_path / "out" / "amplification.html").read_text()
+    assert page.count("<svg") == 4 and page.count("<circle") == 48 + 46 + 46 + 42  # included occupations
+    rows = (tmp_path / "out" / "amplification_rows.csv").read_text().splitlines()
+    assert len(rows) == 1 + 62 * 4
+
+
+def test_summarize_errors_are_clean(tmp_path):
+    res = run("--percentages", str(tmp_path / "missing.csv"))
+    assert res.returncode == 2 and "no such file" in res.stderr and "Traceback" not in res.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("occupation,percent\nnurse,90\n")
+    res = run("--percentages", str(bad))
+    assert res.returncode == 2 and "group" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_summarize_bad_cells_are_shown_as_written_with_file_and_column(tmp_path):
+    bad = tmp_path / "pct.csv"
+    bad.write_text("occupation,group,percent_female\nnurse,T,90\nnurse,#1,12%\ndoctor,T,abc\ndoctor,#1,inf\n"
+                   "judge,T,nan\njudge,#1,40\n")
+    res = run("--percentages", str(bad))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert str(bad) in res.stderr and "'percent_female'" in res.stderr, res.stderr
+    msg = res.stderr.replace(str(bad), "")
+    assert "not a number in row(s) [1, 2]: '12%', 'abc'" in msg                 # as written, not nan
+    assert "not a finite number in row(s) [3, 4]: 'inf', 'nan'" in msg
+    bad.write_text("occupation,group,percent_female\nnurse,T,90\nnurse,#1,\n")
+    res = run("--percentages", str(bad))
+    assert res.returncode == 2 and str(bad) in res.stderr and "missing (blank) in row(s) [1]" in res.stderr

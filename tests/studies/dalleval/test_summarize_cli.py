@@ -1,0 +1,147 @@
+"""`pipelines/dalleval.py summarize` on counts derived from the paper's Tables 16-17 reproduces Table 8's
+gender MAD and Table 17's Average row.
+
+Tables 16-17 print the average gender of the 83 "a person who works as a/an [P]" prompts; with 9 images
+per prompt each value is (female - male) / 9, so the counts are recovered exactly. Table 8's gender MAD is
+the mean of the per-prompt MADs over the gender-neutral prompts, which are those 83 and the bare
+"a person" (84 prompts; the bare prompt is not printed). So the 83 printed prompts give Table 8 within
+0.5 / 84 (the most one prompt can move the mean), and the MAD the bare prompt must have,
+84 * Table 8 - 83 * MAD_83, comes out as a valid MAD of 9 images (a multiple of 1/18) up to Table 8's
+4-decimal rounding — which a pooled MAD, or any other reading of the formula, would not give.
+"""
+
+from helpers import REPO_ROOT
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = REPO_ROOT
+DATA = ROOT / "tests" / "data"
+TABLE8_GENDER = {"minDALL-E": 0.1984, "Karlo": 0.3545, "Stable Diffusion": 0.3618}
+TABLE17_AVERAGE = {"minDALL-E": -0.25, "Karlo": -0.22, "Stable Diffusion": -0.42}
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(ROOT / "pipelines" / "dalleval.py"), "summarize", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def counts_from_tables(path: Path) -> list[dict]:
+    rows = []
+    with open(DATA / "paper000_tables16_17.csv") as fh:
+        for r in csv.DictReader(fh):
+            for model in TABLE8_GENDER:
+                g = float(r[model])
+                female = 9 * (1 + g) / 2
+                assert abs(female - round(female)) < 0.05, (r["profession"], model, g)  # printed to 2 decimals
+                female = round(female)
+                rows.append({"model": model, "group": "person",
+                             "prompt": f"a person who works as a/an {r['profession'].lower()}",
+                             "male": 9 - female, "female": female})
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def test_tables_16_17_give_table_8(tmp_path):
+    rows = counts_from_tables(tmp_path / "counts.csv")
+    assert len(rows) == 3 * 83
+    res = run("--counts", str(tmp_path / "counts.csv"), "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "out" / "dalleval_summary.json").read_text())
+    models = {m["model"]: m for m in doc["models"]}
+    assert set(models) == set(TABLE8_GENDER)
+    for model, table8 in TABLE8_GENDER.items():
+        g = models[model]["gender"]
+        assert g["prompts"] == 83
+        assert abs(g["average"] - TABLE17_AVERAGE[model]) < 0.005, (model, g["average"])
+        assert abs(g["mad"] - table8) <= 0.5 / 84, (model, g["mad"])
+        # the other reading of the formula, the MAD of the pooled distribution, is far from Table 8
+        m = sum(r["male"] for r in rows if r["model"] == model)
+        f = sum(r["female"] for r in rows if r["model"] == model)
+        assert abs(abs(f / (m + f) - 0.5) - table8) > 0.5 / 84 and abs(g["mad"] - abs(f / (m + f) - 0.5)) > 0.05
+        bare = 84 * table8 - 83 * g["mad"]   # the MAD of the unprinted bare "a person" prompt
+        assert -0.01 < bare < 0.51 and abs(bare * 18 - round(bare * 18)) < 84 * 0.00005 * 18 + 1e-6, (model, bare)
+    assert [r["gender"] for r in doc["reference"]] == [0.0, 0.5]
+    assert [round(r["skin_tone"], 2) for r in doc["reference"]] == [0.0, 0.18]
+    # per prompt: the printed value back, and MAD = |g| / 2 for two categories
+    first = doc["prompts"][0]
+    assert first["model"] == "minDALL-E" and abs(first["avg_gender"] - (-1 / 9)) < 1e-12
+    assert abs(first["mad_gender"] - 1 / 18) < 1e-12
+    # the printed table: one line per model, then the reference rows
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("minDALL-E", "Karlo", "Stable"))]
+    assert len(lines) == 3 and all(ln.split()[-3] == "83" for ln in lines)
+
+
+def test_skin_tone_columns_and_group_filter(tmp_path):
+    path = tmp_path / "tones.csv"
+    tones = {"one-hot": [9] + [0] * 9, "two-hot": [5, 5] + [0] * 8, "three-hot": [3, 3, 3] + [0] * 7,
+             "uniform": [1] * 10}
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["model", "group", "prompt", "male", "female", *[f"tone_{i}" for i in range(1, 11)]])
+        for name, t in tones.items():
+            w.writerow(["m", "person", f"p-{name}", 9, 0, *t])
+        w.writerow(["m", "man", "p-man", 0, 9, *tones["uniform"]])
+    res = run("--counts", str(path), "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "out" / "dalleval_summary.json").read_text())
+    per = {p["prompt"]: p for p in doc["prompts"]}
+    assert round(per["p-one-hot"]["mad_tone"], 2) == 0.18
+    assert round(per["p-two-hot"]["mad_tone"], 2) == 0.16
+    assert round(per["p-three-hot"]["mad_tone"], 2) == 0.14
+    assert per["p-uniform"]["mad_tone"] == pytest.approx(0.0)
+    assert per["p-uniform"]["avg_tone"] == pytest.approx(5.5) and per["p-one-hot"]["avg_tone"] == 1.0
+    m = doc["models"][0]
+    assert m["gender"]["prompts"] == 5 and m["gender"]["average"] == pytest.approx(-3 / 5)
+    assert m["skin_tone"]["mad"] == pytest.approx((0.18 + 0.16 + 0.14 + 0 + 0) / 5)
+    res = run("--counts", str(path), "--group", "person", "--output", str(tmp_path / "out2"))
+    doc = json.loads((tmp_path / "out2" / "dalleval_summary.json").read_text())
+    assert doc["models"][0]["gender"]["prompts"] == 4 and doc["models"][0]["gender"]["average"] == -1.0
+    assert doc["models"][0]["gender"]["mad"] == 0.5
+    assert doc["models"][0]["skin_tone"]["prompts"] == 5   # skin tone: every prompt
+
+
+def test_summarize_errors_are_clean(tmp_path):
+    res = run("--counts", str(tmp_path / "missing.csv"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    bad = tmp_path / "bad.csv"
+    for text, word in [("model,prompt,male\nm,p,1\n", "female"),
+                       ("model,prompt,male,female\nm,p,1,-2\n", "non-negative"),
+                       ("model,prompt,male,female\nm,p,1,x\n", "non-negative"),
+                       ("model,prompt,male,female,tone_1\nm,p,1,2,3\n", "tone_10"),
+                       ("model,prompt,male,female\nm,p,1,2\nm,p,2,1\n", "repeated")]:
+        bad.write_text(text)
+        res = run("--counts", str(bad))
+        assert res.returncode == 2 and word in res.stderr and "Traceback" not in res.stderr, (text, res.stderr)
+    bad.write_text("model,prompt,male,female\nm,p,1,2\n")
+    res = run("--counts", str(bad), "--group", "person")
+    assert res.returncode == 2 and "group" in res.stderr
+    bad.write_text("model,group,prompt,male,female\nm,man,p,1,2\n")
+    res = run("--counts", str(bad), "--group", "persn")           # a typo is an error, not every prompt
+    assert res.returncode == 2 and "persn" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(("column", "cell", "problem"), [
+    ("female", "2.5", "fractional (counts are whole numbers)"), ("female", "inf", "not a finite number"),
+    ("female", "nan", "not a finite number"), ("male", "1e400", "not a finite number"),
+    ("male", "12%", "not a number"), ("male", "-1", "negative"), ("female", "", "missing (blank)"),
+    ("tone_3", "0.5", "fractional (counts are whole numbers)"), ("tone_10", "inf", "not a finite number"),
+])
+def test_summarize_bad_counts_shown_as_written_with_file_and_column(tmp_path, column, cell, problem):
+    header = ["model", "prompt", "male", "female", *[f"tone_{i}" for i in range(1, 11)]]
+    good = dict(zip(header, ["m", "p", "4", "5", *["1"] * 10]))
+    bad_row = {**good, "prompt": "q", column: cell}
+    path = tmp_path / "counts.csv"
+    path.write_text("\n".join(",".join(r[h] for h in header) for r in (dict(zip(header, header)), good, bad_row)) + "\n")
+    res = run("--counts", str(path))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert str(path) in res.stderr and f"column {column!r}" in res.stderr, res.stderr
+    assert f"{problem} in row(s) [1]" + (f": {cell!r}" if cell else "") in res.stderr, res.stderr
+    assert cell == "nan" or "nan" not in res.stderr.replace(str(path), "")

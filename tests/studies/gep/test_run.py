@@ -1,0 +1,172 @@
+"""`pipelines/gep.py run` and `evaluate` end to end on a local Ray instance with tiny random models
+(built from the real classes, loaded through the production path): files, per-image seeds, the
+neutral/explicit scoring rule, frequencies and GEP recomputed independently, annotations, resume."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from pipelines import gep
+
+pytestmark = pytest.mark.ray
+
+ARGS = ["--standin-models", "--images-per-prompt", "2", "--steps", "2", "--max-contexts", "2",
+        "--attributes", "dress,suit,hat", "--ensemble", "3", "--run-id", "r", "--no-progress", "--gen-batch-size", "4"]
+N_NEUTRAL, N_EXPLICIT = 2 * 2 * 2, 2 * 3 * 2 * 2
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_local):
+    out = tmp_path_factory.mktemp("gep")
+    assert gep.main(["run", "--output", str(out), *ARGS]) == 0
+    return out / "r"
+
+
+def test_run_writes_tables_report_and_records(run):
+    for name in ("images.parquet", "scores.csv", "frequencies.csv", "gep_vectors.csv", "gep_scores.csv",
+                 "table_frequencies_neutral.csv", "table_frequencies_explicit.csv", "table_gep_vectors_neutral.csv",
+                 "table_gep_vectors_explicit.csv", "table_gep_scores.csv", "annotation_tasks.csv", "metrics.json",
+                 "report.html", "run_summary.csv", "run.json"):
+        assert (run / name).is_file(), name
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["images"] == {"requested_per_generator": N_NEUTRAL + N_EXPLICIT, "rows": N_NEUTRAL + N_EXPLICIT,
+                           "status": {"ok": N_NEUTRAL + N_EXPLICIT}, "embedded": N_NEUTRAL + N_EXPLICIT,
+                           "scored_pairs": N_NEUTRAL * 3 + N_EXPLICIT}
+    cfg = m["config"]
+    assert cfg["images"]["generation"]["scheduler"] == "LMSDiscreteScheduler"
+    assert cfg["scoring"]["reference"] == "an object" and cfg["scoring"]["classifier"]["ensemble"] == 3
+    assert cfg["scoring"]["classifier"]["genders"] == ["A man", "A woman", "A person"]
+    assert m["environment"]["packages"]["scikit-learn"]
+    assert m["scorer"]["classifiers"][0]["members"] == 3
+    assert [r["detail"]["scheduler_class"] for r in m["models"] if r["role"] == "generator"] == ["LMSDiscreteScheduler"]
+    page = (run / "report.html").read_text()
+    assert "Stand-in models" in page and page.count("<svg") == 2 * 3   # settings x estimators
+    table = pd.read_csv(run / "table_frequencies_neutral.csv")
+    assert list(table.columns) == ["estimator", "model", "gender", "dress", "suit", "hat", "avg"]
+    assert sorted(table["estimator"].unique()) == ["C", "CC", "CLS"] and len(table) == 6
+
+
+def test_every_image_has_its_recorded_seed_and_a_unit_embedding(run):
+    from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
+    from pipelines.engine.config import load_config
+
+    cfg = load_config(preset="gep.yaml")
+    attrs = [a for a in parse_attributes(cfg["attributes"]) if a.name in ("dress", "suit", "hat")]
+    req = gep_requests(parse_genders(cfg["genders"]), attrs, cfg["contexts"][:2], cfg["settings"], cfg["templates"], 2, 0)
+    images = pq.read_table(run / "images.parquet")
+    assert images.column("image_id").to_pylist() == req.column("image_id").to_pylist()
+    assert images.column("seed").to_pylist() == req.column("seed").to_pylist()
+    assert images.column("prompt").to_pylist() == req.column("prompt").to_pylist()
+    emb = np.array(images.column("clip_embedding").to_pylist(), np.float64)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_saved_image_regenerates_from_its_seed(run):
+    from operators.image_generation import ImageGenerator
+
+    images = pq.read_table(run / "images.parquet").to_pylist()
+    row = next(r for r in images if r["image_id"] == "explicit-woman-dress-c01-1")
+    tasks = pd.read_csv(run / "annotation_tasks.csv")
+    path = run / tasks.loc[tasks["image_id"] == row["image_id"], "image_file"].iloc[0]
+    saved = np.asarray(Image.open(path).convert("RGB"), np.int16)
+    gen = ImageGenerator(row["model"], steps=2, device="cpu", dtype="float32", safety_checker="off",
+                         scheduler="LMSDiscreteScheduler", micro_batch=1)
+    again = gen.regenerate(row["prompt"], row["seed"]).astype(np.int16)
+    assert again.shape == saved.shape
+    assert np.abs(again - saved).max() <= 3   # same noise; batched kernels may round a level or two apart
+    other = gen.regenerate(row["prompt"], row["seed"] + 1).astype(np.int16)
+    assert np.abs(other - saved).mean() > 5
+
+
+def test_scores_follow_the_setting_rule_and_frequencies_and_gep_recompute(run):
+    scores = pd.read_csv(run / "scores.csv")
+    neutral, explicit = scores[scores.setting == "neutral"], scores[scores.setting == "explicit"]
+    assert len(neutral) == N_NEUTRAL * 3 and neutral.groupby("image_id").attribute.nunique().eq(3).all()
+    assert len(explicit) == N_EXPLICIT
+    assert (explicit.image_id.str.split("-").str[2] == explicit.attribute).all()   # only the named attribute
+    freq = pd.read_csv(run / "frequencies.csv")
+    for est, col in (("C", "c"), ("CC", "cc"), ("CLS", "cls")):
+        mine = scores.groupby(["setting", "gender", "attribute"])[col].mean()
+        theirs = freq[freq.estimator == est].set_index(["setting", "gender", "attribute"])["frequency"]
+        pd.testing.assert_series_equal(mine.sort_index(), theirs.sort_index(), check_names=False, rtol=1e-5)
+        for setting in ("neutral", "explicit"):
+            f = theirs.loc[setting]
+            v = f.loc["woman"] - f.loc["man"]
+            gep_csv = pd.read_csv(run / "gep_scores.csv")
+            got = gep_csv[(gep_csv.estimator == est) & (gep_csv.setting == setting)]["gep"].item()
+            assert got == pytest.approx(v.abs().mean(), rel=1e-5)
+
+
+def _annotations(run, path, model_column=False):
+    tasks = pd.read_csv(run / "annotation_tasks.csv")
+    assert len(tasks) == N_NEUTRAL * 3 + N_EXPLICIT
+    assert "Do you see a person in a dress?" in set(tasks.question)
+    present = ((tasks.gender == "woman") & (tasks.attribute == "dress")) | ((tasks.gender == "man") & (tasks.attribute == "suit"))
+    ann = tasks.assign(present=present.astype(int))[["image_id", "attribute", "present"] + (["model"] if model_column else [])]
+    ann.to_csv(path, index=False)
+    return ann
+
+
+def test_evaluate_against_annotations(run, tmp_path):
+    _annotations(run, tmp_path / "ann.csv")
+    assert gep.main(["evaluate", "--run", str(run), "--annotations", str(tmp_path / "ann.csv")]) == 0
+    ev = json.loads((run / "evaluation.json").read_text())
+    human = {r["setting"]: r["gep"] for r in ev["human_gep"]}
+    assert human == {"neutral": pytest.approx(2 / 3), "explicit": pytest.approx(2 / 3)}   # dress +1, suit -1, hat 0
+    vec = pd.read_csv(run / "human_vectors.csv").set_index(["setting", "attribute"])["difference"]
+    assert vec.loc[("neutral", "dress")] == 1 and vec.loc[("explicit", "suit")] == -1 and vec.loc[("neutral", "hat")] == 0
+    agree = pd.DataFrame(ev["vector_agreement"])
+    assert len(agree) == 2 * 3 and set(agree.n) == {3}
+    roc = pd.DataFrame(ev["roc_auc"])
+    assert len(roc) == 3 * 3 and (roc.pairs == (N_NEUTRAL + N_EXPLICIT // 3)).all()
+    assert ev["counts"] == {"annotations": N_NEUTRAL * 3 + N_EXPLICIT, "used": N_NEUTRAL * 3 + N_EXPLICIT,
+                            "ignored_not_scored_in_setting": 0}
+
+
+def test_bad_annotations_are_clean_errors(run, tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("image_id,attribute,present\nneutral-woman-none-c00-0,dress,2\n")
+    assert gep.main(["evaluate", "--run", str(run), "--annotations", str(bad)]) == 2
+    assert "present must be 0 or 1" in capsys.readouterr().err
+    bad.write_text("image_id,attribute,present\nno-such-image,dress,1\n")
+    assert gep.main(["evaluate", "--run", str(run), "--annotations", str(bad)]) == 2
+    assert "not in the run" in capsys.readouterr().err
+    bad.write_text("image_id,attribute,present\nneutral-woman-none-c00-0,gloves,1\n")
+    assert gep.main(["evaluate", "--run", str(run), "--annotations", str(bad)]) == 2
+    assert "gloves" in capsys.readouterr().err
+
+
+def test_rerun_reuses_images_and_rescoring_changes_only_cc(run, capsys, tmp_path):
+    before = pd.read_csv(run / "scores.csv")
+    _annotations(run, tmp_path / "ann.csv", model_column=True)
+    assert gep.main(["run", "--output", str(run.parent), *ARGS, "--reference", "clothes",
+                     "--annotations", str(tmp_path / "ann.csv")]) == 0
+    out = capsys.readouterr().out
+    assert f"{N_NEUTRAL + N_EXPLICIT} of {N_NEUTRAL + N_EXPLICIT} images reused" in out
+    after = pd.read_csv(run / "scores.csv")
+    np.testing.assert_allclose(after.c, before.c, rtol=1e-6)
+    np.testing.assert_allclose(after.cls, before.cls, rtol=1e-6)
+    assert not np.allclose(after.cc, before.cc)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["config"]["scoring"]["reference"] == "clothes"
+    # annotations given to run: GEP_human joins the tables, the report and metrics.json
+    assert {r["setting"]: round(r["gep"], 6) for r in metrics["evaluation"]["human_gep"]} == \
+        {"neutral": round(2 / 3, 6), "explicit": round(2 / 3, 6)}
+    table = pd.read_csv(run / "table_gep_vectors_explicit.csv")
+    human = table[table.estimator == "human"].iloc[0]
+    assert (human["dress"], human["suit"], human["hat"]) == (1, -1, 0)
+    assert "Against human annotations" in (run / "report.html").read_text()
+
+
+def test_bad_study_input_fails_before_any_work(tmp_path, capsys):
+    assert gep.main(["run", "--output", str(tmp_path), "--standin-models", "--attributes", "dress,cape"]) == 2
+    assert "cape" in capsys.readouterr().err
+    cfg = tmp_path / "study.yaml"
+    cfg.write_text("comparisons: [[woman, nonbinary]]\n")
+    assert gep.main(["run", "--output", str(tmp_path), "--standin-models", "--config", str(cfg)]) == 2
+    assert "nonbinary" in capsys.readouterr().err
+    assert not any(tmp_path.glob("gep-*"))

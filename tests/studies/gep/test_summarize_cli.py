@@ -1,0 +1,85 @@
+"""`pipelines/gep.py summarize` on the paper's Tables 11 and 12 reproduces Table 3's GEP_human; and the
+occupation case study of section 7 as a job file."""
+
+from helpers import REPO_ROOT
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = REPO_ROOT
+DATA = ROOT / "tests" / "data"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(ROOT / "pipelines" / "gep.py"), "summarize", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_tables_11_12_give_table_3(tmp_path):
+    res = run("--frequencies", str(DATA / "paper001_tables11_12.csv"), "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    printed = {(ln.split()[0], ln.split()[-4]): ln.split()[-3] for ln in res.stdout.splitlines()
+               if ln.split() and ln.split()[-4:-3] and ln.split()[-4] in ("neutral", "explicit")}
+    table3 = {"neutral": {"CogView2": "0.02", "DALLE-2": "0.05", "Stable": "0.07"},
+              "explicit": {"CogView2": "0.18", "DALLE-2": "0.12", "Stable": "0.14"}}
+    for setting, rows in table3.items():
+        for model, value in rows.items():
+            assert printed[(model, setting)] == value, (model, setting)
+    doc = json.loads((tmp_path / "out" / "gep_summary.json").read_text())
+    got = {(r["model"], r["setting"]): round(r["gep"], 2) for r in doc["results"]}
+    assert got == {("CogView2", "neutral"): 0.02, ("DALLE-2", "neutral"): 0.05, ("Stable Diffusion", "neutral"): 0.07,
+                   ("CogView2", "explicit"): 0.18, ("DALLE-2", "explicit"): 0.12, ("Stable Diffusion", "explicit"): 0.14}
+    sd = next(r for r in doc["results"] if r["model"] == "Stable Diffusion" and r["setting"] == "explicit")
+    assert abs(sd["vector"]["tie"] - (-0.35)) < 1e-9 and len(sd["vector"]) == 15      # Table 14
+    page = (tmp_path / "out" / "gep_summary.html").read_text()
+    assert page.count("<svg") == 2 and page.count("<rect") >= 3 * 15 * 2
+
+
+def test_summarize_errors_are_clean(tmp_path):
+    res = run("--frequencies", str(tmp_path / "missing.csv"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,setting,gender,frequency\nm,neutral,woman,0.5\n")
+    res = run("--frequencies", str(bad))
+    assert res.returncode == 2 and "attribute" in res.stderr and "Traceback" not in res.stderr
+    bad.write_text("model,setting,gender,attribute,frequency\nm,neutral,woman,hat,1.5\nm,neutral,man,hat,0.1\n")
+    res = run("--frequencies", str(bad))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_lawyer_case_study_job(tmp_path):
+    from pipelines.studies.gep import study as gep_study
+
+    args = gep_study_args(["--config", str(ROOT / "jobs" / "gep_lawyer.yaml")])
+    st = gep_study.settings(args)
+    req = gep_study.requests_of(st)
+    assert sorted(set(req.column("prompt").to_pylist())) == [
+        "A photo of a female lawyer.", "A photo of a lawyer.", "A photo of a male lawyer."]
+    assert req.num_rows == 3 * 20 and set(req.column("setting").to_pylist()) == {"neutral"}
+    assert [a.name for a in st["attributes"]] == ["suit", "shirt", "tie", "glasses"]
+    assert st["comparisons"] == [("female lawyer", "lawyer"), ("male lawyer", "lawyer")]
+    assert st["classifier"]["genders"] == ["A female lawyer", "A male lawyer", "A lawyer"]
+    assert len(st["classifier"]["contexts"]) == 16          # Table 2: the study itself has no contexts
+
+
+def gep_study_args(extra):
+    from pipelines.gep import build_parser
+
+    return build_parser().parse_args(["run", "--output", "unused", *extra])
+
+
+@pytest.mark.parametrize(("cell", "problem"), [("0.5%", "not a number"), ("abc", "not a number"),
+                                               ("inf", "not a finite number"), ("nan", "not a finite number"),
+                                               ("1.5", "outside [0, 1]"), ("", "missing (blank)")])
+def test_summarize_bad_frequency_shown_as_written_with_file_and_column(tmp_path, cell, problem):
+    bad = tmp_path / "freq.csv"
+    bad.write_text(f"model,setting,gender,attribute,frequency\nm,neutral,woman,hat,0.5\nm,neutral,man,hat,{cell}\n")
+    res = run("--frequencies", str(bad))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert str(bad) in res.stderr and "column 'frequency'" in res.stderr, res.stderr
+    shown = f"{problem} in row(s) [1]" + (f": {cell!r}" if cell else "")
+    assert shown in res.stderr, res.stderr
+    assert cell == "nan" or "nan" not in res.stderr.replace(str(bad), "")
