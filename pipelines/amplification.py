@@ -713,55 +713,9 @@ def run_all(args) -> dict:
 
 
 def run_summarize(args) -> dict:
-    import io as _io
+    from pipelines.studies.amplification import summarize
 
-    import pandas as pd
-
-    from pipelines.studies.amplification.metrics import format_results, summarize_percentages
-
-    text = io.read_text(args.percentages)
-    try:  # every cell as written (only an empty one is missing), so an error can show "12%" or "nan"
-        df = pd.read_csv(_io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise io.InputError(f"{args.percentages}: not a readable CSV ({exc})") from None
-    try:
-        result = summarize_percentages(df, args.training_group)
-    except ValueError as exc:
-        raise io.InputError(f"{args.percentages}: {exc}") from None
-    for model, res in result.items():
-        title = f"Bias amplification ({model}), {res['occupations']} occupations" if model != "all" \
-            else f"Bias amplification, {res['occupations']} occupations"
-        print(format_results(title, res["per_prompt"], res["average"]))
-    if args.output:
-        out_fs, out = io.output_fs(args.output)
-        io.write_text(json.dumps({"input": args.percentages, "results": result}, indent=2, default=str), out_fs,
-                      f"{out}/amplification_summary.json")
-        rows = pd.concat([pd.DataFrame(r["rows"]).assign(model=m) for m, r in result.items()], ignore_index=True)
-        io.write_text(rows.to_csv(index=False), out_fs, f"{out}/amplification_rows.csv")
-        io.write_text(_summary_html(args.percentages, result), out_fs, f"{out}/amplification.html")
-        print(f"wrote {args.output}/amplification_summary.json, amplification_rows.csv and amplification.html")
-    return result
-
-
-def _summary_html(source: str, result: dict) -> str:
-    """Figure 3-style scatter plots (training vs generated % female) per model and prompt."""
-    import html
-
-    from pipelines.studies.amplification.report import svg_scatter
-
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Amplification</title></head><body>",
-             f"<h1>Bias amplification from {html.escape(source)}</h1>",
-             "<p>Shaded red: amplification; green: de-amplification; excluded occupations are not drawn.</p>"]
-    for model, res in result.items():
-        parts.append(f"<h2>{html.escape(model)}: average E[A] = "
-                     f"{'n/a' if res['average'] is None else format(res['average'], '.2f')}</h2><div>")
-        for p in res["per_prompt"]:
-            pts = [(r["training"], r["generated"], r["occupation"]) for r in res["rows"]
-                   if r["group"] == p["group"] and r["excluded"] is None]
-            ea = "n/a" if p["expected_amplification"] is None else f"{p['expected_amplification']:.2f}"
-            parts.append(svg_scatter(pts, f"{p['group']}: E[A] = {ea} ({p['occupations']} occupations)"))
-        parts.append("</div>")
-    return "".join(parts) + "</body></html>"
+    return summarize.run(args)
 
 
 def main(argv=None) -> int:

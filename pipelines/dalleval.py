@@ -20,14 +20,13 @@ Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (python pipelines/dalleval.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli, gpus, io  # noqa: E402
+from pipelines.engine import cli, gpus  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,30 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_summarize(args) -> dict:
-    import io as _io
+    from pipelines.studies.dalleval import summarize
 
-    import pandas as pd
-
-    from pipelines.studies.dalleval.metrics import format_summary, summarize_counts
-
-    text = io.read_text(args.counts)
-    try:  # every cell as written (only an empty one is missing), so an error can show "2.5" or "inf"
-        df = pd.read_csv(_io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise io.InputError(f"{args.counts}: not a readable CSV ({exc})") from None
-    if args.group is not None and "group" not in df:
-        raise io.InputError(f"--group {args.group}: {args.counts} has no group column")
-    try:
-        result = summarize_counts(df, args.group)
-    except ValueError as exc:
-        raise io.InputError(f"{args.counts}: {exc}") from None
-    print(format_summary(result))
-    if args.output:
-        out_fs, out = io.output_fs(args.output)
-        io.write_text(json.dumps({"input": args.counts, **result}, indent=2, allow_nan=False), out_fs,
-                      f"{out}/dalleval_summary.json")
-        print(f"wrote {args.output}/dalleval_summary.json")
-    return result
+    return summarize.run(args)
 
 
 def run(args) -> dict:

@@ -19,14 +19,13 @@ Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (python pipelines/gep.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli, gpus, io  # noqa: E402
+from pipelines.engine import cli, gpus  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,29 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_summarize(args) -> dict:
-    import io as _io
+    from pipelines.studies.gep import summarize
 
-    import pandas as pd
-
-    from pipelines.studies.gep.metrics import format_summary, summarize_frequencies
-    from pipelines.studies.gep import report as gep_report
-
-    text = io.read_text(args.frequencies)
-    try:  # every cell as written (only an empty one is missing), so an error can show "12%" or "nan"
-        df = pd.read_csv(_io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise io.InputError(f"{args.frequencies}: not a readable CSV ({exc})") from None
-    try:
-        result = summarize_frequencies(df, args.first, args.second)
-    except ValueError as exc:
-        raise io.InputError(f"{args.frequencies}: {exc}") from None
-    print(format_summary(result))
-    if args.output:
-        out_fs, out = io.output_fs(args.output)
-        io.write_text(json.dumps({"input": args.frequencies, **result}, indent=2), out_fs, f"{out}/gep_summary.json")
-        io.write_text(gep_report.summary_html(args.frequencies, result), out_fs, f"{out}/gep_summary.html")
-        print(f"wrote {args.output}/gep_summary.json and gep_summary.html")
-    return result
+    return summarize.run(args)
 
 
 def run(args) -> dict:

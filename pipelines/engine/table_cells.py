@@ -75,3 +75,17 @@ def _listed(label: str, mask: pd.Series, values: pd.Series) -> str:
     cells = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in values.to_numpy()[at[:SHOWN]])
     more = f" (and {len(rows) - SHOWN} more)" if len(rows) > SHOWN else ""
     return f"{label} in row(s) {rows[:SHOWN]}{more}" + (f": {cells}" if "blank" not in label else "")
+
+
+def read_cells(uri: str) -> pd.DataFrame:
+    """A hand-written CSV (local path or fsspec URI) with every cell as written: text, only an empty
+    cell missing, so an error can show "12%" or "nan". InputError when it is not a readable CSV."""
+    import io as _io
+
+    from pipelines.engine import io
+
+    text = io.read_text(uri)
+    try:
+        return pd.read_csv(_io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise io.InputError(f"{uri}: not a readable CSV ({exc})") from None

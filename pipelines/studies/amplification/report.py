@@ -310,3 +310,22 @@ def clean_json(obj):
     if obj is pd.NA or obj is pd.NaT:
         return None
     return obj
+
+
+def summary_html(source: str, result: dict) -> str:
+    """Figure 3-style scatter plots (training vs generated % female) per model and prompt."""
+    import html
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Amplification</title></head><body>",
+             f"<h1>Bias amplification from {html.escape(source)}</h1>",
+             "<p>Shaded red: amplification; green: de-amplification; excluded occupations are not drawn.</p>"]
+    for model, res in result.items():
+        parts.append(f"<h2>{html.escape(model)}: average E[A] = "
+                     f"{'n/a' if res['average'] is None else format(res['average'], '.2f')}</h2><div>")
+        for p in res["per_prompt"]:
+            pts = [(r["training"], r["generated"], r["occupation"]) for r in res["rows"]
+                   if r["group"] == p["group"] and r["excluded"] is None]
+            ea = "n/a" if p["expected_amplification"] is None else f"{p['expected_amplification']:.2f}"
+            parts.append(svg_scatter(pts, f"{p['group']}: E[A] = {ea} ({p['occupations']} occupations)"))
+        parts.append("</div>")
+    return "".join(parts) + "</body></html>"

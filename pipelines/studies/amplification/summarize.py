@@ -1,0 +1,34 @@
+"""`amplification.py summarize`: bias amplification (paper 002, section 3.3) from known percentages."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from pipelines.engine import io
+from pipelines.engine.table_cells import read_cells
+from pipelines.studies.amplification import report
+from pipelines.studies.amplification.metrics import format_results, summarize_percentages
+
+
+def run(args) -> dict:
+    """`amplification.py summarize`: amplification from a CSV of known percentages."""
+    df = read_cells(args.percentages)
+    try:
+        result = summarize_percentages(df, args.training_group)
+    except ValueError as exc:
+        raise io.InputError(f"{args.percentages}: {exc}") from None
+    for model, res in result.items():
+        title = f"Bias amplification ({model}), {res['occupations']} occupations" if model != "all" \
+            else f"Bias amplification, {res['occupations']} occupations"
+        print(format_results(title, res["per_prompt"], res["average"]))
+    if args.output:
+        out_fs, out = io.output_fs(args.output)
+        io.write_text(json.dumps({"input": args.percentages, "results": result}, indent=2, default=str), out_fs,
+                      f"{out}/amplification_summary.json")
+        rows = pd.concat([pd.DataFrame(r["rows"]).assign(model=m) for m, r in result.items()], ignore_index=True)
+        io.write_text(rows.to_csv(index=False), out_fs, f"{out}/amplification_rows.csv")
+        io.write_text(report.summary_html(args.percentages, result), out_fs, f"{out}/amplification.html")
+        print(f"wrote {args.output}/amplification_summary.json, amplification_rows.csv and amplification.html")
+    return result

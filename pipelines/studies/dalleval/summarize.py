@@ -1,0 +1,27 @@
+"""`dalleval.py summarize`: the social-bias metrics of paper 000 (Tables 16 and 17) from known counts."""
+
+from __future__ import annotations
+
+import json
+
+from pipelines.engine import io
+from pipelines.engine.table_cells import read_cells
+from pipelines.studies.dalleval.metrics import format_summary, summarize_counts
+
+
+def run(args) -> dict:
+    """`dalleval.py summarize`: Tables 16/17-shaped results from per-prompt counts."""
+    df = read_cells(args.counts)
+    if args.group is not None and "group" not in df:
+        raise io.InputError(f"--group {args.group}: {args.counts} has no group column")
+    try:
+        result = summarize_counts(df, args.group)
+    except ValueError as exc:
+        raise io.InputError(f"{args.counts}: {exc}") from None
+    print(format_summary(result))
+    if args.output:
+        out_fs, out = io.output_fs(args.output)
+        io.write_text(json.dumps({"input": args.counts, **result}, indent=2, allow_nan=False), out_fs,
+                      f"{out}/dalleval_summary.json")
+        print(f"wrote {args.output}/dalleval_summary.json")
+    return result
