@@ -379,7 +379,7 @@ def run_sd(args, out: dict) -> None:
     with Phase("load", args.device, out):
         gen = ImageGenerator(model=str(Path(args.workdir) / "sd"), steps=args.steps, guidance_scale=7.5,
                              height=args.size, width=args.size, device=args.device, dtype="auto",
-                             safety_checker=args.safety_checker, classifier=head, micro_batch=args.batch)
+                             safety_checker=args.safety_checker, heads=[head], micro_batch=args.batch)
     pipe = gen.pipe
     parts = {"text_encoder": pipe.text_encoder, "unet": pipe.unet, "vae.decoder": pipe.vae.decoder,
              "safety_checker": getattr(pipe, "safety_checker", None), "clip head visual": gen.classifier.bundle.model.visual}

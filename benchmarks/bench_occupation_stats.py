@@ -115,9 +115,9 @@ def main() -> None:
                 out = pa.concat_tables(ray.get(ds.to_arrow_refs()))
                 out = out.sort_by(OCCUPATION)
             else:
-                from pipelines import amplification
+                from pipelines.studies.amplification import captions
 
-                ds = amplification.partial_occupation_stats(data)
+                ds = captions.partial_occupation_stats(data)
                 out = report.combine_occupation_stats(ray.get(ds.to_arrow_refs()))
             wall = time.perf_counter() - t0
         results[name] = out

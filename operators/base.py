@@ -6,6 +6,7 @@ A stage is a plain class: ``__init__`` loads what it needs once per worker, ``__
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -33,6 +34,29 @@ class Resources:
     # None: stateless stage, run as Ray tasks. An int: a pool of that many actors, each loading
     # the stage's model once.
     actors: int | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One line of a pipeline: an operator class, its keyword arguments, and the resources it runs
+    with (None: what the operator declares in its ``resources``). A pipeline is a list of these,
+    run by ``pipelines.engine.stages.run``; a head that runs inside another stage on its device
+    (CLIP on the generator's images) is a Stage given to that stage as an argument."""
+
+    op: type
+    kwargs: Mapping = dataclasses.field(default_factory=dict)
+    resources: Resources | None = None
+
+    @property
+    def name(self) -> str:
+        return getattr(self.op, "stage_name", self.op.__name__)
+
+    def declared(self) -> Resources:
+        return self.resources or getattr(self.op, "resources", None) or Resources()
+
+    def build(self, **defaults):
+        """The operator, with ``defaults`` for arguments the stage does not set (e.g. the device)."""
+        return self.op(**{**defaults, **dict(self.kwargs)})
 
 
 def with_column(table: pa.Table, name: str, values) -> pa.Table:

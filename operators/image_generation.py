@@ -18,8 +18,8 @@ identical, but the batched kernels (GEMM row tiling, SIMD tails, conv algorithm 
 sample differently depending on its position and the batch size, so pixels can differ by a
 level or two from the image generated alone; that is floating-point, not a different image.
 
-Images stay on the device as a float tensor in [0, 1] (``output_type="pt"``); with a
-``classifier`` the CLIP gender of each image is computed from that tensor directly (no
+Images stay on the device as a float tensor in [0, 1] (``output_type="pt"``); the
+``heads`` (CLIP gender, CLIP embedding, BLIP-2) run on that tensor directly (no
 encode/decode round trip), then the images move to the CPU once as raw RGB8 payloads
 (``operators.support.codec.pack_rgb8``).
 
@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from operators.support.models import ModelLoadError, loaded_weight_files, pick_device, resolve_dtype, weights_provenance
-from operators.base import Resources, with_column
+from operators.base import Resources, Stage, with_column
 from operators.support.codec import pack_rgb8
 from schemas.images import (
     GENERATION_DETAIL,
@@ -229,17 +230,17 @@ def _free_device_memory(device: str) -> None:
 
 
 class ImageGenerator:
-    """Adds GENERATION_COLUMNS (and the ``output_fields`` of each head: GENDER_COLUMNS with a
-    ``classifier``, the CLIP embedding with an ``embedder``, BLIP-2 answers with a ``detector``): one
-    image per row from its PROMPT and SEED."""
+    """Adds GENERATION_COLUMNS (and the ``output_fields`` of each head: GENDER_COLUMNS from
+    ``Stage(ClipGenderClassifier, ...)``, the CLIP embedding from ``Stage(ClipImageEmbedder, ...)``,
+    BLIP-2 answers from ``Stage(Blip2Detector, ...)``): one image per row from its PROMPT and SEED."""
 
     stage_name = STAGE_GENERATE
     resources = Resources(num_cpus=1, num_gpus=1, batch_size=8, actors=1)
 
     def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
-                 safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, classifier=None, micro_batch: int = 8,
-                 noise_device: str = "cpu", embedder=None, scheduler: str | None = None, detector=None):
+                 safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 8,
+                 noise_device: str = "cpu", scheduler: str | None = None):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         self.model = model
@@ -253,12 +254,14 @@ class ImageGenerator:
         self.device = load_record["device"]
         # noise on the CPU by default: the same seed gives the same initial noise on any device
         self.noise_device = pick_device(noise_device)
-        self.classifier = self._head(classifier, "operators.image_clip_gender", "ClipGenderClassifier")
-        self.embedder = self._head(embedder, "operators.image_clip_embedding", "ClipImageEmbedder")
-        self.detector = self._head(detector, "operators.image_blip2_vqa", "Blip2Detector")
-        # what runs on every generated image while it is still on the device: CLIP gender, a CLIP
-        # embedding and/or BLIP-2 questions; each returns the columns of its ``output_fields``
-        self.heads = [h for h in (self.classifier, self.embedder, self.detector) if h is not None]
+        # what runs on every generated image while it is still on the device (CLIP gender, a CLIP
+        # embedding, BLIP-2 questions): Stage specs built here, on this device, or built operators;
+        # each has ``classify_tensor`` returning the columns of its ``output_fields``
+        self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
+        for h in self.heads:
+            if not hasattr(h, "classify_tensor"):
+                raise TypeError(f"head {type(h).__name__} has no classify_tensor(images): it cannot run on the "
+                                f"generator's device tensor")
         self.record = {
             **load_record,
             "steps": self.steps,
@@ -268,21 +271,8 @@ class ImageGenerator:
             "default_size": self._default_size(),
             "micro_batch": self.micro_batch,
             "noise_device": self.noise_device,
-            "classifier": getattr(self.classifier, "record", None) if self.classifier is not None else None,
-            "embedder": getattr(self.embedder, "record", None) if self.embedder is not None else None,
-            "detector": getattr(self.detector, "record", None) if self.detector is not None else None,
+            "heads": {getattr(h, "stage_name", type(h).__name__): getattr(h, "record", None) for h in self.heads},
         }
-
-    def _head(self, spec, module: str, name: str):
-        """An operator with ``classify_tensor`` as given, or built here from its kwargs (on the
-        generator's device, where the images are)."""
-        if spec is None or hasattr(spec, "classify_tensor"):
-            return spec
-        import importlib
-
-        kwargs = dict(spec)
-        kwargs.setdefault("device", self.device)
-        return getattr(importlib.import_module(module), name)(**kwargs)
 
     def _default_size(self) -> list[int] | None:
         """(height, width) the pipeline generates when none is configured, where it can be read."""

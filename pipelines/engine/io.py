@@ -386,3 +386,24 @@ def check_output(uri: str, flag: str = "--output") -> None:
                 fs.delete_dir(d)
         except (OSError, ValueError):
             pass
+
+
+def clean_json(obj):
+    """``obj`` with NaN / inf floats and pandas' missing values as None and numpy scalars as Python
+    ones: strict JSON (metrics.json and every other JSON a run writes)."""
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return None if not math.isfinite(float(obj)) else float(obj)
+    if obj is pd.NA or obj is pd.NaT:
+        return None
+    return obj

@@ -73,14 +73,18 @@ def _bad_outputs(tmp_path):
 @pytest.mark.parametrize("main,argv", _OUTPUT_COMMANDS,
                          ids=[f"{m.__module__.split('.')[-1]}-{a[0]}" for m, a in _OUTPUT_COMMANDS])
 def test_bad_output_fails_at_once_with_one_line(tmp_path, capsys, monkeypatch, main, argv):
-    from pipelines.engine import runtime
-    from pipelines.studies.amplification import study as study
+    from pipelines.engine import models, runtime
+    from pipelines.studies.amplification import study
+    from pipelines.studies.dalleval import study as dalleval_study
+    from pipelines.studies.gep import study as gep_study
 
     def no_model_may_load(*a, **k):
         raise AssertionError("a model was loaded before --output was checked")
 
-    monkeypatch.setattr(study, "load_clip_and_generators", no_model_may_load)
-    monkeypatch.setattr(study, "build_standins", no_model_may_load)
+    for module in (models, study, gep_study, dalleval_study):
+        for name in ("load_clip_and_generators", "build_standins"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, no_model_may_load)
     monkeypatch.setattr(runtime, "init_ray", no_model_may_load)
     for what, (output, message) in _bad_outputs(tmp_path).items():
         assert main([*argv, "--output", output]) == 2, what

@@ -42,7 +42,6 @@ def test_environment_records_versions():
 
 
 def test_job_file_gives_occupations_prompts_and_label():
-    from pathlib import Path
 
     from pipelines.studies.amplification.prompts import prompt_table
     from pipelines.engine.config import job_config
@@ -78,9 +77,11 @@ def _run_id(*argv):
     from pipelines import amplification
 
     args = amplification.build_parser().parse_args(["run", "--output", "/tmp/unused", *argv])
-    st = amplification._settings(args)
-    inp, columns, _ = amplification._validate_input(args)
-    return amplification.plan_run(args, st, amplification.caption_job(args, st, inp, columns)).run_id
+    from pipelines.engine.lifecycle import plan_run
+    from pipelines.studies.amplification.captions import CaptionStudy
+
+    study = CaptionStudy()
+    return plan_run(args, study, study.settings(args)).run_id
 
 
 def test_run_id_follows_the_study_not_the_execution():

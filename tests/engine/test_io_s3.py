@@ -169,7 +169,6 @@ def test_pipeline_writes_its_run_to_s3_and_resumes_there(s3_server, tmp_path):  
     the driver and by the Ray workers that write the annotated shards), then the same command
     again: it resumes in the same run directory and reuses the finished shard."""
     import json
-    from pathlib import Path
 
     n = 400
     pq.write_table(pa.table({"URL": [f"u{i}" for i in range(n)],

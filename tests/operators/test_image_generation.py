@@ -96,7 +96,7 @@ def exact_gen(sd_dir):
 
 @pytest.fixture(scope="module")
 def batched_gen(sd_dir):
-    return ImageGenerator(sd_dir, steps=STEPS, device="cpu", micro_batch=3, classifier=FakeClassifier())
+    return ImageGenerator(sd_dir, steps=STEPS, device="cpu", micro_batch=3, heads=[FakeClassifier()])
 
 
 # -- the stand-in ---------------------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def test_safety_checker_model_default_and_off(sd_checker_dir):
 def test_flagged_image_is_blocked_in_its_row(sd_checker_dir, monkeypatch):
     """The real checker, with its thresholds set so that it flags exactly the second call."""
     fake = FakeClassifier()
-    gen = ImageGenerator(sd_checker_dir, steps=STEPS, device="cpu", micro_batch=1, classifier=fake)
+    gen = ImageGenerator(sd_checker_dir, steps=STEPS, device="cpu", micro_batch=1, heads=[fake])
     checker = gen.pipe.safety_checker
     real_forward = checker.forward
     calls = []

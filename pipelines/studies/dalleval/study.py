@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.studies.dalleval import metrics as M
-from operators.base import Resources, conform
+from operators.base import Stage, conform
+from operators.image_blip2_vqa import Blip2Detector
+from operators.image_clip_gender import ClipGenderClassifier
+from operators.image_skin_tone import SkinToneDetector
 from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from pipelines.studies.dalleval.prompts import (
@@ -37,14 +36,14 @@ from pipelines.studies.dalleval.prompts import (
     parse_groups,
     parse_professions,
 )
-from pipelines.engine import checkpoint, io, rundir, runtime
+from pipelines.engine import checkpoint, io, rundir, runtime, stages
 from pipelines.studies.dalleval import report as dalleval_report
-from pipelines.studies.amplification import study as study
 from pipelines.engine import config as study_config
-from pipelines.studies.amplification.report import clean_json
+from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
+from pipelines.engine.models import build_standins, generation_settings, clip_settings
 from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
 from pipelines.engine.progress import Phase, drain, outcome_counts
-from pipelines.engine.summary import format_run_summary, run_summary_csv, stage_row
+from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
 from schemas.gep import IMAGE_ID
 from schemas.images import GENDER, GENERATION_STATUS, MODEL, Gender, GenerationStatus
@@ -85,7 +84,7 @@ def settings(args) -> dict:
     compare = list(cfg.get("compare") or [])
     if compare and (len(compare) != 2 or any(c not in groups for c in compare) or compare[0] == compare[1]):
         raise ValueError(f"compare: {compare} must name two different groups of {list(groups)}")
-    gen = study.generation_settings(cfg["generation"], args)
+    gen = generation_settings(cfg["generation"], args)
     detect = dict(cfg["detect"])
     if getattr(args, "gender_detector", None):
         detect["gender"] = args.gender_detector
@@ -101,7 +100,7 @@ def settings(args) -> dict:
         blip2["revision"] = None
     if getattr(args, "blip2_revision", None) is not None:
         blip2["revision"] = args.blip2_revision
-    clip = study.clip_settings(cfg["clip"], args)
+    clip = clip_settings(cfg["clip"], args)
     from operators.image_blip2_vqa import normalize_attributes
 
     attributes = [{"name": n, "text": " ".join(t.split())} for n, t in normalize_attributes(cfg.get("attributes"))]
@@ -175,143 +174,132 @@ def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
     from operators.image_generation import load_text2image
 
     records = []
-    with study.standin_hint(standin):
-        if st["detect"]["gender"] == S.GenderDetector.CLIP:
-            from operators.image_clip_gender import load_clip
+    if st["detect"]["gender"] == S.GenderDetector.CLIP:
+        from operators.image_clip_gender import load_clip
 
-            bundle = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
-                               revision=st["clip"].get("revision"))
-            records.append({"role": "gender detector (CLIP zero-shot)", "model": st["clip"]["model"],
-                            "standin": standin, "detail": bundle.record})
-            del bundle
-        if uses_blip2(st):
-            from operators.image_blip2_vqa import check_blip2
+        bundle = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
+                           revision=st["clip"].get("revision"))
+        records.append({"role": "gender detector (CLIP zero-shot)", "model": st["clip"]["model"],
+                        "standin": standin, "detail": bundle.record})
+        del bundle
+    if uses_blip2(st):
+        from operators.image_blip2_vqa import check_blip2
 
-            records.append({"role": "BLIP-2 (gender / attributes)", "model": st["blip2"]["model"], "standin": standin,
-                            "detail": check_blip2(st["blip2"]["model"], st["blip2"].get("revision"))})
-        if st["detect"]["skin_tone"]:
-            from operators.image_skin_tone import SkinToneDetector
-
-            with SkinToneDetector(**st["skin_tone"]) as det:
-                records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
-                                "standin": False, "detail": det.record})
-        for model in models:
-            pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
-                                        safety_checker=st["generation"]["safety_checker"],
-                                        scheduler=st["generation"].get("scheduler"))
-            records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
-            del pipe
-            gc.collect()
+        records.append({"role": "BLIP-2 (gender / attributes)", "model": st["blip2"]["model"], "standin": standin,
+                        "detail": check_blip2(st["blip2"]["model"], st["blip2"].get("revision"))})
+    if st["detect"]["skin_tone"]:
+        with SkinToneDetector(**st["skin_tone"]) as det:
+            records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
+                            "standin": False, "detail": det.record})
+    for model in models:
+        pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
+                                    safety_checker=st["generation"]["safety_checker"],
+                                    scheduler=st["generation"].get("scheduler"))
+        records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
+        del pipe
+        gc.collect()
     return records
 
 
-def build_standins(st: dict, root: str, n_generators: int) -> list[str]:
+def standins(st: dict, root: str, n_generators: int) -> list[str]:
     """Tiny random generators, BLIP-2 and CLIP under ``root``; the study is pointed at them."""
     from pipelines.standins.blip2 import build_tiny_blip2
 
-    clip, models = study.build_standins(root, [f"generator-{i + 1}-standin" for i in range(n_generators)])
+    clip, models = build_standins(root, [f"generator-{i + 1}-standin" for i in range(n_generators)])
     st["clip"] = {**st["clip"], "model": clip, "pretrained": None, "revision": None}
     st["blip2"] = {**st["blip2"], "model": build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0), "revision": None}
     return models
 
 
-# ------------------------------------------------------------------------------------ run
+# ------------------------------------------------------------------------------------ the study
+class DallEvalStudy:
+    """The social-bias half of paper 000 as a study of the engine's lifecycle."""
+
+    name = "paper000-dalleval"
+
+    def settings(self, args) -> dict:
+        st = settings(args)
+        st["requests"] = requests_of(st)
+        st["models_loaded"] = list(st["generation"]["models"])
+        return st
+
+    def label(self, st: dict) -> str:
+        return st["label"]
+
+    def job(self, args, st: dict) -> dict:
+        return image_job(st, args)
+
+    def announce(self, args, st: dict) -> None:
+        requests = st["requests"]
+        print(f"DALL-Eval social bias: {len(st['groups'])} groups x {len(st['professions'])} professions"
+              f"{' + bare prompts' if st['bare_prompts'] else ''} = "
+              f"{requests.num_rows // int(st['generation']['images_per_prompt']):,} "
+              f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
+              f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
+
+    def gpu_models(self, args, st: dict) -> bool:
+        return True
+
+    def actor_cpus(self, args, st: dict) -> float:
+        return args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0)
+
+    def use_standins(self, args, st: dict, root: str) -> None:
+        st["models_loaded"] = standins(st, root, len(st["models_loaded"]))
+
+    def load_models(self, args, st: dict, gpu) -> list[dict]:
+        return load_models(st, st["models_loaded"], args.standin_models)
+
+    def execute(self, run: Run) -> Outcome:
+        args, st, rd = run.args, run.st, run.rd
+        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
+        st["device"] = run.gpu.device
+        images, phases, budgets = generate_per_model(
+            models, requests, st["execution"],
+            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
+            "generating and detecting")
+        results = analyse(images, st)
+        out_fs, out = rd.fs, rd.path
+        io.write_table_and_csv(images, out_fs, f"{out}/{FILES['images']}")
+        io.write_text(results["counts"].to_csv(index=False), out_fs, f"{out}/{FILES['counts']}")
+        io.write_text(results["presence"].to_csv(index=False), out_fs, f"{out}/{FILES['presence']}")
+        for name, table in results["tables"].items():
+            io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
+        summary_rows = run_summary_rows(images, requests.num_rows, phases, st)
+        save_images = not args.no_save_images
+        metrics = {
+            "config": {"images": image_job(st, args), "neutral": st["neutral"], "compare": st["compare"],
+                       "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
+                       "generators_loaded": models,
+                       "blip2_loaded": st["blip2"] if uses_blip2(st) else None,
+                       "clip_loaded": st["clip"] if st["detect"]["gender"] == S.GenderDetector.CLIP else None,
+                       "save_images": save_images},
+            "models": run.models,
+            "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
+                       "generation_status": outcome_counts(images, GENERATION_STATUS),
+                       "detected_gender": outcome_counts(images, S.DETECTED_GENDER),
+                       "skin_status": outcome_counts(images, S.SKIN_STATUS)},
+            "results": {"models": results["summary"], "reference": M.reference_rows(),
+                        "tables": {k: v.to_dict("records") for k, v in results["tables"].items()}},
+            "error_budgets": [b.as_dict() for b in budgets],
+        }
+        return Outcome(metrics, summary_rows, {"images": images, "results": results, "save_images": save_images})
+
+    def report(self, run: Run, outcome: Outcome) -> None:
+        st, rd, d = run.st, run.rd, outcome.data
+        results = d["results"]
+        meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
+                "models": st["models_loaded"], "standin": bool(run.args.standin_models), "detect": st["detect"],
+                "neutral": st["neutral"], "compare": st["compare"], "attributes": [a["name"] for a in st["attributes"]]}
+        io.write_text(dalleval_report.render_html(meta, results, run.models), rd.fs, f"{rd.path}/{FILES['report']}")
+        print(dalleval_report.format_results(results))
+        print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
+              f"{FILES['counts']}, {FILES['presence']}, {', '.join(sorted(n + '.csv' for n in results['tables']))}"
+              + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
+
+
 def run(args) -> dict:
-    started = time.time()
-    if not args.verbose:
-        study.quiet_model_libraries()
-    st = settings(args)
-    requests = requests_of(st)
-    job = image_job(st, args)
-    fp = rundir.fingerprint(job)
-    rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(st["label"], fp))
-    if args.overwrite:
-        io.clear_dir(rd.fs, rd.path)
-    print(f"DALL-Eval social bias: {len(st['groups'])} groups x {len(st['professions'])} professions"
-          f"{' + bare prompts' if st['bare_prompts'] else ''} = {requests.num_rows // int(st['generation']['images_per_prompt']):,} "
-          f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
-          f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
-    # Ray first: a run whose real models could get no GPU stops here, before any model loads or write
-    ray, gp = study.start_ray(args, st["execution"], standin=args.standin_models,
-                              actor_cpus=args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0))
-    # opened (and checked against this configuration) before anything is written into it
-    rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
-    try:
-        models = list(st["generation"]["models"])
-        if args.standin_models:
-            if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
-                root = str(Path(rd.uri) / FILES["standins"])
-                Path(root).mkdir(parents=True, exist_ok=True)
-            else:  # a fixed local directory per run, so a resumed run finds the same model paths
-                root = str(Path(tempfile.gettempdir()) / f"t2i-standins-{rd.run_id}")
-            print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
-            models = build_standins(st, root, len(models))
-        records = load_models(st, models, args.standin_models)
-        for r in records:
-            tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
-            print(f"model {r['role']:<32} {tag:<46} {r['model']}")
-        print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
-        metrics = _run(args, rd, ray, gp, st, requests, models, records, started)
-    except BaseException as exc:
-        rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
-        raise
-    rd.finish("finished", duration_s=round(time.time() - started, 3))
-    return metrics
-
-
-def _run(args, rd, ray, gp, st: dict, requests: pa.Table, models: list[str], records: list[dict],
-         started: float) -> dict:
-    echo = (lambda *a, **k: None) if args.no_progress else print
-    per_actor = gp.per_actor
-    st["device"] = gp.device
-    images, phases, budgets = study.generate_per_model(
-        models, requests, st["execution"],
-        lambda model, budgets: generate(ray, rd, requests, model, st, args, per_actor, budgets, echo), "generating and detecting")
-
-    results = analyse(images, st)
-    out_fs, out = rd.fs, rd.path
-    io.write_table_and_csv(images, out_fs, f"{out}/{FILES['images']}")
-    io.write_text(results["counts"].to_csv(index=False), out_fs, f"{out}/{FILES['counts']}")
-    io.write_text(results["presence"].to_csv(index=False), out_fs, f"{out}/{FILES['presence']}")
-    for name, table in results["tables"].items():
-        io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
-
-    summary_rows = run_summary_rows(images, requests.num_rows, phases, st)
-    io.write_text(json.dumps(summary_rows, indent=2, default=str), out_fs, f"{out}/{FILES['summary']}.json")
-    io.write_text(run_summary_csv(summary_rows), out_fs, f"{out}/{FILES['summary']}.csv")
-    save_images = not args.no_save_images
-    metrics = {
-        "study": "paper000-dalleval", "run_id": rd.run_id, "started_unix": started,
-        "duration_s": round(time.time() - started, 3),
-        "config": {"images": image_job(st, args), "neutral": st["neutral"], "compare": st["compare"],
-                   "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(), "generators_loaded": models,
-                   "blip2_loaded": st["blip2"] if uses_blip2(st) else None,
-                   "clip_loaded": st["clip"] if st["detect"]["gender"] == S.GenderDetector.CLIP else None,
-                   "save_images": save_images},
-        "models": records,
-        "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
-                   "generation_status": outcome_counts(images, GENERATION_STATUS),
-                   "detected_gender": outcome_counts(images, S.DETECTED_GENDER),
-                   "skin_status": outcome_counts(images, S.SKIN_STATUS)},
-        "results": {"models": results["summary"], "reference": M.reference_rows(),
-                    "tables": {k: v.to_dict("records") for k, v in results["tables"].items()}},
-        "error_budgets": [b.as_dict() for b in budgets],
-        "run_summary": summary_rows,
-        "environment": study_config.environment(),
-    }
-    io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), out_fs,
-                  f"{out}/{FILES['metrics']}")
-    meta = {"run_id": rd.run_id, "output": rd.display(), "images": images.num_rows, "models": models,
-            "standin": bool(args.standin_models), "detect": st["detect"], "neutral": st["neutral"],
-            "compare": st["compare"], "attributes": [a["name"] for a in st["attributes"]]}
-    io.write_text(dalleval_report.render_html(meta, results, records), out_fs, f"{out}/{FILES['report']}")
-    print(dalleval_report.format_results(results))
-    print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
-          f"{FILES['counts']}, {FILES['presence']}, {', '.join(sorted(n + '.csv' for n in results['tables']))}"
-          + (f", {FILES['images_dir']}/" if save_images else ""))
-    print()
-    print(format_run_summary(summary_rows))
-    return metrics
+    """`dalleval.py run`."""
+    return run_study(DallEvalStudy(), args)
 
 
 # ------------------------------------------------------------------------------------ generation
@@ -341,10 +329,34 @@ class DetectedGenderColumns:
         return conform(t, S.DALLEVAL_IMAGES)
 
 
+def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+    """Section 5 (social bias): each diagnostic prompt's images, their gender (CLIP zero-shot or
+    BLIP-2, on the generator's device) and attributes (BLIP-2), skin tone from the face (Monk
+    scale), and the images saved."""
+    gen, batch = st["generation"], max(1, args.gen_batch_size)
+    clip, blip2 = classifier_kwargs(st), detector_kwargs(st)
+    heads = [*([Stage(ClipGenderClassifier, clip)] if clip else []), *([Stage(Blip2Detector, blip2)] if blip2 else [])]
+    pipeline = [
+        Stage(ImageGenerator, {"model": model, "revision": gen["revisions"].get(model),  # pinned as on the driver
+                               "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
+                               "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
+                               "scheduler": gen.get("scheduler"), "micro_batch": batch,
+                               "device": st.get("device", "auto"), "heads": heads}),
+        *([Stage(SkinToneDetector, dict(st["skin_tone"]))] if st["detect"]["skin_tone"] else []),
+        *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": IMAGE_ID})]
+          if not args.no_save_images else []),
+    ]
+    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
+        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch},
+        SkinToneDetector.stage_name: {"batch_size": batch * 4}}))
+
+
+RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")],
+                  "skin_actors": [(SkinToneDetector.stage_name, "actors")]}
+
+
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     """Generate, detect and measure every requested image with ``model`` (resuming from the checkpoint)."""
-    from operators.image_skin_tone import SkinToneDetector
-
     name = generation_checkpoint(model)
     done = checkpoint.checkpointed(rd, name, model, requests, S.DALLEVAL_IMAGES, IMAGE_ID)
     todo = checkpoint.still_to_do(requests, done, IMAGE_ID)
@@ -352,23 +364,10 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
     for b in budgets:
         b.add(done)
     if todo.num_rows:
-        gen = st["generation"]
         batch = max(1, args.gen_batch_size)
-        kwargs = {"model": model, "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
-                  "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
-                  "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
-                  "classifier": classifier_kwargs(st), "detector": detector_kwargs(st)}
-        kwargs["revision"] = gen["revisions"].get(model)  # hub weights pinned, as on the driver
         todo = todo.sort_by([(IMAGE_ID, "ascending")])
         ds = runtime.from_table(ray, todo, batch * 4)
-        ds = runtime.map_stage(ds, ImageGenerator, kwargs, Resources(num_cpus=1, num_gpus=per_actor, batch_size=batch,
-                                                                     actors=max(1, args.gen_actors)))
-        if st["detect"]["skin_tone"]:
-            ds = runtime.map_stage(ds, SkinToneDetector, dict(st["skin_tone"]),
-                                   Resources(num_cpus=1, batch_size=batch * 4, actors=max(1, args.skin_actors)))
-        if not args.no_save_images:
-            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{rd.uri}/{FILES['images_dir']}/{model_dir(model)}",
-                                                   "keys": [], "name_column": IMAGE_ID})
+        ds = stages.run(ds, generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}"))
         ds = ds.drop_columns(PAYLOAD)
         finish = DetectedGenderColumns(st["detect"]["gender"])
         drain(ds, lambda t: rd.write_part(name, finish(t)), phase, budgets=budgets,

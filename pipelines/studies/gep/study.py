@@ -17,12 +17,9 @@ re-running with another --reference re-scores the same images without generating
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io as _io
 import json
-import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,19 +30,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.studies.gep import metrics as M
-from operators.base import Resources, conform
+from operators.base import Stage, conform
+from operators.image_clip_embedding import ClipImageEmbedder
 from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.support.attribute_classifier import TABLE2_CONTEXTS, ClassifierSettings
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-from pipelines.engine import checkpoint, io, rundir, runtime
+from pipelines.engine import checkpoint, io, rundir, runtime, stages
 from pipelines.studies.gep import report as gep_report
-from pipelines.studies.amplification import study as study
 from pipelines.engine import config as study_config
-from pipelines.studies.amplification.report import clean_json
+from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
+from pipelines.engine.models import build_standins, clip_settings, generation_settings, load_clip_and_generators
 from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
 from pipelines.engine.progress import Phase, drain, outcome_counts
-from pipelines.engine.summary import format_run_summary, run_summary_csv, stage_row
+from pipelines.engine.summary import stage_row
 from schemas import gep as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 
@@ -88,8 +86,8 @@ def settings(args) -> dict:
     for c in comparisons:
         if len(c) != 2 or c[0] not in genders or c[1] not in genders or c[0] == c[1]:
             raise ValueError(f"comparisons: {list(c)} must name two different groups of {list(genders)}")
-    gen = study.generation_settings(cfg["generation"], args)
-    clip = study.clip_settings(cfg["clip"], args)
+    gen = generation_settings(cfg["generation"], args)
+    clip = clip_settings(cfg["clip"], args)
     classifier = dict(cfg["classifier"])
     classifier["contexts"] = list(classifier.get("contexts") or contexts or TABLE2_CONTEXTS)
     if getattr(args, "ensemble", None) is not None:
@@ -129,125 +127,113 @@ def scoring_config(st: dict) -> dict:
             "attributes": [asdict(a) for a in st["attributes"]], "classifier": st["classifier"]}
 
 
-# ------------------------------------------------------------------------------------ models
-def load_models(clip: dict, models: list[str], gen: dict, standin: bool) -> list[dict]:
-    """Load CLIP and every generator once on the driver before any work: an unloadable model fails
-    the run now, naming it and how to provide it."""
-    with study.standin_hint(standin):
-        return study.load_clip_and_generators(clip, models, gen["safety_checker"], standin,
-                                              "CLIP (embeddings, estimators)", gen.get("scheduler"),
-                                              gen.get("revisions"))
+# ------------------------------------------------------------------------------------ the study
+class GepStudy:
+    """Paper 001 as a study of the engine's lifecycle (pipelines/engine/lifecycle.py)."""
+
+    name = "paper001-gep"
+
+    def settings(self, args) -> dict:
+        st = settings(args)
+        st["requests"] = requests_of(st)
+        st["models_loaded"] = list(st["generation"]["models"])
+        st["annotations"] = read_annotations(args.annotations) if args.annotations else None  # bad input fails now
+        return st
+
+    def label(self, st: dict) -> str:
+        return st["label"]
+
+    def job(self, args, st: dict) -> dict:
+        return image_job(st, args)
+
+    def announce(self, args, st: dict) -> None:
+        print(f"GEP study: {len(st['genders'])} groups, {len(st['attributes'])} attributes, {len(st['contexts'])} "
+              f"contexts, settings {', '.join(st['settings'])}: {st['requests'].num_rows:,} images per generator")
+
+    def gpu_models(self, args, st: dict) -> bool:
+        return True
+
+    def actor_cpus(self, args, st: dict) -> float:
+        return args.gen_actors + 1
+
+    def use_standins(self, args, st: dict, root: str) -> None:
+        st["clip"] = {"model": None, "pretrained": None}
+        st["clip"]["model"], st["models_loaded"] = build_standins(
+            root, [f"generator-{i + 1}-standin" for i in range(len(st["models_loaded"]))])
+
+    def load_models(self, args, st: dict, gpu) -> list[dict]:
+        gen = st["generation"]
+        return load_clip_and_generators(st["clip"], st["models_loaded"], gen["safety_checker"], args.standin_models,
+                                        "CLIP (embeddings, estimators)", gen.get("scheduler"), gen.get("revisions"))
+
+    def execute(self, run: Run) -> Outcome:
+        args, st, rd = run.args, run.st, run.rd
+        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
+        st["device"] = run.gpu.device  # of the generator (its CLIP head follows it) and of the scorer
+        images, phases, budgets = generate_per_model(
+            models, requests, st["execution"],
+            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
+            "generating")
+
+        print(f"scoring {len(st['attributes'])} attributes with C-f, CC-f and CLS-f "
+              f"(ensembles of {st['classifier']['ensemble']}) ...")
+        scores, scorer_record, score_phase = score(run.ray, images, st, per_actor)
+        results = analyse(scores, st)
+        annotations = st["annotations"]
+        evaluation = evaluate(images, scores, results, annotations, st) if annotations is not None else None
+
+        out_fs, out = rd.fs, rd.path
+        io.write_table(images, out_fs, f"{out}/{FILES['images']}")
+        io.write_table_and_csv(scores, out_fs, f"{out}/{FILES['scores']}")
+        io.write_table_and_csv(results["frequencies"], out_fs, f"{out}/{FILES['frequencies']}")
+        io.write_table_and_csv(results["vectors"], out_fs, f"{out}/{FILES['vectors']}")
+        io.write_table_and_csv(results["gep"], out_fs, f"{out}/{FILES['gep']}")
+        names = [a.name for a in st["attributes"]]
+        shown = gep_report.with_human(results, evaluation)
+        tables = gep_report.paper_tables(shown, names)
+        for name, table in tables.items():
+            io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
+        save_images = not args.no_save_images
+        io.write_text(annotation_tasks(images, st, rd if save_images else None).to_csv(index=False), out_fs,
+                      f"{out}/{FILES['tasks']}")
+        if evaluation is not None:
+            write_evaluation(evaluation, out_fs, out)
+
+        summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows)
+        metrics = {
+            "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st["execution"],
+                       "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
+                       "clip_loaded": st["clip"], "save_images": save_images},
+            "models": run.models, "scorer": scorer_record,
+            "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
+                       "status": outcome_counts(images, GENERATION_STATUS),
+                       "embedded": int(pc.sum(pc.is_valid(images.column(S.EMBEDDING))).as_py() or 0),
+                       "scored_pairs": scores.num_rows},
+            "results": {"gep": results["gep"].to_dict("records"), "vectors": results["vectors"].to_dict("records"),
+                        "frequencies": results["frequencies"].to_pylist()},
+            "evaluation": evaluation_json(evaluation) if evaluation is not None else None,
+            "error_budgets": [b.as_dict() for b in budgets],
+        }
+        return Outcome(metrics, summary_rows, {"images": images, "shown": shown, "tables": tables,
+                                               "evaluation": evaluation, "save_images": save_images})
+
+    def report(self, run: Run, outcome: Outcome) -> None:
+        st, rd, d = run.st, run.rd, outcome.data
+        meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
+                "models": st["models_loaded"], "standin": bool(run.args.standin_models), "settings": st["settings"],
+                "reference": st["reference"], "ensemble": st["classifier"]["ensemble"],
+                "attributes": [a.name for a in st["attributes"]]}
+        io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models),
+                      rd.fs, f"{rd.path}/{FILES['report']}")
+        print(gep_report.format_scores(d["shown"], d["evaluation"]))
+        print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "
+              f"{', '.join(sorted(n + '.csv' for n in d['tables']))}, {FILES['tasks']}"
+              + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
 
 
-# ------------------------------------------------------------------------------------ run
 def run(args) -> dict:
-    started = time.time()
-    if not args.verbose:
-        study.quiet_model_libraries()
-    st = settings(args)
-    requests = requests_of(st)
-    annotations = read_annotations(args.annotations) if args.annotations else None  # bad input fails now
-    job = image_job(st, args)
-    fp = rundir.fingerprint(job)
-    rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(st["label"], fp))
-    if args.overwrite:
-        io.clear_dir(rd.fs, rd.path)
-    print(f"GEP study: {len(st['genders'])} groups, {len(st['attributes'])} attributes, {len(st['contexts'])} "
-          f"contexts, settings {', '.join(st['settings'])}: {requests.num_rows:,} images per generator")
-    with contextlib.ExitStack() as stack:
-        # Ray first: a run whose real models could get no GPU stops here, before any model loads
-        ray, gp = study.start_ray(args, st["execution"], actor_cpus=args.gen_actors + 1, standin=args.standin_models)
-        models = list(st["generation"]["models"])
-        if args.standin_models:
-            if "://" not in rd.uri:  # kept with the results, so recorded seeds can be regenerated
-                root = str(Path(rd.uri) / FILES["standins"])
-                Path(root).mkdir(parents=True, exist_ok=True)
-            else:
-                root = stack.enter_context(tempfile.TemporaryDirectory(prefix="t2i-standins-"))
-            print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
-            st["clip"] = {"model": None, "pretrained": None}
-            st["clip"]["model"], models = study.build_standins(
-                root, [f"generator-{i + 1}-standin" for i in range(len(models))])
-        records = load_models(st["clip"], models, st["generation"], args.standin_models)
-        for r in records:
-            tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
-            print(f"model {r['role']:<30} {tag:<46} {r['model']}")
-        rd.open(fp, job, overwrite=False, command=" ".join(sys.argv))
-        print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
-        try:
-            metrics = _run(args, rd, ray, gp, st, requests, models, records, annotations, started)
-        except BaseException as exc:
-            rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
-            raise
-    rd.finish("finished", duration_s=round(time.time() - started, 3))
-    return metrics
-
-
-def _run(args, rd, ray, gp, st: dict, requests: pa.Table, models: list[str], records: list[dict], annotations,
-         started: float) -> dict:
-    echo = (lambda *a, **k: None) if args.no_progress else print
-    per_actor = gp.per_actor
-    st["device"] = gp.device  # of the generator (its CLIP head follows it) and of the scorer
-    images, phases, budgets = study.generate_per_model(
-        models, requests, st["execution"],
-        lambda model, budgets: generate(ray, rd, requests, model, st, args, per_actor, budgets, echo), "generating")
-
-    print(f"scoring {len(st['attributes'])} attributes with C-f, CC-f and CLS-f "
-          f"(ensembles of {st['classifier']['ensemble']}) ...")
-    scores, scorer_record, score_phase = score(ray, images, st, per_actor)
-    results = analyse(scores, st)
-    evaluation = evaluate(images, scores, results, annotations, st) if annotations is not None else None
-
-    out_fs, out = rd.fs, rd.path
-    io.write_table(images, out_fs, f"{out}/{FILES['images']}")
-    io.write_table_and_csv(scores, out_fs, f"{out}/{FILES['scores']}")
-    io.write_table_and_csv(results["frequencies"], out_fs, f"{out}/{FILES['frequencies']}")
-    io.write_table_and_csv(results["vectors"], out_fs, f"{out}/{FILES['vectors']}")
-    io.write_table_and_csv(results["gep"], out_fs, f"{out}/{FILES['gep']}")
-    names = [a.name for a in st["attributes"]]
-    shown = gep_report.with_human(results, evaluation)
-    tables = gep_report.paper_tables(shown, names)
-    for name, table in tables.items():
-        io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
-    save_images = not args.no_save_images
-    io.write_text(annotation_tasks(images, st, rd if save_images else None).to_csv(index=False), out_fs,
-                  f"{out}/{FILES['tasks']}")
-    if evaluation is not None:
-        write_evaluation(evaluation, out_fs, out)
-
-    summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows)
-    io.write_text(json.dumps(summary_rows, indent=2, default=str), out_fs, f"{out}/{FILES['summary']}.json")
-    io.write_text(run_summary_csv(summary_rows), out_fs, f"{out}/{FILES['summary']}.csv")
-    metrics = {
-        "study": "paper001-gep", "run_id": rd.run_id, "started_unix": started,
-        "duration_s": round(time.time() - started, 3),
-        "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st["execution"],
-                   "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(), "generators_loaded": models, "clip_loaded": st["clip"],
-                   "save_images": save_images},
-        "models": records, "scorer": scorer_record,
-        "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
-                   "status": outcome_counts(images, GENERATION_STATUS),
-                   "embedded": int(pc.sum(pc.is_valid(images.column(S.EMBEDDING))).as_py() or 0),
-                   "scored_pairs": scores.num_rows},
-        "results": {"gep": results["gep"].to_dict("records"), "vectors": results["vectors"].to_dict("records"),
-                    "frequencies": results["frequencies"].to_pylist()},
-        "evaluation": evaluation_json(evaluation) if evaluation is not None else None,
-        "error_budgets": [b.as_dict() for b in budgets],
-        "run_summary": summary_rows,
-        "environment": study_config.environment(),
-    }
-    io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), out_fs, f"{out}/{FILES['metrics']}")
-    meta = {"run_id": rd.run_id, "output": rd.display(), "images": images.num_rows, "models": models,
-            "standin": bool(args.standin_models), "settings": st["settings"], "reference": st["reference"],
-            "ensemble": st["classifier"]["ensemble"], "attributes": names}
-    io.write_text(gep_report.render_html(meta, shown, tables, evaluation, records), out_fs, f"{out}/{FILES['report']}")
-    print(gep_report.format_scores(shown, evaluation))
-    print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "
-          f"{', '.join(sorted(n + '.csv' for n in tables))}, {FILES['tasks']}"
-          + (f", {FILES['images_dir']}/" if save_images else ""))
-    print()
-    print(format_run_summary(summary_rows))
-    return metrics
+    """`gep.py run`."""
+    return run_study(GepStudy(), args)
 
 
 # ------------------------------------------------------------------------------------ generation
@@ -260,6 +246,28 @@ def _checkpointed(rd, name: str, model: str, requests: pa.Table) -> pa.Table:
     return checkpoint.checkpointed(rd, name, model, requests, S.GEP_IMAGES, S.IMAGE_ID)
 
 
+def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+    """Section 3: one image per prompt and seed; section 4: its L2-normalised CLIP image embedding,
+    computed on the generator's device; the image saved for annotators (section 5)."""
+    gen, clip = st["generation"], st["clip"]
+    embed = Stage(ClipImageEmbedder, {"model": clip["model"], "pretrained": clip.get("pretrained"),
+                                      "revision": clip.get("revision")})
+    pipeline = [
+        Stage(ImageGenerator, {"model": model, "revision": (gen.get("revisions") or {}).get(model),  # pinned as on the driver
+                               "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
+                               "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
+                               "scheduler": gen.get("scheduler"), "micro_batch": max(1, args.gen_batch_size),
+                               "device": st.get("device", "auto"), "heads": [embed]}),
+        *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": S.IMAGE_ID})]
+          if not args.no_save_images else []),
+    ]
+    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
+        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": max(1, args.gen_batch_size)}}))
+
+
+RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
+
+
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     """Generate and embed every requested image with ``model`` (resuming from the checkpoint)."""
     name = generation_checkpoint(model)
@@ -269,21 +277,10 @@ def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor:
     for b in budgets:
         b.add(done)
     if todo.num_rows:
-        gen = st["generation"]
         batch = max(1, args.gen_batch_size)
-        kwargs = {"model": model, "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
-                  "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
-                  "scheduler": gen.get("scheduler"), "micro_batch": batch, "device": st.get("device", "auto"),
-                  "embedder": {"model": st["clip"]["model"], "pretrained": st["clip"].get("pretrained")}}
-        kwargs["revision"] = (gen.get("revisions") or {}).get(model)  # hub weights pinned, as on the driver
-        kwargs["embedder"]["revision"] = st["clip"].get("revision")
         todo = todo.sort_by([(S.IMAGE_ID, "ascending")])
         ds = runtime.from_table(ray, todo, batch * 4)
-        ds = runtime.map_stage(ds, ImageGenerator, kwargs, Resources(num_cpus=1, num_gpus=per_actor, batch_size=batch,
-                                                                     actors=max(1, args.gen_actors)))
-        if not args.no_save_images:
-            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{rd.uri}/{FILES['images_dir']}/{model_dir(model)}",
-                                                   "keys": [], "name_column": S.IMAGE_ID})
+        ds = stages.run(ds, generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}"))
         ds = ds.drop_columns(PAYLOAD)
         drain(ds, lambda t: rd.write_part(name, conform(t, S.GEP_IMAGES)), phase, budgets=budgets,
               flush_rows=max(batch * 4, 32), echo=echo)
@@ -435,7 +432,7 @@ def evaluate(images: pa.Table, scores: pa.Table, results: dict, ann: pd.DataFram
 def write_evaluation(ev: dict, fs, out: str) -> None:
     for key in ("human_frequencies", "human_vectors", "human_gep", "vector_agreement", "roc"):
         io.write_text(ev[key].to_csv(index=False), fs, f"{out}/{key}.csv")
-    io.write_text(json.dumps(clean_json(evaluation_json(ev)), indent=2, default=str, allow_nan=False), fs,
+    io.write_text(json.dumps(io.clean_json(evaluation_json(ev)), indent=2, default=str, allow_nan=False), fs,
                   f"{out}/{FILES['evaluation']}")
 
 

@@ -67,8 +67,8 @@ def attempt(key, fn):
 from operators.image_generation import load_text2image
 from operators.image_blip2_vqa import check_blip2, load_blip2
 from operators.image_clip_gender import load_clip
-from pipelines.studies.amplification import study as study
-import pipelines.amplification as amp
+from pipelines.engine import models
+from pipelines.studies.amplification import captions
 
 attempt("sd_main", lambda: load_text2image("org/tiny-sd", device="cpu", dtype="float32")[1])
 attempt("sd_pinned", lambda: load_text2image("org/tiny-sd", PINNED, device="cpu", dtype="float32")[1])
@@ -89,13 +89,13 @@ oc_pretrained._PRETRAINED["Tiny-Hub-ViT"] = {"openai_like": {"hf_hub": "org/tiny
 attempt("clip_tag", lambda: load_clip("Tiny-Hub-ViT", "openai_like", device="cpu").record)
 attempt("clip_tag_pinned", lambda: load_clip("Tiny-Hub-ViT", "openai_like", device="cpu", revision=PINNED).record)
 
-sbert = lambda revision: amp._load_models_once(
-    SimpleNamespace(no_names=True), {"models": {"sbert": "org/minilm", "sbert_revision": revision}})["sbert"]
+sbert = lambda revision: captions.caption_records(captions.load_caption_models(
+    SimpleNamespace(no_names=True), {"models": {"sbert": "org/minilm", "sbert_revision": revision}}))["sbert"]
 attempt("sbert", lambda: sbert(None))
 attempt("sbert_pinned", lambda: sbert(PINNED))
 
 # what a study records: CLIP and generators loaded once on the driver, at the configured revisions
-attempt("study", lambda: study.load_clip_and_generators(
+attempt("study", lambda: models.load_clip_and_generators(
     {"model": "hf-hub:org/tiny-clip", "pretrained": None, "revision": PINNED}, ["org/tiny-sd"], "model-default",
     False, "CLIP", revisions={"org/tiny-sd": PINNED}))
 print("RESULT " + json.dumps(out, default=str))
@@ -284,7 +284,9 @@ def test_amplification_image_settings_carry_the_revisions():
     pin = COMMIT["pinned"]
     args = amplification.build_parser().parse_args(
         ["run", "--output", "x", "--generators", "org/a", "--generator-revision", pin, "--clip-revision", pin])
-    settings, recorded = study.image_settings(args, amplification._settings(args)["config"])
+    from pipelines.studies.amplification import captions
+
+    settings, recorded = study.image_settings(args, captions.settings(args)["config"])
     assert settings.revisions == {"org/a": pin} and settings.clip["revision"] == pin
     assert recorded["generation"]["revisions"] == {"org/a": pin}
     assert SimpleNamespace(**settings.clip).revision == recorded["gender_classifier"]["revision"]

@@ -29,7 +29,9 @@ def no_models(monkeypatch):
     def refuse(*a, **k):
         raise ModelsLoaded
 
-    monkeypatch.setattr(amplification, "_load_models_once", refuse)
+    from pipelines.studies.amplification import captions
+
+    monkeypatch.setattr(captions, "load_caption_models", refuse)
 
 
 # ------------------------------------------------------------------------------ data identity

@@ -1,7 +1,6 @@
 """Amplification math against paper 002's own tables (Tables 3, 6, 7; App. A.1)."""
 
 from helpers import TESTS_DATA
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

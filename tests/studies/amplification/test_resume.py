@@ -16,7 +16,8 @@ from operators.base import Resources
 from pipelines import amplification
 from pipelines.engine import rundir, runtime
 from pipelines.studies.amplification import images as image_side
-from pipelines.studies.amplification import study as study
+from pipelines.engine import models
+from pipelines.studies.amplification import study
 from pipelines.engine.config import load_config
 from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain
 from pipelines.studies.amplification.sample_server import LocalImageServer
@@ -31,7 +32,7 @@ PREFIX = "https://images.example.org/"
 
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory):
-    return study.build_standins(str(tmp_path_factory.mktemp("standins")))
+    return models.build_standins(str(tmp_path_factory.mktemp("standins")))
 
 
 def settings(standins, server, extra=()):

@@ -120,7 +120,11 @@ def test_recorded_seed_regenerates_the_image(run_dir):
     images = pq.read_table(run_dir / "images.parquet")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     gen = images.filter(pc.equal(images.column(I.SOURCE), I.Source.GENERATED)).slice(5, 1)
-    g = ImageGenerator(model=gen.column(I.MODEL)[0].as_py(), steps=2, classifier=metrics["image_config"]["clip"],
+    from operators.base import Stage
+    from operators.image_clip_gender import ClipGenderClassifier
+
+    g = ImageGenerator(model=gen.column(I.MODEL)[0].as_py(), steps=2,
+                       heads=[Stage(ClipGenderClassifier, metrics["image_config"]["clip"])],
                        device="cpu")
     out = g(gen.select(["prompt", I.SEED]))
     assert out.column(I.P_FEMALE)[0].as_py() == pytest.approx(gen.column(I.P_FEMALE)[0].as_py(), abs=1e-4)
@@ -234,7 +238,6 @@ def test_unloadable_model_fails_before_any_work(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     root = REPO_ROOT
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
@@ -275,7 +278,6 @@ def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     import pandas as pd
 

@@ -4,7 +4,6 @@ from helpers import REPO_ROOT
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 ROOT = REPO_ROOT
 DATA = ROOT / "tests" / "data"

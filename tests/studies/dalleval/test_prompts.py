@@ -1,7 +1,6 @@
 """Diagnostic prompts of DALL-Eval (paper 000, section 4.2.1, Table 13)."""
 
 from helpers import REPO_ROOT
-from pathlib import Path
 
 import pytest
 import yaml

@@ -3,7 +3,6 @@
 
 from helpers import TESTS_DATA
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

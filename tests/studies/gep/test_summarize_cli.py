@@ -5,7 +5,6 @@ from helpers import REPO_ROOT
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

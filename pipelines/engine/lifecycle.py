@@ -1,0 +1,248 @@
+"""The one study lifecycle: every study's `run` goes through ``run_study``.
+
+    settings -> inputs checked -> fingerprint -> run directory -> Ray (+ GPU plan)
+      -> real models checked on the driver -> run opened (or resumed)
+      -> stand-ins built into it (--standin-models) -> streams and tables (the study)
+      -> report (the study) -> run summary, metrics.json (here) -> run finished
+
+A study is an object with the small interface ``Study`` below; the engine calls it and nothing
+else (no module injection, no names looked up on the caller). What the engine owns: Ray start
+and the GPU check, run ids, directories and resume, where stand-ins live, the order in which
+models are checked and the run opened, failure recording, the run summary files and the common
+keys of metrics.json. What a study owns: its settings, what its results depend on (the
+fingerprint), its models, its stage lists, its tables, its report.
+
+Behaviour that used to differ between the three studies' copies, and which one was kept:
+- Real models are loaded and checked *before* the run directory is opened (an unloadable model
+  leaves nothing behind, as the amplification and GEP studies did); stand-ins are built *after* it
+  is opened and checked against this configuration (they are written into it, which DALL-Eval got
+  right: a --run-id naming another job's directory is refused before anything is written there).
+- Stand-ins of a run whose output is an object store live in a fixed local directory per run id
+  (DALL-Eval's choice), not a fresh temporary one, so a resumed run finds the same model paths.
+- Ray starts before any model loads (all three), so a run whose real models could get no GPU
+  stops before loading anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from pipelines.engine import gpus, io, rundir, runtime
+from pipelines.engine.io import clean_json
+from pipelines.engine import config as study_config
+from pipelines.engine.models import print_models, quiet_model_libraries, standin_hint
+from pipelines.engine.summary import format_run_summary, run_summary_csv
+
+STANDINS_DIR = "standin_models"
+RUN_SUMMARY = "run_summary"
+METRICS = "metrics.json"
+
+
+class Study(Protocol):
+    """What a study gives the engine. ``st`` is the study's own settings object (any type)."""
+
+    name: str  # recorded as metrics.json's "study", e.g. "paper001-gep"
+
+    def settings(self, args) -> Any:
+        """The effective settings: preset, --config file, command-line overrides. Bad settings
+        and unreadable inputs fail here, before anything starts."""
+
+    def label(self, st) -> str:
+        """The job label of the default run id (``<label>-<8 hex digits of the fingerprint>``)."""
+
+    def job(self, args, st) -> dict:
+        """Everything the results depend on: its fingerprint names the run, and a resumed run
+        must have the same (execution settings such as actors or batch sizes stay out)."""
+
+    def announce(self, args, st) -> None:
+        """Print what the run will do (one or two lines)."""
+
+    def gpu_models(self, args, st) -> bool:
+        """Whether the run has model actors that ask for GPUs (generators, CLIP, BLIP-2)."""
+
+    def actor_cpus(self, args, st) -> float:
+        """CPUs the study's actor pools hold at once (a local Ray instance gets at least this + 2)."""
+
+    def use_standins(self, args, st, root: str) -> None:
+        """Build tiny random stand-ins under ``root`` and point ``st`` at them."""
+
+    def load_models(self, args, st, gpu: gpus.GpuPlan | None) -> list[dict]:
+        """Load every model once on the driver (then let it go): their provenance records,
+        ``{"role", "model", "standin", "detail"}``; an unloadable model raises ModelLoadError."""
+
+    def execute(self, run: "Run") -> "Outcome":
+        """The streams and the tables: everything the run computes and writes besides the report."""
+
+    def report(self, run: "Run", outcome: "Outcome") -> None:
+        """Write the report (HTML, figures) and print the results."""
+
+
+@dataclass
+class Run:
+    """What a study's ``execute`` and ``report`` get: the open run and everything started for it."""
+
+    args: Any
+    st: Any
+    rd: rundir.RunDir
+    ray: Any
+    gpu: gpus.GpuPlan | None
+    models: list[dict]
+    started: float
+    stack: contextlib.ExitStack
+
+    @property
+    def echo(self) -> Callable:
+        return (lambda *a, **k: None) if getattr(self.args, "no_progress", False) else print
+
+    def path(self, name: str) -> str:
+        return self.rd.file(name)
+
+
+@dataclass
+class Outcome:
+    """What ``execute`` computed: the study's part of metrics.json, the run summary rows (rows in,
+    kept, dropped per reason per stage) and anything the report needs (``data``)."""
+
+    metrics: dict
+    summary_rows: list[dict] | None = None
+    data: dict = field(default_factory=dict)
+
+
+def plan_run(args, study: Study, st) -> rundir.RunDir:
+    """This job's directory under --output (nothing is written yet)."""
+    job = study.job(args, st)
+    fp = rundir.fingerprint(job)
+    rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(study.label(st), fp))
+    rd.job, rd.fingerprint = job, fp
+    return rd
+
+
+def open_run(args, rd: rundir.RunDir, overwrite: bool = False) -> rundir.RunDir:
+    """Start the run in its directory, or resume it there when it holds the same configuration."""
+    rd.open(rd.fingerprint, rd.job, overwrite=overwrite, command=" ".join(sys.argv))
+    print(f"run {rd.run_id}: {'resuming in' if rd.resumed else 'results ->'} {rd.display()}")
+    return rd
+
+
+def start_ray(args, execution: dict, actor_cpus: float, standin: bool, gpu_models: bool = True):
+    """The Ray instance of a study's run (local or the cluster's) and, for a study with model
+    actors, their GPU plan: GPUs asked for from the configuration, held against what this Ray
+    instance can provide before any model loads or data is read (pipelines/engine/gpus.py)."""
+    gp = gpus.plan(execution, args.gpus_per_actor, getattr(args, "device", None), standin) if gpu_models else None
+    ray = runtime.init_ray(args.ray_address, args.num_cpus, quiet=not args.verbose, progress=not args.no_progress,
+                           actor_cpus=actor_cpus)
+    runtime.configure(execution["max_retries"])
+    if gp is not None:
+        gp = gpus.check_cluster(ray, gp, standin, local=runtime.is_local_instance())
+        print(f"model actors: {gp.per_actor:g} GPU(s) each ({gp.source}), models on {gp.device}"
+              + (f"; {gp.note}" if gp.note else ""))
+    return ray, gp
+
+
+def generate_per_model(models: list[str], requests, execution: dict, generate_one, what: str = "generating",
+                       budgets_of: Callable[[str], list] | None = None):
+    """Run ``generate_one(model, budgets) -> (images, phase)`` for every generator, each with its own
+    error budgets (default: generation failures over --max-error-rate); returns (all images,
+    phases per model, budgets)."""
+    import pyarrow as pa
+
+    from pipelines.engine.progress import ErrorBudget
+    from schemas import images as I
+
+    def default_budgets(model: str) -> list:
+        return [ErrorBudget(f"generation ({model})", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES},
+                            float(execution["max_error_rate"]), int(execution["error_budget_min_rows"]))]
+
+    parts, phases, budgets = [], {}, []
+    for model in models:
+        print(f"{what} {requests.num_rows:,} images with {model} ...")
+        mine = (budgets_of or default_budgets)(model)
+        images, phase = generate_one(model, mine)
+        if phase.reused:
+            print(f"  {phase.name}: {phase.reused:,} of {phase.total:,} {phase.unit} reused from the checkpoint, "
+                  f"{phase.processed:,} processed now")
+        parts.append(images)
+        phases[model] = phase
+        budgets += mine
+    return (pa.concat_tables(parts) if parts else None), phases, budgets
+
+
+def standin_root(rd: rundir.RunDir) -> str:
+    """Where a run's stand-ins live: inside a local run directory (kept with the results, so
+    recorded seeds can be regenerated), else a fixed local directory per run id."""
+    if "://" not in rd.uri:
+        root = Path(rd.uri) / STANDINS_DIR
+    else:
+        root = Path(tempfile.gettempdir()) / f"t2i-standins-{rd.run_id}"
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+def run_study(study: Study, args) -> dict:
+    """Run ``study`` end to end (see the module docstring); returns metrics.json's content."""
+    started = time.time()
+    if not getattr(args, "verbose", False):
+        quiet_model_libraries()
+    standin = bool(getattr(args, "standin_models", False))
+    st = study.settings(args)
+    rd = plan_run(args, study, st)
+    if args.overwrite:
+        io.clear_dir(rd.fs, rd.path)
+    study.announce(args, st)
+    ex = st["execution"] if isinstance(st, dict) else st.execution
+    with contextlib.ExitStack() as stack:
+        # Ray first: a run whose real models could get no GPU stops here, before any model loads
+        ray, gp = start_ray(args, ex, study.actor_cpus(args, st), standin, study.gpu_models(args, st))
+        models = None
+        if not standin:  # every real model loads before the run starts: a failure leaves nothing behind
+            with standin_hint(False):
+                models = study.load_models(args, st, gp)
+        open_run(args, rd)
+        try:
+            if standin:  # written into the run directory, so only once it is open (and checked)
+                root = standin_root(rd)
+                print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
+                study.use_standins(args, st, root)
+                with standin_hint(True):
+                    models = study.load_models(args, st, gp)
+            print_models(models)
+            run = Run(args, st, rd, ray, gp, models, started, stack)
+            outcome = study.execute(run)
+            metrics = finish(run, study, outcome)
+        except BaseException as exc:
+            rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+            raise
+    rd.finish("finished", duration_s=round(time.time() - started, 3))
+    return metrics
+
+
+def write_run_summary(rd: rundir.RunDir, rows: list[dict]) -> None:
+    io.write_text(json.dumps(rows, indent=2, default=str), rd.fs, rd.file(f"{RUN_SUMMARY}.json"))
+    io.write_text(run_summary_csv(rows), rd.fs, rd.file(f"{RUN_SUMMARY}.csv"))
+
+
+def finish(run: Run, study: Study, outcome: Outcome) -> dict:
+    """Run summary files, the report, metrics.json (the study's keys plus the common ones), and
+    the run summary printed last."""
+    if outcome.summary_rows is not None:
+        write_run_summary(run.rd, outcome.summary_rows)
+    study.report(run, outcome)
+    metrics = {"study": study.name, "run_id": run.rd.run_id, "started_unix": run.started,
+               "duration_s": round(time.time() - run.started, 3), **outcome.metrics}
+    metrics.setdefault("models", run.models)
+    if outcome.summary_rows is not None:
+        metrics["run_summary"] = outcome.summary_rows
+    metrics["environment"] = study_config.environment()
+    io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), run.rd.fs,
+                  run.rd.file(METRICS))
+    if outcome.summary_rows is not None:
+        print()
+        print(format_run_summary(outcome.summary_rows))
+    return metrics

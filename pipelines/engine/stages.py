@@ -1,0 +1,80 @@
+"""Pipelines as data: a study's stream is a list of ``operators.base.Stage`` (operator, arguments,
+resources), and this module runs it.
+
+Resources are declared once, on the operator (``resources``) or on the Stage where a study needs
+something else; the only other place that changes them is ``configure``, which applies the
+overrides of a run: the configuration's ``execution.stages`` mapping ({stage name: {actors,
+num_gpus, num_cpus, batch_size}}) first, then the command-line flags a study maps onto stages
+(``--ner-actors`` -> names.actors, ``--gpus-per-actor`` -> the model actors' num_gpus, ...).
+``run`` then turns every Stage into one Ray Data ``map_batches`` with exactly those resources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Mapping
+
+from operators.base import Resources, Stage
+from pipelines.engine import runtime
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Resources))
+
+
+def overrides(execution: Mapping | None, args=None, flags: Mapping[str, Iterable[tuple[str, str]]] = (),
+              values: Mapping[str, Mapping] | None = None) -> dict[str, dict]:
+    """{stage name: {resource field: value}} for a run: ``execution["stages"]`` from the
+    configuration, then each command-line flag of ``flags`` ({args attribute: [(stage, field),
+    ...]}) that is set (not None), then ``values`` (what the run decided, e.g. the GPU plan)."""
+    out: dict[str, dict] = {}
+
+    def put(stage: str, key: str, value, where: str) -> None:
+        if key not in FIELDS:
+            raise ValueError(f"{where}: {stage}.{key} is not a stage resource (one of {', '.join(FIELDS)})")
+        out.setdefault(stage, {})[key] = value
+
+    for stage, fields in ((execution or {}).get("stages") or {}).items():
+        if not isinstance(fields, Mapping):
+            raise ValueError(f"execution.stages.{stage}: expected a mapping of {', '.join(FIELDS)}, got {fields!r}")
+        for key, value in fields.items():
+            put(stage, key, value, "execution.stages")
+    for attr, targets in dict(flags).items():
+        value = getattr(args, attr, None) if args is not None else None
+        if value is not None:
+            for stage, key in targets:
+                put(stage, key, value, f"--{attr.replace('_', '-')}")
+    for stage, fields in (values or {}).items():
+        for key, value in fields.items():
+            put(stage, key, value, "run")
+    return out
+
+
+def configure(stages: list[Stage], changes: Mapping[str, Mapping]) -> list[Stage]:
+    """``stages`` with the resource ``changes`` applied (by stage name; names of stages this list
+    does not have are ignored, so one set of overrides serves every stream of a study)."""
+    out = []
+    for s in stages:
+        if s.name in changes:
+            res = dataclasses.replace(s.declared(), **changes[s.name])
+            if res.actors is not None:
+                res = dataclasses.replace(res, actors=max(1, int(res.actors)))
+            s = dataclasses.replace(s, resources=res)
+        out.append(s)
+    return out
+
+
+def run(ds, stages: list[Stage], schema=None):
+    """Chain ``stages`` onto the Ray dataset ``ds``. With ``schema`` the stream carries tally rows
+    (caption stages that drop rows count them per reason); without, stages keep every row and
+    write status columns (image stages)."""
+    for s in stages:
+        if schema is not None:
+            ds = runtime.stage(ds, s.op, dict(s.kwargs), schema, s.declared())
+        else:
+            ds = runtime.map_stage(ds, s.op, dict(s.kwargs), s.declared())
+    return ds
+
+
+def describe(stages: list[Stage]) -> list[dict]:
+    """What metrics.json records about a stream: each stage's name, operator and resources."""
+    return [{"stage": s.name, "operator": f"{s.op.__module__}.{s.op.__qualname__}",
+             "resources": dataclasses.asdict(s.declared())} for s in stages]

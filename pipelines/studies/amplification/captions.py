@@ -1,0 +1,506 @@
+"""The caption side of paper 002 (`amplification.py captions`, and the first phase of `run`).
+
+LAION captions -> validate -> occupation match -> gender words -> person names -> one row per
+(caption, occupation) -> SBERT similarity to the occupation's prompts, streamed in resumable
+shards of input files; then the training subsets (naive, no indicators, NN, NN + no indicators;
+sections 4 and 5) by a partial top-k reduction, and the per-occupation summaries.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from operators.base import Stage, conform, split_tallies
+from operators.text_caption_validator import CaptionValidator, holds_text
+from operators.text_gender_words import GenderWordIndicators
+from operators.text_name_gender import NameGenderIndicators, load_spacy
+from operators.text_occupation_explode import OccupationExploder
+from operators.text_occupation_matcher import OccupationMatcher
+from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, sbert_provenance
+from pipelines.engine import config as study_config
+from pipelines.engine import io, rundir, runtime, stages
+from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain
+from pipelines.engine.summary import (
+    CountMismatch,
+    check_chain,
+    format_summary,
+    stage_counts,
+    summarize,
+    summary_rows_captions,
+)
+from pipelines.studies.amplification import caption_report as report
+from pipelines.studies.amplification.prompts import prompt_table
+from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k
+from schemas import captions as C
+from schemas.subsets import TRAINING_SUBSETS
+
+# the installed project, also when `ray submit` runs a copy of this script outside the repository
+REPO = Path(study_config.__file__).resolve().parents[2]
+SAMPLE_INPUT = REPO / "data" / "synthetic" / "laion_synthetic_sample.parquet"
+
+STAGE_ORDER = [op.stage_name for op in (CaptionValidator, OccupationMatcher, GenderWordIndicators,
+                                         NameGenderIndicators, OccupationExploder, PromptSimilarity)]
+
+FILES = {  # what the captions subcommand writes under --output
+    "annotated": "annotated_captions",
+    "subsets": "training_subsets.parquet",
+    "similarity": "similarity_summary",
+    "counts": "stage_counts",
+    "metrics": "metrics.json",
+}
+
+
+
+def settings(args) -> dict:
+    """The effective study settings: the config file (or preset) with the job's and the command
+    line's overrides applied."""
+    cfg, label = study_config.job_config(args.config, args.occupations, args.occupations_file, args.prompt_templates)
+    occupations = study_config.occupations_from(cfg)
+    gi, sel, models = dict(cfg["gender_indicators"]), dict(cfg["selection"]), dict(cfg["models"])
+    for key, value in (("sample_size", args.sample_size), ("nn_k", args.nn_k), ("seed", args.seed),
+                       ("no_indicator_mode", args.no_indicator_mode)):
+        if value is not None:
+            sel[key] = value
+    if args.spacy_model:
+        gi["spacy_model"] = args.spacy_model
+    if args.strict_names:
+        gi["count_mostly_names"] = False
+    if args.sbert_model:
+        models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
+    elif args.sbert_revision:
+        models["sbert_revision"] = args.sbert_revision
+    ex = dict(cfg["execution"])
+    for key in ("files_per_shard", "max_retries", "max_error_rate", "max_fetch_failures"):
+        if getattr(args, key) is not None:
+            ex[key] = getattr(args, key)
+    return {"occupations": occupations, "prompts": list(cfg["prompts"]), "gender_indicators": gi,
+            "selection": sel, "models": models, "execution": ex, "config": cfg, "label": label}
+
+
+def caption_job(args, st: dict, inp, columns: dict) -> dict:
+    """Everything the caption side's results depend on (its fingerprint names the run)."""
+    return {
+        "study": "paper002-amplification", "command": args.command,
+        # what identifies each file's data, not only its name and rows: a file rewritten in place
+        # gets a run of its own (or, under the same --run-id, a refusal), never the old results
+        "input": {"files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
+                  "data": inp.data_identity()}, "columns": columns,
+        "occupations": [study_config.occupation_spec(o) for o in st["occupations"]], "prompts": st["prompts"],
+        "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
+        "selection": st["selection"], "models": st["models"],
+    }
+
+
+CAPTION_TALLIES = "caption_tallies"
+TALLY_SCHEMA = pa.schema([pa.field(C.TALLY_STAGE, pa.string()), pa.field(C.TALLY_OUTCOME, pa.string()),
+                          pa.field(C.TALLY_COUNT, pa.int64())])
+CAPTION_FAILURES = (C.DROP_NULL, C.DROP_EMPTY, C.DROP_NON_TEXT)
+
+
+def caption_shards(run: rundir.RunDir, inp, files_per_shard: int) -> list[list[str]]:
+    """The input files in shards of ``files_per_shard``, fixed when the run starts (recorded)."""
+    n = max(1, int(files_per_shard))
+    return run.plan("caption_shards", [inp.files[i:i + n] for i in range(0, len(inp.files), n)])
+
+
+def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: pa.Schema, schema: pa.Schema,
+                st: dict, args) -> tuple[Phase, ErrorBudget, pa.Table]:
+    """The caption scan, one shard of input files at a time. A finished shard is marked done and
+    skipped on resume; an unfinished one is cleared and scanned again.
+
+    Crash safety: sink tasks write their parts atomically and report them; the driver commits a
+    shard (keeps the parts it received, deletes what retried or killed attempts left, writes the
+    shard's tallies under a fixed name) and only then writes the done marker, which lists the parts:
+    a crash at any point leaves a shard that is either done and exact, or redone on resume."""
+    ex = st["execution"]
+    shards = caption_shards(run, inp, ex["files_per_shard"])
+    if sorted(f for sh in shards for f in sh) != sorted(inp.files):
+        raise io.InputError(f"the input files differ from those this run started with ({run.display('run.json')})")
+    rows_of = dict(zip(inp.files, inp.row_counts))
+    phase = Phase("caption scan", "captions", inp.num_rows)
+    budget = ErrorBudget(C.STAGE_CAPTIONS, {}, float(ex["max_error_rate"]), int(ex["error_budget_min_rows"]))
+    attempt: list[pa.Table] = []
+    for i, files in enumerate(shards):
+        name = f"captions/shard-{i:05d}"
+        shard_rows = sum(rows_of[f] for f in files)
+        if run.done(name):
+            phase.reused += shard_rows
+            continue
+        print(f"caption shard {i + 1}/{len(shards)}: {len(files)} file(s), {shard_rows:,} rows ...")
+        data_dir = f"{run.file(FILES['annotated'])}/shard-{i:05d}"
+        run.clear(data_dir)
+        ds = caption_stream(ray, inp.subset(files), columns, schema, st, args)
+        ds = runtime.map_batches(ds, _write_shard_part, runtime.task_retries(), batch_format="pyarrow", num_cpus=1,
+                                 fn_args=(run.fs, data_dir, annotated_schema))
+        parts: list[pa.Table] = []
+        sink_budget = _TallyBudget(budget)
+        try:
+            drain(ds, parts.append, phase, budgets=[sink_budget], flush_rows=1, echo=_echo(args), count=_captions_read)
+        except Exception as exc:  # a file with corrupt data pages: name it and the cause, not a crashed worker
+            bad = io.unreadable_input(exc, inp.subset(files), _read_columns(columns))
+            if bad is None:
+                raise
+            raise bad from None
+        shard_tallies = pa.concat_tables(parts) if parts else TALLY_SCHEMA.empty_table()
+        written = pc.equal(shard_tallies.column(C.TALLY_STAGE), C.STAGE_WRITTEN_PARTS)
+        manifest = commit_parts(run.fs, data_dir, shard_tallies.filter(written))
+        shard_tallies = shard_tallies.filter(pc.invert(written))
+        run.write_part(CAPTION_TALLIES, shard_tallies, key=f"shard-{i:05d}")  # a redone shard replaces its own
+        run.mark_done(name, {"files": [inp.display(f) for f in files], "rows": shard_rows, "parts": manifest})
+        attempt.append(shard_tallies)
+    return phase, budget, pa.concat_tables(attempt) if attempt else TALLY_SCHEMA.empty_table()
+
+
+class _TallyBudget:
+    """The caption validator's error budget, fed from tally rows (the stream carries counts)."""
+
+    def __init__(self, budget: ErrorBudget):
+        self.budget = budget
+
+    def add(self, tallies: pa.Table) -> None:
+        rows = tallies.filter(pc.equal(tallies.column(C.TALLY_STAGE), C.STAGE_CAPTIONS)).to_pylist()
+        self.budget.count(sum(r[C.TALLY_COUNT] for r in rows),
+                          {r[C.TALLY_OUTCOME]: r[C.TALLY_COUNT] for r in rows if r[C.TALLY_OUTCOME] in CAPTION_FAILURES})
+
+    def check(self, final: bool = False) -> None:
+        self.budget.check(final)
+
+
+def _captions_read(tallies: pa.Table) -> int:
+    """Input captions a block of tally rows accounts for (the validator sees every row once)."""
+    mask = pc.equal(tallies.column(C.TALLY_STAGE), C.STAGE_CAPTIONS)
+    return int(pc.sum(tallies.column(C.TALLY_COUNT).filter(mask)).as_py() or 0)
+
+
+def _write_shard_part(batch: pa.Table, fs, data_dir: str, annotated_schema: pa.Schema) -> pa.Table:
+    """Sink of the caption stream: write the annotated rows of this batch as a part file of the
+    shard (atomically), and pass on only the tally rows (small) to the driver, with one more row
+    naming the part: the driver commits exactly the parts it receives (``commit_parts``)."""
+    import uuid
+
+    data, tallies = split_tallies(batch)
+    out = tallies.select([C.TALLY_STAGE, C.TALLY_OUTCOME, C.TALLY_COUNT]).cast(TALLY_SCHEMA)
+    if data.num_rows:
+        part = f"part-{uuid.uuid4().hex}.parquet"
+        io.write_table(conform(data, annotated_schema), fs, f"{data_dir}/{part}")
+        out = pa.concat_tables([out, pa.table([[C.STAGE_WRITTEN_PARTS], [part], [data.num_rows]], schema=TALLY_SCHEMA)])
+    return out
+
+
+def commit_parts(fs, data_dir: str, written: pa.Table) -> list[dict]:
+    """Keep exactly the parts the driver received (``written``: their tally rows) in a shard's
+    directory and delete everything else: parts of attempts Ray retried (a worker that died after
+    writing, a block re-run by lineage reconstruction) and temporary files of killed writes.
+    Returns the manifest, [{"name", "rows"}], for the shard's done marker."""
+    manifest = [{"name": n, "rows": int(r)} for n, r in zip(written.column(C.TALLY_OUTCOME).to_pylist(),
+                                                             written.column(C.TALLY_COUNT).to_pylist())]
+    keep = {m["name"] for m in manifest}
+    infos = fs.get_file_info(pafs.FileSelector(data_dir, allow_not_found=True, recursive=True))
+    files = {posixpath.basename(f.path): f.path for f in infos if f.type == pafs.FileType.File}
+    missing = sorted(keep - set(files))
+    if missing or len(keep) != len(manifest):
+        raise RuntimeError(f"caption parts reported written but not in {data_dir}: {missing[:5]}")
+    for base, path in files.items():
+        if base not in keep:
+            fs.delete_file(path)
+    return sorted(manifest, key=lambda m: m["name"])
+
+
+def committed_parts(run: rundir.RunDir, shards: int) -> list[str]:
+    """The annotated-caption part files of every done shard, as their done markers list them (a
+    file in a shard directory that no marker lists is never read)."""
+    paths = []
+    for i in range(shards):
+        shard_dir = f"{run.file(FILES['annotated'])}/shard-{i:05d}"
+        done = run.done(f"captions/shard-{i:05d}") or {}
+        if "parts" in done:
+            paths += [f"{shard_dir}/{p['name']}" for p in done["parts"]]
+        else:  # marked done by a version that kept no list: what its directory holds
+            infos = run.fs.get_file_info(pafs.FileSelector(shard_dir, allow_not_found=True))
+            paths += sorted(f.path for f in infos if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+                            and not posixpath.basename(f.path).startswith((".", "_")))
+    return paths
+
+
+def _echo(args):
+    return (lambda *a, **k: None) if args.no_progress else print
+
+
+def _phase_record(phase: Phase) -> dict:
+    return {"name": phase.name, "unit": phase.unit, "total": phase.total, "reused": phase.reused,
+            "processed": phase.processed, "seconds": round(phase.seconds, 3),
+            "rate_per_s": None if phase.rate is None else round(phase.rate, 3)}
+
+
+def _read_columns(columns: dict) -> list[str]:
+    return [c for c in (columns["text_column"], columns["url_column"], *columns["kept_columns"]) if c]
+
+
+def caption_stages(st: dict, args, columns: dict) -> list[Stage]:
+    """Paper 002's caption side as a stage list, in the order of its method section."""
+    gi, models = st["gender_indicators"], st["models"]
+    words = {k: gi[k] for k in ("male_words", "female_words", "male_pronouns", "female_pronouns")}
+    return [
+        # rows with a usable caption; null, empty and non-text captions are counted drops (section 3.2)
+        Stage(CaptionValidator, {"text_column": columns["text_column"], "url_column": columns["url_column"]}),
+        # captions naming an occupation of Table 4, whole words, regular plurals (sections 2.3, 3.2)
+        Stage(OccupationMatcher, {"occupations": st["occupations"]}),
+        # explicit gender indicators: gendered words and pronouns (section 5.1, App. A.5)
+        Stage(GenderWordIndicators, words),
+        # person names whose first name gender-guesser knows (App. A.5); --no-names leaves them out
+        *([] if args.no_names else [Stage(NameGenderIndicators, {
+            "spacy_model": gi["spacy_model"], "count_mostly": gi["count_mostly_names"],
+            "skip_words": [t for o in st["occupations"] for t in o.forms()]})]),
+        # one row per (caption, occupation), with a stable caption id and a seeded sampling key
+        Stage(OccupationExploder, {"seed": st["selection"]["seed"]}),
+        # SBERT cosine between each caption and its occupation's Table 1 prompts (section 5.2)
+        Stage(PromptSimilarity, {"model": models["sbert"], "revision": models["sbert_revision"],
+                                 "prompts": prompt_table(st["occupations"], st["prompts"]), "device": args.device}),
+    ]
+
+
+# command-line flags that change a caption stage's resources (declared on the operators)
+RESOURCE_FLAGS = {
+    "scan_batch_size": [(CaptionValidator.stage_name, "batch_size"), (OccupationMatcher.stage_name, "batch_size")],
+    "ner_actors": [(NameGenderIndicators.stage_name, "actors")],
+    "embed_actors": [(PromptSimilarity.stage_name, "actors")],
+    "embed_gpus": [(PromptSimilarity.stage_name, "num_gpus")],
+}
+
+
+def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
+    """The caption scan as one Ray Data stream: the stage list, with this run's resources."""
+    pipeline = stages.configure(caption_stages(st, args, columns),
+                                stages.overrides(st["execution"], args, RESOURCE_FLAGS))
+    read = _read_columns(columns)
+    streams = [  # one per group of files whose columns have the same types; validation unifies them
+        # only the needed columns are read: Ray pushes the projection down into the parquet reader
+        stages.run(ray.data.read_parquet(files, filesystem=inp.filesystem).select_columns(read), pipeline[:1], schema)
+        for files in inp.groups_by_type(read)
+    ]
+    ds = streams[0].union(*streams[1:]) if len(streams) > 1 else streams[0]
+    return stages.run(ds, pipeline[1:], schema)
+
+
+def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, prompts: dict, n_occupations: int):
+    """Training subsets by partial top-k per batch, merged per occupation; and per-occupation stats.
+
+    Only the partial top-ks (at most k rows per group and batch) cross the shuffle, and the
+    results are bounded by occupations x subsets x k: nothing scales with the caption stream.
+    """
+    if annotated_rows == 0:
+        return TRAINING_SUBSETS.empty_table(), None
+    parts = max(1, min(n_occupations, int(ray.cluster_resources().get("CPU", 1))))
+    subsets = (
+        data.map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=65536)
+        # a second, coarser level of the reduction tree before the shuffle: the partials of
+        # ~16 first-level batches are reduced again, so far fewer rows cross the shuffle
+        .map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=1 << 20)
+        .groupby(C.OCCUPATION, num_partitions=parts)
+        .map_groups(finalize, fn_args=(selection, prompts), batch_format="pyarrow")
+    )
+    subsets = conform(pa.concat_tables(ray.get(subsets.to_arrow_refs())), TRAINING_SUBSETS)
+    subsets = subsets.sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
+    return subsets, occupation_stats(ray, data)
+
+
+def occupation_stats(ray, data) -> pa.Table:
+    """Caption and indicator counts per occupation: partial counts per block, summed on the driver
+    (at most occupations rows per block cross to it). A group-by would shuffle every annotated
+    caption and hold each occupation in one block: at LAION scale tens of millions of rows for
+    "student" or "author" in one worker."""
+    return report.combine_occupation_stats(ray.get(partial_occupation_stats(data).to_arrow_refs()))
+
+
+def partial_occupation_stats(data):
+    """The per-block partial counts (a map over the annotated captions, nothing else)."""
+    return data.select_columns([C.OCCUPATION, C.CAPTION_GENDER]).map_batches(
+        report.partial_occupation_stats, batch_format="pyarrow", batch_size=None)
+
+
+def validate_input(args, st: dict | None = None):
+    inp = io.resolve_parquet_inputs(args.input)
+    text_col = io.resolve_column(inp, args.text_column, "text")
+    _check_text_type(inp, text_col, (st or settings(args))["execution"])
+    if inp.num_rows == 0:
+        print(f"warning: the input holds no rows ({len(inp.files)} file(s), per their parquet footers): every "
+              f"count, subset and table of this run will be empty", file=sys.stderr)
+    url_col = None if args.url_column.lower() == "none" else io.resolve_column(inp, args.url_column, "url")
+    extras = [io.resolve_column(inp, c, "keep") for c in args.keep_columns]
+    clash = [c for c in extras if c in set(C.stream_schema().names)]
+    if clash:
+        raise io.InputError(f"--keep-columns {clash} clash with columns this pipeline writes")
+    columns = {"text_column": text_col, "url_column": url_col, "kept_columns": extras}
+    return inp, columns, [inp.schemas[0].field(c) for c in extras]
+
+
+def _check_text_type(inp, text_col: str, ex: dict) -> None:
+    """The caption column's type is in every footer: each row of a file where it cannot hold text
+    fails validation (non_text_caption, or null_caption where empty). Known before any data is
+    read, so a wrong --text-column fails now, and so does a share of such rows over the error
+    budget (which the scan would hit for certain); a smaller share is announced and counted."""
+    bad = [(f, s.field(text_col).type, n) for f, s, n in zip(inp.files, inp.schemas, inp.row_counts)
+           if not holds_text(s.field(text_col).type)]
+    rows = sum(n for *_, n in bad)
+    if not rows:
+        return
+    where = ", ".join(f"{inp.display(f)} ({t})" for f, t, _ in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    if len(bad) == len(inp.files):
+        raise io.InputError(f"the text column {text_col!r} holds no text in any input file ({where}); choose the "
+                            f"caption column with --text-column")
+    rate, min_rows = float(ex["max_error_rate"]), int(ex["error_budget_min_rows"])
+    if inp.num_rows >= max(1, min_rows) and rate < 1.0 and rows / inp.num_rows > rate:
+        raise ErrorBudgetExceeded(
+            f"error budget exceeded at stage {C.STAGE_CAPTIONS} before any data is read: {rows:,} of "
+            f"{inp.num_rows:,} rows ({100 * rows / inp.num_rows:.1f}%) are in files whose text column {text_col!r} "
+            f"is not text: {where}. They would all fail (non_text_caption or null_caption); the budget is "
+            f"{100 * rate:g}% (--max-error-rate). Choose the caption column with --text-column, leave those files "
+            f"out of --input, or raise --max-error-rate")
+    print(f"warning: the text column {text_col!r} is not text in {len(bad)} of {len(inp.files)} input files "
+          f"({where}): their {rows:,} rows count as non_text_caption (null_caption where empty)", file=sys.stderr)
+
+
+def load_caption_models(args, st: dict) -> list[dict]:
+    """Load spaCy and SBERT on the driver before any data is read; their provenance records."""
+    records = []
+    if not args.no_names:
+        nlp = load_spacy(st["gender_indicators"]["spacy_model"])
+        records.append({"role": "caption side (spacy)", "key": "spacy", "model": st["gender_indicators"]["spacy_model"],
+                        "standin": False, "detail": {"model": st["gender_indicators"]["spacy_model"],
+                                                     "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
+                                                     "pipes": nlp.pipe_names}})
+    sbert, revision = st["models"]["sbert"], st["models"]["sbert_revision"]
+    load_sentence_transformer(sbert, revision, "cpu")
+    records.append({"role": "caption side (sbert)", "key": "sbert", "model": sbert, "standin": False,
+                    "detail": sbert_provenance(sbert, revision)})  # the hub commit and sha256 of what loaded
+    return records
+
+
+def caption_records(records: list[dict]) -> dict:
+    """metrics.json's "models" of the caption side: {"spacy": ..., "sbert": ...}."""
+    return {r["key"]: r["detail"] for r in records if r.get("key")}
+
+
+def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
+    """The caption side in an open run: scan (resumable shards), training subsets, summaries.
+    Returns its metrics and what ``print_caption_side`` shows; ``own_run``: the `captions`
+    subcommand (adds the run summary rows)."""
+    args, rd, ray = run.args, run.rd, run.ray
+    inp, columns, extra_fields = st["input"]
+    selection = SelectionConfig(st["selection"]["sample_size"], st["selection"]["nn_k"], len(st["prompts"]),
+                                st["selection"]["no_indicator_mode"])
+    prompts = prompt_table(st["occupations"], st["prompts"])
+    annotated_schema = C.annotated_schema(extra_fields)
+    phase, budget, attempt = scan_shards(ray, rd, inp, columns, annotated_schema, C.stream_schema(extra_fields),
+                                         st, args)
+    tallies = rd.read_parts(CAPTION_TALLIES, TALLY_SCHEMA)
+    annotated_dir = rd.file(FILES["annotated"])
+    parts = committed_parts(rd, len(caption_shards(rd, inp, st["execution"]["files_per_shard"])))
+    annotated_rows = io.count_parquet_rows(rd.fs, parts)
+    if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
+        parts = [f"{annotated_dir}/part-0.parquet"]
+        io.write_table(annotated_schema.empty_table(), rd.fs, parts[0])
+    data = ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
+
+    subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
+    io.write_table(subsets, rd.fs, rd.file(FILES["subsets"]))
+    sim = report.similarity_summary(stats, subsets, st["occupations"])
+    io.write_table_and_csv(sim, rd.fs, rd.file(FILES["similarity"]))
+
+    counts = stage_counts(tallies)
+    io.write_table_and_csv(counts, rd.fs, rd.file(FILES["counts"]))
+    order = [s for s in STAGE_ORDER if not (args.no_names and s == NameGenderIndicators.stage_name)]
+    summary = summarize(counts, order)
+    if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
+        raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
+    check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))
+
+    sizes, head = report.subset_sizes(subsets), report.headline(sim)
+    metrics = {
+        "stage": "captions",
+        "attempt_summary": summarize(stage_counts(attempt), order),
+        "input": {"paths": list(args.input), "files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
+                  **columns},
+        "output": rd.display(),
+        "config": {
+            "occupations": [o.__dict__ | {"forms": list(o.forms())} for o in st["occupations"]],
+            "prompts": st["prompts"],
+            "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
+            "selection": selection.as_dict() | {"seed": st["selection"]["seed"]},
+            "models": st["models"],
+            "config_file": args.config or str(study_config.default_config_path()),
+            "occupations_file": args.occupations_file,
+            "execution": st["execution"],
+            "resources": {"scan_batch_size": args.scan_batch_size, "ner_actors": args.ner_actors,
+                          "embed_actors": args.embed_actors, "embed_gpus": args.embed_gpus, "device": args.device},
+            "stages": stages.describe(stages.configure(caption_stages(st, args, columns),
+                                                       stages.overrides(st["execution"], args, RESOURCE_FLAGS))),
+        },
+        "models": caption_records(run.models),
+        "counts": summary,
+        "caption_phase": _phase_record(phase),
+        "error_budgets": [budget.as_dict()],
+        "annotated_rows": annotated_rows,
+        "subset_rows": sizes,
+        "headline": head,
+    }
+    if own_run:
+        metrics["run_summary"] = summary_rows_captions(summary, phase, summarize(stage_counts(attempt), order))
+    return metrics, (format_summary(summary), annotated_rows, subsets, sizes, head)
+
+
+def print_caption_side(rd, shown: tuple) -> None:
+    summary_text, annotated_rows, subsets, sizes, head = shown
+    report.print_caption_report(summary_text, rd.display(), annotated_rows, subsets, sizes, head, FILES)
+
+
+class CaptionStudy:
+    """`amplification.py captions`: the caption side alone, as a study of the engine's lifecycle."""
+
+    name = "paper002-amplification"
+
+    def settings(self, args) -> dict:
+        st = settings(args)
+        st["input"] = validate_input(args, st)  # a missing or unreadable input fails now, before any model loads
+        return st
+
+    def label(self, st: dict) -> str:
+        return st["label"]
+
+    def job(self, args, st: dict) -> dict:
+        inp, columns, _ = st["input"]
+        return caption_job(args, st, inp, columns)
+
+    def announce(self, args, st: dict) -> None:
+        pass
+
+    def gpu_models(self, args, st: dict) -> bool:
+        return False
+
+    def actor_cpus(self, args, st: dict) -> float:
+        return args.embed_actors + (0 if args.no_names else args.ner_actors)
+
+    def use_standins(self, args, st: dict, root: str) -> None:  # no stand-ins: spaCy and SBERT are real
+        raise ValueError("the caption side has no stand-in models")
+
+    def load_models(self, args, st: dict, gpu) -> list[dict]:
+        return load_caption_models(args, st)
+
+    def execute(self, run: Run) -> Outcome:
+        metrics, shown = caption_side(run, run.st, own_run=True)
+        return Outcome(metrics, metrics.pop("run_summary"), {"shown": shown})
+
+    def report(self, run: Run, outcome: Outcome) -> None:
+        print_caption_side(run.rd, outcome.data["shown"])
+
+
+def run_captions(args) -> dict:
+    """`amplification.py captions`."""
+    return run_study(CaptionStudy(), args)
