@@ -25,7 +25,8 @@ pa.set_io_thread_count(1)
 
 from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from pipelines.engine.config import load_config, occupations_from  # noqa: E402
+from pipelines.engine.config import load_config  # noqa: E402
+from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
 from pipelines.synthetic_laion import generate  # noqa: E402
 
 BATCH = 262144  # the pipeline's default --scan-batch-size

@@ -36,6 +36,7 @@ from pipelines.engine.summary import (
     summary_rows_captions,
 )
 from pipelines.studies.amplification import caption_report as report
+from pipelines.studies.amplification import jobs
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k
 from schemas import captions as C
@@ -44,9 +45,6 @@ from schemas.subsets import TRAINING_SUBSETS
 # the installed project, also when `ray submit` runs a copy of this script outside the repository
 REPO = Path(study_config.__file__).resolve().parents[2]
 SAMPLE_INPUT = REPO / "data" / "synthetic" / "laion_synthetic_sample.parquet"
-
-STAGE_ORDER = [op.stage_name for op in (CaptionValidator, OccupationMatcher, GenderWordIndicators,
-                                         NameGenderIndicators, OccupationExploder, PromptSimilarity)]
 
 FILES = {  # what the captions subcommand writes under --output
     "annotated": "annotated_captions",
@@ -61,8 +59,8 @@ FILES = {  # what the captions subcommand writes under --output
 def settings(args) -> dict:
     """The effective study settings: the config file (or preset) with the job's and the command
     line's overrides applied."""
-    cfg, label = study_config.job_config(args.config, args.occupations, args.occupations_file, args.prompt_templates)
-    occupations = study_config.occupations_from(cfg)
+    cfg, label = jobs.job_config(args.config, args.occupations, args.occupations_file, args.prompt_templates)
+    occupations = jobs.occupations_from(cfg)
     gi, sel, models = dict(cfg["gender_indicators"]), dict(cfg["selection"]), dict(cfg["models"])
     for key, value in (("sample_size", args.sample_size), ("nn_k", args.nn_k), ("seed", args.seed),
                        ("no_indicator_mode", args.no_indicator_mode)):
@@ -92,7 +90,7 @@ def caption_job(args, st: dict, inp, columns: dict) -> dict:
         # gets a run of its own (or, under the same --run-id, a refusal), never the old results
         "input": {"files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
                   "data": inp.data_identity()}, "columns": columns,
-        "occupations": [study_config.occupation_spec(o) for o in st["occupations"]], "prompts": st["prompts"],
+        "occupations": [jobs.occupation_spec(o) for o in st["occupations"]], "prompts": st["prompts"],
         "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
         "selection": st["selection"], "models": st["models"],
     }
@@ -416,7 +414,7 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
 
     counts = stage_counts(tallies)
     io.write_table_and_csv(counts, rd.fs, rd.file(FILES["counts"]))
-    order = [s for s in STAGE_ORDER if not (args.no_names and s == NameGenderIndicators.stage_name)]
+    order = [s.name for s in caption_stages(st, args, columns)]  # the summary follows the stage list
     summary = summarize(counts, order)
     if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
         raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")

@@ -15,13 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import Resources, conform
+from operators.base import Resources, Stage, conform
 from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_face_filter import FaceFilter
 from operators.image_fetch import ImageFetcher
 from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.support.seeds import image_seeds
+from pipelines.engine import stages
 from pipelines.engine import runtime
 from pipelines.engine.progress import Phase, drain
 from schemas import images as I
@@ -54,6 +55,7 @@ class ImageSettings:
     gen_batch_size: int = 8
     save_images: str | None = None     # URI: save fetched and generated images there (parquet)
     revisions: dict = field(default_factory=dict)  # generator -> hub revision it is pinned to
+    execution: dict = field(default_factory=dict)  # the study's execution settings (execution.stages)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -71,6 +73,43 @@ FETCH_URL = "_fetch_url"  # transient: the URL the fetcher requests (after --url
 
 
 TRAINING_CHECKPOINT = "training_images"
+
+
+def training_stages(st: ImageSettings) -> list[Stage]:
+    """The training images of every subset (section 3.2, App. A.2; section 2.2, App. A.4)."""
+    return configure(st, [
+        # img2dataset's fetch and resize, one status per URL
+        Stage(_FetchRewritten, {"kwargs": st.fetch}, Resources(num_cpus=1, batch_size=st.fetch_block_rows)),
+        *([Stage(ImageSink, {"uri": f"{st.save_images}/training", "keys": [URL]})] if st.save_images else []),
+        # exactly one face (MediaPipe BlazeFace)
+        Stage(FaceFilter, st.face),
+        # CLIP zero-shot gender on the images with one face, counted at p >= threshold
+        Stage(ClipGenderClassifier, st.clip | {"only_face_ok": True}),
+    ])
+
+
+def generation_stages(st: ImageSettings, model: str) -> list[Stage]:
+    """Generated images (section 3.1, section 6, App. A.3): one per prompt and recorded seed, CLIP
+    gender on the device tensor, then the face filter."""
+    head = Stage(ClipGenderClassifier, st.clip)
+    return configure(st, [
+        Stage(ImageGenerator, st.generation | {"model": model, "revision": st.revisions.get(model), "heads": [head],
+                                               "micro_batch": st.gen_batch_size}),
+        *([Stage(ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
+            I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})]
+          if st.save_images else []),
+        Stage(FaceFilter, st.face),
+    ])
+
+
+def configure(st: ImageSettings, pipeline: list[Stage]) -> list[Stage]:
+    """The image stages' resources for this run: the configuration's execution.stages, then the
+    --face-actors / --clip-actors / --gen-actors / --gen-batch-size flags and the GPU plan."""
+    return stages.configure(pipeline, stages.overrides(st.execution, values={
+        FaceFilter.stage_name: {"actors": st.face_actors},
+        ClipGenderClassifier.stage_name: {"actors": st.clip_actors, "num_gpus": st.clip_gpus},
+        ImageGenerator.stage_name: {"actors": st.gen_actors, "num_gpus": st.gen_gpus, "batch_size": st.gen_batch_size},
+    }))
 
 
 def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets=(), echo=print):
@@ -91,13 +130,7 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
     sink = (lambda t: run.write_part(TRAINING_CHECKPOINT, conform(t, out_schema))) if run else new_parts.append
     if todo.num_rows:
         ds = runtime.from_table(ray, todo, st.fetch_block_rows)
-        ds = runtime.map_stage(ds, _FetchRewritten, {"kwargs": st.fetch},
-                               Resources(num_cpus=1, batch_size=st.fetch_block_rows))
-        if st.save_images:
-            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/training", "keys": [URL]})
-        ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
-        ds = runtime.map_stage(ds, ClipGenderClassifier, st.clip | {"only_face_ok": True},
-                               Resources(num_cpus=1, num_gpus=st.clip_gpus, batch_size=64, actors=st.clip_actors))
+        ds = stages.run(ds, training_stages(st))
         ds = ds.drop_columns(PAYLOAD + [FETCH_URL])
         drain(ds, sink, phase, budgets=budgets, flush_rows=st.fetch_block_rows, echo=echo)
     elif budgets:
@@ -243,14 +276,7 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
         todo = todo.sort_by([(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT, "ascending"),
                              (I.IMAGE_INDEX, "ascending")])
         ds = runtime.from_table(ray, todo, st.gen_batch_size * 4)
-        gen_kwargs = st.generation | {"model": model, "revision": st.revisions.get(model), "classifier": st.clip,
-                                      "micro_batch": st.gen_batch_size}
-        ds = runtime.map_stage(ds, ImageGenerator, gen_kwargs,
-                               Resources(num_cpus=1, num_gpus=st.gen_gpus, batch_size=st.gen_batch_size, actors=st.gen_actors))
-        if st.save_images:
-            ds = runtime.map_stage(ds, ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
-                I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})
-        ds = runtime.map_stage(ds, FaceFilter, st.face, Resources(num_cpus=1, batch_size=64, actors=st.face_actors))
+        ds = stages.run(ds, generation_stages(st, model))
         ds = ds.drop_columns(PAYLOAD)
         drain(ds, sink, phase, budgets=budgets, flush_rows=max(st.gen_batch_size * 4, 32), echo=echo)
     elif budgets:

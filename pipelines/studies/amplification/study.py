@@ -101,6 +101,7 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         caption_images=int(gen["caption_images"]), seed=int(gen["seed"]), url_rewrite=rewrite,
         face_actors=args.face_actors, clip_actors=args.clip_actors, gen_actors=args.gen_actors,
         gen_batch_size=args.gen_batch_size, revisions=dict(gen["revisions"]),
+        execution=dict(cfg["execution"]),
     )
     return settings, {"generation": gen, "face_filter": face, "gender_classifier": clip, "fetch": fetch}
 

@@ -2,7 +2,8 @@ from helpers import REPO_ROOT
 import pytest
 import yaml
 
-from pipelines.engine.config import environment, load_config, occupations_from
+from pipelines.engine.config import environment, load_config
+from pipelines.studies.amplification.jobs import occupations_from
 
 
 def test_preset_holds_the_papers_lists(paper_config):
@@ -44,7 +45,7 @@ def test_environment_records_versions():
 def test_job_file_gives_occupations_prompts_and_label():
 
     from pipelines.studies.amplification.prompts import prompt_table
-    from pipelines.engine.config import job_config
+    from pipelines.studies.amplification.jobs import job_config
 
     job = REPO_ROOT / "jobs" / "new.yaml"
     cfg, label = job_config(occupations_file=str(job))
@@ -61,7 +62,7 @@ def test_job_file_gives_occupations_prompts_and_label():
 
 
 def test_bad_job_files_are_refused(tmp_path):
-    from pipelines.engine.config import job_config
+    from pipelines.studies.amplification.jobs import job_config
 
     (tmp_path / "a.yaml").write_text("occupations: [nurse]\nthreshold: 0.5\n")
     with pytest.raises(ValueError, match="unknown keys"):
