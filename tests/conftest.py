@@ -7,7 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
-from pipelines.engine.config import load_config, occupations_from  # noqa: E402
+from pipelines.engine.config import load_config  # noqa: E402
+from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +51,25 @@ def ray_local():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+# --- Test tiers -------------------------------------------------------------------------------
+# `pytest -m "not slow"` is the fast inner-loop tier; plain `pytest` (CI) runs everything.
+# A test is slow when it is marked `ray`, uses the `ray_local` fixture (directly or through
+# another fixture), or its node id (relative to tests/) starts with one of these prefixes:
+SLOW_NODE_PREFIXES = (
+    # Builds a Hugging Face cache of tiny random models (SD, BLIP-2, CLIP, SBERT) and loads them all
+    # through the production loaders in a subprocess: about 30 s before its first test runs.
+    "operators/support/test_model_provenance.py",
+)
+
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS_DIR).replace(os.sep, "/")
+        nodeid = rel + item.nodeid[item.nodeid.index("::"):] if "::" in item.nodeid else rel
+        if (item.get_closest_marker("ray") is not None or "ray_local" in item.fixturenames
+                or nodeid.startswith(SLOW_NODE_PREFIXES)):
+            item.add_marker(pytest.mark.slow)

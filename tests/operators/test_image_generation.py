@@ -249,7 +249,7 @@ def test_null_or_blank_prompt_is_marked_not_generated(exact_gen):
 
 
 def test_classifier_gets_the_device_tensor_and_fills_its_rows(batched_gen):
-    fake = batched_gen.classifier
+    fake = batched_gen.heads[0]
     fake.calls.clear()
     batch = rows(["a photo of a doctor", None, "a photo of a chef", "a photo of a lawyer", "a photo of a pilot"],
                  [7, 8, 99, 3, 5])
