@@ -6,12 +6,13 @@ Everything here works on the per-image table (pandas; its size is images, not ca
 
 from __future__ import annotations
 
-import html
 import math
 
 import numpy as np
 import pandas as pd
 
+from pipelines.engine import figures as _figures
+from pipelines.engine import html as H
 from pipelines.studies.amplification.metrics import (
     EXCLUDED,
     GENERATED,
@@ -151,45 +152,60 @@ def table3(approaches: dict, n_prompts: int) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------ report.html
+AMPLIFICATION_COLOR, DEAMPLIFICATION_COLOR, POINT_COLOR = "#f4c7c3", "#c8e6c9", "#1f4e9c"
+PANEL_INCHES = 3.0
+
+
 def _fmt(v, digits=2) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
-def svg_scatter(points: list[tuple[float, float, str]], title: str, size: int = 300) -> str:
-    """Training % female (x) vs generated % female (y) with amplification / de-amplification shaded."""
-    pad = 34
-    s = size - 2 * pad
+def _finite(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
 
-    def X(v):
-        return pad + v / 100 * s
 
-    def Y(v):
-        return size - pad - v / 100 * s
+def scatter_axes(ax, points: list[tuple[float, float, str]], title: str, ylabel: bool = True) -> int:
+    """Training % female (x) vs generated % female (y) on ``ax``, amplification shaded red and
+    de-amplification green, the no-amplification diagonal dashed. Returns the points drawn."""
+    from matplotlib.patches import Polygon
 
-    def poly(pts, color):
-        return f'<polygon points="{" ".join(f"{X(a):.1f},{Y(b):.1f}" for a, b in pts)}" fill="{color}" />'
+    for tri, color in (([(0, 0), (50, 0), (50, 50)], AMPLIFICATION_COLOR),
+                       ([(50, 50), (50, 100), (100, 100)], AMPLIFICATION_COLOR),
+                       ([(0, 0), (0, 50), (50, 50)], DEAMPLIFICATION_COLOR),
+                       ([(50, 50), (100, 50), (100, 100)], DEAMPLIFICATION_COLOR)):
+        ax.add_patch(Polygon(tri, closed=True, facecolor=color, edgecolor="none", zorder=0))
+    ax.plot([0, 100], [0, 100], color="#888888", linestyle=(0, (3, 3)), linewidth=0.8, zorder=1)
+    xy = [(float(x), float(y)) for x, y, _ in points if _finite(x) and _finite(y)]
+    if xy:
+        ax.scatter([x for x, _ in xy], [y for _, y in xy], s=14, color=POINT_COLOR, alpha=0.75, linewidths=0, clip_on=False,
+                   zorder=2)
+    ax.set(xlim=(0, 100), ylim=(0, 100), xticks=range(0, 101, 25), yticks=range(0, 101, 25), aspect="equal")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("% female, training", fontsize=8)
+    if ylabel:
+        ax.set_ylabel("% female, generated", fontsize=8)
+    ax.tick_params(labelsize=7)
+    return len(xy)
 
-    amp, deamp = "#f4c7c3", "#c8e6c9"
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size + 18}" role="img">',
-             f'<text x="{size / 2}" y="13" text-anchor="middle" font-size="12">{html.escape(title)}</text>',
-             '<g transform="translate(0,18)">',
-             poly([(0, 0), (50, 0), (50, 50)], amp), poly([(50, 50), (50, 100), (100, 100)], amp),
-             poly([(0, 0), (0, 50), (50, 50)], deamp), poly([(50, 50), (100, 50), (100, 100)], deamp),
-             f'<rect x="{pad}" y="{pad}" width="{s}" height="{s}" fill="none" stroke="#444"/>',
-             f'<line x1="{X(0)}" y1="{Y(0)}" x2="{X(100)}" y2="{Y(100)}" stroke="#888" stroke-dasharray="3,3"/>']
-    for t in (0, 25, 50, 75, 100):
-        parts.append(f'<text x="{X(t)}" y="{size - pad + 12}" text-anchor="middle" font-size="9">{t}</text>')
-        parts.append(f'<text x="{pad - 4}" y="{Y(t) + 3}" text-anchor="end" font-size="9">{t}</text>')
-    parts.append(f'<text x="{size / 2}" y="{size - 4}" text-anchor="middle" font-size="10">% female, training</text>')
-    parts.append(f'<text x="10" y="{size / 2}" font-size="10" transform="rotate(-90 10 {size / 2})" '
-                 f'text-anchor="middle">% female, generated</text>')
-    for x, y, label in points:
-        if x is None or y is None or (isinstance(x, float) and math.isnan(x)) or (isinstance(y, float) and math.isnan(y)):
-            continue
-        parts.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="3" fill="#1f4e9c" fill-opacity="0.75">'
-                     f'<title>{html.escape(label)}: {x:.1f} -&gt; {y:.1f}</title></circle>')
-    parts.append("</g></svg>")
-    return "".join(parts)
+
+def scatter_figure(panels: list[tuple[list[tuple], str]], legend: bool = True):
+    """One row of ``scatter_axes`` panels, ``(points, title)`` each: (figure, points drawn per panel)."""
+    from matplotlib.patches import Patch
+
+    fig = _figures.new_figure(PANEL_INCHES * len(panels), PANEL_INCHES + (0.45 if legend else 0.1))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    drawn = [scatter_axes(ax, pts, title, ylabel=i == 0) for i, (ax, (pts, title)) in enumerate(zip(axes, panels))]
+    if legend:
+        fig.legend(handles=[Patch(color=AMPLIFICATION_COLOR, label="amplification"),
+                            Patch(color=DEAMPLIFICATION_COLOR, label="de-amplification")],
+                   loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    return fig, drawn
+
+
+def _scatter_html(sink, name: str, panels: list[tuple[list[tuple], str]], caption: str | None = None) -> str:
+    fig, drawn = scatter_figure(panels)
+    alt = "; ".join(f"{title}: {n} occupations drawn" for (_, title), n in zip(panels, drawn))
+    return sink.save(fig, name, alt=f"Scatter, % female training vs generated. {alt}", caption=caption)
 
 
 def _points(rows: list[dict], group=None) -> list[tuple]:
@@ -207,92 +223,87 @@ def _averaged_points(rows: list[dict]) -> list[tuple]:
     return [(float(a), float(b), o) for o, (a, b) in m.iterrows()]
 
 
-def _table_html(df: pd.DataFrame, digits: int = 2) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = []
-    for rec in df.itertuples(index=False):
-        cells = []
-        for v in rec:
-            if isinstance(v, (float, np.floating)):
-                cells.append(f"<td class=n>{_fmt(float(v), digits)}</td>")
-            elif v is None:
-                cells.append("<td class=n>n/a</td>")
-            else:
-                cells.append(f"<td>{html.escape(str(v))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+def _model_stem(model: str) -> str:
+    return str(model).rstrip("/").split("/")[-1]
 
 
 def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_counts: dict, models: list[dict],
-                meta: dict) -> str:
-    """report.html: headline tables, the figures, drop counts per reason, models (real or stand-in)."""
+                meta: dict, *, figures: _figures.FigureDir | None = None) -> str:
+    """report.html: headline tables, the figures (PDF + PNG under ``figures/`` of the run when
+    ``figures`` is a ``FigureDir``, else PNGs embedded in the page), drop counts per reason, models
+    (real or stand-in)."""
+    sink = _figures.sink(figures)
     standin = [m for m in models if m.get("standin")]
     out = [
         "<!doctype html><html><head><meta charset='utf-8'><title>Bias amplification report</title><style>",
-        "body{font-family:sans-serif;max-width:1100px;margin:1em auto;color:#222} table{border-collapse:collapse;"
+        "body{font-family:sans-serif;max-width:1300px;margin:1em auto;color:#222} table{border-collapse:collapse;"
         "margin:.5em 0} td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} td.n{text-align:right}"
         " .warn{background:#fff3cd;border:1px solid #e0c060;padding:.6em} .figs{display:flex;flex-wrap:wrap;gap:8px}"
         " .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}",
+        _figures.STYLE, H.STYLE,
         "</style></head><body>",
         "<h1>Bias amplification in text-to-image generation</h1>",
         f"<p>Study: paper 002 (<i>The Bias Amplification Paradox in Text-to-Image Generation</i>). Run: "
-        f"{html.escape(str(meta.get('output')))}; input {html.escape(str(meta.get('input')))}; "
+        f"{H.esc(meta.get('output'))}; input {H.esc(meta.get('input'))}; "
         f"{meta.get('occupations')} occupations, {meta.get('images')} images in the per-image table.</p>",
     ]
     if standin:
-        names = ", ".join(html.escape(f"{m['role']} ({m['model']})") for m in standin)
+        names = ", ".join(H.esc(f"{m['role']} ({m['model']})") for m in standin)
         out.append(f"<p class=warn><b>Stand-in models.</b> These models are tiny random-weight stand-ins built "
                    f"offline from the real classes, not the paper's models: {names}. Their outputs are "
                    f"meaningless; every percentage and amplification below only demonstrates the pipeline. "
                    f"Run with real model ids (the defaults) for results.</p>")
     if meta.get("local_image_server"):
         out.append(f"<p class=warn>Training images came from a local image server on 127.0.0.1 standing in for "
-                   f"the sample's URLs ({html.escape(meta['local_image_server'])}); the sample is synthetic.</p>")
-    out.append("<h2>Models</h2>" + _table_html(pd.DataFrame(
-        [{"role": m["role"], "model": m["model"], "real or stand-in": "STAND-IN (random weights)" if m.get("standin")
-          else "real", "detail": m.get("detail", "")} for m in models])))
+                   f"the sample's URLs ({H.esc(meta['local_image_server'])}); the sample is synthetic.</p>")
+    out.append("<h2>Models</h2>" + H.model_table(models))
     out.append("<h2>Bias amplification E[A] (Table 3)</h2><p>A = |G - 50| - |T - 50| per occupation; occupations "
                "whose training and generated images skew in different directions are excluded per prompt "
                "(direction_switch), as are occupations without counted images on one side. Positive: "
                "amplification. n_#p: occupations behind E[A] for prompt p; excluded_#p: how many were left "
-               "out, by reason.</p>" + _table_html(t3))
+               "out, by reason.</p>" + H.table(t3))
     n_cols = [c for c in t3.columns if c.startswith("n_#")]
     thin = int((t3[n_cols] < max(2, meta.get("occupations", 0) // 2)).to_numpy().sum()) if n_cols else 0
     if thin:
         out.append(f"<p class=warn>{thin} of the E[A] values above rest on fewer than half of the occupations "
                    f"(or on none: n/a). Read them with their n_# and excluded_# columns.</p>")
-    legend = ("<p class=legend>Shading:<span style='background:#f4c7c3'></span>amplification"
-              "<span style='background:#c8e6c9'></span>de-amplification; the dashed diagonal is no amplification; "
-              "excluded (direction-switching) occupations are not drawn.</p>")
+    legend = (f"<p class=legend>Shading:<span style='background:{AMPLIFICATION_COLOR}'></span>amplification"
+              f"<span style='background:{DEAMPLIFICATION_COLOR}'></span>de-amplification; the dashed diagonal is no "
+              "amplification; excluded (direction-switching) occupations are not drawn. Each figure links to its "
+              "PDF.</p>")
     for model, per in results["approaches"].items():
-        out.append(f"<h2>{html.escape(model)}</h2>")
+        stem = _model_stem(model)
+        out.append(f"<h2>{H.esc(model)}</h2>")
         naive = per[Subset.NAIVE]["rows"]
         out.append("<h3>Figure 3: naive approach, prompt #1</h3>" + legend + "<div class=figs>"
-                   + svg_scatter(_points(naive, 1), "Naive, prompt #1") + "</div>")
-        out.append("<h3>Figure 7: approaches, prompt #1</h3><div class=figs>" + "".join(
-            svg_scatter(_points(per[s]["rows"], 1), f"{APPROACH_TITLES[s]}, #1") for s in Subset.ALL) + "</div>")
-        out.append("<h3>Figure 9: approaches, averaged over prompts</h3><div class=figs>" + "".join(
-            svg_scatter(_averaged_points(per[s]["rows"]), f"{APPROACH_TITLES[s]}, avg") for s in Subset.ALL) + "</div>")
+                   + _scatter_html(sink, f"{stem}_figure3_naive_prompt1", [(_points(naive, 1), "Naive, prompt #1")])
+                   + "</div>")
+        out.append("<h3>Figure 7: approaches, prompt #1</h3><div class=figs>" + _scatter_html(
+            sink, f"{stem}_figure7_approaches_prompt1",
+            [(_points(per[s]["rows"], 1), f"{APPROACH_TITLES[s]}, #1") for s in Subset.ALL]) + "</div>")
+        out.append("<h3>Figure 9: approaches, averaged over prompts</h3><div class=figs>" + _scatter_html(
+            sink, f"{stem}_figure9_approaches_average",
+            [(_averaged_points(per[s]["rows"]), f"{APPROACH_TITLES[s]}, avg") for s in Subset.ALL]) + "</div>")
         cp = results["caption_prompts"].get(model)
         if cp:
-            out.append("<h3>Figure 5: training captions as prompts (section 6)</h3><div class=figs>"
-                       + svg_scatter(_points(cp["all_captions"]["rows"]), "P = S, all captions")
-                       + svg_scatter(_points(cp["no_indicator_captions"]["rows"]), "P = S, no gender indicators")
-                       + "</div>")
+            out.append("<h3>Figure 5: training captions as prompts (section 6)</h3><div class=figs>" + _scatter_html(
+                sink, f"{stem}_figure5_captions_as_prompts",
+                [(_points(cp["all_captions"]["rows"]), "P = S, all captions"),
+                 (_points(cp["no_indicator_captions"]["rows"]), "P = S, no gender indicators")]) + "</div>")
             out.append("<p>" + "; ".join(f"{k.replace('_', ' ')}: E[A] = {_fmt(v['average'])}"
                                          for k, v in cp.items()) + "</p>")
         tab = results["tables6"][model]
-        out.append("<h3>% female per occupation (Table 6/7)</h3>" + _table_html(tab, 1))
+        out.append("<h3>% female per occupation (Table 6/7)</h3>" + H.table(tab, 1))
     corr = results["indicator_correlation"]
     out.append(f"<h2>Gender indicators (section 5.1)</h2><p>Pearson r = {_fmt(corr['r'], 3)} "
-               f"(p = {_fmt(corr['p_value'], 4)}, n = {corr['n']} occupations). {html.escape(corr['definition'])}."
+               f"(p = {_fmt(corr['p_value'], 4)}, n = {corr['n']} occupations). {H.esc(corr['definition'])}."
                f" The paper reports r = -0.458 on LAION.</p>")
     out.append("<h2>Rows per stage and drops per reason</h2><h3>Caption side</h3>"
-               + _table_html(pd.DataFrame([{"stage": k, "rows in": v["rows_in"], "kept": v["rows_out"],
-                                            "dropped per reason": ", ".join(f"{r}={n}" for r, n in v["dropped"].items()
-                                                                             if n) or "-"}
-                                           for k, v in caption_counts.items()]), 0)
-               + "<h3>Image side</h3>" + _table_html(counts, 0))
+               + H.table(pd.DataFrame([{"stage": k, "rows in": v["rows_in"], "kept": v["rows_out"],
+                                        "dropped per reason": ", ".join(f"{r}={n}" for r, n in v["dropped"].items()
+                                                                         if n) or "-"}
+                                       for k, v in caption_counts.items()]), 0)
+               + "<h3>Image side</h3>" + H.table(counts, 0))
     out.append("</body></html>")
     return "".join(out)
 
@@ -312,20 +323,23 @@ def clean_json(obj):
     return obj
 
 
-def summary_html(source: str, result: dict) -> str:
-    """Figure 3-style scatter plots (training vs generated % female) per model and prompt."""
-    import html
-
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Amplification</title></head><body>",
-             f"<h1>Bias amplification from {html.escape(source)}</h1>",
-             "<p>Shaded red: amplification; green: de-amplification; excluded occupations are not drawn.</p>"]
+def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:
+    """Figure 3-style scatter plots (training vs generated % female), one per model and prompt
+    (PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``)."""
+    sink = _figures.sink(figures)
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Amplification</title><style>",
+             "body{font-family:sans-serif;max-width:1300px;margin:1em auto;color:#222}", _figures.STYLE,
+             "</style></head><body>", f"<h1>Bias amplification from {H.esc(source)}</h1>",
+             "<p>Shaded red: amplification; green: de-amplification; the dashed diagonal is no amplification; "
+             "excluded occupations are not drawn. Each figure links to its PDF.</p>"]
     for model, res in result.items():
-        parts.append(f"<h2>{html.escape(model)}: average E[A] = "
-                     f"{'n/a' if res['average'] is None else format(res['average'], '.2f')}</h2><div>")
+        parts.append(f"<h2>{H.esc(model)}: average E[A] = "
+                     f"{'n/a' if res['average'] is None else format(res['average'], '.2f')}</h2><div class=figs>")
         for p in res["per_prompt"]:
             pts = [(r["training"], r["generated"], r["occupation"]) for r in res["rows"]
                    if r["group"] == p["group"] and r["excluded"] is None]
             ea = "n/a" if p["expected_amplification"] is None else f"{p['expected_amplification']:.2f}"
-            parts.append(svg_scatter(pts, f"{p['group']}: E[A] = {ea} ({p['occupations']} occupations)"))
+            parts.append(_scatter_html(sink, f"{_model_stem(model)}_prompt_{p['group']}",
+                                       [(pts, f"{p['group']}: E[A] = {ea} ({p['occupations']} occupations)")]))
         parts.append("</div>")
     return "".join(parts) + "</body></html>"

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, run_study
 from pipelines.engine.models import (
     build_standins,
@@ -297,7 +298,8 @@ class AmplificationStudy:
 
     def report(self, run: Run, outcome: Outcome) -> None:
         d, rd = outcome.data, run.rd
-        html_doc = rep.render_html(d["results"], d["t3"], d["counts"], d["caption_counts"], d["models"], d["meta"])
+        html_doc = rep.render_html(d["results"], d["t3"], d["counts"], d["caption_counts"], d["models"], d["meta"],
+                                   figures=FigureDir(rd.fs, rd.path))
         io.write_text(html_doc, rd.fs, f"{rd.path}/{RUN_FILES['report']}")
         _print_summary(rd.display(), d["counts"], d["t3"], d["results"], d["models"], RUN_FILES)
 

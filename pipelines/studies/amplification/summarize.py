@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from pipelines.engine import io
+from pipelines.engine import figures, io
 from pipelines.engine.table_cells import read_cells
 from pipelines.studies.amplification import report
 from pipelines.studies.amplification.metrics import format_results, summarize_percentages
@@ -29,6 +29,7 @@ def run(args) -> dict:
                       f"{out}/amplification_summary.json")
         rows = pd.concat([pd.DataFrame(r["rows"]).assign(model=m) for m, r in result.items()], ignore_index=True)
         io.write_text(rows.to_csv(index=False), out_fs, f"{out}/amplification_rows.csv")
-        io.write_text(report.summary_html(args.percentages, result), out_fs, f"{out}/amplification.html")
+        io.write_text(report.summary_html(args.percentages, result, figures=figures.FigureDir(out_fs, out)),
+                      out_fs, f"{out}/amplification.html")
         print(f"wrote {args.output}/amplification_summary.json, amplification_rows.csv and amplification.html")
     return result

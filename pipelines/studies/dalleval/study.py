@@ -39,6 +39,7 @@ from pipelines.studies.dalleval.prompts import (
 from pipelines.engine import checkpoint, io, rundir, runtime, stages
 from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
+from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
 from pipelines.engine.models import build_standins, generation_settings, clip_settings
 from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
@@ -290,7 +291,7 @@ class DallEvalStudy:
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
                 "models": st["models_loaded"], "standin": bool(run.args.standin_models), "detect": st["detect"],
                 "neutral": st["neutral"], "compare": st["compare"], "attributes": [a["name"] for a in st["attributes"]]}
-        io.write_text(dalleval_report.render_html(meta, results, run.models), rd.fs, f"{rd.path}/{FILES['report']}")
+        io.write_text(dalleval_report.render_html(meta, results, run.models, figures=FigureDir(rd.fs, rd.path)), rd.fs, f"{rd.path}/{FILES['report']}")
         print(dalleval_report.format_results(results))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
               f"{FILES['counts']}, {FILES['presence']}, {', '.join(sorted(n + '.csv' for n in results['tables']))}"

@@ -4,11 +4,13 @@ the GEP vectors (symmetric-log y axis), as plain CSV and a self-contained HTML p
 
 from __future__ import annotations
 
-import html
 import math
 
 import pandas as pd
+from matplotlib.ticker import NullLocator
 
+from pipelines.engine import figures as _figures
+from pipelines.engine import html as H
 from pipelines.studies.gep import metrics as M
 from schemas import gep as S
 from schemas.images import MODEL
@@ -115,112 +117,112 @@ def _fmt(v) -> str:
 
 
 # ------------------------------------------------------------------------------------ charts
-def _symlog(y: float, lin: float) -> float:
-    """Symmetric log scaling (Figure 2): linear within +-lin, logarithmic outside."""
-    a = abs(y)
-    t = a / lin if a <= lin else 1.0 + math.log10(a / lin)
-    return math.copysign(t, y)
+def symlog_threshold(peak: float) -> float:
+    """The linear range of Figure 2's symmetric-log axis: a tenth of the largest |v_j|, rounded
+    down to a power of ten (0.01 when there is none)."""
+    return 10 ** math.floor(math.log10(peak / 10)) if peak > 0 else 0.01
 
 
-def svg_bars(series: dict[str, dict[str, float]], names: list[str], title: str, lin: float | None = None) -> str:
+def bars_figure(series: dict[str, dict[str, float]], names: list[str], title: str, lin: float | None = None):
     """Grouped bars: one group per attribute, one bar per series (model or estimator); y is the
-    presentation difference v_j in symmetric-log scale (positive: more frequent for the first group)."""
+    presentation difference v_j in symmetric-log scale (positive: more frequent for the first
+    group). Returns (figure, bars drawn)."""
     values = [abs(v) for s in series.values() for v in s.values() if v is not None and not math.isnan(v)]
     peak = max(values, default=0.0)
     if lin is None:
-        lin = 10 ** math.floor(math.log10(peak / 10)) if peak > 0 else 0.01
-    top = max(_symlog(peak, lin), 1.0)
-    w, h, left, pad_top, pad_bottom = max(420, 46 * len(names) + 90), 300, 56, 34, 70
-    plot_h = h - pad_top - pad_bottom
-    zero = pad_top + plot_h / 2
-    scale = (plot_h / 2) / top
-    group_w = (w - left - 10) / max(1, len(names))
+        lin = symlog_threshold(peak)
     k = max(1, len(series))
-    bar_w = max(2.0, group_w * 0.8 / k)
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' class='gep-bars'>",
-           f"<text x='{w / 2}' y='16' text-anchor='middle' font-size='13'>{html.escape(title)}</text>",
-           f"<line x1='{left}' y1='{zero}' x2='{w - 10}' y2='{zero}' stroke='#333'/>"]
-    for tick in sorted({0.0, lin, -lin} | {v * s for v in (peak,) if v > lin for s in (1, -1)}):
-        y = zero - _symlog(tick, lin) * scale
-        out.append(f"<text x='{left - 4}' y='{y + 4:.1f}' text-anchor='end' font-size='10'>{tick:+.3g}</text>")
-        out.append(f"<line x1='{left}' y1='{y:.1f}' x2='{w - 10}' y2='{y:.1f}' stroke='#ddd'/>")
-    for j, name in enumerate(names):
-        x0 = left + j * group_w + group_w * 0.1
-        for i, (label, vals) in enumerate(series.items()):
+    fig = _figures.new_figure(max(4.2, 0.46 * len(names) + 0.9), 3.4 + 0.2 * math.ceil(k / 3))
+    ax = fig.add_subplot()
+    bar_w = 0.8 / k
+    drawn = 0
+    for i, (label, vals) in enumerate(series.items()):
+        xs, ys = [], []
+        for j, name in enumerate(names):
             v = vals.get(name)
             if v is None or math.isnan(v):
                 continue
-            y = zero - _symlog(v, lin) * scale
-            out.append(f"<rect x='{x0 + i * bar_w:.1f}' y='{min(y, zero):.1f}' width='{bar_w * 0.9:.1f}' "
-                       f"height='{abs(zero - y):.1f}' fill='{COLORS[i % len(COLORS)]}'>"
-                       f"<title>{html.escape(label)} {html.escape(name)}: {v:+.4f}</title></rect>")
-        cx = left + j * group_w + group_w / 2
-        out.append(f"<text x='{cx:.1f}' y='{h - pad_bottom + 14}' font-size='10' text-anchor='end' "
-                   f"transform='rotate(-40 {cx:.1f} {h - pad_bottom + 14})'>{html.escape(name)}</text>")
-    for i, label in enumerate(series):
-        out.append(f"<rect x='{left + i * 150}' y='{h - 14}' width='10' height='10' fill='{COLORS[i % len(COLORS)]}'/>"
-                   f"<text x='{left + i * 150 + 14}' y='{h - 5}' font-size='10'>{html.escape(label[:24])}</text>")
-    out.append("</svg>")
-    return "".join(out)
+            xs.append(j - 0.4 + bar_w * (i + 0.5))
+            ys.append(float(v))
+        ax.bar(xs, ys, width=bar_w * 0.9, color=COLORS[i % len(COLORS)], label=label, zorder=2)
+        drawn += len(xs)
+    ax.set_yscale("symlog", linthresh=lin)
+    edge = max(peak, lin) * 1.15
+    ax.set_ylim(-edge, edge)
+    # 0, the linear range, the decades beyond it and the largest |v_j|
+    decades = [lin * 10 ** i for i in range(1, 12) if lin * 10 ** i < peak * 0.5]
+    ticks = sorted({0.0, lin, -lin} | {v * s for v in (peak, *decades) if v > lin for s in (1, -1)})
+    ax.set_yticks(ticks, [f"{t:+.3g}" for t in ticks], fontsize=8)
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.grid(axis="y", color="#dddddd", linewidth=0.8, zorder=0)
+    ax.axhline(0, color="#333333", linewidth=0.9, zorder=3)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_xticks(range(len(names)), names, rotation=40, ha="right", rotation_mode="anchor", fontsize=8)
+    ax.set_ylabel("$v_j$ (symmetric log)", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    if series:
+        fig.legend(loc="outside lower center", ncols=min(k, 3), fontsize=7, frameon=False)
+    return fig, drawn
 
 
-def _table_html(df: pd.DataFrame, digits: int = 3) -> str:
-    def cell(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.{digits}f}"
-        return html.escape(_short(v) if isinstance(v, str) and "/" in v else str(v))
+def _bars_html(sink, name: str, series: dict, names: list[str], title: str) -> str:
+    fig, drawn = bars_figure(series, names, title)
+    return sink.save(fig, name, alt=f"{title}: GEP vector bar chart, {drawn} bars")
 
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in df.itertuples(index=False))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
+# the GEP tables (and DALL-Eval's): missing values as "-", model paths and hub ids by their last part
+def _table(df: pd.DataFrame, digits: int = 3) -> str:
+    return H.table(df, digits, na="-", text=H.short_path)
 
 STYLE = ("<style>body{font-family:sans-serif;margin:2em;max-width:1300px}table{border-collapse:collapse;margin:.6em 0;"
          "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f3f3f3}"
-         ".warn{background:#fff3cd;border:1px solid #e0c060;padding:.6em}</style>")
+         ".warn{background:#fff3cd;border:1px solid #e0c060;padding:.6em}" + _figures.STYLE + H.STYLE + "</style>")
 
 
 def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evaluation: dict | None,
-                records: list[dict]) -> str:
+                records: list[dict], *, figures: _figures.FigureDir | None = None) -> str:
+    """report.html of a GEP run; its Figure 2 charts as PDF + PNG under ``figures/`` of the run
+    when ``figures`` is a ``FigureDir``, else PNGs embedded in the page."""
+    sink = _figures.sink(figures)
     names = meta["attributes"]
     vectors = shown["vectors"]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>GEP report</title>", STYLE, "</head><body>",
-             f"<h1>Gender presentation differences (GEP, paper 001): run {html.escape(meta['run_id'])}</h1>",
+             f"<h1>Gender presentation differences (GEP, paper 001): run {H.esc(meta['run_id'])}</h1>",
              f"<p>{meta['images']:,} images from {len(meta['models'])} generator(s), settings "
-             f"{html.escape(', '.join(meta['settings']))}; reference string r(a) = &ldquo;"
-             f"{html.escape(meta['reference'])}&rdquo;; CLS-f ensembles of {meta['ensemble']}. Results: "
-             f"{html.escape(meta['output'])}</p>"]
+             f"{H.esc(', '.join(meta['settings']))}; reference string r(a) = &ldquo;"
+             f"{H.esc(meta['reference'])}&rdquo;; CLS-f ensembles of {meta['ensemble']}. Results: "
+             f"{H.esc(meta['output'])}</p>"]
     if meta.get("standin"):
         parts.append("<p class='warn'><b>Stand-in models.</b> CLIP and the generators are tiny random-weight "
                      "stand-ins: every number on this page is meaningless; the run only exercises the pipeline.</p>")
     parts.append("<h2>GEP scores (Eq. 2; Tables 3 and 6)</h2><p>Mean |v<sub>j</sub>| over the attributes. The "
                  "automatic estimators are on their own scales: compare ranks across models and settings.</p>")
-    parts.append(_table_html(tables["table_gep_scores"], 4))
+    parts.append(_table(tables["table_gep_scores"], 4))
     parts.append("<h2>GEP vectors (Figure 2)</h2><p>v<sub>j</sub> = f<sub>first</sub> &minus; f<sub>second</sub> "
-                 "per attribute, symmetric-log y axis; positive: more frequent with the first group of the comparison.</p>")
+                 "per attribute, symmetric-log y axis; positive: more frequent with the first group of the comparison. "
+                 "Each chart links to its PDF.</p>")
     for setting in [s for s in S.Setting.ALL if s in set(vectors[S.SETTING])]:
         v = vectors[vectors[S.SETTING] == setting]
         for (est, comp), grp in v.groupby([S.ESTIMATOR, M.COMPARISON], sort=False):
             series = {_short(m): dict(zip(g[S.ATTRIBUTE], g[M.DIFFERENCE])) for m, g in grp.groupby(MODEL, sort=False)}
-            parts.append(svg_bars(series, names, f"{setting}: {est} ({comp})"))
+            parts.append(_bars_html(sink, f"gep_vectors_{setting}_{est}_{comp}", series, names,
+                                    f"{setting}: {est} ({comp})"))
     for setting in S.Setting.ALL:
         if f"table_frequencies_{setting}" in tables:
             parts.append(f"<h2>Attribute frequencies, {setting} setting (Table {11 if setting == 'neutral' else 12})</h2>")
-            parts.append(_table_html(tables[f"table_frequencies_{setting}"]))
+            parts.append(_table(tables[f"table_frequencies_{setting}"]))
             parts.append(f"<h3>GEP vectors, {setting} setting (Table {13 if setting == 'neutral' else 14})</h3>")
-            parts.append(_table_html(tables[f"table_gep_vectors_{setting}"]))
+            parts.append(_table(tables[f"table_gep_vectors_{setting}"]))
     if evaluation is not None:
         c = evaluation["counts"]
         parts.append(f"<h2>Against human annotations (section 6)</h2><p>{c['used']:,} of {c['annotations']:,} "
                      f"annotations used ({c['ignored_not_scored_in_setting']:,} name an attribute the setting does not "
                      f"score).</p><h3>Per GEP vector: Kendall tau-b and MCC of signs (Table 4)</h3>")
-        parts.append(_table_html(evaluation["vector_agreement"]))
+        parts.append(_table(evaluation["vector_agreement"]))
         if evaluation["score_agreement"]:
             parts.append("<h3>Model level: Kendall tau-b of GEP scores (Table 6)</h3><ul>")
             for e in evaluation["score_agreement"]["estimators"]:
-                parts.append(f"<li>{html.escape(e['estimator'])}: tau-b = {_fmt(e['kendall_tau_b'])} over {e['n']} cells</li>")
+                parts.append(f"<li>{H.esc(e['estimator'])}: tau-b = {_fmt(e['kendall_tau_b'])} over {e['n']} cells</li>")
             parts.append("</ul>")
         parts.append("<h3>ROC-AUC per attribute (Tables 7 and 16)</h3>")
         roc = evaluation["roc"]
@@ -228,30 +230,30 @@ def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evalua
             wide = roc.pivot_table(index=[MODEL, S.ESTIMATOR], columns=S.ATTRIBUTE, values="roc_auc", sort=False)
             wide = wide.reindex(columns=[a for a in names if a in wide.columns]).reset_index()
             wide.columns.name = None
-            parts.append(_table_html(wide))
-        parts.append(_table_html(evaluation["roc_mean"]))
-    parts.append("<h2>Models</h2><ul>")
-    for r in records:
-        tag = "stand-in, random weights" if r.get("standin") else "real"
-        parts.append(f"<li>{html.escape(r['role'])}: <code>{html.escape(str(r['model']))}</code> ({tag})</li>")
-    parts.append("</ul></body></html>")
+            parts.append(_table(wide))
+        parts.append(_table(evaluation["roc_mean"]))
+    parts.append("<h2>Models</h2>" + H.model_table(records))
+    parts.append("</body></html>")
     return "".join(parts)
 
 
-def summary_html(source: str, result: dict) -> str:
-    """The `summarize` page: one Figure 2-style chart per setting, bars per model (and estimator)."""
+def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:
+    """The `summarize` page: one Figure 2-style chart per setting, bars per model (and estimator);
+    PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``."""
+    sink = _figures.sink(figures)
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>GEP summary</title>", STYLE, "</head><body>",
-             f"<h1>GEP from {html.escape(source)}</h1><table><tr><th>model</th><th>setting</th><th>comparison</th>"
+             f"<h1>GEP from {H.esc(source)}</h1><table><tr><th>model</th><th>setting</th><th>comparison</th>"
              "<th>GEP</th></tr>"]
     for r in result["results"]:
         label = r["model"] + (f" ({r['estimator']})" if "estimator" in r else "")
-        parts.append(f"<tr><td>{html.escape(label)}</td><td>{html.escape(r['setting'])}</td>"
-                     f"<td>{html.escape(r['comparison'])}</td><td>{r['gep']:.4f}</td></tr>")
+        parts.append(f"<tr><td>{H.esc(label)}</td><td>{H.esc(r['setting'])}</td>"
+                     f"<td>{H.esc(r['comparison'])}</td><td>{r['gep']:.4f}</td></tr>")
     parts.append("</table>")
     settings = list(dict.fromkeys(r["setting"] for r in result["results"]))
     for setting in settings:
         rows = [r for r in result["results"] if r["setting"] == setting]
         names = list(dict.fromkeys(a for r in rows for a in r["vector"]))
         series = {r["model"] + (f" ({r['estimator']})" if "estimator" in r else ""): r["vector"] for r in rows}
-        parts.append(svg_bars(series, names, f"{setting}: GEP vectors ({rows[0]['comparison']})"))
+        parts.append(_bars_html(sink, f"gep_vectors_{setting}", series, names,
+                                f"{setting}: GEP vectors ({rows[0]['comparison']})"))
     return "".join(parts) + "</body></html>"

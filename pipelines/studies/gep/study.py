@@ -39,6 +39,7 @@ from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_
 from pipelines.engine import checkpoint, io, rundir, runtime, stages
 from pipelines.studies.gep import report as gep_report
 from pipelines.engine import config as study_config
+from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
 from pipelines.engine.models import build_standins, clip_settings, generation_settings, load_clip_and_generators
 from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
@@ -223,7 +224,8 @@ class GepStudy:
                 "models": st["models_loaded"], "standin": bool(run.args.standin_models), "settings": st["settings"],
                 "reference": st["reference"], "ensemble": st["classifier"]["ensemble"],
                 "attributes": [a.name for a in st["attributes"]]}
-        io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models),
+        io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models,
+                                               figures=FigureDir(rd.fs, rd.path)),
                       rd.fs, f"{rd.path}/{FILES['report']}")
         print(gep_report.format_scores(d["shown"], d["evaluation"]))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "

@@ -105,19 +105,100 @@ def test_missing_generation_is_listed_not_lost():
     assert naive["1"]["excluded"]["no_generated_images"] == ["engineer", "teacher"]
 
 
-def test_svg_scatter_shading_and_points():
-    import xml.etree.ElementTree as ET
+def test_scatter_shading_and_points():
+    from matplotlib.collections import PathCollection
+    from matplotlib.colors import to_hex
+    from matplotlib.patches import Polygon
 
-    svg = rep.svg_scatter([(20.0, 10.0, "engineer"), (np.nan, 5.0, "x")], "t & <t>")
-    assert svg.count("<polygon") == 4 and svg.count("<circle") == 1 and "engineer" in svg
-    root = ET.fromstring(svg)  # well-formed, names escaped
-    ns = "{http://www.w3.org/2000/svg}"
-    circle = root.find(f".//{ns}circle")
-    # the point (T=20, G=10) lies in the lower-left amplification triangle (0,0)-(50,0)-(50,50)
-    pad, size = 34, 300
-    x = (float(circle.get("cx")) - pad) / (size - 2 * pad) * 100
-    y = (size - pad - float(circle.get("cy"))) / (size - 2 * pad) * 100
-    assert x == pytest.approx(20.0) and y == pytest.approx(10.0)
+    fig, drawn = rep.scatter_figure([([(20.0, 10.0, "engineer"), (np.nan, 5.0, "x"), (None, 1.0, "y")], "t & <t>")])
+    assert drawn == [1]
+    (ax,) = fig.axes
+    assert ax.get_title() == "t & <t>" and ax.get_xlim() == (0, 100) and ax.get_ylim() == (0, 100)
+    assert ax.get_xlabel() == "% female, training" and ax.get_ylabel() == "% female, generated"
+    (points,) = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert points.get_offsets().tolist() == [[20.0, 10.0]]
+    shaded = [p for p in ax.patches if isinstance(p, Polygon)]
+    assert len(shaded) == 4
+    # the point (T=20, G=10) lies in the lower-left amplification triangle (0,0)-(50,0)-(50,50), in red
+    (home,) = [p for p in shaded if p.get_path().contains_point((20.0, 10.0))]
+    assert home.get_xy().tolist()[:3] == [[0, 0], [50, 0], [50, 50]]
+    assert to_hex(home.get_facecolor()) == rep.AMPLIFICATION_COLOR
+    (diagonal,) = ax.lines
+    assert diagonal.get_xydata().tolist() == [[0, 0], [100, 100]] and diagonal.get_linestyle() == "--"
+
+
+def _render_inputs():
+    res = rep.compute(_table(), OCCS, n_prompts=2, models=["m"])
+    t3 = rep.table3(res["approaches"], 2)
+    counts = pd.DataFrame([{"branch": "generated", "stage": "face_filter", "rows_in": 40, "outcome": "kept", "count": 38},
+                           {"branch": "generated", "stage": "face_filter", "rows_in": 40, "outcome": "no_face",
+                            "count": 2}])
+    caption_counts = {"ner": {"rows_in": 100, "rows_out": 90, "dropped": {"no_person": 10, "other": 0}}}
+    models = [{"role": "generator", "model": "hub-org/sd-standin", "standin": True,
+               "detail": {"revision": "main", "commit": "f" * 40, "weights_sha256": "e" * 64, "dtype": "float32",
+                          "device": "cpu", "pipeline_class": "StableDiffusionPipeline"}},
+              {"role": "face detector", "model": "MediaPipe BlazeFace (full-range)", "standin": False,
+               "detail": {"model": "mediapipe BlazeFace full-range", "model_sha256": "d" * 64}}]
+    meta = {"output": "/runs/r1", "input": "sample.parquet", "occupations": 3, "images": len(_table())}
+    return res, t3, counts, caption_counts, models, meta
+
+
+FIGURE_STEMS = ["m_figure3_naive_prompt1", "m_figure7_approaches_prompt1", "m_figure9_approaches_average",
+                "m_figure5_captions_as_prompts"]
+
+
+def test_render_html_tables_figures_and_models(tmp_path):
+    import pyarrow.fs as pafs
+    from html import unescape
+
+    from pipelines.engine import figures
+
+    page = rep.render_html(*_render_inputs(), figures=figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path)))
+    # the tables
+    for heading in ("Bias amplification E[A] (Table 3)", "% female per occupation (Table 6/7)",
+                    "Gender indicators (section 5.1)", "Caption side", "Image side", "<h2>Models</h2>"):
+        assert heading in page, heading
+    assert page.count("<table") == 1 + 1 + 1 + 2  # models, Table 3, Table 6/7, caption and image counts
+    for title in rep.APPROACH_TITLES.values():
+        assert f"<td>{title}</td>" in page
+    assert "<th>n_#1</th>" in page and "<td class=n>15.00</td>" in page            # Table 3, naive #1
+    assert "<th>prompt_2</th>" in page and "<td class=n>80.0</td>" in page        # Table 6/7, nurse training
+    assert "<td>no_person=10</td>" in page and "<td>no_face</td>" in page
+    # the figures: PDF + PNG under figures/, shown as <img> linking the PDF
+    for stem in FIGURE_STEMS:
+        assert (tmp_path / "figures" / f"{stem}.pdf").read_bytes().startswith(b"%PDF"), stem
+        assert (tmp_path / "figures" / f"{stem}.png").read_bytes().startswith(b"\x89PNG"), stem
+        assert f'<a href="figures/{stem}.pdf"><img src="figures/{stem}.png"' in page, stem
+    assert page.count("<img") == len(FIGURE_STEMS) and "<svg" not in page and "data:image" not in page
+    # Figure 7: the four approaches as panels; naive #1 draws nurse and engineer, NN #1 both too
+    assert "Naive Approach, #1: 2 occupations drawn" in page and "NN + No Indicators, avg:" in page
+    # models: the provenance table, not a dict repr
+    text = unescape(page)
+    assert "STAND-IN (random weights)" in page and "hub-org/sd-standin" in page and "float32" in page
+    assert "{'" not in text and "Stand-in models" in page
+
+
+def test_render_html_without_a_directory_embeds_the_figures(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    page = rep.render_html(*_render_inputs())
+    assert page.count('<img src="data:image/png;base64,') == len(FIGURE_STEMS)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_summary_html_one_figure_per_model_and_prompt(tmp_path):
+    import pyarrow.fs as pafs
+
+    from pipelines.engine import figures
+    from pipelines.studies.amplification.metrics import summarize_percentages
+
+    df = pd.DataFrame({"occupation": ["nurse", "nurse", "nurse", "engineer", "engineer", "engineer"],
+                       "group": ["T", "#1", "#2"] * 2, "percent_female": [80, 90, 40, 20, 10, 30]})
+    result = summarize_percentages(df, "T")
+    page = rep.summary_html("pct.csv", result, figures=figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path)))
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
+        "all_prompt_1.pdf", "all_prompt_1.png", "all_prompt_2.pdf", "all_prompt_2.png"]
+    assert "#1: E[A] = 10.00 (2 occupations): 2 occupations drawn" in page
+    assert "#2: E[A] = -10.00 (1 occupations): 1 occupations drawn" in page  # nurse switches: not drawn
 
 
 def test_clean_json_is_strict():

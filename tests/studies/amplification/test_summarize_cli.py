@@ -25,7 +25,8 @@ def test_summarize_table6_prints_and_writes_table3(tmp_path):
     assert [round(p["expected_amplification"], 2) for p in per] == [10.24, 17.57, 10.77, 11.68]
     assert "supervisor" in per[0]["excluded"]["direction_switch"]
     page = (tmp_path / "out" / "amplification.html").read_text()
-    assert page.count("<svg") == 4 and page.count("<circle") == 48 + 46 + 46 + 42  # included occupations
+    assert page.count("<img") == 4 and [page.count(f": {n} occupations drawn") for n in (48, 46, 42)] == [1, 2, 1]
+    assert len(list((tmp_path / "out" / "figures").glob("all_prompt_*.p[dn][fg]"))) == 4 * 2  # PDF + PNG
     rows = (tmp_path / "out" / "amplification_rows.csv").read_text().splitlines()
     assert len(rows) == 1 + 62 * 4
 

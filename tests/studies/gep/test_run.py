@@ -44,7 +44,7 @@ def test_run_writes_tables_report_and_records(run):
     assert m["scorer"]["classifiers"][0]["members"] == 3
     assert [r["detail"]["scheduler_class"] for r in m["models"] if r["role"] == "generator"] == ["LMSDiscreteScheduler"]
     page = (run / "report.html").read_text()
-    assert "Stand-in models" in page and page.count("<svg") == 2 * 3   # settings x estimators
+    assert "Stand-in models" in page and page.count("<img") == 2 * 3   # settings x estimators
     table = pd.read_csv(run / "table_frequencies_neutral.csv")
     assert list(table.columns) == ["estimator", "model", "gender", "dress", "suit", "hat", "avg"]
     assert sorted(table["estimator"].unique()) == ["C", "CC", "CLS"] and len(table) == 6

@@ -1,0 +1,66 @@
+"""pipelines/engine/figures.py: figures saved as PDF + PNG under figures/ of a run, or embedded."""
+
+import base64
+import re
+
+import pyarrow.fs as pafs
+
+from pipelines.engine import figures
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _figure():
+    fig = figures.new_figure(3, 2)
+    ax = fig.add_subplot()
+    ax.plot([0, 1, 2], [1, 0, 2])
+    ax.set_title("a <title> & more")
+    return fig
+
+
+def test_figure_dir_writes_pdf_and_png_and_links_them(tmp_path):
+    sink = figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path / "run"))
+    page = sink.save(_figure(), "Figure 3: naive/#1", alt="scatter <1>", caption="naive & co")
+    pdf, png = tmp_path / "run" / "figures" / "Figure_3_naive_1.pdf", tmp_path / "run" / "figures" / "Figure_3_naive_1.png"
+    assert pdf.read_bytes().startswith(b"%PDF") and pdf.read_bytes().rstrip().endswith(b"%%EOF")
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    assert '<img src="figures/Figure_3_naive_1.png"' in page and '<a href="figures/Figure_3_naive_1.pdf">' in page
+    assert 'alt="scatter &lt;1&gt;"' in page and "naive &amp; co" in page and "data:image" not in page
+    assert sink.saved == ["Figure_3_naive_1"]
+    # nothing else left behind (no temporary files of the atomic write)
+    assert sorted(p.name for p in (tmp_path / "run" / "figures").iterdir()) == [pdf.name, png.name]
+
+
+def test_figure_dir_names_are_unique_within_a_report(tmp_path):
+    sink = figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path))
+    a, b = sink.save(_figure(), "m_fig"), sink.save(_figure(), "m_fig")
+    assert "figures/m_fig.png" in a and "figures/m_fig-2.png" in b
+    assert (tmp_path / "figures" / "m_fig-2.pdf").is_file() and sink.saved == ["m_fig", "m_fig-2"]
+
+
+def test_without_a_directory_the_png_is_embedded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sink = figures.sink(None)
+    assert isinstance(sink, figures.Inline)
+    page = sink.save(_figure(), "fig")
+    m = re.search(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert m is not None and base64.b64decode(m.group(1)).startswith(PNG_MAGIC)
+    assert ".pdf" not in page and "figures/" not in page
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_sink_passes_a_figure_dir_through(tmp_path):
+    d = figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path))
+    assert figures.sink(d) is d
+
+
+def test_same_figure_same_bytes():
+    # no creation date or version stamps: re-rendering a report does not change its files
+    assert figures.render(_figure(), "pdf") == figures.render(_figure(), "pdf")
+    assert figures.render(_figure(), "png") == figures.render(_figure(), "png")
+    assert b"CreationDate" not in figures.render(_figure(), "pdf")
+
+
+def test_slug():
+    assert figures.slug("gep_vectors_neutral_C_woman - man") == "gep_vectors_neutral_C_woman-man"
+    assert figures.slug("all_prompt_#1") == "all_prompt_1" and figures.slug("../") == "figure"
