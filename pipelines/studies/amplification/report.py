@@ -308,21 +308,6 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
     return "".join(out)
 
 
-def clean_json(obj):
-    """``obj`` with NaN / inf floats as None and numpy scalars as Python ones: strict JSON."""
-    if isinstance(obj, dict):
-        return {str(k): clean_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return None if not math.isfinite(float(obj)) else float(obj)
-    if obj is pd.NA or obj is pd.NaT:
-        return None
-    return obj
-
-
 def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:
     """Figure 3-style scatter plots (training vs generated % female), one per model and prompt
     (PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``)."""

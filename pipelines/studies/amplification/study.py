@@ -255,7 +255,7 @@ class AmplificationStudy:
             io.write_table_and_csv(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
         amp_json = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
                     "indicator_correlation": results["indicator_correlation"]}
-        io.write_text(json.dumps(rep.clean_json(amp_json), indent=2, default=str, allow_nan=False), out_fs,
+        io.write_text(json.dumps(io.clean_json(amp_json), indent=2, default=str, allow_nan=False), out_fs,
                       f"{out}/{run_files['amplification']}")
 
         cap_phase = caption_metrics["caption_phase"]

@@ -204,5 +204,7 @@ def test_summary_html_one_figure_per_model_and_prompt(tmp_path):
 def test_clean_json_is_strict():
     import json
 
-    doc = rep.clean_json({"a": float("nan"), "b": [np.float32(1.5), np.int64(3)], "c": {"d": float("inf")}})
+    from pipelines.engine.io import clean_json
+
+    doc = clean_json({"a": float("nan"), "b": [np.float32(1.5), np.int64(3)], "c": {"d": float("inf")}})
     assert json.loads(json.dumps(doc, allow_nan=False)) == {"a": None, "b": [1.5, 3], "c": {"d": None}}
