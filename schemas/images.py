@@ -167,3 +167,6 @@ GENERATION_COLUMNS = pa.schema([
 GROUP = "group"                    # "training" or a prompt id, in the summarize CSV
 PERCENT_FEMALE = "percent_female"
 TRAINING_GROUP = "training"
+
+# the image bytes and their shape: dropped from a stream once its stages are done with them
+PAYLOAD = [IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH]

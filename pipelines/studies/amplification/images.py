@@ -23,13 +23,14 @@ from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.support.seeds import image_seeds
 from pipelines.engine import stages
+from pipelines.engine.checkpoint import generation_checkpoint
 from pipelines.engine import runtime
 from pipelines.engine.progress import Phase, drain
 from schemas import images as I
 from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
 from schemas.subsets import PROMPT, PROMPT_ID, SUBSET, Subset
 
-PAYLOAD = [I.IMAGE, I.IMAGE_ENCODING, I.IMAGE_HEIGHT, I.IMAGE_WIDTH]
+PAYLOAD = I.PAYLOAD
 TRAINING_URLS = "training (distinct URLs)"
 
 
@@ -245,12 +246,6 @@ def generation_requests(prompts: dict[str, list[str]], training: pa.Table, st: I
 
 REQUEST_SCHEMA = pa.schema([I.IMAGE_RESULTS.field(n) for n in (
     I.SOURCE, OCCUPATION, SUBSET, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID, CAPTION, CAPTION_GENDER, URL)])
-
-
-def generation_checkpoint(model: str) -> str:
-    import hashlib
-
-    return f"generated/{hashlib.sha256(model.encode()).hexdigest()[:12]}"
 
 
 def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run=None, budgets=(), echo=print):

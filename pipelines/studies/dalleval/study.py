@@ -16,7 +16,6 @@ detector settings) names the run; the measures are recomputed from the per-image
 from __future__ import annotations
 
 import gc
-import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -36,14 +35,14 @@ from pipelines.studies.dalleval.prompts import (
     parse_groups,
     parse_professions,
 )
-from pipelines.engine import checkpoint, io, rundir, runtime, stages
+from pipelines.engine import checkpoint, io, stages
 from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
 from pipelines.engine.models import build_standins, generation_settings, clip_settings
-from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
-from pipelines.engine.progress import Phase, drain, outcome_counts
+from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
 from schemas.gep import IMAGE_ID
@@ -304,10 +303,6 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def model_dir(model: str) -> str:
-    return f"{rundir.slug(Path(model.rstrip('/')).name, 30)}-{hashlib.sha256(model.encode()).hexdigest()[:6]}"
-
-
 class DetectedGenderColumns:
     """Per-image table rows from the stages' output: CLIP's labels as detected genders, the detector
     named, the schema's columns (a small CPU step on the driver's sink)."""
@@ -358,26 +353,10 @@ RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")],
 
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     """Generate, detect and measure every requested image with ``model`` (resuming from the checkpoint)."""
-    name = generation_checkpoint(model)
-    done = checkpoint.checkpointed(rd, name, model, requests, S.DALLEVAL_IMAGES, IMAGE_ID)
-    todo = checkpoint.still_to_do(requests, done, IMAGE_ID)
-    phase = Phase(f"generate {Path(model.rstrip('/')).name}", "images", requests.num_rows, reused=done.num_rows)
-    for b in budgets:
-        b.add(done)
-    if todo.num_rows:
-        batch = max(1, args.gen_batch_size)
-        todo = todo.sort_by([(IMAGE_ID, "ascending")])
-        ds = runtime.from_table(ray, todo, batch * 4)
-        ds = stages.run(ds, generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}"))
-        ds = ds.drop_columns(PAYLOAD)
-        finish = DetectedGenderColumns(st["detect"]["gender"])
-        drain(ds, lambda t: rd.write_part(name, finish(t)), phase, budgets=budgets,
-              flush_rows=max(batch * 4, 32), echo=echo)
-    elif budgets:
-        for b in budgets:
-            b.check(final=True)
-    images = checkpoint.checkpointed(rd, name, model, requests, S.DALLEVAL_IMAGES, IMAGE_ID)
-    return conform(checkpoint.in_request_order(images, requests, IMAGE_ID, model), S.DALLEVAL_IMAGES), phase
+    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
+    return checkpoint.generate(ray, rd, requests, model, pipeline, S.DALLEVAL_IMAGES, IMAGE_ID,
+                               max(1, args.gen_batch_size), budgets, echo,
+                               finish=DetectedGenderColumns(st["detect"]["gender"]))
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -17,7 +17,6 @@ re-running with another --reference re-scores the same images without generating
 
 from __future__ import annotations
 
-import hashlib
 import io as _io
 import json
 import time
@@ -36,14 +35,14 @@ from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.support.attribute_classifier import TABLE2_CONTEXTS, ClassifierSettings
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-from pipelines.engine import checkpoint, io, rundir, runtime, stages
+from pipelines.engine import checkpoint, io, runtime, stages
 from pipelines.studies.gep import report as gep_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
 from pipelines.engine.models import build_standins, clip_settings, generation_settings, load_clip_and_generators
-from pipelines.studies.amplification.images import PAYLOAD, generation_checkpoint
-from pipelines.engine.progress import Phase, drain, outcome_counts
+from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.progress import Phase, outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import gep as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
@@ -239,15 +238,6 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def model_dir(model: str) -> str:
-    return f"{rundir.slug(Path(model.rstrip('/')).name, 30)}-{hashlib.sha256(model.encode()).hexdigest()[:6]}"
-
-
-def _checkpointed(rd, name: str, model: str, requests: pa.Table) -> pa.Table:
-    """This model's checkpointed images that are still requested, one row per image id."""
-    return checkpoint.checkpointed(rd, name, model, requests, S.GEP_IMAGES, S.IMAGE_ID)
-
-
 def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
     """Section 3: one image per prompt and seed; section 4: its L2-normalised CLIP image embedding,
     computed on the generator's device; the image saved for annotators (section 5)."""
@@ -272,25 +262,9 @@ RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
 
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     """Generate and embed every requested image with ``model`` (resuming from the checkpoint)."""
-    name = generation_checkpoint(model)
-    done = _checkpointed(rd, name, model, requests)
-    todo = checkpoint.still_to_do(requests, done, S.IMAGE_ID)
-    phase = Phase(f"generate {Path(model.rstrip('/')).name}", "images", requests.num_rows, reused=done.num_rows)
-    for b in budgets:
-        b.add(done)
-    if todo.num_rows:
-        batch = max(1, args.gen_batch_size)
-        todo = todo.sort_by([(S.IMAGE_ID, "ascending")])
-        ds = runtime.from_table(ray, todo, batch * 4)
-        ds = stages.run(ds, generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}"))
-        ds = ds.drop_columns(PAYLOAD)
-        drain(ds, lambda t: rd.write_part(name, conform(t, S.GEP_IMAGES)), phase, budgets=budgets,
-              flush_rows=max(batch * 4, 32), echo=echo)
-    elif budgets:
-        for b in budgets:
-            b.check(final=True)
-    images = checkpoint.in_request_order(_checkpointed(rd, name, model, requests), requests, S.IMAGE_ID, model)
-    return conform(images, S.GEP_IMAGES), phase
+    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
+    return checkpoint.generate(ray, rd, requests, model, pipeline, S.GEP_IMAGES, S.IMAGE_ID,
+                               max(1, args.gen_batch_size), budgets, echo)
 
 
 # ------------------------------------------------------------------------------------ scoring
