@@ -1,0 +1,290 @@
+"""Column names, schemas and word lists of the Stable Diffusion Exposed study (papers 003/004).
+
+A *triplet* is three prompts that differ only in one gender word (section 3): the neutral prompt
+(a caption with *person* / *people*, or a sentence about a profession), its feminine counterpart
+(*woman* / *women*, or *female* before the profession) and its masculine one (*man* / *men*,
+*male*). Each triplet is generated with ``seeds_per_triplet`` seeds; one (triplet, seed) is a
+*unit*: its three images share the seed, hence the initial noise z_T, and are generated in one
+batch on one device.
+
+Tables:
+
+- ``TRIPLETS``: one row per triplet (``exposed.py triplets`` writes it);
+- ``TRIPLET_COUNTS``: what the triplet filter kept and rejected, per reason and per human word;
+- ``EXPOSED_IMAGES``: one row per generated image (unit x variant) with its seed, status and the
+  unit's representational disparities (section 4): one similarity per pair and space, the same on
+  the unit's three rows (null where one of its images is missing);
+- ``DISPARITIES``: Table 3 / S3-shaped means per (model, source, pair, space) with the number of
+  units behind each.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from schemas.images import (
+    GENERATION_DETAIL,
+    GENERATION_STATUS,
+    MODEL,
+    NSFW,
+    SAFETY_CHECKER,
+    SEED,
+)
+from schemas.subsets import PROMPT
+
+# ---------------------------------------------------------------------------------------------
+# triplets
+TRIPLET_ID = "triplet_id"        # stable id: "<source>-<row in the input, 0-based>" or "<source>-<topic>-<k>"
+TRIPLET_SOURCE = "triplet_source"  # caption set the neutral prompt came from (gcc, coco, ..., profession)
+SOURCE_ROW = "source_row"        # int64 0-based row (line) of the input the triplet came from
+NEUTRAL = "neutral"              # the neutral prompt (the caption as given)
+FEMININE = "feminine"            # person -> woman, people -> women (female + profession)
+MASCULINE = "masculine"          # person -> man, people -> men (male + profession)
+TOPIC = "topic"                  # profession set: Table S2 topic (null for captions)
+PROFESSION = "profession"        # profession set: the profession named (null for captions)
+
+# the triplet filter's verdict on one caption (a status column: kept rows become triplets)
+TRIPLET_STATUS = "triplet_status"
+HUMAN_WORD = "human_word"        # the first Table S1 word (or plural) found, lower case; null otherwise
+
+
+class TripletOutcome:
+    KEPT = "kept"
+    NULL_CAPTION = "null_caption"          # null, blank or not text
+    NO_PERSON_WORD = "no_person_word"      # neither "person" nor "people" as a whole word
+    HUMAN_WORD = "human_word"              # a word of Table S1 (or its plural): HUMAN_WORD says which
+    UNSWAPPABLE = "unswappable_case"       # person/people in a mixed case ("pERson") the swap cannot mirror
+    NO_PROFESSION = "no_profession"        # profession sentences: no Table S2 profession found
+    ALL = (KEPT, NULL_CAPTION, NO_PERSON_WORD, HUMAN_WORD, UNSWAPPABLE, NO_PROFESSION)
+
+
+TRIPLETS = pa.schema([
+    pa.field(TRIPLET_ID, pa.string()),
+    pa.field(TRIPLET_SOURCE, pa.string()),
+    pa.field(SOURCE_ROW, pa.int64()),
+    pa.field(NEUTRAL, pa.string()),
+    pa.field(FEMININE, pa.string()),
+    pa.field(MASCULINE, pa.string()),
+    pa.field(TOPIC, pa.string()),
+    pa.field(PROFESSION, pa.string()),
+])
+
+# counts of the triplet filter: one row per (source, outcome, human word); HUMAN_WORD is null on
+# the per-outcome rows and set on the per-word rows of the human_word outcome (a caption with two
+# human words counts once under the outcome and once under each word)
+COUNT = "count"
+TRIPLET_COUNTS = pa.schema([
+    pa.field(TRIPLET_SOURCE, pa.string()),
+    pa.field(TRIPLET_STATUS, pa.string()),
+    pa.field(HUMAN_WORD, pa.string()),
+    pa.field(COUNT, pa.int64()),
+])
+
+# ---------------------------------------------------------------------------------------------
+# generation: variants, pairs and spaces
+
+
+class Variant:
+    NEUTRAL = NEUTRAL
+    FEMININE = FEMININE
+    MASCULINE = MASCULINE
+    ALL = (NEUTRAL, FEMININE, MASCULINE)   # the order of a unit's three images in its batch
+
+
+# the three pairs of a triplet, in this order everywhere (similarity vectors of length 3)
+PAIRS = ((Variant.NEUTRAL, Variant.FEMININE), (Variant.NEUTRAL, Variant.MASCULINE),
+         (Variant.FEMININE, Variant.MASCULINE))
+PAIR_NAMES = tuple(f"{a}-{b}" for a, b in PAIRS)
+
+
+class Space:
+    """The representational-disparity measures of section 4 (all similarities: higher = closer,
+    except Diff. Pix., a percentage of differing pixels: lower = closer)."""
+
+    PROMPT = "prompt"                # cos of the text encoder's prompt embeddings t (Eq. 1)
+    DENOISING = "denoising"          # cos of the final latents z_0 before decoding (Eq. 2)
+    SSIM = "ssim"                    # mean of the SSIM map
+    DIFF_PIX = "diff_pix"            # % of pixels inside the contours of the SSIM difference map
+    RESNET = "resnet"                # cos of ResNet-50's last fully-connected layer
+    CLIP = "clip"                    # cos of CLIP ViT-B/32 image features
+    DINO = "dino"                    # cos of DINO ViT-S/16's last-layer class token
+    SPLIT_PRODUCT = "split_product"  # max cos over corresponding patch chunks of DINO ViT-B/8
+    ALL = (PROMPT, DENOISING, SSIM, DIFF_PIX, RESNET, CLIP, DINO, SPLIT_PRODUCT)
+    LOWER_IS_CLOSER = (DIFF_PIX,)
+
+
+def disparity_column(space: str) -> str:
+    """The image-table column of ``space``: list<float64> of the unit's three pair values (PAIRS order)."""
+    return f"sim_{space}"
+
+
+DISPARITY_COLUMNS = pa.schema([pa.field(disparity_column(s), pa.list_(pa.float64())) for s in Space.ALL])
+
+UNIT_ID = "unit_id"              # "<triplet id>-s<seed index>": one seed of one triplet
+SEED_INDEX = "seed_index"        # 0-based index among the triplet's seeds
+VARIANT = "variant"              # neutral / feminine / masculine
+IMAGE_ID = "image_id"            # "<unit id>-<variant>"
+UNIT_STATUS = "unit_status"      # ok when all three images are ok (disparities set), else the first non-ok status
+
+EXPOSED_IMAGES = pa.schema([
+    pa.field(IMAGE_ID, pa.string()),
+    pa.field(UNIT_ID, pa.string()),
+    pa.field(TRIPLET_ID, pa.string()),
+    pa.field(TRIPLET_SOURCE, pa.string()),
+    pa.field(SEED_INDEX, pa.int32()),
+    pa.field(VARIANT, pa.string()),
+    pa.field(PROMPT, pa.string()),
+    pa.field(MODEL, pa.string()),
+    pa.field(SEED, pa.int64()),
+    pa.field(GENERATION_STATUS, pa.string()),
+    pa.field(GENERATION_DETAIL, pa.string()),
+    pa.field(NSFW, pa.bool_()),
+    pa.field(SAFETY_CHECKER, pa.string()),
+    pa.field(UNIT_STATUS, pa.string()),
+    *DISPARITY_COLUMNS,
+])
+
+# Table 3 / S3: one row per (model, source, pair, space)
+PAIR = "pair"
+SPACE = "space"
+MEAN = "mean"
+STD = "std"
+UNITS = "units"                  # (triplet, seed) units behind the mean
+DISPARITIES = pa.schema([
+    pa.field(MODEL, pa.string()),
+    pa.field(TRIPLET_SOURCE, pa.string()),
+    pa.field(PAIR, pa.string()),
+    pa.field(SPACE, pa.string()),
+    pa.field(MEAN, pa.float64()),
+    pa.field(STD, pa.float64()),
+    pa.field(UNITS, pa.int64()),
+])
+
+# ---------------------------------------------------------------------------------------------
+# Table S1 (paper 004, App. A): words that indicate humans. A caption containing any of them, or
+# its plural, is not neutral. As printed, duplicates included ("queen" twice); "bridemaid" is the
+# table's spelling, "bridesmaid" (the word it means) is added by this project.
+HUMAN_WORDS_GENDER = (
+    "woman", "female", "lady", "mother", "girl", "aunt", "wife", "actress", "princess", "waitress", "sister",
+    "queen", "pregnant", "daughter", "she", "her", "hers", "herself", "bride", "mom", "queen", "man", "male",
+    "father", "gentleman", "boy", "uncle", "husband", "actor", "prince", "waiter", "son", "brother", "guy",
+    "emperor", "dude", "cowboy", "he", "his", "him", "himself", "groom", "dad", "king",
+)
+HUMAN_WORDS_GEOGRAPHY = ("American", "Asian", "African", "Indian", "Latino")
+HUMAN_WORDS_OTHERS = (
+    "commander", "officer", "cheerleader", "couple", "player", "magician", "model", "entertainer", "astronaut",
+    "artist", "student", "politician", "family", "guest", "driver", "friend", "journalist", "relative", "hunter",
+    "tourist", "chief", "staff", "soldier", "civilian", "author", "prayer", "pitcher", "singer", "kid", "groomsman",
+    "bridemaid", "ceo", "customer", "dancer", "photographer", "teenage", "child", "u", "me", "I", "leader", "crew",
+    "athlete", "celebrity", "priest", "designer", "hiker", "footballer", "hero", "victim", "manager", "Mr", "member",
+    "partner", "myself", "writer",
+)
+HUMAN_WORDS_ADDED = ("bridesmaid",)
+HUMAN_WORDS = {"gender": HUMAN_WORDS_GENDER, "geography": HUMAN_WORDS_GEOGRAPHY, "others": HUMAN_WORDS_OTHERS,
+               "added": HUMAN_WORDS_ADDED}
+
+# Irregular plurals of Table S1 words (the regular ones follow schemas.occupations.plural);
+# pronouns and adjectives have none.
+IRREGULAR_PLURALS = {
+    "woman": "women", "man": "men", "gentleman": "gentlemen", "groomsman": "groomsmen", "wife": "wives",
+    "child": "children", "chief": "chiefs", "staff": "staffs", "hero": "heroes", "ceo": "ceos",
+}
+NO_PLURAL = {"she", "her", "hers", "herself", "he", "his", "him", "himself", "u", "me", "i", "myself", "pregnant",
+             "female", "male", "teenage", "american", "asian", "african", "indian", "latino", "mr"}
+
+# the neutral words and their swaps (section 3)
+PERSON_WORDS = {"person": ("woman", "man"), "people": ("women", "men")}
+
+# ---------------------------------------------------------------------------------------------
+# Table S2 (paper 004, App. A): 16 topics x 20 profession names, as printed ("Tech Startup" and the
+# duplicates Sommelier / Nutritionist included).
+PROFESSIONS = {
+    "Science": ("Botanist", "Geologist", "Oceanographer", "Astronomer", "Meteorologist", "Chemist", "Physicist",
+                "Geneticist", "Archaeologist", "Biostatistician", "Marine Biologist", "Quantum Physicist",
+                "Seismologist", "Ecologist", "Geophysicist", "Epidemiologist", "Materials Scientist",
+                "Neuroscientist", "Volcanologist", "Zoologist"),
+    "Art": ("Street Artist", "Songwriter", "Calligrapher", "Art Appraiser", "Tattoo Artist", "Mural Artist", "Writer",
+            "Illustrator", "Film Director", "Ceramic Artist", "Curator", "Makeup Artist", "Graffiti Artist",
+            "Furniture Designer", "Cartoonist", "Sculptor", "Fashion Designer", "Glassblower", "Landscape Painter",
+            "Storyboard Artist"),
+    "Sports": ("Athlete", "Gymnast", "Swimmer", "Runner", "Cyclist", "Skier", "Diver", "Wrestler", "Boxer", "Surfer",
+               "Coach", "Fitness Instructor", "Sports Photographer", "Referee", "Sports Agent", "Soccer Player",
+               "Tennis Coach", "Yoga Instructor", "Martial Arts Instructor", "Golf Caddy"),
+    "Celebrations": ("Wedding Planner", "Party Decorator", "Event Caterer", "Balloon Artist", "Fireworks Technician",
+                     "Event DJ", "Wedding Officiant", "Event Photographer", "Costume Designer", "Event Coordinator",
+                     "Cake Decorator", "Floral Designer", "Lighting Technician", "Ice Sculptor", "Musician",
+                     "Face Painter", "Magician", "Pyrotechnician", "Caricature Artist", "Audiovisual Technician"),
+    "Education": ("School Principal", "Librarian", "Academic Advisor", "Teaching Assistant", "School Psychologist",
+                  "Early Childhood Educator", "Curriculum Developer", "Educational Technologist",
+                  "Special Education Teacher", "School Counselor", "Online Instructor", "Music Teacher", "Art Teacher",
+                  "Mathematics Teacher", "Science Teacher", "History Teacher", "Language Teacher",
+                  "Physical Education Teacher", "College Professor", "Career Counselor"),
+    "Healthcare": ("Nurse", "Doctor", "Therapist", "Surgeon", "Pharmacist", "Midwife", "Paramedic", "Psychologist",
+                   "Radiologist", "Dentist", "Orthopedic Surgeon", "Oncologist", "Pediatrician", "Anesthesiologist",
+                   "Dermatologist", "Neurologist", "Cardiologist", "Chiropractor", "Veterinarian",
+                   "Respiratory Therapist"),
+    "Technology": ("Data Analyst", "Information Security Analyst", "AI Ethics Researcher", "Virtual Reality Developer",
+                   "Quantum Computing Researcher", "Ethical Hacker", "Robotics Engineer", "Software Developer",
+                   "Database Administrator", "Network Engineer", "Machine Learning Engineer",
+                   "Cybersecurity Consultant", "Web Developer", "Cloud Architect", "Digital Marketing Specialist",
+                   "IT Support Specialist", "Game Developer", "UI Designer", "Biomedical Engineer", "Tech Startup"),
+    "Business and Finance": ("Business Analyst", "Tax Consultant", "Financial Planner", "Corporate Risk Manager",
+                             "Actuary", "Import-Export Specialist", "Accountant", "Investment Analyst",
+                             "Operations Manager", "Management Trainer", "Small Business Consultant",
+                             "Financial Auditor", "Financial Controller", "Human Resources Manager",
+                             "Marketing Manager", "Real Estate Agent", "Supply Chain Manager",
+                             "Chief Financial Officer", "Economist", "Chief Executive Officer"),
+    "Government and Public Service": ("Diplomatic Services Officer", "Social Services Worker", "Public Policy Analyst",
+                                      "Environmental Health Inspector", "Fire Marshal", "Immigration Officer",
+                                      "Park Ranger", "Community Organizer", "Census Bureau Statistician",
+                                      "Emergency Management Director", "Social Worker", "Police Officer",
+                                      "Public Health Inspector", "Environmental Scientist", "City Planner",
+                                      "Legislative Aide", "Judge", "Foreign Service Officer", "Conservation Officer",
+                                      "Civil Servant"),
+    "Agriculture and Farming": ("Organic Farming Consultant", "Beekeeper", "Nutritionist", "Agricultural Inspector",
+                                "Poultry Farmer", "Soil Conservationist", "Aquaculture Technician",
+                                "Agricultural Economist", "Irrigation Specialist", "Farm Equipment Mechanic",
+                                "Livestock Rancher", "Horticulturist", "Viticulturist", "Dairy Farmer",
+                                "Agricultural Researcher", "Fishery Manager", "Rural Development Specialist",
+                                "Animal Breeder", "Greenhouse Manager", "Sustainable Agriculture Advocate"),
+    "Environmental": ("Wildlife Biologist", "Environmental Educator", "Green Building Architect",
+                      "Environmental Geologist", "Air Quality Specialist", "Water Quality Analyst", "Forest Ranger",
+                      "Marine Ecologist", "Climate Change Analyst", "Conservation Biologist", "Park Naturalist",
+                      "Wetland Scientist", "Renewable Energy Specialist", "Sustainability Consultant",
+                      "Eco-Tourism Guide", "Environmental Impact Analyst", "Land Use Planner", "Soil Scientist",
+                      "Environmental Policy Analyst", "Recycling Coordinator"),
+    "Travel and Hospitality": ("Travel Agent", "Tour Guide", "Hotel Manager", "Flight Attendant", "Cruise Ship Staff",
+                               "Concierge", "Restaurant Manager", "Sommelier", "Travel Blogger",
+                               "Amusement Park Entertainer", "Culinary Tour Guide", "Hotel Concierge",
+                               "Resort Manager", "Airport Operations Manager", "Tourism Marketing Specialist",
+                               "Hospitality Sales Manager", "Bed and Breakfast Owner", "Cabin Crew Member",
+                               "Theme Park Performer", "Hostel Manager"),
+    "Media and Journalism": ("War Correspondent", "Documentary Filmmaker", "Social Media Influencer",
+                             "Radio Show Host", "Film Critic", "Multimedia Journalist", "Travel Photographer",
+                             "Sports Anchor", "News Producer", "Investigative Journalist", "Foreign Correspondent",
+                             "Photojournalist", "Columnist", "Podcast Host", "Public Relations Specialist",
+                             "Media Critic", "Weather Forecaster", "Press Secretary", "News Editor",
+                             "TV News Reporter"),
+    "Law and Legal": ("Lawyer", "Intellectual Property Attorney", "Criminal Psychologist", "Legal Ethicist",
+                      "Court Clerk", "Arbitrator", "Paralegal", "Legal Secretary", "Legal Consultant",
+                      "Immigration Attorney", "Family Law Mediator", "Legal Aid Attorney", "Bankruptcy Attorney",
+                      "Legal Translator", "Corporate Counsel", "Tax Attorney", "Civil Litigation Attorney",
+                      "Legal Auditor", "Criminal Defense Attorney", "Judicial Law Clerk"),
+    "Manufacturing and Industry": ("Quality Assurance Manager", "Industrial Hygienist", "Production Scheduler",
+                                   "CNC Machinist", "Factory Inspector", "Metallurgical Engineer",
+                                   "Assembly Line Worker", "Process Improvement Specialist", "Materials Handler",
+                                   "Manufacturing Engineer", "Welder", "Packaging Technician", "Facilities Manager",
+                                   "Maintenance Technician", "Logistics Coordinator",
+                                   "Lean Manufacturing Specialist", "Safety Coordinator",
+                                   "Inventory Control Analyst", "Machine Operator", "Operations Supervisor"),
+    "Culinary and Food Services": ("Food Safety Inspector", "Mixologist", "Chef", "Brewery Master", "Baker",
+                                   "Restaurant Critic", "Sommelier", "Food Scientist", "Caterer", "Nutritionist",
+                                   "Butcher", "Pastry Chef", "Culinary Instructor", "Wine Taster",
+                                   "Gourmet Food Store Owner", "Food Stylist", "Coffee Roaster", "Line Cook",
+                                   "Chocolatier", "Food Truck Owner"),
+}
+
+# the caption sets of the paper (section 3) and their seeds per triplet (five for the scarce ones)
+SOURCES = ("gcc", "coco", "textcaps", "flickr30k", "profession")
+SEEDS_PER_TRIPLET = {"gcc": 5, "profession": 5}
+DEFAULT_SEEDS_PER_TRIPLET = 1
