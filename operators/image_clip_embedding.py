@@ -27,10 +27,20 @@ from operators.image_clip_gender import (
     load_clip,
 )
 from operators.support.codec import batch_images
+from operators.support.disparity import (
+    check_units,
+    flatten_units,
+    pair_cosines,
+    unflatten_units,
+)
+from schemas.exposed import Space
 from schemas.gep import EMBEDDING, EMBEDDING_COLUMNS
 from schemas.images import IMAGE
 
 STAGE_CLIP_EMBED = "clip_embed"
+# the CLIP of the image-space disparity (paper 004, App. A: CLIP ViT-B/32, OpenAI's weights)
+DISPARITY_MODEL = "ViT-B-32"
+DISPARITY_PRETRAINED = "openai"
 
 
 def normalise(features) -> np.ndarray:
@@ -74,6 +84,7 @@ class ClipImageEmbedder:
     stage_name = STAGE_CLIP_EMBED
     resources = Resources(num_cpus=1, batch_size=64, actors=1)
     output_fields = EMBEDDING_COLUMNS   # what classify_tensor returns, for the generator
+    spaces = (Space.CLIP,)              # as a disparity head (operators.support.disparity)
 
     def __init__(self, model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
                  device: str = "auto", batch_size: int = 64, revision: str | None = None):
@@ -90,6 +101,16 @@ class ClipImageEmbedder:
     def classify_tensor(self, images) -> dict:
         """The generator's hook: {EMBEDDING: (B, d) unit vectors}."""
         return {EMBEDDING: self.embed_tensor(images)}
+
+    def triplet_similarities(self, images) -> dict:
+        """The disparity-head hook (paper 004, section 4: CLIP): {CLIP: (U, 3) float64 cosines of
+        the image embeddings, PAIRS order} of (U, 3, 3, H, W) float images in [0, 1] on any device.
+        Paper 004 uses CLIP ViT-B/32 with OpenAI's weights (DISPARITY_MODEL / DISPARITY_PRETRAINED)."""
+        check_units(images)
+        if images.shape[0] == 0:
+            return {Space.CLIP: np.zeros((0, 3), np.float64)}
+        vectors = self.embed_tensor(flatten_units(images))
+        return {Space.CLIP: pair_cosines(unflatten_units(vectors, images.shape[0]))}
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """(n, d) float32 unit vectors of ``texts`` (the same CLIP)."""
