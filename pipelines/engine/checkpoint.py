@@ -19,15 +19,26 @@ import pyarrow.compute as pc
 from schemas.images import MODEL, PAYLOAD
 
 
-def checkpointed(rd, name: str, model: str, requests: pa.Table, schema: pa.Schema, key: str) -> pa.Table:
-    """``model``'s checkpointed rows under ``name`` that are still requested, one per ``key``."""
+def checkpointed(rd, name: str, model: str, requests: pa.Table, schema: pa.Schema, key: str,
+                 request_key: str | None = None, per_request: int = 1) -> pa.Table:
+    """``model``'s checkpointed rows under ``name`` that are still requested, one per ``key``.
+
+    A request may produce several rows (``per_request``, e.g. the three images of a triplet unit),
+    each with its own ``key`` and the request's ``request_key``: a request counts as done only
+    when all its rows are there (a part cut short by a crash leaves it to do again)."""
+    rkey = request_key or key
     done = rd.read_parts(name, schema)
     done = done.filter(pc.equal(done.column(MODEL), model))
     if done.num_rows:
         idx = pa.array(np.arange(done.num_rows), pa.int64())
         first = done.append_column("_i", idx).group_by([key], use_threads=False).aggregate([("_i", "min")])
         done = done.take(first.column("_i_min"))
-    return done.filter(pc.is_in(done.column(key), requests.column(key)))
+    done = done.filter(pc.is_in(done.column(rkey), requests.column(rkey)))
+    if per_request > 1 and done.num_rows:
+        counts = done.group_by([rkey], use_threads=False).aggregate([(key, "count")])
+        complete = counts.filter(pc.equal(counts.column(f"{key}_count"), per_request)).column(rkey)
+        done = done.filter(pc.is_in(done.column(rkey), complete))
+    return done
 
 
 def still_to_do(requests: pa.Table, done: pa.Table, key: str) -> pa.Table:
@@ -37,11 +48,17 @@ def still_to_do(requests: pa.Table, done: pa.Table, key: str) -> pa.Table:
     return requests.filter(pc.invert(pc.is_in(requests.column(key), done.column(key))))
 
 
-def in_request_order(rows: pa.Table, requests: pa.Table, key: str, what: str) -> pa.Table:
-    """``rows`` (one per requested ``key``) in the order of ``requests``; every request must be there."""
-    if rows.num_rows != requests.num_rows:
-        raise RuntimeError(f"{what}: {requests.num_rows} images requested, {rows.num_rows} came back")
-    return rows.take(pc.index_in(requests.column(key), rows.column(key)))
+def in_request_order(rows: pa.Table, requests: pa.Table, key: str, what: str, request_key: str | None = None,
+                     per_request: int = 1) -> pa.Table:
+    """``rows`` (``per_request`` per request, told apart by ``key``) in the order of ``requests``
+    (and of ``key`` within one); every request must be there."""
+    if rows.num_rows != requests.num_rows * per_request:
+        raise RuntimeError(f"{what}: {requests.num_rows * per_request} images requested, {rows.num_rows} came back")
+    if request_key is None:
+        return rows.take(pc.index_in(requests.column(key), rows.column(key)))
+    position = pc.index_in(rows.column(request_key), requests.column(request_key))
+    order = pc.sort_indices(pa.table({"r": position, "k": rows.column(key)}), [("r", "ascending"), ("k", "ascending")])
+    return rows.take(order)
 
 
 def generation_checkpoint(model: str) -> str:
@@ -57,29 +74,33 @@ def model_dir(model: str) -> str:
 
 
 def generate(ray, rd, requests: pa.Table, model: str, pipeline: list, schema: pa.Schema, key: str, batch: int,
-             budgets, echo, finish: Callable[[pa.Table], pa.Table] | None = None):
+             budgets, echo, finish: Callable[[pa.Table], pa.Table] | None = None, request_key: str | None = None,
+             per_request: int = 1):
     """Run the generation ``pipeline`` (a stage list) over every request of ``model`` not yet
     checkpointed, checkpointing rows (``finish``ed, default: conformed to ``schema``) as they
-    arrive; returns (one row per request in request order, the Phase)."""
+    arrive; returns (the rows in request order, the Phase). A request is one image (rows keyed by
+    ``key``), or, with ``request_key``, ``per_request`` images keyed by ``key`` (a triplet unit)."""
     from pipelines.engine import runtime, stages
     from pipelines.engine.progress import Phase, drain
 
     from operators.base import conform
 
     name = generation_checkpoint(model)
-    done = checkpointed(rd, name, model, requests, schema, key)
-    todo = still_to_do(requests, done, key)
-    phase = Phase(f"generate {Path(model.rstrip('/')).name}", "images", requests.num_rows, reused=done.num_rows)
+    rkey = request_key or key
+    done = checkpointed(rd, name, model, requests, schema, key, request_key, per_request)
+    todo = still_to_do(requests, done, rkey)
+    phase = Phase(f"generate {Path(model.rstrip('/')).name}", "images", requests.num_rows * per_request,
+                  reused=done.num_rows)
     for b in budgets:
         b.add(done)
     if todo.num_rows:
         finish = finish or (lambda t: conform(t, schema))
-        ds = runtime.from_table(ray, todo.sort_by([(key, "ascending")]), batch * 4)
+        ds = runtime.from_table(ray, todo.sort_by([(rkey, "ascending")]), batch * 4)
         ds = stages.run(ds, pipeline).drop_columns(PAYLOAD)
         drain(ds, lambda t: rd.write_part(name, finish(t)), phase, budgets=budgets, flush_rows=max(batch * 4, 32),
               echo=echo)
     elif budgets:
         for b in budgets:
             b.check(final=True)
-    images = checkpointed(rd, name, model, requests, schema, key)
-    return conform(in_request_order(images, requests, key, model), schema), phase
+    images = checkpointed(rd, name, model, requests, schema, key, request_key, per_request)
+    return conform(in_request_order(images, requests, key, model, request_key, per_request), schema), phase

@@ -147,10 +147,10 @@ def start_ray(args, execution: dict, actor_cpus: float, standin: bool, gpu_model
 
 
 def generate_per_model(models: list[str], requests, execution: dict, generate_one, what: str = "generating",
-                       budgets_of: Callable[[str], list] | None = None):
+                       budgets_of: Callable[[str], list] | None = None, images_per_request: int = 1):
     """Run ``generate_one(model, budgets) -> (images, phase)`` for every generator, each with its own
     error budgets (default: generation failures over --max-error-rate); returns (all images,
-    phases per model, budgets)."""
+    phases per model, budgets). A request is one image, or ``images_per_request`` (a triplet unit)."""
     import pyarrow as pa
 
     from pipelines.engine.progress import ErrorBudget
@@ -162,7 +162,7 @@ def generate_per_model(models: list[str], requests, execution: dict, generate_on
 
     parts, phases, budgets = [], {}, []
     for model in models:
-        print(f"{what} {requests.num_rows:,} images with {model} ...")
+        print(f"{what} {requests.num_rows * images_per_request:,} images with {model} ...")
         mine = (budgets_of or default_budgets)(model)
         images, phase = generate_one(model, mine)
         if phase.reused:
