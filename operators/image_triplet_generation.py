@@ -1,0 +1,267 @@
+"""Triplet generation and representational disparities (papers 003/004, sections 3 and 4).
+
+One input row is a *unit*: a triplet (neutral, feminine, masculine prompt) and one seed. Its three
+images are generated in one pipeline call on one device, each with its own ``torch.Generator``
+seeded with the unit's seed, so the three share the initial noise z_T (section 3: "the seed is
+the same within each triplet"). While the call runs, a ``callback_on_step_end`` hook keeps two
+tensors the pipeline already computes and changes nothing:
+
+- the prompt embeddings t: the text encoder's full output *sequence* (77 tokens x width), the
+  tensor the UNet's cross-attention reads (for SD v1.x CLIP ViT-L/14's last layer, for SD v2.x
+  OpenCLIP ViT-H/14's penultimate layer, as each pipeline feeds its UNet); with classifier-free
+  guidance the conditional half. Cosine over the flattened sequence is the prompt space (Eq. 1).
+  The pooled embedding is not used: the UNet never sees it (SD 1.x/2.x).
+- the final latents z_0, after the last denoising step and before the VAE decodes them: cosine
+  over the flattened latents is the denoising space (Eq. 2).
+
+The images stay on the device as (units, 3, C, H, W) floats in [0, 1] and the *disparity heads*
+(``operators.support.disparity``: SSIM / Diff. Pix., ResNet-50, CLIP, DINO, split-product)
+measure each pair on them before they leave it; then they move to the CPU once as RGB8 payloads.
+
+Output: three rows per input row (``schemas.exposed.Variant.ALL`` order), one per image, with its
+prompt, seed and GENERATION_STATUS, and the unit's pair similarities in the ``sim_<space>``
+columns (list of three values in ``schemas.exposed.PAIRS`` order, the same on the unit's three
+rows). UNIT_STATUS is ``ok`` when all three images are; otherwise the disparities are null (a
+blanked NSFW image or a failed one would make them meaningless) and UNIT_STATUS is the first
+non-ok image status.
+
+A unit with a null or blank prompt is not generated (``invalid_prompt`` on its three rows). Out of
+memory halves the micro-batch down to one unit (three images: a unit is never split); a unit
+that still fails gets ``generation_error`` on its three rows. Other errors propagate.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from operators.base import Resources, Stage
+from operators.image_generation import (
+    SafetyCheckerPolicy,
+    _free_device_memory,
+    _out_of_memory,
+    _to_uint8,
+    _valid_prompt,
+    load_text2image,
+)
+from operators.support.codec import pack_rgb8
+from operators.support.disparity import pair_cosines
+from operators.support.models import pick_device
+from schemas.exposed import (
+    FEMININE,
+    IMAGE_ID,
+    MASCULINE,
+    NEUTRAL,
+    SEED_INDEX,
+    TRIPLET_ID,
+    TRIPLET_SOURCE,
+    UNIT_ID,
+    UNIT_STATUS,
+    VARIANT,
+    Space,
+    Variant,
+    disparity_column,
+)
+from schemas.images import (
+    GENERATION_DETAIL,
+    GENERATION_STATUS,
+    IMAGE,
+    IMAGE_ENCODING,
+    IMAGE_HEIGHT,
+    IMAGE_WIDTH,
+    MODEL,
+    NSFW,
+    SAFETY_CHECKER,
+    SEED,
+    GenerationStatus,
+)
+from schemas.subsets import PROMPT
+
+STAGE_GENERATE_TRIPLETS = "generate_triplets"
+PROMPT_COLUMNS = (NEUTRAL, FEMININE, MASCULINE)   # Variant.ALL order
+PASSED_ON = (UNIT_ID, TRIPLET_ID, TRIPLET_SOURCE, SEED_INDEX)
+
+
+class _Capture:
+    """``callback_on_step_end``: keeps the conditional prompt embeddings (first step) and the
+    latest latents (after the last step: z_0). It returns nothing, so the pipeline's tensors are
+    left as they are: the images are exactly those generated without it."""
+
+    tensor_inputs = ["latents", "prompt_embeds"]
+
+    def __init__(self):
+        self.prompt_embeds = None
+        self.latents = None
+
+    def __call__(self, pipe, step, timestep, kwargs):
+        if self.prompt_embeds is None:
+            embeds = kwargs["prompt_embeds"]
+            if getattr(pipe, "do_classifier_free_guidance", False):
+                embeds = embeds[embeds.shape[0] // 2:]   # [unconditional, conditional]
+            self.prompt_embeds = embeds
+        self.latents = kwargs["latents"]
+        return {}
+
+
+def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int], steps: int, guidance_scale: float,
+                   height: int | None = None, width: int | None = None, noise_device: str = "cpu"):
+    """One pipeline call for whole units: (images (U, 3, C, H, W) in [0, 1] on the device, prompt
+    embeddings (U, 3, ...), final latents z_0 (U, 3, ...), safety-checker flags (U, 3) or None)."""
+    import torch
+
+    prompts = [p for t in triplets for p in t]
+    generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds for _ in range(3)]
+    capture = _Capture()
+    out = pipe(prompt=prompts, num_inference_steps=int(steps), guidance_scale=float(guidance_scale), height=height,
+               width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
+               callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs)
+    images = out.images
+    if not torch.is_tensor(images):
+        arr = np.stack([np.asarray(a) for a in images])
+        arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32)
+        images = torch.from_numpy(arr).permute(0, 3, 1, 2)
+    if capture.latents is None or capture.prompt_embeds is None:
+        raise RuntimeError(f"{type(pipe).__name__} did not call callback_on_step_end with latents and prompt_embeds: "
+                           f"the prompt and denoising spaces cannot be measured with this pipeline")
+    u = len(triplets)
+    flags = getattr(out, "nsfw_content_detected", None)
+    flags = None if flags is None else np.asarray([bool(f) for f in flags], bool).reshape(u, 3)
+    return (images.reshape(u, 3, *images.shape[1:]), capture.prompt_embeds.reshape(u, 3, *capture.prompt_embeds.shape[1:]),
+            capture.latents.reshape(u, 3, *capture.latents.shape[1:]), flags)
+
+
+class TripletGenerator:
+    """Three rows per unit row (NEUTRAL, FEMININE, MASCULINE, SEED): images, statuses and the unit's
+    disparities in every configured space (prompt and denoising always; the heads' spaces)."""
+
+    stage_name = STAGE_GENERATE_TRIPLETS
+    resources = Resources(num_cpus=1, num_gpus=1, batch_size=2, actors=1)
+
+    def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
+                 height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
+                 safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 2,
+                 noise_device: str = "cpu", scheduler: str | None = None):
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1 unit, got {micro_batch}")
+        self.model = model
+        self.steps, self.guidance_scale = int(steps), float(guidance_scale)
+        self.height, self.width = height, width
+        self.micro_batch = int(micro_batch)
+        self.safety_checker = safety_checker
+        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler)
+        self.device = load_record["device"]
+        self.noise_device = pick_device(noise_device)
+        self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
+        spaces = [Space.PROMPT, Space.DENOISING]
+        for h in self.heads:
+            if not hasattr(h, "triplet_similarities"):
+                raise TypeError(f"head {type(h).__name__} has no triplet_similarities(images): it is not a disparity head")
+            spaces += list(h.spaces)
+        unknown = sorted(set(spaces) - set(Space.ALL))
+        if unknown or len(set(spaces)) != len(spaces):
+            raise ValueError(f"disparity heads measure unknown or repeated spaces: {spaces}")
+        self.spaces = tuple(spaces)
+        self.record = {**load_record, "steps": self.steps, "guidance_scale": self.guidance_scale, "height": height,
+                       "width": width, "micro_batch_units": self.micro_batch, "noise_device": self.noise_device,
+                       "prompt_space": "text encoder output sequence fed to the UNet (conditional half), flattened",
+                       "denoising_space": "latents after the last denoising step, before the VAE, flattened",
+                       # by the spaces each head measures (two heads may share one operator class)
+                       "heads": {"+".join(h.spaces): getattr(h, "record", None) for h in self.heads}}
+
+    def _units(self, units: list[int], triplets, seeds):
+        """Generate ``units`` in one call and measure them: (uint8 images (U*3, H, W, 3), blocked
+        (U, 3), flags or None, {space: (U, 3)} with NaN rows for units with a blocked image)."""
+        images, embeds, latents, flags = generate_units(self.pipe, [triplets[u] for u in units],
+                                                        [seeds[u] for u in units], self.steps, self.guidance_scale,
+                                                        self.height, self.width, self.noise_device)
+        blocked = np.zeros((len(units), 3), bool) if flags is None else flags
+        sims = {Space.PROMPT: pair_cosines(embeds), Space.DENOISING: pair_cosines(latents)}
+        for head in self.heads:
+            for space, values in head.triplet_similarities(images).items():
+                sims[space] = np.asarray(values, np.float64)
+        flat = _to_uint8(images.reshape(-1, *images.shape[2:]))
+        return flat, blocked, flags, sims
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import torch
+
+        n = batch.num_rows
+        triplets = list(zip(*(batch.column(c).to_pylist() for c in PROMPT_COLUMNS))) if n else []
+        seeds = batch.column(SEED).to_pylist()
+        todo = [u for u in range(n) if all(_valid_prompt(p) for p in triplets[u])]
+        missing = [u for u in todo if seeds[u] is None]
+        if missing:
+            raise ValueError(f"units {missing[:10]} have prompts but a null {SEED}: every image needs a recorded seed")
+        status = np.full((n, 3), GenerationStatus.INVALID_PROMPT, dtype=object)
+        detail = np.full((n, 3), None, dtype=object)
+        nsfw = np.full((n, 3), None, dtype=object)
+        sims = {s: np.full((n, 3), np.nan) for s in self.spaces}
+        pixels, generated = [], []   # uint8 device tensors (3 images per unit), unit indices in that order
+        pending = [todo[s:s + self.micro_batch] for s in range(0, len(todo), self.micro_batch)]
+        with torch.inference_mode():
+            while pending:
+                units = pending.pop(0)
+                failure = None
+                try:
+                    images, blocked, flags, measured = self._units(units, triplets, seeds)
+                except Exception as exc:
+                    if not _out_of_memory(exc):
+                        raise
+                    failure = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+                if failure is not None:
+                    images = measured = None
+                    _free_device_memory(self.device)
+                    if len(units) > 1:
+                        half = (len(units) + 1) // 2
+                        pending[:0] = [units[:half], units[half:]]
+                    else:
+                        status[units[0]] = GenerationStatus.ERROR
+                        detail[units[0]] = f"out of memory with one unit (3 images) per call: {failure}"
+                    continue
+                for j, u in enumerate(units):
+                    status[u] = np.where(blocked[j], GenerationStatus.NSFW_BLOCKED, GenerationStatus.OK)
+                    if flags is not None:
+                        nsfw[u] = blocked[j].tolist()
+                    if not blocked[j].any():
+                        for space in self.spaces:
+                            sims[space][u] = measured[space][j]
+                pixels.append(images)
+                generated += units
+            arrays = list(torch.cat(pixels).cpu().numpy()) if pixels else []
+        return self._rows(batch, status, detail, nsfw, sims, arrays, generated)
+
+    def _rows(self, batch, status, detail, nsfw, sims, arrays, generated) -> pa.Table:
+        n = batch.num_rows
+        unit_of_row = np.repeat(np.arange(n), 3)
+        variant_of_row = np.tile(np.arange(3), n)
+        take_units = pa.array(unit_of_row, pa.int64())
+        columns = {c: batch.column(c).take(take_units) for c in PASSED_ON if c in batch.column_names}
+        prompts = [batch.column(c).to_pylist() for c in PROMPT_COLUMNS]
+        columns[VARIANT] = pa.array([Variant.ALL[v] for v in variant_of_row], pa.string())
+        unit_ids = batch.column(UNIT_ID).to_pylist() if UNIT_ID in batch.column_names else [str(u) for u in range(n)]
+        columns[IMAGE_ID] = pa.array([f"{unit_ids[u]}-{Variant.ALL[v]}" for u, v in zip(unit_of_row, variant_of_row)],
+                                     pa.string())
+        columns[PROMPT] = pa.array([prompts[v][u] for u, v in zip(unit_of_row, variant_of_row)], pa.string())
+        columns[MODEL] = pa.array([self.model] * (3 * n), pa.string())
+        columns[SEED] = batch.column(SEED).take(take_units).cast(pa.int64())
+        # payload: the generated units' images, in (unit, variant) order, null elsewhere
+        where = np.full(3 * n, -1, np.int64)
+        for k, u in enumerate(generated):
+            where[3 * u:3 * u + 3] = np.arange(3 * k, 3 * k + 3)
+        payload = pack_rgb8(arrays)
+        take = pa.array(where, mask=where < 0)
+        for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):
+            columns[name] = payload[name].take(take)
+        columns[GENERATION_STATUS] = pa.array(status.reshape(-1).tolist(), pa.string())
+        columns[GENERATION_DETAIL] = pa.array(detail.reshape(-1).tolist(), pa.string())
+        columns[NSFW] = pa.array(nsfw.reshape(-1).tolist(), pa.bool_())
+        columns[SAFETY_CHECKER] = pa.array([self.safety_checker] * (3 * n), pa.string())
+        unit_status = [next((s for s in status[u] if s != GenerationStatus.OK), GenerationStatus.OK) for u in range(n)]
+        columns[UNIT_STATUS] = pa.array([unit_status[u] for u in unit_of_row], pa.string())
+        for space in Space.ALL:
+            values = sims.get(space)
+            lists = [None if values is None or np.isnan(values[u]).any() else values[u].tolist() for u in unit_of_row]
+            columns[disparity_column(space)] = pa.array(lists, pa.list_(pa.float64()))
+        return pa.table(columns)
