@@ -1,0 +1,137 @@
+"""Stable Diffusion Exposed (papers 003/004): where gender bias enters generation, measured on triplets
+of prompts that differ in one gender word, on the shared operators.
+
+Subcommands:
+  triplets   captions (parquet, text or CSV: COCO, Flickr30k, TextCaps, GCC, LAION) -> neutral captions
+             with person/people and no other word of Table S1 -> (neutral, feminine, masculine) triplets
+             (person -> woman / man, people -> women / men), or the Profession set of Table S2
+             (female / male before the profession); writes triplets.parquet and the filter's counts.
+  run        triplets -> units (triplet x seeds, one recorded seed shared by the three prompts) ->
+             generation with any diffusers model (the unit's three images in one call), and on the
+             generator's device: prompt-space and denoising-space cosines, SSIM, Diff. Pix., ResNet-50,
+             CLIP ViT-B/32, DINO ViT-S/16, split-product (section 4) -> Table 3 / S3-shaped means per model
+             and source with the units behind each, the RQ1 answer per cell, metrics.json, report.html.
+
+Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with RAY_ADDRESS
+/ --ray-address set, on that cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (python pipelines/exposed.py, ray submit)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.engine import cli, gpus  # noqa: E402
+
+SPACES = ("prompt", "denoising", "ssim", "diff_pix", "resnet", "clip", "dino", "split_product")
+
+
+def _add_triplet_sources(g, run: bool) -> None:
+    g.add_argument("--captions", action="append", metavar="SOURCE=PATH[:COLUMN]",
+                   help="a caption set: its name (gcc, coco, textcaps, flickr30k, laion, or any) = a parquet file or "
+                        "folder, a text file (one caption per line) or a CSV; COLUMN defaults to TEXT (LAION's). "
+                        "Repeat per set" + ("; replaces the configured sets (default: the bundled sample)" if run
+                                            else ""))
+    g.add_argument("--no-professions", action="store_true", help="leave out the Profession set (Table S2)")
+    g.add_argument("--per-topic", type=int, metavar="N",
+                   help="professions per topic of Table S2 (default: " + ("configs/exposed.yaml's" if run else "all 20")
+                        + ")")
+    g.add_argument("--profession-sentences", metavar="FILE",
+                   help="your own neutral sentences naming Table S2 professions (text, parquet or CSV column TEXT) "
+                        "instead of the built-in templates")
+    g.add_argument("--max-triplets", type=int, metavar="N", help="at most N triplets per source (quick runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="exposed.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("triplets", help="triplets from captions or from the Profession set (no models, no Ray)")
+    t.add_argument("--input", metavar="PATH", help="captions: parquet file or folder, text file or CSV")
+    t.add_argument("--column", default="TEXT", help="caption column (default TEXT, as in LAION)")
+    t.add_argument("--source", help="name of the caption set, used in triplet ids (default: the input's file name)")
+    t.add_argument("--professions", action="store_true",
+                   help="the Profession set (Table S2) from the built-in templates, or from --input as sentences")
+    t.add_argument("--per-topic", type=int, metavar="N", help="professions per topic (default all 20)")
+    t.add_argument("--output", required=True, metavar="DIR",
+                   help="writes DIR/triplets.parquet, DIR/triplet_counts.csv and .json")
+
+    r = sub.add_parser("run", help="triplets, generation and representational disparities (one Ray job)")
+    r.add_argument("--output", required=True, metavar="DIR",
+                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
+    s = r.add_argument_group("triplets (section 3, App. A; any key of configs/exposed.yaml in --config)")
+    s.add_argument("--config", metavar="YAML", help="study file overriding configs/exposed.yaml")
+    _add_triplet_sources(s, run=True)
+    s.add_argument("--no-captions", action="store_true", help="no caption sets: the Profession set only")
+    s.add_argument("--seeds-per-triplet", action="append", metavar="SOURCE=N",
+                   help="seeds per triplet of a source (default gcc=5, profession=5, others 1); repeat per source")
+    g = r.add_argument_group("generation (section 3)")
+    g.add_argument("--generators", nargs="+", metavar="MODEL",
+                   help="diffusers text-to-image models: hub ids or directories (default SD v1.4, v2.0-base, "
+                        "v2.1-base)")
+    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
+                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
+                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
+    g.add_argument("--steps", type=int, help="inference steps (default 50)")
+    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
+    g.add_argument("--scheduler", help="diffusers scheduler class (default: each model's own)")
+    g.add_argument("--height", type=int, help="image height (default: the model's)")
+    g.add_argument("--width", type=int, help="image width (default: the model's)")
+    g.add_argument("--generation-seed", type=int, help="base seed; each unit's seed derives from it (default 0)")
+    g.add_argument("--safety-checker", choices=["model-default", "off"],
+                   help="model-default (SD v1.4's checker blanks flagged images: their units are counted, not "
+                        "measured) or off")
+    d = r.add_argument_group("representational disparities (section 4, App. A)")
+    d.add_argument("--spaces", nargs="+", choices=SPACES,
+                   help="spaces to measure (default all; prompt and denoising are always measured)")
+    d.add_argument("--resnet-model", help="ResNet-50 (transformers): hub id or directory (default microsoft/resnet-50)")
+    d.add_argument("--clip-model", help="open_clip architecture (default ViT-B-32), local-dir:/path or hf-hub:org/repo")
+    d.add_argument("--clip-pretrained", help="open_clip pretrained tag (default openai)")
+    d.add_argument("--clip-revision", help="hub revision of the CLIP weights (default main; the commit is recorded)")
+    d.add_argument("--dino-model", help="DINO ViT-S/16 (transformers): hub id or directory (default facebook/dino-vits16)")
+    d.add_argument("--split-product-model",
+                   help="DINO ViT-B/8 for split-product: hub id or directory (default facebook/dino-vitb8)")
+    d.add_argument("--standin-models", action="store_true",
+                   help="tiny random-weight generators and image models (offline smoke run; numbers are meaningless)")
+    x = r.add_argument_group("execution")
+    x.add_argument("--run-id", metavar="ID", help="run directory name (default exposed-<8 hex digits of the configuration>)")
+    x.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address; 'local' starts a local instance")
+    x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
+    x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
+    x.add_argument("--gen-batch-size", type=int, default=2,
+                   help="units per generator call (three images each; default 2)")
+    gpus.add_arguments(x, "generator")
+    x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
+    x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
+    x.add_argument("--no-save-images", action="store_true", help="do not write the images (the report then shows none)")
+    x.add_argument("--no-progress", action="store_true", help="no progress bars and lines")
+    x.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
+    x.add_argument("--overwrite", action="store_true", help="discard this run id's directory and start again")
+    return p
+
+
+def run(args) -> dict:
+    from pipelines.studies.exposed import study
+
+    return study.run(args)
+
+
+def triplets(args) -> dict:
+    from pipelines.studies.exposed import triplets as T
+
+    return T.run_command(args)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"run": run, "triplets": triplets}
+    return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""`exposed.py run`: Stable Diffusion Exposed (papers 003/004), triplets and representational
+disparities (sections 3 and 4), as one Ray job.
+
+captions (any caption set) and the Profession set  -> triplets (Table S1 filter, person/people
+swapped; female/male before the profession)                                   [driver, vectorised]
+  -> units: each triplet x its seeds (5 for GCC and Profession, 1 otherwise), one recorded seed
+     shared by the unit's three prompts
+  -> generation (any diffusers model): the unit's three images in one call on one device, and
+     there, while they are on it: prompt embeddings t and final latents z_0 (prompt and denoising
+     spaces), SSIM / Diff. Pix., ResNet-50, CLIP ViT-B/32, DINO ViT-S/16, split-product DINO ViT-B/8
+                                                                   [Ray Data, GPU actors]
+  -> per-image table (three rows per unit, one status each), Table 3 / S3 means with the units
+     behind each, the RQ1 answer per cell, metrics.json, report.html.
+
+Images are checkpointed per unit (its three rows together) as they arrive, so an interrupted run
+resumes where it stopped; everything the images depend on (the triplets themselves, seeds,
+generation and disparity models) names the run.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import Stage
+from operators.image_backbone_disparity import BackboneDisparity
+from operators.image_clip_embedding import ClipImageEmbedder
+from operators.image_sink import ImageSink
+from operators.image_split_product import SplitProductDisparity
+from operators.image_ssim_disparity import SsimDisparity
+from operators.image_triplet_generation import TripletGenerator
+from operators.support.seeds import image_seeds
+from pipelines.engine import checkpoint, io, stages
+from pipelines.engine import config as study_config
+from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.figures import FigureDir
+from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
+from pipelines.engine.models import build_standins, clip_settings, generation_settings
+from pipelines.engine.progress import outcome_counts
+from pipelines.engine.summary import stage_row
+from pipelines.studies.exposed import metrics as M
+from pipelines.studies.exposed import report as exposed_report
+from pipelines.studies.exposed import triplets as T
+from schemas import exposed as S
+from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
+
+PRESET = "exposed.yaml"
+REPLACED = ("captions", "seeds_per_triplet")
+FILES = {
+    "triplets": "triplets",                  # one row per triplet (parquet + csv)
+    "counts": "triplet_counts.csv",          # what the filter kept and rejected, per reason and word
+    "images": "images",                      # per image: unit, variant, prompt, seed, status, pair values
+    "disparities": "disparities.csv",        # per (model, source, pair, space): mean, std, units
+    "table3": "table3_disparities.csv",      # Table 3 / S3 shape
+    "direction": "rq1_direction.csv",        # per (model, source, space): closer to masculine or feminine
+    "metrics": "metrics.json",
+    "report": "report.html",
+    "images_dir": "images",
+}
+CONFIG_DIR = Path(study_config.__file__).resolve().parents[2] / "configs"
+
+# the disparity heads: configuration key -> (operator, spaces it measures)
+HEADS = {"ssim": (SsimDisparity, (S.Space.SSIM, S.Space.DIFF_PIX)),
+         "resnet": (BackboneDisparity, (S.Space.RESNET,)),
+         "clip": (ClipImageEmbedder, (S.Space.CLIP,)),
+         "dino": (BackboneDisparity, (S.Space.DINO,)),
+         "split_product": (SplitProductDisparity, (S.Space.SPLIT_PRODUCT,))}
+
+
+# ------------------------------------------------------------------------------------ settings
+def _caption_spec(spec: str) -> dict:
+    """--captions SOURCE=PATH[:COLUMN]."""
+    source, eq, rest = spec.partition("=")
+    if not eq or not source.strip() or not rest.strip():
+        raise ValueError(f"--captions {spec!r}: expected SOURCE=PATH[:COLUMN] (e.g. coco=/data/coco.parquet:caption)")
+    path, column = rest, "TEXT"
+    head, colon, tail = rest.rpartition(":")
+    if colon and head and "/" not in tail and not Path(rest).exists():
+        path, column = head, tail
+    return {"source": source.strip().lower(), "path": path, "column": column}
+
+
+def _input_path(path: str) -> str:
+    """A caption path as given, or (the embedded default) relative to configs/."""
+    if "://" in path or Path(path).exists():
+        return path
+    bundled = CONFIG_DIR / path
+    return str(bundled) if bundled.exists() else path
+
+
+def _source_counts(specs: list[str], what: str) -> dict:
+    out = {}
+    for spec in specs or []:
+        source, eq, n = spec.partition("=")
+        if not eq or not n.strip().isdigit() or int(n) < 1:
+            raise ValueError(f"{what} {spec!r}: expected SOURCE=N with N >= 1")
+        out[source.strip().lower()] = int(n)
+    return out
+
+
+def settings(args) -> dict:
+    """The effective study: configs/exposed.yaml, the --config file, then command-line overrides."""
+    cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET, replace=REPLACED)
+    captions = [dict(c) for c in (cfg.get("captions") or [])]
+    if getattr(args, "captions", None):
+        captions = [_caption_spec(s) for s in args.captions]
+    if getattr(args, "no_captions", False):
+        captions = []
+    for c in captions:
+        if not c.get("source") or not c.get("path"):
+            raise ValueError(f"captions: every entry needs source and path, got {c}")
+        c["source"] = str(c["source"]).lower()
+        c.setdefault("column", "TEXT")
+        c["path"] = _input_path(str(c["path"]))
+    prof = dict(cfg["professions"])
+    if getattr(args, "no_professions", False):
+        prof["enabled"] = False
+    if getattr(args, "per_topic", None) is not None:
+        prof["per_topic"] = args.per_topic
+    if getattr(args, "profession_sentences", None):
+        prof["sentences"] = args.profession_sentences
+    if not captions and not prof["enabled"]:
+        raise ValueError("nothing to generate: no caption sources and the Profession set is off")
+    seeds = {str(k).lower(): int(v) for k, v in (cfg.get("seeds_per_triplet") or {}).items()}
+    seeds.update(_source_counts(getattr(args, "seeds_per_triplet", None), "--seeds-per-triplet"))
+    default_seeds = int(cfg.get("default_seeds_per_triplet") or 1)
+    max_triplets = getattr(args, "max_triplets", None)
+    max_triplets = cfg.get("max_triplets") if max_triplets is None else max_triplets
+    gen = generation_settings(cfg["generation"], args)
+    disp = {k: (dict(v) if isinstance(v, dict) else v) for k, v in cfg["disparity"].items()}
+    if getattr(args, "spaces", None):
+        disp["spaces"] = list(args.spaces)
+    unknown = sorted(set(disp["spaces"]) - set(S.Space.ALL))
+    if unknown:
+        raise ValueError(f"disparity.spaces: unknown {unknown}; known: {list(S.Space.ALL)}")
+    for key in (S.Space.PROMPT, S.Space.DENOISING):
+        if key not in disp["spaces"]:
+            disp["spaces"] = [key, *disp["spaces"]]   # measured by the generator itself, always
+    for key, flag in (("resnet", "resnet_model"), ("dino", "dino_model"), ("split_product", "split_product_model")):
+        if getattr(args, flag, None):
+            disp[key] = {**disp[key], "model": getattr(args, flag), "revision": None}
+    disp["clip"] = clip_settings(disp["clip"], args)
+    ex = dict(cfg["execution"])
+    for key in ("max_retries", "max_error_rate"):
+        if getattr(args, key, None) is not None:
+            ex[key] = getattr(args, key)
+    return {"label": str(cfg.get("name") or "exposed"), "captions": captions, "professions": prof,
+            "seeds_per_triplet": seeds, "default_seeds_per_triplet": default_seeds, "max_triplets": max_triplets,
+            "generation": gen, "disparity": disp, "report": dict(cfg.get("report") or {}), "execution": ex}
+
+
+def build_triplets(st: dict) -> tuple[pa.Table, pa.Table]:
+    """Every configured source's triplets (at most ``max_triplets`` each) and the filter's counts."""
+    parts, counts = [], []
+    for c in st["captions"]:
+        t, k = T.caption_triplets(c["path"], c["source"], column=c["column"])
+        parts.append(t)
+        counts.append(k)
+    prof = st["professions"]
+    if prof["enabled"]:
+        if prof.get("sentences"):
+            t, k = T.sentence_triplets(_input_path(str(prof["sentences"])))
+        else:
+            t, k = T.profession_triplets(templates=prof.get("templates"), per_topic=prof.get("per_topic"))
+        parts.append(t)
+        counts.append(k)
+    triplets = pa.concat_tables(parts) if parts else S.TRIPLETS.empty_table()
+    if st["max_triplets"] is not None:
+        keep = []
+        for source in dict.fromkeys(triplets.column(S.TRIPLET_SOURCE).to_pylist()):
+            idx = np.flatnonzero(np.asarray(pc.equal(triplets.column(S.TRIPLET_SOURCE), source)))
+            keep.extend(idx[:max(0, int(st["max_triplets"]))].tolist())
+        triplets = triplets.take(pa.array(sorted(keep), pa.int64()))
+    return triplets, (pa.concat_tables(counts) if counts else S.TRIPLET_COUNTS.empty_table())
+
+
+def unit_requests(triplets: pa.Table, seeds_per: dict, default_seeds: int, base_seed: int) -> pa.Table:
+    """One row per (triplet, seed index): the unit's three prompts and its seed, a hash of (base
+    seed, neutral prompt, seed index) so it never depends on the model, batch or worker."""
+    n_seeds = np.array([seeds_per.get(s, default_seeds) for s in triplets.column(S.TRIPLET_SOURCE).to_pylist()],
+                       np.int64)
+    rows = np.repeat(np.arange(triplets.num_rows), n_seeds)
+    index = np.concatenate([np.arange(k) for k in n_seeds]) if len(n_seeds) else np.zeros(0, np.int64)
+    units = triplets.take(pa.array(rows, pa.int64()))
+    neutral = units.column(S.NEUTRAL).to_pylist()
+    ids = [f"{t}-s{k}" for t, k in zip(units.column(S.TRIPLET_ID).to_pylist(), index)]
+    return pa.table({S.UNIT_ID: pa.array(ids, pa.string()), S.TRIPLET_ID: units.column(S.TRIPLET_ID),
+                     S.TRIPLET_SOURCE: units.column(S.TRIPLET_SOURCE),
+                     S.SEED_INDEX: pa.array(index, pa.int32()), S.NEUTRAL: units.column(S.NEUTRAL),
+                     S.FEMININE: units.column(S.FEMININE), S.MASCULINE: units.column(S.MASCULINE),
+                     SEED: pa.array(image_seeds(base_seed, neutral, index), pa.int64())})
+
+
+def triplets_digest(triplets: pa.Table) -> str:
+    """sha256 of the triplets' ids and prompts: the run's name changes when any prompt does."""
+    h = hashlib.sha256()
+    for col in (S.TRIPLET_ID, S.NEUTRAL, S.FEMININE, S.MASCULINE):
+        for v in triplets.column(col).to_pylist():
+            h.update(str(v).encode("utf-8", "surrogatepass") + b"\x1f")
+    return h.hexdigest()
+
+
+def head_stages(st: dict) -> list[Stage]:
+    """The disparity heads the configured spaces need, as Stages built on the generator's device."""
+    d, spaces = st["disparity"], set(st["disparity"]["spaces"])
+    batch = int(d.get("batch_size") or 32)
+    out = []
+    if spaces & {S.Space.SSIM, S.Space.DIFF_PIX}:
+        out.append(Stage(SsimDisparity, {"win_size": int(d["ssim"].get("win_size", 7))}))
+    if S.Space.RESNET in spaces:
+        out.append(Stage(BackboneDisparity, {"space": S.Space.RESNET, "model": d["resnet"]["model"],
+                                             "revision": d["resnet"].get("revision"), "batch_size": batch}))
+    if S.Space.CLIP in spaces:
+        c = d["clip"]
+        out.append(Stage(ClipImageEmbedder, {"model": c["model"], "pretrained": c.get("pretrained"),
+                                             "revision": c.get("revision"), "batch_size": batch}))
+    if S.Space.DINO in spaces:
+        out.append(Stage(BackboneDisparity, {"space": S.Space.DINO, "model": d["dino"]["model"],
+                                             "revision": d["dino"].get("revision"), "batch_size": batch}))
+    if S.Space.SPLIT_PRODUCT in spaces:
+        sp = d["split_product"]
+        out.append(Stage(SplitProductDisparity, {"model": sp["model"], "revision": sp.get("revision"),
+                                                 "batch_size": batch,
+                                                 **({"chunks": int(sp["chunks"])} if sp.get("chunks") else {})}))
+    return out
+
+
+def image_job(st: dict, args) -> dict:
+    """What the per-image results depend on: its fingerprint names the run."""
+    gen = {k: st["generation"].get(k) for k in ("models", "steps", "guidance_scale", "scheduler", "seed",
+                                                 "safety_checker", "height", "width", "revisions")}
+    disp = st["disparity"]
+    return {"study": "paper004-exposed", "triplets_sha256": triplets_digest(st["triplets"]),
+            "seeds_per_triplet": st["seeds_per_triplet"], "default_seeds_per_triplet": st["default_seeds_per_triplet"],
+            "generation": gen, "disparity": {k: v for k, v in disp.items() if k != "batch_size"},
+            "standin_models": bool(args.standin_models)}
+
+
+# ------------------------------------------------------------------------------------ models
+def load_models(st: dict, standin: bool) -> list[dict]:
+    """Every model loaded once on the driver (CPU) before any work: an unloadable one fails the run
+    now, naming it. The heads are built as the generator builds them."""
+    from operators.image_generation import load_text2image
+
+    records = []
+    for stage in head_stages(st):
+        head = stage.build(device="cpu")
+        records.append({"role": f"disparity ({', '.join(head.spaces)})", "model": stage.kwargs.get("model", "-"),
+                        "standin": standin and stage.op is not SsimDisparity, "detail": getattr(head, "record", None)})
+        del head
+    for model in st["models_loaded"]:
+        pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
+                                    safety_checker=st["generation"]["safety_checker"],
+                                    scheduler=st["generation"].get("scheduler"))
+        records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
+        del pipe
+        gc.collect()
+    return records
+
+
+def standins(st: dict, root: str, n_generators: int) -> list[str]:
+    """Tiny random generators and image models under ``root``; the study is pointed at them. As SD
+    v2.0 and v2.1 share OpenCLIP-H, stand-ins 2 and 3 share one text encoder (so their prompt-space
+    columns agree, as the paper's do)."""
+    from pipelines.standins.vision import build_tiny_dino, build_tiny_resnet
+
+    names = [f"generator-{i + 1}-standin" for i in range(n_generators)]
+    clip, models = build_standins(root, names)
+    if n_generators >= 3:
+        shared = Path(models[1]) / "text_encoder"
+        target = Path(models[2]) / "text_encoder"
+        shutil.rmtree(target)
+        shutil.copytree(shared, target)
+    d = st["disparity"]
+    d["clip"] = {**d["clip"], "model": clip, "pretrained": None, "revision": None}
+    d["resnet"] = {**d["resnet"], "model": build_tiny_resnet(str(Path(root) / "resnet-standin"), seed=0),
+                   "revision": None}
+    d["dino"] = {**d["dino"], "model": build_tiny_dino(str(Path(root) / "dino-s16-standin"), seed=0, patch_size=16),
+                 "revision": None}
+    d["split_product"] = {**d["split_product"], "revision": None,
+                          "model": build_tiny_dino(str(Path(root) / "dino-b8-standin"), seed=1, patch_size=8)}
+    return models
+
+
+# ------------------------------------------------------------------------------------ the study
+class ExposedStudy:
+    """Papers 003/004, sections 3-4, as a study of the engine's lifecycle."""
+
+    name = "paper004-exposed"
+
+    def settings(self, args) -> dict:
+        st = settings(args)
+        st["triplets"], st["counts"] = build_triplets(st)
+        if not st["triplets"].num_rows:
+            raise ValueError("no triplets: no caption of the configured sources qualifies (see the counts with "
+                             "`exposed.py triplets`) and the Profession set is off")
+        st["units"] = unit_requests(st["triplets"], st["seeds_per_triplet"], st["default_seeds_per_triplet"],
+                                    int(st["generation"]["seed"]))
+        st["models_loaded"] = list(st["generation"]["models"])
+        return st
+
+    def label(self, st: dict) -> str:
+        return st["label"]
+
+    def job(self, args, st: dict) -> dict:
+        return image_job(st, args)
+
+    def announce(self, args, st: dict) -> None:
+        by_source = {s: n for s, n in zip(*np.unique(st["triplets"].column(S.TRIPLET_SOURCE).to_pylist(),
+                                                      return_counts=True))}
+        units = st["units"].num_rows
+        print(f"Stable Diffusion Exposed: {st['triplets'].num_rows:,} triplets "
+              f"({', '.join(f'{s} {int(n):,}' for s, n in by_source.items())}), {units:,} units = {3 * units:,} "
+              f"images per generator; spaces: {', '.join(st['disparity']['spaces'])}")
+
+    def gpu_models(self, args, st: dict) -> bool:
+        return True
+
+    def actor_cpus(self, args, st: dict) -> float:
+        return args.gen_actors
+
+    def use_standins(self, args, st: dict, root: str) -> None:
+        st["models_loaded"] = standins(st, root, len(st["models_loaded"]))
+
+    def load_models(self, args, st: dict, gpu) -> list[dict]:
+        return load_models(st, args.standin_models)
+
+    def execute(self, run: Run) -> Outcome:
+        args, st, rd = run.args, run.st, run.rd
+        units, models, per_actor = st["units"], st["models_loaded"], run.gpu.per_actor
+        st["device"] = run.gpu.device
+        io.write_table_and_csv(st["triplets"], rd.fs, f"{rd.path}/{FILES['triplets']}")
+        io.write_text(st["counts"].to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['counts']}")
+        images, phases, budgets = generate_per_model(
+            models, units, st["execution"],
+            lambda model, budgets: generate(run.ray, rd, units, model, st, args, per_actor, budgets, run.echo),
+            "generating and measuring", images_per_request=3)
+        spaces = tuple(s for s in S.Space.ALL if s in st["disparity"]["spaces"])
+        disparities = M.disparity_table(images, spaces)
+        table3, direction = M.table3(disparities), M.direction_table(disparities)
+        io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}")
+        io.write_text(disparities.to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['disparities']}")
+        io.write_text(table3.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table3']}")
+        io.write_text(direction.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['direction']}")
+        summary_rows = run_summary_rows(st, images, units.num_rows, phases)
+        save_images = not args.no_save_images
+        metrics = {
+            "config": {"images": image_job(st, args), "captions": st["captions"], "professions": st["professions"],
+                       "max_triplets": st["max_triplets"], "execution": st["execution"], "gpus_per_actor": per_actor,
+                       "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
+                       "disparity_loaded": st["disparity"], "save_images": save_images},
+            "models": run.models,
+            "triplets": {"total": st["triplets"].num_rows, "units": units.num_rows,
+                         "by_source": outcome_counts(st["triplets"], S.TRIPLET_SOURCE),
+                         "filter": st["counts"].to_pylist()},
+            "images": {"requested_per_generator": 3 * units.num_rows, "rows": images.num_rows,
+                       "generation_status": outcome_counts(images, GENERATION_STATUS)},
+            "results": {"disparities": M.summary(disparities)},
+            "error_budgets": [b.as_dict() for b in budgets],
+        }
+        return Outcome(metrics, summary_rows, {"images": images, "disparities": disparities, "table3": table3,
+                                               "direction": direction, "save_images": save_images})
+
+    def report(self, run: Run, outcome: Outcome) -> None:
+        st, rd, d = run.st, run.rd, outcome.data
+        meta = {"run_id": rd.run_id, "output": rd.display(), "standin": bool(run.args.standin_models),
+                "models": st["models_loaded"], "triplets": st["triplets"].num_rows, "units": st["units"].num_rows,
+                "spaces": list(st["disparity"]["spaces"]),
+                "images_dir": f"{rd.uri}/{FILES['images_dir']}" if d["save_images"] else None}
+        html = exposed_report.render_html(meta, d, st["counts"], run.models, figures=FigureDir(rd.fs, rd.path),
+                                          examples=int(st["report"].get("examples", 3)))
+        io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
+        print(exposed_report.format_results(d["table3"], d["direction"]))
+        print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['triplets']}.parquet/.csv, "
+              f"{FILES['counts']}, {FILES['images']}.parquet/.csv, {FILES['disparities']}, {FILES['table3']}, "
+              f"{FILES['direction']}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
+
+
+def run(args) -> dict:
+    """`exposed.py run`."""
+    return run_study(ExposedStudy(), args)
+
+
+# ------------------------------------------------------------------------------------ generation
+RESOURCE_FLAGS = {"gen_actors": [(TripletGenerator.stage_name, "actors")]}
+
+
+def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+    """Sections 3-4: each unit's three images in one call, the disparity heads on the generator's
+    device, the images saved as <image id>.png."""
+    gen, batch = st["generation"], max(1, args.gen_batch_size)
+    pipeline = [
+        Stage(TripletGenerator, {"model": model, "revision": gen["revisions"].get(model),
+                                 "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
+                                 "height": gen["height"], "width": gen["width"],
+                                 "safety_checker": gen["safety_checker"], "scheduler": gen.get("scheduler"),
+                                 "micro_batch": batch, "device": st.get("device", "auto"), "heads": head_stages(st)}),
+        *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": S.IMAGE_ID})]
+          if not args.no_save_images else []),
+    ]
+    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
+        TripletGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch}}))
+
+
+def generate(ray, rd, units: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
+    """Generate and measure every unit with ``model`` (resuming from the checkpoint)."""
+    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
+    return checkpoint.generate(ray, rd, units, model, pipeline, S.EXPOSED_IMAGES, S.IMAGE_ID,
+                               max(1, args.gen_batch_size), budgets, echo, request_key=S.UNIT_ID, per_request=3)
+
+
+# ------------------------------------------------------------------------------------ accounting
+def run_summary_rows(st: dict, images: pa.Table, units: int, phases: dict) -> list[dict]:
+    rows = []
+    counts = st["counts"].to_pandas()
+    per_outcome = counts[counts[S.HUMAN_WORD].isna()]
+    for source, g in per_outcome.groupby(S.TRIPLET_SOURCE, sort=False):
+        by = dict(zip(g[S.TRIPLET_STATUS], g[S.COUNT].astype(int)))
+        kept = by.pop(S.TripletOutcome.KEPT, 0)
+        read = kept + sum(by.values())
+        rows.append(stage_row(None, f"triplets: {source}", "triplet filter", read, kept, by, read))
+    chosen = outcome_counts(st["triplets"], S.TRIPLET_SOURCE)
+    for source, n in chosen.items():
+        # --max-triplets keeps the first N of a source; each kept triplet becomes one unit per seed
+        found = int(per_outcome[(per_outcome[S.TRIPLET_SOURCE] == source)
+                                & (per_outcome[S.TRIPLET_STATUS] == S.TripletOutcome.KEPT)][S.COUNT].sum())
+        rows.append(stage_row(None, f"triplets: {source}", "max triplets", found, n,
+                              {"over_max_triplets": found - n} if found > n else {}, found))
+        units = int(pc.sum(pc.equal(st["units"].column(S.TRIPLET_SOURCE), source)).as_py() or 0)
+        rows.append(stage_row(None, f"triplets: {source}", "units (x seeds)", n, units, {}, n))
+    for model, phase in phases.items():
+        mine = images.filter(pc.equal(images.column(MODEL), model))
+        branch = f"generated: {Path(model.rstrip('/')).name}"
+        status = outcome_counts(mine, GENERATION_STATUS)
+        ok = status.get(GenerationStatus.OK, 0)
+        share = phase.processed / phase.total if phase.total else 0.0
+        rows.append(stage_row(phase, branch, "generate", 3 * units, ok,
+                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(3 * units * share)))
+        unit_status = outcome_counts(mine.filter(pc.equal(mine.column(S.VARIANT), S.Variant.NEUTRAL)), S.UNIT_STATUS)
+        complete = unit_status.get(GenerationStatus.OK, 0)
+        rows.append(stage_row(phase, branch, "disparities (units)", units, complete,
+                              {k: v for k, v in unit_status.items() if k != GenerationStatus.OK}, round(units * share)))
+    return rows

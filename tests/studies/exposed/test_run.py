@@ -1,0 +1,139 @@
+"""`pipelines/exposed.py run` end to end on a local Ray instance with tiny random models (three
+generators, ResNet, CLIP, DINO S/16 and B/8 built from the real classes and loaded through the
+production path): files, units and seeds, three rows per unit, Table 3 recomputed from the per-image
+table, the shared text encoder of the v2.0 / v2.1 stand-ins, the report, and a resume after the
+driver is killed midway."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import exposed
+from pipelines.engine.rundir import RunDir
+from pipelines.studies.exposed import metrics as M
+from schemas.exposed import PAIR_NAMES, Space, disparity_column
+
+pytestmark = pytest.mark.ray
+
+ARGS = ["--standin-models", "--max-triplets", "1", "--per-topic", "1", "--steps", "2", "--run-id", "r",
+        "--no-progress"]
+UNITS = 1 + 5            # one sample caption triplet x 1 seed, one profession triplet x 5 seeds
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_local):
+    out = tmp_path_factory.mktemp("exposed")
+    assert exposed.main(["run", "--output", str(out), *ARGS]) == 0
+    return out / "r"
+
+
+def test_run_writes_tables_report_and_records(run):
+    for name in ("triplets.parquet", "triplet_counts.csv", "images.parquet", "images.csv", "disparities.csv",
+                 "table3_disparities.csv", "rq1_direction.csv", "metrics.json", "report.html", "run_summary.csv",
+                 "run.json"):
+        assert (run / name).is_file(), name
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["study"] == "paper004-exposed"
+    assert m["triplets"]["units"] == UNITS and m["images"]["requested_per_generator"] == 3 * UNITS
+    assert m["images"]["generation_status"] == {"ok": 3 * 3 * UNITS}
+    roles = [r["role"] for r in m["models"]]
+    assert roles.count("generator") == 3
+    assert {"disparity (ssim, diff_pix)", "disparity (resnet)", "disparity (clip)", "disparity (dino)",
+            "disparity (split_product)"} <= set(roles)
+    page = (run / "report.html").read_text()
+    assert "Stand-in models" in page and "spaces_" in page and "Example triplets" in page and "<img src='images/" in page
+    summary = pd.read_csv(run / "run_summary.csv")
+    assert {"triplet filter", "units (x seeds)", "generate", "disparities (units)"} <= set(summary["stage"])
+    filt = summary[summary["stage"] == "triplet filter"].set_index("branch")
+    assert filt.loc["triplets: sample", "rows_in"] == 24      # every line of the bundled sample counted
+
+
+def test_units_share_one_seed_and_images_are_saved(run):
+    images = pq.read_table(run / "images.parquet").to_pandas()
+    assert len(images) == 3 * 3 * UNITS
+    for _, g in images.groupby(["model", "unit_id"]):
+        assert sorted(g["variant"]) == ["feminine", "masculine", "neutral"]
+        assert g["seed"].nunique() == 1
+        for space in Space.ALL:
+            values = g[disparity_column(space)].tolist()
+            assert all(len(v) == 3 for v in values) and all(np.allclose(v, values[0]) for v in values)
+    # the same unit has the same seed under every generator (seeds never depend on the model)
+    assert images.groupby("unit_id")["seed"].nunique().max() == 1
+    saved = list((run / "images").rglob("*.png"))
+    assert len(saved) == len(images)
+
+
+def test_table3_recomputed_from_the_per_image_table(run):
+    images = pq.read_table(run / "images.parquet")
+    table3 = pd.read_csv(run / "table3_disparities.csv")
+    df = images.to_pandas()
+    neutral = df[df["variant"] == "neutral"]
+    for _, row in table3.iterrows():
+        mine = neutral[(neutral["model"] == row["model"]) & (neutral["triplet_source"] == row["triplet_source"])]
+        k = list(PAIR_NAMES).index(row["pair"])
+        for space in Space.ALL:
+            expected = np.mean([v[k] for v in mine[disparity_column(space)]])
+            assert row[space] == pytest.approx(expected, abs=1e-9)
+        assert row["units"] == len(mine)
+    direction = pd.read_csv(run / "rq1_direction.csv")
+    assert set(direction["closer_to"]) <= {"masculine", "feminine", "tie"}
+    assert len(direction) == 3 * 2 * len(Space.ALL)
+
+
+def test_standins_sharing_a_text_encoder_agree_in_the_prompt_space(run):
+    """Stand-ins 2 and 3 play SD v2.0 and v2.1, which share OpenCLIP-H: equal prompt-space columns."""
+    table3 = pd.read_csv(run / "table3_disparities.csv")
+    models = list(dict.fromkeys(table3["model"]))
+    by = {m: table3[table3["model"] == m].sort_values(["triplet_source", "pair"]) for m in models}
+    assert np.allclose(by[models[1]]["prompt"], by[models[2]]["prompt"], atol=1e-9)
+    assert not np.allclose(by[models[0]]["prompt"], by[models[1]]["prompt"], atol=1e-4)
+    assert not np.allclose(by[models[1]]["denoising"], by[models[2]]["denoising"], atol=1e-9)
+
+
+class _Killed(BaseException):
+    """The driver killed after its first checkpoint part (nothing may catch it)."""
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
+    args = ["--standin-models", "--no-captions", "--per-topic", "1", "--max-triplets", "3", "--steps", "2",
+            "--generators", "one", "--gen-batch-size", "1", "--run-id", "k", "--no-progress", "--no-save-images",
+            "--spaces", "ssim", "diff_pix", "dino"]
+    assert exposed.main(["run", "--output", str(tmp_path / "clean"), *args]) == 0
+    real = RunDir.write_part
+    calls = []
+
+    def dying(self, name, table):
+        real(self, name, table)
+        calls.append(table.num_rows)
+        if len(calls) == 1:
+            raise _Killed()
+
+    monkeypatch.setattr(RunDir, "write_part", dying)
+    with pytest.raises(_Killed):
+        exposed.main(["run", "--output", str(tmp_path / "killed"), *args])
+    monkeypatch.undo()
+    assert 0 < calls[0] < 3 * 15
+    capsys.readouterr()
+    assert exposed.main(["run", "--output", str(tmp_path / "killed"), *args]) == 0
+    out = capsys.readouterr().out
+    assert "reused from the checkpoint" in out
+    a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").to_pandas()
+    b = pq.read_table(tmp_path / "killed" / "k" / "images.parquet").to_pandas()
+    assert list(a["image_id"]) == list(b["image_id"]) and list(a["seed"]) == list(b["seed"])
+    for space in (Space.PROMPT, Space.DENOISING, Space.SSIM, Space.DIFF_PIX, Space.DINO):
+        assert np.allclose(np.stack(a[disparity_column(space)]), np.stack(b[disparity_column(space)]), atol=1e-9)
+    t_clean, t_killed = (pd.read_csv(tmp_path / d / "k" / "table3_disparities.csv").drop(columns="model")
+                         for d in ("clean", "killed"))     # the stand-ins live in each run's own directory
+    pd.testing.assert_frame_equal(t_clean, t_killed)
+    assert M.CLOSER in pd.read_csv(tmp_path / "killed" / "k" / "rq1_direction.csv").columns
+
+
+def test_bad_inputs_fail_cleanly(tmp_path):
+    assert exposed.main(["run", "--output", str(tmp_path), "--captions", f"x={tmp_path}/missing.txt",
+                         "--standin-models"]) == 2
+    assert exposed.main(["run", "--output", str(tmp_path), "--no-captions", "--no-professions",
+                         "--standin-models"]) == 2
+    assert exposed.main(["run", "--output", str(tmp_path), "--seeds-per-triplet", "coco=0", "--standin-models"]) == 2
