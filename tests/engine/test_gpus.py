@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from operators.support.models import GPU_HINT, ModelLoadError, pick_device
-from pipelines import amplification, dalleval, gep
+from pipelines import amplification, dalleval, exposed, gep
 from pipelines.engine import gpus
 
 ROOT = REPO_ROOT
@@ -35,16 +35,18 @@ def readme_cluster_commands() -> dict[str, list[str]]:
 def _execution(study: str) -> dict:
     import yaml
 
-    name = {"amplification": "paper002.yaml", "gep": "gep.yaml", "dalleval": "dalleval.yaml"}[study]
+    name = {"amplification": "paper002.yaml", "gep": "gep.yaml", "dalleval": "dalleval.yaml",
+            "exposed": "exposed.yaml"}[study]
     return dict(yaml.safe_load((ROOT / "configs" / name).read_text())["execution"])
 
 
-PARSERS = {"amplification": amplification.build_parser, "gep": gep.build_parser, "dalleval": dalleval.build_parser}
+PARSERS = {"amplification": amplification.build_parser, "gep": gep.build_parser, "dalleval": dalleval.build_parser,
+           "exposed": exposed.build_parser}
 
 
 def test_readme_cluster_commands_ask_every_model_actor_for_a_gpu():
     commands = readme_cluster_commands()
-    assert set(commands) >= {"amplification", "gep", "dalleval"}, commands
+    assert set(commands) >= {"amplification", "gep", "dalleval", "exposed"}, commands
     for study, argv in commands.items():
         args = PARSERS[study]().parse_args(argv)
         gp = gpus.plan(_execution(study), args.gpus_per_actor, args.device, standin=False)

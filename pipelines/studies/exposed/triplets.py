@@ -528,6 +528,28 @@ def write_triplets(triplets: pa.Table, counts: pa.Table, output_dir: str | Path)
 # the command (pipelines/exposed.py triplets)
 
 
+def write_config(args, triplets: pa.Table) -> str:
+    """``triplets_config.json`` beside the tables: what they were built from and with (the input
+    and its size, the rules' word lists, templates, package versions)."""
+    from pipelines.engine import config as study_config
+    from schemas.exposed import HUMAN_WORDS, PERSON_WORDS
+
+    fs, root = io.output_fs(str(args.output))
+    inp = getattr(args, "input", None)
+    record = {"command": "exposed.py triplets", "input": inp,
+              "input_bytes": Path(inp).stat().st_size if inp and Path(inp).is_file() else None,
+              "column": getattr(args, "column", None), "source": getattr(args, "source", None),
+              "professions": bool(getattr(args, "professions", False)), "per_topic": getattr(args, "per_topic", None),
+              "triplets": triplets.num_rows, "human_words": {k: list(v) for k, v in HUMAN_WORDS.items()},
+              "person_words": {k: list(v) for k, v in PERSON_WORDS.items()},
+              "templates": ({k: list(v) for k, v in DEFAULT_TEMPLATES.items()}
+                            if getattr(args, "professions", False) and not inp else None),
+              "environment": study_config.environment()}
+    path = f"{root}/triplets_config.json"
+    io.write_text(json.dumps(io.clean_json(record), indent=1, default=str) + "\n", fs, path)
+    return path
+
+
 def default_source(path: str | Path) -> str:
     """A caption set's name from its file name: "coco_captions.parquet" -> "coco_captions"."""
     name = re.sub(r"[^A-Za-z0-9_.]+", "-", Path(str(path).rstrip("/")).stem).strip("-.")
@@ -553,6 +575,7 @@ def run_command(args) -> dict:
     else:
         raise ValueError("give --input (a caption file) or --professions (the Profession set of Table S2)")
     paths = write_triplets(triplets, counts, args.output)
+    paths["config"] = write_config(args, triplets)
     rows = counts.to_pylist()
     source = rows[0][TRIPLET_SOURCE] if rows else None
     print(f"{triplets.num_rows:,} triplets from {source}")

@@ -408,6 +408,9 @@ def test_run_command(tmp_path, caption_file, capsys):
     table = pq.read_table(out["paths"]["triplets"])
     assert table[TRIPLET_ID].to_pylist()[0] == "captions-0000000"  # the source defaults to the file name
     assert "human_word (man)" in capsys.readouterr().out
+    config = json.loads(Path(out["paths"]["config"]).read_text())
+    assert config["input"] == str(caption_file) and config["triplets"] == 3
+    assert "bridemaid" in config["human_words"]["others"] and config["environment"]["packages"]
     out = run_command(SimpleNamespace(input=None, column="TEXT", source=None, professions=True, per_topic=1,
                                       output=str(tmp_path / "p")))
     assert out["triplets"] == 16
