@@ -105,6 +105,17 @@ class _Capture:
         return {}
 
 
+def check_capture(pipe, model: str) -> None:
+    """The pipeline must hand ``latents`` and ``prompt_embeds`` to ``callback_on_step_end`` (every
+    Stable Diffusion / SDXL pipeline of diffusers does): refuse others before any work."""
+    inputs = set(getattr(pipe, "_callback_tensor_inputs", None) or ())
+    missing = sorted(set(_Capture.tensor_inputs) - inputs)
+    if missing:
+        raise ValueError(f"{model}: the diffusers pipeline {type(pipe).__name__} does not pass {missing} to "
+                         f"callback_on_step_end (it passes {sorted(inputs)}), so the prompt and denoising spaces "
+                         f"cannot be measured with it")
+
+
 def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int], steps: int, guidance_scale: float,
                    height: int | None = None, width: int | None = None, noise_device: str = "cpu"):
     """One pipeline call for whole units: (images (U, 3, C, H, W) in [0, 1] on the device, prompt
@@ -152,6 +163,7 @@ class TripletGenerator:
         self.safety_checker = safety_checker
         self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler)
         self.device = load_record["device"]
+        check_capture(self.pipe, model)
         self.noise_device = pick_device(noise_device)
         self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
         spaces = [Space.PROMPT, Space.DENOISING]

@@ -175,3 +175,15 @@ def test_out_of_memory_halves_down_to_one_unit_never_splitting_one(sd_dirs, monk
     status = out.column(GENERATION_STATUS).to_pylist()
     assert status == [GenerationStatus.OK] * 3 + [GenerationStatus.ERROR] * 3 + [GenerationStatus.OK] * 3
     assert "out of memory with one unit" in out.column("generation_detail").to_pylist()[3]
+
+
+def test_a_pipeline_that_hides_latents_or_prompt_embeds_is_refused():
+    from operators.image_triplet_generation import check_capture
+
+    class Pipe:
+        _callback_tensor_inputs = ["latents"]
+
+    with pytest.raises(ValueError, match="prompt_embeds"):
+        check_capture(Pipe(), "some/model")
+    Pipe._callback_tensor_inputs = ["latents", "prompt_embeds", "negative_prompt_embeds"]
+    check_capture(Pipe(), "some/model")

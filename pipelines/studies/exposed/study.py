@@ -247,6 +247,7 @@ def load_models(st: dict, standin: bool) -> list[dict]:
     """Every model loaded once on the driver (CPU) before any work: an unloadable one fails the run
     now, naming it. The heads are built as the generator builds them."""
     from operators.image_generation import load_text2image
+    from operators.image_triplet_generation import check_capture
 
     records = []
     for stage in head_stages(st):
@@ -258,6 +259,7 @@ def load_models(st: dict, standin: bool) -> list[dict]:
         pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
                                     safety_checker=st["generation"]["safety_checker"],
                                     scheduler=st["generation"].get("scheduler"))
+        check_capture(pipe, model)
         records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
         del pipe
         gc.collect()

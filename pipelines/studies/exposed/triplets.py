@@ -87,6 +87,36 @@ def _parquet_files(path: Path) -> list[Path]:
     return [path]
 
 
+def _remote_parquet(uri: str, column: str, batch_rows: int) -> Iterator[pa.Table]:
+    """Parquet captions on an object store or any fsspec URI (``s3://bucket/laion/``, a file or
+    a folder read recursively in sorted order), streamed in batches of ``column`` only."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    if not fs.exists(root):
+        raise ValueError(f"caption input {uri} does not exist")
+    if fs.isdir(root):
+        files = sorted(f for f in fs.find(root) if f.endswith(".parquet")
+                       and not any(part.startswith((".", "_")) for part in f[len(root):].strip("/").split("/")))
+        if not files:
+            raise ValueError(f"caption input {uri} is a folder with no parquet file")
+    elif root.endswith(".parquet"):
+        files = [root]
+    else:
+        raise ValueError(f"caption input {uri}: only parquet is read from a URI (copy text or CSV files locally)")
+    for f in files:
+        with fs.open(f, "rb") as fh:
+            _check_column(column, pq.ParquetFile(fh).schema_arrow.names, f)
+
+    def tables():
+        for f in files:
+            with fs.open(f, "rb") as fh:
+                for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=[column]):
+                    yield pa.Table.from_batches([batch])
+
+    return _numbered(tables(), column)
+
+
 def _check_column(column: str, names: list[str], where: Path) -> None:
     if column not in names:
         raise ValueError(f"caption column {column!r} not found in {where}; its columns are {names}")
@@ -145,6 +175,8 @@ def read_captions(path: str | Path, column: str = LAION_TEXT, batch_rows: int = 
     per line (the line number is the row; the column is named ``column``); a ``.csv`` / ``.tsv``
     file with a header row (``.tsv``: no quoting, so captions may contain quotes).
     """
+    if "://" in str(path):
+        return _remote_parquet(str(path), column, batch_rows)
     path = Path(path)
     if not path.exists():
         raise ValueError(f"caption input {path} does not exist")

@@ -416,3 +416,30 @@ def test_run_command(tmp_path, caption_file, capsys):
     assert out["triplets"] == 16
     with pytest.raises(ValueError, match="--input"):
         run_command(SimpleNamespace(input=None, professions=False, output=str(tmp_path / "x")))
+
+
+def test_parquet_captions_from_an_fsspec_uri(tmp_path):
+    """LAION-style parquet on an object store: read through fsspec (here the in-memory filesystem),
+    a folder recursively, the same triplets and counts as from local disk."""
+    import fsspec
+
+    from pipelines.studies.exposed.triplets import caption_triplets
+
+    table = pa.table({"TEXT": ["A person runs.", "A man runs.", "People sing.", None], "URL": ["u"] * 4})
+    local = tmp_path / "laion"
+    local.mkdir()
+    pq.write_table(table.slice(0, 2), local / "part-0.parquet")
+    pq.write_table(table.slice(2), local / "part-1.parquet")
+    fs = fsspec.filesystem("memory")
+    for name in ("part-0.parquet", "part-1.parquet"):
+        fs.pipe(f"/laion-test/{name}", (local / name).read_bytes())
+    remote, remote_counts = caption_triplets("memory://laion-test", "laion")
+    here, here_counts = caption_triplets(str(local), "laion")
+    assert remote.equals(here) and remote_counts.equals(here_counts)
+    assert remote.column("neutral").to_pylist() == ["A person runs.", "People sing."]
+    assert remote.column("source_row").to_pylist() == [0, 2]
+    with pytest.raises(ValueError, match="does not exist"):
+        caption_triplets("memory://nowhere-here", "laion")
+    fs.pipe("/laion-txt/c.txt", b"A person runs.\n")
+    with pytest.raises(ValueError, match="only parquet"):
+        caption_triplets("memory://laion-txt/c.txt", "laion")
