@@ -38,8 +38,8 @@ def _add_triplet_sources(g, run: bool) -> None:
                                             else ""))
     g.add_argument("--no-professions", action="store_true", help="leave out the Profession set (Table S2)")
     g.add_argument("--per-topic", type=int, metavar="N",
-                   help="professions per topic of Table S2 (default: " + ("configs/exposed.yaml's" if run else "all 20")
-                        + ")")
+                   help="triplets per topic of Table S2 (default all: 20 professions x 3 templates; the first N "
+                        "cover N different professions up to 20)")
     g.add_argument("--profession-sentences", metavar="FILE",
                    help="your own neutral sentences naming Table S2 professions (text, parquet or CSV column TEXT) "
                         "instead of the built-in templates")
@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--source", help="name of the caption set, used in triplet ids (default: the input's file name)")
     t.add_argument("--professions", action="store_true",
                    help="the Profession set (Table S2) from the built-in templates, or from --input as sentences")
-    t.add_argument("--per-topic", type=int, metavar="N", help="professions per topic (default all 20)")
+    t.add_argument("--per-topic", type=int, metavar="N",
+                   help="triplets per topic (default all: 20 professions x 3 templates)")
     t.add_argument("--output", required=True, metavar="DIR",
                    help="writes DIR/triplets.parquet, DIR/triplet_counts.csv and .json")
 
