@@ -419,23 +419,25 @@ def generate(ray, rd, units: pa.Table, model: str, st: dict, args, per_actor: fl
 
 # ------------------------------------------------------------------------------------ accounting
 def run_summary_rows(st: dict, images: pa.Table, units: int, phases: dict) -> list[dict]:
+    """Per caption source: captions read, triplets kept and rejected per reason, the ones over
+    --max-triplets, units (x seeds); per generator: images and complete units."""
     rows = []
     counts = st["counts"].to_pandas()
     per_outcome = counts[counts[S.HUMAN_WORD].isna()]
+    chosen = outcome_counts(st["triplets"], S.TRIPLET_SOURCE)
+    unit_sources = st["units"].column(S.TRIPLET_SOURCE)
     for source, g in per_outcome.groupby(S.TRIPLET_SOURCE, sort=False):
         by = dict(zip(g[S.TRIPLET_STATUS], g[S.COUNT].astype(int)))
         kept = by.pop(S.TripletOutcome.KEPT, 0)
         read = kept + sum(by.values())
-        rows.append(stage_row(None, f"triplets: {source}", "triplet filter", read, kept, by, read))
-    chosen = outcome_counts(st["triplets"], S.TRIPLET_SOURCE)
-    for source, n in chosen.items():
+        branch = f"triplets: {source}"
+        rows.append(stage_row(None, branch, "triplet filter", read, kept, by, read))
         # --max-triplets keeps the first N of a source; each kept triplet becomes one unit per seed
-        found = int(per_outcome[(per_outcome[S.TRIPLET_SOURCE] == source)
-                                & (per_outcome[S.TRIPLET_STATUS] == S.TripletOutcome.KEPT)][S.COUNT].sum())
-        rows.append(stage_row(None, f"triplets: {source}", "max triplets", found, n,
-                              {"over_max_triplets": found - n} if found > n else {}, found))
-        units = int(pc.sum(pc.equal(st["units"].column(S.TRIPLET_SOURCE), source)).as_py() or 0)
-        rows.append(stage_row(None, f"triplets: {source}", "units (x seeds)", n, units, {}, n))
+        n = chosen.get(source, 0)
+        rows.append(stage_row(None, branch, "max triplets", kept, n,
+                              {"over_max_triplets": kept - n} if kept > n else {}, kept))
+        made = int(pc.sum(pc.equal(unit_sources, source)).as_py() or 0)
+        rows.append(stage_row(None, branch, "units (x seeds)", n, made, {}, n))
     for model, phase in phases.items():
         mine = images.filter(pc.equal(images.column(MODEL), model))
         branch = f"generated: {Path(model.rstrip('/')).name}"

@@ -49,6 +49,14 @@ def test_run_writes_tables_report_and_records(run):
     assert {"triplet filter", "units (x seeds)", "generate", "disparities (units)"} <= set(summary["stage"])
     filt = summary[summary["stage"] == "triplet filter"].set_index("branch")
     assert filt.loc["triplets: sample", "rows_in"] == 24      # every line of the bundled sample counted
+    sample = summary[summary["branch"] == "triplets: sample"].set_index("stage")
+    assert sample.loc["triplet filter", "kept"] == sample.loc["max triplets", "rows_in"] == 15
+    assert sample.loc["max triplets", "kept"] == sample.loc["units (x seeds)", "rows_in"] == 1
+    prof = summary[summary["branch"] == "triplets: profession"].set_index("stage")
+    assert (prof.loc["triplet filter", "kept"], prof.loc["units (x seeds)", "kept"]) == (16, 5)
+    for _, r in summary[summary["branch"].str.startswith("generated")].iterrows():
+        expected = 3 * UNITS if r["stage"] == "generate" else UNITS
+        assert r["rows_in"] == expected and r["kept"] + r["dropped"] == expected, r.to_dict()
 
 
 def test_units_share_one_seed_and_images_are_saved(run):
