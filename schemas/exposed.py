@@ -288,3 +288,30 @@ PROFESSIONS = {
 SOURCES = ("gcc", "coco", "textcaps", "flickr30k", "profession")
 SEEDS_PER_TRIPLET = {"gcc": 5, "profession": 5}
 DEFAULT_SEEDS_PER_TRIPLET = 1
+
+# ---------------------------------------------------------------------------------------------
+# objects in the generated images and prompt-image dependency groups (paper 004, sections 5-6)
+OBJECT = "object"                # an object's label (lemmatised, lower case): a detected object or a prompt noun
+OBJECT_COUNT = "object_count"    # C(o, P): occurrences of the object in the images of a prompt set (Eq. 3)
+DEPENDENCY_GROUP = "dependency_group"
+BIAS_SCORE = "bias_score"        # BS(o), Eq. 5: 1 = masculine only, 0 = feminine only, 0.5 = balanced
+CHI2 = "chi2"
+P_VALUE = "p_value"
+DOF = "dof"
+
+
+class DependencyGroup:
+    """The five prompt-image dependency groups of section 6."""
+
+    EXPLICITLY_GUIDED = "explicitly_guided"            # in the prompt's nouns, covered by a word's attention mask
+    IMPLICITLY_GUIDED = "implicitly_guided"            # not in the nouns, covered by a word's attention mask
+    EXPLICITLY_INDEPENDENT = "explicitly_independent"  # in the nouns, not covered
+    IMPLICITLY_INDEPENDENT = "implicitly_independent"  # neither
+    HIDDEN = "hidden"                                  # a prompt noun no detected object matches
+    ALL = (EXPLICITLY_GUIDED, IMPLICITLY_GUIDED, EXPLICITLY_INDEPENDENT, IMPLICITLY_INDEPENDENT, HIDDEN)
+
+
+# App. A: words referring to humans (the lower coverage threshold applies when both the object and
+# the word are one of these); section 6 footnote: the individuals left out of the object plots
+HUMAN_REFERENCE_WORDS = ("people", "person", "woman", "women", "man", "men")
+INDIVIDUALS = ("person", "people", "women", "woman", "men", "man", "female", "male", "girl", "boy")
