@@ -1,0 +1,155 @@
+"""Word heat maps from Stable Diffusion's cross-attention, DAAM's method (Tang et al. 2023), as paper
+004 uses it for the prompt-image dependency groups (section 6, App. A "DAAM").
+
+For every cross-attention layer of the UNet (``attn2`` of each transformer block), the attention
+probabilities A_t = softmax(Q K^T / sqrt(d)) between the latent positions and the prompt tokens are
+recorded during generation through diffusers' attention-processor interface:
+
+- only the conditional half of a classifier-free-guidance batch (the prompt's, not the empty
+  prompt's);
+- summed over the heads and over the denoising steps (every UNet evaluation: PNDM's warm-up
+  steps included) *per layer*, in place: one running (images x
+  positions x tokens) sum per layer, so no per-step map is kept once its step is done;
+- at the end, each layer's map is laid out on its latent grid, upsampled to the image size with
+  bicubic interpolation, clamped at 0, and the layers are averaged (``heat_maps``).
+
+A word's heat map is the mean of the maps of its sub-word tokens (every occurrence of the word in
+the prompt); ``objects.attention_mask`` then min-max normalises and binarises it at θ.
+
+Recording never changes the generated image: the wrapped processor computes the layer's output
+exactly as before (the recorder only reads the layer's inputs and recomputes the probabilities on
+the side, in float32); tests compare the images bit for bit. The original processors are restored
+when the context ends.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
+
+
+class _Recorder:
+    """Wraps one cross-attention processor: output from the original, probabilities recorded."""
+
+    def __init__(self, inner, name: str, capture: "CrossAttentionCapture"):
+        self.inner, self.name, self.capture = inner, name, capture
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
+                 **kwargs):
+        out = self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+        if encoder_hidden_states is not None and self.capture.recording:
+            self.capture.record(self.name, attn, hidden_states, encoder_hidden_states)
+        return out
+
+
+class CrossAttentionCapture:
+    """``with CrossAttentionCapture(pipe.unet, tokens=n) as cap: pipe(...)``; then
+    ``cap.heat_maps(latent_hw, image_hw)`` gives (images, tokens, H, W) maps of tokens 1..n (the
+    first token, BOS, is left out)."""
+
+    def __init__(self, unet, tokens: int = 76, guidance: bool = True):
+        self.unet = unet
+        self.tokens = int(tokens)
+        self.guidance = bool(guidance)
+        self.sums: dict = {}
+        self.steps: dict = {}
+        # per layer, the probabilities summed over *all* tokens: heads x steps at every position
+        # (a softmax sums to 1), kept as a check of what was recorded
+        self.token_sums: dict = {}
+        self.recording = False
+        self._originals = None
+
+    def __enter__(self):
+        self._originals = dict(self.unet.attn_processors)
+        wrapped = {name: (_Recorder(proc, name, self) if name.endswith("attn2.processor") else proc)
+                   for name, proc in self._originals.items()}
+        if not any(isinstance(p, _Recorder) for p in wrapped.values()):
+            raise ValueError(f"{type(self.unet).__name__} has no cross-attention layer (attn2) to record")
+        self.unet.set_attn_processor(wrapped)
+        self.recording = True
+        return self
+
+    def __exit__(self, *exc):
+        self.recording = False
+        self.unet.set_attn_processor(self._originals)
+        return False
+
+    def record(self, name: str, attn, hidden_states, encoder_hidden_states) -> None:
+        import torch
+
+        with torch.no_grad():
+            h = hidden_states
+            if h.ndim == 4:
+                b, c, hh, ww = h.shape
+                h = h.view(b, c, hh * ww).transpose(1, 2)
+            e = encoder_hidden_states
+            if self.guidance:
+                half = h.shape[0] // 2
+                h, e = h[half:], e[half:]
+            if attn.group_norm is not None:
+                h = attn.group_norm(h.transpose(1, 2)).transpose(1, 2)
+            if attn.norm_cross:
+                e = attn.norm_encoder_hidden_states(e)
+            q, k = attn.to_q(h), attn.to_k(e)
+            b, length, inner = q.shape
+            d = inner // attn.heads
+            q = q.view(b, length, attn.heads, d).transpose(1, 2)
+            k = k.view(b, k.shape[1], attn.heads, d).transpose(1, 2)
+            if attn.norm_q is not None:
+                q = attn.norm_q(q)
+            if attn.norm_k is not None:
+                k = attn.norm_k(k)
+            scores = (q.float() @ k.float().transpose(-1, -2)) * attn.scale
+            probs = scores.softmax(dim=-1).sum(dim=1)          # heads summed: (b, positions, all tokens)
+            kept = probs[..., 1:1 + self.tokens]
+            if name in self.sums:
+                self.sums[name].add_(kept)
+            else:
+                self.sums[name] = kept.clone()
+            self.steps[name] = self.steps.get(name, 0) + 1
+            self.token_sums[name] = self.token_sums.get(name, 0) + probs.sum(dim=-1)
+
+    def heat_maps(self, latent_hw: tuple[int, int], image_hw: tuple[int, int]):
+        """(images, tokens, H, W) float32 on the UNet's device: per layer summed over steps and heads,
+        laid out on its grid, bicubic-upsampled to ``image_hw``, clamped at 0; averaged over layers.
+        The per-layer sums are released."""
+        import torch.nn.functional as F
+
+        if not self.sums:
+            raise RuntimeError("no cross-attention was recorded: was the pipeline called inside the context?")
+        lat_h, lat_w = latent_hw
+        total = None
+        for name in list(self.sums):
+            s = self.sums.pop(name)                            # (b, positions, tokens)
+            b, positions, t = s.shape
+            factor = max(1, round(math.sqrt(lat_h * lat_w / positions)))   # the layer's downsampling
+            h, w = lat_h // factor, lat_w // factor
+            if lat_h % factor or lat_w % factor or h * w != positions:
+                raise ValueError(f"layer {name}: {positions} positions do not tile a {lat_h}x{lat_w} latent")
+            grid = s.transpose(1, 2).reshape(b, t, h, w)
+            up = F.interpolate(grid, size=tuple(image_hw), mode="bicubic", align_corners=False).clamp_(min=0)
+            total = up if total is None else total.add_(up)
+            del s, grid, up
+        layers = len(self.steps)
+        return total / layers if layers else total
+
+    @staticmethod
+    def word_heat_maps(tokenizer, prompt: str, maps) -> dict[str, np.ndarray]:
+        """{word: (H, W) float32}: for each word of ``prompt`` (lower case, letters and digits), the
+        mean of the maps of its tokens, over every occurrence. ``maps``: (tokens, H, W) of one
+        image, token 0 = the first token after BOS."""
+        ids = tokenizer(prompt, add_special_tokens=False, truncation=False).input_ids
+        arr = maps.detach().float().cpu().numpy() if hasattr(maps, "detach") else np.asarray(maps, np.float32)
+        out = {}
+        for word in dict.fromkeys(WORD.findall(prompt.lower())):
+            piece = tokenizer(word, add_special_tokens=False).input_ids
+            positions = [i + j for i in range(len(ids) - len(piece) + 1) if ids[i:i + len(piece)] == piece
+                         for j in range(len(piece))]
+            positions = [p for p in positions if p < arr.shape[0]]
+            if positions:
+                out[word] = arr[positions].mean(axis=0)
+        return out
