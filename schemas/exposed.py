@@ -315,3 +315,4 @@ class DependencyGroup:
 # the word are one of these); section 6 footnote: the individuals left out of the object plots
 HUMAN_REFERENCE_WORDS = ("people", "person", "woman", "women", "man", "men")
 INDIVIDUALS = ("person", "people", "women", "woman", "men", "man", "female", "male", "girl", "boy")
+PROMPT_NOUNS = "prompt_nouns"    # list<string>: the prompt's nouns, lemmatised, lower case (section 6, "Nouns in prompt")
