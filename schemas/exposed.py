@@ -316,3 +316,31 @@ class DependencyGroup:
 HUMAN_REFERENCE_WORDS = ("people", "person", "woman", "women", "man", "men")
 INDIVIDUALS = ("person", "people", "women", "woman", "men", "man", "female", "male", "girl", "boy")
 PROMPT_NOUNS = "prompt_nouns"    # list<string>: the prompt's nouns, lemmatised, lower case (section 6, "Nouns in prompt")
+
+# ---------------------------------------------------------------------------------------------
+# detected objects per generated image (paper 004, section 5 "Detecting generated objects", App. A):
+# open-vocabulary boxes (GroundingDINO, or OWLv2), one SAM mask per kept box
+# (operators/image_grounded_segmentation.py). The four list columns have one entry per object, in
+# the same order (highest score first).
+OBJECT_LABELS = "object_labels"        # list<string>: each object's label, an entry of the image's vocabulary
+OBJECT_SCORES = "object_scores"        # list<float32>: each object's detection score
+OBJECT_BOXES = "object_boxes"          # list<list<float32>>: [x0, y0, x1, y1] in pixels of the image
+OBJECT_MASKS = "object_masks"          # list<list<int32>>: uncompressed COCO RLE counts (column-major, zeros
+#                                        first) of each object's mask, at the image's size (operators/support/rle.py)
+DETECTION_STATUS = "detection_status"  # ok / no_image / error
+
+
+class DetectionStatus:
+    OK = "ok"
+    NO_IMAGE = "no_image"
+    ERROR = "error"
+    ALL = (OK, NO_IMAGE, ERROR)
+
+
+DETECTION_COLUMNS = pa.schema([
+    pa.field(OBJECT_LABELS, pa.list_(pa.string())),
+    pa.field(OBJECT_SCORES, pa.list_(pa.float32())),
+    pa.field(OBJECT_BOXES, pa.list_(pa.list_(pa.float32()))),
+    pa.field(OBJECT_MASKS, pa.list_(pa.list_(pa.int32()))),
+    pa.field(DETECTION_STATUS, pa.string()),
+])
