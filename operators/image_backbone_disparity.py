@@ -75,7 +75,7 @@ from operators.support.disparity import (
     pair_cosines,
     unflatten_units,
 )
-from operators.support.models import ModelLoadError, pick_device, resolve_dtype
+from operators.support.models import ModelLoadError, check_loading_info, pick_device, resolve_dtype
 from schemas.exposed import Space
 
 STAGE_BACKBONE_DISPARITY = "backbone_disparity"
@@ -299,27 +299,6 @@ def _load_error(model: str, revision: str | None, arch: str, exc: BaseException)
     )
 
 
-def _check_loading_info(info: dict, arch: str) -> list[str]:
-    """Raise on missing / unexpected / mismatched weights; return the ignored ones (a ViT's pooler)."""
-    missing = sorted(info.get("missing_keys") or [])
-    unexpected = sorted(info.get("unexpected_keys") or [])
-    mismatched = sorted(str(k) for k in (info.get("mismatched_keys") or []))
-    ignored = [k for k in unexpected if arch == ARCH_VIT and k.split(".")[0] == "pooler"]
-    unexpected = [k for k in unexpected if k not in ignored]
-    problems = []
-    if missing:
-        problems.append(f"the weights lack {len(missing)} parameters of the model (e.g. {missing[:3]})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} checkpoint weights are not used by the model (e.g. {unexpected[:3]})")
-    if mismatched:
-        problems.append(f"{len(mismatched)} weights have another shape than the model's (e.g. {mismatched[:3]})")
-    if info.get("error_msgs"):
-        problems.append(f"loading errors: {list(info['error_msgs'])[:3]}")
-    if problems:
-        raise ValueError("config and weights do not match: " + "; ".join(problems))
-    return ignored
-
-
 def load_backbone(model: str, arch: str, revision: str | None = None, device: str = "auto",
                   dtype: str = "auto") -> BackboneBundle:
     """Load a transformers vision backbone for inference, or raise ModelLoadError naming it and
@@ -348,7 +327,7 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
         else:
             net, info = AutoModelForImageClassification.from_pretrained(
                 model, revision=revision, output_loading_info=True, **_dtype_kwarg(torch_dtype))
-        ignored = _check_loading_info(info, arch)
+        ignored = check_loading_info(info, lambda k: arch == ARCH_VIT and k.split(".")[0] == "pooler")
         image_processor = AutoImageProcessor.from_pretrained(model, revision=revision)
         settings = image_settings(image_processor)
         if arch == ARCH_VIT:

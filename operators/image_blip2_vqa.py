@@ -53,11 +53,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from operators.support.models import ModelLoadError, loaded_weight_files, weights_provenance
 from operators.base import Resources, with_column
-from operators.support.codec import batch_images
+from operators.support.codec import batch_images, generated_image_rows
 from operators.support.models import resolve_dtype
 from operators.support.models import pick_device
 from schemas.dalleval import (
@@ -71,7 +70,7 @@ from schemas.dalleval import (
     DetectedGender,
     GenderDetector,
 )
-from schemas.images import GENERATION_STATUS, IMAGE, P_FEMALE, P_MALE, GenerationStatus
+from schemas.images import P_FEMALE, P_MALE
 
 STAGE_BLIP2_VQA = "blip2_vqa"
 DEFAULT_MODEL = "Salesforce/blip2-flan-t5-xl"
@@ -600,23 +599,10 @@ class Blip2Detector:
 
     # -- payload batches ------------------------------------------------------------------------------
 
-    def _rows_with_image(self, batch: pa.Table) -> np.ndarray:
-        if IMAGE not in batch.column_names:
-            return np.zeros(0, dtype=np.int64)
-        mask = pc.is_valid(batch.column(IMAGE))
-        if GENERATION_STATUS in batch.column_names:
-            status = batch.column(GENERATION_STATUS)
-            if pa.types.is_dictionary(status.type):
-                status = status.cast(pa.string())
-            # a null status: the image did not come from the generator (nothing to exclude)
-            ok = pc.fill_null(pc.equal(status, GenerationStatus.OK), True)
-            mask = pc.and_(mask, ok)
-        return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
-
     def __call__(self, batch: pa.Table) -> pa.Table:
         n = batch.num_rows
         columns = {f.name: [None] * n for f in self.output_fields}
-        rows = self._rows_with_image(batch)
+        rows = generated_image_rows(batch)
         if len(rows):
             decoded = batch_images(batch, rows.tolist())
             good = [(int(r), a) for r, a in zip(rows, decoded) if a is not None]

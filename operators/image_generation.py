@@ -178,13 +178,20 @@ def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_s
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
     out = pipe(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
                height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt")
-    images = out.images
-    if not torch.is_tensor(images):  # a pipeline that ignores output_type="pt" (PIL images or arrays)
-        arr = np.stack([np.asarray(a) for a in images])
-        arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32)
-        images = torch.from_numpy(arr).permute(0, 3, 1, 2)
     flags = getattr(out, "nsfw_content_detected", None)
-    return images, (None if flags is None else [bool(f) for f in flags])
+    return image_tensor(out.images), (None if flags is None else [bool(f) for f in flags])
+
+
+def image_tensor(images):
+    """A pipeline's output images as (B, 3, H, W) floats in [0, 1]: as they are for
+    ``output_type="pt"``, converted for a pipeline that ignores it (PIL images or arrays)."""
+    import torch
+
+    if torch.is_tensor(images):
+        return images
+    arr = np.stack([np.asarray(a) for a in images])
+    arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32)
+    return torch.from_numpy(arr).permute(0, 3, 1, 2)
 
 
 def _to_uint8(images):

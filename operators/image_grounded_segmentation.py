@@ -92,7 +92,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
 from operators.image_blip2_vqa import (
@@ -102,8 +101,8 @@ from operators.image_blip2_vqa import (
     _weights_record,
 )
 from operators.support import rle
-from operators.support.codec import batch_images
-from operators.support.models import ModelLoadError, pick_device, resolve_dtype
+from operators.support.codec import batch_images, generated_image_rows
+from operators.support.models import ModelLoadError, check_loading_info, pick_device, resolve_dtype
 from schemas.exposed import (
     DETECTION_COLUMNS,
     DETECTION_STATUS,
@@ -114,7 +113,6 @@ from schemas.exposed import (
     PROMPT_NOUNS,
     DetectionStatus,
 )
-from schemas.images import GENERATION_STATUS, IMAGE, GenerationStatus
 
 log = logging.getLogger(__name__)
 
@@ -271,23 +269,6 @@ class ModelBundle:
     record: dict = field(default_factory=dict)
 
 
-def _check_loading_info(info: dict) -> None:
-    missing = sorted(info.get("missing_keys") or [])
-    unexpected = sorted(info.get("unexpected_keys") or [])
-    mismatched = sorted(str(k) for k in (info.get("mismatched_keys") or []))
-    problems = []
-    if missing:
-        problems.append(f"the weights lack {len(missing)} parameters of the model (e.g. {missing[:3]})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} checkpoint weights are not used by the model (e.g. {unexpected[:3]})")
-    if mismatched:
-        problems.append(f"{len(mismatched)} weights have another shape than the model's (e.g. {mismatched[:3]})")
-    if info.get("error_msgs"):
-        problems.append(f"loading errors: {list(info['error_msgs'])[:3]}")
-    if problems:
-        raise ValueError("config and weights do not match: " + "; ".join(problems))
-
-
 def _load_error(role: str, model: str, revision: str | None, exc: BaseException) -> ModelLoadError:
     if role == "detector":
         what = (f"an open-vocabulary detector, GroundingDinoForObjectDetection (e.g. {DEFAULT_DETECTOR}) or "
@@ -328,7 +309,7 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
                 raise ValueError(f"its config is a {family!r} model, not a {SEGMENTER_TYPE!r} one")
             cls = transformers.SamModel
         net, info = cls.from_pretrained(model, revision=revision, output_loading_info=True, **_dtype_kwarg(torch_dtype))
-        _check_loading_info(info)
+        check_loading_info(info)
         processor = AutoProcessor.from_pretrained(model, revision=revision)
         if getattr(processor, "image_processor", None) is None:
             raise ValueError(f"its processor {type(processor).__name__} has no image processor")
@@ -662,17 +643,6 @@ class GroundedSegmenter:
         u8 = images.detach().float().mul(255.0).round_().clamp_(0.0, 255.0).to(torch.uint8)
         return self._run_u8(u8, [list(x or ()) for x in labels_per_image])
 
-    def _rows_with_image(self, batch: pa.Table) -> np.ndarray:
-        if IMAGE not in batch.column_names:
-            return np.zeros(0, dtype=np.int64)
-        ok = pc.is_valid(batch.column(IMAGE))
-        if GENERATION_STATUS in batch.column_names:
-            status = batch.column(GENERATION_STATUS)
-            if pa.types.is_dictionary(status.type):
-                status = status.cast(pa.string())
-            ok = pc.and_(ok, pc.fill_null(pc.equal(status, GenerationStatus.OK), True))
-        return np.flatnonzero(ok.to_numpy(zero_copy_only=False))
-
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
 
@@ -681,7 +651,7 @@ class GroundedSegmenter:
                                     OBJECT_BOXES: [[] for _ in range(n)], OBJECT_MASKS: [[] for _ in range(n)],
                                     DETECTION_STATUS: [DetectionStatus.NO_IMAGE] * n}
         nouns = batch.column(PROMPT_NOUNS).to_pylist() if PROMPT_NOUNS in batch.column_names else [None] * n
-        rows = self._rows_with_image(batch).tolist()
+        rows = generated_image_rows(batch).tolist()
         decoded = batch_images(batch, rows) if rows else []
         groups: dict[tuple, list[int]] = {}
         arrays = {}

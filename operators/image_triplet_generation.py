@@ -44,6 +44,7 @@ from operators.image_generation import (
     _out_of_memory,
     _to_uint8,
     _valid_prompt,
+    image_tensor,
     load_text2image,
 )
 from operators.support.codec import pack_rgb8
@@ -128,11 +129,7 @@ def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int],
     out = pipe(prompt=prompts, num_inference_steps=int(steps), guidance_scale=float(guidance_scale), height=height,
                width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
                callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs)
-    images = out.images
-    if not torch.is_tensor(images):
-        arr = np.stack([np.asarray(a) for a in images])
-        arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32)
-        images = torch.from_numpy(arr).permute(0, 3, 1, 2)
+    images = image_tensor(out.images)
     if capture.latents is None or capture.prompt_embeds is None:
         raise RuntimeError(f"{type(pipe).__name__} did not call callback_on_step_end with latents and prompt_embeds: "
                            f"the prompt and denoising spaces cannot be measured with this pipeline")

@@ -12,15 +12,18 @@ import warnings
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from PIL import Image
 
 from schemas.images import (
+    GENERATION_STATUS,
     ENCODED,
     IMAGE,
     IMAGE_ENCODING,
     IMAGE_HEIGHT,
     IMAGE_WIDTH,
     RGB8,
+    GenerationStatus,
 )
 
 
@@ -85,3 +88,17 @@ def as_rgb(image: np.ndarray) -> np.ndarray:
     elif a.shape[2] == 4:
         a = a[:, :, :3]
     return np.ascontiguousarray(a)
+
+
+def generated_image_rows(batch: pa.Table) -> np.ndarray:
+    """Indices of the rows with an image payload whose GENERATION_STATUS (when the column is there)
+    is ok; a null status means the image did not come from a generator (nothing to exclude)."""
+    if IMAGE not in batch.column_names:
+        return np.zeros(0, dtype=np.int64)
+    mask = pc.is_valid(batch.column(IMAGE))
+    if GENERATION_STATUS in batch.column_names:
+        status = batch.column(GENERATION_STATUS)
+        if pa.types.is_dictionary(status.type):
+            status = status.cast(pa.string())
+        mask = pc.and_(mask, pc.fill_null(pc.equal(status, GenerationStatus.OK), True))
+    return np.flatnonzero(mask.to_numpy(zero_copy_only=False))

@@ -143,3 +143,27 @@ def weights_fingerprint(path: str) -> str | None:
         return None
     files = [p for p in Path(path).rglob("*") if p.suffix in {".safetensors", ".bin"} and p.is_file()]
     return weights_provenance(files, path)["weights_sha256"]
+
+
+def check_loading_info(info: dict, ignore=lambda key: False) -> list[str]:
+    """A transformers ``output_loading_info`` with missing, unexpected or shape-mismatched weights
+    (or loading errors) raises ValueError: a config/weights mismatch is an error, never a warning.
+    Unexpected keys for which ``ignore(key)`` is true are allowed and returned (e.g. a ViT
+    checkpoint's pooler, which a feature extractor does not use)."""
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    mismatched = sorted(str(k) for k in (info.get("mismatched_keys") or []))
+    ignored = [k for k in unexpected if ignore(k)]
+    unexpected = [k for k in unexpected if k not in ignored]
+    problems = []
+    if missing:
+        problems.append(f"the weights lack {len(missing)} parameters of the model (e.g. {missing[:3]})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} checkpoint weights are not used by the model (e.g. {unexpected[:3]})")
+    if mismatched:
+        problems.append(f"{len(mismatched)} weights have another shape than the model's (e.g. {mismatched[:3]})")
+    if info.get("error_msgs"):
+        problems.append(f"loading errors: {list(info['error_msgs'])[:3]}")
+    if problems:
+        raise ValueError("config and weights do not match: " + "; ".join(problems))
+    return ignored
