@@ -610,7 +610,9 @@ class GroundedSegmenter:
 
     # -- entry points ----------------------------------------------------------------------------------
 
-    def _run_u8(self, u8, nouns_per_image) -> dict[str, list]:
+    def detect_u8(self, u8, nouns_per_image) -> list[dict]:
+        """Detect and segment (B, 3, H, W) uint8 images: per image {"labels": [str], "scores": (n,),
+        "boxes": (n, 4), "masks": (n, H, W) bool}, tensors on the models' device."""
         import torch
 
         b = int(u8.shape[0])
@@ -621,27 +623,33 @@ class GroundedSegmenter:
             u8 = u8.to(self.device)
             detections = self._detect(u8, vocabs)
             masks = self._segment(u8, [d[0] for d in detections])
-        out: dict[str, list] = {f.name: [] for f in self.output_fields}
-        for i, ((boxes, scores, labels), m) in enumerate(zip(detections, masks)):
-            out[OBJECT_LABELS].append([vocabs[i][j] for j in labels.tolist()])
-            out[OBJECT_SCORES].append([float(s) for s in scores.float().cpu().numpy()])
-            out[OBJECT_BOXES].append(boxes.float().cpu().numpy().astype(np.float32).tolist())
-            out[OBJECT_MASKS].append(rle.encode_many(m.cpu().numpy()))
+        return [{"labels": [vocabs[i][j] for j in labels.tolist()], "scores": scores, "boxes": boxes, "masks": m}
+                for i, ((boxes, scores, labels), m) in enumerate(zip(detections, masks))]
+
+    @staticmethod
+    def columns(found: list[dict]) -> dict[str, list]:
+        """``detect_u8``'s results as the lists of ``DETECTION_COLUMNS`` (masks RLE-encoded)."""
+        out: dict[str, list] = {f.name: [] for f in DETECTION_COLUMNS}
+        for d in found:
+            out[OBJECT_LABELS].append(list(d["labels"]))
+            out[OBJECT_SCORES].append([float(s) for s in d["scores"].float().cpu().numpy()])
+            out[OBJECT_BOXES].append(d["boxes"].float().cpu().numpy().astype(np.float32).tolist())
+            out[OBJECT_MASKS].append(rle.encode_many(d["masks"].cpu().numpy()))
             out[DETECTION_STATUS].append(DetectionStatus.OK)
         return out
+
+    def _run_u8(self, u8, nouns_per_image) -> dict[str, list]:
+        return self.columns(self.detect_u8(u8, nouns_per_image))
 
     def detect_tensor(self, images, labels_per_image) -> dict[str, list]:
         """Detect and segment (B, 3, H, W) float images in [0, 1] on any device (e.g. the generator's
         output). ``labels_per_image[i]``: image i's prompt nouns (None: none); its vocabulary is those
         plus the configured ``vocabulary``. Returns each of ``output_fields`` as a list of length B."""
-        import torch
-
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
         if any(isinstance(x, str) for x in labels_per_image):
             raise TypeError("labels_per_image must hold one list of labels per image, not strings")
-        u8 = images.detach().float().mul(255.0).round_().clamp_(0.0, 255.0).to(torch.uint8)
-        return self._run_u8(u8, [list(x or ()) for x in labels_per_image])
+        return self._run_u8(to_u8(images), [list(x or ()) for x in labels_per_image])
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
@@ -679,6 +687,13 @@ class GroundedSegmenter:
         return batch
 
 
+def to_u8(images):
+    """(B, 3, H, W) floats in [0, 1] -> uint8 levels as the RGB8 payload has them (round(x * 255))."""
+    import torch
+
+    return images.detach().float().mul(255.0).round_().clamp_(0.0, 255.0).to(torch.uint8)
+
+
 def _size(size, key):
     value = size.get(key) if isinstance(size, dict) else getattr(size, key, None)
     if value is None and hasattr(size, "__getitem__"):
@@ -693,5 +708,5 @@ def _size(size, key):
 
 __all__ = [
     "GroundedSegmenter", "assign_labels", "boxes_to_pixels", "chunk_labels", "grounding_caption", "image_vocabulary",
-    "load_detector", "load_segmenter", "merge_and_suppress", "normalize_label", "read_tags",
+    "load_detector", "load_segmenter", "merge_and_suppress", "normalize_label", "read_tags", "to_u8",
 ]

@@ -18,6 +18,11 @@ The images stay on the device as (units, 3, C, H, W) floats in [0, 1] and the *d
 (``operators.support.disparity``: SSIM / Diff. Pix., ResNet-50, CLIP, DINO, split-product)
 measure each pair on them before they leave it; then they move to the CPU once as RGB8 payloads.
 
+With ``dependency`` (an ``operators.image_prompt_dependency.PromptDependency``), the call also runs
+inside its cross-attention recorder, and the images are analysed on the device for sections 5-6:
+noun set, objects (boxes, SAM masks), word masks and dependency groups
+(``schemas.exposed.DEPENDENCY_COLUMNS`` on each row; null columns without it).
+
 Output: three rows per input row (``schemas.exposed.Variant.ALL`` order), one per image, with its
 prompt, seed and GENERATION_STATUS, and the unit's pair similarities in the ``sim_<space>``
 columns (list of three values in ``schemas.exposed.PAIRS`` order, the same on the unit's three
@@ -51,6 +56,9 @@ from operators.support.codec import pack_rgb8
 from operators.support.disparity import pair_cosines
 from operators.support.models import pick_device
 from schemas.exposed import (
+    DEPENDENCY_COLUMNS,
+    DETECTION_COLUMNS,
+    DETECTION_STATUS,
     FEMININE,
     IMAGE_ID,
     MASCULINE,
@@ -61,6 +69,7 @@ from schemas.exposed import (
     UNIT_ID,
     UNIT_STATUS,
     VARIANT,
+    DetectionStatus,
     Space,
     Variant,
     disparity_column,
@@ -118,17 +127,21 @@ def check_capture(pipe, model: str) -> None:
 
 
 def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int], steps: int, guidance_scale: float,
-                   height: int | None = None, width: int | None = None, noise_device: str = "cpu"):
+                   height: int | None = None, width: int | None = None, noise_device: str = "cpu", attention=None):
     """One pipeline call for whole units: (images (U, 3, C, H, W) in [0, 1] on the device, prompt
-    embeddings (U, 3, ...), final latents z_0 (U, 3, ...), safety-checker flags (U, 3) or None)."""
+    embeddings (U, 3, ...), final latents z_0 (U, 3, ...), safety-checker flags (U, 3) or None).
+    ``attention``: a context (``CrossAttentionCapture``) the call runs inside."""
+    import contextlib
+
     import torch
 
     prompts = [p for t in triplets for p in t]
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds for _ in range(3)]
     capture = _Capture()
-    out = pipe(prompt=prompts, num_inference_steps=int(steps), guidance_scale=float(guidance_scale), height=height,
-               width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
-               callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs)
+    with attention if attention is not None else contextlib.nullcontext():
+        out = pipe(prompt=prompts, num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
+                   height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
+                   callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs)
     images = image_tensor(out.images)
     if capture.latents is None or capture.prompt_embeds is None:
         raise RuntimeError(f"{type(pipe).__name__} did not call callback_on_step_end with latents and prompt_embeds: "
@@ -150,7 +163,7 @@ class TripletGenerator:
     def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 2,
-                 noise_device: str = "cpu", scheduler: str | None = None):
+                 noise_device: str = "cpu", scheduler: str | None = None, dependency=None):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1 unit, got {micro_batch}")
         self.model = model
@@ -172,26 +185,40 @@ class TripletGenerator:
         if unknown or len(set(spaces)) != len(spaces):
             raise ValueError(f"disparity heads measure unknown or repeated spaces: {spaces}")
         self.spaces = tuple(spaces)
+        # sections 5-6: objects and dependency groups of the images while they are on the device
+        self.dependency = dependency.build(device=self.device) if isinstance(dependency, Stage) else dependency
         self.record = {**load_record, "steps": self.steps, "guidance_scale": self.guidance_scale, "height": height,
                        "width": width, "micro_batch_units": self.micro_batch, "noise_device": self.noise_device,
                        "prompt_space": "text encoder output sequence fed to the UNet (conditional half), flattened",
                        "denoising_space": "latents after the last denoising step, before the VAE, flattened",
                        # by the spaces each head measures (two heads may share one operator class)
-                       "heads": {"+".join(h.spaces): getattr(h, "record", None) for h in self.heads}}
+                       "heads": {"+".join(h.spaces): getattr(h, "record", None) for h in self.heads},
+                       "dependency": getattr(self.dependency, "record", None)}
+
+    def _guidance(self) -> bool:
+        """Whether the pipeline runs classifier-free guidance (a conditional and an unconditional half)."""
+        return self.guidance_scale > 1 and getattr(self.pipe.unet.config, "time_cond_proj_dim", None) is None
 
     def _units(self, units: list[int], triplets, seeds):
         """Generate ``units`` in one call and measure them: (uint8 images (U*3, H, W, 3), blocked
-        (U, 3), flags or None, {space: (U, 3)} with NaN rows for units with a blocked image)."""
-        images, embeds, latents, flags = generate_units(self.pipe, [triplets[u] for u in units],
-                                                        [seeds[u] for u in units], self.steps, self.guidance_scale,
-                                                        self.height, self.width, self.noise_device)
+        (U, 3), flags or None, {space: (U, 3)} with NaN rows for units with a blocked image,
+        {dependency column: list of U*3} or None)."""
+        chosen = [triplets[u] for u in units]
+        attention = self.dependency.capture(self.pipe, self._guidance()) if self.dependency is not None else None
+        images, embeds, latents, flags = generate_units(self.pipe, chosen, [seeds[u] for u in units], self.steps,
+                                                        self.guidance_scale, self.height, self.width,
+                                                        self.noise_device, attention)
         blocked = np.zeros((len(units), 3), bool) if flags is None else flags
         sims = {Space.PROMPT: pair_cosines(embeds), Space.DENOISING: pair_cosines(latents)}
         for head in self.heads:
             for space, values in head.triplet_similarities(images).items():
                 sims[space] = np.asarray(values, np.float64)
-        flat = _to_uint8(images.reshape(-1, *images.shape[2:]))
-        return flat, blocked, flags, sims
+        flat_images = images.reshape(-1, *images.shape[2:])
+        objects = None
+        if self.dependency is not None:
+            objects = self.dependency.analyse(flat_images, [p for t in chosen for p in t], attention,
+                                              self.pipe.tokenizer, tuple(latents.shape[-2:]), blocked.reshape(-1))
+        return _to_uint8(flat_images), blocked, flags, sims, objects
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
@@ -207,6 +234,14 @@ class TripletGenerator:
         detail = np.full((n, 3), None, dtype=object)
         nsfw = np.full((n, 3), None, dtype=object)
         sims = {s: np.full((n, 3), np.nan) for s in self.spaces}
+        objects = None
+        if self.dependency is not None:   # images never made: no_image, empty object lists
+            objects = {f.name: np.full((n, 3), None, dtype=object) for f in DEPENDENCY_COLUMNS}
+            for name in (f.name for f in DETECTION_COLUMNS):
+                for u in range(n):
+                    for v in range(3):
+                        objects[name][u, v] = []
+            objects[DETECTION_STATUS][:] = DetectionStatus.NO_IMAGE
         pixels, generated = [], []   # uint8 device tensors (3 images per unit), unit indices in that order
         pending = [todo[s:s + self.micro_batch] for s in range(0, len(todo), self.micro_batch)]
         with torch.inference_mode():
@@ -214,13 +249,13 @@ class TripletGenerator:
                 units = pending.pop(0)
                 failure = None
                 try:
-                    images, blocked, flags, measured = self._units(units, triplets, seeds)
+                    images, blocked, flags, measured, found = self._units(units, triplets, seeds)
                 except Exception as exc:
                     if not _out_of_memory(exc):
                         raise
                     failure = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
                 if failure is not None:
-                    images = measured = None
+                    images = measured = found = None
                     _free_device_memory(self.device)
                     if len(units) > 1:
                         half = (len(units) + 1) // 2
@@ -236,12 +271,16 @@ class TripletGenerator:
                     if not blocked[j].any():
                         for space in self.spaces:
                             sims[space][u] = measured[space][j]
+                    if found is not None:
+                        for name, values in found.items():
+                            for v in range(3):
+                                objects[name][u, v] = values[3 * j + v]
                 pixels.append(images)
                 generated += units
             arrays = list(torch.cat(pixels).cpu().numpy()) if pixels else []
-        return self._rows(batch, status, detail, nsfw, sims, arrays, generated)
+        return self._rows(batch, status, detail, nsfw, sims, arrays, generated, objects)
 
-    def _rows(self, batch, status, detail, nsfw, sims, arrays, generated) -> pa.Table:
+    def _rows(self, batch, status, detail, nsfw, sims, arrays, generated, objects=None) -> pa.Table:
         n = batch.num_rows
         unit_of_row = np.repeat(np.arange(n), 3)
         variant_of_row = np.tile(np.arange(3), n)
@@ -273,4 +312,7 @@ class TripletGenerator:
             values = sims.get(space)
             lists = [None if values is None or np.isnan(values[u]).any() else values[u].tolist() for u in unit_of_row]
             columns[disparity_column(space)] = pa.array(lists, pa.list_(pa.float64()))
+        if objects is not None:
+            for f in DEPENDENCY_COLUMNS:
+                columns[f.name] = pa.array(objects[f.name].reshape(-1).tolist(), f.type)
         return pa.table(columns)

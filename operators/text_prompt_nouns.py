@@ -46,6 +46,18 @@ def nouns_of(doc) -> list[str]:
     return list(dict.fromkeys(t.lemma_.lower() for t in doc if t.pos_ in NOUN_TAGS and t.lemma_.strip()))
 
 
+def noun_forms(doc) -> dict[str, list[str]]:
+    """{lemma: the surface forms it has in the Doc (lower case)}, in ``nouns_of`` order: a noun's
+    word heat map is read from the prompt's own words ("women" for the noun *woman*)."""
+    out: dict[str, list[str]] = {}
+    for t in doc:
+        if t.pos_ in NOUN_TAGS and t.lemma_.strip():
+            forms = out.setdefault(t.lemma_.lower(), [])
+            if t.text.lower() not in forms:
+                forms.append(t.text.lower())
+    return out
+
+
 class PromptNouns:
     """Adds PROMPT_NOUNS from PROMPT."""
 

@@ -15,7 +15,9 @@ Tables:
   unit's representational disparities (section 4): one similarity per pair and space, the same on
   the unit's three rows (null where one of its images is missing);
 - ``DISPARITIES``: Table 3 / S3-shaped means per (model, source, pair, space) with the number of
-  units behind each.
+  units behind each;
+- ``OBJECTS``: one row per detected object of a generated image (label, score, box, mask, dependency
+  group) and per hidden noun (sections 5-6), from the image rows' ``DEPENDENCY_COLUMNS``.
 """
 
 from __future__ import annotations
@@ -126,23 +128,7 @@ VARIANT = "variant"              # neutral / feminine / masculine
 IMAGE_ID = "image_id"            # "<unit id>-<variant>"
 UNIT_STATUS = "unit_status"      # ok when all three images are ok (disparities set), else the first non-ok status
 
-EXPOSED_IMAGES = pa.schema([
-    pa.field(IMAGE_ID, pa.string()),
-    pa.field(UNIT_ID, pa.string()),
-    pa.field(TRIPLET_ID, pa.string()),
-    pa.field(TRIPLET_SOURCE, pa.string()),
-    pa.field(SEED_INDEX, pa.int32()),
-    pa.field(VARIANT, pa.string()),
-    pa.field(PROMPT, pa.string()),
-    pa.field(MODEL, pa.string()),
-    pa.field(SEED, pa.int64()),
-    pa.field(GENERATION_STATUS, pa.string()),
-    pa.field(GENERATION_DETAIL, pa.string()),
-    pa.field(NSFW, pa.bool_()),
-    pa.field(SAFETY_CHECKER, pa.string()),
-    pa.field(UNIT_STATUS, pa.string()),
-    *DISPARITY_COLUMNS,
-])
+# EXPOSED_IMAGES (one row per generated image) is defined below, after the object columns it holds.
 
 # Table 3 / S3: one row per (model, source, pair, space)
 PAIR = "pair"
@@ -344,3 +330,66 @@ DETECTION_COLUMNS = pa.schema([
     pa.field(OBJECT_MASKS, pa.list_(pa.list_(pa.int32()))),
     pa.field(DETECTION_STATUS, pa.string()),
 ])
+
+# prompt-image dependency analysis of each generated image, made on the generator's device while
+# the image is there (operators/image_prompt_dependency.py): the noun set, the detected objects (the
+# DETECTION_COLUMNS above), each object's group, the hidden nouns and the nouns' attention masks.
+# Null when the study runs without it; empty lists / no_image for an image that was not generated.
+DETECTION_DETAIL = "detection_detail"  # the error, when detection_status is error
+OBJECT_GROUPS = "object_groups"        # list<string>: each object's dependency group (DependencyGroup), in OBJECT_LABELS order
+HIDDEN_NOUNS = "hidden_nouns"          # list<string>: the prompt nouns no detected object matches (the hidden group)
+ATTENTION_WORDS = "attention_words"    # list<string>: the nouns with a word mask a_n (a noun whose tokens were found)
+ATTENTION_MASKS = "attention_masks"    # list<list<int32>>: each noun's mask a_n as uncompressed COCO RLE at the image's size
+ATTENTION_MAPS = "attention_maps"      # list<binary>: each noun's heat map, min-max normalised, as ATTENTION_MAP_SIZE^2 uint8
+ATTENTION_MAP_SIZE = 64                # the stored heat maps' side (area-downsampled from the image size; for the report)
+
+DEPENDENCY_COLUMNS = pa.schema([
+    pa.field(PROMPT_NOUNS, pa.list_(pa.string())),
+    *DETECTION_COLUMNS,
+    pa.field(DETECTION_DETAIL, pa.string()),
+    pa.field(OBJECT_GROUPS, pa.list_(pa.string())),
+    pa.field(HIDDEN_NOUNS, pa.list_(pa.string())),
+    pa.field(ATTENTION_WORDS, pa.list_(pa.string())),
+    pa.field(ATTENTION_MASKS, pa.list_(pa.list_(pa.int32()))),
+    pa.field(ATTENTION_MAPS, pa.list_(pa.binary())),
+])
+
+EXPOSED_IMAGES = pa.schema([
+    pa.field(IMAGE_ID, pa.string()),
+    pa.field(UNIT_ID, pa.string()),
+    pa.field(TRIPLET_ID, pa.string()),
+    pa.field(TRIPLET_SOURCE, pa.string()),
+    pa.field(SEED_INDEX, pa.int32()),
+    pa.field(VARIANT, pa.string()),
+    pa.field(PROMPT, pa.string()),
+    pa.field(MODEL, pa.string()),
+    pa.field(SEED, pa.int64()),
+    pa.field(GENERATION_STATUS, pa.string()),
+    pa.field(GENERATION_DETAIL, pa.string()),
+    pa.field(NSFW, pa.bool_()),
+    pa.field(SAFETY_CHECKER, pa.string()),
+    pa.field(UNIT_STATUS, pa.string()),
+    *DISPARITY_COLUMNS,
+    *DEPENDENCY_COLUMNS,
+])
+
+# one row per detected object of a generated image, and one per hidden noun (group hidden: no
+# index, score, box or mask): the exploded per-image lists, the input of every table of sections 5-7
+OBJECT_INDEX = "object_index"    # the object's position in its image's lists (decreasing score); null for a hidden noun
+OBJECT_SCORE = "score"
+OBJECT_BOX = "box"               # [x0, y0, x1, y1] pixels
+OBJECT_MASK = "mask"             # uncompressed COCO RLE counts at the image's size
+OBJECTS = pa.schema([
+    pa.field(IMAGE_ID, pa.string()),
+    pa.field(UNIT_ID, pa.string()),
+    pa.field(TRIPLET_SOURCE, pa.string()),
+    pa.field(MODEL, pa.string()),
+    pa.field(VARIANT, pa.string()),
+    pa.field(OBJECT_INDEX, pa.int32()),
+    pa.field(OBJECT, pa.string()),
+    pa.field(DEPENDENCY_GROUP, pa.string()),
+    pa.field(OBJECT_SCORE, pa.float32()),
+    pa.field(OBJECT_BOX, pa.list_(pa.float32())),
+    pa.field(OBJECT_MASK, pa.list_(pa.int32())),
+])
+

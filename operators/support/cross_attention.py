@@ -113,18 +113,21 @@ class CrossAttentionCapture:
             self.steps[name] = self.steps.get(name, 0) + 1
             self.token_sums[name] = self.token_sums.get(name, 0) + probs.sum(dim=-1)
 
-    def heat_maps(self, latent_hw: tuple[int, int], image_hw: tuple[int, int]):
+    def heat_maps(self, latent_hw: tuple[int, int], image_hw: tuple[int, int], tokens: int | None = None):
         """(images, tokens, H, W) float32 on the UNet's device: per layer summed over steps and heads,
         laid out on its grid, bicubic-upsampled to ``image_hw``, clamped at 0; averaged over layers.
-        The per-layer sums are released."""
+        ``tokens``: only the first that many tokens (after BOS; the prompt's own, not the padding),
+        so that the full-size maps of tokens nobody reads are never made. The per-layer sums are
+        released."""
         import torch.nn.functional as F
 
         if not self.sums:
             raise RuntimeError("no cross-attention was recorded: was the pipeline called inside the context?")
         lat_h, lat_w = latent_hw
+        keep = self.tokens if tokens is None else max(1, min(int(tokens), self.tokens))
         total = None
         for name in list(self.sums):
-            s = self.sums.pop(name)                            # (b, positions, tokens)
+            s = self.sums.pop(name)[..., :keep]                # (b, positions, tokens)
             b, positions, t = s.shape
             factor = max(1, round(math.sqrt(lat_h * lat_w / positions)))   # the layer's downsampling
             h, w = lat_h // factor, lat_w // factor
@@ -138,17 +141,29 @@ class CrossAttentionCapture:
         return total / layers if layers else total
 
     @staticmethod
-    def word_heat_maps(tokenizer, prompt: str, maps) -> dict[str, np.ndarray]:
-        """{word: (H, W) float32}: for each word of ``prompt`` (lower case, letters and digits), the
-        mean of the maps of its tokens, over every occurrence. ``maps``: (tokens, H, W) of one
-        image, token 0 = the first token after BOS."""
+    def word_positions(tokenizer, prompt: str, words=None) -> dict[str, list[int]]:
+        """{word: token positions (0 = the first token after BOS)} of each of ``words`` (default: every
+        word of ``prompt``, lower case, letters and digits) at every occurrence in the prompt."""
         ids = tokenizer(prompt, add_special_tokens=False, truncation=False).input_ids
-        arr = maps.detach().float().cpu().numpy() if hasattr(maps, "detach") else np.asarray(maps, np.float32)
         out = {}
-        for word in dict.fromkeys(WORD.findall(prompt.lower())):
+        for word in dict.fromkeys(WORD.findall(prompt.lower()) if words is None else words):
             piece = tokenizer(word, add_special_tokens=False).input_ids
+            if not piece:
+                continue
             positions = [i + j for i in range(len(ids) - len(piece) + 1) if ids[i:i + len(piece)] == piece
                          for j in range(len(piece))]
+            if positions:
+                out[word] = positions
+        return out
+
+    @staticmethod
+    def word_heat_maps(tokenizer, prompt: str, maps, words=None) -> dict[str, np.ndarray]:
+        """{word: (H, W) float32}: for each word of ``prompt`` (or of ``words``), the mean of the maps
+        of its tokens, over every occurrence. ``maps``: (tokens, H, W) of one image, token 0 = the
+        first token after BOS."""
+        arr = maps.detach().float().cpu().numpy() if hasattr(maps, "detach") else np.asarray(maps, np.float32)
+        out = {}
+        for word, positions in CrossAttentionCapture.word_positions(tokenizer, prompt, words).items():
             positions = [p for p in positions if p < arr.shape[0]]
             if positions:
                 out[word] = arr[positions].mean(axis=0)

@@ -30,7 +30,6 @@ from schemas.exposed import (
     BIAS_SCORE,
     CHI2,
     DOF,
-    HUMAN_REFERENCE_WORDS,
     OBJECT,
     OBJECT_COUNT,
     P_VALUE,
@@ -38,9 +37,9 @@ from schemas.exposed import (
     TRIPLET_SOURCE,
     UNIT_ID,
     VARIANT,
-    DependencyGroup,
     Variant,
 )
+from operators.support.dependency import attention_mask, coverage, dependency_groups  # noqa: F401 -- section 6
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 
 KEYS = (MODEL, TRIPLET_SOURCE)
@@ -154,46 +153,3 @@ def cooccurrence_similarity(objects: pd.DataFrame, images: pd.DataFrame) -> pd.D
                          "s_o": float(np.mean(cosines)) if cosines else float("nan"), "units": len(cosines),
                          "both_empty": empty})
     return pd.DataFrame(rows, columns=[MODEL, TRIPLET_SOURCE, "pair", "s_o", "units", "both_empty"])
-
-
-# ------------------------------------------------------------------------------------ section 6
-def attention_mask(heat_map: np.ndarray, theta: float = 0.35) -> np.ndarray:
-    """A word's mask a_n: its aggregated attention map min-max normalised and binarised at θ (App. A:
-    0.35); a constant map (no spatial preference) gives an empty mask."""
-    h = np.asarray(heat_map, dtype=np.float64)
-    lo, hi = float(h.min()), float(h.max())
-    if hi <= lo:
-        return np.zeros(h.shape, bool)
-    return (h - lo) / (hi - lo) > theta
-
-
-def coverage(object_mask: np.ndarray, word_mask: np.ndarray) -> float:
-    """coverage(m_o, a) = |m_o ∩ a| / |m_o| (Eq. 6); 0 for an empty object region."""
-    m = np.asarray(object_mask, bool)
-    area = int(m.sum())
-    return 0.0 if area == 0 else float(np.logical_and(m, np.asarray(word_mask, bool)).sum() / area)
-
-
-def dependency_groups(objects: list[str], object_masks, nouns, word_masks: Mapping[str, np.ndarray],
-                      sigma: float = 0.7, sigma_human: float = 0.25,
-                      human_words=HUMAN_REFERENCE_WORDS) -> tuple[list[str], list[str]]:
-    """Section 6, Definitions 6.1-6.2: the group of each detected object, and the hidden nouns.
-
-    An object is *explicit* when its label is one of the prompt's (lemmatised) nouns, and *guided*
-    when its region is covered by at least one word's attention mask by more than σ (App. A: 0.7;
-    0.25 when both the object and the word refer to humans). A noun that no detected object
-    matches is *hidden*."""
-    noun_set = set(nouns)
-    humans = set(human_words)
-    groups = []
-    for label, mask in zip(objects, object_masks):
-        guided = any(coverage(mask, a) > (sigma_human if label in humans and word in humans else sigma)
-                     for word, a in word_masks.items())
-        explicit = label in noun_set
-        groups.append({(True, True): DependencyGroup.EXPLICITLY_GUIDED,
-                       (False, True): DependencyGroup.IMPLICITLY_GUIDED,
-                       (True, False): DependencyGroup.EXPLICITLY_INDEPENDENT,
-                       (False, False): DependencyGroup.IMPLICITLY_INDEPENDENT}[(explicit, guided)])
-    found = set(objects)
-    hidden = [n for n in dict.fromkeys(nouns) if n not in found]
-    return groups, hidden

@@ -1,0 +1,203 @@
+"""Objects and prompt-image dependency groups of generated images, on the generator's device
+(paper 004, sections 5-6, App. A).
+
+A *generation companion* of ``TripletGenerator`` (not a standalone Ray stage): while a unit's
+three images are generated, the UNet's cross-attention is recorded (``capture``); once they are on
+the device, ``analyse`` makes, per image and without moving the images:
+
+1. the **noun set**: the prompt's lemmatised nouns (spaCy, ``operators.text_prompt_nouns``; the
+   paper used NLTK);
+2. the **word masks**: DAAM heat maps of each noun's tokens (``operators.support.cross_attention``:
+   conditional half, summed over heads and steps per layer, bicubic-upsampled, clamped, averaged
+   over layers; a noun's map is the mean over its tokens at every occurrence), min-max normalised
+   and binarised at θ (0.35);
+3. the **objects**: open-vocabulary boxes and SAM masks for the vocabulary "prompt nouns + tag
+   list" (``operators.image_grounded_segmentation``; thresholds 0.25 / 0.2 / NMS 0.5);
+4. each object's **dependency group** from the coverage of its mask by the word masks (σ 0.7, 0.25
+   when both refer to humans) and whether its label is a prompt noun; the unmatched nouns are
+   **hidden** (``operators.support.dependency``).
+
+Output per image (``schemas.exposed.DEPENDENCY_COLUMNS``): the noun set, the detection lists with
+``detection_status`` ok, each object's group, the hidden nouns, the nouns with a mask, their masks
+(COCO RLE) and 64 x 64 heat-map previews. An image the generator did not produce (blocked by the
+safety checker, out of memory) gets ``no_image`` and empty object lists; if the analysis raises on a
+call's images, they get ``error`` with the exception in ``detection_detail`` and null lists, and
+the study counts them against its error budget. Generation itself is never changed: the attention
+recorder reads the layers' inputs and recomputes the probabilities on the side.
+
+Memory: the per-layer attention sums (images x positions x 76 tokens, a few MB per image) live only
+during the pipeline call; the full-size heat maps only for the prompt's own tokens and only inside
+``analyse``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from operators.image_grounded_segmentation import (
+    BOX_THRESHOLD,
+    DEFAULT_DETECTOR,
+    DEFAULT_SEGMENTER,
+    NMS_IOU,
+    TEXT_THRESHOLD,
+    GroundedSegmenter,
+    to_u8,
+)
+from operators.support import rle
+from operators.support.cross_attention import CrossAttentionCapture
+from operators.support.dependency import (
+    SIGMA,
+    SIGMA_HUMAN,
+    THETA,
+    attention_masks_torch,
+    coverage_matrix_torch,
+    groups_from_coverage,
+)
+from operators.text_prompt_nouns import DEFAULT_SPACY_MODEL, NOUN_TAGS, load_tagger, noun_forms
+from schemas.exposed import (
+    ATTENTION_MAP_SIZE,
+    ATTENTION_MAPS,
+    ATTENTION_MASKS,
+    ATTENTION_WORDS,
+    DEPENDENCY_COLUMNS,
+    DETECTION_COLUMNS,
+    DETECTION_DETAIL,
+    DETECTION_STATUS,
+    HIDDEN_NOUNS,
+    HUMAN_REFERENCE_WORDS,
+    OBJECT_GROUPS,
+    PROMPT_NOUNS,
+    DetectionStatus,
+)
+
+log = logging.getLogger(__name__)
+
+STAGE_PROMPT_DEPENDENCY = "prompt_dependency"
+
+
+class PromptDependency:
+    """Noun sets, word masks, objects and dependency groups of images generated inside ``capture``."""
+
+    stage_name = STAGE_PROMPT_DEPENDENCY
+    output_fields = tuple(DEPENDENCY_COLUMNS)
+
+    def __init__(self, detector: str = DEFAULT_DETECTOR, segmenter: str = DEFAULT_SEGMENTER,
+                 detector_revision: str | None = None, segmenter_revision: str | None = None,
+                 box_threshold: float = BOX_THRESHOLD, text_threshold: float = TEXT_THRESHOLD,
+                 nms_iou: float = NMS_IOU, vocabulary: Sequence[str] = (), spacy_model: str = DEFAULT_SPACY_MODEL,
+                 theta: float = THETA, sigma: float = SIGMA, sigma_human: float = SIGMA_HUMAN,
+                 device: str = "auto", dtype: str = "auto", max_labels_per_query: int | None = None):
+        for name, value in (("theta", theta), ("sigma", sigma), ("sigma_human", sigma_human)):
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        self.theta, self.sigma, self.sigma_human = float(theta), float(sigma), float(sigma_human)
+        self.nlp = load_tagger(spacy_model)
+        self.segmenter = GroundedSegmenter(detector, segmenter, detector_revision, segmenter_revision, box_threshold,
+                                           text_threshold, nms_iou, list(vocabulary), device, dtype,
+                                           max_labels_per_query)
+        self.device = self.segmenter.device
+        self.record = {
+            "stage": self.stage_name,
+            "nouns": {"spacy_model": spacy_model, "version": self.nlp.meta.get("version"),
+                      "noun_tags": list(NOUN_TAGS), "lemmatised": True},
+            "attention": {"method": "DAAM: attn2 conditional half, summed over heads and steps per layer, bicubic "
+                                    "upsampling, clamped at 0, mean over layers; noun map = mean of its tokens",
+                          "theta": self.theta, "mask_set": "one mask per prompt noun", "preview": ATTENTION_MAP_SIZE},
+            "groups": {"sigma": self.sigma, "sigma_human": self.sigma_human,
+                       "human_words": list(HUMAN_REFERENCE_WORDS)},
+            "detection": self.segmenter.record,
+        }
+
+    # -- generation side ----------------------------------------------------------------------------
+
+    @staticmethod
+    def capture(pipe, guidance: bool) -> CrossAttentionCapture:
+        """The recorder to wrap the pipeline call in (``with``)."""
+        return CrossAttentionCapture(pipe.unet, guidance=guidance)
+
+    # -- analysis ------------------------------------------------------------------------------------
+
+    def nouns(self, prompts: Sequence[str]) -> list[dict[str, list[str]]]:
+        """{lemma: surface forms} of each prompt's nouns (noun set = its keys)."""
+        texts = [p if isinstance(p, str) else "" for p in prompts]
+        return [noun_forms(doc) for doc in self.nlp.pipe(texts)]
+
+    def analyse(self, images, prompts: Sequence[str], capture: CrossAttentionCapture, tokenizer,
+                latent_hw: tuple[int, int], skip=None) -> dict[str, list]:
+        """Per image of ``images`` (N, 3, H, W) in [0, 1] (generated from ``prompts`` inside
+        ``capture``): ``DEPENDENCY_COLUMNS`` as lists of length N. ``skip[i]``: image i was not
+        produced (blocked): no_image."""
+        n = int(images.shape[0])
+        skip = np.zeros(n, bool) if skip is None else np.asarray(skip, bool)
+        forms = self.nouns(prompts)
+        out: dict[str, list] = {f.name: [None] * n for f in self.output_fields}
+        out[PROMPT_NOUNS] = [list(f) for f in forms]
+        todo = [i for i in range(n) if not skip[i]]
+        for i in range(n):
+            if skip[i]:
+                for f in DETECTION_COLUMNS:
+                    out[f.name][i] = []
+                out[DETECTION_STATUS][i] = DetectionStatus.NO_IMAGE
+        if not todo:
+            capture.sums.clear()
+            return out
+        try:
+            self._analyse(images, prompts, forms, capture, tokenizer, latent_hw, todo, out)
+        except Exception as exc:  # noqa: BLE001 -- recorded per image and counted by the study's error budget
+            detail = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+            log.warning("prompt-dependency analysis failed on %d images: %s", len(todo), detail)
+            for i in todo:
+                for f in self.output_fields:
+                    if f.name != PROMPT_NOUNS:
+                        out[f.name][i] = None
+                out[DETECTION_STATUS][i] = DetectionStatus.ERROR
+                out[DETECTION_DETAIL][i] = detail
+        finally:
+            capture.sums.clear()
+        return out
+
+    def _analyse(self, images, prompts, forms, capture, tokenizer, latent_hw, todo, out) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        height, width = int(images.shape[-2]), int(images.shape[-1])
+        positions = []
+        for i in todo:
+            per_form = CrossAttentionCapture.word_positions(tokenizer, prompts[i],
+                                                            [w for fs in forms[i].values() for w in fs])
+            positions.append({lemma: sorted({p for w in fs for p in per_form.get(w, ())})
+                              for lemma, fs in forms[i].items()})
+        longest = max((p for ps in positions for v in ps.values() for p in v), default=-1) + 1
+        maps = capture.heat_maps(latent_hw, (height, width), tokens=max(1, longest)) if longest else None
+        found = self.segmenter.detect_u8(to_u8(images[todo]), [out[PROMPT_NOUNS][i] for i in todo])
+        detected = GroundedSegmenter.columns(found)
+        for k, i in enumerate(todo):
+            for f in DETECTION_COLUMNS:
+                out[f.name][i] = detected[f.name][k]
+            limit = 0 if maps is None else int(maps.shape[1])   # tokens past the encoder's 77 were never seen
+            kept = {w: [p for p in ps if p < limit] for w, ps in positions[k].items()}
+            words = [w for w, ps in kept.items() if ps]
+            if words:
+                heat = torch.stack([maps[i, kept[w]].mean(dim=0) for w in words])
+                word_masks = attention_masks_torch(heat, self.theta)
+                obj_masks = found[k]["masks"]
+                cover = (coverage_matrix_torch(obj_masks.to(word_masks.device), word_masks) if obj_masks.shape[0]
+                         else np.zeros((0, len(words))))
+                small = F.interpolate(heat[None].float(), (ATTENTION_MAP_SIZE, ATTENTION_MAP_SIZE), mode="area")[0]
+                flat = small.flatten(1)
+                lo, hi = flat.min(dim=1, keepdim=True).values, flat.max(dim=1, keepdim=True).values
+                norm = ((flat - lo) / (hi - lo).clamp(min=1e-30)).mul_(255.0).round_().clamp_(0, 255)
+                out[ATTENTION_MAPS][i] = [bytes(r) for r in norm.to(torch.uint8).cpu().numpy()]
+                out[ATTENTION_MASKS][i] = rle.encode_many(word_masks.cpu().numpy())
+            else:
+                cover = np.zeros((len(found[k]["labels"]), 0))
+                out[ATTENTION_MAPS][i], out[ATTENTION_MASKS][i] = [], []
+            out[ATTENTION_WORDS][i] = words
+            groups, hidden = groups_from_coverage(found[k]["labels"], out[PROMPT_NOUNS][i], words, cover, self.sigma,
+                                                  self.sigma_human)
+            out[OBJECT_GROUPS][i], out[HIDDEN_NOUNS][i] = groups, hidden
+            out[DETECTION_STATUS][i] = DetectionStatus.OK
+        del maps

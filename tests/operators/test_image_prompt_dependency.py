@@ -1,0 +1,169 @@
+"""Objects and dependency groups made on the generator's device (paper 004, sections 5-6): through
+the production loaders of a tiny SD 1.x pipeline, GroundingDINO and SAM (random weights), the
+images are unchanged by the analysis, every image gets its noun set, objects, groups, hidden nouns
+and word masks; blocked images and failures are recorded, not dropped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from operators.image_prompt_dependency import PromptDependency
+from operators.image_triplet_generation import TripletGenerator
+from operators.support import rle
+from operators.support.codec import batch_images
+from pipelines.standins.diffusion import build_tiny_stable_diffusion
+from pipelines.standins.grounding import build_tiny_grounding_dino, build_tiny_sam
+from schemas.exposed import (
+    ATTENTION_MAP_SIZE,
+    ATTENTION_MAPS,
+    ATTENTION_MASKS,
+    ATTENTION_WORDS,
+    DEPENDENCY_COLUMNS,
+    DETECTION_DETAIL,
+    DETECTION_STATUS,
+    FEMININE,
+    HIDDEN_NOUNS,
+    MASCULINE,
+    NEUTRAL,
+    OBJECT_BOXES,
+    OBJECT_GROUPS,
+    OBJECT_LABELS,
+    OBJECT_MASKS,
+    OBJECT_SCORES,
+    PROMPT_NOUNS,
+    UNIT_ID,
+    DependencyGroup,
+    DetectionStatus,
+)
+from schemas.images import SEED
+
+STEPS = 2
+TRIPLETS = [("A person walks a dog in the park.", "A woman walks a dog in the park.", "A man walks a dog in the park."),
+            ("People eat cake at a table.", "Women eat cake at a table.", "Men eat cake at a table.")]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dep")
+    return {"sd": build_tiny_stable_diffusion(root / "sd", seed=0), "gdino": build_tiny_grounding_dino(root / "gd"),
+            "sam": build_tiny_sam(root / "sam")}
+
+
+def units(triplets, seeds) -> pa.Table:
+    return pa.table({UNIT_ID: [f"u{i}" for i in range(len(triplets))], NEUTRAL: [t[0] for t in triplets],
+                     FEMININE: [t[1] for t in triplets], MASCULINE: [t[2] for t in triplets],
+                     SEED: pa.array(seeds, pa.int64())})
+
+
+def dependency(models, **kw):
+    return PromptDependency(models["gdino"], models["sam"], device="cpu", vocabulary=["hat", "tree", "grass"],
+                            box_threshold=0.0, text_threshold=0.0, **kw)
+
+
+def test_analysis_leaves_the_images_unchanged_and_fills_every_column(models):
+    batch = units(TRIPLETS, [3, 4])
+    plain = TripletGenerator(models["sd"], steps=STEPS, device="cpu")(batch)
+    gen = TripletGenerator(models["sd"], steps=STEPS, device="cpu", dependency=dependency(models))
+    out = gen(batch)
+    assert [a.tobytes() for a in batch_images(out)] == [a.tobytes() for a in batch_images(plain)]
+    assert out.column(DETECTION_STATUS).to_pylist() == [DetectionStatus.OK] * 6
+    assert out.column(PROMPT_NOUNS).to_pylist()[:3] == [["person", "dog", "park"], ["woman", "dog", "park"],
+                                                        ["man", "dog", "park"]]
+    assert out.column(PROMPT_NOUNS).to_pylist()[4] == ["woman", "cake", "table"]   # lemmatised: women -> woman
+    rows = out.to_pylist()
+    for r in rows:
+        n = len(r[OBJECT_LABELS])
+        assert n > 0, "zero thresholds: the stand-in detector keeps boxes"
+        assert len(r[OBJECT_SCORES]) == len(r[OBJECT_BOXES]) == len(r[OBJECT_MASKS]) == len(r[OBJECT_GROUPS]) == n
+        assert set(r[OBJECT_LABELS]) <= set(r[PROMPT_NOUNS]) | {"hat", "tree", "grass"}
+        assert set(r[OBJECT_GROUPS]) <= set(DependencyGroup.ALL) - {DependencyGroup.HIDDEN}
+        # explicit exactly when the label is a prompt noun
+        for label, group in zip(r[OBJECT_LABELS], r[OBJECT_GROUPS]):
+            assert group.startswith("explicitly") == (label in r[PROMPT_NOUNS])
+        assert r[HIDDEN_NOUNS] == [w for w in r[PROMPT_NOUNS] if w not in r[OBJECT_LABELS]]
+        assert r[ATTENTION_WORDS] == r[PROMPT_NOUNS]          # every noun's tokens are in the prompt
+        assert len(r[ATTENTION_MASKS]) == len(r[ATTENTION_MAPS]) == len(r[ATTENTION_WORDS])
+        assert all(len(m) == ATTENTION_MAP_SIZE ** 2 for m in r[ATTENTION_MAPS])
+        assert all(rle.decode(m, 64, 64).shape == (64, 64) for m in r[ATTENTION_MASKS] + r[OBJECT_MASKS])
+        assert r[DETECTION_DETAIL] is None
+    assert gen.record["dependency"]["groups"]["sigma"] == 0.7
+
+
+def test_groups_follow_the_recorded_masks(models):
+    """Recompute each image's groups from its stored object and word masks with the numpy rules."""
+    from operators.support.dependency import dependency_groups
+
+    out = TripletGenerator(models["sd"], steps=STEPS, device="cpu", dependency=dependency(models))(
+        units(TRIPLETS[:1], [9]))
+    for r in out.to_pylist():
+        objects = [rle.decode(m, 64, 64) for m in r[OBJECT_MASKS]]
+        words = {w: rle.decode(m, 64, 64) for w, m in zip(r[ATTENTION_WORDS], r[ATTENTION_MASKS])}
+        groups, hidden = dependency_groups(r[OBJECT_LABELS], objects, r[PROMPT_NOUNS], words)
+        assert groups == r[OBJECT_GROUPS] and hidden == r[HIDDEN_NOUNS]
+
+
+def test_word_masks_are_the_binarised_heat_maps(models):
+    dep = dependency(models)
+    gen = TripletGenerator(models["sd"], steps=STEPS, device="cpu")
+    capture = dep.capture(gen.pipe, True)
+    from operators.image_triplet_generation import generate_units
+
+    images, _, latents, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
+    flat = images.reshape(3, *images.shape[2:])
+    sums = {k: v.clone() for k, v in capture.sums.items()}
+    out = dep.analyse(flat, list(TRIPLETS[0]), capture, gen.pipe.tokenizer, tuple(latents.shape[-2:]))
+    assert not capture.sums                                  # released after the analysis
+    capture.sums.update(sums)
+    maps = capture.heat_maps(tuple(latents.shape[-2:]), (64, 64))
+    from operators.support.cross_attention import CrossAttentionCapture
+    from operators.support.dependency import attention_mask
+
+    words = CrossAttentionCapture.word_heat_maps(gen.pipe.tokenizer, TRIPLETS[0][1], maps[1], ["woman", "dog"])
+    stored = dict(zip(out[ATTENTION_WORDS][1], out[ATTENTION_MASKS][1]))
+    for w in ("woman", "dog"):
+        assert (rle.decode(stored[w], 64, 64) == attention_mask(words[w], 0.35)).all()
+
+
+def test_blocked_images_and_failures_are_recorded(models):
+    dep = dependency(models)
+    gen = TripletGenerator(models["sd"], steps=STEPS, device="cpu", dependency=dep)
+    capture = dep.capture(gen.pipe, True)
+    from operators.image_triplet_generation import generate_units
+
+    images, _, latents, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
+    flat = images.reshape(3, *images.shape[2:])
+    out = dep.analyse(flat, list(TRIPLETS[0]), capture, gen.pipe.tokenizer, tuple(latents.shape[-2:]),
+                      skip=[False, True, False])
+    assert out[DETECTION_STATUS] == [DetectionStatus.OK, DetectionStatus.NO_IMAGE, DetectionStatus.OK]
+    assert out[OBJECT_LABELS][1] == [] and out[OBJECT_GROUPS][1] is None
+    assert out[PROMPT_NOUNS][1] == ["woman", "dog", "park"]
+
+    def broken(*a, **k):
+        raise RuntimeError("detector exploded")
+
+    dep.segmenter.detect_u8 = broken
+    batch = gen(units(TRIPLETS, [1, 2]))
+    assert batch.column(DETECTION_STATUS).to_pylist() == [DetectionStatus.ERROR] * 6
+    assert set(batch.column(DETECTION_DETAIL).to_pylist()) == {"RuntimeError: detector exploded"}
+    assert batch.column(OBJECT_LABELS).null_count == 6
+    assert batch.column(PROMPT_NOUNS).null_count == 0          # the nouns do not depend on the image
+    assert batch.schema.field(OBJECT_LABELS).type == DEPENDENCY_COLUMNS.field(OBJECT_LABELS).type
+
+
+def test_heat_maps_of_the_first_tokens_only(models):
+    gen = TripletGenerator(models["sd"], steps=STEPS, device="cpu")
+    from operators.image_triplet_generation import generate_units
+    from operators.support.cross_attention import CrossAttentionCapture
+
+    cap = CrossAttentionCapture(gen.pipe.unet)
+    _, _, latents, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=cap)
+    sums = {k: v.clone() for k, v in cap.sums.items()}
+    few = cap.heat_maps(tuple(latents.shape[-2:]), (64, 64), tokens=5)
+    cap.sums.update(sums)
+    every = cap.heat_maps(tuple(latents.shape[-2:]), (64, 64))
+    assert few.shape == (3, 5, 64, 64) and every.shape == (3, 76, 64, 64)
+    assert torch.allclose(few, every[:, :5], atol=1e-6)
+    assert np.isfinite(few.numpy()).all()
