@@ -97,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dino-model", help="DINO ViT-S/16 (transformers): hub id or directory (default facebook/dino-vits16)")
     d.add_argument("--split-product-model",
                    help="DINO ViT-B/8 for split-product: hub id or directory (default facebook/dino-vitb8)")
+    o = r.add_argument_group("objects and dependency groups (sections 5-7, App. A)")
+    o.add_argument("--no-objects", action="store_true",
+                   help="skip object detection, attention masks and dependency groups (sections 3-4 only)")
+    o.add_argument("--detector", help="GroundingDINO or OWLv2 (transformers): hub id or directory "
+                                      "(default IDEA-Research/grounding-dino-tiny)")
+    o.add_argument("--segmenter", help="SAM (transformers): hub id or directory (default facebook/sam-vit-huge)")
+    o.add_argument("--tags", metavar="FILE", help="tag list added to each prompt's nouns (default configs/exposed_tags.txt)")
+    o.add_argument("--min-count", action="append", metavar="SOURCE=N",
+                   help="bias-score minimum count of a source (default 20 for coco/textcaps/flickr30k, 5 for "
+                        "gcc/profession); repeat per source")
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators and image models (offline smoke run; numbers are meaningless)")
     x = r.add_argument_group("execution")

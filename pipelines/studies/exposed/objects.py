@@ -25,18 +25,38 @@ from typing import Mapping
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from operators.base import conform
 from schemas.exposed import (
     BIAS_SCORE,
     CHI2,
+    DEPENDENCY_GROUP,
+    DETECTION_STATUS,
     DOF,
+    HIDDEN_NOUNS,
+    IMAGE_ID,
     OBJECT,
+    OBJECT_BOX,
+    OBJECT_BOXES,
     OBJECT_COUNT,
+    OBJECT_GROUPS,
+    OBJECT_INDEX,
+    OBJECT_LABELS,
+    OBJECT_MASK,
+    OBJECT_MASKS,
+    OBJECT_SCORE,
+    OBJECT_SCORES,
+    OBJECTS,
     P_VALUE,
     PAIRS,
+    PROMPT_NOUNS,
     TRIPLET_SOURCE,
     UNIT_ID,
     VARIANT,
+    DependencyGroup,
+    DetectionStatus,
     Variant,
 )
 from operators.support.dependency import attention_mask, coverage, dependency_groups  # noqa: F401 -- section 6
@@ -54,8 +74,9 @@ def cooccurrence(objects: pd.DataFrame) -> pd.DataFrame:
 
 
 def prompt_set_sizes(images: pd.DataFrame) -> pd.DataFrame:
-    """|P| per (model, source, variant): the generated images of each prompt set (status ok)."""
-    ok = images[images[GENERATION_STATUS] == GenerationStatus.OK]
+    """|P| per (model, source, variant): the analysed images of each prompt set (generated, and,
+    where detection ran, detected without error)."""
+    ok = analysed_images(images)
     return ok.groupby([*KEYS, VARIANT], sort=True).size().rename("images").reset_index()
 
 
@@ -124,7 +145,7 @@ def bias_scores(counts: pd.DataFrame, sizes: pd.DataFrame, min_count: int | Mapp
 def cooccurrence_similarity(objects: pd.DataFrame, images: pd.DataFrame) -> pd.DataFrame:
     """s_O(P, P') (Eq. 4) per (model, source, pair): mean over units of the cosine between the two
     images' object-count vectors; ``units`` used and ``both_empty`` (left out: no object in either)."""
-    ok = images[images[GENERATION_STATUS] == GenerationStatus.OK]
+    ok = analysed_images(images)
     counts = objects.groupby([*KEYS, UNIT_ID, VARIANT, OBJECT], sort=False).size().rename("n").reset_index()
     rows = []
     for (model, source), g in ok.groupby(list(KEYS), sort=False):
@@ -153,3 +174,130 @@ def cooccurrence_similarity(objects: pd.DataFrame, images: pd.DataFrame) -> pd.D
                          "s_o": float(np.mean(cosines)) if cosines else float("nan"), "units": len(cosines),
                          "both_empty": empty})
     return pd.DataFrame(rows, columns=[MODEL, TRIPLET_SOURCE, "pair", "s_o", "units", "both_empty"])
+
+
+# ------------------------------------------------------------------------------------ per-object rows
+def object_rows(images: pa.Table) -> pa.Table:
+    """``schemas.exposed.OBJECTS`` from the per-image lists (vectorised): one row per detected
+    object of each analysed image (detection_status ok), then one per hidden noun (group hidden,
+    no index, score, box or mask)."""
+    analysed = images.filter(pc.equal(images.column(DETECTION_STATUS), DetectionStatus.OK))
+    keys = (IMAGE_ID, UNIT_ID, TRIPLET_SOURCE, MODEL, VARIANT)
+    parts = []
+    labels = analysed.column(OBJECT_LABELS).combine_chunks()
+    if len(labels):
+        parent = pc.list_parent_indices(labels)
+        offsets = np.asarray(labels.offsets)[:-1]
+        index = np.arange(len(parent)) - offsets[np.asarray(parent)]
+        cols = {k: analysed.column(k).take(parent) for k in keys}
+        cols.update({OBJECT_INDEX: pa.array(index, pa.int32()), OBJECT: pc.list_flatten(labels),
+                     DEPENDENCY_GROUP: pc.list_flatten(analysed.column(OBJECT_GROUPS).combine_chunks()),
+                     OBJECT_SCORE: pc.list_flatten(analysed.column(OBJECT_SCORES).combine_chunks()),
+                     OBJECT_BOX: pc.list_flatten(analysed.column(OBJECT_BOXES).combine_chunks()),
+                     OBJECT_MASK: pc.list_flatten(analysed.column(OBJECT_MASKS).combine_chunks())})
+        parts.append(conform(pa.table(cols), OBJECTS))
+        hidden = analysed.column(HIDDEN_NOUNS).combine_chunks()
+        parent = pc.list_parent_indices(hidden)
+        cols = {k: analysed.column(k).take(parent) for k in keys}
+        cols.update({OBJECT: pc.list_flatten(hidden),
+                     DEPENDENCY_GROUP: pa.array([DependencyGroup.HIDDEN] * len(parent), pa.string())})
+        parts.append(conform(pa.table(cols), OBJECTS))
+    return pa.concat_tables(parts) if parts else OBJECTS.empty_table()
+
+
+def detected(objects: pd.DataFrame) -> pd.DataFrame:
+    """The detected objects (section 5): every row but the hidden nouns."""
+    return objects[objects[DEPENDENCY_GROUP] != DependencyGroup.HIDDEN]
+
+
+def analysed_images(images: pd.DataFrame) -> pd.DataFrame:
+    """Images whose objects were analysed (generated and detection ok): the denominators of §5-6."""
+    ok = images[images[GENERATION_STATUS] == GenerationStatus.OK]
+    return ok[ok[DETECTION_STATUS] == DetectionStatus.OK] if DETECTION_STATUS in ok else ok
+
+
+# ------------------------------------------------------------------------------------ section 6 / App. F
+GROUPS = DependencyGroup.ALL
+NOUNS = "nouns"
+
+
+def group_counts(objects: pd.DataFrame) -> pd.DataFrame:
+    """C_g(o, P) (section 6; C_g(n, P) for the hidden nouns): per (model, source, group, variant, object)."""
+    cols = [*KEYS, DEPENDENCY_GROUP, VARIANT, OBJECT, OBJECT_COUNT]
+    if objects.empty:
+        return pd.DataFrame(columns=cols)
+    return (objects.groupby([*KEYS, DEPENDENCY_GROUP, VARIANT, OBJECT], sort=True).size().rename(OBJECT_COUNT)
+            .reset_index()[cols])
+
+
+def group_chi_square_tests(objects: pd.DataFrame) -> pd.DataFrame:
+    """Tables S4-S6: the chi-square test of each dependency group per (model, source), on the triplet
+    and on each pair."""
+    frames = []
+    for group in GROUPS:
+        mine = objects[objects[DEPENDENCY_GROUP] == group]
+        t = chi_square_tests(cooccurrence(mine))
+        if not t.empty:
+            t.insert(2, DEPENDENCY_GROUP, group)
+            frames.append(t)
+    cols = [*KEYS, DEPENDENCY_GROUP, "comparison", CHI2, P_VALUE, DOF, "objects"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def images_with_group(objects: pd.DataFrame, images: pd.DataFrame) -> pd.DataFrame:
+    """Table S8: per (model, source), the % of analysed images holding at least one object of each
+    group (hidden: at least one hidden noun), and the images behind it."""
+    base = analysed_images(images).groupby(list(KEYS)).size().rename("images")
+    present = objects.drop_duplicates([*KEYS, IMAGE_ID, DEPENDENCY_GROUP]).groupby(
+        [*KEYS, DEPENDENCY_GROUP]).size().unstack(DEPENDENCY_GROUP) if not objects.empty else pd.DataFrame()
+    out = base.to_frame()
+    for g in GROUPS:
+        have = present[g] if g in present else pd.Series(dtype=float)
+        out[g] = (have.reindex(out.index).fillna(0) / out["images"] * 100.0).where(out["images"] > 0)
+    return out.reset_index()[[*KEYS, *GROUPS, "images"]]
+
+
+def group_vocabularies(objects: pd.DataFrame, images: pd.DataFrame) -> dict:
+    """{(model, source): {group or "nouns": set of distinct objects}}: the nouns are those of the
+    analysed images' prompts."""
+    out: dict = {}
+    for key, g in objects.groupby(list(KEYS), sort=True):
+        out[key] = {grp: set(g.loc[g[DEPENDENCY_GROUP] == grp, OBJECT]) for grp in GROUPS}
+    for key, g in analysed_images(images).groupby(list(KEYS), sort=True):
+        nouns = set()
+        for lst in g[PROMPT_NOUNS]:
+            nouns.update(lst if lst is not None else ())
+        out.setdefault(key, {grp: set() for grp in GROUPS})[NOUNS] = nouns
+    for v in out.values():
+        v.setdefault(NOUNS, set())
+    return out
+
+
+def group_object_counts(vocabularies: dict) -> pd.DataFrame:
+    """Table S9: distinct objects in each group and distinct nouns in the prompts, per (model, source)."""
+    rows = [{MODEL: m, TRIPLET_SOURCE: s, **{g: len(v[g]) for g in (*GROUPS, NOUNS)}}
+            for (m, s), v in vocabularies.items()]
+    return pd.DataFrame(rows, columns=[*KEYS, *GROUPS, NOUNS])
+
+
+def group_intersections(vocabularies: dict) -> pd.DataFrame:
+    """Table S10: per (model, source) and stub group A, 100 |A ∩ B| / |A| for every group B and the
+    nouns (NaN when A is empty)."""
+    names = (*GROUPS, NOUNS)
+    rows = []
+    for (m, s), v in vocabularies.items():
+        for a in names:
+            rows.append({MODEL: m, TRIPLET_SOURCE: s, "over": a,
+                         **{b: (100.0 * len(v[a] & v[b]) / len(v[a]) if v[a] else float("nan")) for b in names}})
+    return pd.DataFrame(rows, columns=[*KEYS, "over", *names])
+
+
+def group_bias_scores(objects: pd.DataFrame, sizes: pd.DataFrame, min_count,
+                      groups=(DependencyGroup.IMPLICITLY_GUIDED, DependencyGroup.IMPLICITLY_INDEPENDENT)):
+    """Figure 5: BS(o) on the objects of each of ``groups`` (same filter as Figure 2)."""
+    frames = []
+    for group in groups:
+        t = bias_scores(cooccurrence(objects[objects[DEPENDENCY_GROUP] == group]), sizes, min_count)
+        t.insert(2, DEPENDENCY_GROUP, group)
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -1,4 +1,5 @@
-"""report.html and the printed results of `exposed.py run` (papers 003/004, sections 3-4)."""
+"""report.html and the printed results of `exposed.py run` (papers 003/004, sections 3-4; sections 5-7 in
+report_objects.py)."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def _examples_html(images: pd.DataFrame, model: str, source: str, k: int, images
 
 
 def render_html(meta: dict, data: dict, counts, records: list[dict], *,
-                figures: _figures.FigureDir | None = None, examples: int = 3) -> str:
+                figures: _figures.FigureDir | None = None, examples: int = 3, extra=None) -> str:
     """report.html of an exposed run; figures as PDF + PNG under ``figures/`` (or inline)."""
     sink = _figures.sink(figures)
     table3, direction = data["table3"], data["direction"]
@@ -141,6 +142,8 @@ def render_html(meta: dict, data: dict, counts, records: list[dict], *,
         for source in dict.fromkeys(images[images[MODEL] == model][S.TRIPLET_SOURCE]):
             parts.append(f"<h3>{H.esc(_short(model))} / {H.esc(source)}</h3>")
             parts.append(_examples_html(images, model, source, examples, meta.get("images_dir")))
+    if extra is not None:   # sections 5-7, rendered into the same figure sink
+        parts.append(extra(sink))
     c = counts.to_pandas()
     parts.append("<h2>Triplet filter (Table S1)</h2><p>Captions read per source, kept as triplets or rejected with "
                  "the reason; human-word rows count the rejected captions containing each word.</p>")

@@ -27,12 +27,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs  # noqa: F401 -- pa.fs
 
 from operators.base import Stage
 from operators.image_backbone_disparity import BackboneDisparity
 from operators.image_clip_embedding import ClipImageEmbedder
 from operators.image_sink import ImageSink
 from operators.image_split_product import SplitProductDisparity
+from operators.image_prompt_dependency import PromptDependency
 from operators.image_ssim_disparity import SsimDisparity
 from operators.image_triplet_generation import TripletGenerator
 from operators.support.seeds import image_seeds
@@ -45,7 +47,9 @@ from pipelines.engine.models import build_standins, clip_settings, generation_se
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from pipelines.studies.exposed import metrics as M
+from pipelines.studies.exposed import objects as O
 from pipelines.studies.exposed import report as exposed_report
+from pipelines.studies.exposed import report_objects as objects_report
 from pipelines.studies.exposed import triplets as T
 from schemas import exposed as S
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
@@ -61,6 +65,18 @@ FILES = {
     "direction": "rq1_direction.csv",        # per (model, source, space): closer to masculine or feminine
     "metrics": "metrics.json",
     "report": "report.html",
+    # sections 5-7 (with objects.enabled)
+    "objects": "objects",                            # per detected object (label, score, box, mask, group) + hidden nouns
+    "object_counts": "object_counts.csv",            # C(o, P) (Eq. 3) with |P|
+    "object_chi2": "object_chi2.csv",                # section 5.1: chi-square on the triplet and each pair
+    "cooccurrence_similarity": "table4_cooccurrence_similarity.csv",   # Table 4: s_O per pair (Eq. 4)
+    "bias_scores": "bias_scores.csv",                # Figure 2: BS(o) (Eq. 5), minimum count applied
+    "group_counts": "group_counts.csv",              # C_g(o, P) per dependency group
+    "group_chi2": "tables_s4_s6_group_chi2.csv",     # Tables S4-S6
+    "group_images": "table_s8_group_images.csv",     # Table S8: % of images holding each group
+    "group_objects": "table_s9_group_objects.csv",   # Table S9: distinct objects per group, nouns
+    "group_intersections": "table_s10_group_intersections.csv",   # Table S10
+    "group_bias_scores": "group_bias_scores.csv",    # Figure 5: BS(o) on the implicit groups
     "images_dir": "images",
 }
 CONFIG_DIR = Path(study_config.__file__).resolve().parents[2] / "configs"
@@ -146,13 +162,40 @@ def settings(args) -> dict:
         if getattr(args, flag, None):
             disp[key] = {**disp[key], "model": getattr(args, flag), "revision": None}
     disp["clip"] = clip_settings(disp["clip"], args)
+    objects = object_settings(cfg.get("objects") or {}, args)
     ex = dict(cfg["execution"])
     for key in ("max_retries", "max_error_rate"):
         if getattr(args, key, None) is not None:
             ex[key] = getattr(args, key)
     return {"label": str(cfg.get("name") or "exposed"), "captions": captions, "professions": prof,
             "seeds_per_triplet": seeds, "default_seeds_per_triplet": default_seeds, "max_triplets": max_triplets,
-            "generation": gen, "disparity": disp, "report": dict(cfg.get("report") or {}), "execution": ex}
+            "generation": gen, "disparity": disp, "objects": objects, "report": dict(cfg.get("report") or {}),
+            "execution": ex}
+
+
+def object_settings(cfg: dict, args) -> dict:
+    """The ``objects`` section (sections 5-7) with the command line's overrides; the tag list read."""
+    from operators.image_grounded_segmentation import read_tags
+
+    o = dict(cfg)
+    o["enabled"] = bool(o.get("enabled", True)) and not getattr(args, "no_objects", False)
+    for key, flag in (("detector", "detector"), ("segmenter", "segmenter")):
+        if getattr(args, flag, None):
+            o[key], o[f"{key}_revision"] = getattr(args, flag), None
+    if getattr(args, "tags", None):
+        o["tags"] = args.tags
+    o["min_count"] = {str(k).lower(): int(v) for k, v in (o.get("min_count") or {}).items()}
+    o["min_count"].update(_source_counts(getattr(args, "min_count", None), "--min-count"))
+    for key in ("theta", "sigma", "sigma_human", "box_threshold", "text_threshold", "nms_iou"):
+        if not 0.0 <= float(o[key]) <= 1.0:
+            raise ValueError(f"objects.{key} must be in [0, 1], got {o[key]}")
+    o["vocabulary"] = read_tags(_input_path(str(o["tags"]))) if o["enabled"] else []
+    return o
+
+
+def min_counts(o: dict, sources) -> dict:
+    """The bias-score minimum count of each source (its own, else ``default_min_count``)."""
+    return {s: int(o["min_count"].get(s, o.get("default_min_count", 20))) for s in sources}
 
 
 def build_triplets(st: dict) -> tuple[pa.Table, pa.Table]:
@@ -231,6 +274,30 @@ def head_stages(st: dict) -> list[Stage]:
     return out
 
 
+def dependency_stage(st: dict) -> Stage | None:
+    """Sections 5-6 on the generator's device (None when ``objects.enabled`` is off)."""
+    o = st["objects"]
+    if not o["enabled"]:
+        return None
+    return Stage(PromptDependency, {
+        "detector": o["detector"], "segmenter": o["segmenter"], "detector_revision": o.get("detector_revision"),
+        "segmenter_revision": o.get("segmenter_revision"), "box_threshold": float(o["box_threshold"]),
+        "text_threshold": float(o["text_threshold"]), "nms_iou": float(o["nms_iou"]),
+        "vocabulary": list(o["vocabulary"]), "spacy_model": o["spacy_model"], "theta": float(o["theta"]),
+        "sigma": float(o["sigma"]), "sigma_human": float(o["sigma_human"])})
+
+
+def object_job(st: dict) -> dict | None:
+    """What the per-image object columns depend on (not the statistics' settings)."""
+    o = st["objects"]
+    if not o["enabled"]:
+        return None
+    job = {k: o.get(k) for k in ("detector", "detector_revision", "segmenter", "segmenter_revision", "box_threshold",
+                                 "text_threshold", "nms_iou", "spacy_model", "theta", "sigma", "sigma_human")}
+    job["vocabulary_sha256"] = hashlib.sha256("\n".join(o["vocabulary"]).encode()).hexdigest()
+    return job
+
+
 def image_job(st: dict, args) -> dict:
     """What the per-image results depend on: its fingerprint names the run."""
     gen = {k: st["generation"].get(k) for k in ("models", "steps", "guidance_scale", "scheduler", "seed",
@@ -239,7 +306,7 @@ def image_job(st: dict, args) -> dict:
     return {"study": "paper004-exposed", "triplets_sha256": triplets_digest(st["triplets"]),
             "seeds_per_triplet": st["seeds_per_triplet"], "default_seeds_per_triplet": st["default_seeds_per_triplet"],
             "generation": gen, "disparity": {k: v for k, v in disp.items() if k != "batch_size"},
-            "standin_models": bool(args.standin_models)}
+            "objects": object_job(st), "standin_models": bool(args.standin_models)}
 
 
 # ------------------------------------------------------------------------------------ models
@@ -255,6 +322,12 @@ def load_models(st: dict, standin: bool) -> list[dict]:
         records.append({"role": f"disparity ({', '.join(head.spaces)})", "model": stage.kwargs.get("model", "-"),
                         "standin": standin and stage.op is not SsimDisparity, "detail": getattr(head, "record", None)})
         del head
+    dep = dependency_stage(st)
+    if dep is not None:
+        analysis = dep.build(device="cpu")
+        records.append({"role": "objects (detector + SAM, noun set)", "model": f"{dep.kwargs['detector']} + "
+                        f"{dep.kwargs['segmenter']}", "standin": standin, "detail": analysis.record})
+        del analysis
     for model in st["models_loaded"]:
         pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
                                     safety_checker=st["generation"]["safety_checker"],
@@ -287,7 +360,20 @@ def standins(st: dict, root: str, n_generators: int) -> list[str]:
                  "revision": None}
     d["split_product"] = {**d["split_product"], "revision": None,
                           "model": build_tiny_dino(str(Path(root) / "dino-b8-standin"), seed=1, patch_size=8)}
+    o = st["objects"]
+    if o["enabled"]:
+        from pipelines.standins.grounding import build_tiny_grounding_dino, build_tiny_sam
+
+        o.update({"detector": build_tiny_grounding_dino(Path(root) / "grounding-dino-standin"),
+                  "segmenter": build_tiny_sam(Path(root) / "sam-standin"), "detector_revision": None,
+                  "segmenter_revision": None,
+                  # random detectors spread their labels over the whole vocabulary: a short tag list
+                  # keeps the tiny run's counts above the bias-score minimum, so every table has rows
+                  "vocabulary": list(STANDIN_TAGS)})
     return models
+
+
+STANDIN_TAGS = ("hat", "dress", "suit", "tie", "tree", "grass", "car", "table", "dog", "cake")
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -342,7 +428,7 @@ class ExposedStudy:
         images, phases, budgets = generate_per_model(
             models, units, st["execution"],
             lambda model, budgets: generate(run.ray, rd, units, model, st, args, per_actor, budgets, run.echo),
-            "generating and measuring", images_per_request=3)
+            "generating and measuring", budgets_of=lambda model: error_budgets(st, model), images_per_request=3)
         spaces = tuple(s for s in S.Space.ALL if s in st["disparity"]["spaces"])
         disparities = M.disparity_table(images, spaces)
         table3, direction = M.table3(disparities), M.direction_table(disparities)
@@ -350,6 +436,11 @@ class ExposedStudy:
         io.write_text(disparities.to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['disparities']}")
         io.write_text(table3.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table3']}")
         io.write_text(direction.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['direction']}")
+        objects = object_tables(st, images) if st["objects"]["enabled"] else None
+        if objects is not None:
+            io.write_table_and_csv(objects["objects"], rd.fs, f"{rd.path}/{FILES['objects']}")
+            for key in OBJECT_FILES:
+                io.write_text(objects[key].to_csv(index=False), rd.fs, f"{rd.path}/{FILES[key]}")
         summary_rows = run_summary_rows(st, images, units.num_rows, phases)
         save_images = not args.no_save_images
         metrics = {
@@ -363,11 +454,15 @@ class ExposedStudy:
                          "filter": st["counts"].to_pylist()},
             "images": {"requested_per_generator": 3 * units.num_rows, "rows": images.num_rows,
                        "generation_status": outcome_counts(images, GENERATION_STATUS)},
-            "results": {"disparities": M.summary(disparities)},
+            "results": {"disparities": M.summary(disparities),
+                        **({"objects": object_summary(objects)} if objects is not None else {})},
+            "objects": ({k: v for k, v in st["objects"].items() if k != "vocabulary"}
+                        | {"vocabulary_size": len(st["objects"]["vocabulary"])}),
             "error_budgets": [b.as_dict() for b in budgets],
         }
         return Outcome(metrics, summary_rows, {"images": images, "disparities": disparities, "table3": table3,
-                                               "direction": direction, "save_images": save_images})
+                                               "direction": direction, "save_images": save_images,
+                                               "objects": objects})
 
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
@@ -375,13 +470,33 @@ class ExposedStudy:
                 "models": st["models_loaded"], "triplets": st["triplets"].num_rows, "units": st["units"].num_rows,
                 "spaces": list(st["disparity"]["spaces"]),
                 "images_dir": f"{rd.uri}/{FILES['images_dir']}" if d["save_images"] else None}
+        extra = None
+        if d["objects"] is not None:
+            def load_image(model: str, image_id: str):
+                path = f"{rd.path}/{FILES['images_dir']}/{model_dir(model)}/{image_id}.png"
+                if not d["save_images"] or rd.fs.get_file_info(path).type == pa.fs.FileType.NotFound:
+                    return None
+                from PIL import Image
+
+                with rd.fs.open_input_file(path) as f:
+                    return np.asarray(Image.open(f).convert("RGB"))
+
+            def extra(sink):
+                return objects_report.render_html(d["objects"], d["images"].to_pandas(), sink,
+                                                  top=int(st["objects"].get("top_objects", 10)),
+                                                  examples=int(st["report"].get("object_examples", 1)),
+                                                  load_image=load_image)
         html = exposed_report.render_html(meta, d, st["counts"], run.models, figures=FigureDir(rd.fs, rd.path),
-                                          examples=int(st["report"].get("examples", 3)))
+                                          examples=int(st["report"].get("examples", 3)), extra=extra)
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
         print(exposed_report.format_results(d["table3"], d["direction"]))
-        print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['triplets']}.parquet/.csv, "
-              f"{FILES['counts']}, {FILES['images']}.parquet/.csv, {FILES['disparities']}, {FILES['table3']}, "
-              f"{FILES['direction']}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
+        if d["objects"] is not None:
+            print(objects_report.format_results(d["objects"]))
+        written = [FILES["report"], FILES["metrics"], f"{FILES['triplets']}.parquet/.csv", FILES["counts"],
+                   f"{FILES['images']}.parquet/.csv", FILES["disparities"], FILES["table3"], FILES["direction"]]
+        if d["objects"] is not None:
+            written += [f"{FILES['objects']}.parquet/.csv", *(FILES[k] for k in OBJECT_FILES)]
+        print(f"\nwrote {rd.display()}/: {', '.join(written)}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
 
 
 def run(args) -> dict:
@@ -402,7 +517,8 @@ def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: 
                                  "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
                                  "height": gen["height"], "width": gen["width"],
                                  "safety_checker": gen["safety_checker"], "scheduler": gen.get("scheduler"),
-                                 "micro_batch": batch, "device": st.get("device", "auto"), "heads": head_stages(st)}),
+                                 "micro_batch": batch, "device": st.get("device", "auto"), "heads": head_stages(st),
+                                 "dependency": dependency_stage(st)}),
         *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": S.IMAGE_ID})]
           if not args.no_save_images else []),
     ]
@@ -415,6 +531,58 @@ def generate(ray, rd, units: pa.Table, model: str, st: dict, args, per_actor: fl
     pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
     return checkpoint.generate(ray, rd, units, model, pipeline, S.EXPOSED_IMAGES, S.IMAGE_ID,
                                max(1, args.gen_batch_size), budgets, echo, request_key=S.UNIT_ID, per_request=3)
+
+
+# ------------------------------------------------------------------------------------ sections 5-7
+OBJECT_FILES = ("object_counts", "object_chi2", "cooccurrence_similarity", "bias_scores", "group_counts",
+                "group_chi2", "group_images", "group_objects", "group_intersections", "group_bias_scores")
+
+
+def error_budgets(st: dict, model: str) -> list:
+    """Generation failures, and (with objects) failed analyses, each against --max-error-rate."""
+    from pipelines.engine.progress import ErrorBudget
+
+    ex = st["execution"]
+    out = [ErrorBudget(f"generation ({model})", {GENERATION_STATUS: GenerationStatus.FAILURES},
+                       float(ex["max_error_rate"]), int(ex["error_budget_min_rows"]))]
+    if st["objects"]["enabled"]:
+        out.append(ErrorBudget(f"object detection ({model})", {S.DETECTION_STATUS: (S.DetectionStatus.ERROR,)},
+                               float(ex["max_error_rate"]), int(ex["error_budget_min_rows"])))
+    return out
+
+
+def object_tables(st: dict, images: pa.Table) -> dict:
+    """Sections 5-7 from the per-image rows: the object table and every statistic of Tables 4,
+    S4-S6, S8-S10 and Figures 2/5 (see FILES)."""
+    objects = O.object_rows(images)
+    objs, imgs = objects.to_pandas(), images.select(
+        [c for c in images.column_names if c not in {S.OBJECT_MASKS, S.ATTENTION_MASKS, S.ATTENTION_MAPS}]).to_pandas()
+    found = O.detected(objs)
+    counts = O.cooccurrence(found)
+    sizes = O.prompt_set_sizes(imgs)
+    floors = min_counts(st["objects"], sorted(set(imgs[S.TRIPLET_SOURCE])))
+    bias = O.bias_scores(counts, sizes, floors)
+    bias["individual"] = bias[S.OBJECT].isin(S.INDIVIDUALS)
+    group_bias = O.group_bias_scores(objs, sizes, floors)
+    if not group_bias.empty:
+        group_bias["individual"] = group_bias[S.OBJECT].isin(S.INDIVIDUALS)
+    vocab = O.group_vocabularies(objs, imgs)
+    return {"objects": objects, "object_counts": counts.merge(sizes, on=[MODEL, S.TRIPLET_SOURCE, S.VARIANT],
+                                                              how="left"),
+            "object_chi2": O.chi_square_tests(counts), "cooccurrence_similarity": O.cooccurrence_similarity(found, imgs),
+            "bias_scores": bias, "group_counts": O.group_counts(objs), "group_chi2": O.group_chi_square_tests(objs),
+            "group_images": O.images_with_group(objs, imgs), "group_objects": O.group_object_counts(vocab),
+            "group_intersections": O.group_intersections(vocab), "group_bias_scores": group_bias,
+            "min_count": floors}
+
+
+def object_summary(t: dict) -> dict:
+    """metrics.json: Table 4 (s_O), the chi-square p-values, and the size of each table."""
+    return {"cooccurrence_similarity": t["cooccurrence_similarity"].to_dict("records"),
+            "object_chi2": t["object_chi2"].to_dict("records"),
+            "group_chi2": t["group_chi2"].to_dict("records"),
+            "group_images": t["group_images"].to_dict("records"),
+            "objects": t["objects"].num_rows, "bias_scores": len(t["bias_scores"]), "min_count": t["min_count"]}
 
 
 # ------------------------------------------------------------------------------------ accounting
@@ -450,4 +618,11 @@ def run_summary_rows(st: dict, images: pa.Table, units: int, phases: dict) -> li
         complete = unit_status.get(GenerationStatus.OK, 0)
         rows.append(stage_row(phase, branch, "disparities (units)", units, complete,
                               {k: v for k, v in unit_status.items() if k != GenerationStatus.OK}, round(units * share)))
+        if st["objects"]["enabled"]:
+            detection = outcome_counts(mine.filter(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK)),
+                                       S.DETECTION_STATUS)
+            done = detection.get(S.DetectionStatus.OK, 0)
+            rows.append(stage_row(phase, branch, "objects + groups", ok, done,
+                                  {f"detection_{k}": v for k, v in detection.items() if k != S.DetectionStatus.OK},
+                                  round(ok * share)))
     return rows

@@ -126,3 +126,97 @@ def test_dependency_groups_on_hand_built_masks():
     # a non-human object with the same half coverage is not guided (0.7 applies)
     groups, _ = O.dependency_groups(["bench"], [region["women"]], [], {"women": attention["women"]})
     assert groups == [DependencyGroup.IMPLICITLY_INDEPENDENT]
+
+
+# ------------------------------------------------------------------------------------ per-object rows, App. F
+def image_rows():
+    """Two analysed images, one failed detection, one blocked image, as the generator writes them."""
+    import pyarrow as pa
+
+    from schemas.exposed import EXPOSED_IMAGES, IMAGE_ID
+    from operators.base import conform
+
+    G = DependencyGroup
+    rows = [
+        {IMAGE_ID: "u1-neutral", UNIT_ID: "u1", VARIANT: "neutral", "prompt_nouns": ["person", "dog", "park"],
+         "object_labels": ["dog", "tree", "person"], "object_scores": [0.9, 0.5, 0.4],
+         "object_boxes": [[0, 0, 1, 1], [1, 1, 2, 2], [0, 0, 2, 2]], "object_masks": [[0, 1], [1, 1], [0, 4]],
+         "object_groups": [G.EXPLICITLY_GUIDED, G.IMPLICITLY_INDEPENDENT, G.EXPLICITLY_INDEPENDENT],
+         "hidden_nouns": ["park"], "detection_status": "ok"},
+        {IMAGE_ID: "u1-feminine", UNIT_ID: "u1", VARIANT: "feminine", "prompt_nouns": ["woman", "dog", "park"],
+         "object_labels": [], "object_scores": [], "object_boxes": [], "object_masks": [], "object_groups": [],
+         "hidden_nouns": ["woman", "dog", "park"], "detection_status": "ok"},
+        {IMAGE_ID: "u1-masculine", UNIT_ID: "u1", VARIANT: "masculine", "prompt_nouns": ["man", "dog", "park"],
+         "detection_status": "error", "detection_detail": "boom"},
+        {IMAGE_ID: "u2-neutral", UNIT_ID: "u2", VARIANT: "neutral", GENERATION_STATUS: "nsfw_blocked",
+         "prompt_nouns": ["person"], "object_labels": [], "object_scores": [], "object_boxes": [], "object_masks": [],
+         "detection_status": "no_image"},
+    ]
+    for r in rows:
+        r.update({MODEL: "m", TRIPLET_SOURCE: "s"})
+        r.setdefault(GENERATION_STATUS, "ok")
+    return conform(pa.Table.from_pylist(rows), EXPOSED_IMAGES)
+
+
+def test_object_rows_explode_objects_and_hidden_nouns():
+    from schemas.exposed import DEPENDENCY_GROUP, IMAGE_ID, OBJECT_INDEX, OBJECT_MASK, OBJECT_SCORE, OBJECTS
+
+    t = O.object_rows(image_rows())
+    assert t.schema.equals(OBJECTS)
+    rows = t.to_pylist()
+    got = [(r[IMAGE_ID], r[OBJECT], r[DEPENDENCY_GROUP], r[OBJECT_INDEX]) for r in rows]
+    assert got == [("u1-neutral", "dog", "explicitly_guided", 0), ("u1-neutral", "tree", "implicitly_independent", 1),
+                   ("u1-neutral", "person", "explicitly_independent", 2),
+                   ("u1-neutral", "park", "hidden", None), ("u1-feminine", "woman", "hidden", None),
+                   ("u1-feminine", "dog", "hidden", None), ("u1-feminine", "park", "hidden", None)]
+    assert rows[1][OBJECT_SCORE] == pytest.approx(0.5) and rows[2][OBJECT_MASK] == [0, 4]
+    assert rows[3][OBJECT_SCORE] is None
+
+
+def test_group_tables_s8_s9_s10():
+    imgs = image_rows().to_pandas()
+    objs = O.object_rows(image_rows()).to_pandas()
+    s8 = O.images_with_group(objs, imgs).iloc[0]
+    assert s8["images"] == 2                       # the error and the blocked image are not analysed
+    assert s8[DependencyGroup.EXPLICITLY_GUIDED] == pytest.approx(50.0)
+    assert s8[DependencyGroup.HIDDEN] == pytest.approx(100.0)
+    assert s8[DependencyGroup.IMPLICITLY_GUIDED] == pytest.approx(0.0)
+    vocab = O.group_vocabularies(objs, imgs)
+    s9 = O.group_object_counts(vocab).iloc[0]
+    assert s9[DependencyGroup.HIDDEN] == 3 and s9[O.NOUNS] == 4          # person, dog, park, woman
+    assert s9[DependencyGroup.EXPLICITLY_GUIDED] == 1 and s9[DependencyGroup.IMPLICITLY_INDEPENDENT] == 1
+    s10 = O.group_intersections(vocab).set_index("over")
+    # explicitly guided {dog} is in the hidden group {park, woman, dog} and in the nouns
+    assert s10.loc[DependencyGroup.EXPLICITLY_GUIDED, DependencyGroup.HIDDEN] == pytest.approx(100.0)
+    assert s10.loc[DependencyGroup.HIDDEN, DependencyGroup.EXPLICITLY_GUIDED] == pytest.approx(100.0 / 3)
+    assert s10.loc[O.NOUNS, O.NOUNS] == pytest.approx(100.0)
+    assert np.isnan(s10.loc[DependencyGroup.IMPLICITLY_GUIDED, O.NOUNS])   # an empty group has no ratio
+    sizes = O.prompt_set_sizes(imgs)
+    assert sizes.set_index(VARIANT)["images"].to_dict() == {"feminine": 1, "neutral": 1}
+
+
+def test_group_chi_square_and_group_bias_scores():
+    from scipy.stats import chi2_contingency
+
+    from schemas.exposed import DEPENDENCY_GROUP
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for group, objects in ((DependencyGroup.IMPLICITLY_GUIDED, ["suit", "dress", "tie"]),
+                           (DependencyGroup.IMPLICITLY_INDEPENDENT, ["tree", "grass"])):
+        for k in range(60):
+            v = ["neutral", "feminine", "masculine"][k % 3]
+            rows.append({MODEL: "m", TRIPLET_SOURCE: "s", UNIT_ID: f"u{k // 3}", VARIANT: v,
+                         OBJECT: objects[rng.integers(len(objects))], DEPENDENCY_GROUP: group})
+    objs = pd.DataFrame(rows)
+    t = O.group_chi_square_tests(objs)
+    got = t[(t[DEPENDENCY_GROUP] == DependencyGroup.IMPLICITLY_GUIDED) & (t["comparison"] == "triplet")].iloc[0]
+    sub = objs[objs[DEPENDENCY_GROUP] == DependencyGroup.IMPLICITLY_GUIDED]
+    table = pd.crosstab(sub[VARIANT], sub[OBJECT]).reindex(["neutral", "feminine", "masculine"])
+    stat, p, dof, _ = chi2_contingency(table.to_numpy(), correction=False)
+    assert got[CHI2] == pytest.approx(stat) and got[P_VALUE] == pytest.approx(p) and got[DOF] == dof
+    sizes = O.prompt_set_sizes(images([f"u{i}" for i in range(20)]))
+    bs = O.group_bias_scores(objs, sizes, min_count=1)
+    assert set(bs[DEPENDENCY_GROUP]) == {DependencyGroup.IMPLICITLY_GUIDED, DependencyGroup.IMPLICITLY_INDEPENDENT}
+    one = bs[(bs[DEPENDENCY_GROUP] == DependencyGroup.IMPLICITLY_INDEPENDENT) & (bs[OBJECT] == "tree")].iloc[0]
+    assert one[BIAS_SCORE] == pytest.approx(one["masculine"] / (one["masculine"] + one["feminine"]))

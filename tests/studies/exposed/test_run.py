@@ -1,8 +1,9 @@
 """`pipelines/exposed.py run` end to end on a local Ray instance with tiny random models (three
 generators, ResNet, CLIP, DINO S/16 and B/8 built from the real classes and loaded through the
 production path): files, units and seeds, three rows per unit, Table 3 recomputed from the per-image
-table, the shared text encoder of the v2.0 / v2.1 stand-ins, the report, and a resume after the
-driver is killed midway."""
+table, the shared text encoder of the v2.0 / v2.1 stand-ins, objects and dependency groups with
+their tables (tiny GroundingDINO and SAM), the report, and a resume after the driver is killed
+midway."""
 
 import json
 
@@ -55,7 +56,7 @@ def test_run_writes_tables_report_and_records(run):
     prof = summary[summary["branch"] == "triplets: profession"].set_index("stage")
     assert (prof.loc["triplet filter", "kept"], prof.loc["units (x seeds)", "kept"]) == (16, 5)
     for _, r in summary[summary["branch"].str.startswith("generated")].iterrows():
-        expected = 3 * UNITS if r["stage"] == "generate" else UNITS
+        expected = 3 * UNITS if r["stage"] in ("generate", "objects + groups") else UNITS
         assert r["rows_in"] == expected and r["kept"] + r["dropped"] == expected, r.to_dict()
 
 
@@ -101,6 +102,58 @@ def test_standins_sharing_a_text_encoder_agree_in_the_prompt_space(run):
     assert not np.allclose(by[models[1]]["denoising"], by[models[2]]["denoising"], atol=1e-9)
 
 
+OBJECT_FILES = ("objects.parquet", "objects.csv", "object_counts.csv", "object_chi2.csv",
+                "table4_cooccurrence_similarity.csv", "bias_scores.csv", "group_counts.csv",
+                "tables_s4_s6_group_chi2.csv", "table_s8_group_images.csv", "table_s9_group_objects.csv",
+                "table_s10_group_intersections.csv", "group_bias_scores.csv")
+
+
+def test_objects_groups_and_their_tables(run):
+    """Sections 5-7: every image analysed on the generator's device; the object table is the images'
+    lists exploded; bias scores and Table S8 recomputed from it; the report shows them."""
+    for name in OBJECT_FILES:
+        assert (run / name).is_file(), name
+    images = pq.read_table(run / "images.parquet").to_pandas()
+    assert set(images["detection_status"]) == {"ok"}
+    objects = pq.read_table(run / "objects.parquet").to_pandas()
+    found = objects[objects["dependency_group"] != "hidden"]
+    assert len(found) == sum(len(x) for x in images["object_labels"]) > 0
+    assert (objects["dependency_group"] == "hidden").sum() == sum(len(x) for x in images["hidden_nouns"])
+    for _, r in images.iterrows():
+        assert len(r["object_groups"]) == len(r["object_labels"]) == len(r["object_masks"])
+        assert list(r["attention_words"]) == list(r["prompt_nouns"])
+    # BS (Eq. 5) from the object table, with the configured minimum counts (profession 5, sample 5)
+    bias = pd.read_csv(run / "bias_scores.csv")
+    assert len(bias) > 0 and bias["bias_score"].between(0, 1).all()
+    for _, b in bias.iterrows():
+        mine = found[(found["model"] == b["model"]) & (found["triplet_source"] == b["triplet_source"])
+                     & (found["object"] == b["object"])]
+        c_m, c_f = (mine["variant"] == "masculine").sum(), (mine["variant"] == "feminine").sum()
+        assert (b["masculine"], b["feminine"]) == (c_m, c_f) and max(c_m, c_f) >= 5
+        n = images[(images["model"] == b["model"]) & (images["triplet_source"] == b["triplet_source"])]
+        n_m, n_f = (n["variant"] == "masculine").sum(), (n["variant"] == "feminine").sum()
+        assert b["bias_score"] == pytest.approx(c_m / (c_m + n_m / n_f * c_f))
+    s8 = pd.read_csv(run / "table_s8_group_images.csv")
+    for _, r in s8.iterrows():
+        imgs = images[(images["model"] == r["model"]) & (images["triplet_source"] == r["triplet_source"])]
+        assert r["images"] == len(imgs)
+        with_hidden = sum(len(x) > 0 for x in imgs["hidden_nouns"])
+        assert r["hidden"] == pytest.approx(100.0 * with_hidden / len(imgs))
+    s4 = pd.read_csv(run / "tables_s4_s6_group_chi2.csv")
+    assert set(s4["comparison"]) <= {"triplet", "neutral-feminine", "neutral-masculine", "feminine-masculine"}
+    table4 = pd.read_csv(run / "table4_cooccurrence_similarity.csv")
+    assert len(table4) == 3 * 2 * 3 and table4["s_o"].dropna().between(0, 1 + 1e-9).all()
+    m = json.loads((run / "metrics.json").read_text())
+    assert "objects" in m["results"] and m["objects"]["min_count"]["profession"] == 5
+    assert any(r["role"].startswith("objects") for r in m["models"])
+    page = (run / "report.html").read_text()
+    assert "Prompt-image dependency groups" in page and "Table S10" in page and "objects_" in page
+    assert "bias_implicitly_guided_" in page
+    summary = pd.read_csv(run / "run_summary.csv")
+    rows = summary[summary["stage"] == "objects + groups"]
+    assert len(rows) == 3 and (rows["kept"] == 3 * UNITS).all()
+
+
 class _Killed(BaseException):
     """The driver killed after its first checkpoint part (nothing may catch it)."""
 
@@ -137,6 +190,24 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
                          for d in ("clean", "killed"))     # the stand-ins live in each run's own directory
     pd.testing.assert_frame_equal(t_clean, t_killed)
     assert M.CLOSER in pd.read_csv(tmp_path / "killed" / "k" / "rq1_direction.csv").columns
+    # the objects, masks and groups of the resumed run equal the uninterrupted run's
+    for col in ("prompt_nouns", "object_labels", "object_groups", "hidden_nouns", "attention_words"):
+        assert [list(x) for x in a[col]] == [list(x) for x in b[col]], col
+    assert [[list(m) for m in x] for x in a["object_masks"]] == [[list(m) for m in x] for x in b["object_masks"]]
+    for name in ("table_s8_group_images.csv", "bias_scores.csv", "table4_cooccurrence_similarity.csv"):
+        pd.testing.assert_frame_equal(*(pd.read_csv(tmp_path / d / "k" / name).drop(columns="model")
+                                        for d in ("clean", "killed")))
+
+
+def test_without_objects(ray_local, tmp_path):
+    args = ["--standin-models", "--no-captions", "--per-topic", "1", "--max-triplets", "1", "--steps", "2",
+            "--generators", "one", "--run-id", "n", "--no-progress", "--no-save-images", "--spaces", "ssim",
+            "--no-objects", "--seeds-per-triplet", "profession=1"]
+    assert exposed.main(["run", "--output", str(tmp_path), *args]) == 0
+    images = pq.read_table(tmp_path / "n" / "images.parquet").to_pandas()
+    assert images["detection_status"].isna().all() and images["object_labels"].isna().all()
+    assert not any((tmp_path / "n" / name).exists() for name in OBJECT_FILES)
+    assert "dependency groups" not in (tmp_path / "n" / "report.html").read_text()
 
 
 def test_bad_inputs_fail_cleanly(tmp_path):
