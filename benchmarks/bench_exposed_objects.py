@@ -235,9 +235,8 @@ def build_unet(args):
         unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(path))
     else:
         unet = UNet2DConditionModel(**SD15_UNET)
-    unet = unet.to(args.device).eval()
-    if args.unet_dtype != torch.float32:
-        unet = unet.to(dtype=args.unet_dtype)
+    # nn.Module.to: diffusers' own to() warns about fp32-kept modules on any dtype cast (SD's UNet has none)
+    unet = torch.nn.Module.to(unet, device=args.device, dtype=args.unet_dtype).eval()
     return unet, build_clip_tokenizer()
 
 
@@ -302,6 +301,8 @@ def run_generation(args, out: dict):
     from pipelines.standins.diffusion import SD1_SCHEDULER
 
     reset_peak_rss()
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     unet, tokenizer = build_unet(args)
     out["unet_build_s"] = time.perf_counter() - t
@@ -338,6 +339,8 @@ def run_generation(args, out: dict):
                record_s_per_step=timers.seconds["record"] / len(recorded),
                record_calls_per_step=timers.calls["record"] // len(recorded), layers=len(capture.steps),
                unet_step_all=plain, unet_step_capture_all=recorded, generation_peak_rss_gb=peak_rss_gb())
+    if args.device.startswith("cuda"):
+        out["generation_peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
     capture.unet = None         # the recorder is done with the UNet: free it before the detectors load
     unet = latents = text = None   # noqa: F841 -- dropped for the collector
     gc.collect()
@@ -355,6 +358,8 @@ def run_analysis(args, capture, tokenizer, out: dict) -> None:
     from schemas.exposed import DETECTION_DETAIL, DETECTION_STATUS, OBJECT_LABELS, PROMPT_NOUNS, DetectionStatus
 
     reset_peak_rss()
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     dep = PromptDependency(str(Path(args.workdir) / "gdino"), str(Path(args.workdir) / "sam"), device=args.device,
                            dtype=args.detector_dtype, vocabulary=read_tags(), box_threshold=args.box_threshold,
@@ -545,7 +550,9 @@ def main() -> None:
               f"{[round(x, 3) for x in r['unet_step_all']]} s plain, "
               f"{[round(x, 3) for x in r['unet_step_capture_all']]} s with the recorder "
               f"({r['record_calls_per_step']} record() calls per step, {r['record_s_per_step']:.3g} s); "
-              f"peak RSS {r['generation_peak_rss_gb']:.2f} GB", flush=True)
+              f"peak RSS {r['generation_peak_rss_gb']:.2f} GB"
+              + (f", peak CUDA {r['generation_peak_cuda_gb']:.2f} GB" if "generation_peak_cuda_gb" in r else ""),
+              flush=True)
         run_analysis(args, capture, tokenizer, r)
         print(f"detectors loaded in {r['analysis_load_s']:.1f} s: {_mparams(r['detector_params'])} + "
               f"{_mparams(r['segmenter_params'])} parameters, {r['record']}", flush=True)
