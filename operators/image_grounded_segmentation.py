@@ -127,6 +127,7 @@ BOX_THRESHOLD = 0.25
 TEXT_THRESHOLD = 0.2
 NMS_IOU = 0.5
 MASK_THRESHOLD = 0.0  # SAM's mask logits > 0
+SAM_BOX_CHUNK = 32    # boxes per SAM decoder call (bounds memory; each box is decoded independently)
 
 FAMILY_GROUNDING_DINO = "grounding-dino"
 FAMILY_OWLV2 = "owlv2"
@@ -599,13 +600,20 @@ class GroundedSegmenter:
         rh, rw = int(height * scale + 0.5), int(width * scale + 0.5)
         factor = torch.tensor([rw / width, rh / height, rw / width, rh / height], device=self.segmenter.device)
         for k, i in enumerate(idx):
-            prompts = (boxes[i].to(self.segmenter.device).float() * factor)[None]   # (1, n, 4), as SamProcessor
-            out = model(image_embeddings=embeddings[k:k + 1], input_boxes=prompts.to(self.segmenter.dtype),
-                        multimask_output=False)
-            low = out.pred_masks[0].float()                        # (n, 1, h, w) logits
-            up = F.interpolate(low, self._sam_pad, mode="bilinear", align_corners=False)[..., :rh, :rw]
-            up = F.interpolate(up, (height, width), mode="bilinear", align_corners=False)
-            masks[i] = (up[:, 0] > MASK_THRESHOLD).to(u8.device)
+            parts = []
+            # boxes in chunks: the padded-size upsampling costs 4 MB per box at SAM's 1024 px, so a
+            # detector that keeps hundreds of boxes must not upsample them all at once
+            for start in range(0, int(boxes[i].shape[0]), SAM_BOX_CHUNK):
+                chunk = boxes[i][start:start + SAM_BOX_CHUNK]
+                prompts = (chunk.to(self.segmenter.device).float() * factor)[None]   # (1, n, 4), as SamProcessor
+                out = model(image_embeddings=embeddings[k:k + 1], input_boxes=prompts.to(self.segmenter.dtype),
+                            multimask_output=False)
+                low = out.pred_masks[0].float()                        # (n, 1, h, w) logits
+                up = F.interpolate(low, self._sam_pad, mode="bilinear", align_corners=False)[..., :rh, :rw]
+                up = F.interpolate(up, (height, width), mode="bilinear", align_corners=False)
+                parts.append((up[:, 0] > MASK_THRESHOLD).to(u8.device))
+                del out, low, up
+            masks[i] = torch.cat(parts)
         return masks
 
     # -- entry points ----------------------------------------------------------------------------------

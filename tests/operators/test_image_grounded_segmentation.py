@@ -376,6 +376,19 @@ def test_sam_masks_match_transformers_post_processing(gdino):
     assert 0 < ref.float().mean() < 1
 
 
+def test_boxes_decoded_in_chunks_give_the_same_masks(gdino, monkeypatch):
+    """SAM decodes each box independently: chunks of one box equal all boxes in one call."""
+    import operators.image_grounded_segmentation as G
+
+    u8 = torch.from_numpy(images_u8(1, 40, 56, seed=9)).permute(0, 3, 1, 2)
+    boxes = [torch.tensor([[5.0, 6.0, 30.0, 35.0], [20.0, 3.0, 55.0, 39.0], [0.0, 0.0, 56.0, 40.0]])]
+    with torch.inference_mode():
+        whole = gdino._segment(u8, boxes)[0]
+        monkeypatch.setattr(G, "SAM_BOX_CHUNK", 1)
+        chunked = gdino._segment(u8, boxes)[0]
+    assert whole.shape == (3, 40, 56) and torch.equal(whole, chunked)
+
+
 def test_one_mask_per_box_from_the_boxes_found(gdino):
     u8 = images_u8(2, 40, 56, seed=8)
     with torch.inference_mode():
