@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from operators.image_generation import _out_of_memory
 from operators.image_grounded_segmentation import (
     BOX_THRESHOLD,
     DEFAULT_DETECTOR,
@@ -99,6 +100,9 @@ class PromptDependency:
                                            text_threshold, nms_iou, list(vocabulary), device, dtype,
                                            max_labels_per_query)
         self.device = self.segmenter.device
+        # detected labels are compared with lemmatised nouns: each vocabulary entry's lemma
+        # ("women" -> woman, "glasses" -> glass), so a plural tag is explicit when the prompt has the noun
+        self.lemmas = {t: self.lemma(t) for t in self.segmenter.vocabulary}
         self.record = {
             "stage": self.stage_name,
             "nouns": {"spacy_model": spacy_model, "version": self.nlp.meta.get("version"),
@@ -109,7 +113,12 @@ class PromptDependency:
             "groups": {"sigma": self.sigma, "sigma_human": self.sigma_human,
                        "human_words": list(HUMAN_REFERENCE_WORDS)},
             "detection": self.segmenter.record,
+            "labels": "the detected vocabulary entry, lemmatised token by token with the noun set's spaCy pipeline",
         }
+
+    def lemma(self, label: str) -> str:
+        """A vocabulary entry lemmatised as the noun set is (each token's lemma, lower case)."""
+        return " ".join(t.lemma_.lower() or t.text.lower() for t in self.nlp(label)) or label
 
     # -- generation side ----------------------------------------------------------------------------
 
@@ -147,6 +156,8 @@ class PromptDependency:
         try:
             self._analyse(images, prompts, forms, capture, tokenizer, latent_hw, todo, out)
         except Exception as exc:  # noqa: BLE001 -- recorded per image and counted by the study's error budget
+            if _out_of_memory(exc):
+                raise      # the generator halves its batch and tries again
             detail = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
             log.warning("prompt-dependency analysis failed on %d images: %s", len(todo), detail)
             for i in todo:
@@ -170,14 +181,19 @@ class PromptDependency:
                                                             [w for fs in forms[i].values() for w in fs])
             positions.append({lemma: sorted({p for w in fs for p in per_form.get(w, ())})
                               for lemma, fs in forms[i].items()})
-        longest = max((p for ps in positions for v in ps.values() for p in v), default=-1) + 1
-        maps = capture.heat_maps(latent_hw, (height, width), tokens=max(1, longest)) if longest else None
         found = self.segmenter.detect_u8(to_u8(images[todo]), [out[PROMPT_NOUNS][i] for i in todo])
+        for d in found:
+            d["labels"] = [self.lemmas.get(label, label) for label in d["labels"]]   # prompt nouns are lemmas already
         detected = GroundedSegmenter.columns(found)
+        # the full-size maps only now, for the prompts' own tokens: the encoder reads BOS + at most
+        # model_max_length - 2 prompt tokens + EOS, so later positions were never seen
+        seen = max(1, int(getattr(tokenizer, "model_max_length", 77)) - 2)
+        longest = min(seen, max((p for ps in positions for v in ps.values() for p in v), default=-1) + 1)
+        maps = capture.heat_maps(latent_hw, (height, width), tokens=longest) if longest > 0 else None
         for k, i in enumerate(todo):
             for f in DETECTION_COLUMNS:
                 out[f.name][i] = detected[f.name][k]
-            limit = 0 if maps is None else int(maps.shape[1])   # tokens past the encoder's 77 were never seen
+            limit = 0 if maps is None else min(int(maps.shape[1]), seen)
             kept = {w: [p for p in ps if p < limit] for w, ps in positions[k].items()}
             words = [w for w, ps in kept.items() if ps]
             if words:

@@ -37,7 +37,7 @@ def attention_mask(heat_map, theta: float = THETA) -> np.ndarray:
 
 def attention_masks_torch(maps, theta: float = THETA):
     """``attention_mask`` of each of ``maps`` (k, H, W) on their device (bool (k, H, W))."""
-    flat = maps.float().flatten(1)
+    flat = maps.double().flatten(1)     # float64, as the numpy rule: the same pixels at the threshold
     lo, hi = flat.min(dim=1, keepdim=True).values, flat.max(dim=1, keepdim=True).values
     span = hi - lo
     norm = (flat - lo) / span.clamp(min=1e-30)
@@ -60,8 +60,9 @@ def coverage_matrix_torch(object_masks, word_masks):
     w = word_masks.flatten(1).float().to(o.device)
     inter = o @ w.T
     area = o.sum(dim=1, keepdim=True)
+    inter, area = inter.double(), area.double()
     cov = torch.where(area > 0, inter / area.clamp(min=1.0), torch.zeros_like(inter))
-    return cov.double().cpu().numpy()
+    return cov.cpu().numpy()
 
 
 def groups_from_coverage(labels: Sequence[str], nouns: Sequence[str], words: Sequence[str], cover,

@@ -248,13 +248,16 @@ def write_table(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
     write_bytes(fs, path, sink.getvalue().to_pybytes())
 
 
-def write_table_and_csv(data, fs: pafs.FileSystem, stem: str) -> None:
+def write_table_and_csv(data, fs: pafs.FileSystem, stem: str, csv_without=()) -> None:
     """``stem``.parquet and ``stem``.csv from a pyarrow Table or a pandas DataFrame (the CSV is
-    written from the pandas form either way)."""
+    written from the pandas form either way). ``csv_without``: columns only the parquet file has
+    (masks, binary previews: a CSV cell cannot hold them faithfully)."""
     if isinstance(data, pa.Table):
-        table, frame = data, data.to_pandas()
+        table = data
+        frame = data.drop_columns([c for c in csv_without if c in data.column_names]).to_pandas()
     else:
-        table, frame = pa.Table.from_pandas(data, preserve_index=False), data
+        table, frame = pa.Table.from_pandas(data, preserve_index=False), data.drop(
+            columns=[c for c in csv_without if c in data.columns])
     write_table(table, fs, f"{stem}.parquet")
     write_text(frame.to_csv(index=False), fs, f"{stem}.csv")
 

@@ -58,8 +58,12 @@ def units(triplets, seeds) -> pa.Table:
                      SEED: pa.array(seeds, pa.int64())})
 
 
+VOCABULARY = ["hat", "tree", "grass", "women", "dogs"]
+LEMMAS = {"hat", "tree", "grass", "woman", "dog"}
+
+
 def dependency(models, **kw):
-    return PromptDependency(models["gdino"], models["sam"], device="cpu", vocabulary=["hat", "tree", "grass"],
+    return PromptDependency(models["gdino"], models["sam"], device="cpu", vocabulary=VOCABULARY,
                             box_threshold=0.0, text_threshold=0.0, **kw)
 
 
@@ -78,7 +82,7 @@ def test_analysis_leaves_the_images_unchanged_and_fills_every_column(models):
         n = len(r[OBJECT_LABELS])
         assert n > 0, "zero thresholds: the stand-in detector keeps boxes"
         assert len(r[OBJECT_SCORES]) == len(r[OBJECT_BOXES]) == len(r[OBJECT_MASKS]) == len(r[OBJECT_GROUPS]) == n
-        assert set(r[OBJECT_LABELS]) <= set(r[PROMPT_NOUNS]) | {"hat", "tree", "grass"}
+        assert set(r[OBJECT_LABELS]) <= set(r[PROMPT_NOUNS]) | LEMMAS      # labels lemmatised as the nouns are
         assert set(r[OBJECT_GROUPS]) <= set(DependencyGroup.ALL) - {DependencyGroup.HIDDEN}
         # explicit exactly when the label is a prompt noun
         for label, group in zip(r[OBJECT_LABELS], r[OBJECT_GROUPS]):
@@ -127,19 +131,44 @@ def test_word_masks_are_the_binarised_heat_maps(models):
         assert (rle.decode(stored[w], 64, 64) == attention_mask(words[w], 0.35)).all()
 
 
+def test_labels_are_lemmatised_like_the_nouns(models):
+    dep = dependency(models)
+    assert dep.lemma("women") == "woman" and dep.lemma("glasses") == "glass" and dep.lemma("bow tie") == "bow tie"
+    assert dep.lemmas["women"] == "woman" and dep.lemmas["dogs"] == "dog"
+
+
 def test_blocked_images_and_failures_are_recorded(models):
     dep = dependency(models)
     gen = TripletGenerator(models["sd"], steps=STEPS, device="cpu", dependency=dep)
     capture = dep.capture(gen.pipe, True)
     from operators.image_triplet_generation import generate_units
+    from operators.support.cross_attention import CrossAttentionCapture
+    from operators.support.dependency import attention_mask
 
     images, _, latents, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
     flat = images.reshape(3, *images.shape[2:])
+    sums = {k: v.clone() for k, v in capture.sums.items()}
     out = dep.analyse(flat, list(TRIPLETS[0]), capture, gen.pipe.tokenizer, tuple(latents.shape[-2:]),
                       skip=[False, True, False])
     assert out[DETECTION_STATUS] == [DetectionStatus.OK, DetectionStatus.NO_IMAGE, DetectionStatus.OK]
     assert out[OBJECT_LABELS][1] == [] and out[OBJECT_GROUPS][1] is None
     assert out[PROMPT_NOUNS][1] == ["woman", "dog", "park"]
+    # image 2's masks come from image 2's maps, though image 1 was skipped
+    capture.sums.update(sums)
+    maps = capture.heat_maps(tuple(latents.shape[-2:]), (64, 64))
+    words = CrossAttentionCapture.word_heat_maps(gen.pipe.tokenizer, TRIPLETS[0][2], maps[2], ["man", "park"])
+    stored = dict(zip(out[ATTENTION_WORDS][2], out[ATTENTION_MASKS][2]))
+    for w in ("man", "park"):
+        assert (rle.decode(stored[w], 64, 64) == attention_mask(words[w], 0.35)).all()
+
+    def out_of_memory(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    dep.segmenter.detect_u8 = out_of_memory      # the generator's halving path must see it
+    generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
+    with pytest.raises(torch.OutOfMemoryError):
+        dep.analyse(flat, list(TRIPLETS[0]), capture, gen.pipe.tokenizer, tuple(latents.shape[-2:]))
+    assert not capture.sums
 
     def broken(*a, **k):
         raise RuntimeError("detector exploded")
@@ -167,3 +196,21 @@ def test_heat_maps_of_the_first_tokens_only(models):
     assert few.shape == (3, 5, 64, 64) and every.shape == (3, 76, 64, 64)
     assert torch.allclose(few, every[:, :5], atol=1e-6)
     assert np.isfinite(few.numpy()).all()
+
+
+def test_nouns_past_the_encoders_tokens_get_no_mask(models):
+    """A prompt longer than the text encoder's 77 tokens: its last noun was never seen by the UNet."""
+    dep = dependency(models)
+    gen = TripletGenerator(models["sd"], steps=STEPS, device="cpu")
+    from operators.image_triplet_generation import generate_units
+
+    long = "A person walks a dog " + "and then slowly " * 30 + "near a tree."
+    triplet = (long, long.replace("A person", "A woman"), long.replace("A person", "A man"))
+    assert len(gen.pipe.tokenizer(long, add_special_tokens=False).input_ids) > 77
+    capture = dep.capture(gen.pipe, True)
+    images, _, latents, _ = generate_units(gen.pipe, [triplet], [2], STEPS, 7.5, attention=capture)
+    out = dep.analyse(images.reshape(3, *images.shape[2:]), list(triplet), capture, gen.pipe.tokenizer,
+                      tuple(latents.shape[-2:]))
+    assert out[PROMPT_NOUNS][0] == ["person", "dog", "tree"]
+    assert out[ATTENTION_WORDS][0] == ["person", "dog"]          # "tree" lies past token 75
+    assert out[DETECTION_STATUS] == [DetectionStatus.OK] * 3

@@ -124,12 +124,15 @@ def bias_score(c_m: float, c_f: float, n_m: int, n_f: int) -> float:
 def bias_scores(counts: pd.DataFrame, sizes: pd.DataFrame, min_count: int | Mapping[str, int],
                 leave_out=()) -> pd.DataFrame:
     """BS(o) per (model, source, object) with C(o, P_m), C(o, P_f); objects whose larger count is
-    below ``min_count`` (one number, or per source) and those in ``leave_out`` are dropped.
-    Sorted from the most feminine to the most masculine."""
+    below ``min_count`` (one number, or per source) and those in ``leave_out`` are dropped; a
+    (model, source) without analysed masculine or feminine images has no scores. Sorted from the
+    most feminine to the most masculine."""
     rows = []
     for (model, source), g in counts.groupby(list(KEYS), sort=False):
         size = sizes[(sizes[MODEL] == model) & (sizes[TRIPLET_SOURCE] == source)].set_index(VARIANT)["images"]
         n_m, n_f = int(size.get(Variant.MASCULINE, 0)), int(size.get(Variant.FEMININE, 0))
+        if n_m == 0 or n_f == 0:   # no analysed masculine or feminine image: BS is undefined
+            continue
         floor = min_count.get(source, 0) if isinstance(min_count, Mapping) else int(min_count)
         table = g.pivot_table(index=OBJECT, columns=VARIANT, values=OBJECT_COUNT, aggfunc="sum", fill_value=0)
         for obj, r in table.iterrows():

@@ -220,3 +220,9 @@ def test_group_chi_square_and_group_bias_scores():
     assert set(bs[DEPENDENCY_GROUP]) == {DependencyGroup.IMPLICITLY_GUIDED, DependencyGroup.IMPLICITLY_INDEPENDENT}
     one = bs[(bs[DEPENDENCY_GROUP] == DependencyGroup.IMPLICITLY_INDEPENDENT) & (bs[OBJECT] == "tree")].iloc[0]
     assert one[BIAS_SCORE] == pytest.approx(one["masculine"] / (one["masculine"] + one["feminine"]))
+
+
+def test_no_bias_scores_without_masculine_or_feminine_images():
+    objs = detections([("u1", "feminine", "dress"), ("u1", "neutral", "dress")])
+    imgs = images(["u1"], variants=("neutral", "feminine"))
+    assert O.bias_scores(O.cooccurrence(objs), O.prompt_set_sizes(imgs), 1).empty
