@@ -85,16 +85,7 @@ TRIPLET = ("A person holding a cup of coffee at a table in a kitchen",
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
-# runwayml/stable-diffusion-v1-5 (= CompVis/stable-diffusion-v1-4) unet/config.json
-SD15_UNET = {
-    "sample_size": 64, "in_channels": 4, "out_channels": 4, "center_input_sample": False,
-    "flip_sin_to_cos": True, "freq_shift": 0, "layers_per_block": 2, "downsample_padding": 1,
-    "mid_block_scale_factor": 1, "act_fn": "silu", "norm_num_groups": 32, "norm_eps": 1e-5,
-    "block_out_channels": (320, 640, 1280, 1280),
-    "down_block_types": ("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-    "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-    "cross_attention_dim": 768, "attention_head_dim": 8,
-}
+from benchmarks.bench_fullsize_smoke import SD1_UNET as SD15_UNET  # noqa: E402 -- SD 1.x unet/config.json
 # IDEA-Research/grounding-dino-tiny config.json: what GroundingDinoConfig() must give (checked)
 GROUNDING_DINO_T = {"num_queries": 900, "d_model": 256, "encoder_layers": 6, "decoder_layers": 6,
                     "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "encoder_attention_heads": 8,
