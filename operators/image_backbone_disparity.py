@@ -69,6 +69,7 @@ from operators.image_blip2_vqa import (
     _version,
     _weights_record,
 )
+from operators.support.codec import rgb_levels
 from operators.support.disparity import (
     check_units,
     flatten_units,
@@ -247,7 +248,7 @@ def preprocess(images, settings: dict):
 
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
-    x = images.float().mul(255.0).round_().clamp_(0.0, 255.0)
+    x = rgb_levels(images)
     rule = settings["resize"]
     h, w = x.shape[-2:]
     if rule == "squash":

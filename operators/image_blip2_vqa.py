@@ -56,7 +56,7 @@ import pyarrow as pa
 
 from operators.support.models import ModelLoadError, loaded_weight_files, weights_provenance
 from operators.base import Resources, with_column
-from operators.support.codec import batch_images, generated_image_rows
+from operators.support.codec import batch_images, generated_image_rows, rgb_levels
 from operators.support.models import resolve_dtype
 from operators.support.models import pick_device
 from schemas.dalleval import (
@@ -457,7 +457,7 @@ class Blip2Detector:
 
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
-        x = images.float().mul(255.0).round_().clamp_(0.0, 255.0)
+        x = rgb_levels(images)
         th, tw = self.image_size
         if self.do_resize and tuple(x.shape[-2:]) != (th, tw):
             if self.interpolation == "nearest":

@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from operators.support.models import ModelLoadError, loaded_weight_files, pick_device, resolve_dtype, weights_provenance
 from operators.base import Resources, Stage, with_column
-from operators.support.codec import pack_rgb8
+from operators.support.codec import pack_rgb8, rgb_levels
 from schemas.images import (
     GENERATION_DETAIL,
     GENERATION_STATUS,
@@ -198,7 +198,7 @@ def _to_uint8(images):
     """(B, 3, H, W) floats in [0, 1] -> (B, H, W, 3) uint8, still on the images' device."""
     import torch
 
-    return (images.float() * 255.0).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+    return rgb_levels(images).to(torch.uint8).permute(0, 2, 3, 1)
 
 
 def regenerate(pipe_or_generator, prompt: str, seed: int, steps: int = 50, guidance_scale: float = 7.5,

@@ -101,7 +101,7 @@ from operators.image_blip2_vqa import (
     _weights_record,
 )
 from operators.support import rle
-from operators.support.codec import batch_images, generated_image_rows
+from operators.support.codec import batch_images, generated_image_rows, rgb_levels
 from operators.support.models import ModelLoadError, check_loading_info, pick_device, resolve_dtype
 from schemas.exposed import (
     DETECTION_COLUMNS,
@@ -699,7 +699,7 @@ def to_u8(images):
     """(B, 3, H, W) floats in [0, 1] -> uint8 levels as the RGB8 payload has them (round(x * 255))."""
     import torch
 
-    return images.detach().float().mul(255.0).round_().clamp_(0.0, 255.0).to(torch.uint8)
+    return rgb_levels(images).to(torch.uint8)
 
 
 def _size(size, key):

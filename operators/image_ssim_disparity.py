@@ -54,6 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from operators.base import Resources
+from operators.support.codec import rgb_levels
 from operators.support.disparity import PAIR_INDEX, check_units
 from operators.support.models import pick_device
 from schemas.exposed import Space
@@ -78,7 +79,7 @@ def to_uint8_levels(images):
     (``round(x * 255)`` clamped)."""
     import torch
 
-    return (images.float() * 255.0).round_().clamp_(0, 255).to(torch.int32)
+    return rgb_levels(images).to(torch.int32)
 
 
 def luma(levels):

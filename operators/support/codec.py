@@ -102,3 +102,9 @@ def generated_image_rows(batch: pa.Table) -> np.ndarray:
             status = status.cast(pa.string())
         mask = pc.and_(mask, pc.fill_null(pc.equal(status, GenerationStatus.OK), True))
     return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+
+
+def rgb_levels(images):
+    """(..., 3, H, W) floats in [0, 1] -> float levels 0-255, quantised as the generator's RGB8
+    payload is (``round(x * 255)`` clamped): a tensor and its payload are then processed alike."""
+    return images.detach().float().mul(255.0).round_().clamp_(0.0, 255.0)
