@@ -43,7 +43,7 @@ def load_tagger(model: str = DEFAULT_SPACY_MODEL):
 
 def nouns_of(doc) -> list[str]:
     """The lemmatised, lower-cased nouns of a spaCy Doc, first-seen order, no repeats."""
-    return list(dict.fromkeys(t.lemma_.lower() for t in doc if t.pos_ in NOUN_TAGS and t.lemma_.strip()))
+    return list(noun_forms(doc))
 
 
 def noun_forms(doc) -> dict[str, list[str]]:

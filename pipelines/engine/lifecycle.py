@@ -146,6 +146,15 @@ def start_ray(args, execution: dict, actor_cpus: float, standin: bool, gpu_model
     return ray, gp
 
 
+def generation_budget(execution: dict, model: str):
+    """The error budget of ``model``'s generation failures (over --max-error-rate)."""
+    from pipelines.engine.progress import ErrorBudget
+    from schemas import images as I
+
+    return ErrorBudget(f"generation ({model})", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES},
+                       float(execution["max_error_rate"]), int(execution["error_budget_min_rows"]))
+
+
 def generate_per_model(models: list[str], requests, execution: dict, generate_one, what: str = "generating",
                        budgets_of: Callable[[str], list] | None = None, images_per_request: int = 1):
     """Run ``generate_one(model, budgets) -> (images, phase)`` for every generator, each with its own
@@ -153,12 +162,8 @@ def generate_per_model(models: list[str], requests, execution: dict, generate_on
     phases per model, budgets). A request is one image, or ``images_per_request`` (a triplet unit)."""
     import pyarrow as pa
 
-    from pipelines.engine.progress import ErrorBudget
-    from schemas import images as I
-
     def default_budgets(model: str) -> list:
-        return [ErrorBudget(f"generation ({model})", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES},
-                            float(execution["max_error_rate"]), int(execution["error_budget_min_rows"]))]
+        return [generation_budget(execution, model)]
 
     parts, phases, budgets = [], {}, []
     for model in models:

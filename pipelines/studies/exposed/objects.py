@@ -59,7 +59,6 @@ from schemas.exposed import (
     DetectionStatus,
     Variant,
 )
-from operators.support.dependency import attention_mask, coverage, dependency_groups  # noqa: F401 -- section 6
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 
 KEYS = (MODEL, TRIPLET_SOURCE)

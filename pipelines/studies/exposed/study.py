@@ -42,7 +42,7 @@ from pipelines.engine import checkpoint, io, stages
 from pipelines.engine import config as study_config
 from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.figures import FigureDir
-from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
+from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, generation_budget, run_study
 from pipelines.engine.models import build_standins, clip_settings, generation_settings
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
@@ -545,8 +545,7 @@ def error_budgets(st: dict, model: str) -> list:
     from pipelines.engine.progress import ErrorBudget
 
     ex = st["execution"]
-    out = [ErrorBudget(f"generation ({model})", {GENERATION_STATUS: GenerationStatus.FAILURES},
-                       float(ex["max_error_rate"]), int(ex["error_budget_min_rows"]))]
+    out = [generation_budget(ex, model)]
     if st["objects"]["enabled"]:
         out.append(ErrorBudget(f"object detection ({model})", {S.DETECTION_STATUS: (S.DetectionStatus.ERROR,)},
                                float(ex["max_error_rate"]), int(ex["error_budget_min_rows"])))
@@ -558,7 +557,7 @@ def object_tables(st: dict, images: pa.Table) -> dict:
     S4-S6, S8-S10 and Figures 2/5 (see FILES)."""
     objects = O.object_rows(images)
     objs, imgs = objects.to_pandas(), images.select(
-        [c for c in images.column_names if c not in {S.OBJECT_MASKS, S.ATTENTION_MASKS, S.ATTENTION_MAPS}]).to_pandas()
+        [c for c in images.column_names if c not in PARQUET_ONLY]).to_pandas()
     found = O.detected(objs)
     counts = O.cooccurrence(found)
     sizes = O.prompt_set_sizes(imgs)
@@ -573,8 +572,7 @@ def object_tables(st: dict, images: pa.Table) -> dict:
     bias = O.bias_scores(counts, sizes, floors)
     bias["individual"] = bias[S.OBJECT].isin(S.INDIVIDUALS)
     group_bias = O.group_bias_scores(objs, sizes, floors)
-    if not group_bias.empty:
-        group_bias["individual"] = group_bias[S.OBJECT].isin(S.INDIVIDUALS)
+    group_bias["individual"] = group_bias[S.OBJECT].isin(S.INDIVIDUALS)
     vocab = O.group_vocabularies(objs, imgs)
     return {"objects": objects, "object_counts": counts.merge(sizes, on=[MODEL, S.TRIPLET_SOURCE, S.VARIANT],
                                                               how="left"),

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from operators.support import dependency as D
 from pipelines.studies.exposed import objects as O
 from schemas.exposed import (
     BIAS_SCORE,
@@ -95,13 +96,13 @@ def test_cooccurrence_similarity_with_empty_images():
 
 def test_attention_mask_and_coverage():
     heat = np.array([[0.0, 1.0], [2.0, 10.0]])
-    assert O.attention_mask(heat, 0.35).tolist() == [[False, False], [False, True]]
-    assert O.attention_mask(np.full((3, 3), 4.0)).sum() == 0
+    assert D.attention_mask(heat, 0.35).tolist() == [[False, False], [False, True]]
+    assert D.attention_mask(np.full((3, 3), 4.0)).sum() == 0
     m = np.zeros((4, 4), bool)
     m[:2, :2] = True
     a = np.zeros((4, 4), bool)
     a[0, :] = True
-    assert O.coverage(m, a) == 0.5 and O.coverage(np.zeros((4, 4), bool), a) == 0.0
+    assert D.coverage(m, a) == 0.5 and D.coverage(np.zeros((4, 4), bool), a) == 0.0
 
 
 def test_dependency_groups_on_hand_built_masks():
@@ -117,14 +118,14 @@ def test_dependency_groups_on_hand_built_masks():
     attention["women"][2:4, 2:4] = True         # covers half of the women region: above 0.25 (humans), below 0.7
     attention["picnic"][6:8, 6:8] = True        # covers the basket entirely
     attention["park"][8, :] = True              # half of the park region: not enough (0.7)
-    groups, hidden = O.dependency_groups(["women", "basket", "park", "grass"],
+    groups, hidden = D.dependency_groups(["women", "basket", "park", "grass"],
                                          [region[k] for k in ("women", "basket", "park", "grass")],
                                          ["women", "picnic", "park", "daytime"], attention)
     assert groups == [DependencyGroup.EXPLICITLY_GUIDED, DependencyGroup.IMPLICITLY_GUIDED,
                       DependencyGroup.EXPLICITLY_INDEPENDENT, DependencyGroup.IMPLICITLY_INDEPENDENT]
     assert hidden == ["picnic", "daytime"]
     # a non-human object with the same half coverage is not guided (0.7 applies)
-    groups, _ = O.dependency_groups(["bench"], [region["women"]], [], {"women": attention["women"]})
+    groups, _ = D.dependency_groups(["bench"], [region["women"]], [], {"women": attention["women"]})
     assert groups == [DependencyGroup.IMPLICITLY_INDEPENDENT]
 
 
