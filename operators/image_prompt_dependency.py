@@ -56,6 +56,7 @@ from operators.support.dependency import (
     attention_masks_torch,
     coverage_matrix_torch,
     groups_from_coverage,
+    min_max_torch,
 )
 from operators.text_prompt_nouns import DEFAULT_SPACY_MODEL, NOUN_TAGS, load_tagger, noun_forms
 from schemas.exposed import (
@@ -77,6 +78,15 @@ from schemas.exposed import (
 log = logging.getLogger(__name__)
 
 STAGE_PROMPT_DEPENDENCY = "prompt_dependency"
+
+
+def no_image() -> dict:
+    """The dependency columns of an image that was not produced: no_image, empty object lists,
+    nothing else (the noun set, which needs no image, is added where the prompt is known)."""
+    row = {f.name: None for f in DEPENDENCY_COLUMNS}
+    row.update({f.name: [] for f in DETECTION_COLUMNS})
+    row[DETECTION_STATUS] = DetectionStatus.NO_IMAGE
+    return row
 
 
 class PromptDependency:
@@ -143,18 +153,15 @@ class PromptDependency:
         skip = np.zeros(n, bool) if skip is None else np.asarray(skip, bool)
         forms = self.nouns(prompts)
         out: dict[str, list] = {f.name: [None] * n for f in self.output_fields}
-        out[PROMPT_NOUNS] = [list(f) for f in forms]
         todo = [i for i in range(n) if not skip[i]]
         for i in range(n):
             if skip[i]:
-                for f in DETECTION_COLUMNS:
-                    out[f.name][i] = []
-                out[DETECTION_STATUS][i] = DetectionStatus.NO_IMAGE
-        if not todo:
-            capture.sums.clear()
-            return out
+                for name, value in no_image().items():
+                    out[name][i] = value
+        out[PROMPT_NOUNS] = [list(f) for f in forms]
         try:
-            self._analyse(images, prompts, forms, capture, tokenizer, latent_hw, todo, out)
+            if todo:
+                self._analyse(images, prompts, forms, capture, tokenizer, latent_hw, todo, out)
         except Exception as exc:  # noqa: BLE001 -- recorded per image and counted by the study's error budget
             if _out_of_memory(exc):
                 raise      # the generator halves its batch and tries again
@@ -167,7 +174,7 @@ class PromptDependency:
                 out[DETECTION_STATUS][i] = DetectionStatus.ERROR
                 out[DETECTION_DETAIL][i] = detail
         finally:
-            capture.sums.clear()
+            capture.release()
         return out
 
     def _analyse(self, images, prompts, forms, capture, tokenizer, latent_hw, todo, out) -> None:
@@ -203,9 +210,7 @@ class PromptDependency:
                 cover = (coverage_matrix_torch(obj_masks.to(word_masks.device), word_masks) if obj_masks.shape[0]
                          else np.zeros((0, len(words))))
                 small = F.interpolate(heat[None].float(), (ATTENTION_MAP_SIZE, ATTENTION_MAP_SIZE), mode="area")[0]
-                flat = small.flatten(1)
-                lo, hi = flat.min(dim=1, keepdim=True).values, flat.max(dim=1, keepdim=True).values
-                norm = ((flat - lo) / (hi - lo).clamp(min=1e-30)).mul_(255.0).round_().clamp_(0, 255)
+                norm = min_max_torch(small)[0].mul_(255.0).round_().clamp_(0, 255)
                 out[ATTENTION_MAPS][i] = [bytes(r) for r in norm.to(torch.uint8).cpu().numpy()]
                 out[ATTENTION_MASKS][i] = rle.encode_many(word_masks.cpu().numpy())
             else:

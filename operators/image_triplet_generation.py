@@ -52,13 +52,12 @@ from operators.image_generation import (
     image_tensor,
     load_text2image,
 )
+from operators.image_prompt_dependency import no_image
 from operators.support.codec import pack_rgb8
 from operators.support.disparity import pair_cosines
 from operators.support.models import pick_device
 from schemas.exposed import (
     DEPENDENCY_COLUMNS,
-    DETECTION_COLUMNS,
-    DETECTION_STATUS,
     FEMININE,
     IMAGE_ID,
     MASCULINE,
@@ -69,7 +68,6 @@ from schemas.exposed import (
     UNIT_ID,
     UNIT_STATUS,
     VARIANT,
-    DetectionStatus,
     Space,
     Variant,
     disparity_column,
@@ -237,11 +235,10 @@ class TripletGenerator:
         objects = None
         if self.dependency is not None:   # images never made: no_image, empty object lists
             objects = {f.name: np.full((n, 3), None, dtype=object) for f in DEPENDENCY_COLUMNS}
-            for name in (f.name for f in DETECTION_COLUMNS):
+            for name, value in no_image().items():
                 for u in range(n):
                     for v in range(3):
-                        objects[name][u, v] = []
-            objects[DETECTION_STATUS][:] = DetectionStatus.NO_IMAGE
+                        objects[name][u, v] = value
         pixels, generated = [], []   # uint8 device tensors (3 images per unit), unit indices in that order
         pending = [todo[s:s + self.micro_batch] for s in range(0, len(todo), self.micro_batch)]
         with torch.inference_mode():

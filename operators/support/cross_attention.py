@@ -140,6 +140,10 @@ class CrossAttentionCapture:
         layers = len(self.steps)
         return total / layers if layers else total
 
+    def release(self) -> None:
+        """Drop what was recorded and not yet turned into heat maps."""
+        self.sums.clear()
+
     @staticmethod
     def word_positions(tokenizer, prompt: str, words=None) -> dict[str, list[int]]:
         """{word: token positions (0 = the first token after BOS)} of each of ``words`` (default: every

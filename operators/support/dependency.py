@@ -35,13 +35,19 @@ def attention_mask(heat_map, theta: float = THETA) -> np.ndarray:
     return (h - lo) / (hi - lo) > theta
 
 
-def attention_masks_torch(maps, theta: float = THETA):
-    """``attention_mask`` of each of ``maps`` (k, H, W) on their device (bool (k, H, W))."""
-    flat = maps.double().flatten(1)     # float64, as the numpy rule: the same pixels at the threshold
+def min_max_torch(maps):
+    """Each of ``maps`` (k, ...) scaled to [0, 1] by its own minimum and maximum, flattened to
+    (k, n), and whether it is not constant ((k, 1) bool; a constant map scales to 0)."""
+    flat = maps.flatten(1)
     lo, hi = flat.min(dim=1, keepdim=True).values, flat.max(dim=1, keepdim=True).values
     span = hi - lo
-    norm = (flat - lo) / span.clamp(min=1e-30)
-    return ((norm > theta) & (span > 0)).view(maps.shape)
+    return (flat - lo) / span.clamp(min=1e-30), span > 0
+
+
+def attention_masks_torch(maps, theta: float = THETA):
+    """``attention_mask`` of each of ``maps`` (k, H, W) on their device (bool (k, H, W))."""
+    norm, varies = min_max_torch(maps.double())   # float64, as the numpy rule: the same pixels at the threshold
+    return ((norm > theta) & varies).view(maps.shape)
 
 
 def coverage(object_mask, word_mask) -> float:
