@@ -63,12 +63,6 @@ from typing import Any
 import numpy as np
 
 from operators.base import Resources
-from operators.image_blip2_vqa import (
-    _dtype_kwarg,
-    _resolved_dir,
-    _version,
-    _weights_record,
-)
 from operators.support.codec import rgb_levels
 from operators.support.disparity import (
     check_units,
@@ -76,7 +70,16 @@ from operators.support.disparity import (
     pair_cosines,
     unflatten_units,
 )
-from operators.support.models import ModelLoadError, check_loading_info, pick_device, resolve_dtype
+from operators.support.models import (
+    ModelLoadError,
+    check_loading_info,
+    dtype_kwarg,
+    package_version,
+    pick_device,
+    resolve_dtype,
+    resolved_dir,
+    weights_record,
+)
 from schemas.exposed import Space
 
 STAGE_BACKBONE_DISPARITY = "backbone_disparity"
@@ -324,10 +327,10 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
             if model_type != "vit":
                 raise ValueError(f"its config is a {model_type!r} model, not a 'vit' one")
             net, info = AutoModel.from_pretrained(model, revision=revision, add_pooling_layer=False,
-                                                  output_loading_info=True, **_dtype_kwarg(torch_dtype))
+                                                  output_loading_info=True, **dtype_kwarg(torch_dtype))
         else:
             net, info = AutoModelForImageClassification.from_pretrained(
-                model, revision=revision, output_loading_info=True, **_dtype_kwarg(torch_dtype))
+                model, revision=revision, output_loading_info=True, **dtype_kwarg(torch_dtype))
         ignored = check_loading_info(info, lambda k: arch == ARCH_VIT and k.split(".")[0] == "pooler")
         image_processor = AutoImageProcessor.from_pretrained(model, revision=revision)
         settings = image_settings(image_processor)
@@ -345,7 +348,7 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
         raise _load_error(model, revision, arch, exc) from exc
 
     local = os.path.isdir(model)
-    resolved = _resolved_dir(model, revision)
+    resolved = resolved_dir(model, revision)
     record = {
         "model": model,
         "revision": revision,
@@ -359,9 +362,9 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
         **settings,
         "dtype": str(torch_dtype).replace("torch.", ""),
         "device": dev,
-        "transformers_version": _version("transformers"),
-        "torch_version": _version("torch"),
-        **_weights_record(model, resolved, config),
+        "transformers_version": package_version("transformers"),
+        "torch_version": package_version("torch"),
+        **weights_record(model, resolved, config),
     }
     if ignored:
         record["ignored_checkpoint_weights"] = ignored

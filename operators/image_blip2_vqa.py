@@ -44,7 +44,6 @@ float32).
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 from dataclasses import dataclass, field
@@ -54,7 +53,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from operators.support.models import ModelLoadError, loaded_weight_files, weights_provenance
+from operators.support.models import (
+    ModelLoadError,
+    dtype_kwarg,
+    package_version,
+    resolved_dir,
+    weights_record,
+)
 from operators.base import Resources, with_column
 from operators.support.codec import batch_images, generated_image_rows, rgb_levels
 from operators.support.models import resolve_dtype
@@ -169,23 +174,6 @@ class Blip2Bundle:
     record: dict = field(default_factory=dict)
 
 
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _dtype_kwarg(torch_dtype) -> dict:
-    """``dtype=`` for transformers >= 4.56 (it deprecates ``torch_dtype``), else ``torch_dtype=``."""
-    parts = (_version("transformers") or "0.0").split(".")
-    try:
-        new = (int(parts[0]), int(parts[1])) >= (4, 56)
-    except ValueError:
-        new = True
-    return {"dtype": torch_dtype} if new else {"torch_dtype": torch_dtype}
-
-
 def _load_error(model: str, revision: str | None, exc: BaseException) -> ModelLoadError:
     return ModelLoadError(
         f"cannot load BLIP-2 model {model!r} (revision {revision!r}): {type(exc).__name__}: {str(exc).rstrip('. ')}. "
@@ -230,31 +218,6 @@ def _image_settings(image_processor) -> dict:
     }
 
 
-def _resolved_dir(model: str, revision: str | None) -> str | None:
-    """The local directory the model was read from: itself, or its snapshot in the hub cache."""
-    if os.path.isdir(model):
-        return str(Path(model).resolve())
-    try:
-        from transformers.utils import cached_file
-
-        path = cached_file(model, "config.json", revision=revision)
-        return str(Path(path).parent) if path else None
-    except Exception:  # noqa: BLE001 -- provenance only
-        return None
-
-
-def _weights_record(model: str, resolved: str | None, config) -> dict:
-    """The hub commit the model resolved to and the sha256 of the weight files transformers reads
-    from its directory (a local one, or the hub snapshot): operators.base.weights_provenance."""
-    if resolved is None or not os.path.isdir(resolved):
-        return {"commit": getattr(config, "_commit_hash", None), "weight_files": None, "weights_sha256": None}
-    record = weights_provenance(loaded_weight_files(resolved), resolved)
-    record["commit"] = record["commit"] or getattr(config, "_commit_hash", None)
-    if not record["weight_files"]:
-        record["weight_files"] = None
-    return record
-
-
 def load_blip2(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto") -> Blip2Bundle:
     """Load a BLIP-2 (``Blip2ForConditionalGeneration`` + its processor) for inference, or raise
     ModelLoadError naming the model and saying how to provide it.
@@ -273,7 +236,7 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
         if getattr(config, "model_type", None) != "blip-2":
             raise ValueError(f"its config is a {getattr(config, 'model_type', None)!r} model, not a 'blip-2' one")
         net, info = Blip2ForConditionalGeneration.from_pretrained(
-            model, revision=revision, output_loading_info=True, **_dtype_kwarg(torch_dtype)
+            model, revision=revision, output_loading_info=True, **dtype_kwarg(torch_dtype)
         )
         missing = list(info.get("missing_keys") or [])
         if missing:
@@ -295,7 +258,7 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
         raise _load_error(model, revision, exc) from exc
 
     local = os.path.isdir(model)
-    resolved = _resolved_dir(model, revision)
+    resolved = resolved_dir(model, revision)
     record = {
         "model": model,
         "revision": revision,
@@ -315,9 +278,9 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
         **settings,
         "dtype": str(torch_dtype).replace("torch.", ""),
         "device": dev,
-        "transformers_version": _version("transformers"),
-        "torch_version": _version("torch"),
-        **_weights_record(model, resolved, config),
+        "transformers_version": package_version("transformers"),
+        "torch_version": package_version("torch"),
+        **weights_record(model, resolved, config),
     }
     if local:
         root = Path(model).resolve()
@@ -355,10 +318,10 @@ def check_blip2(model: str, revision: str | None = None) -> dict:
     record = {"model": model, "revision": revision, "source": "directory" if local else "hub",
               "config_class": type(config).__name__,
               "text_config_class": type(config.text_config).__name__, "processor_class": type(processor).__name__,
-              "num_query_tokens": int(config.num_query_tokens), "transformers_version": _version("transformers"),
+              "num_query_tokens": int(config.num_query_tokens), "transformers_version": package_version("transformers"),
               "weights_loaded": False,
               # the files the actors will load, where they are here already (a local or pre-filled cache)
-              **_weights_record(model, _resolved_dir(model, revision), config)}
+              **weights_record(model, resolved_dir(model, revision), config)}
     if local:
         root = Path(model).resolve()
         record["path"] = str(root)

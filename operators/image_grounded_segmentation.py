@@ -94,15 +94,18 @@ import numpy as np
 import pyarrow as pa
 
 from operators.base import Resources, with_column
-from operators.image_blip2_vqa import (
-    _dtype_kwarg,
-    _resolved_dir,
-    _version,
-    _weights_record,
-)
 from operators.support import rle
 from operators.support.codec import batch_images, generated_image_rows, rgb_levels
-from operators.support.models import ModelLoadError, check_loading_info, pick_device, resolve_dtype
+from operators.support.models import (
+    ModelLoadError,
+    check_loading_info,
+    dtype_kwarg,
+    package_version,
+    pick_device,
+    resolve_dtype,
+    resolved_dir,
+    weights_record,
+)
 from schemas.exposed import (
     DETECTION_COLUMNS,
     DETECTION_STATUS,
@@ -309,7 +312,7 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
             if family != SEGMENTER_TYPE:
                 raise ValueError(f"its config is a {family!r} model, not a {SEGMENTER_TYPE!r} one")
             cls = transformers.SamModel
-        net, info = cls.from_pretrained(model, revision=revision, output_loading_info=True, **_dtype_kwarg(torch_dtype))
+        net, info = cls.from_pretrained(model, revision=revision, output_loading_info=True, **dtype_kwarg(torch_dtype))
         check_loading_info(info)
         processor = AutoProcessor.from_pretrained(model, revision=revision)
         if getattr(processor, "image_processor", None) is None:
@@ -323,7 +326,7 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
         raise _load_error(role, model, revision, exc) from exc
 
     local = os.path.isdir(model)
-    resolved = _resolved_dir(model, revision)
+    resolved = resolved_dir(model, revision)
     image_processor = processor.image_processor
     record = {
         "model": model,
@@ -338,9 +341,9 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
         "preprocessing_on_device": _on_device(image_processor),
         "dtype": str(torch_dtype).replace("torch.", ""),
         "device": dev,
-        "transformers_version": _version("transformers"),
-        "torch_version": _version("torch"),
-        **_weights_record(model, resolved, config),
+        "transformers_version": package_version("transformers"),
+        "torch_version": package_version("torch"),
+        **weights_record(model, resolved, config),
     }
     if getattr(processor, "tokenizer", None) is not None:
         record["tokenizer_class"] = type(processor.tokenizer).__name__

@@ -1,5 +1,5 @@
 """What every model-loading stage shares: the load error, the device and dtype rules, and what a
-loader records about the weights it read (hub commit, sha256 of each weight file).
+loader records about the weights it read (hub commit, sha256 of each weight file, package versions).
 
 One copy of each, imported by the stages (operators/image_*.py, text_*.py) and by the engine's
 model checks.
@@ -8,6 +8,7 @@ model checks.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -56,6 +57,24 @@ def resolve_dtype(dtype: str, device: str, cuda_auto: str = "float16"):
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {DTYPES}")
     return getattr(torch, name)
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (None when it is not installed)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def dtype_kwarg(torch_dtype) -> dict:
+    """``dtype=`` for transformers >= 4.56 (it deprecates ``torch_dtype``), else ``torch_dtype=``."""
+    parts = (package_version("transformers") or "0.0").split(".")
+    try:
+        new = (int(parts[0]), int(parts[1])) >= (4, 56)
+    except ValueError:
+        new = True
+    return {"dtype": torch_dtype} if new else {"torch_dtype": torch_dtype}
 
 
 # --- what a model loader records about the weights it loaded ------------------------------------------
@@ -143,6 +162,33 @@ def weights_fingerprint(path: str) -> str | None:
         return None
     files = [p for p in Path(path).rglob("*") if p.suffix in {".safetensors", ".bin"} and p.is_file()]
     return weights_provenance(files, path)["weights_sha256"]
+
+
+def resolved_dir(model: str, revision: str | None) -> str | None:
+    """The local directory a transformers model was read from: itself, or its snapshot in the hub
+    cache (found through ``config.json``; None when neither is there)."""
+    if os.path.isdir(model):
+        return str(Path(model).resolve())
+    try:
+        from transformers.utils import cached_file
+
+        path = cached_file(model, "config.json", revision=revision)
+        return str(Path(path).parent) if path else None
+    except Exception:  # noqa: BLE001 -- provenance only
+        return None
+
+
+def weights_record(model: str, resolved: str | None, config) -> dict:
+    """The hub commit a transformers model resolved to and the sha256 of the weight files
+    transformers reads from its directory (a local one, or the hub snapshot; ``resolved_dir``):
+    ``weights_provenance``, with the config's commit hash where the path has none."""
+    if resolved is None or not os.path.isdir(resolved):
+        return {"commit": getattr(config, "_commit_hash", None), "weight_files": None, "weights_sha256": None}
+    record = weights_provenance(loaded_weight_files(resolved), resolved)
+    record["commit"] = record["commit"] or getattr(config, "_commit_hash", None)
+    if not record["weight_files"]:
+        record["weight_files"] = None
+    return record
 
 
 def check_loading_info(info: dict, ignore=lambda key: False) -> list[str]:
