@@ -19,8 +19,9 @@ sample differently depending on its position and the batch size, so pixels can d
 level or two from the image generated alone; that is floating-point, not a different image.
 
 Images stay on the device as a float tensor in [0, 1] (``output_type="pt"``); the
-``heads`` (CLIP gender, CLIP embedding, BLIP-2) run on that tensor directly (no
-encode/decode round trip), then the images move to the CPU once as raw RGB8 payloads
+``heads`` (CLIP gender, CLIP embedding, BLIP-2, object detection, FID features) run on that
+tensor directly (no encode/decode round trip; a head with ``takes_prompts = True`` also gets the
+images' prompts, as ``classify_tensor(images, prompts=...)``), then the images move to the CPU once as raw RGB8 payloads
 (``operators.support.codec.pack_rgb8``).
 
 Rows whose prompt is null or blank are not generated: they get GENERATION_STATUS
@@ -312,7 +313,9 @@ class ImageGenerator:
             sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
             idx = np.asarray(rows)[keep]
             for head in self.heads:
-                for name, values in head.classify_tensor(sub).items():
+                # a head that reads the prompts too (CLIP image-text alignment) declares takes_prompts
+                kw = {"prompts": [prompts[i] for i in idx]} if getattr(head, "takes_prompts", False) else {}
+                for name, values in head.classify_tensor(sub, **kw).items():
                     heads[name] = (idx, values)
         return _to_uint8(images), blocked, flags, heads
 

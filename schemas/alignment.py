@@ -1,0 +1,66 @@
+"""Column names and schemas of DALL-Eval's image-text alignment and image quality part (paper 000,
+App. D: CLIP R-precision, FID; CLIPScore as the widely used modern alternative).
+
+One row per generated image (``ALIGNMENT_IMAGES``): the caption it was generated from, its seed
+and generation status, and, computed on the generator's device while the image is there, the CLIP
+image and caption embeddings (L2-normalised) with their cosine, and the FID feature vector of the
+image (Inception v3 pool3, 2048-d, or the configured extractor's). Reference images for FID get
+one row each (``REFERENCE_FEATURES``). The measures (R-precision, CLIPScore, FID) are computed on
+the driver from these stored vectors, so a new negative sample or reference set needs no new images.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from schemas.gep import IMAGE_ID
+from schemas.images import GENERATION_DETAIL, GENERATION_STATUS, IMAGE_INDEX, MODEL, NSFW, SAFETY_CHECKER, SEED
+from schemas.subsets import PROMPT
+
+CAPTION_ID = "caption_id"              # the user's id of the caption (or its row number in the input)
+CLIP_IMAGE_EMBEDDING = "clip_image_embedding"  # list<float32>, unit L2 norm
+CLIP_TEXT_EMBEDDING = "clip_text_embedding"    # list<float32>, unit L2 norm, of the prompt (the caption)
+CLIP_COSINE = "clip_cosine"            # float32: cosine of the two
+FID_FEATURES = "fid_features"          # list<float32>: the FID extractor's feature vector of the image
+REFERENCE_ID = "reference_id"          # the reference image's path (or id column)
+REFERENCE_STATUS = "reference_status"  # "ok" / "decode_error"
+
+
+class ReferenceStatus:
+    OK = "ok"
+    DECODE_ERROR = "decode_error"
+    ALL = (OK, DECODE_ERROR)
+
+
+ALIGNMENT_REQUESTS = pa.schema([
+    pa.field(IMAGE_ID, pa.string()),
+    pa.field(CAPTION_ID, pa.string()),
+    pa.field(PROMPT, pa.string()),
+    pa.field(IMAGE_INDEX, pa.int32()),
+    pa.field(SEED, pa.int64()),
+])
+
+CLIP_ALIGNMENT_COLUMNS = pa.schema([
+    pa.field(CLIP_IMAGE_EMBEDDING, pa.list_(pa.float32())),
+    pa.field(CLIP_TEXT_EMBEDDING, pa.list_(pa.float32())),
+    pa.field(CLIP_COSINE, pa.float32()),
+])
+
+FID_COLUMNS = pa.schema([pa.field(FID_FEATURES, pa.list_(pa.float32()))])
+
+ALIGNMENT_IMAGES = pa.schema([
+    *ALIGNMENT_REQUESTS,
+    pa.field(MODEL, pa.string()),
+    pa.field(GENERATION_STATUS, pa.string()),
+    pa.field(GENERATION_DETAIL, pa.string()),
+    pa.field(NSFW, pa.bool_()),
+    pa.field(SAFETY_CHECKER, pa.string()),
+    *CLIP_ALIGNMENT_COLUMNS,
+    *FID_COLUMNS,
+])
+
+REFERENCE_FEATURES = pa.schema([
+    pa.field(REFERENCE_ID, pa.string()),
+    pa.field(REFERENCE_STATUS, pa.string()),
+    *FID_COLUMNS,
+])
