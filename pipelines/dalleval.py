@@ -1,5 +1,6 @@
-"""Social bias of text-to-image models with DALL-Eval's diagnostic prompts (paper 000, "DALL-Eval:
-Probing the Reasoning Skills and Social Biases of Text-to-Image Generation Models", section 4.2).
+"""DALL-Eval (paper 000, "DALL-Eval: Probing the Reasoning Skills and Social Biases of Text-to-Image
+Generation Models"): social bias (section 4.2), visual reasoning skills (PaintSkills, sections 3 and
+4.1) and image-text alignment / image quality (App. D) of text-to-image models.
 
 Subcommands:
   run        "[G] who works as a/an [P]" for G in {a person, a man, a woman} and the 83 professions of
@@ -10,8 +11,18 @@ Subcommands:
              nearest Monk Skin Tone) -> average gender / skin tone and MAD against uniform per prompt
              and per model (Tables 6-8, 16-17, 20-21), attribute presence per gender (Tables 9, 22-31),
              per-image table, metrics.json, report.html.
+  skills     PaintSkills prompts (object "a photo of <obj>", count "a photo of <N> <obj>", spatial
+             "a <objB> is <rel> a <objA>"; 2,325 / 2,160 / 2,700 by default) -> generation -> on the
+             generator's device: DETR-R101-DC5 (COCO, zero-shot) detections -> per-image verdicts at the
+             threshold (0.7), per-skill accuracy (Table 2), per count / relation (Fig. 5a) and per task
+             (Fig. 5b), report.html with the detected boxes on example images.
+  alignment  captions (e.g. COCO val2014 as parquet; 30K drawn) -> generation -> on the generator's
+             device: CLIP ViT-B/32 image and caption embeddings, FID features (Inception v3, pluggable)
+             -> CLIP R-precision (1 true + 99 random captions, R = 1), CLIPScore and FID against the
+             reference images (Table 19), each with the number of images behind it.
   summarize  average gender and MAD per model from a CSV of per-prompt counts (model,prompt,male,female
-             and optionally tone_1..tone_10): re-analyse published counts (Tables 16-17 give Table 8).
+             and optionally tone_1..tone_10): re-analyse published counts (Tables 16-17 give Table 8);
+             or, with --skills, Table 2 from per-skill accuracies (model,skill,accuracy[,n]).
 
 Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with RAY_ADDRESS
 / --ray-address set, on that cluster.
@@ -29,25 +40,12 @@ if __package__ in (None, ""):  # run as a script (python pipelines/dalleval.py, 
 from pipelines.engine import cli, gpus  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dalleval.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-
-    r = sub.add_parser("run", help="generate, detect gender / attributes / skin tone, and measure bias (one Ray job)")
-    r.add_argument("--output", required=True, metavar="DIR",
-                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
-    s = r.add_argument_group("study (section 4.2.1; any key of configs/dalleval.yaml in --config)")
-    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval.yaml")
-    s.add_argument("--professions", metavar="P,Q,...", help="only these professions of the configured list")
-    s.add_argument("--max-professions", type=int, metavar="N", help="only the first N professions (quick runs)")
-    s.add_argument("--no-bare-prompts", action="store_true", help="leave out the bare '[G]' prompts")
-    g = r.add_argument_group("generation")
+def _generation_args(p) -> None:
+    g = p.add_argument_group("generation")
     g.add_argument("--generators", nargs="+", metavar="MODEL", help="diffusers models: hub ids or directories")
     g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
                    help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
                         "(a bare REVISION with one generator). The commit each loads is recorded either way")
-    g.add_argument("--images-per-prompt", type=int, help="images per prompt (default 9)")
     g.add_argument("--steps", type=int, help="inference steps (default 50)")
     g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
     g.add_argument("--scheduler", help="diffusers scheduler class; 'model' keeps the model's (default)")
@@ -55,27 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--width", type=int, help="image width (default: the model's)")
     g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
     g.add_argument("--safety-checker", choices=["model-default", "off"], help="default off")
-    d = r.add_argument_group("detection (section 4.2.3)")
-    d.add_argument("--gender-detector", choices=["blip2", "clip"], help="blip2 (default, the paper's) or clip zero-shot")
-    d.add_argument("--blip2-model", help="BLIP-2 model: hub id or directory (default Salesforce/blip2-flan-t5-xl)")
-    d.add_argument("--blip2-revision", help="hub revision (commit, branch or tag) of the BLIP-2 model (default: main; "
-                                            "the commit is recorded)")
-    d.add_argument("--clip-model", help="CLIP of the clip detector: open_clip architecture, local-dir:/path or hf-hub:")
-    d.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
-    d.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
-                                           "model or a pretrained tag hosted on the hub (default: main; the commit "
-                                           "is recorded)")
-    d.add_argument("--no-attributes", action="store_true", help="do not ask about the attributes")
-    d.add_argument("--no-skin-tone", action="store_true", help="do not measure skin tone")
-    d.add_argument("--standin-models", action="store_true",
-                   help="tiny random-weight generators, BLIP-2 and CLIP (offline smoke run; numbers are meaningless)")
-    x = r.add_argument_group("execution")
-    x.add_argument("--run-id", metavar="ID", help="run directory name (default dalleval-<8 hex digits of the configuration>)")
+    return g
+
+
+def _execution_args(p, heads: bool = False) -> None:
+    x = p.add_argument_group("execution")
+    x.add_argument("--run-id", metavar="ID", help="run directory name (default <study name>-<8 hex digits of the "
+                                                  "configuration>)")
     x.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address; 'local' starts a local instance")
     x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
     x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
     x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
-    x.add_argument("--skin-actors", type=int, default=1, help="skin-tone (CPU) actors (default 1)")
+    if heads:
+        x.add_argument("--skin-actors", type=int, default=1, help="skin-tone (CPU) actors (default 1)")
     gpus.add_arguments(x, "generator")
     x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
     x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
@@ -84,13 +74,107 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
     x.add_argument("--overwrite", action="store_true", help="discard this run id's directory and start again")
 
-    q = sub.add_parser("summarize", help="average gender / skin tone and MAD from per-prompt counts")
-    q.add_argument("--counts", required=True, metavar="CSV",
-                   help="columns model,prompt,male,female and optionally tone_1..tone_10 (and group)")
+
+def _output_arg(p) -> None:
+    p.add_argument("--output", required=True, metavar="DIR",
+                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dalleval.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="social bias: generate, detect gender / attributes / skin tone, and measure bias "
+                                   "(one Ray job)")
+    _output_arg(r)
+    s = r.add_argument_group("study (section 4.2.1; any key of configs/dalleval.yaml in --config)")
+    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval.yaml")
+    s.add_argument("--professions", metavar="P,Q,...", help="only these professions of the configured list")
+    s.add_argument("--max-professions", type=int, metavar="N", help="only the first N professions (quick runs)")
+    s.add_argument("--no-bare-prompts", action="store_true", help="leave out the bare '[G]' prompts")
+    g = _generation_args(r)
+    g.add_argument("--images-per-prompt", type=int, help="images per prompt (default 9)")
+    d = r.add_argument_group("detection (section 4.2.3)")
+    d.add_argument("--gender-detector", choices=["blip2", "clip"], help="blip2 (default, the paper's) or clip zero-shot")
+    d.add_argument("--blip2-model", help="BLIP-2 model: hub id or directory (default Salesforce/blip2-flan-t5-xl)")
+    d.add_argument("--blip2-revision", help="hub revision (commit, branch or tag) of the BLIP-2 model (default: main; "
+                                            "the commit is recorded)")
+    _clip_args(d, "the clip detector")
+    d.add_argument("--no-attributes", action="store_true", help="do not ask about the attributes")
+    d.add_argument("--no-skin-tone", action="store_true", help="do not measure skin tone")
+    d.add_argument("--standin-models", action="store_true",
+                   help="tiny random-weight generators, BLIP-2 and CLIP (offline smoke run; numbers are meaningless)")
+    _execution_args(r, heads=True)
+
+    k = sub.add_parser("skills", help="PaintSkills visual reasoning: object / count / spatial prompts, generation, "
+                                      "zero-shot DETR detection and the section 4.1 accuracies (one Ray job)")
+    _output_arg(k)
+    s = k.add_argument_group("prompts (section 3.2; any key of configs/dalleval_skills.yaml in --config)")
+    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval_skills.yaml")
+    s.add_argument("--skills", metavar="S,T", help="only these skills (object, count, spatial)")
+    s.add_argument("--prompts-per-skill", type=int, metavar="N",
+                   help="N prompts per skill instead of the test-split sizes 2,325 / 2,160 / 2,700 (quick runs)")
+    s.add_argument("--templates", metavar="SET", help="template set: table1 (default, Table 1) or table10 (App. B)")
+    _generation_args(k)
+    d = k.add_argument_group("detection (section 4.1)")
+    d.add_argument("--detector", metavar="MODEL", help="transformers object detector: hub id or directory "
+                                                       "(default facebook/detr-resnet-101-dc5, used zero-shot)")
+    d.add_argument("--detector-revision", help="hub revision of the detector (default: main; the commit is recorded)")
+    d.add_argument("--threshold", type=float, help="detections count above this confidence (default 0.7, the "
+                                                   "paper's code); rescoring a finished run needs no new images")
+    d.add_argument("--standin-models", action="store_true",
+                   help="tiny random-weight generators and detector (offline smoke run; numbers are meaningless)")
+    _execution_args(k)
+
+    a = sub.add_parser("alignment", help="image-text alignment and quality: CLIP R-precision, CLIPScore and FID of "
+                                         "images generated from captions (App. D; one Ray job)")
+    _output_arg(a)
+    s = a.add_argument_group("inputs (App. D; any key of configs/dalleval_alignment.yaml in --config)")
+    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval_alignment.yaml")
+    s.add_argument("--captions", metavar="FILE", help="captions: parquet, CSV or text (one per line); default: the "
+                                                      "bundled 24-caption sample")
+    s.add_argument("--caption-column", metavar="COL", help="caption column of parquet / CSV input (default caption)")
+    s.add_argument("--caption-id-column", metavar="COL", help="caption id column (default: the row number)")
+    s.add_argument("--caption-group-column", metavar="COL",
+                   help="one caption drawn per value of this column (e.g. image_id: COCO has five per image)")
+    s.add_argument("--max-captions", type=int, metavar="N", help="captions drawn (default 30000, the paper's)")
+    s.add_argument("--reference", metavar="PATH", help="FID reference images: a directory or glob of image files, "
+                                                       "or parquet with an image column (default: scikit-image's "
+                                                       "bundled photos, a stand-in)")
+    s.add_argument("--max-reference-images", type=int, metavar="N", help="at most N reference images")
+    _generation_args(a)
+    d = a.add_argument_group("measures")
+    _clip_args(d, "R-precision and CLIPScore")
+    d.add_argument("--negatives", type=int, help="random other captions per image for R-precision (default 99)")
+    d.add_argument("--fid-extractor", metavar="SPEC", help="inception (default: torch-fidelity's Inception v3) or "
+                                                           "package.module:function returning a feature module")
+    d.add_argument("--fid-weights", metavar="FILE", help="local weights of the FID extractor (for inception: "
+                                                         "weights-inception-2015-12-05-6726825d.pth)")
+    d.add_argument("--standin-models", action="store_true",
+                   help="tiny random-weight generators, CLIP and FID extractor (offline smoke run; numbers are "
+                        "meaningless)")
+    _execution_args(a)
+
+    q = sub.add_parser("summarize", help="re-analyse published numbers: average gender / skin tone and MAD from "
+                                         "per-prompt counts, or Table 2 from per-skill accuracies")
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--counts", metavar="CSV",
+                     help="columns model,prompt,male,female and optionally tone_1..tone_10 (and group)")
+    src.add_argument("--skills", metavar="CSV", help="columns model,skill,accuracy[,n]: Table 2 with the average "
+                                                     "over the skills")
     q.add_argument("--group", metavar="LABEL",
                    help="gender metrics over this group's prompts only (needs a group column; default: every prompt)")
-    q.add_argument("--output", metavar="DIR", help="write dalleval_summary.json here")
+    q.add_argument("--output", metavar="DIR", help="write dalleval_summary.json (or dalleval_skills_summary.json) here")
     return p
+
+
+def _clip_args(group, what: str) -> None:
+    group.add_argument("--clip-model", help=f"CLIP of {what}: open_clip architecture, local-dir:/path or hf-hub:")
+    group.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
+    group.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
+                                               "model or a pretrained tag hosted on the hub (default: main; the commit "
+                                               "is recorded)")
 
 
 def run_summarize(args) -> dict:
@@ -105,9 +189,21 @@ def run(args) -> dict:
     return dalleval_study.run(args)
 
 
+def run_skills(args) -> dict:
+    from pipelines.studies.dalleval import skills_study
+
+    return skills_study.run(args)
+
+
+def run_alignment(args) -> dict:
+    from pipelines.studies.dalleval import alignment_study
+
+    return alignment_study.run(args)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": run, "summarize": run_summarize}
+    commands = {"run": run, "skills": run_skills, "alignment": run_alignment, "summarize": run_summarize}
     return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
 
 

@@ -15,7 +15,6 @@ detector settings) names the run; the measures are recomputed from the per-image
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import pandas as pd
@@ -23,12 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.studies.dalleval import metrics as M
+from pipelines.studies.dalleval.generation import generation_rows, generator_stage, load_generators, sink_stages
 from operators.base import Stage, conform
 from operators.image_blip2_vqa import Blip2Detector
 from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_skin_tone import SkinToneDetector
 from operators.image_generation import ImageGenerator
-from operators.image_sink import ImageSink
 from pipelines.studies.dalleval.prompts import (
     dalleval_requests,
     diagnostic_prompts,
@@ -41,12 +40,11 @@ from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
 from pipelines.engine.models import build_standins, generation_settings, clip_settings
-from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
 from schemas.gep import IMAGE_ID
-from schemas.images import GENDER, GENERATION_STATUS, MODEL, Gender, GenerationStatus
+from schemas.images import GENDER, GENERATION_STATUS, Gender
 
 PRESET = "dalleval.yaml"
 REPLACED = ("groups", "professions", "attributes", "articles")  # a study file's own sets, not merged
@@ -171,8 +169,6 @@ def classifier_kwargs(st: dict) -> dict | None:
 def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
     """Load every model once on the driver before any work (BLIP-2 as configuration and processor
     only: its weights are large): an unloadable model fails the run now, naming it."""
-    from operators.image_generation import load_text2image
-
     records = []
     if st["detect"]["gender"] == S.GenderDetector.CLIP:
         from operators.image_clip_gender import load_clip
@@ -191,14 +187,7 @@ def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
         with SkinToneDetector(**st["skin_tone"]) as det:
             records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
                             "standin": False, "detail": det.record})
-    for model in models:
-        pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
-                                    safety_checker=st["generation"]["safety_checker"],
-                                    scheduler=st["generation"].get("scheduler"))
-        records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
-        del pipe
-        gc.collect()
-    return records
+    return records + load_generators(st, models, standin)
 
 
 def standins(st: dict, root: str, n_generators: int) -> list[str]:
@@ -329,18 +318,13 @@ def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: 
     """Section 5 (social bias): each diagnostic prompt's images, their gender (CLIP zero-shot or
     BLIP-2, on the generator's device) and attributes (BLIP-2), skin tone from the face (Monk
     scale), and the images saved."""
-    gen, batch = st["generation"], max(1, args.gen_batch_size)
+    batch = max(1, args.gen_batch_size)
     clip, blip2 = classifier_kwargs(st), detector_kwargs(st)
     heads = [*([Stage(ClipGenderClassifier, clip)] if clip else []), *([Stage(Blip2Detector, blip2)] if blip2 else [])]
     pipeline = [
-        Stage(ImageGenerator, {"model": model, "revision": gen["revisions"].get(model),  # pinned as on the driver
-                               "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
-                               "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
-                               "scheduler": gen.get("scheduler"), "micro_batch": batch,
-                               "device": st.get("device", "auto"), "heads": heads}),
+        generator_stage(st, model, heads, batch),
         *([Stage(SkinToneDetector, dict(st["skin_tone"]))] if st["detect"]["skin_tone"] else []),
-        *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": IMAGE_ID})]
-          if not args.no_save_images else []),
+        *sink_stages(args, images_dir, model),
     ]
     return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
         ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch},
@@ -393,20 +377,11 @@ def mad_table(summary: list[dict]) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------ accounting
 def run_summary_rows(images: pa.Table, requested: int, phases: dict, st: dict) -> list[dict]:
-    rows = []
-    for model, phase in phases.items():
-        mine = images.filter(pc.equal(images.column(MODEL), model))
-        branch = f"generated: {Path(model.rstrip('/')).name}"
-        status = outcome_counts(mine, GENERATION_STATUS)
-        ok = status.get(GenerationStatus.OK, 0)
-        share = phase.processed / phase.total if phase.total else 0.0
-        rows.append(stage_row(phase, branch, "generate", requested, ok,
-                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(requested * share)))
-        gen_ok = mine.filter(pc.fill_null(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK), False))
+    def detected(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) -> list[dict]:
         genders = outcome_counts(gen_ok, S.DETECTED_GENDER)
         decided = genders.get(S.DetectedGender.MALE, 0) + genders.get(S.DetectedGender.FEMALE, 0)
         dropped = {k: v for k, v in genders.items() if k not in (S.DetectedGender.MALE, S.DetectedGender.FEMALE)}
-        rows.append(stage_row(phase, branch, f"gender ({st['detect']['gender']})", ok, decided, dropped, round(ok * share)))
+        rows = [stage_row(phase, branch, f"gender ({st['detect']['gender']})", ok, decided, dropped, round(ok * share))]
         if st["detect"]["skin_tone"]:
             skin = outcome_counts(gen_ok, S.SKIN_STATUS)
             rows.append(stage_row(phase, branch, "skin_tone", ok, skin.get(S.SkinStatus.OK, 0),
@@ -415,4 +390,6 @@ def run_summary_rows(images: pa.Table, requested: int, phases: dict, st: dict) -
             asked = int(pc.sum(pc.is_valid(gen_ok.column(S.ATTRIBUTE_NAMES))).as_py() or 0)
             rows.append(stage_row(phase, branch, "attributes (blip2)", ok, asked, {"not_asked": ok - asked},
                                   round(ok * share)))
-    return rows
+        return rows
+
+    return generation_rows(images, requested, phases, detected)

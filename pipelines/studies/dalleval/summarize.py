@@ -10,7 +10,10 @@ from pipelines.studies.dalleval.metrics import format_summary, summarize_counts
 
 
 def run(args) -> dict:
-    """`dalleval.py summarize`: Tables 16/17-shaped results from per-prompt counts."""
+    """`dalleval.py summarize`: Tables 16/17-shaped results from per-prompt counts, or Table 2
+    from per-skill accuracies (--skills)."""
+    if getattr(args, "skills", None):
+        return run_skills(args)
     df = read_cells(args.counts)
     if args.group is not None and "group" not in df:
         raise io.InputError(f"--group {args.group}: {args.counts} has no group column")
@@ -24,4 +27,23 @@ def run(args) -> dict:
         io.write_text(json.dumps({"input": args.counts, **result}, indent=2, allow_nan=False), out_fs,
                       f"{out}/dalleval_summary.json")
         print(f"wrote {args.output}/dalleval_summary.json")
+    return result
+
+
+def run_skills(args) -> dict:
+    """Table 2 (paper 000, section 5.2) from a CSV of per-skill accuracies: model,skill,accuracy[,n]."""
+    from pipelines.studies.dalleval.skills import format_table2, table2
+
+    df = read_cells(args.skills)
+    try:
+        table = table2(df)
+    except ValueError as exc:
+        raise io.InputError(f"{args.skills}: {exc}") from None
+    print(format_table2(table))
+    result = {"input": args.skills, "table2": table.to_dict("records")}
+    if args.output:
+        out_fs, out = io.output_fs(args.output)
+        io.write_text(json.dumps(io.clean_json(result), indent=2, allow_nan=False), out_fs,
+                      f"{out}/dalleval_skills_summary.json")
+        print(f"wrote {args.output}/dalleval_skills_summary.json")
     return result

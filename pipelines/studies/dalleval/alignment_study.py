@@ -1,0 +1,478 @@
+"""`dalleval.py alignment`: image-text alignment and image quality (paper 000, App. D, Table 19)
+as one Ray job, with CLIPScore as the widely used modern alternative.
+
+captions (e.g. COCO val2014 as parquet; one drawn per image, 30K drawn), one image each with a
+recorded seed
+  -> generation (any diffusers model), and on the generator's device, while the image is there:
+     CLIP ViT-B/32 image and caption embeddings with their cosine, and the image's FID features
+     (Inception v3 pool3 by default; pluggable)                              [Ray Data, GPU actors]
+  reference images (the real images FID compares with) -> their FID features   [Ray Data actors]
+  -> CLIP R-precision (true caption among 99 random others, R = 1), CLIPScore, FID (torchmetrics'
+     Fréchet distance of the two feature sets), each with the number of images behind it;
+     images.parquet, reference_features.parquet, alignment_quality.csv, metrics.json, report.html.
+
+Generated rows are checkpointed by (model, image id) as they arrive and the reference features
+once computed, so an interrupted run resumes where it stopped; the measures are recomputed from
+the stored vectors every time (another negative sample needs no new image).
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import Stage, conform
+from operators.image_clip_alignment import ClipAlignmentScorer
+from operators.image_fid_features import FidFeatureExtractor
+from operators.image_generation import ImageGenerator
+from operators.support.seeds import image_seeds
+from pipelines.engine import checkpoint, io, runtime, stages
+from pipelines.engine import config as study_config
+from pipelines.engine.figures import FigureDir
+from pipelines.engine.io import InputError
+from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
+from pipelines.engine.models import clip_settings, generation_settings
+from pipelines.engine.progress import Phase
+from pipelines.engine.summary import stage_row
+from pipelines.studies.dalleval import alignment_metrics as AM
+from pipelines.studies.dalleval.generation import generation_rows, generator_stage, load_generators, sink_stages
+from schemas import alignment as A
+from schemas.gep import IMAGE_ID
+from schemas.images import ENCODED, IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_INDEX, IMAGE_WIDTH, MODEL, SEED
+from schemas.subsets import PROMPT
+
+PRESET = "dalleval_alignment.yaml"
+SAMPLE_CAPTIONS = "dalleval_sample_captions.txt"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+VECTORS = (A.CLIP_IMAGE_EMBEDDING, A.CLIP_TEXT_EMBEDDING, A.FID_FEATURES)
+FILES = {
+    "images": "images",                         # per image: caption, seed, status, embeddings, cosine, FID features
+    "reference": "reference_features.parquet",  # per reference image: FID features
+    "table": "alignment_quality.csv",           # Table 19 shape: R-precision, CLIPScore, FID, n behind each
+    "metrics": "metrics.json",
+    "report": "report.html",
+    "images_dir": "images",
+}
+
+
+# ------------------------------------------------------------------------------------ inputs
+def read_captions(cap: dict) -> tuple[pa.Table, dict]:
+    """(caption_id, prompt) of the configured captions, and the counts: read, null or blank
+    dropped, kept after one-per-group and the sample."""
+    path = cap.get("input")
+    if path is None:
+        path = study_config.default_config_path(SAMPLE_CAPTIONS)
+    path = str(path)
+    group = None
+    try:
+        if path.endswith(".txt"):
+            texts = io.read_text(path).splitlines()
+            ids = [str(i) for i in range(len(texts))]
+        else:
+            if path.endswith(".csv"):
+                frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+            else:
+                import pyarrow.parquet as pq
+
+                frame = pq.read_table(path).to_pandas()
+            col = cap.get("column") or "caption"
+            if col not in frame.columns:
+                raise InputError(f"captions {path}: no column {col!r} (columns: {list(frame.columns)}); "
+                                 f"set captions.column / --caption-column")
+            texts = frame[col].tolist()
+            idc = cap.get("id_column")
+            if idc and idc not in frame.columns:
+                raise InputError(f"captions {path}: no id column {idc!r}")
+            ids = [str(v) for v in (frame[idc] if idc else range(len(frame)))]
+            gc = cap.get("group_column")
+            if gc:
+                if gc not in frame.columns:
+                    raise InputError(f"captions {path}: no group column {gc!r}")
+                group = [str(v) for v in frame[gc]]
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"cannot read captions {path}: {type(exc).__name__}: {exc}") from exc
+    read = len(texts)
+    ok = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+    counts = {"read": read, "null_or_blank": read - len(ok)}
+    rng = np.random.default_rng(int(cap.get("seed") or 0))
+    if group is not None:  # one caption per group (COCO: five per image), drawn
+        by: dict[str, list[int]] = {}
+        for i in ok:
+            by.setdefault(group[i], []).append(i)
+        ok = sorted(v[int(rng.integers(len(v)))] for v in by.values())
+        counts["one_per_group"] = len(ok)
+    n = cap.get("sample")
+    if n is not None and len(ok) > int(n):
+        ok = sorted(rng.choice(ok, size=int(n), replace=False).tolist())
+    counts["kept"] = len(ok)
+    if not ok:
+        raise InputError(f"captions {path}: no usable caption")
+    table = pa.table({A.CAPTION_ID: pa.array([ids[i] for i in ok], pa.string()),
+                      PROMPT: pa.array([" ".join(texts[i].split()) for i in ok], pa.string())})
+    return table, counts
+
+
+def requests_of(captions: pa.Table, seed: int) -> pa.Table:
+    """One image per caption (ALIGNMENT_REQUESTS); its seed from (base seed, caption, row)."""
+    n = captions.num_rows
+    index = list(range(n))
+    return pa.Table.from_pydict({
+        IMAGE_ID: [f"caption-{k:06d}" for k in index], A.CAPTION_ID: captions.column(A.CAPTION_ID),
+        PROMPT: captions.column(PROMPT), IMAGE_INDEX: [0] * n,
+        SEED: image_seeds(seed, captions.column(PROMPT).to_pylist(), index).tolist()}, schema=A.ALIGNMENT_REQUESTS)
+
+
+def reference_sources(ref: dict) -> tuple[str, list[str] | None]:
+    """("files", paths) for a directory or glob of images, ("parquet", [path]) or ("bundled", None)."""
+    spec = ref.get("images")
+    if spec is None:
+        return "bundled", None
+    spec = str(spec)
+    if spec.endswith(".parquet") or (Path(spec).is_dir() and any(Path(spec).glob("*.parquet"))):
+        return "parquet", [spec]
+    pattern = str(Path(spec) / "**" / "*") if Path(spec).is_dir() else spec
+    paths = sorted(p for p in _glob.glob(pattern, recursive=True) if p.lower().endswith(IMAGE_SUFFIXES))
+    if not paths:
+        raise InputError(f"reference images {spec}: no image file ({', '.join(IMAGE_SUFFIXES)}) found")
+    if ref.get("max_images"):
+        paths = paths[:int(ref["max_images"])]
+    return "files", paths
+
+
+def bundled_reference() -> pa.Table:
+    """scikit-image's bundled colour photos as encoded PNGs (the smoke run's stand-in reference)."""
+    import io as _io
+
+    from PIL import Image
+    from skimage import data
+
+    names = ("astronaut", "coffee", "chelsea", "rocket", "retina", "immunohistochemistry", "camera", "cat")
+    blobs, ids = [], []
+    for name in names:
+        img = np.asarray(getattr(data, name)())
+        if img.ndim == 2:
+            img = np.stack([img] * 3, axis=-1)
+        buf = _io.BytesIO()
+        Image.fromarray(img[..., :3].astype(np.uint8)).save(buf, format="PNG")
+        blobs.append(buf.getvalue())
+        ids.append(f"skimage:{name}")
+    return _payload(ids, blobs)
+
+
+def _payload(ids: list[str], blobs: list) -> pa.Table:
+    n = len(ids)
+    return pa.table({A.REFERENCE_ID: pa.array(ids, pa.string()), IMAGE: pa.array(blobs, pa.binary()),
+                     IMAGE_ENCODING: pa.array([ENCODED] * n, pa.string()),
+                     IMAGE_HEIGHT: pa.nulls(n, pa.int32()), IMAGE_WIDTH: pa.nulls(n, pa.int32())})
+
+
+def read_files(batch: pa.Table) -> pa.Table:
+    """Ray Data map: the bytes of each path of REFERENCE_ID (an unreadable file: null bytes)."""
+    import fsspec
+
+    blobs = []
+    for path in batch.column(A.REFERENCE_ID).to_pylist():
+        try:
+            with fsspec.open(path, "rb") as fh:
+                blobs.append(fh.read())
+        except OSError:
+            blobs.append(None)
+    return _payload(batch.column(A.REFERENCE_ID).to_pylist(), blobs)
+
+
+def reference_features(ray, st: dict, rd, per_actor: float) -> tuple[pa.Table, Phase]:
+    """FID features of every reference image (checkpointed once computed)."""
+    path = f"{rd.path}/{FILES['reference']}"
+    kind, paths = reference_sources(st["reference"])
+    phase = Phase("reference features", "images", 0)
+    if io.exists(rd.fs, path):
+        done = _read_parquet(rd.fs, path)
+        phase.total = phase.reused = done.num_rows
+        print(f"  reference features: {done.num_rows:,} reused from the checkpoint")
+        return done, phase
+    fid = st["fid"]
+    head = Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
+                                       "batch_size": int(fid["batch_size"]), "device": st.get("device", "auto")})
+    head = stages.configure([head], {FidFeatureExtractor.stage_name: {"num_gpus": per_actor}})
+    if kind == "bundled":
+        ds = runtime.from_table(ray, bundled_reference(), 8)
+    elif kind == "files":
+        ds = runtime.from_table(ray, pa.table({A.REFERENCE_ID: pa.array(paths, pa.string())}), 64)
+        ds = ds.map_batches(read_files, batch_format="pyarrow")
+    else:
+        col = st["reference"].get("image_column") or "image"
+        idc = st["reference"].get("id_column")
+        ds = ray.data.read_parquet(paths[0], columns=[col] + ([idc] if idc else []))
+        if st["reference"].get("max_images"):
+            ds = ds.limit(int(st["reference"]["max_images"]))
+
+        def to_payload(b: pa.Table) -> pa.Table:
+            blobs = b.column(col).to_pylist()
+            blobs = [v.get("bytes") if isinstance(v, dict) else v for v in blobs]  # HF image structs
+            ids = [str(v) for v in b.column(idc).to_pylist()] if idc else [None] * len(blobs)
+            return _payload(ids, blobs)
+
+        ds = ds.map_batches(to_payload, batch_format="pyarrow")
+    print("computing the FID features of the reference images ...")
+    import time
+
+    t0 = time.time()
+    refs = stages.run(ds, head).drop_columns([IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH]).to_arrow_refs()
+    parts = [t.select([A.REFERENCE_ID, A.FID_FEATURES]).cast(pa.schema([A.REFERENCE_FEATURES.field(A.REFERENCE_ID),
+                                                                     A.REFERENCE_FEATURES.field(A.FID_FEATURES)]))
+             for t in ray.get(refs) if t.num_rows]
+    table = pa.concat_tables(parts) if parts else A.REFERENCE_FEATURES.empty_table().drop_columns([A.REFERENCE_STATUS])
+    if kind == "parquet" and not st["reference"].get("id_column"):
+        table = table.set_column(table.schema.get_field_index(A.REFERENCE_ID), A.REFERENCE_ID,
+                                 pa.array([str(i) for i in range(table.num_rows)], pa.string()))
+    status = pc.if_else(pc.is_valid(table.column(A.FID_FEATURES)), A.ReferenceStatus.OK,
+                        A.ReferenceStatus.DECODE_ERROR)
+    table = conform(table.append_column(A.REFERENCE_STATUS, status), A.REFERENCE_FEATURES)
+    io.write_table(table, rd.fs, path)
+    phase.total = phase.processed = table.num_rows
+    phase.seconds = time.time() - t0
+    return table, phase
+
+
+def _read_parquet(fs, path: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    with fs.open_input_file(path) as fh:
+        return pq.read_table(fh)
+
+
+# ------------------------------------------------------------------------------------ settings
+def settings(args) -> dict:
+    cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET)
+    cap = dict(cfg["captions"])
+    for key, attr in (("input", "captions"), ("column", "caption_column"), ("id_column", "caption_id_column"),
+                      ("group_column", "caption_group_column"), ("sample", "max_captions")):
+        if getattr(args, attr, None) is not None:
+            cap[key] = getattr(args, attr)
+    ref = dict(cfg["reference"])
+    if getattr(args, "reference", None) is not None:
+        ref["images"] = args.reference
+    if getattr(args, "max_reference_images", None) is not None:
+        ref["max_images"] = args.max_reference_images
+    fid = dict(cfg["fid"])
+    for key, attr in (("extractor", "fid_extractor"), ("weights", "fid_weights")):
+        if getattr(args, attr, None) is not None:
+            fid[key] = getattr(args, attr)
+    rp = dict(cfg["r_precision"])
+    if getattr(args, "negatives", None) is not None:
+        rp["negatives"] = args.negatives
+    if int(rp["negatives"]) < 1 or int(rp["r"]) < 1:
+        raise ValueError(f"r_precision: negatives ({rp['negatives']}) and r ({rp['r']}) must be >= 1")
+    ex = dict(cfg["execution"])
+    for key in ("max_retries", "max_error_rate"):
+        if getattr(args, key, None) is not None:
+            ex[key] = getattr(args, key)
+    return {"label": str(cfg.get("name") or "dalleval-alignment"), "captions": cap, "reference": ref,
+            "generation": generation_settings(cfg["generation"], args), "clip": clip_settings(cfg["clip"], args),
+            "r_precision": rp, "clip_score": dict(cfg["clip_score"]), "fid": fid,
+            "report": dict(cfg.get("report") or {}), "execution": ex}
+
+
+def image_job(st: dict, args) -> dict:
+    gen = {k: st["generation"][k] for k in ("models", "steps", "guidance_scale", "scheduler", "seed", "safety_checker",
+                                            "height", "width", "revisions")}
+    return {"study": "paper000-dalleval-alignment", "captions": st["captions"], "reference": st["reference"],
+            "caption_ids": st["requests"].column(A.CAPTION_ID).to_pylist()[:3] + [st["requests"].num_rows],
+            "generation": gen, "clip": {k: st["clip"].get(k) for k in ("model", "pretrained", "revision")},
+            "fid": {k: st["fid"].get(k) for k in ("extractor", "weights")}, "standin_models": bool(args.standin_models)}
+
+
+# ------------------------------------------------------------------------------------ the study
+class AlignmentStudy:
+    """App. D of paper 000 as a study of the engine's lifecycle."""
+
+    name = "paper000-dalleval-alignment"
+
+    def settings(self, args) -> dict:
+        st = settings(args)
+        captions, st["caption_counts"] = read_captions(st["captions"])
+        st["requests"] = requests_of(captions, int(st["generation"]["seed"]))
+        reference_sources(st["reference"])   # a missing reference set fails now, before anything starts
+        st["models_loaded"] = list(st["generation"]["models"])
+        return st
+
+    def label(self, st: dict) -> str:
+        return st["label"]
+
+    def job(self, args, st: dict) -> dict:
+        return image_job(st, args)
+
+    def announce(self, args, st: dict) -> None:
+        c = st["caption_counts"]
+        kind, paths = reference_sources(st["reference"])
+        ref = {"bundled": "scikit-image's bundled photos (stand-in reference)", "parquet": f"parquet {paths and paths[0]}",
+               "files": f"{len(paths or []):,} image files"}[kind]
+        print(f"DALL-Eval alignment / quality: {c['kept']:,} captions ({c['read']:,} read), one image each per "
+              f"generator; CLIP {st['clip']['model']} R-precision (1 + {st['r_precision']['negatives']}), CLIPScore; "
+              f"FID ({st['fid']['extractor']}) against {ref}")
+
+    def gpu_models(self, args, st: dict) -> bool:
+        return True
+
+    def actor_cpus(self, args, st: dict) -> float:
+        return args.gen_actors + 1
+
+    def use_standins(self, args, st: dict, root: str) -> None:
+        from pipelines.engine.models import build_standins
+
+        clip, models = build_standins(root, [f"generator-{i + 1}-standin" for i in range(len(st["models_loaded"]))])
+        st["models_loaded"] = models
+        st["clip"] = {**st["clip"], "model": clip, "pretrained": None, "revision": None}
+        if st["fid"]["extractor"] == "inception" and st["fid"].get("weights") is None:
+            st["fid"] = {**st["fid"], "extractor": STANDIN_FID, "weights": None}
+
+    def load_models(self, args, st: dict, gpu) -> list[dict]:
+        from operators.image_clip_gender import load_clip
+        from operators.image_fid_features import load_fid_extractor
+
+        clip = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
+                         revision=st["clip"].get("revision"))
+        records = [{"role": "CLIP (R-precision, CLIPScore)", "model": st["clip"]["model"],
+                    "standin": args.standin_models, "detail": clip.record}]
+        del clip
+        fid = load_fid_extractor(st["fid"]["extractor"], st["fid"].get("weights"), device="cpu")
+        records.append({"role": "FID features", "model": st["fid"]["extractor"], "standin": args.standin_models,
+                        "detail": getattr(fid, "record", {})})
+        del fid
+        return records + load_generators(st, st["models_loaded"], args.standin_models)
+
+    def execute(self, run: Run) -> Outcome:
+        args, st, rd = run.args, run.st, run.rd
+        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
+        st["device"] = run.gpu.device
+        reference, ref_phase = reference_features(run.ray, st, rd, per_actor)
+        images, phases, budgets = generate_per_model(
+            models, requests, st["execution"],
+            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
+            "generating and scoring")
+        table = measures(images, reference, st)
+        io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=VECTORS)
+        io.write_text(table.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table']}")
+        save_images = not args.no_save_images
+        ok_ref = int(pc.sum(pc.equal(reference.column(A.REFERENCE_STATUS), A.ReferenceStatus.OK)).as_py() or 0)
+        metrics = {
+            "config": {"images": image_job(st, args), "r_precision": st["r_precision"], "clip_score": st["clip_score"],
+                       "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
+                       "generators_loaded": models, "clip_loaded": st["clip"], "fid_loaded": st["fid"],
+                       "save_images": save_images},
+            "captions": st["caption_counts"],
+            "reference": {"images": reference.num_rows, "ok": ok_ref},
+            "results": table.to_dict("records"),
+            "error_budgets": [b.as_dict() for b in budgets],
+        }
+        c = st["caption_counts"]
+        rows = [stage_row(None, "captions", "read + sample", c["read"], c["kept"],
+                          {"null_or_blank": c["null_or_blank"],
+                           "not_sampled": c["read"] - c["null_or_blank"] - c["kept"]}, c["read"]),
+                stage_row(ref_phase, "reference images", "fid features", reference.num_rows, ok_ref,
+                          {A.ReferenceStatus.DECODE_ERROR: reference.num_rows - ok_ref}, ref_phase.processed)]
+        rows += generation_rows(images, requests.num_rows, phases, scored_rows)
+        return Outcome(metrics, rows, {"images": images, "table": table, "save_images": save_images,
+                                       "reference": reference})
+
+    def report(self, run: Run, outcome: Outcome) -> None:
+        from pipelines.studies.dalleval import report_alignment
+
+        st, rd, d = run.st, run.rd, outcome.data
+        meta = {"run_id": rd.run_id, "output": rd.display(), "models": st["models_loaded"],
+                "standin": bool(run.args.standin_models), "captions": st["caption_counts"],
+                "reference": reference_sources(st["reference"])[0], "fid": st["fid"], "clip": st["clip"],
+                "r_precision": st["r_precision"],
+                "images_dir": FILES["images_dir"] if d["save_images"] else None,
+                "examples": int(st["report"].get("examples", 8))}
+        html = report_alignment.render_html(meta, d["images"], d["table"], run.models, figures=FigureDir(rd.fs, rd.path))
+        io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
+        print(report_alignment.format_table(d["table"]))
+        print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
+              f"{FILES['reference']}, {FILES['table']}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
+
+
+STANDIN_FID = "pipelines.standins.fid:tiny_fid_extractor"
+
+
+def run(args) -> dict:
+    """`dalleval.py alignment`."""
+    return run_study(AlignmentStudy(), args)
+
+
+# ------------------------------------------------------------------------------------ generation
+def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+    """Each caption's image; CLIP embeddings + cosine and FID features on the generator's device."""
+    batch = max(1, args.gen_batch_size)
+    clip, fid = st["clip"], st["fid"]
+    heads = [Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
+                                         "revision": clip.get("revision"), "batch_size": int(clip["batch_size"])}),
+             Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
+                                         "batch_size": int(fid["batch_size"])})]
+    pipeline = [generator_stage(st, model, heads, batch), *sink_stages(args, images_dir, model)]
+    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
+        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch}}))
+
+
+RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
+
+
+def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
+    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
+    return checkpoint.generate(ray, rd, requests, model, pipeline, A.ALIGNMENT_IMAGES, IMAGE_ID,
+                               max(1, args.gen_batch_size), budgets, echo,
+                               finish=lambda t: conform(t, A.ALIGNMENT_IMAGES))
+
+
+# ------------------------------------------------------------------------------------ measures
+def _vectors(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    from operators.image_clip_embedding import embeddings_of
+
+    return embeddings_of(table.column(column))
+
+
+def measures(images: pa.Table, reference: pa.Table, st: dict) -> pd.DataFrame:
+    """Table 19's shape per model: R-precision, CLIPScore and FID with the images behind each."""
+    ref, ref_ok = _vectors(reference, A.FID_FEATURES)
+    ref = ref[ref_ok]
+    rp, cs = st["r_precision"], st["clip_score"]
+    rows = []
+    for model in dict.fromkeys(images.column(MODEL).to_pylist()):
+        mine = images.filter(pc.equal(images.column(MODEL), model))
+        img, ok_i = _vectors(mine, A.CLIP_IMAGE_EMBEDDING)
+        txt, ok_t = _vectors(mine, A.CLIP_TEXT_EMBEDDING)
+        ok = ok_i & ok_t
+        row = {"model": model}
+        if ok.sum() >= 2:
+            captions = np.asarray(mine.column(PROMPT).to_pylist(), dtype=object)[ok].tolist()
+            r = AM.r_precision(img[ok], txt[ok], captions=captions, negatives=int(rp["negatives"]), r=int(rp["r"]),
+                               seed=int(rp["seed"]))
+            row.update({"r_precision": r["r_precision"], "r_precision_n": r["n"], "negatives": r["negatives"]})
+        else:
+            row.update({"r_precision": None, "r_precision_n": int(ok.sum()), "negatives": None})
+        cos = mine.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
+        cos = cos[~pd.isna(cos)].astype(np.float64)
+        s = AM.clip_score(cos, w=float(cs["w"])) if len(cos) else {"clip_score": None, "clip_score_100": None, "n": 0}
+        row.update({"clip_score": s["clip_score"], "clip_score_100": s["clip_score_100"], "clip_score_n": s["n"]})
+        feats, ok_f = _vectors(mine, A.FID_FEATURES)
+        if ok_f.sum() >= 2 and len(ref) >= 2:
+            f = AM.fid(feats[ok_f], ref)
+            row.update({"fid": f["fid"], "fid_n_generated": f["n_generated"], "fid_n_reference": f["n_reference"]})
+        else:
+            row.update({"fid": None, "fid_n_generated": int(ok_f.sum()), "fid_n_reference": int(len(ref))})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def scored_rows(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) -> list[dict]:
+    emb = int(pc.sum(pc.is_valid(gen_ok.column(A.CLIP_COSINE))).as_py() or 0) if gen_ok.num_rows else 0
+    fid = int(pc.sum(pc.is_valid(gen_ok.column(A.FID_FEATURES))).as_py() or 0) if gen_ok.num_rows else 0
+    return [stage_row(phase, branch, "clip alignment", ok, emb, {"not_scored": ok - emb}, round(ok * share)),
+            stage_row(phase, branch, "fid features", ok, fid, {"no_features": ok - fid}, round(ok * share))]

@@ -1,0 +1,70 @@
+"""What the DALL-Eval parts share besides the engine: the generator stage with its heads on the
+generator's device, the image sink, loading the generators once on the driver, and the run
+summary's generation rows. The social-bias part (study.py), the skills part (skills_study.py)
+and the alignment part (alignment_study.py) build their stage lists from these."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import Stage
+from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
+from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.progress import outcome_counts
+from pipelines.engine.summary import stage_row
+from schemas.gep import IMAGE_ID
+from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
+
+
+def generator_stage(st: dict, model: str, heads: list, batch: int) -> Stage:
+    """``model``'s ImageGenerator with ``heads`` on its device, pinned to the revision the driver loaded."""
+    gen = st["generation"]
+    return Stage(ImageGenerator, {"model": model, "revision": gen["revisions"].get(model),
+                                  "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
+                                  "height": gen["height"], "width": gen["width"],
+                                  "safety_checker": gen["safety_checker"], "scheduler": gen.get("scheduler"),
+                                  "micro_batch": batch, "device": st.get("device", "auto"), "heads": heads})
+
+
+def sink_stages(args, images_dir: str, model: str) -> list[Stage]:
+    """The image sink (images/<model dir>/<image id>.png), unless --no-save-images."""
+    if getattr(args, "no_save_images", False):
+        return []
+    return [Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": IMAGE_ID})]
+
+
+def load_generators(st: dict, models: list[str], standin: bool) -> list[dict]:
+    """Load every generator once on the CPU (and let it go): their provenance records."""
+    from operators.image_generation import load_text2image
+
+    records = []
+    for model in models:
+        pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
+                                    safety_checker=st["generation"]["safety_checker"],
+                                    scheduler=st["generation"].get("scheduler"))
+        records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
+        del pipe
+        gc.collect()
+    return records
+
+
+def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows) -> list[dict]:
+    """Run-summary rows per generator: generation (requested -> ok, dropped per status), then the
+    rows ``head_rows(phase, branch, generated_ok_table, ok, share)`` adds for the heads."""
+    rows = []
+    for model, phase in phases.items():
+        mine = images.filter(pc.equal(images.column(MODEL), model))
+        branch = f"generated: {Path(model.rstrip('/')).name}"
+        status = outcome_counts(mine, GENERATION_STATUS)
+        ok = status.get(GenerationStatus.OK, 0)
+        share = phase.processed / phase.total if phase.total else 0.0
+        rows.append(stage_row(phase, branch, "generate", requested, ok,
+                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(requested * share)))
+        gen_ok = mine.filter(pc.fill_null(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK), False))
+        rows += head_rows(phase, branch, gen_ok, ok, share)
+    return rows

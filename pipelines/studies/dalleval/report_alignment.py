@@ -1,0 +1,87 @@
+"""report.html and the printed results of `dalleval.py alignment` (paper 000, App. D, Table 19):
+R-precision, CLIPScore and FID per model with the number of images behind each, the paper's
+published figures beside them, and example images with their captions and CLIP cosines."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipelines.engine import figures as _figures
+from pipelines.engine import html as H
+from pipelines.engine.checkpoint import model_dir
+from pipelines.studies.gep.report import STYLE, _short
+from schemas import alignment as A
+from schemas.gep import IMAGE_ID
+from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
+from schemas.subsets import PROMPT
+
+# Table 19 (App. D): CLIP R-precision (%) and FID on 30K COCO val2014 captions / images
+PAPER = pd.DataFrame([
+    {"model": "GT (upper bound)", "r_precision": 62.5, "fid": 0.0},
+    {"model": "X-LXMERT", "r_precision": 33.4, "fid": 37.4},
+    {"model": "DALL-E Small", "r_precision": 9.4, "fid": 45.8},
+    {"model": "minDALL-E", "r_precision": 40.2, "fid": 24.6},
+    {"model": "Stable Diffusion", "r_precision": 73.7, "fid": 16.5},
+])
+
+
+def _num(v, digits: int = 2) -> str:
+    return "-" if v is None or pd.isna(v) else f"{v:.{digits}f}"
+
+
+def format_table(table: pd.DataFrame) -> str:
+    lines = ["Image-text alignment and image quality (DALL-Eval Table 19 shape; n = images behind each figure)",
+             f"{'model':<36} {'R-prec. %':>10} {'n':>7} {'CLIPScore':>10} {'x100':>7} {'n':>7} {'FID':>9} "
+             f"{'n gen':>7} {'n ref':>7}"]
+    for _, r in table.iterrows():
+        lines.append(f"{_short(r['model'])[:36]:<36} {_num(r['r_precision']):>10} {int(r['r_precision_n']):>7} "
+                     f"{_num(r['clip_score'], 4):>10} {_num(r['clip_score_100']):>7} {int(r['clip_score_n']):>7} "
+                     f"{_num(r['fid']):>9} {int(r['fid_n_generated']):>7} {int(r['fid_n_reference']):>7}")
+    return "\n".join(lines)
+
+
+def examples_html(images: pd.DataFrame, model: str, k: int, images_dir: str | None) -> str:
+    mine = images[(images[MODEL] == model) & (images[GENERATION_STATUS] == GenerationStatus.OK)].head(k)
+    if mine.empty:
+        return "<p>No generated image.</p>"
+    cells = []
+    for _, r in mine.iterrows():
+        img = (f"<img src='{H.esc(images_dir)}/{H.esc(model_dir(model))}/{H.esc(r[IMAGE_ID])}.png' width=160><br>"
+               if images_dir else "")
+        cells.append(f"<td style='text-align:center;vertical-align:top;width:170px'>{img}<small>{H.esc(r[PROMPT])}"
+                     f"<br>cos {_num(r[A.CLIP_COSINE], 3)}; seed {int(r[SEED])}</small></td>")
+    return "<table class='ex'><tr>" + "".join(cells) + "</tr></table>"
+
+
+def render_html(meta: dict, images, table: pd.DataFrame, records: list[dict], *,
+                figures: _figures.FigureDir | None = None) -> str:
+    df = images.to_pandas()
+    c = meta["captions"]
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>DALL-Eval alignment report</title>", STYLE,
+             "</head><body>", f"<h1>DALL-Eval image-text alignment and image quality (paper 000, App. D): run "
+             f"{H.esc(meta['run_id'])}</h1>",
+             f"<p>{c['kept']:,} captions ({c['read']:,} read, {c['null_or_blank']:,} null or blank), one image each "
+             f"from {len(meta['models'])} generator(s). CLIP {H.esc(H.short_path(meta['clip']['model']))}; FID "
+             f"features: {H.esc(meta['fid']['extractor'])}; reference: {H.esc(meta['reference'])}. Results: "
+             f"{H.esc(meta['output'])}</p>"]
+    if meta.get("standin"):
+        parts.append("<p class='warn'><b>Stand-in models.</b> The generators, CLIP and the FID feature extractor are "
+                     "tiny random-weight stand-ins: every number on this page is meaningless.</p>")
+    if meta["reference"] == "bundled":
+        parts.append("<p class='warn'>The FID reference is scikit-image's handful of bundled photos (the offline "
+                     "default), not a real reference set: FID over so few images means nothing. Give the real images "
+                     "with --reference.</p>")
+    parts.append(f"<h2>Table 19 shape</h2><p>R-precision: % of images whose own caption CLIP ranks first among it and "
+                 f"{int(meta['r_precision']['negatives'])} random other captions (R = {int(meta['r_precision']['r'])}). "
+                 f"CLIPScore: mean of 2.5 max(cos, 0) (Hessel et al.); x100: mean of 100 max(cos, 0). FID: Fréchet "
+                 f"distance of the generated and reference feature sets. <i>*_n</i>: images behind each figure.</p>")
+    parts.append(H.table(table, 3, na="-", text=H.short_path))
+    parts.append("<p>The paper's Table 19 (30K COCO val2014 captions; CLIP ViT-B/32; Inception v3), for orientation:"
+                 "</p>" + H.table(PAPER, 1, na="-"))
+    parts.append("<h2>Examples</h2>")
+    for model in dict.fromkeys(df[MODEL]) if len(df) else []:
+        parts.append(f"<h3>{H.esc(_short(model))}</h3>"
+                     + examples_html(df, model, int(meta.get("examples", 8)), meta.get("images_dir")))
+    parts.append("<h2>Models</h2>" + H.model_table(records))
+    parts.append("</body></html>")
+    return "".join(parts)

@@ -1,0 +1,175 @@
+"""report.html of `dalleval.py skills` (paper 000, section 4.1, section 5.2): Table 2-shaped
+accuracies with the number of images behind each, Figure 5-shaped plots (a: per count / relation,
+b: per task), per-object accuracy, and example images per skill with the detected boxes drawn
+(an SVG overlay on the saved image: nothing is re-encoded)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipelines.engine import figures as _figures
+from pipelines.engine import html as H
+from pipelines.engine.checkpoint import model_dir
+from pipelines.studies.dalleval import skills as K
+from pipelines.studies.gep.report import COLORS, STYLE, _short
+from schemas import paintskills as P
+from schemas.gep import IMAGE_ID
+from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
+from schemas.subsets import PROMPT
+
+BOX_COLORS = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#9a6324")
+
+
+def _table(df: pd.DataFrame, digits: int = 1) -> str:
+    return H.table(df, digits, na="-", text=H.short_path)
+
+
+def split_figure(splits: pd.DataFrame, skill: str, title: str):
+    """Figure 5 (a): grouped bars, one group per split value, one bar per model."""
+    d = splits[splits["skill"] == skill]
+    models = list(dict.fromkeys(d["model"]))
+    values = list(dict.fromkeys(d[P.SPLIT]))
+    fig = _figures.new_figure(max(3.2, 0.9 * len(values) + 1.5), 2.6)
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / max(1, len(models))
+    for i, m in enumerate(models):
+        mine = d[d["model"] == m].set_index(P.SPLIT)
+        ys = [float(mine.loc[v, "accuracy"]) if v in mine.index and pd.notna(mine.loc[v, "accuracy"]) else 0.0
+              for v in values]
+        ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(values))], ys, width=width,
+               color=COLORS[i % len(COLORS)], label=_short(m))
+    ax.set_xticks(range(len(values)), [v.split("=", 1)[1] for v in values], fontsize=7)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("accuracy (%)", fontsize=7)
+    ax.set_title(title, fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    if len(models) > 1:
+        ax.legend(fontsize=6, frameon=False)
+    return fig
+
+
+def task_figure(tasks: pd.DataFrame):
+    """Figure 5 (b): per skill, the first sub-task alone and both together, one bar per model."""
+    keys = [(s, t) for s, ts in K.TASKS.items() for t, _ in ts]
+    models = list(dict.fromkeys(tasks["model"]))
+    fig = _figures.new_figure(6.0, 2.6)
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / max(1, len(models))
+    for i, m in enumerate(models):
+        mine = tasks[tasks["model"] == m].set_index(["skill", P.TASK])
+        ys = [float(mine.loc[k, "accuracy"]) if k in mine.index and pd.notna(mine.loc[k, "accuracy"]) else 0.0
+              for k in keys]
+        ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(keys))], ys, width=width,
+               color=COLORS[i % len(COLORS)], label=_short(m))
+    ax.set_xticks(range(len(keys)), [f"{s}:\n{t}" for s, t in keys], fontsize=6)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("accuracy (%)", fontsize=7)
+    ax.set_title("Per task (Fig. 5b): 1) alone vs 1) + 2)", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    if len(models) > 1:
+        ax.legend(fontsize=6, frameon=False)
+    return fig
+
+
+def boxes_svg(labels, scores, boxes, threshold: float) -> str:
+    """The detections above ``threshold`` as an SVG overlay in image-relative coordinates."""
+    parts = ["<svg viewBox='0 0 1 1' preserveAspectRatio='none' style='position:absolute;left:0;top:0;"
+             "width:100%;height:100%'>"]
+    def seq(v):
+        return [] if v is None else list(v)
+
+    for k, (label, score, box) in enumerate(zip(seq(labels), seq(scores), seq(boxes))):
+        if score is None or score <= threshold or box is None:
+            continue
+        x0, y0, x1, y1 = (float(v) for v in box)
+        c = BOX_COLORS[k % len(BOX_COLORS)]
+        parts.append(f"<rect x='{x0:.4f}' y='{y0:.4f}' width='{max(x1 - x0, 0):.4f}' height='{max(y1 - y0, 0):.4f}' "
+                     f"fill='none' stroke='{c}' stroke-width='0.012'/>"
+                     f"<text x='{x0 + 0.01:.4f}' y='{y0 + 0.06:.4f}' font-size='0.06' fill='{c}'>"
+                     f"{H.esc(label)} {score:.2f}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def examples_html(images: pd.DataFrame, model: str, skill: str, k: int, images_dir: str | None,
+                  threshold: float) -> str:
+    """Up to ``k`` judged images of ``model`` and ``skill``, correct and wrong ones alternating."""
+    mine = images[(images[MODEL] == model) & (images[P.SKILL] == skill)
+                  & (images[GENERATION_STATUS] == GenerationStatus.OK) & images[P.CORRECT].notna()]
+    right, wrong = mine[mine[P.CORRECT].astype(bool)], mine[~mine[P.CORRECT].astype(bool)]
+    picked = []
+    for a, b in zip(list(right.itertuples(index=False)) + [None] * k, list(wrong.itertuples(index=False)) + [None] * k):
+        picked += [r for r in (a, b) if r is not None]
+        if len(picked) >= k or (a is None and b is None):
+            break
+    if not picked:
+        return "<p>No judged image.</p>"
+    cols = list(mine.columns)
+    cells = []
+    for tup in picked[:k]:
+        r = dict(zip(cols, tup))
+        img = ""
+        if images_dir:
+            img = (f"<div style='position:relative;width:180px;height:180px;display:inline-block'>"
+                   f"<img src='{H.esc(images_dir)}/{H.esc(model_dir(model))}/{H.esc(r[IMAGE_ID])}.png' "
+                   f"style='width:180px;height:180px'>"
+                   f"{boxes_svg(r[P.DET_LABELS], r[P.DET_SCORES], r[P.DET_BOXES], threshold)}</div><br>")
+        verdict = "correct" if r[P.CORRECT] else "wrong"
+        extra = ""
+        if skill == P.Skill.COUNT:
+            extra = f"; {r[P.PREDICTED_COUNT]} detected"
+        elif skill == P.Skill.SPATIAL:
+            extra = f"; relation {r[P.PREDICTED_RELATION] or 'n/a (objects missing)'}"
+        cells.append(f"<td style='text-align:center;vertical-align:top;width:190px'>{img}<small>"
+                     f"{H.esc(r[PROMPT])}<br><b>{verdict}</b>{H.esc(extra)}; seed {int(r[SEED])}</small></td>")
+    return "<table class='ex'><tr>" + "".join(cells) + "</tr></table>"
+
+
+def render_html(meta: dict, images, results: dict, records: list[dict], *,
+                figures: _figures.FigureDir | None = None) -> str:
+    sink = _figures.sink(figures)
+    df = images.to_pandas()
+    thr = float(meta["detector"]["threshold"])
+    sizes = meta["sizes"]
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>DALL-Eval PaintSkills report</title>", STYLE,
+             "</head><body>", f"<h1>DALL-Eval visual reasoning skills (paper 000, PaintSkills): run "
+             f"{H.esc(meta['run_id'])}</h1>",
+             f"<p>{sizes[P.Skill.OBJECT]:,} object, {sizes[P.Skill.COUNT]:,} count and {sizes[P.Skill.SPATIAL]:,} "
+             f"spatial prompts ({H.esc(meta['templates'])} templates), one image each, from {len(meta['models'])} "
+             f"generator(s); detector {H.esc(H.short_path(meta['detector']['model']))}, detections counted above "
+             f"{thr:g}. Results: {H.esc(meta['output'])}</p>"]
+    if meta.get("standin"):
+        parts.append("<p class='warn'><b>Stand-in models.</b> The generators and the detector are tiny random-weight "
+                     "stand-ins: every number on this page is meaningless; the run only exercises the pipeline.</p>")
+    parts.append("<p class='warn'>The detector is used <b>zero-shot</b> with its COCO weights. The paper fine-tuned "
+                 "DETR (and the generators) on PaintSkills' simulator images, which are not public, so these "
+                 "accuracies measure the models as released against a COCO detector, not the paper's Table 2 "
+                 "setting.</p>")
+    parts.append("<h2>Skill accuracy (Table 2 shape)</h2><p>% of judged images whose detections satisfy the skill's "
+                 "rule (section 4.1); <i>n_*</i>: images behind each figure; <i>average</i>: mean over the skills.</p>")
+    parts.append(_table(results["table2"], 1))
+    ref = K.table2(K.reference_rows())
+    parts.append("<p>The paper's Table 2 (fine-tuned DETR and fine-tuned generators), for orientation only:</p>"
+                 + _table(ref.drop(columns=["skills_averaged"]), 1))
+    splits, tasks = results["splits"], results["tasks"]
+    parts.append("<h2>Per split (Figure 5a) and per task (Figure 5b)</h2>")
+    if (splits["skill"] == P.Skill.COUNT).any():
+        parts.append(sink.save(split_figure(splits, P.Skill.COUNT, "Count accuracy per N (Fig. 5a)"),
+                               "figure5a_count", alt="count accuracy per N"))
+    if (splits["skill"] == P.Skill.SPATIAL).any():
+        parts.append(sink.save(split_figure(splits, P.Skill.SPATIAL, "Spatial accuracy per relation (Fig. 5a)"),
+                               "figure5a_spatial", alt="spatial accuracy per relation"))
+    if len(tasks):
+        parts.append(sink.save(task_figure(tasks), "figure5b_tasks", alt="per-task accuracy"))
+        parts.append(_table(tasks, 1))
+    parts.append("<h3>Per split</h3>" + _table(splits, 1))
+    parts.append("<h2>Examples</h2><p>Detections above the threshold drawn on the generated images.</p>")
+    for model in dict.fromkeys(df[MODEL]) if len(df) else []:
+        for skill in P.Skill.ALL:
+            if (df[(df[MODEL] == model)][P.SKILL] == skill).any():
+                parts.append(f"<h3>{H.esc(_short(model))}: {skill}</h3>")
+                parts.append(examples_html(df, model, skill, int(meta.get("examples", 6)), meta.get("images_dir"),
+                                           thr))
+    parts.append("<h2>Models</h2>" + H.model_table(records))
+    parts.append("</body></html>")
+    return "".join(parts)

@@ -1,0 +1,256 @@
+"""`dalleval.py skills`: PaintSkills visual-reasoning evaluation (paper 000, sections 3, 4.1, 5.2;
+App. B) as one Ray job.
+
+skill prompts (object / count / spatial, the test-split sizes), one image each with a recorded seed
+  -> generation (any diffusers model), and on the generator's device, while the image is there:
+     object detection (DETR-R101-DC5 trained on COCO, zero-shot; every detection above the
+     recording floor is stored)                                              [Ray Data, GPU actors]
+  -> the verdicts of section 4.1 at the threshold (0.7) from the stored detections, per-skill
+     accuracy (Table 2 shape), per split (Fig. 5a: count per N, spatial per relation; object per
+     class) and per task (Fig. 5b), images.parquet, metrics.json, report.html with examples.
+
+Images and their detections are checkpointed by (model, image id) as they arrive, so an
+interrupted run resumes where it stopped. The threshold is not part of the run's identity: the
+same run id with another --threshold rescores the stored detections without generating anything.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from operators.base import Stage, conform
+from operators.image_generation import ImageGenerator
+from operators.image_object_detection import ObjectDetector
+from pipelines.engine import checkpoint, io, stages
+from pipelines.engine import config as study_config
+from pipelines.engine.figures import FigureDir
+from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
+from pipelines.engine.models import generation_settings
+from pipelines.engine.summary import stage_row
+from pipelines.studies.dalleval import skills as K
+from pipelines.studies.dalleval.generation import generation_rows, generator_stage, load_generators, sink_stages
+from schemas import paintskills as P
+from schemas.gep import IMAGE_ID
+
+PRESET = "dalleval_skills.yaml"
+REPLACED = ("template_sets",)
+FILES = {
+    "images": "images",                       # per image: prompt, keywords, seed, status, detections, verdicts
+    "accuracies": "skill_accuracies.csv",     # model,skill,accuracy,n: the input of `dalleval.py summarize --skills`
+    "table2": "table2_skills.csv",            # Table 2 shape
+    "splits": "figure5a_splits.csv",          # per count / relation (and per object)
+    "tasks": "figure5b_tasks.csv",            # per task
+    "metrics": "metrics.json",
+    "report": "report.html",
+    "images_dir": "images",
+}
+
+
+# ------------------------------------------------------------------------------------ settings
+def settings(args) -> dict:
+    """The effective study: configs/dalleval_skills.yaml, the --config file, then the flags."""
+    cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET, replace=REPLACED)
+    pr = dict(cfg["prompts"])
+    sizes = {s: int(pr["sizes"].get(s, K.TEST_SPLIT[s])) for s in P.Skill.ALL}
+    if getattr(args, "prompts_per_skill", None) is not None:
+        sizes = {s: max(0, int(args.prompts_per_skill)) for s in P.Skill.ALL}
+    if getattr(args, "skills", None):
+        wanted = [s.strip().lower() for s in args.skills.split(",") if s.strip()]
+        bad = sorted(set(wanted) - set(P.Skill.ALL))
+        if bad:
+            raise ValueError(f"--skills: {bad} are not skills ({', '.join(P.Skill.ALL)})")
+        sizes = {s: (n if s in wanted else 0) for s, n in sizes.items()}
+    if not any(sizes.values()):
+        raise ValueError("no skill prompt to generate (every size is 0)")
+    name = getattr(args, "templates", None) or pr.get("templates") or "table1"
+    sets = cfg.get("template_sets") or {}
+    if name not in sets:
+        raise ValueError(f"templates: {name!r} is not one of the template sets {sorted(sets)}")
+    templates = K.check_templates(sets[name])
+    det = dict(cfg["detector"])
+    if getattr(args, "detector", None):
+        det["model"], det["revision"] = args.detector, None
+    if getattr(args, "detector_revision", None) is not None:
+        det["revision"] = args.detector_revision
+    if getattr(args, "threshold", None) is not None:
+        det["threshold"] = args.threshold
+    det["threshold"], det["record_threshold"] = float(det["threshold"]), float(det["record_threshold"])
+    if not 0 <= det["record_threshold"] <= det["threshold"] < 1:
+        raise ValueError(f"detector: need 0 <= record_threshold ({det['record_threshold']}) <= threshold "
+                         f"({det['threshold']}) < 1 (detections below the recording floor are not stored)")
+    gen = generation_settings(cfg["generation"], args)
+    ex = dict(cfg["execution"])
+    for key in ("max_retries", "max_error_rate"):
+        if getattr(args, key, None) is not None:
+            ex[key] = getattr(args, key)
+    prompts = {"sizes": sizes, "objects": list(pr["objects"]), "counts": [int(c) for c in pr["counts"]],
+               "relations": list(pr["relations"]), "same_class_pairs": bool(pr.get("same_class_pairs", True)),
+               "template_set": name, "templates": templates, "plurals": dict(pr.get("plurals") or {}),
+               "relation_words": dict(pr.get("relation_words") or {})}
+    return {"label": str(cfg.get("name") or "dalleval-skills"), "prompts": prompts, "generation": gen,
+            "detector": det, "report": dict(cfg.get("report") or {}), "execution": ex}
+
+
+def requests_of(st: dict) -> pa.Table:
+    pr = st["prompts"]
+    return K.skill_prompts(pr["sizes"], pr["objects"], pr["counts"], pr["relations"], pr["templates"],
+                           pr["same_class_pairs"], int(st["generation"]["seed"]), pr["plurals"], pr["relation_words"])
+
+
+def image_job(st: dict, args) -> dict:
+    """What the per-image results depend on (the scoring threshold is not: it is applied after)."""
+    gen = {k: st["generation"][k] for k in ("models", "steps", "guidance_scale", "scheduler", "seed", "safety_checker",
+                                            "height", "width", "revisions")}
+    det = {k: st["detector"][k] for k in ("model", "revision", "record_threshold", "dtype")}
+    return {"study": "paper000-dalleval-skills", "prompts": st["prompts"], "generation": gen, "detector": det,
+            "standin_models": bool(args.standin_models)}
+
+
+# ------------------------------------------------------------------------------------ the study
+class SkillsStudy:
+    """PaintSkills (paper 000, section 4.1) as a study of the engine's lifecycle."""
+
+    name = "paper000-dalleval-skills"
+
+    def settings(self, args) -> dict:
+        st = settings(args)
+        st["requests"] = requests_of(st)
+        st["models_loaded"] = list(st["generation"]["models"])
+        return st
+
+    def label(self, st: dict) -> str:
+        return st["label"]
+
+    def job(self, args, st: dict) -> dict:
+        return image_job(st, args)
+
+    def announce(self, args, st: dict) -> None:
+        sizes = st["prompts"]["sizes"]
+        print(f"DALL-Eval PaintSkills: {sizes[P.Skill.OBJECT]:,} object + {sizes[P.Skill.COUNT]:,} count + "
+              f"{sizes[P.Skill.SPATIAL]:,} spatial prompts ({st['prompts']['template_set']} templates), one image "
+              f"each per generator; detector {st['detector']['model']} at threshold {st['detector']['threshold']:g}")
+
+    def gpu_models(self, args, st: dict) -> bool:
+        return True
+
+    def actor_cpus(self, args, st: dict) -> float:
+        return args.gen_actors
+
+    def use_standins(self, args, st: dict, root: str) -> None:
+        from pathlib import Path
+
+        from pipelines.engine.models import build_standins
+        from pipelines.standins.detection import build_tiny_detr
+
+        _, models = build_standins(root, [f"generator-{i + 1}-standin" for i in range(len(st["models_loaded"]))])
+        st["models_loaded"] = models
+        st["detector"] = {**st["detector"], "model": build_tiny_detr(str(Path(root) / "detr-standin"), seed=0),
+                          "revision": None}
+
+    def load_models(self, args, st: dict, gpu) -> list[dict]:
+        from operators.image_object_detection import load_object_detector
+
+        det = st["detector"]
+        bundle = load_object_detector(det["model"], det.get("revision"), device="cpu", dtype="float32")
+        records = [{"role": "skill detector (zero-shot)", "model": det["model"], "standin": args.standin_models,
+                    "detail": bundle.record}]
+        del bundle
+        return records + load_generators(st, st["models_loaded"], args.standin_models)
+
+    def execute(self, run: Run) -> Outcome:
+        args, st, rd = run.args, run.st, run.rd
+        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
+        st["device"] = run.gpu.device
+        images, phases, budgets = generate_per_model(
+            models, requests, st["execution"],
+            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
+            "generating and detecting")
+        threshold = st["detector"]["threshold"]
+        judged = K.judge(images, threshold)
+        results = analyse(judged)
+        out_fs, out = rd.fs, rd.path
+        io.write_table_and_csv(judged, out_fs, f"{out}/{FILES['images']}")
+        for key in ("accuracies", "table2", "splits", "tasks"):
+            io.write_text(results[key].to_csv(index=False), out_fs, f"{out}/{FILES[key]}")
+        save_images = not args.no_save_images
+        metrics = {
+            "config": {"images": image_job(st, args), "threshold": threshold, "execution": st["execution"],
+                       "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
+                       "detector_loaded": st["detector"], "save_images": save_images},
+            "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
+                       "judged": K.judged_counts(judged)},
+            "results": {k: results[k].to_dict("records") for k in ("accuracies", "table2", "splits", "tasks")},
+            "zero_shot_note": ZERO_SHOT,
+            "error_budgets": [b.as_dict() for b in budgets],
+        }
+        rows = generation_rows(judged, requests.num_rows, phases, detection_rows)
+        return Outcome(metrics, rows, {"images": judged, "results": results, "save_images": save_images})
+
+    def report(self, run: Run, outcome: Outcome) -> None:
+        from pipelines.studies.dalleval import report_skills
+
+        st, rd, d = run.st, run.rd, outcome.data
+        meta = {"run_id": rd.run_id, "output": rd.display(), "models": st["models_loaded"],
+                "standin": bool(run.args.standin_models), "detector": st["detector"],
+                "templates": st["prompts"]["template_set"], "sizes": st["prompts"]["sizes"],
+                "images_dir": FILES["images_dir"] if d["save_images"] else None,
+                "examples": int(st["report"].get("examples_per_skill", 6))}
+        html = report_skills.render_html(meta, d["images"], d["results"], run.models,
+                                         figures=FigureDir(rd.fs, rd.path))
+        io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
+        print(K.format_table2(d["results"]["table2"]))
+        print(ZERO_SHOT)
+        print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
+              f"{FILES['accuracies']}, {FILES['table2']}, {FILES['splits']}, {FILES['tasks']}"
+              + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
+
+
+ZERO_SHOT = ("Note: the detector is used zero-shot (COCO weights); the paper's DETR was fine-tuned on PaintSkills "
+             "simulator images and its generators on PaintSkills too, so these accuracies are not the paper's "
+             "Table 2 numbers.")
+
+
+def run(args) -> dict:
+    """`dalleval.py skills`."""
+    return run_study(SkillsStudy(), args)
+
+
+# ------------------------------------------------------------------------------------ generation
+def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+    """Each skill prompt's image, its detections on the generator's device, the image saved."""
+    batch = max(1, args.gen_batch_size)
+    det = st["detector"]
+    head = Stage(ObjectDetector, {"model": det["model"], "revision": det.get("revision"),
+                                  "record_threshold": det["record_threshold"], "batch_size": int(det["batch_size"]),
+                                  "dtype": det.get("dtype", "auto")})
+    pipeline = [generator_stage(st, model, [head], batch), *sink_stages(args, images_dir, model)]
+    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
+        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch}}))
+
+
+RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
+
+
+def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
+    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
+    return checkpoint.generate(ray, rd, requests, model, pipeline, P.SKILL_IMAGES, IMAGE_ID,
+                               max(1, args.gen_batch_size), budgets, echo,
+                               finish=lambda t: conform(t, P.SKILL_IMAGES))
+
+
+# ------------------------------------------------------------------------------------ measures
+def analyse(judged: pa.Table) -> dict:
+    accuracies = K.skill_accuracies(judged)
+    return {"accuracies": accuracies, "table2": K.table2(accuracies), "splits": K.split_accuracies(judged),
+            "tasks": K.task_accuracies(judged)}
+
+
+def detection_rows(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) -> list[dict]:
+    """Per skill: generated images in, judged images kept (every generated image is judged; a
+    detector failure fails the batch, it is not dropped silently)."""
+    rows = []
+    for skill, c in K.judged_counts(gen_ok).items():
+        if c["images"]:
+            rows.append(stage_row(phase, branch, f"detect + judge ({skill})", c["images"], c["judged"],
+                                  {"not_judged": c["images"] - c["judged"]}, round(c["images"] * share)))
+    return rows

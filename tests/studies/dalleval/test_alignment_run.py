@@ -1,0 +1,143 @@
+"""`pipelines/dalleval.py alignment` end to end on a local Ray instance with tiny random models (a
+generator, CLIP and a FID feature extractor plug-in, loaded through the production loaders):
+files, seeds, the stored embeddings and features, R-precision / CLIPScore / FID recomputed from
+them with the metric functions, captions from parquet with one drawn per image, reference images
+from a directory, and a run killed after its first checkpoint part resumed to the same results."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import dalleval
+from pipelines.engine.rundir import RunDir
+from pipelines.studies.dalleval import alignment_metrics as AM
+from schemas import alignment as A
+
+pytestmark = pytest.mark.ray
+
+ARGS = ["--standin-models", "--max-captions", "6", "--steps", "2", "--run-id", "a", "--no-progress",
+        "--gen-batch-size", "3", "--generators", "one"]
+
+
+def _vectors(series) -> np.ndarray:
+    return np.stack([np.asarray(v, np.float64) for v in series])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, ray_local):
+    out = tmp_path_factory.mktemp("alignment")
+    assert dalleval.main(["alignment", "--output", str(out), *ARGS]) == 0
+    return out / "a"
+
+
+def test_run_writes_files_and_records(run):
+    for name in ("images.parquet", "images.csv", "reference_features.parquet", "alignment_quality.csv",
+                 "metrics.json", "report.html", "run_summary.csv", "run.json"):
+        assert (run / name).is_file(), name
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["captions"] == {"read": 24, "null_or_blank": 0, "kept": 6}
+    assert m["reference"]["images"] == m["reference"]["ok"] == 8
+    roles = {r["role"] for r in m["models"]}
+    assert {"CLIP (R-precision, CLIPScore)", "FID features", "generator"} <= roles
+    assert "clip_image_embedding" not in pd.read_csv(run / "images.csv").columns   # vectors: parquet only
+    page = (run / "report.html").read_text()
+    assert "Stand-in models" in page and "R-precision" in page and "bundled photos" in page
+    summary = pd.read_csv(run / "run_summary.csv")
+    assert {"read + sample", "fid features", "generate", "clip alignment"} <= set(summary["stage"])
+
+
+def test_measures_recomputed_from_the_stored_vectors(run):
+    images = pq.read_table(run / "images.parquet").to_pandas()
+    ref = pq.read_table(run / "reference_features.parquet").to_pandas()
+    assert len(images) == 6 and (images["generation_status"] == "ok").all()
+    img, txt = _vectors(images[A.CLIP_IMAGE_EMBEDDING]), _vectors(images[A.CLIP_TEXT_EMBEDDING])
+    assert np.allclose(np.linalg.norm(img, axis=1), 1, atol=1e-4) and np.allclose(np.linalg.norm(txt, axis=1), 1,
+                                                                                   atol=1e-4)
+    assert np.allclose((img * txt).sum(1), images[A.CLIP_COSINE], atol=1e-4)
+    table = pd.read_csv(run / "alignment_quality.csv").iloc[0]
+    r = AM.r_precision(img, txt, captions=list(images["prompt"]), negatives=99, r=1, seed=0)
+    assert table["r_precision"] == pytest.approx(r["r_precision"]) and table["r_precision_n"] == 6
+    assert table["negatives"] == 5                                   # min(99, 6 - 1)
+    s = AM.clip_score(images[A.CLIP_COSINE].to_numpy(np.float64))
+    assert table["clip_score"] == pytest.approx(s["clip_score"]) and table["clip_score_n"] == 6
+    f = AM.fid(_vectors(images[A.FID_FEATURES]), _vectors(ref[A.FID_FEATURES]))
+    assert table["fid"] == pytest.approx(f["fid"], rel=1e-6)
+    assert (table["fid_n_generated"], table["fid_n_reference"]) == (6, 8)
+
+
+def test_parquet_captions_one_per_image_and_a_reference_directory(ray_local, tmp_path):
+    from PIL import Image
+
+    caps = pa.table({"image_id": [1, 1, 2, 2, 3, 3, 4], "caption": ["a dog", "a brown dog", "a cat", None,
+                                                                    "a red car", "a car", "  "],
+                     "id": ["c1", "c2", "c3", "c4", "c5", "c6", "c7"]})
+    pq.write_table(caps, tmp_path / "caps.parquet")
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(ref / f"r{i}.jpg")
+    (ref / "broken.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    assert dalleval.main(["alignment", "--output", str(out), "--standin-models", "--captions",
+                          str(tmp_path / "caps.parquet"), "--caption-group-column", "image_id",
+                          "--caption-id-column", "id", "--reference", str(ref), "--steps", "2", "--run-id", "p",
+                          "--no-progress", "--generators", "one", "--no-save-images"]) == 0
+    m = json.loads((out / "p" / "metrics.json").read_text())
+    assert m["captions"]["read"] == 7 and m["captions"]["null_or_blank"] == 2 and m["captions"]["kept"] == 3
+    images = pq.read_table(out / "p" / "images.parquet").to_pandas()
+    assert set(images["caption_id"]) <= {"c1", "c2", "c3", "c5", "c6"} and len(set(images["caption_id"])) == 3
+    refs = pq.read_table(out / "p" / "reference_features.parquet").to_pandas()
+    assert len(refs) == 5 and (refs["reference_status"] == "decode_error").sum() == 1
+    assert m["reference"] == {"images": 5, "ok": 4}
+
+
+class _Killed(BaseException):
+    """The driver killed after its first checkpoint part (nothing may catch it)."""
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
+    # 40 captions: the first checkpoint part holds at most 32 (drain's flush size), so some are left to do
+    captions = tmp_path / "captions.txt"
+    captions.write_text("".join(f"caption number {i} of a small test\n" for i in range(40)))
+    args = ["--standin-models", "--captions", str(captions), "--steps", "2", "--run-id", "k", "--no-progress",
+            "--gen-batch-size", "1", "--generators", "one", "--no-save-images"]
+    assert dalleval.main(["alignment", "--output", str(tmp_path / "clean"), *args]) == 0
+    real = RunDir.write_part
+    calls = []
+
+    def dying(self, name, table):
+        real(self, name, table)
+        calls.append(table.num_rows)
+        if len(calls) == 1:
+            raise _Killed()
+
+    monkeypatch.setattr(RunDir, "write_part", dying)
+    with pytest.raises(_Killed):
+        dalleval.main(["alignment", "--output", str(tmp_path / "killed"), *args])
+    monkeypatch.undo()
+    assert 0 < calls[0] < 40
+    capsys.readouterr()
+    assert dalleval.main(["alignment", "--output", str(tmp_path / "killed"), *args]) == 0
+    out = capsys.readouterr().out
+    assert "reused from the checkpoint" in out
+    cols = ["image_id", "seed", "prompt", A.CLIP_COSINE, A.FID_FEATURES]
+    a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").select(cols).to_pandas()
+    b = pq.read_table(tmp_path / "killed" / "k" / "images.parquet").select(cols).to_pandas()
+    assert list(a["image_id"]) == list(b["image_id"]) and list(a["seed"]) == list(b["seed"])
+    assert np.allclose(a[A.CLIP_COSINE], b[A.CLIP_COSINE], atol=1e-6)
+    assert np.allclose(_vectors(a[A.FID_FEATURES]), _vectors(b[A.FID_FEATURES]), atol=1e-5)
+    ta, tb = (pd.read_csv(tmp_path / d / "k" / "alignment_quality.csv").drop(columns="model")
+              for d in ("clean", "killed"))
+    pd.testing.assert_frame_equal(ta, tb, atol=1e-5)
+
+
+def test_missing_inputs_fail_cleanly(tmp_path):
+    assert dalleval.main(["alignment", "--output", str(tmp_path), "--captions", str(tmp_path / "nope.parquet"),
+                          "--standin-models"]) == 2
+    assert dalleval.main(["alignment", "--output", str(tmp_path), "--reference", str(tmp_path / "empty*"),
+                          "--standin-models"]) == 2
