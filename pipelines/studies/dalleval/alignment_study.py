@@ -316,7 +316,7 @@ class AlignmentStudy:
                "files": f"{len(paths or []):,} image files"}[kind]
         print(f"DALL-Eval alignment / quality: {c['kept']:,} captions ({c['read']:,} read), one image each per "
               f"generator; CLIP {st['clip']['model']} R-precision (1 + {st['r_precision']['negatives']}), CLIPScore; "
-              f"FID ({st['fid']['extractor']}) against {ref}")
+              f"FID ({'a tiny stand-in' if args.standin_models else st['fid']['extractor']}) against {ref}")
 
     def gpu_models(self, args, st: dict) -> bool:
         return True

@@ -128,7 +128,8 @@ class SkillsStudy:
         sizes = st["prompts"]["sizes"]
         print(f"DALL-Eval PaintSkills: {sizes[P.Skill.OBJECT]:,} object + {sizes[P.Skill.COUNT]:,} count + "
               f"{sizes[P.Skill.SPATIAL]:,} spatial prompts ({st['prompts']['template_set']} templates), one image "
-              f"each per generator; detector {st['detector']['model']} at threshold {st['detector']['threshold']:g}")
+              f"each per generator; detector {'a tiny stand-in' if args.standin_models else st['detector']['model']} "
+              f"at threshold {st['detector']['threshold']:g}")
 
     def gpu_models(self, args, st: dict) -> bool:
         return True
@@ -251,6 +252,6 @@ def detection_rows(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) 
     rows = []
     for skill, c in K.judged_counts(gen_ok).items():
         if c["images"]:
-            rows.append(stage_row(phase, branch, f"detect + judge ({skill})", c["images"], c["judged"],
+            rows.append(stage_row(phase, branch, f"detect: {skill}", c["images"], c["judged"],
                                   {"not_judged": c["images"] - c["judged"]}, round(c["images"] * share)))
     return rows

@@ -43,7 +43,7 @@ def test_run_writes_tables_report_and_records(run):
     assert "Stand-in models" in page and "zero-shot" in page and "<svg" in page
     assert (run / "figures").is_dir() and any(p.suffix == ".pdf" for p in (run / "figures").iterdir())
     summary = pd.read_csv(run / "run_summary.csv")
-    assert {"generate", "detect + judge (object)", "detect + judge (count)", "detect + judge (spatial)"} <= set(
+    assert {"generate", "detect: object", "detect: count", "detect: spatial"} <= set(
         summary["stage"])
 
 
