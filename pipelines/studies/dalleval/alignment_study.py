@@ -284,9 +284,20 @@ def image_job(st: dict, args) -> dict:
     gen = {k: st["generation"][k] for k in ("models", "steps", "guidance_scale", "scheduler", "seed", "safety_checker",
                                             "height", "width", "revisions")}
     return {"study": "paper000-dalleval-alignment", "captions": st["captions"], "reference": st["reference"],
-            "caption_ids": st["requests"].column(A.CAPTION_ID).to_pylist()[:3] + [st["requests"].num_rows],
+            "captions_sha256": captions_digest(st["requests"]),
             "generation": gen, "clip": {k: st["clip"].get(k) for k in ("model", "pretrained", "revision")},
             "fid": {k: st["fid"].get(k) for k in ("extractor", "weights")}, "standin_models": bool(args.standin_models)}
+
+
+def captions_digest(requests: pa.Table) -> str:
+    """sha256 of the drawn (caption id, caption) pairs: the run's identity follows the captions'
+    content, not only the input's path (a changed file at the same path is another run)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for cid, text in zip(requests.column(A.CAPTION_ID).to_pylist(), requests.column(PROMPT).to_pylist()):
+        h.update(f"{cid}\x1f{text}\x1e".encode())
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------ the study

@@ -1,0 +1,98 @@
+"""Inputs of `dalleval.py alignment` (paper 000, App. D): captions from text, CSV and parquet with
+null / blank ones counted, one caption drawn per image, the seeded sample, clear errors, the
+reference sources, and a run identity that follows the captions' content."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.engine.io import InputError
+from pipelines.studies.dalleval import alignment_study as AS
+from schemas import alignment as A
+from schemas.subsets import PROMPT
+
+
+def test_bundled_sample_and_seeded_draw():
+    t, c = AS.read_captions({"input": None, "sample": None})
+    assert c == {"read": 24, "null_or_blank": 0, "kept": 24} and t.num_rows == 24
+    a, _ = AS.read_captions({"input": None, "sample": 5, "seed": 1})
+    b, _ = AS.read_captions({"input": None, "sample": 5, "seed": 1})
+    d, _ = AS.read_captions({"input": None, "sample": 5, "seed": 2})
+    assert a.equals(b) and not a.equals(d) and a.num_rows == 5
+    assert set(a.column(PROMPT).to_pylist()) <= set(t.column(PROMPT).to_pylist())
+
+
+def test_parquet_with_nulls_blanks_groups_and_ids(tmp_path):
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"img": [1, 1, 2, 3, 3], "text": ["a dog", "a  brown\tdog", None, "  ", "a car"],
+                             "cid": ["x1", "x2", "x3", "x4", "x5"]}), path)
+    t, c = AS.read_captions({"input": str(path), "column": "text", "id_column": "cid", "group_column": "img",
+                             "sample": None, "seed": 0})
+    assert c == {"read": 5, "null_or_blank": 2, "one_per_group": 2, "kept": 2}
+    rows = dict(zip(t.column(A.CAPTION_ID).to_pylist(), t.column(PROMPT).to_pylist()))
+    assert rows["x5"] == "a car" and len(set(rows) & {"x1", "x2"}) == 1
+    assert rows.get("x2", "a brown dog") == "a brown dog"          # whitespace normalised
+
+
+def test_csv_and_text_inputs(tmp_path):
+    (tmp_path / "c.csv").write_text("caption,other\nfirst one,1\n,2\nsecond one,3\n")
+    t, c = AS.read_captions({"input": str(tmp_path / "c.csv"), "sample": None})
+    assert t.column(PROMPT).to_pylist() == ["first one", "second one"] and c["null_or_blank"] == 1
+    assert t.column(A.CAPTION_ID).to_pylist() == ["0", "2"]                      # row numbers
+    (tmp_path / "c.txt").write_text("one\n\ntwo\n")
+    t, c = AS.read_captions({"input": str(tmp_path / "c.txt"), "sample": None})
+    assert t.column(PROMPT).to_pylist() == ["one", "two"] and c == {"read": 3, "null_or_blank": 1, "kept": 2}
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"column": "nope"}, "no column 'nope'"),
+    ({"id_column": "nope"}, "no id column"),
+    ({"group_column": "nope"}, "no group column"),
+])
+def test_bad_caption_columns_are_named(tmp_path, cfg, message):
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"caption": ["a dog"]}), path)
+    with pytest.raises(InputError, match=message):
+        AS.read_captions({"input": str(path), "sample": None, **cfg})
+
+
+def test_missing_or_empty_inputs_are_clear_errors(tmp_path):
+    with pytest.raises(InputError, match="cannot read captions"):
+        AS.read_captions({"input": str(tmp_path / "missing.parquet"), "sample": None})
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    with pytest.raises(InputError, match="no usable caption"):
+        AS.read_captions({"input": str(tmp_path / "blank.txt"), "sample": None})
+    with pytest.raises(InputError, match="no image file"):
+        AS.reference_sources({"images": str(tmp_path / "nothing*")})
+
+
+def test_reference_sources(tmp_path):
+    assert AS.reference_sources({"images": None}) == ("bundled", None)
+    (tmp_path / "sub").mkdir()
+    for name in ("b.png", "a.jpg", "sub/c.JPEG", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    kind, paths = AS.reference_sources({"images": str(tmp_path), "max_images": None})
+    assert kind == "files" and [p.split("/")[-1] for p in paths] == ["a.jpg", "b.png", "c.JPEG"]
+    assert len(AS.reference_sources({"images": str(tmp_path), "max_images": 2})[1]) == 2
+    pq.write_table(pa.table({"image": [b"x"]}), tmp_path / "r.parquet")
+    assert AS.reference_sources({"images": str(tmp_path / "r.parquet")})[0] == "parquet"
+
+
+def test_bundled_reference_decodes_to_colour_images():
+    from operators.support.codec import batch_images
+
+    t = AS.bundled_reference()
+    arrays = batch_images(t)
+    assert len(arrays) == 8 and all(a is not None and a.ndim == 3 and a.shape[2] == 3 for a in arrays)
+
+
+def test_run_identity_follows_the_captions_content():
+    t, _ = AS.read_captions({"input": None, "sample": None})
+    a = AS.captions_digest(AS.requests_of(t, 0))
+    changed = t.set_column(1, PROMPT, pa.array(["x"] + t.column(PROMPT).to_pylist()[1:]))
+    assert AS.captions_digest(AS.requests_of(changed, 0)) != a
+    assert AS.captions_digest(AS.requests_of(t, 0)) == a
+    req = AS.requests_of(t, 0)
+    assert req.schema.equals(A.ALIGNMENT_REQUESTS) and req.column("seed").to_pandas().nunique() == 24
