@@ -54,10 +54,8 @@ at load time.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,6 +70,8 @@ from operators.support.disparity import (
 )
 from operators.support.models import (
     ModelLoadError,
+    local_record,
+    source_record,
     check_loading_info,
     dtype_kwarg,
     package_version,
@@ -347,13 +347,9 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
     except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
         raise _load_error(model, revision, arch, exc) from exc
 
-    local = os.path.isdir(model)
     resolved = resolved_dir(model, revision)
     record = {
-        "model": model,
-        "revision": revision,
-        "source": "directory" if local else "hub",
-        "resolved": resolved if resolved is not None else model,
+        **source_record(model, revision, resolved),
         "arch": arch,
         "model_class": type(net).__name__,
         "config_class": type(config).__name__,
@@ -373,12 +369,7 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
                       hidden_size=int(config.hidden_size), num_hidden_layers=int(config.num_hidden_layers))
     else:
         record["num_labels"] = int(config.num_labels)
-    if local:
-        root = Path(model).resolve()
-        record["path"] = str(root)
-        note = root / "STANDIN.txt"
-        if note.is_file():
-            record["standin"] = note.read_text().strip()
+    record.update(local_record(model))
     return BackboneBundle(model=net, image_processor=image_processor, device=dev, dtype=torch_dtype,
                           settings=settings, arch=arch, record=record)
 

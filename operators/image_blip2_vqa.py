@@ -55,6 +55,8 @@ import pyarrow as pa
 
 from operators.support.models import (
     ModelLoadError,
+    local_record,
+    source_record,
     dtype_kwarg,
     package_version,
     resolved_dir,
@@ -257,13 +259,9 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
     except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
         raise _load_error(model, revision, exc) from exc
 
-    local = os.path.isdir(model)
     resolved = resolved_dir(model, revision)
     record = {
-        "model": model,
-        "revision": revision,
-        "source": "directory" if local else "hub",
-        "resolved": resolved if resolved is not None else model,
+        **source_record(model, revision, resolved),
         "model_class": type(net).__name__,
         "config_class": type(config).__name__,
         "vision_config_class": type(config.vision_config).__name__,
@@ -282,12 +280,7 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
         "torch_version": package_version("torch"),
         **weights_record(model, resolved, config),
     }
-    if local:
-        root = Path(model).resolve()
-        record["path"] = str(root)
-        note = root / "STANDIN.txt"
-        if note.is_file():
-            record["standin"] = note.read_text().strip()
+    record.update(local_record(model))
     return Blip2Bundle(model=net, processor=processor, device=dev, dtype=torch_dtype, record=record)
 
 
@@ -322,12 +315,7 @@ def check_blip2(model: str, revision: str | None = None) -> dict:
               "weights_loaded": False,
               # the files the actors will load, where they are here already (a local or pre-filled cache)
               **weights_record(model, resolved_dir(model, revision), config)}
-    if local:
-        root = Path(model).resolve()
-        record["path"] = str(root)
-        note = root / "STANDIN.txt"
-        if note.is_file():
-            record["standin"] = note.read_text().strip()
+    record.update(local_record(model))
     return record
 
 

@@ -84,7 +84,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +97,8 @@ from operators.support import rle
 from operators.support.codec import batch_images, generated_image_rows, rgb_levels
 from operators.support.models import (
     ModelLoadError,
+    local_record,
+    source_record,
     check_loading_info,
     dtype_kwarg,
     package_version,
@@ -325,14 +326,10 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
     except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
         raise _load_error(role, model, revision, exc) from exc
 
-    local = os.path.isdir(model)
     resolved = resolved_dir(model, revision)
     image_processor = processor.image_processor
     record = {
-        "model": model,
-        "revision": revision,
-        "source": "directory" if local else "hub",
-        "resolved": resolved if resolved is not None else model,
+        **source_record(model, revision, resolved),
         "model_class": type(net).__name__,
         "config_class": type(config).__name__,
         "model_type": family,
@@ -347,12 +344,7 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
     }
     if getattr(processor, "tokenizer", None) is not None:
         record["tokenizer_class"] = type(processor.tokenizer).__name__
-    if local:
-        root = Path(model).resolve()
-        record["path"] = str(root)
-        note = root / "STANDIN.txt"
-        if note.is_file():
-            record["standin"] = note.read_text().strip()
+    record.update(local_record(model))
     return ModelBundle(model=net, processor=processor, family=family, device=dev, dtype=torch_dtype, record=record)
 
 

@@ -59,9 +59,7 @@ with HF_HUB_OFFLINE=1; the record notes the conversion.
 from __future__ import annotations
 
 import inspect
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,6 +69,8 @@ from operators.base import Resources, with_column
 from operators.support.codec import batch_images, generated_image_rows, rgb_levels
 from operators.support.models import (
     ModelLoadError,
+    local_record,
+    source_record,
     check_loading_info,
     dtype_kwarg,
     package_version,
@@ -216,13 +216,9 @@ def load_object_detector(model: str = DEFAULT_DETECTOR, revision: str | None = N
     except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
         raise _load_error(model, revision, exc) from exc
 
-    local = os.path.isdir(model)
     resolved = resolved_dir(model, revision)
     record = {
-        "model": model,
-        "revision": revision,
-        "source": "directory" if local else "hub",
-        "resolved": resolved if resolved is not None else model,
+        **source_record(model, revision, resolved),
         "model_class": type(net).__name__,
         "config_class": type(config).__name__,
         "model_type": model_type,
@@ -240,12 +236,7 @@ def load_object_detector(model: str = DEFAULT_DETECTOR, revision: str | None = N
         "timm_version": package_version("timm"),
         **weights_record(model, resolved, config),
     }
-    if local:
-        root = Path(model).resolve()
-        record["path"] = str(root)
-        note = root / "STANDIN.txt"
-        if note.is_file():
-            record["standin"] = note.read_text().strip()
+    record.update(local_record(model))
     return DetectorBundle(model=net, image_processor=image_processor, device=dev, dtype=torch_dtype, record=record)
 
 

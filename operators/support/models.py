@@ -191,6 +191,26 @@ def weights_record(model: str, resolved: str | None, config) -> dict:
     return record
 
 
+def source_record(model: str, revision: str | None, resolved: str | None) -> dict:
+    """The head of a transformers model's provenance record: what was asked for, whether it is a
+    local directory or a hub id, and the directory it resolved to (``resolved_dir``)."""
+    return {"model": model, "revision": revision, "source": "directory" if os.path.isdir(model) else "hub",
+            "resolved": resolved if resolved is not None else model}
+
+
+def local_record(model: str) -> dict:
+    """For a model given as a local directory: its absolute path and, for a tiny random stand-in,
+    the note its STANDIN.txt carries; nothing for a hub id."""
+    if not os.path.isdir(model):
+        return {}
+    root = Path(model).resolve()
+    out = {"path": str(root)}
+    note = root / "STANDIN.txt"
+    if note.is_file():
+        out["standin"] = note.read_text().strip()
+    return out
+
+
 def check_loading_info(info: dict, ignore=lambda key: False) -> list[str]:
     """A transformers ``output_loading_info`` with missing, unexpected or shape-mismatched weights
     (or loading errors) raises ValueError: a config/weights mismatch is an error, never a warning.
