@@ -29,9 +29,8 @@ import pyarrow.compute as pc
 from operators.base import Stage, conform
 from operators.image_clip_alignment import ClipAlignmentScorer
 from operators.image_fid_features import FidFeatureExtractor
-from operators.image_generation import ImageGenerator
 from operators.support.seeds import image_seeds
-from pipelines.engine import checkpoint, io, runtime, stages
+from pipelines.engine import io, runtime, stages
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.io import InputError
@@ -40,7 +39,8 @@ from pipelines.engine.models import clip_settings, generation_settings
 from pipelines.engine.progress import Phase
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import alignment_metrics as AM
-from pipelines.studies.dalleval.generation import generation_rows, generator_stage, load_generators, sink_stages
+from pipelines.studies.dalleval import generation
+from pipelines.studies.dalleval.generation import generation_rows, head_pipeline, load_generators
 from schemas import alignment as A
 from schemas.gep import IMAGE_ID
 from schemas.images import ENCODED, IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_INDEX, IMAGE_WIDTH, MODEL, SEED
@@ -421,25 +421,17 @@ def run(args) -> dict:
 # ------------------------------------------------------------------------------------ generation
 def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
     """Each caption's image; CLIP embeddings + cosine and FID features on the generator's device."""
-    batch = max(1, args.gen_batch_size)
     clip, fid = st["clip"], st["fid"]
     heads = [Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
                                          "revision": clip.get("revision"), "batch_size": int(clip["batch_size"])}),
              Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
                                          "batch_size": int(fid["batch_size"])})]
-    pipeline = [generator_stage(st, model, heads, batch), *sink_stages(args, images_dir, model)]
-    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
-        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch}}))
-
-
-RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
+    return head_pipeline(st, model, args, per_actor, images_dir, heads)
 
 
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return checkpoint.generate(ray, rd, requests, model, pipeline, A.ALIGNMENT_IMAGES, IMAGE_ID,
-                               max(1, args.gen_batch_size), budgets, echo,
-                               finish=lambda t: conform(t, A.ALIGNMENT_IMAGES))
+    return generation.generate(ray, rd, requests, model, pipeline, A.ALIGNMENT_IMAGES, args, budgets, echo)
 
 
 # ------------------------------------------------------------------------------------ measures

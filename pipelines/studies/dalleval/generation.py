@@ -11,9 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import Stage
+from operators.base import Stage, conform
 from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
+from pipelines.engine import checkpoint, stages
 from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
@@ -36,6 +37,26 @@ def sink_stages(args, images_dir: str, model: str) -> list[Stage]:
     if getattr(args, "no_save_images", False):
         return []
     return [Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": IMAGE_ID})]
+
+
+RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
+
+
+def head_pipeline(st: dict, model: str, args, per_actor: float, images_dir: str, heads: list) -> list[Stage]:
+    """The stage list of a part whose measures all run as heads on the generator's device: the
+    generator (``per_actor`` GPUs, --gen-batch-size images a call, --gen-actors actors) and the sink."""
+    batch = max(1, args.gen_batch_size)
+    pipeline = [generator_stage(st, model, heads, batch), *sink_stages(args, images_dir, model)]
+    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
+        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch}}))
+
+
+def generate(ray, rd, requests: pa.Table, model: str, pipeline: list[Stage], schema: pa.Schema, args, budgets,
+             echo, finish=None):
+    """Every requested image of ``model`` through ``pipeline``, checkpointed by image id (rows
+    ``finish``ed, default: conformed to ``schema``); returns (rows in request order, the Phase)."""
+    return checkpoint.generate(ray, rd, requests, model, pipeline, schema, IMAGE_ID, max(1, args.gen_batch_size),
+                               budgets, echo, finish=finish or (lambda t: conform(t, schema)))
 
 
 def load_generators(st: dict, models: list[str], standin: bool) -> list[dict]:

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from operators.base import Stage, conform
-from operators.image_generation import ImageGenerator
+from operators.base import Stage
 from operators.image_object_detection import ObjectDetector
-from pipelines.engine import checkpoint, io, stages
+from pipelines.engine import io
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
 from pipelines.engine.models import generation_settings
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import skills as K
-from pipelines.studies.dalleval.generation import generation_rows, generator_stage, load_generators, sink_stages
+from pipelines.studies.dalleval import generation
+from pipelines.studies.dalleval.generation import generation_rows, head_pipeline, load_generators
 from schemas import paintskills as P
-from schemas.gep import IMAGE_ID
 
 PRESET = "dalleval_skills.yaml"
 REPLACED = ("template_sets",)
@@ -219,24 +218,16 @@ def run(args) -> dict:
 # ------------------------------------------------------------------------------------ generation
 def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
     """Each skill prompt's image, its detections on the generator's device, the image saved."""
-    batch = max(1, args.gen_batch_size)
     det = st["detector"]
     head = Stage(ObjectDetector, {"model": det["model"], "revision": det.get("revision"),
                                   "record_threshold": det["record_threshold"], "batch_size": int(det["batch_size"]),
                                   "dtype": det.get("dtype", "auto")})
-    pipeline = [generator_stage(st, model, [head], batch), *sink_stages(args, images_dir, model)]
-    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
-        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch}}))
-
-
-RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
+    return head_pipeline(st, model, args, per_actor, images_dir, [head])
 
 
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return checkpoint.generate(ray, rd, requests, model, pipeline, P.SKILL_IMAGES, IMAGE_ID,
-                               max(1, args.gen_batch_size), budgets, echo,
-                               finish=lambda t: conform(t, P.SKILL_IMAGES))
+    return generation.generate(ray, rd, requests, model, pipeline, P.SKILL_IMAGES, args, budgets, echo)
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.studies.dalleval import metrics as M
+from pipelines.studies.dalleval import generation
 from pipelines.studies.dalleval.generation import generation_rows, generator_stage, load_generators, sink_stages
 from operators.base import Stage, conform
 from operators.image_blip2_vqa import Blip2Detector
@@ -34,7 +35,7 @@ from pipelines.studies.dalleval.prompts import (
     parse_groups,
     parse_professions,
 )
-from pipelines.engine import checkpoint, io, stages
+from pipelines.engine import io, stages
 from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
@@ -43,7 +44,6 @@ from pipelines.engine.models import build_standins, generation_settings, clip_se
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
-from schemas.gep import IMAGE_ID
 from schemas.images import GENDER, GENERATION_STATUS, Gender
 
 PRESET = "dalleval.yaml"
@@ -331,15 +331,13 @@ def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: 
         SkinToneDetector.stage_name: {"batch_size": batch * 4}}))
 
 
-RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")],
-                  "skin_actors": [(SkinToneDetector.stage_name, "actors")]}
+RESOURCE_FLAGS = {**generation.RESOURCE_FLAGS, "skin_actors": [(SkinToneDetector.stage_name, "actors")]}
 
 
 def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
     """Generate, detect and measure every requested image with ``model`` (resuming from the checkpoint)."""
     pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return checkpoint.generate(ray, rd, requests, model, pipeline, S.DALLEVAL_IMAGES, IMAGE_ID,
-                               max(1, args.gen_batch_size), budgets, echo,
+    return generation.generate(ray, rd, requests, model, pipeline, S.DALLEVAL_IMAGES, args, budgets, echo,
                                finish=DetectedGenderColumns(st["detect"]["gender"]))
 
 
