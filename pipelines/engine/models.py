@@ -40,11 +40,20 @@ def load_clip_and_generators(clip: dict, generators: list[str], safety_checker: 
     """Load CLIP and each generator (hub ones at their ``revisions``) on the CPU once (and let them
     go): their provenance records (hub commit, weight sha256s, CLIP's activation)."""
     from operators.image_clip_gender import load_clip
-    from operators.image_generation import load_text2image
 
     bundle = load_clip(clip["model"], clip.get("pretrained"), device="cpu", revision=clip.get("revision"))
     records = [{"role": clip_role, "model": clip["model"], "standin": standin, "detail": bundle.record}]
     del bundle
+    return records + load_generators(generators, safety_checker, standin, scheduler, revisions)
+
+
+def load_generators(generators: list[str], safety_checker: str, standin: bool, scheduler: str | None = None,
+                    revisions: dict | None = None) -> list[dict]:
+    """Load each generator (hub ones at their ``revisions``) on the CPU once (and let it go): their
+    provenance records (hub commit, weight sha256s)."""
+    from operators.image_generation import load_text2image
+
+    records = []
     for model in generators:
         pipe, rec = load_text2image(model, (revisions or {}).get(model), device="cpu", dtype="float32",
                                     safety_checker=safety_checker, scheduler=scheduler)

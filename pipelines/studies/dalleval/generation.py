@@ -5,7 +5,6 @@ and the alignment part (alignment_study.py) build their stage lists from these."
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ from operators.base import Stage, conform
 from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from pipelines.engine import checkpoint, stages
+from pipelines.engine import models as engine_models
 from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
@@ -61,17 +61,9 @@ def generate(ray, rd, requests: pa.Table, model: str, pipeline: list[Stage], sch
 
 def load_generators(st: dict, models: list[str], standin: bool) -> list[dict]:
     """Load every generator once on the CPU (and let it go): their provenance records."""
-    from operators.image_generation import load_text2image
-
-    records = []
-    for model in models:
-        pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
-                                    safety_checker=st["generation"]["safety_checker"],
-                                    scheduler=st["generation"].get("scheduler"))
-        records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
-        del pipe
-        gc.collect()
-    return records
+    gen = st["generation"]
+    return engine_models.load_generators(models, gen["safety_checker"], standin, gen.get("scheduler"),
+                                         gen["revisions"])
 
 
 def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows) -> list[dict]:
