@@ -41,14 +41,16 @@ class ParquetInput:
     num_rows: int               # total rows of all files, from the footers
     row_counts: list[int] | None = None  # rows per file
     identities: list[str] | None = None  # per file, what identifies its data (see ``file_identity``)
+    row_groups: list[list[int]] | None = None  # per file, the rows of each row group (from the footers)
 
     def subset(self, files: list[str]) -> "ParquetInput":
         """The same input restricted to ``files`` (a shard)."""
         idx = [self.files.index(f) for f in files]
         counts = [self.row_counts[i] for i in idx] if self.row_counts else None
         idents = [self.identities[i] for i in idx] if self.identities else None
+        groups = [self.row_groups[i] for i in idx] if self.row_groups else None
         return ParquetInput(list(files), self.filesystem, self.protocol, [self.schemas[i] for i in idx],
-                            sum(counts) if counts else 0, counts, idents)
+                            sum(counts) if counts else 0, counts, idents, groups)
 
     def data_identity(self) -> dict[str, str]:
         """{file as the user writes it: its identity}: a run's fingerprint includes it, so a file
@@ -118,7 +120,8 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
     with ThreadPoolExecutor(max_workers=16) as pool:
         idents = list(pool.map(lambda fm: file_identity(fs0, fm[0], fm[1], protocol), zip(files, metas)))
     return ParquetInput(files, pyfs, protocol, [m.schema.to_arrow_schema() for m in metas],
-                        sum(m.num_rows for m in metas), [m.num_rows for m in metas], idents)
+                        sum(m.num_rows for m in metas), [m.num_rows for m in metas], idents,
+                        [[m.row_group(i).num_rows for i in range(m.num_row_groups)] for m in metas])
 
 
 # What identifies a file's data without reading it. An object store's ETag (or version) changes
@@ -191,9 +194,12 @@ def unreadable_input(exc: BaseException, inp: ParquetInput, columns: list[str]) 
     while e is not None and e not in chain:
         chain.append(e)
         e = getattr(e, "cause", None) or e.__cause__
-    if isinstance(exc, InputError) or not any(isinstance(e, (pa.ArrowException, OSError)) for e in chain):
-        return None
     said = plain("\n".join(str(e) for e in chain))
+    # a read error of Ray's own reader keeps its type in the chain; one raised in a task's code
+    # (the fused caption scan) reaches the driver as text, naming the file it was reading
+    named = any(f"while reading parquet file {f}" in said for f in inp.files)
+    if isinstance(exc, InputError) or not (named or any(isinstance(e, (pa.ArrowException, OSError)) for e in chain)):
+        return None
     for path in sorted(inp.files, key=lambda f: f not in said):  # a file the error names first
         try:
             with inp.filesystem.open_input_file(path) as fh:
@@ -322,6 +328,17 @@ def clear_dir(fs: pafs.FileSystem, path: str) -> None:
         fs.delete_dir_contents(path)
     elif info.type == pafs.FileType.File:
         fs.delete_file(path)
+
+
+def read_parquet_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema) -> pa.Table:
+    """The rows of ``files`` as one table of ``schema`` (read in parallel threads)."""
+    def one(path: str) -> pa.Table:
+        with fs.open_input_file(path) as fh:
+            return pq.read_table(fh, schema=schema)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        tables = list(pool.map(one, files))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def count_parquet_rows(fs: pafs.FileSystem, path: str | list[str]) -> int:

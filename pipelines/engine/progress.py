@@ -102,8 +102,10 @@ def drain(ds, sink, phase: Phase, budgets: list[ErrorBudget] = (), flush_rows: i
     """Pull every block of ``ds``; give them to ``sink(table)`` in parts of about ``flush_rows``
     rows (or every ``flush_seconds``); report progress; check ``budgets``. Returns ``phase``.
 
-    ``count(block)`` is how many of the phase's units a block stands for (default: its rows)."""
+    ``count(block)`` is how many of the phase's units a block stands for (default: its rows).
+    A phase drained in several streams (the caption scan, one per shard) adds up their time."""
     start = last_flush = last_print = time.time()
+    earlier = phase.seconds
     buffer: list[pa.Table] = []
     buffered = 0
     sink_failed = False
@@ -133,7 +135,7 @@ def drain(ds, sink, phase: Phase, budgets: list[ErrorBudget] = (), flush_rows: i
                 flush()
             if now - last_print >= interval:
                 last_print = now
-                echo(progress_line(phase, now - start))
+                echo(progress_line(phase, earlier + now - start))
         flush()
     except BaseException as exc:
         if sink_failed:  # the checkpoint write itself failed: that is the error
@@ -152,7 +154,7 @@ def drain(ds, sink, phase: Phase, budgets: list[ErrorBudget] = (), flush_rows: i
                 f"while the phase was stopping on {type(exc).__name__}: {exc}") from flush_exc
         raise
     finally:
-        phase.seconds = time.time() - start
+        phase.seconds = earlier + time.time() - start
     for b in budgets:
         b.check(final=True)
     try:
