@@ -87,18 +87,40 @@ def load_sentence_transformer(model: str, revision: str | None = None, device: s
         ) from exc
 
 
+def sbert_precision(precision: str, device: str) -> str:
+    """The precision SBERT runs in: "auto" is fp16 on a GPU and fp32 elsewhere; fp16 on a CPU
+    is refused (slow there, and not what anyone measuring on a CPU expects)."""
+    if precision not in ("auto", "fp32", "fp16"):
+        raise ValueError(f"SBERT precision must be auto, fp32 or fp16, got {precision!r}")
+    on_gpu = device.startswith("cuda")
+    if precision == "auto":
+        return "fp16" if on_gpu else "fp32"
+    if precision == "fp16" and not on_gpu:
+        raise ValueError("SBERT in fp16 needs a GPU (device cuda); use fp32 or auto on a CPU")
+    return precision
+
+
 class PromptSimilarity:
     """Adds ``prompt_similarity``: cosine(caption, prompt) for each prompt of the row's occupation."""
 
     stage_name = STAGE_SIMILARITY
-    resources = Resources(num_cpus=1, batch_size=2048, actors=1)
+    resources = Resources(num_cpus=1, batch_size=4096, actors=1)
 
     def __init__(self, model: str, prompts: dict[str, list[str]], revision: str | None = None,
-                 device: str = "auto", encode_batch_size: int = 256):
+                 device: str = "auto", encode_batch_size: int = 128, precision: str = "auto"):
         """``prompts``: occupation name -> its prompts, the same number for each (prompt_id =
-        position + 1), e.g. the Table 1 prompts of every occupation."""
+        position + 1), e.g. the Table 1 prompts of every occupation.
+
+        ``precision``: "auto" (fp16 on a GPU, fp32 on a CPU), "fp32" or "fp16" (GPU only).
+        sentence-transformers sorts each ``encode`` call's texts by length, so every batch of
+        ``encode_batch_size`` holds captions of similar length (little padding); a Ray batch of
+        ``resources.batch_size`` captions is one such call. Cosines in fp16 differ from fp32 by
+        about 1e-3 (``benchmarks/bench_sbert.py`` measures it)."""
         self.model = load_sentence_transformer(model, revision, device)
         self.encode_batch_size = encode_batch_size
+        self.precision = sbert_precision(precision, str(self.model.device))
+        if self.precision == "fp16":
+            self.model.half()
         counts = {len(ps) for ps in prompts.values()}
         if len(counts) != 1 or 0 in counts:
             raise ValueError(f"every occupation needs the same, non-zero number of prompts, got {sorted(counts)}")
@@ -109,6 +131,7 @@ class PromptSimilarity:
         self.prompt_emb = emb.reshape(len(prompts), self.n_prompts, -1)
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        # fp16 embeddings are normalised in fp16 by the library; the cosines are taken in fp32
         return np.asarray(
             self.model.encode(texts, batch_size=self.encode_batch_size, normalize_embeddings=True,
                               convert_to_numpy=True, show_progress_bar=False),

@@ -74,3 +74,15 @@ def test_unloadable_model_is_named():
 def test_unknown_occupation_is_an_error(op):
     with pytest.raises(ValueError, match="pilot"):
         sims(op, [("a pilot", "pilot")])
+
+
+def test_precision_policy():
+    from operators.text_prompt_similarity import sbert_precision
+
+    assert sbert_precision("auto", "cpu") == "fp32"
+    assert sbert_precision("auto", "cuda:0") == "fp16"
+    assert sbert_precision("fp32", "cuda:0") == "fp32"
+    with pytest.raises(ValueError, match="needs a GPU"):
+        sbert_precision("fp16", "cpu")
+    with pytest.raises(ValueError, match="auto, fp32 or fp16"):
+        sbert_precision("bf16", "cpu")

