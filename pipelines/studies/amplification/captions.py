@@ -19,12 +19,12 @@ import pyarrow.fs as pafs
 from operators.base import Stage, conform, split_tallies
 from operators.text_caption_validator import CaptionValidator, holds_text
 from operators.text_gender_words import GenderWordIndicators
-from operators.text_name_gender import NameGenderIndicators, load_spacy
+from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, NameGenderIndicators, load_spacy
 from operators.text_occupation_explode import OccupationExploder
 from operators.text_occupation_matcher import OccupationMatcher
 from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, sbert_provenance
 from pipelines.engine import config as study_config
-from pipelines.engine import io, rundir, runtime, stages
+from pipelines.engine import io, rundir, runtime, scan, stages
 from pipelines.engine.lifecycle import Outcome, Run, run_study
 from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain
 from pipelines.engine.summary import (
@@ -52,6 +52,7 @@ FILES = {  # what the captions subcommand writes under --output
     "similarity": "similarity_summary",
     "counts": "stage_counts",
     "metrics": "metrics.json",
+    "ray_stats": "ray_data_stats_captions.txt",
 }
 
 
@@ -70,6 +71,8 @@ def settings(args) -> dict:
         gi["spacy_model"] = args.spacy_model
     if args.strict_names:
         gi["count_mostly_names"] = False
+    if getattr(args, "ner_all", False):
+        gi["ner_prefilter"] = False
     if args.sbert_model:
         models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
     elif args.sbert_revision:
@@ -95,6 +98,10 @@ def caption_job(args, st: dict, inp, columns: dict) -> dict:
         "selection": st["selection"], "models": st["models"],
     }
 
+
+# annotated captions up to this many are selected in the driver process (select_subsets_local),
+# more through Ray Data (select_subsets); execution.local_selection_rows overrides it
+LOCAL_SELECTION_ROWS = 1_000_000
 
 CAPTION_TALLIES = "caption_tallies"
 TALLY_SCHEMA = pa.schema([pa.field(C.TALLY_STAGE, pa.string()), pa.field(C.TALLY_OUTCOME, pa.string()),
@@ -125,6 +132,7 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
     phase = Phase("caption scan", "captions", inp.num_rows)
     budget = ErrorBudget(C.STAGE_CAPTIONS, {}, float(ex["max_error_rate"]), int(ex["error_budget_min_rows"]))
     attempt: list[pa.Table] = []
+    stats: list[str] = []  # Ray Data's per-operator statistics of each shard scanned in this attempt
     for i, files in enumerate(shards):
         name = f"captions/shard-{i:05d}"
         shard_rows = sum(rows_of[f] for f in files)
@@ -139,6 +147,7 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
                                  fn_args=(run.fs, data_dir, annotated_schema))
         parts: list[pa.Table] = []
         sink_budget = _TallyBudget(budget)
+        before = phase.seconds
         try:
             drain(ds, parts.append, phase, budgets=[sink_budget], flush_rows=1, echo=_echo(args), count=_captions_read)
         except Exception as exc:  # a file with corrupt data pages: name it and the cause, not a crashed worker
@@ -146,6 +155,9 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
             if bad is None:
                 raise
             raise bad from None
+        if phase.ray_stats:
+            stats.append(f"===== caption shard {i + 1}/{len(shards)}: {len(files)} file(s), {shard_rows:,} rows, "
+                         f"{phase.seconds - before:.1f} s =====\n{phase.ray_stats}")
         shard_tallies = pa.concat_tables(parts) if parts else TALLY_SCHEMA.empty_table()
         written = pc.equal(shard_tallies.column(C.TALLY_STAGE), C.STAGE_WRITTEN_PARTS)
         manifest = commit_parts(run.fs, data_dir, shard_tallies.filter(written))
@@ -153,6 +165,8 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
         run.write_part(CAPTION_TALLIES, shard_tallies, key=f"shard-{i:05d}")  # a redone shard replaces its own
         run.mark_done(name, {"files": [inp.display(f) for f in files], "rows": shard_rows, "parts": manifest})
         attempt.append(shard_tallies)
+    if stats:  # where the scan's time went, per operator (informative; rewritten by every attempt that scans)
+        io.write_text("\n\n".join(stats) + "\n", run.fs, run.file(FILES["ray_stats"]))
     return phase, budget, pa.concat_tables(attempt) if attempt else TALLY_SCHEMA.empty_table()
 
 
@@ -255,12 +269,14 @@ def caption_stages(st: dict, args, columns: dict) -> list[Stage]:
         # person names whose first name gender-guesser knows (App. A.5); --no-names leaves them out
         *([] if args.no_names else [Stage(NameGenderIndicators, {
             "spacy_model": gi["spacy_model"], "count_mostly": gi["count_mostly_names"],
+            "prefilter": bool(gi.get("ner_prefilter", True)),
             "skip_words": [t for o in st["occupations"] for t in o.forms()]})]),
         # one row per (caption, occupation), with a stable caption id and a seeded sampling key
         Stage(OccupationExploder, {"seed": st["selection"]["seed"]}),
         # SBERT cosine between each caption and its occupation's Table 1 prompts (section 5.2)
         Stage(PromptSimilarity, {"model": models["sbert"], "revision": models["sbert_revision"],
-                                 "prompts": prompt_table(st["occupations"], st["prompts"]), "device": args.device}),
+                                 "prompts": prompt_table(st["occupations"], st["prompts"]), "device": args.device,
+                                 "precision": models.get("sbert_precision", "auto")}),
     ]
 
 
@@ -274,17 +290,18 @@ RESOURCE_FLAGS = {
 
 
 def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
-    """The caption scan as one Ray Data stream: the stage list, with this run's resources."""
+    """The caption scan as one Ray Data stream: the stage list, with this run's resources. Its
+    leading stateless stages (validate, occupation match, gender words) run inside the parquet
+    read tasks (``scan.scan_parquet``): only the captions they keep leave a task."""
     pipeline = stages.configure(caption_stages(st, args, columns),
                                 stages.overrides(st["execution"], args, RESOURCE_FLAGS))
-    read = _read_columns(columns)
-    streams = [  # one per group of files whose columns have the same types; validation unifies them
-        # only the needed columns are read: Ray pushes the projection down into the parquet reader
-        stages.run(ray.data.read_parquet(files, filesystem=inp.filesystem).select_columns(read), pipeline[:1], schema)
-        for files in inp.groups_by_type(read)
-    ]
-    ds = streams[0].union(*streams[1:]) if len(streams) > 1 else streams[0]
-    return stages.run(ds, pipeline[1:], schema)
+    n = scan.fusable(pipeline)
+    ds = scan.scan_parquet(ray, inp, _read_columns(columns), pipeline[:n], schema, _fragment_rows(st))
+    return stages.run(ds, pipeline[n:], schema)
+
+
+def _fragment_rows(st: dict) -> int:
+    return int(st["execution"].get("scan_fragment_rows") or scan.DEFAULT_FRAGMENT_ROWS)
 
 
 def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, prompts: dict, n_occupations: int):
@@ -307,6 +324,22 @@ def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, p
     subsets = conform(pa.concat_tables(ray.get(subsets.to_arrow_refs())), TRAINING_SUBSETS)
     subsets = subsets.sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
     return subsets, occupation_stats(ray, data)
+
+
+def select_subsets_local(table: pa.Table, selection: SelectionConfig, prompts: dict) -> tuple[pa.Table, pa.Table]:
+    """``select_subsets`` in this process, for annotated captions that fit in memory: the same
+    functions (partial top-k per 65,536 rows, then ``finalize``; per-batch counts summed), so the
+    same subsets and counts, without the start-up of two distributed Ray Data jobs and a shuffle
+    (tens of seconds, whatever the size)."""
+    if table.num_rows == 0:
+        return TRAINING_SUBSETS.empty_table(), report.combine_occupation_stats([])
+    step = 65536
+    partials = pa.concat_tables([partial_top_k(table.slice(i, step), selection) for i in range(0, table.num_rows, step)])
+    subsets = conform(finalize(partials, selection, prompts), TRAINING_SUBSETS)
+    subsets = subsets.sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
+    stats = report.combine_occupation_stats([report.partial_occupation_stats(
+        table.select([C.OCCUPATION, C.CAPTION_GENDER]).slice(i, step)) for i in range(0, table.num_rows, step)])
+    return subsets, stats
 
 
 def occupation_stats(ray, data) -> pa.Table:
@@ -405,9 +438,13 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
     if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
         parts = [f"{annotated_dir}/part-0.parquet"]
         io.write_table(annotated_schema.empty_table(), rd.fs, parts[0])
-    data = ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
-
-    subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
+    if annotated_rows <= int(st["execution"].get("local_selection_rows", LOCAL_SELECTION_ROWS)):
+        # what matched fits in memory (20,000 rows per 4 M LAION-like captions): select here
+        table = io.read_parquet_files(rd.fs, parts, annotated_schema)
+        subsets, stats = select_subsets_local(table, selection, prompts)
+    else:
+        data = ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
+        subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
     io.write_table(subsets, rd.fs, rd.file(FILES["subsets"]))
     sim = report.similarity_summary(stats, subsets, st["occupations"])
     io.write_table_and_csv(sim, rd.fs, rd.file(FILES["similarity"]))
@@ -421,6 +458,7 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
     check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))
 
     sizes, head = report.subset_sizes(subsets), report.headline(sim)
+    names = ner_counts(counts, st, args)
     metrics = {
         "stage": "captions",
         "attempt_summary": summarize(stage_counts(attempt), order),
@@ -446,17 +484,36 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
         "caption_phase": _phase_record(phase),
         "error_budgets": [budget.as_dict()],
         "annotated_rows": annotated_rows,
+        "names_ner": names,
         "subset_rows": sizes,
         "headline": head,
     }
     if own_run:
         metrics["run_summary"] = summary_rows_captions(summary, phase, summarize(stage_counts(attempt), order))
-    return metrics, (format_summary(summary), annotated_rows, subsets, sizes, head)
+    return metrics, (format_summary(summary), annotated_rows, subsets, sizes, head, names)
+
+
+def ner_counts(counts: pa.Table, st: dict, args) -> dict | None:
+    """How many matched captions spaCy ran on (all of them without the prefilter), from the
+    person-name stage's tallies; None with --no-names."""
+    if args.no_names:
+        return None
+    c = {o: n for s, o, n in zip(*(counts.column(k).to_pylist() for k in ("stage", "outcome", "rows")))
+         if s == STAGE_NAMES}
+    captions, ran = c.get(C.OUTCOME_ROWS_IN, 0), c.get(NER_RUN, 0)
+    return {"prefilter": bool(st["gender_indicators"].get("ner_prefilter", True)), "captions": captions,
+            "ner_run": ran, "ner_skipped": c.get(NER_SKIPPED, 0),
+            "share_ner_run": round(ran / captions, 6) if captions else None}
 
 
 def print_caption_side(rd, shown: tuple) -> None:
-    summary_text, annotated_rows, subsets, sizes, head = shown
+    summary_text, annotated_rows, subsets, sizes, head, names = shown
     report.print_caption_report(summary_text, rd.display(), annotated_rows, subsets, sizes, head, FILES)
+    if names and names["captions"]:
+        how = ("only where a word is a first name gender-guesser knows; person_names is null elsewhere"
+               if names["prefilter"] else "on every caption (--ner-all)")
+        print(f"person names: spaCy NER ran on {names['ner_run']:,} of {names['captions']:,} matched captions "
+              f"({100 * names['share_ner_run']:.1f}%), {how}")
 
 
 class CaptionStudy:

@@ -119,3 +119,20 @@ def test_bad_configuration():
         SelectionConfig(mode="sometimes")
     with pytest.raises(ValueError, match="3 values"):
         partial_top_k(annotated(5), SelectionConfig(n_prompts=3))
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", ["split", "resample"])
+def test_selection_in_the_driver_equals_the_distributed_one(ray_local, mode):
+    """Small annotated sets are selected in the driver process: the same subsets and counts as the
+    Ray Data reduction (partial top-k, shuffle by occupation, finalize) and its per-block counts."""
+    from pipelines.studies.amplification import captions
+
+    t, cfg = annotated(n=150_000, seed=3), SelectionConfig(sample_size=300, nn_k=200, n_prompts=2, mode=mode)
+    data = ray_local.data.from_arrow([t.slice(i, 20_000) for i in range(0, t.num_rows, 20_000)])
+    want_subsets, want_stats = captions.select_subsets(ray_local, data, t.num_rows, cfg, PROMPTS, 2)
+    subsets, stats = captions.select_subsets_local(t, cfg, PROMPTS)
+    assert subsets.num_rows > 0 and subsets.equals(want_subsets)
+    assert stats.equals(want_stats)
+    empty, no_stats = captions.select_subsets_local(t.slice(0, 0), cfg, PROMPTS)
+    assert empty.num_rows == 0 and empty.schema.equals(TRAINING_SUBSETS) and no_stats.num_rows == 0
