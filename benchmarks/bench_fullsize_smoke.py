@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -346,7 +345,6 @@ def build_blip2(args, out: dict) -> None:
 
 
 def run_clip(args, key: str, out: dict) -> None:
-    import torch
 
     from operators.image_clip_gender import ClipGenderClassifier
 
@@ -374,21 +372,24 @@ def run_sd(args, out: dict) -> None:
     from schemas.images import GENDER, GENERATION_STATUS, IMAGE_HEIGHT, IMAGE_WIDTH, NSFW, P_MALE, SEED
     from schemas.subsets import PROMPT
 
-    head = {"model": f"local-dir:{Path(args.workdir) / 'clip-l14'}", "pretrained": None,
-            "prompts": ("A photo of a man", "A photo of a woman"), "threshold": 0.9}
+    from operators.base import Stage
+    from operators.image_clip_gender import ClipGenderClassifier
+
+    head = Stage(ClipGenderClassifier, {"model": f"local-dir:{Path(args.workdir) / 'clip-l14'}", "pretrained": None,
+                                        "prompts": ("A photo of a man", "A photo of a woman"), "threshold": 0.9})
     with Phase("load", args.device, out):
         gen = ImageGenerator(model=str(Path(args.workdir) / "sd"), steps=args.steps, guidance_scale=7.5,
                              height=args.size, width=args.size, device=args.device, dtype="auto",
                              safety_checker=args.safety_checker, heads=[head], micro_batch=args.batch)
     pipe = gen.pipe
     parts = {"text_encoder": pipe.text_encoder, "unet": pipe.unet, "vae.decoder": pipe.vae.decoder,
-             "safety_checker": getattr(pipe, "safety_checker", None), "clip head visual": gen.classifier.bundle.model.visual}
+             "safety_checker": getattr(pipe, "safety_checker", None), "clip head visual": gen.heads[0].bundle.model.visual}
     whole = {"text_encoder": pipe.text_encoder, "unet": pipe.unet, "vae": pipe.vae,
-             "safety_checker": getattr(pipe, "safety_checker", None), "clip head": gen.classifier.bundle.model}
+             "safety_checker": getattr(pipe, "safety_checker", None), "clip head": gen.heads[0].bundle.model}
     out["params"] = {k: n_params(m) for k, m in whole.items() if m is not None}
     out["weights_dtype"] = {k: str(next(m.parameters()).dtype).replace("torch.", "") for k, m in whole.items() if m is not None}
     out["activation"] = {"text_encoder": pipe.text_encoder.config.hidden_act,
-                         "clip head": activations(gen.classifier.bundle.model)}
+                         "clip head": activations(gen.heads[0].bundle.model)}
     out["record"] = {k: gen.record[k] for k in ("pipeline_class", "scheduler_class", "dtype", "device",
                                                  "safety_checker_present")}
     io: dict = {}
@@ -406,7 +407,6 @@ def run_sd(args, out: dict) -> None:
 
 
 def run_blip2(args, out: dict) -> None:
-    import torch
     import yaml
 
     from operators.image_blip2_vqa import Blip2Detector

@@ -33,6 +33,25 @@ Out of memory (``torch.cuda.OutOfMemoryError``, or a RuntimeError saying "out of
 end the job: the micro-batch is retried in halves, down to one image, with the allocator's cache
 emptied between tries; an image that still fails alone gets ``generation_error`` and the message in
 GENERATION_DETAIL, and counts against the generation error budget. Other errors propagate.
+
+Speed options (keyword arguments of :class:`ImageGenerator`; all off by default, so the default
+generator runs exactly as before). Each is recorded in ``ImageGenerator.record``:
+
+* attention: diffusers' default processor, ``AttnProcessor2_0`` (PyTorch's
+  ``scaled_dot_product_attention``: flash / memory-efficient kernels on CUDA), is what runs; the
+  record lists the processor classes the UNet and the VAE actually hold (``attention_processors``).
+* ``channels_last=True``: the UNet's and the VAE's weights in channels-last memory format (NHWC
+  convolutions, what tensor cores prefer). Same images up to floating-point rounding.
+* ``compile_unet``: ``torch.compile`` of the UNet (``nn.Module.compile``, in place, so
+  ``pipe.unet`` stays the UNet); True is torch's default mode, a string names the mode
+  (``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``). The first call at
+  each new batch shape compiles (tens of seconds to minutes); later calls are fast.
+* ``vae_slicing``: decode the latents one image at a time (``AutoencoderKL.enable_slicing``), which
+  bounds the VAE's memory at large micro-batches. False: one decode per micro-batch (as before);
+  True: always sliced; ``"auto"``: sliced for calls of ``VAE_SLICING_AUTO_MIN_BATCH`` or more images
+  (an out-of-memory retry in halves then decodes unsliced again below that size). Each image is
+  decoded alone, so its pixels equal those of a batch-1 decode; against an unsliced batched decode
+  they differ by floating-point rounding at most (the ``micro_batch > 1`` note above).
 """
 
 from __future__ import annotations
@@ -63,6 +82,12 @@ from schemas.images import (
 from schemas.subsets import PROMPT
 
 STAGE_GENERATE = "generate"
+
+# vae_slicing="auto": decode calls of this many images or more one image at a time. The VAE
+# decoder's full-resolution activations grow with the number of images decoded together; slicing
+# bounds them to one image's, at the cost of smaller decoder kernels.
+VAE_SLICING_AUTO_MIN_BATCH = 8
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class SafetyCheckerPolicy:
@@ -213,6 +238,71 @@ def regenerate(pipe_or_generator, prompt: str, seed: int, steps: int = 50, guida
     return _to_uint8(images)[0].cpu().numpy()
 
 
+def _compile_mode(compile_unet) -> str | None:
+    """``compile_unet`` as a torch.compile mode: None (off), "default" for True, or the mode named."""
+    if compile_unet is False or compile_unet is None:
+        return None
+    if compile_unet is True:
+        return "default"
+    if isinstance(compile_unet, str) and compile_unet in COMPILE_MODES:
+        return compile_unet
+    raise ValueError(f"compile_unet must be False, True or one of {COMPILE_MODES}, got {compile_unet!r}")
+
+
+def attention_processors(pipe) -> dict[str, list[str]]:
+    """The attention processor classes each of the pipeline's attention-bearing models holds (e.g.
+    {"unet": ["AttnProcessor2_0"], "vae": ["AttnProcessor2_0"]}): what runs, not what was asked for."""
+    out = {}
+    for name in ("unet", "transformer", "vae"):
+        module = getattr(pipe, name, None)
+        procs = getattr(module, "attn_processors", None)
+        if isinstance(procs, dict):
+            out[name] = sorted({type(p).__name__ for p in procs.values()})
+    return out
+
+
+def set_vae_slicing(pipe, on: bool) -> None:
+    """Decode one image at a time (``on``) or the whole call at once."""
+    vae = pipe.vae
+    if on:
+        vae.enable_slicing()
+    else:
+        vae.disable_slicing()
+
+
+def apply_speed_options(pipe, channels_last: bool, compile_mode: str | None, vae_slicing) -> dict:
+    """Apply the generator's speed options to a loaded pipeline (module docstring); returns what to
+    record. Raises ValueError when the pipeline lacks what an option needs."""
+    import torch
+
+    unet = getattr(pipe, "unet", None)
+    vae = getattr(pipe, "vae", None)
+    if (channels_last or compile_mode) and not isinstance(unet, torch.nn.Module):
+        raise ValueError(f"channels_last / compile_unet need a pipeline with a UNet; {type(pipe).__name__} has none")
+    if vae_slicing is not False and not hasattr(vae, "use_slicing"):
+        raise ValueError(f"vae_slicing needs a VAE that decodes in slices; {type(pipe).__name__}'s "
+                         f"{type(vae).__name__} does not")
+    # recorded before compiling: what the (compiled) modules will run
+    record = {"attention_processors": attention_processors(pipe)}
+    converted = []
+    if channels_last:
+        for name in ("unet", "vae"):
+            module = getattr(pipe, name, None)
+            if isinstance(module, torch.nn.Module):
+                module.to(memory_format=torch.channels_last)
+                converted.append(name)
+    if compile_mode:
+        # in place: pipe.unet stays the UNet (its config, processors and hooks as before)
+        unet.compile(mode=None if compile_mode == "default" else compile_mode)
+    record.update({
+        "channels_last": converted if channels_last else False,
+        "compile_unet": compile_mode or False,
+        "vae_slicing": vae_slicing,
+        "vae_slicing_auto_min_batch": VAE_SLICING_AUTO_MIN_BATCH if vae_slicing == "auto" else None,
+    })
+    return record
+
+
 def _valid_prompt(p) -> bool:
     return isinstance(p, str) and bool(p.strip())
 
@@ -248,9 +338,15 @@ class ImageGenerator:
     def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 8,
-                 noise_device: str = "cpu", scheduler: str | None = None):
+                 noise_device: str = "cpu", scheduler: str | None = None, channels_last: bool = False,
+                 compile_unet: bool | str = False, vae_slicing: bool | str = False):
+        """The speed options ``channels_last``, ``compile_unet`` and ``vae_slicing`` are described in
+        the module docstring; all are off by default."""
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+        compile_mode = _compile_mode(compile_unet)
+        if not (vae_slicing is False or vae_slicing is True or vae_slicing == "auto"):
+            raise ValueError(f"vae_slicing must be False, True or 'auto', got {vae_slicing!r}")
         self.model = model
         self.steps = int(steps)
         self.guidance_scale = float(guidance_scale)
@@ -262,6 +358,10 @@ class ImageGenerator:
         self.device = load_record["device"]
         # noise on the CPU by default: the same seed gives the same initial noise on any device
         self.noise_device = pick_device(noise_device)
+        self.channels_last = bool(channels_last)
+        self.compile_mode = compile_mode
+        self.vae_slicing = vae_slicing
+        speed = apply_speed_options(self.pipe, self.channels_last, self.compile_mode, self.vae_slicing)
         # what runs on every generated image while it is still on the device (CLIP gender, a CLIP
         # embedding, BLIP-2 questions): Stage specs built here, on this device, or built operators;
         # each has ``classify_tensor`` returning the columns of its ``output_fields``
@@ -279,6 +379,7 @@ class ImageGenerator:
             "default_size": self._default_size(),
             "micro_batch": self.micro_batch,
             "noise_device": self.noise_device,
+            **speed,
             "heads": {getattr(h, "stage_name", type(h).__name__): getattr(h, "record", None) for h in self.heads},
         }
 
@@ -292,6 +393,8 @@ class ImageGenerator:
         return None
 
     def _generate(self, prompts: list[str], seeds: list[int]):
+        if self.vae_slicing is not False:  # off: the VAE is left as loaded (one decode per call)
+            set_vae_slicing(self.pipe, self.vae_slicing is True or len(prompts) >= VAE_SLICING_AUTO_MIN_BATCH)
         return _generate(self.pipe, prompts, seeds, self.steps, self.guidance_scale, self.height, self.width,
                          self.noise_device)
 

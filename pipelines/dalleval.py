@@ -67,6 +67,7 @@ def _execution_args(p, heads: bool = False) -> None:
     if heads:
         x.add_argument("--skin-actors", type=int, default=1, help="skin-tone (CPU) actors (default 1)")
     gpus.add_arguments(x, "generator")
+    gpus.add_generation_options(x)
     x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
     x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     x.add_argument("--no-save-images", action="store_true", help="do not write the images")

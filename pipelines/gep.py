@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
     x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
     gpus.add_arguments(x, "generator / scorer")
+    gpus.add_generation_options(x)
     x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
     x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     x.add_argument("--no-save-images", action="store_true", help="do not write the images (annotators need them)")

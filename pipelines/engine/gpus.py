@@ -54,6 +54,28 @@ def add_arguments(group, actors: str) -> None:
                             "models are otherwise refused on a CPU)")
 
 
+def add_generation_options(group) -> None:
+    """The generator's speed options (``operators.image_generation``; all off by default)."""
+    group.add_argument("--gen-channels-last", action="store_true",
+                       help="UNet and VAE in channels-last memory format (faster convolutions on GPUs; same images "
+                            "up to rounding)")
+    group.add_argument("--gen-vae-slicing", choices=["off", "on", "auto"], default="off",
+                       help="decode generated images one at a time (bounds the VAE's memory at large batches); auto: "
+                            "for calls of 8 or more images (default off)")
+    group.add_argument("--gen-compile", choices=["off", "default", "reduce-overhead", "max-autotune",
+                                                 "max-autotune-no-cudagraphs"], default="off",
+                       help="torch.compile the UNet in this mode (each new batch shape compiles first; pays off on "
+                            "long runs; default off)")
+
+
+def generation_options(args) -> dict:
+    """``ImageGenerator`` keyword arguments from ``add_generation_options``' flags."""
+    slicing = {"off": False, "on": True, "auto": "auto"}[getattr(args, "gen_vae_slicing", "off") or "off"]
+    mode = getattr(args, "gen_compile", "off") or "off"
+    return {"channels_last": bool(getattr(args, "gen_channels_last", False)), "vae_slicing": slicing,
+            "compile_unet": False if mode == "off" else (True if mode == "default" else mode)}
+
+
 def plan(execution: dict, gpus_per_actor: float | None, device: str | None, standin: bool) -> GpuPlan:
     """The request from configuration and flags alone (no Ray): what the README's commands ask for."""
     device = (device or "auto").lower()

@@ -198,3 +198,25 @@ def test_real_models_are_refused_before_any_work_without_gpus(tmp_path, study, a
     assert "GPU" in err and "--device cpu" in err and "local Ray instance has 0" in err, err[-2000:]
     assert "Traceback" not in err
     assert not [p for p in out.rglob("*") if p.is_file()], "nothing may be written before the refusal"
+
+
+def test_generation_speed_flags_map_to_generator_options():
+    import argparse
+
+    from pipelines.engine import gpus
+
+    p = argparse.ArgumentParser()
+    gpus.add_generation_options(p)
+    assert gpus.generation_options(p.parse_args([])) == {"channels_last": False, "vae_slicing": False,
+                                                         "compile_unet": False}
+    got = gpus.generation_options(p.parse_args(["--gen-channels-last", "--gen-vae-slicing", "auto",
+                                                "--gen-compile", "max-autotune"]))
+    assert got == {"channels_last": True, "vae_slicing": "auto", "compile_unet": "max-autotune"}
+    assert gpus.generation_options(p.parse_args(["--gen-compile", "default", "--gen-vae-slicing", "on"])) == \
+        {"channels_last": False, "vae_slicing": True, "compile_unet": True}
+    # the options are ImageGenerator's keyword arguments
+    import inspect
+
+    from operators.image_generation import ImageGenerator
+
+    assert set(got) <= set(inspect.signature(ImageGenerator).parameters)

@@ -29,7 +29,7 @@ from pipelines.engine.models import (
 from pipelines.studies.amplification import captions
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
-from pipelines.engine import io
+from pipelines.engine import gpus, io
 from pipelines.studies.amplification import images as image_side
 from pipelines.studies.amplification.images import ImageSettings
 from pipelines.engine.progress import ErrorBudget, Phase
@@ -97,7 +97,7 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         clip={"model": clip["model"], "pretrained": clip["pretrained"], "prompts": tuple(clip["prompts"]),
               "threshold": clip["threshold"], "revision": clip["revision"]},
         generation={"steps": gen["steps"], "guidance_scale": gen["guidance_scale"], "height": args.height,
-                    "width": args.width, "safety_checker": gen["safety_checker"]},
+                    "width": args.width, "safety_checker": gen["safety_checker"], **gpus.generation_options(args)},
         generators=list(gen["models"]), images_per_prompt=int(gen["images_per_prompt"]),
         caption_images=int(gen["caption_images"]), seed=int(gen["seed"]), url_rewrite=rewrite,
         face_actors=args.face_actors, clip_actors=args.clip_actors, gen_actors=args.gen_actors,

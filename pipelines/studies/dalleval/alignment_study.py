@@ -30,7 +30,7 @@ from operators.base import Stage, conform
 from operators.image_clip_alignment import ClipAlignmentScorer
 from operators.image_fid_features import FidFeatureExtractor
 from operators.support.seeds import image_seeds
-from pipelines.engine import io, runtime, stages
+from pipelines.engine import gpus, io, runtime, stages
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.io import InputError
@@ -363,6 +363,7 @@ class AlignmentStudy:
         args, st, rd = run.args, run.st, run.rd
         requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
         st["device"] = run.gpu.device
+        st["generation_speed"] = gpus.generation_options(run.args)
         reference, ref_phase = reference_features(run.ray, st, rd, per_actor)
         images, phases, budgets = generate_per_model(
             models, requests, st["execution"],

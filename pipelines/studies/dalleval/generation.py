@@ -29,7 +29,8 @@ def generator_stage(st: dict, model: str, heads: list, batch: int) -> Stage:
                                   "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
                                   "height": gen["height"], "width": gen["width"],
                                   "safety_checker": gen["safety_checker"], "scheduler": gen.get("scheduler"),
-                                  "micro_batch": batch, "device": st.get("device", "auto"), "heads": heads})
+                                  "micro_batch": batch, "device": st.get("device", "auto"), "heads": heads,
+                                  **st.get("generation_speed", {})})
 
 
 def sink_stages(args, images_dir: str, model: str) -> list[Stage]:

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from operators.base import Stage
 from operators.image_object_detection import ObjectDetector
-from pipelines.engine import io
+from pipelines.engine import gpus, io
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
@@ -161,6 +161,7 @@ class SkillsStudy:
         args, st, rd = run.args, run.st, run.rd
         requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
         st["device"] = run.gpu.device
+        st["generation_speed"] = gpus.generation_options(run.args)
         images, phases, budgets = generate_per_model(
             models, requests, st["execution"],
             lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),

@@ -35,7 +35,7 @@ from pipelines.studies.dalleval.prompts import (
     parse_groups,
     parse_professions,
 )
-from pipelines.engine import io, stages
+from pipelines.engine import gpus, io, stages
 from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
@@ -242,6 +242,7 @@ class DallEvalStudy:
         args, st, rd = run.args, run.st, run.rd
         requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
         st["device"] = run.gpu.device
+        st["generation_speed"] = gpus.generation_options(run.args)
         images, phases, budgets = generate_per_model(
             models, requests, st["execution"],
             lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),

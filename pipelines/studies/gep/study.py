@@ -35,7 +35,7 @@ from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.support.attribute_classifier import TABLE2_CONTEXTS, ClassifierSettings
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-from pipelines.engine import checkpoint, io, runtime, stages
+from pipelines.engine import checkpoint, gpus, io, runtime, stages
 from pipelines.studies.gep import report as gep_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
@@ -169,6 +169,7 @@ class GepStudy:
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
         requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
+        st["generation_speed"] = gpus.generation_options(run.args)
         st["device"] = run.gpu.device  # of the generator (its CLIP head follows it) and of the scorer
         images, phases, budgets = generate_per_model(
             models, requests, st["execution"],
@@ -249,7 +250,7 @@ def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: 
                                "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
                                "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
                                "scheduler": gen.get("scheduler"), "micro_batch": max(1, args.gen_batch_size),
-                               "device": st.get("device", "auto"), "heads": [embed]}),
+                               "device": st.get("device", "auto"), "heads": [embed], **st.get("generation_speed", {})}),
         *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": S.IMAGE_ID})]
           if not args.no_save_images else []),
     ]

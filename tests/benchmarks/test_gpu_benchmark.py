@@ -1,0 +1,141 @@
+"""``benchmarks/gpu.py``: the one GPU benchmark command. Its smoke mode (tiny stand-ins on the CPU) runs
+in a subprocess and must print, and write to --output, a markdown table with a row per requested
+stage and a positive throughput in each; no timing is asserted. The pure helpers (the table of GPU
+peaks, the argument defaults) are tested in-process."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu.py"
+RATE = re.compile(r"^([0-9][0-9,]*(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?) (images|captions)/s")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    spec = importlib.util.spec_from_file_location("benchmarks_gpu_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def table_rows(markdown: str) -> list[dict]:
+    """The rows of the benchmark's markdown table, as {column: cell}."""
+    lines = [ln for ln in markdown.splitlines() if ln.startswith("| ")]
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| stage |"))
+    columns = [c.strip() for c in lines[head].strip("|").split("|")]
+    rows = []
+    for ln in lines[head + 2:]:   # after the header and the alignment row
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        assert len(cells) == len(columns), ln
+        rows.append(dict(zip(columns, cells)))
+    return rows
+
+
+def run_smoke(tmp_path: Path, stages: str, *extra: str) -> tuple[str, str]:
+    out = tmp_path / "gpu.md"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--only", stages,
+                           "--output", str(out), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert out.is_file()
+    return proc.stdout, out.read_text()
+
+
+def check_rows(markdown: str, stages: list[str]) -> list[dict]:
+    rows = table_rows(markdown)
+    assert {r["stage"] for r in rows} == set(stages)
+    for r in rows:
+        m = RATE.match(r["throughput"])
+        assert m, r
+        assert float(m.group(1).replace(",", "")) > 0, r
+        assert float(r["latency (s/call)"]) > 0 and float(r["s/item"]) > 0, r
+        assert r["peak GPU memory"] == "-"   # CPU: no CUDA allocator
+    return rows
+
+
+# -- the smoke run ----------------------------------------------------------------------------------------------
+
+
+def test_smoke_generation_and_clip(tmp_path):
+    """Generation side by side with its speed options, and the CLIP head, on the tiny stand-ins."""
+    stdout, written = run_smoke(tmp_path, "generation,clip")
+    assert written.strip() in stdout
+    rows = check_rows(written, ["generation", "clip"])
+    gen = [r for r in rows if r["stage"] == "generation"]
+    what = {(r["batch"], r["what"]) for r in gen}
+    assert what == {("1", "text-to-image, plain"), ("2", "text-to-image, plain"),
+                    ("1", "text-to-image, channels-last"), ("2", "text-to-image, channels-last"),
+                    ("2", "text-to-image, vae-slicing")}   # slicing one image changes nothing: no batch-1 row
+    for r in gen:
+        assert r["dtype"] == "float32" and "AttnProcessor2_0" in r["notes"]
+        assert r["share of peak"].startswith("n/a (")   # no GPU peak on the CPU
+    assert "- attention in the UNet: AttnProcessor2_0; scaled_dot_product_attention" in written
+    assert "TFLOP per image" in written and "--smoke" in written
+    assert [r["batch"] for r in rows if r["stage"] == "clip"] == ["2"]
+
+
+@pytest.mark.slow
+def test_smoke_every_stage(tmp_path):
+    """Every stage of the command, as `python benchmarks/gpu.py --smoke` runs it."""
+    _, written = run_smoke(tmp_path, ",".join(("generation", "clip", "sbert", "blip2", "detr", "grounding")),
+                           "--no-channels-last", "--no-vae-slicing")
+    rows = check_rows(written, ["generation", "clip", "sbert", "blip2", "detr", "grounding"])
+    assert {r["dtype"] for r in rows if r["stage"] == "sbert"} == {"float32", "float16"}
+    assert "answers/s" in next(r for r in rows if r["stage"] == "blip2")["throughput"]
+    assert len([r for r in rows if r["stage"] == "grounding"]) == 2   # GroundingDINO boxes, SAM masks
+    assert {r["what"] for r in rows if r["stage"] == "generation"} == {"text-to-image, plain"}
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 SXM5 80GB", 989.0), ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA L4", 121.0), ("NVIDIA A10G", 125.0), ("Tesla T4", 65.0),
+    ("NVIDIA L40S", None), ("NVIDIA H100 NVL", None), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_known_peaks_by_device_name(gpu, name, peak):
+    found = gpu.known_peak(name)
+    assert (found[1] if found else None) == peak
+
+
+def test_peak_override_and_cpu(gpu):
+    assert gpu.resolve_peak("cpu", None)[0] is None
+    value, text = gpu.resolve_peak("cpu", 100.0)
+    assert value == 100.0 and "--peak-tflops" in text
+
+
+def test_arguments_defaults_full_and_smoke(gpu):
+    full = gpu.parse_args(["--device", "cuda"])
+    assert full.stages == list(gpu.STAGES)
+    assert full.batch_sizes == [1, 2, 4, 8, 16] and full.steps == 50 and full.size == 512
+    assert full.channels_last and full.vae_slicing and not full.compile
+    smoke = gpu.parse_args(["--smoke", "--device", "cpu", "--only", "clip,generation", "--batch-sizes", "2,1"])
+    assert smoke.stages == ["generation", "clip"]   # in the command's order
+    assert smoke.batch_sizes == [1, 2] and smoke.steps == 2 and smoke.size == 64 and smoke.repeats == 1
+    assert smoke.channels_last and smoke.vae_slicing
+    cpu = gpu.parse_args(["--device", "cpu", "--batch-sizes", "1", "4", "--compile"])
+    assert cpu.batch_sizes == [1, 4] and not cpu.channels_last and not cpu.vae_slicing and cpu.compile
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--device", "cpu", "--only", "generation,unknown"])
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--device", "cpu", "--batch-sizes", "0"])
+
+
+def test_a_failed_stage_is_a_failed_row(gpu):
+    rows = [gpu.Row("clip", "-", "-", "-", "-", "-", error="RuntimeError: boom | bang")]
+    text = gpu.table(rows)
+    assert table_rows(text)[0]["throughput"] == "FAILED" and "boom / bang" in text
