@@ -32,12 +32,13 @@ from pipelines.studies.amplification import jobs  # noqa: E402
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "synthetic" / "laion_synthetic_sample.parquet"
 
 
-def matched_captions(path: str, column: str, limit: int) -> list[str]:
+def matched_captions(path: str, column: str, limit: int, all_captions: bool = False) -> list[str]:
     table = pq.read_table(path, columns=[column])
     captions = table.column(column).combine_chunks().cast(pa.string())
-    occupations = jobs.occupations_from(study_config.load_config(None))
-    hit = OccupationMatcher(occupations).any_match(captions)
-    return [c for c in captions.filter(pa.array(hit)).to_pylist() if c][:limit]
+    if not all_captions:
+        occupations = jobs.occupations_from(study_config.load_config(None))
+        captions = captions.filter(pa.array(OccupationMatcher(occupations).any_match(captions)))
+    return [c for c in captions.to_pylist() if c][:limit]
 
 
 def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
@@ -54,6 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("--captions", default=str(SAMPLE))
     ap.add_argument("--text-column", default="TEXT")
     ap.add_argument("--limit", type=int, default=4096, help="matched captions to embed")
+    ap.add_argument("--all-captions", action="store_true", help="every caption, not only those naming an occupation")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
     ap.add_argument("--ray-batch", type=int, default=4096, help="captions per encode call when sorting")
@@ -64,9 +66,9 @@ def main(argv=None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    caps = matched_captions(args.captions, args.text_column, args.limit)
+    caps = matched_captions(args.captions, args.text_column, args.limit, args.all_captions)
     lengths = np.array([len(c) for c in caps])
-    print(f"{len(caps):,} matched captions from {args.captions}; characters: median {np.median(lengths):.0f}, "
+    print(f"{len(caps):,} {'' if args.all_captions else 'matched '}captions from {args.captions}; characters: median {np.median(lengths):.0f}, "
           f"p95 {np.percentile(lengths, 95):.0f}, max {lengths.max()}; device {args.device}, "
           f"torch threads {torch.get_num_threads()}")
     model = load_sentence_transformer("sentence-transformers/all-MiniLM-L6-v2", None, args.device)

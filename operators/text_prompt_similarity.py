@@ -107,17 +107,19 @@ class PromptSimilarity:
     resources = Resources(num_cpus=1, batch_size=4096, actors=1)
 
     def __init__(self, model: str, prompts: dict[str, list[str]], revision: str | None = None,
-                 device: str = "auto", encode_batch_size: int = 128, precision: str = "auto"):
+                 device: str = "auto", encode_batch_size: int | None = None, precision: str = "auto"):
         """``prompts``: occupation name -> its prompts, the same number for each (prompt_id =
         position + 1), e.g. the Table 1 prompts of every occupation.
 
         ``precision``: "auto" (fp16 on a GPU, fp32 on a CPU), "fp32" or "fp16" (GPU only).
         sentence-transformers sorts each ``encode`` call's texts by length, so every batch of
         ``encode_batch_size`` holds captions of similar length (little padding); a Ray batch of
-        ``resources.batch_size`` captions is one such call. Cosines in fp16 differ from fp32 by
-        about 1e-3 (``benchmarks/bench_sbert.py`` measures it)."""
+        ``resources.batch_size`` captions is one such call. ``encode_batch_size`` None: 64 on a CPU
+        (fastest there on real alt-text, docs/benchmarks.md), 256 on a GPU. Cosines in fp16 differ
+        from fp32 by about 1e-3 (``benchmarks/bench_sbert.py`` measures it)."""
         self.model = load_sentence_transformer(model, revision, device)
-        self.encode_batch_size = encode_batch_size
+        on_gpu = str(self.model.device).startswith("cuda")
+        self.encode_batch_size = int(encode_batch_size or (256 if on_gpu else 64))
         self.precision = sbert_precision(precision, str(self.model.device))
         if self.precision == "fp16":
             self.model.half()
