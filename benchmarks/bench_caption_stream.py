@@ -206,11 +206,9 @@ def main(argv=None) -> None:
         if "scan" in args.parts:
             # Ray's worker processes start and import the project on first use (seconds per worker, once
             # per session, like the baseline's process pool, which is also started before timing)
-            warm = inp.subset(inp.files[:1])
             t = time.perf_counter()
-            for _ in range(2):
-                drain(scan.scan_parquet(ray, warm, ["URL", "TEXT"], pipeline[:n], schema))
-                drain(unfused_scan(ray, warm, pipeline[:n], schema))
+            drain(scan.scan_parquet(ray, inp, ["URL", "TEXT"], pipeline[:n], schema))
+            drain(unfused_scan(ray, inp, pipeline[:n], schema))
             print(f"Ray workers warmed up in {time.perf_counter() - t:.1f} s (not counted)")
             for name, make in (("scan, unfused (before)", lambda: unfused_scan(ray, inp, pipeline[:n], schema)),
                                ("scan, fused (after)", lambda: scan.scan_parquet(ray, inp, ["URL", "TEXT"],
