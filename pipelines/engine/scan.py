@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.base import Resources, Stage, StreamStage, conform, split_tallies
+from operators.base import Resources, Stage, conform, tally_rows
 from pipelines.engine import runtime
-from schemas.captions import TALLY_COUNT, TALLY_OUTCOME, TALLY_STAGE
+from schemas.captions import OUTCOME_KEPT, OUTCOME_ROWS_IN, OUTCOME_ROWS_OUT
 
 DEFAULT_FRAGMENT_ROWS = 1 << 20  # rows per scan task: ~1 s of work per core, many tasks per file at LAION's size
 
@@ -67,14 +67,20 @@ def fragments(inp, fragment_rows: int = DEFAULT_FRAGMENT_ROWS) -> list[dict]:
 
 
 class FragmentScan:
-    """Read fragments of parquet files and run ``stages`` (StreamStage-wrapped operators) over them
-    in batches of ``batch_rows`` rows; returns the kept rows and the summed tally rows.
-    A plain class: tests and benchmarks call it without Ray."""
+    """Read fragments of parquet files and run ``stages`` over them in batches of ``batch_rows``
+    rows; returns the kept rows and one tally row per (stage, outcome).
+
+    The stages run as ``operators.base.StreamStage`` runs them in a stream, with the same counts
+    (a filtering stage: "kept" and one outcome per drop reason, zero counts included; any other
+    stage: rows in and out, plus its own ``tally``; a stage that receives no rows counts nothing),
+    but without carrying tally rows through the batch: the kept rows go from stage to stage as
+    they are and are conformed to the stream schema once per fragment, the counts are summed in
+    a dict. A plain class: tests and benchmarks call it without Ray."""
 
     def __init__(self, filesystem, columns: list[str], stages: list[Stage], schema: pa.Schema, batch_rows: int):
         self.filesystem = filesystem
         self.columns = list(columns)
-        self.ops = [StreamStage(s.op, dict(s.kwargs), schema) for s in stages]
+        self.ops = [s.build() for s in stages]
         self.schema = schema
         self.batch_rows = max(1, int(batch_rows))
 
@@ -97,33 +103,44 @@ class FragmentScan:
             err.add_note(f"while reading parquet file {path}")
             raise
 
+    def run_stages(self, table: pa.Table, counts: dict) -> pa.Table:
+        """The rows of ``table`` the stages keep; their outcomes added to ``counts``."""
+        for op in self.ops:
+            if not table.num_rows:
+                break
+            stage, status = getattr(op, "stage_name", None), getattr(op, "status_column", None)
+            out = op(table)
+            if status is not None:
+                found = dict.fromkeys((OUTCOME_KEPT,) + tuple(o for o in op.outcomes if o != OUTCOME_KEPT), 0)
+                vc = pc.value_counts(out.column(status))
+                for value, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
+                    if value not in found:
+                        raise ValueError(f"stage {stage!r} produced unknown outcome {value!r}")
+                    found[value] = n
+                table = out.filter(pc.equal(out.column(status), OUTCOME_KEPT))
+            else:
+                found = {OUTCOME_ROWS_IN: table.num_rows, OUTCOME_ROWS_OUT: out.num_rows}
+                if hasattr(op, "tally"):
+                    found |= op.tally(out)
+                table = out
+            if stage is not None:
+                mine = counts.setdefault(stage, {})
+                for outcome, n in found.items():
+                    mine[outcome] = mine.get(outcome, 0) + int(n)
+        return table
+
     def scan(self, path: str, row_groups: list[int] | None) -> pa.Table:
-        kept, tallies = [], []
+        kept, counts = [], {}
         for table in self.read(path, row_groups):
-            for op in self.ops:
-                table = op(table)
-            data, tally = split_tallies(table)
-            if data.num_rows:
-                kept.append(data)
-            tallies.append(tally)
-        return pa.concat_tables(kept + [sum_tallies(tallies, self.schema)])
+            table = self.run_stages(table, counts)
+            if table.num_rows:
+                kept.append(conform(table, self.schema))
+        tallies = [tally_rows(stage, c, self.schema) for stage, c in counts.items()]
+        return pa.concat_tables(kept + tallies) if kept or tallies else self.schema.empty_table()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """A batch of fragment descriptors (``fragments``' rows) -> the stages' output for all."""
         return pa.concat_tables([self.scan(f["path"], f["row_groups"]) for f in batch.to_pylist()])
-
-
-def sum_tallies(tallies: list[pa.Table], schema: pa.Schema) -> pa.Table:
-    """One tally row per (stage, outcome) with the summed count, conformed to ``schema`` (zero
-    counts kept: every outcome a stage can produce still shows in the summary)."""
-    tallies = [t for t in tallies if t.num_rows]
-    if not tallies:
-        return schema.empty_table()
-    t = pa.concat_tables(tallies)
-    g = t.group_by([TALLY_STAGE, TALLY_OUTCOME], use_threads=False).aggregate([(TALLY_COUNT, "sum")])
-    out = pa.table({TALLY_STAGE: g.column(TALLY_STAGE), TALLY_OUTCOME: g.column(TALLY_OUTCOME),
-                    TALLY_COUNT: pc.cast(g.column(f"{TALLY_COUNT}_sum"), pa.int64())})
-    return conform(out, schema)
 
 
 def scan_parquet(ray, inp, columns: list[str], stages: list[Stage], schema: pa.Schema,
