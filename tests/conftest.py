@@ -43,12 +43,20 @@ def minilm():
     return load_sentence_transformer("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
 
 
+RAY_LOCAL_CPUS = 4
+
+
 @pytest.fixture(scope="session")
 def ray_local():
+    """One local Ray instance per test process (per pytest-xdist worker), shared by every test that
+    needs Ray. A test that ran a pipeline's ``main()`` before it may have started a smaller
+    instance (``--num-cpus 2``); the shared one is always the same size, so it is replaced."""
     import ray
 
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < RAY_LOCAL_CPUS:
+        ray.shutdown()
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=RAY_LOCAL_CPUS, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -67,9 +75,19 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def pytest_collection_modifyitems(config, items):
+    slow_per_file: dict[str, int] = {}
     for item in items:
         rel = os.path.relpath(str(item.path), _TESTS_DIR).replace(os.sep, "/")
         nodeid = rel + item.nodeid[item.nodeid.index("::"):] if "::" in item.nodeid else rel
         if (item.get_closest_marker("ray") is not None or "ray_local" in item.fixturenames
                 or nodeid.startswith(SLOW_NODE_PREFIXES)):
             item.add_marker(pytest.mark.slow)
+            slow_per_file[rel] = slow_per_file.get(rel, 0) + 1
+        else:
+            slow_per_file.setdefault(rel, 0)
+    # Heaviest files first: pytest-xdist (--dist loadfile, see pyproject.toml) hands whole files to
+    # the workers in this order, so the long end-to-end files start at once and the many short
+    # files fill the gaps at the end (longest-first scheduling). A file's tests keep their order.
+    files = list(slow_per_file)
+    rank = {rel: (-slow_per_file[rel], files.index(rel)) for rel in files}
+    items.sort(key=lambda it: rank[os.path.relpath(str(it.path), _TESTS_DIR).replace(os.sep, "/")])

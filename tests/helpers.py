@@ -12,3 +12,23 @@ def captions_table(captions, **extra) -> pa.Table:
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ sits at its top level)
 TESTS_DATA = REPO_ROOT / "tests" / "data"  # the papers' tables as CSV
+
+
+def run_main(main, argv) -> "subprocess.CompletedProcess":
+    """A study's ``main(argv)`` in this process, as a subprocess would run its script: exit code
+    (argparse's SystemExit included), stdout and stderr, in a CompletedProcess. What it saves is
+    the start of Python and the imports (1-2 s a call); each script's own entry point is run as a
+    real subprocess by at least one test of its study (the ``script_entry`` tests)."""
+    import contextlib
+    import io
+    import subprocess
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=err)
+    return subprocess.CompletedProcess(list(argv), code or 0, out.getvalue(), err.getvalue())

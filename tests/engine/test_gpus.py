@@ -185,16 +185,22 @@ STUDIES = [
 @pytest.mark.ray
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("study,argv", STUDIES, ids=[s for s, _ in STUDIES])
-def test_real_models_are_refused_before_any_work_without_gpus(tmp_path, study, argv):
+def test_real_models_are_refused_before_any_work_without_gpus(tmp_path, study, argv, ray_local, capsys):
     """Zero GPUs advertised (a local instance, no autoscaler) and none configured: the default (real)
     models are refused before any model loads (the hub is unreachable here, so reaching the model
-    loader would fail differently) and before anything is written."""
+    loader would fail differently) and before anything is written.
+
+    Each study runs in this process on the tests' shared local instance (local, without GPUs, as a
+    user's first `--ray-address local` run starts): the same check without paying the start of
+    Python, the imports and a Ray instance for each. The scripts' own entry points, starting a
+    local instance of their own, are run in subprocesses elsewhere (tests/studies/*/test_run.py,
+    test_summarize_cli.py)."""
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, f"pipelines/{study}.py", *argv, "--output", str(out),
-                           "--ray-address", "local", "--num-cpus", "2", "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=580)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
-    err = proc.stderr
+    args = [*argv, "--output", str(out), "--ray-address", "local", "--num-cpus", "2", "--no-progress"]
+    main = {"amplification": amplification, "gep": gep, "dalleval": dalleval}[study].main
+    returncode = main(args)
+    stdout, err = capsys.readouterr()
+    assert returncode == 2, stdout[-2000:] + err[-3000:]
     assert "GPU" in err and "--device cpu" in err and "local Ray instance has 0" in err, err[-2000:]
     assert "Traceback" not in err
     assert not [p for p in out.rglob("*") if p.is_file()], "nothing may be written before the refusal"

@@ -167,7 +167,11 @@ def test_ray_workers_reach_the_server_through_runtime_env(s3_server, ray_local):
 def test_pipeline_writes_its_run_to_s3_and_resumes_there(s3_server, tmp_path):  # noqa: F811
     """The caption side with --output on S3 (moto server on 127.0.0.1, reached through s3fs by
     the driver and by the Ray workers that write the annotated shards), then the same command
-    again: it resumes in the same run directory and reuses the finished shard."""
+    again: it resumes in the same run directory and reuses the finished shard.
+
+    One driver process runs both attempts (``main`` twice, each from the command line's
+    arguments): what the second attempt knows of the first is what is on S3, and the driver's
+    Ray instance, started with the server's variables in its environment, serves both."""
     import json
 
     n = 400
@@ -176,13 +180,18 @@ def test_pipeline_writes_its_run_to_s3_and_resumes_there(s3_server, tmp_path):  
                    tmp_path / "in.parquet")
     repo = REPO_ROOT
     out = s3_server.url("runs")
-    cmd = [sys.executable, str(repo / "pipelines" / "amplification.py"), "captions", "--input",
-           str(tmp_path / "in.parquet"), "--output", out, "--run-id", "s3run", "--occupations", "nurse,pilot",
-           "--no-names", "--nn-k", "2", "--sample-size", "5", "--ray-address", "local", "--num-cpus", "3",
-           "--no-progress"]
-    for attempt in (1, 2):
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=repo)
-        assert res.returncode == 0, res.stderr[-3000:]
+    argv = ["captions", "--input", str(tmp_path / "in.parquet"), "--output", out, "--run-id", "s3run",
+            "--occupations", "nurse,pilot", "--no-names", "--nn-k", "2", "--sample-size", "5",
+            "--ray-address", "local", "--num-cpus", "3", "--no-progress"]
+    twice = ("import sys\nfrom pipelines import amplification\n"
+             "for attempt in (1, 2):\n"
+             "    rc = amplification.main(sys.argv[1:])\n"
+             "    print(f'attempt {attempt}: exit {rc}', file=sys.stderr)\n"
+             "    if rc:\n"
+             "        sys.exit(rc)\n")
+    res = subprocess.run([sys.executable, "-c", twice, *argv], capture_output=True, text=True, timeout=900, cwd=repo)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "attempt 1: exit 0" in res.stderr and "attempt 2: exit 0" in res.stderr, res.stderr[-3000:]
     fs = s3_server.fs()
     base = f"{s3_server.bucket}/runs/s3run"
     m = json.loads(fs.cat_file(f"{base}/metrics.json"))

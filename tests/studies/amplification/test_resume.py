@@ -274,19 +274,20 @@ _SHARD1_PART = re.compile(r"/annotated_captions/shard-00001/part-[0-9a-f]+\.parq
 
 
 class _CrashingFS(LocalFileSystem):
-    """Local disk (fsspec) that crashes once (``marker``) inside the caption sink of shard 1; it
-    travels with the RunDir into the Ray tasks. ``mid`` kills the worker halfway through the first
-    write of a file in the shard's directory; ``after`` kills it once a part is complete under its
-    final name; ``done`` kills the driver when it writes the shard's done marker."""
+    """Local disk (fsspec) that crashes inside the caption sink of shard 1, once at each point of
+    ``points`` (a marker file per point records that it fired); it travels with the RunDir into
+    the Ray tasks. ``mid`` kills the worker halfway through the first write of a file in the
+    shard's directory; ``after`` kills it once a part is complete under its final name; ``done``
+    kills the driver when it writes the shard's done marker."""
 
-    def __init__(self, how, marker, **kw):
+    def __init__(self, points, markers, **kw):
         super().__init__(**kw)
-        self.how, self.marker = how, marker
+        self.points, self.markers = tuple(points), dict(markers)
 
     def crash_now(self, how: str) -> bool:
-        if self.how != how or os.path.exists(self.marker):
+        if how not in self.points or os.path.exists(self.markers[how]):
             return False
-        open(self.marker, "w").close()
+        open(self.markers[how], "w").close()
         return True
 
     def _open(self, path, mode="rb", **kw):
@@ -355,14 +356,21 @@ def _same_results(a, b):
         assert sorted(p.name for p in shard.iterdir()) == sorted(p["name"] for p in done["parts"])
 
 
-@pytest.mark.parametrize("mode", ["mid", "after", "done"])
-def test_caption_sink_crash_then_resume_equals_an_uninterrupted_run(caption_runs, tmp_path, monkeypatch, mode):
+def test_caption_sink_crashes_at_every_point_then_resume_equals_an_uninterrupted_run(caption_runs, tmp_path,
+                                                                                     monkeypatch):
+    """One run directory, three crashes inside the real sink of shard 1, in the order a run meets
+    them: a worker killed halfway through writing a part (``mid``), then the retried worker
+    killed once its part is complete under its final name (``after``): Ray retries the sink task
+    both times and the run recovers by itself, reaching the shard's commit; there the driver is
+    killed as it writes the shard's done marker (``done``). The same command then resumes to the
+    uninterrupted run's results, and once more is a no-op on the finished run."""
     from pipelines.engine import io
 
     base, argv = caption_runs
-    out, marker = tmp_path / "out", str(tmp_path / "crashed")
+    out = tmp_path / "out"
+    markers = {how: str(tmp_path / f"crashed-{how}") for how in ("mid", "after", "done")}
     real_output_fs = io.output_fs
-    crashing = _CrashingFS(mode, marker)
+    crashing = _CrashingFS(("mid", "after", "done"), markers)
 
     def output_fs(uri):
         if not str(uri).startswith(str(out)):
@@ -373,10 +381,12 @@ def test_caption_sink_crash_then_resume_equals_an_uninterrupted_run(caption_runs
 
     monkeypatch.setattr(io, "output_fs", output_fs)
     first = _caption_attempt(argv(out))
-    assert os.path.exists(marker)  # it did crash inside the sink (or at the done marker)
-    if mode == "done":
-        assert first == "killed"
-    else:  # Ray retried the sink task whose worker died: the run itself recovers
-        assert first == 0, first
-    assert _caption_attempt(argv(out)) == 0  # and a resume, without --overwrite, is a no-op on it
+    # every crash fired: the two in the workers were retried by Ray (the driver went on to commit
+    # the shard: the done marker is written only once all of the shard's sink tasks succeeded)
+    assert all(os.path.exists(m) for m in markers.values()), {h: os.path.exists(m) for h, m in markers.items()}
+    assert first == "killed", first
+    assert not (out / "r" / "_work" / "captions" / "shard-00001.done").exists()
+    assert _caption_attempt(argv(out)) == 0  # the resume
+    _same_results(base / "clean" / "r", out / "r")
+    assert _caption_attempt(argv(out)) == 0  # and a resume of the finished run, without --overwrite, is a no-op
     _same_results(base / "clean" / "r", out / "r")

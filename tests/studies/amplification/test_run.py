@@ -231,22 +231,22 @@ def test_amplification_matches_percentages(run_dir):
         assert per["1"]["expected_amplification"] is None
 
 
-def test_unloadable_model_fails_before_any_work(tmp_path):
+def test_unloadable_model_fails_before_any_work(tmp_path, ray_local, capsys):
     """Offline, the default CLIP (ViT-L/14, OpenAI) cannot load: the run stops at once, naming it,
     before reading data or writing anything. (``--device cpu``: with no GPU here the GPU check
-    would refuse the real models even earlier, tests/engine/test_gpus.py.)"""
+    would refuse the real models even earlier, tests/engine/test_gpus.py.) In this process, on the
+    tests' shared local instance (HF_HUB_OFFLINE=1 is set for the whole session in conftest.py);
+    the script's own entry point runs in subprocesses in test_summarize_cli.py and, on a cluster,
+    in tests/test_job_submit.py."""
     import os
-    import subprocess
-    import sys
 
-    root = REPO_ROOT
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, str(root / "pipelines" / "amplification.py"), "run",
-                          "--output", str(tmp_path / "out"), "--device", "cpu", "--ray-address", "local",
-                          "--num-cpus", "2"], capture_output=True, text=True, timeout=300, env=env)
-    assert res.returncode == 2
-    assert "cannot load CLIP model 'ViT-L-14'" in res.stderr and "--standin-models" in res.stderr
-    assert "Traceback" not in res.stderr
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    res = amplification.main(["run", "--output", str(tmp_path / "out"), "--device", "cpu", "--ray-address", "local",
+                              "--num-cpus", "2"])
+    err = capsys.readouterr().err
+    assert res == 2
+    assert "cannot load CLIP model 'ViT-L-14'" in err and "--standin-models" in err
+    assert "Traceback" not in err
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 
 

@@ -1,6 +1,6 @@
 """`pipelines/amplification.py summarize` on the paper's published tables."""
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, run_main
 import json
 import subprocess
 import sys
@@ -9,13 +9,21 @@ ROOT = REPO_ROOT
 DATA = ROOT / "tests" / "data"
 
 
-def run(*args):
+def run_script(*args):
+    """``pipelines/amplification.py summarize`` as a user runs it: the script, in a process of its own."""
     return subprocess.run([sys.executable, str(ROOT / "pipelines" / "amplification.py"), "summarize", *args],
                           capture_output=True, text=True, timeout=120)
 
 
+def run(*args):
+    """The same command in this process (``helpers.run_main``): the checks of its output and errors."""
+    from pipelines import amplification
+
+    return run_main(amplification.main, ["summarize", *args])
+
+
 def test_summarize_table6_prints_and_writes_table3(tmp_path):
-    res = run("--percentages", str(DATA / "paper002_table6.csv"), "--output", str(tmp_path / "out"))
+    res = run_script("--percentages", str(DATA / "paper002_table6.csv"), "--output", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr
     lines = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines() if ln.strip().startswith("#")}
     assert [lines[f"#{i}"][1] for i in range(1, 5)] == ["10.24", "17.57", "10.77", "11.68"]

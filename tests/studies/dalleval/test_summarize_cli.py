@@ -10,7 +10,7 @@ the mean of the per-prompt MADs over the gender-neutral prompts, which are those
 4-decimal rounding — which a pooled MAD, or any other reading of the formula, would not give.
 """
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, run_main
 import csv
 import json
 import subprocess
@@ -25,9 +25,17 @@ TABLE8_GENDER = {"minDALL-E": 0.1984, "Karlo": 0.3545, "Stable Diffusion": 0.361
 TABLE17_AVERAGE = {"minDALL-E": -0.25, "Karlo": -0.22, "Stable Diffusion": -0.42}
 
 
-def run(*args):
+def run_script(*args):
+    """``pipelines/dalleval.py summarize`` as a user runs it: the script, in a process of its own."""
     return subprocess.run([sys.executable, str(ROOT / "pipelines" / "dalleval.py"), "summarize", *args],
                           capture_output=True, text=True, timeout=120)
+
+
+def run(*args):
+    """The same command in this process (``helpers.run_main``): the checks of its output and errors."""
+    from pipelines import dalleval
+
+    return run_main(dalleval.main, ["summarize", *args])
 
 
 def counts_from_tables(path: Path) -> list[dict]:
@@ -52,7 +60,7 @@ def counts_from_tables(path: Path) -> list[dict]:
 def test_tables_16_17_give_table_8(tmp_path):
     rows = counts_from_tables(tmp_path / "counts.csv")
     assert len(rows) == 3 * 83
-    res = run("--counts", str(tmp_path / "counts.csv"), "--output", str(tmp_path / "out"))
+    res = run_script("--counts", str(tmp_path / "counts.csv"), "--output", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "out" / "dalleval_summary.json").read_text())
     models = {m["model"]: m for m in doc["models"]}

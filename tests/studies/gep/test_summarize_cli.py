@@ -1,7 +1,7 @@
 """`pipelines/gep.py summarize` on the paper's Tables 11 and 12 reproduces Table 3's GEP_human; and the
 occupation case study of section 7 as a job file."""
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, run_main
 import json
 import subprocess
 import sys
@@ -12,13 +12,21 @@ ROOT = REPO_ROOT
 DATA = ROOT / "tests" / "data"
 
 
-def run(*args):
+def run_script(*args):
+    """``pipelines/gep.py summarize`` as a user runs it: the script, in a process of its own."""
     return subprocess.run([sys.executable, str(ROOT / "pipelines" / "gep.py"), "summarize", *args],
                           capture_output=True, text=True, timeout=120)
 
 
+def run(*args):
+    """The same command in this process (``helpers.run_main``): the checks of its output and errors."""
+    from pipelines import gep
+
+    return run_main(gep.main, ["summarize", *args])
+
+
 def test_tables_11_12_give_table_3(tmp_path):
-    res = run("--frequencies", str(DATA / "paper001_tables11_12.csv"), "--output", str(tmp_path / "out"))
+    res = run_script("--frequencies", str(DATA / "paper001_tables11_12.csv"), "--output", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr
     printed = {(ln.split()[0], ln.split()[-4]): ln.split()[-3] for ln in res.stdout.splitlines()
                if ln.split() and ln.split()[-4:-3] and ln.split()[-4] in ("neutral", "explicit")}
