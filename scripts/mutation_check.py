@@ -3,6 +3,7 @@ must catch it; every mutant must make them fail.
 
     python scripts/mutation_check.py                       # every mutation of scripts/mutations.jsonl
     python scripts/mutation_check.py --only M5,M6 --tests-rev 1c0dcf8   # with another revision's tests
+    python scripts/mutation_check.py --named-tests         # only the tests each mutation names
 
 Each line of the mutations file names a production file, an exact piece of one line (``old``,
 found exactly once) and its replacement (``new``), and the tests that must catch it. The whole
@@ -36,6 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="", help="comma-separated mutation ids")
     p.add_argument("--tests-rev", default=None, help="run the tests as they were at this git revision")
     p.add_argument("--pytest-args", default="-q -p no:cacheprovider", help="extra pytest arguments")
+    p.add_argument("--named-tests", action="store_true",
+                   help="run only the tests each mutation names, not their whole files (faster)")
     args = p.parse_args(argv)
     mutations = [json.loads(ln) for ln in Path(args.mutations).read_text().splitlines() if ln.strip()]
     if args.only:
@@ -52,6 +55,7 @@ def main(argv=None) -> int:
             print(f"{m['id']}: {m['old']!r} occurs {text.count(m['old'])} times in {m['file']}", file=sys.stderr)
             return 2
         files = sorted({t.split("::")[0] for t in m["tests"]})
+        targets = sorted(set(m["tests"])) if args.named_tests else files
         swapped = []
         try:
             path.write_text(text.replace(m["old"], m["new"]))
@@ -60,7 +64,7 @@ def main(argv=None) -> int:
                     (ROOT / f).write_text(git("show", f"{args.tests_rev}:{f}"))
                     swapped.append(f)
             t0 = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "pytest", *args.pytest_args.split(), *files],
+            proc = subprocess.run([sys.executable, "-m", "pytest", *args.pytest_args.split(), *targets],
                                   cwd=ROOT, capture_output=True, text=True)
             took = time.monotonic() - t0
         finally:
