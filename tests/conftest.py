@@ -88,6 +88,5 @@ def pytest_collection_modifyitems(config, items):
     # Heaviest files first: pytest-xdist (--dist loadfile, see pyproject.toml) hands whole files to
     # the workers in this order, so the long end-to-end files start at once and the many short
     # files fill the gaps at the end (longest-first scheduling). A file's tests keep their order.
-    files = list(slow_per_file)
-    rank = {rel: (-slow_per_file[rel], files.index(rel)) for rel in files}
+    rank = {rel: (-slow, i) for i, (rel, slow) in enumerate(slow_per_file.items())}
     items.sort(key=lambda it: rank[os.path.relpath(str(it.path), _TESTS_DIR).replace(os.sep, "/")])

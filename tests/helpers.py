@@ -18,7 +18,7 @@ def run_main(main, argv) -> "subprocess.CompletedProcess":
     """A study's ``main(argv)`` in this process, as a subprocess would run its script: exit code
     (argparse's SystemExit included), stdout and stderr, in a CompletedProcess. What it saves is
     the start of Python and the imports (1-2 s a call); each script's own entry point is run as a
-    real subprocess by at least one test of its study (the ``script_entry`` tests)."""
+    real subprocess by at least one test of its study (``run_script`` in each test_summarize_cli.py)."""
     import contextlib
     import io
     import subprocess
