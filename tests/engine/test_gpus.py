@@ -192,9 +192,9 @@ def test_real_models_are_refused_before_any_work_without_gpus(tmp_path, study, a
 
     Each study runs in this process on the tests' shared local instance (local, without GPUs, as a
     user's first `--ray-address local` run starts): the same check without paying the start of
-    Python, the imports and a Ray instance for each. The scripts' own entry points, starting a
-    local instance of their own, are run in subprocesses elsewhere (tests/studies/*/test_run.py,
-    test_summarize_cli.py)."""
+    Python, the imports and a Ray instance for each. The scripts' own entry points are run in
+    subprocesses elsewhere (``run_script`` in tests/studies/*/test_summarize_cli.py; the
+    amplification script on a Ray head of its own in tests/test_job_submit.py)."""
     out = tmp_path / "out"
     args = [*argv, "--output", str(out), "--ray-address", "local", "--num-cpus", "2", "--no-progress"]
     main = {"amplification": amplification, "gep": gep, "dalleval": dalleval}[study].main
