@@ -32,3 +32,19 @@ def run_main(main, argv) -> "subprocess.CompletedProcess":
             if exc.code is not None and not isinstance(exc.code, int):
                 print(exc.code, file=err)
     return subprocess.CompletedProcess(list(argv), code or 0, out.getvalue(), err.getvalue())
+
+
+def run_study_script(study: str, command: str, *args) -> "subprocess.CompletedProcess":
+    """``pipelines/<study>.py <command> ...`` as a user runs it: the script, in a process of its own."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(REPO_ROOT / "pipelines" / f"{study}.py"), command, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def run_study_main(study: str, command: str, *args) -> "subprocess.CompletedProcess":
+    """The same command in this process (``run_main``): for the checks of its output and errors."""
+    import importlib
+
+    return run_main(importlib.import_module(f"pipelines.{study}").main, [command, *args])

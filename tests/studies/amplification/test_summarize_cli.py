@@ -1,25 +1,18 @@
 """`pipelines/amplification.py summarize` on the paper's published tables."""
 
-from helpers import REPO_ROOT, run_main
+from helpers import REPO_ROOT, run_study_main, run_study_script
 import json
-import subprocess
-import sys
 
 ROOT = REPO_ROOT
 DATA = ROOT / "tests" / "data"
 
 
 def run_script(*args):
-    """``pipelines/amplification.py summarize`` as a user runs it: the script, in a process of its own."""
-    return subprocess.run([sys.executable, str(ROOT / "pipelines" / "amplification.py"), "summarize", *args],
-                          capture_output=True, text=True, timeout=120)
+    return run_study_script("amplification", "summarize", *args)
 
 
 def run(*args):
-    """The same command in this process (``helpers.run_main``): the checks of its output and errors."""
-    from pipelines import amplification
-
-    return run_main(amplification.main, ["summarize", *args])
+    return run_study_main("amplification", "summarize", *args)
 
 
 def test_summarize_table6_prints_and_writes_table3(tmp_path):

@@ -10,11 +10,9 @@ the mean of the per-prompt MADs over the gender-neutral prompts, which are those
 4-decimal rounding — which a pooled MAD, or any other reading of the formula, would not give.
 """
 
-from helpers import REPO_ROOT, run_main
+from helpers import REPO_ROOT, run_study_main, run_study_script
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,16 +24,11 @@ TABLE17_AVERAGE = {"minDALL-E": -0.25, "Karlo": -0.22, "Stable Diffusion": -0.42
 
 
 def run_script(*args):
-    """``pipelines/dalleval.py summarize`` as a user runs it: the script, in a process of its own."""
-    return subprocess.run([sys.executable, str(ROOT / "pipelines" / "dalleval.py"), "summarize", *args],
-                          capture_output=True, text=True, timeout=120)
+    return run_study_script("dalleval", "summarize", *args)
 
 
 def run(*args):
-    """The same command in this process (``helpers.run_main``): the checks of its output and errors."""
-    from pipelines import dalleval
-
-    return run_main(dalleval.main, ["summarize", *args])
+    return run_study_main("dalleval", "summarize", *args)
 
 
 def counts_from_tables(path: Path) -> list[dict]:

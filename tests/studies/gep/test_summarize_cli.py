@@ -1,10 +1,8 @@
 """`pipelines/gep.py summarize` on the paper's Tables 11 and 12 reproduces Table 3's GEP_human; and the
 occupation case study of section 7 as a job file."""
 
-from helpers import REPO_ROOT, run_main
+from helpers import REPO_ROOT, run_study_main, run_study_script
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,16 +11,11 @@ DATA = ROOT / "tests" / "data"
 
 
 def run_script(*args):
-    """``pipelines/gep.py summarize`` as a user runs it: the script, in a process of its own."""
-    return subprocess.run([sys.executable, str(ROOT / "pipelines" / "gep.py"), "summarize", *args],
-                          capture_output=True, text=True, timeout=120)
+    return run_study_script("gep", "summarize", *args)
 
 
 def run(*args):
-    """The same command in this process (``helpers.run_main``): the checks of its output and errors."""
-    from pipelines import gep
-
-    return run_main(gep.main, ["summarize", *args])
+    return run_study_main("gep", "summarize", *args)
 
 
 def test_tables_11_12_give_table_3(tmp_path):
