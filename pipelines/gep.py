@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
                                            "model or a pretrained tag hosted on the hub (default: main; the commit "
                                            "is recorded)")
-    e.add_argument("--reference", help="reference string r(a) of CC-f (default 'an object')")
+    e.add_argument("--reference", help="reference string r(a) of CC-f (default 'an object'; Table 8 also uses '' and 'clothes': "
+                        "an empty string is used as given)")
     e.add_argument("--ensemble", type=int, help="classifiers per attribute in the CLS-f ensemble (default 10)")
     e.add_argument("--annotations", metavar="CSV",
                    help="human annotations (image_id,attribute,present[,model]): adds GEP_human and the evaluation")

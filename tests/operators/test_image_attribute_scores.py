@@ -104,3 +104,12 @@ def test_record_and_errors(scorer):
         scorer(pa.table({"image_id": ["a"]}))
     empty = images([("n", "neutral", "man", None, unit((1, 1.0)), False)])
     assert scorer(empty).num_rows == 0
+
+
+def test_empty_reference_string_is_embedded_as_given():
+    """CC-f with r(a) = "" (Table 8): the empty text is embedded, not replaced by a default."""
+    s = AttributeScorer(ATTRS, clip={"model": "unused"}, reference="",
+                        classifier={"contexts": ["riding a bike", "sitting at a table", "holding an umbrella"],
+                                    "ensemble": 1, "tol": None, "max_iter": 300}, embedder=AxisEmbedder())
+    assert s.reference == "" and s.record["reference"] == ""
+    np.testing.assert_allclose(s.reference_vector, AxisEmbedder().embed_texts([""])[0])

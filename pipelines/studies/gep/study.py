@@ -102,7 +102,8 @@ def settings(args) -> dict:
     return {"label": str(cfg.get("name") or "gep"), "genders": genders, "comparisons": comparisons,
             "attributes": attributes, "contexts": contexts, "settings": setting_list,
             "templates": dict(cfg["templates"]), "generation": gen, "clip": clip,
-            "reference": getattr(args, "reference", None) or cfg["reference"], "classifier": classifier,
+            "reference": cfg["reference"] if getattr(args, "reference", None) is None else args.reference,
+            "classifier": classifier,
             "execution": ex}
 
 

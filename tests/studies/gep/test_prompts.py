@@ -90,3 +90,13 @@ def test_classifier_training_texts_are_48_positive_and_48_negative(cfg):
     assert "A person in boots riding a horse" in texts[:48]
     assert "A person riding a horse" in texts[48:]
     assert all("boots" not in t for t in texts[48:])
+
+
+@pytest.mark.parametrize("given, expected", [(None, "an object"), ("", ""), ("clothes", "clothes")])
+def test_reference_string_of_cc_f_is_taken_as_given_even_when_empty(given, expected):
+    """Table 8 compares r(a) = "an object", "" and "clothes": the empty string is a value, not "unset"."""
+    from pipelines import gep
+    from pipelines.studies.gep import study as gep_study
+
+    argv = ["run", "--output", "unused"] + ([] if given is None else ["--reference", given])
+    assert gep_study.settings(gep.build_parser().parse_args(argv))["reference"] == expected
