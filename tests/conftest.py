@@ -25,7 +25,19 @@ def occupations(paper_config):
 def word_indicators(paper_config):
     from operators.text_gender_words import GenderWordIndicators
 
-    g = paper_config["gender_indicators"]
+    from pipelines.studies.amplification.captions import effective_gender_words
+
+    g = effective_gender_words(paper_config["gender_indicators"])  # the paper preset: App. A.5 verbatim
+    return GenderWordIndicators(g["male_words"], g["female_words"], g["male_pronouns"], g["female_pronouns"])
+
+
+@pytest.fixture(scope="session")
+def word_indicators_with_plurals(paper_config):
+    """The --gender-word-plurals option: App. A.5's words and their plurals."""
+    from operators.text_gender_words import GenderWordIndicators
+    from pipelines.studies.amplification.captions import effective_gender_words
+
+    g = effective_gender_words(paper_config["gender_indicators"] | {"gender_word_plurals": True})
     return GenderWordIndicators(g["male_words"], g["female_words"], g["male_pronouns"], g["female_pronouns"])
 
 

@@ -51,14 +51,38 @@ def test_whole_word_traps_hold_no_indicator(word_indicators, caption):
         ("HE is a nurse", ("male", ["pronoun:he"], [])),
         ("She's a pilot", ("female", [], ["pronoun:she"])),
         ("The woman's bag", ("female", [], ["word:woman"])),
-        ("Two women engineers", ("female", [], ["word:women"])),
         ("He and his wife with her dog", ("both", ["pronoun:he", "pronoun:his"], ["pronoun:her"])),
         ("man, man, MAN and a boy", ("male", ["word:man", "word:boy"], [])),
-        ("Gentlemen's club, ladies night", ("both", ["word:gentlemen"], ["word:ladies"])),
     ],
 )
 def test_labels_and_evidence(word_indicators, caption, expected):
     assert run(word_indicators, [caption]) == [expected]
+
+
+PLURALS = [
+    ("Two women engineers", ("female", [], ["word:women"])),
+    ("Gentlemen's club, ladies night", ("both", ["word:gentlemen"], ["word:ladies"])),
+    ("men and boys at work, girls watching", ("both", ["word:men", "word:boys"], ["word:girls"])),
+]
+
+
+@pytest.mark.parametrize("caption,expected", PLURALS)
+def test_plurals_count_only_with_the_option(word_indicators, word_indicators_with_plurals, caption, expected):
+    """App. A.5 lists "male, female, man, woman, gent, gentleman, lady, boy, girl": the paper preset
+    searches exactly these; --gender-word-plurals adds their plurals."""
+    assert run(word_indicators_with_plurals, [caption]) == [expected]
+    assert run(word_indicators, [caption])[0][0] == "none"
+
+
+def test_paper_preset_gender_words_are_app_a5_verbatim(paper_config):
+    from pipelines.studies.amplification.captions import effective_gender_words
+
+    g = effective_gender_words(paper_config["gender_indicators"])
+    assert sorted(g["male_words"] + g["female_words"]) == sorted(
+        "male female man woman gent gentleman lady boy girl".split())
+    assert g["gender_word_plurals"] is False
+    assert g["male_pronouns"] == ["he", "him", "his", "himself"]
+    assert g["female_pronouns"] == ["she", "her", "hers", "herself"]
 
 
 def test_batch_keeps_row_alignment(word_indicators):

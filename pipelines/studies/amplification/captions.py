@@ -40,6 +40,7 @@ from pipelines.studies.amplification import jobs
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k
 from schemas import captions as C
+from schemas.occupations import OCCUPATION_FORMS
 from schemas.subsets import TRAINING_SUBSETS
 
 # the installed project, also when `ray submit` runs a copy of this script outside the repository
@@ -73,6 +74,14 @@ def settings(args) -> dict:
         gi["count_mostly_names"] = False
     if getattr(args, "ner_all", False):
         gi["ner_prefilter"] = False
+    if getattr(args, "gender_word_plurals", False):
+        gi["gender_word_plurals"] = True
+    gi = effective_gender_words(gi)
+    forms = getattr(args, "occupation_forms", None) or cfg.get("occupation_forms", "plural")
+    if forms not in OCCUPATION_FORMS:
+        raise ValueError(f"occupation_forms must be one of {OCCUPATION_FORMS}, got {forms!r}")
+    if getattr(args, "sbert_precision", None):
+        models["sbert_precision"] = args.sbert_precision
     if args.sbert_model:
         models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
     elif args.sbert_revision:
@@ -81,8 +90,22 @@ def settings(args) -> dict:
     for key in ("files_per_shard", "max_retries", "max_error_rate", "max_fetch_failures"):
         if getattr(args, key) is not None:
             ex[key] = getattr(args, key)
-    return {"occupations": occupations, "prompts": list(cfg["prompts"]), "gender_indicators": gi,
-            "selection": sel, "models": models, "execution": ex, "config": cfg, "label": label}
+    return {"occupations": occupations, "occupation_forms": forms, "prompts": list(cfg["prompts"]),
+            "gender_indicators": gi, "selection": sel, "models": models, "execution": ex, "config": cfg, "label": label}
+
+
+def effective_gender_words(gi: dict) -> dict:
+    """App. A.5's gender words, plus their plurals when ``gender_word_plurals`` is set (an option:
+    the paper lists the singular forms only). The word lists in the result are the ones searched."""
+    gi = dict(gi)
+    plurals = bool(gi.get("gender_word_plurals", False))
+    gi["gender_word_plurals"] = plurals
+    for side in ("male", "female"):
+        words = list(gi[f"{side}_words"])
+        if plurals:
+            words += [w for w in gi.get(f"{side}_word_plurals", []) if w not in words]
+        gi[f"{side}_words"] = words
+    return gi
 
 
 def caption_job(args, st: dict, inp, columns: dict) -> dict:
@@ -93,7 +116,8 @@ def caption_job(args, st: dict, inp, columns: dict) -> dict:
         # gets a run of its own (or, under the same --run-id, a refusal), never the old results
         "input": {"files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
                   "data": inp.data_identity()}, "columns": columns,
-        "occupations": [jobs.occupation_spec(o) for o in st["occupations"]], "prompts": st["prompts"],
+        "occupations": [jobs.occupation_spec(o) for o in st["occupations"]],
+        "occupation_forms": st["occupation_forms"], "prompts": st["prompts"],
         "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
         "selection": st["selection"], "models": st["models"],
     }
@@ -263,7 +287,8 @@ def caption_stages(st: dict, args, columns: dict) -> list[Stage]:
         # rows with a usable caption; null, empty and non-text captions are counted drops (section 3.2)
         Stage(CaptionValidator, {"text_column": columns["text_column"], "url_column": columns["url_column"]}),
         # captions naming an occupation of Table 4, whole words, regular plurals (sections 2.3, 3.2)
-        Stage(OccupationMatcher, {"occupations": st["occupations"]}),
+        # ("singular": the terms exactly as listed, --occupation-forms)
+        Stage(OccupationMatcher, {"occupations": st["occupations"], "forms": st["occupation_forms"]}),
         # explicit gender indicators: gendered words and pronouns (section 5.1, App. A.5)
         Stage(GenderWordIndicators, words),
         # person names whose first name gender-guesser knows (App. A.5); --no-names leaves them out
@@ -466,7 +491,9 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
                   **columns},
         "output": rd.display(),
         "config": {
-            "occupations": [o.__dict__ | {"forms": list(o.forms())} for o in st["occupations"]],
+            "occupations": [o.__dict__ | {"forms": list(o.forms(st["occupation_forms"] == "plural"))}
+                            for o in st["occupations"]],
+            "occupation_forms": st["occupation_forms"],
             "prompts": st["prompts"],
             "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
             "selection": selection.as_dict() | {"seed": st["selection"]["seed"]},

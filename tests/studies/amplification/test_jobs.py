@@ -94,3 +94,32 @@ def test_run_id_follows_the_study_not_the_execution():
     assert _run_id("--occupations", "astronaut,plumber", "--prompt", "A photo of {article} {occupation}") != base
     assert _run_id("--occupations", "astronaut,pilot") != base
     assert _run_id("--occupations", "astronaut,plumber", "--run-id", "mine") == "mine"
+
+
+def _caption_settings(*argv):
+    from pipelines import amplification
+    from pipelines.studies.amplification.captions import settings
+
+    return settings(amplification.build_parser().parse_args(["captions", "--output", "/tmp/unused", *argv]))
+
+
+def test_paper_preset_reads_the_paper_and_each_other_reading_is_one_flag():
+    """Paper 002's preset with no flags: App. A.5's gender words verbatim, one search word per
+    occupation (Table 4), SBERT in fp32; plurals of gender words, occupation forms and fp16 SBERT
+    are options, and each option names another run."""
+    st = _caption_settings()
+    gi = st["gender_indicators"]
+    assert sorted(gi["male_words"]) == ["boy", "gent", "gentleman", "male", "man"]
+    assert sorted(gi["female_words"]) == ["female", "girl", "lady", "woman"]
+    assert st["occupation_forms"] == "plural" and st["models"]["sbert_precision"] == "fp32"
+    hair = [o for o in st["occupations"] if o.name == "hairdresser"]
+    assert len(hair) == 1 and hair[0].terms == ("hairdresser",)
+
+    opt = _caption_settings("--gender-word-plurals", "--occupation-forms", "singular", "--sbert-precision", "fp16")
+    assert {"men", "boys", "gentlemen"} <= set(opt["gender_indicators"]["male_words"])
+    assert {"women", "ladies", "girls"} <= set(opt["gender_indicators"]["female_words"])
+    assert opt["occupation_forms"] == "singular" and opt["models"]["sbert_precision"] == "fp16"
+    base = _run_id("--occupations", "astronaut,plumber")
+    for flags in (["--gender-word-plurals"], ["--occupation-forms", "singular"], ["--sbert-precision", "fp16"]):
+        assert _run_id("--occupations", "astronaut,plumber", *flags) != base, flags
+    assert _run_id("--occupations", "astronaut,plumber", "--occupation-forms", "plural") == base
