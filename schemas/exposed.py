@@ -169,14 +169,16 @@ HUMAN_WORDS_ADDED = ("bridesmaid",)
 HUMAN_WORDS = {"gender": HUMAN_WORDS_GENDER, "geography": HUMAN_WORDS_GEOGRAPHY, "others": HUMAN_WORDS_OTHERS,
                "added": HUMAN_WORDS_ADDED}
 
-# Irregular plurals of Table S1 words (the regular ones follow schemas.occupations.plural);
-# pronouns and adjectives have none.
+# Irregular plurals of Table S1 words (the regular ones follow schemas.occupations.plural). App. A:
+# the words of Table S1 "and their plurals". Pronouns and the adjective "teenage" have none; the
+# geography words and female / male are nouns too ("people watching Indians dance", "two females"),
+# so their plurals (Americans, Asians, Africans, Indians, Latinos, females, males) are searched.
 IRREGULAR_PLURALS = {
     "woman": "women", "man": "men", "gentleman": "gentlemen", "groomsman": "groomsmen", "wife": "wives",
     "child": "children", "chief": "chiefs", "staff": "staffs", "hero": "heroes", "ceo": "ceos",
 }
 NO_PLURAL = {"she", "her", "hers", "herself", "he", "his", "him", "himself", "u", "me", "i", "myself", "pregnant",
-             "female", "male", "teenage", "american", "asian", "african", "indian", "latino", "mr"}
+             "teenage", "mr"}
 
 # the neutral words and their swaps (section 3)
 PERSON_WORDS = {"person": ("woman", "man"), "people": ("women", "men")}

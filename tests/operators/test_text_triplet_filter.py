@@ -96,6 +96,14 @@ def test_the_plural_of_every_table_s1_word_rejects(op, kind, word):
         ("People with the groomsmen", "groomsmen"),
         ("Several families of people", "families"),
         ("People and celebrities", "celebrities"),
+        # App. A: Table S1's words "and their plurals", the geography words and female / male included
+        ("people watching Indians dance", "indians"),
+        ("People and Americans at a parade", "americans"),
+        ("Asians and people in a market", "asians"),
+        ("people greeting Africans", "africans"),
+        ("Latinos and people dancing", "latinos"),
+        ("Two females and a person", "females"),
+        ("people and males in a line", "males"),
     ],
 )
 def test_plurals_written_out(op, caption, word):
