@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--detector-revision", help="hub revision of the detector (default: main; the commit is recorded)")
     d.add_argument("--threshold", type=float, help="detections count above this confidence (default 0.7, the "
                                                    "paper's code); rescoring a finished run needs no new images")
+    d.add_argument("--object-rule", choices=["paper", "released", "any"],
+                   help="object skill: paper (default: the detector's most confident detection is the target and "
+                        "above the threshold, section 4.1's formula), released (its class only, the released "
+                        "code), any (some target detection above the threshold)")
+    d.add_argument("--count-rule", choices=["paper", "released"],
+                   help="count skill: paper (default: exactly N detections above the threshold, all of the "
+                        "target), released (exactly N of the target, others tolerated: the released code)")
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators and detector (offline smoke run; numbers are meaningless)")
     _execution_args(k)

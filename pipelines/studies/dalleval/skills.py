@@ -18,12 +18,20 @@ umbrella"); the relation words are the paper's ("left to", "right to"). With sev
 per skill (Table 10's lists are bundled), each prompt draws one (seeded) and records it. One image
 per prompt; its seed derives from (base seed, prompt text, index), as in every study here.
 
-Scoring (section 4.1), from the detections above the threshold (0.7, the value of the paper's
-code), each image judged on its own:
+Scoring (section 4.1), from the stored detections and the threshold (0.7, the value of the
+paper's code), each image judged on its own:
 
-    object   correct when a detection of the target class is above the threshold
-    count    right number when exactly N detections are above it; correct when, in addition, all
-             of them are of the target class
+    object   (rule "paper", the default: the formula 1(o_det = o_gt and p_det > p_th)) correct when
+             the detector's prediction, its single most confident detection, is of the target class
+             and above the threshold. Options: "released" (the paper's released code: the most
+             confident detection is of the target class, whatever its confidence, among the stored
+             ones, i.e. above the recording floor) and "any" (this project's earlier reading: some
+             detection of the target class above the threshold, whatever else is more confident)
+    count    (rule "paper", the default: "all objects in the right classes") right number when
+             exactly N detections are above the threshold; correct when, in addition, all of them are
+             of the target class. Option "released" (the released code): correct when exactly N
+             detections above the threshold are of the target class; detections of other classes
+             are tolerated
     spatial  right objects when a detection of objA and one of objB are above it (for objA = objB:
              two of that class); the relation of objB to objA from the centres of the two
              highest-scoring such boxes: horizontal when |dx| > |dy| (left / right), else
@@ -31,10 +39,9 @@ code), each image judged on its own:
              the relation is the prompt's (for objA = objB: on the prompt's axis)
 
 The paper fine-tuned DETR on its simulator images; those weights are not public, so the COCO
-checkpoint (DETR-R101-DC5) is used zero-shot here (docs/method.md). The paper's released
-evaluation differs in two details, both documented there: for the object skill it takes the class
-of the single most confident query, and for the spatial skill the two most confident queries
-without a threshold; the rules above are the paper's formulas.
+checkpoint (DETR-R101-DC5) is used zero-shot here (docs/method.md). For the spatial skill the
+released evaluation takes the two most confident queries without a threshold; the rule above is
+the paper's formula (documented in docs/method.md).
 """
 
 from __future__ import annotations
@@ -197,18 +204,49 @@ def _above(labels, scores, boxes, threshold: float):
             else None)
 
 
-def score_object(labels, scores, target: str, threshold: float = THRESHOLD) -> dict:
-    """Section 4.1, object: 1(o_det = o_gt and p_det > p_th) for some detection."""
+OBJECT_RULES = ("paper", "released", "any")
+COUNT_RULES = ("paper", "released")
+
+
+def _top(labels, scores):
+    """(label, score) of the most confident detection (the first of equals), or (None, None)."""
+    best = None
+    for i, s in enumerate(scores):
+        if s is not None and (best is None or s > scores[best]):
+            best = i
+    return (None, None) if best is None else (labels[best], scores[best])
+
+
+def score_object(labels, scores, target: str, threshold: float = THRESHOLD, rule: str = "paper") -> dict:
+    """Section 4.1, object: 1(o_det = o_gt and p_det > p_th), o_det the detector's prediction (its
+    most confident detection). ``rule``: see the module docstring (paper, released, any)."""
+    if rule not in OBJECT_RULES:
+        raise ValueError(f"object rule must be one of {OBJECT_RULES}, got {rule!r}")
     kept, _, _ = _above(labels, scores, None, threshold)
-    return {P.CORRECT: target in kept, P.PREDICTED_COUNT: len(kept), P.TOP_LABEL: kept[0] if kept else None}
+    top_label, top_score = _top(labels, scores)
+    if rule == "paper":
+        correct = top_label == target and top_score > threshold
+    elif rule == "released":
+        correct = top_label == target
+    else:
+        correct = target in kept
+    return {P.CORRECT: bool(correct), P.PREDICTED_COUNT: len(kept), P.TOP_LABEL: kept[0] if kept else None}
 
 
-def score_count(labels, scores, target: str, n: int, threshold: float = THRESHOLD) -> dict:
+def score_count(labels, scores, target: str, n: int, threshold: float = THRESHOLD, rule: str = "paper") -> dict:
     """Section 4.1, count: exactly ``n`` detections above the threshold (right number), all of the
-    target class (correct)."""
+    target class (correct); ``rule="released"``: exactly ``n`` of the target class, others tolerated
+    (the right number is then the number of target detections)."""
+    if rule not in COUNT_RULES:
+        raise ValueError(f"count rule must be one of {COUNT_RULES}, got {rule!r}")
     kept, _, _ = _above(labels, scores, None, threshold)
-    number = len(kept) == int(n)
-    return {P.NUMBER_CORRECT: number, P.CORRECT: number and all(k == target for k in kept),
+    if rule == "paper":
+        number = len(kept) == int(n)
+        correct = number and all(k == target for k in kept)
+    else:
+        number = sum(k == target for k in kept) == int(n)
+        correct = number
+    return {P.NUMBER_CORRECT: number, P.CORRECT: correct,
             P.PREDICTED_COUNT: len(kept), P.TOP_LABEL: kept[0] if kept else None}
 
 
@@ -243,9 +281,11 @@ def score_spatial(labels, scores, boxes, obj_a: str, obj_b: str, relation: str, 
     return {**out, P.OBJECTS_CORRECT: True, P.CORRECT: rel == relation, P.PREDICTED_RELATION: rel}
 
 
-def judge(images: pa.Table, threshold: float = THRESHOLD) -> pa.Table:
-    """``images`` (SKILL_IMAGES) with the verdict columns (VERDICT_COLUMNS) at ``threshold``; rows
-    without detections (no image: failed or blocked generation) get null verdicts."""
+def judge(images: pa.Table, threshold: float = THRESHOLD, object_rule: str = "paper",
+          count_rule: str = "paper") -> pa.Table:
+    """``images`` (SKILL_IMAGES) with the verdict columns (VERDICT_COLUMNS) at ``threshold``, by the
+    object and count rules named; rows without detections (no image: failed or blocked generation)
+    get null verdicts."""
     cols = {f.name: [None] * images.num_rows for f in P.VERDICT_COLUMNS}
     data = images.select([P.SKILL, P.OBJECT_A, P.OBJECT_B, P.COUNT, P.RELATION, P.DET_LABELS, P.DET_SCORES,
                           P.DET_BOXES]).to_pylist()
@@ -254,9 +294,9 @@ def judge(images: pa.Table, threshold: float = THRESHOLD) -> pa.Table:
             continue
         labels, scores = r[P.DET_LABELS], r[P.DET_SCORES]
         if r[P.SKILL] == P.Skill.OBJECT:
-            v = score_object(labels, scores, r[P.OBJECT_A], threshold)
+            v = score_object(labels, scores, r[P.OBJECT_A], threshold, object_rule)
         elif r[P.SKILL] == P.Skill.COUNT:
-            v = score_count(labels, scores, r[P.OBJECT_A], r[P.COUNT], threshold)
+            v = score_count(labels, scores, r[P.OBJECT_A], r[P.COUNT], threshold, count_rule)
         else:
             v = score_spatial(labels, scores, r[P.DET_BOXES], r[P.OBJECT_A], r[P.OBJECT_B], r[P.RELATION], threshold)
         for k, value in v.items():

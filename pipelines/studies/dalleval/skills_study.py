@@ -73,6 +73,12 @@ def settings(args) -> dict:
         det["revision"] = args.detector_revision
     if getattr(args, "threshold", None) is not None:
         det["threshold"] = args.threshold
+    for key, allowed in (("object_rule", K.OBJECT_RULES), ("count_rule", K.COUNT_RULES)):
+        if getattr(args, key, None) is not None:
+            det[key] = getattr(args, key)
+        if det.get(key, "paper") not in allowed:
+            raise ValueError(f"detector.{key}: {det.get(key)!r} is not one of {allowed}")
+        det[key] = det.get(key, "paper")
     det["threshold"], det["record_threshold"] = float(det["threshold"]), float(det["record_threshold"])
     if not 0 <= det["record_threshold"] <= det["threshold"] < 1:
         raise ValueError(f"detector: need 0 <= record_threshold ({det['record_threshold']}) <= threshold "
@@ -167,7 +173,7 @@ class SkillsStudy:
             lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
             "generating and detecting")
         threshold = st["detector"]["threshold"]
-        judged = K.judge(images, threshold)
+        judged = K.judge(images, threshold, st["detector"]["object_rule"], st["detector"]["count_rule"])
         results = analyse(judged)
         out_fs, out = rd.fs, rd.path
         io.write_table_and_csv(judged, out_fs, f"{out}/{FILES['images']}")
@@ -175,7 +181,9 @@ class SkillsStudy:
             io.write_text(results[key].to_csv(index=False), out_fs, f"{out}/{FILES[key]}")
         save_images = not args.no_save_images
         metrics = {
-            "config": {"images": image_job(st, args), "threshold": threshold, "execution": st["execution"],
+            "config": {"images": image_job(st, args), "threshold": threshold,
+                       "object_rule": st["detector"]["object_rule"], "count_rule": st["detector"]["count_rule"],
+                       "execution": st["execution"],
                        "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
                        "detector_loaded": st["detector"], "save_images": save_images},
             "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,

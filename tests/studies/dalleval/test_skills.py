@@ -85,10 +85,41 @@ def test_unknown_placeholder_is_refused():
 
 # ------------------------------------------------------------------------------------ scoring rules
 def test_object_needs_the_target_class_above_the_threshold():
-    assert K.score_object(["cat", "dog"], [0.9, 0.71], "dog")[P.CORRECT] is True
-    assert K.score_object(["cat", "dog"], [0.9, 0.7], "dog")[P.CORRECT] is False    # p > p_th, strictly
-    assert K.score_object(["cat"], [0.99], "dog")[P.CORRECT] is False                # missing object fails
-    assert K.score_object([], [], "dog")[P.CORRECT] is False
+    for rule in K.OBJECT_RULES:
+        assert K.score_object(["dog", "cat"], [0.9, 0.71], "dog", rule=rule)[P.CORRECT] is True
+        assert K.score_object(["cat"], [0.99], "dog", rule=rule)[P.CORRECT] is False   # missing object fails
+        assert K.score_object([], [], "dog", rule=rule)[P.CORRECT] is False
+    assert K.score_object(["dog"], [0.7], "dog")[P.CORRECT] is False                   # p > p_th, strictly
+
+
+def test_object_rules_paper_released_and_any():
+    """Section 4.1: 1(o_det = o_gt and p_det > p_th), o_det the detector's one prediction (its most
+    confident detection): a more confident other object makes the image wrong (the default). The
+    released code: the most confident detection's class, no threshold. "any": some detection of the
+    target above the threshold (the earlier, more lenient reading)."""
+    more_confident_cat = (["cat", "dog"], [0.9, 0.71])
+    assert K.score_object(*more_confident_cat, "dog")[P.CORRECT] is False
+    assert K.score_object(*more_confident_cat, "dog", rule="released")[P.CORRECT] is False
+    assert K.score_object(*more_confident_cat, "dog", rule="any")[P.CORRECT] is True
+    unsure_dog = (["dog", "cat"], [0.5, 0.4])                                       # top is the target, below 0.7
+    assert K.score_object(*unsure_dog, "dog")[P.CORRECT] is False
+    assert K.score_object(*unsure_dog, "dog", rule="released")[P.CORRECT] is True
+    assert K.score_object(*unsure_dog, "dog", rule="any")[P.CORRECT] is False
+    with pytest.raises(ValueError, match="object rule"):
+        K.score_object(*unsure_dog, "dog", rule="top")
+
+
+def test_count_rules_paper_and_released():
+    """The paper: all objects above the threshold of the right class, exactly N of them; the released
+    code: exactly N of the target class, other classes tolerated."""
+    dogs_and_a_cat = (["dog", "dog", "cat"], [0.9, 0.8, 0.75])
+    paper = K.score_count(*dogs_and_a_cat, "dog", 2)
+    assert paper[P.NUMBER_CORRECT] is False and paper[P.CORRECT] is False
+    released = K.score_count(*dogs_and_a_cat, "dog", 2, rule="released")
+    assert released[P.NUMBER_CORRECT] is True and released[P.CORRECT] is True
+    assert K.score_count(*dogs_and_a_cat, "dog", 3, rule="released")[P.CORRECT] is False
+    with pytest.raises(ValueError, match="count rule"):
+        K.score_count(*dogs_and_a_cat, "dog", 2, rule="strict")
 
 
 def test_count_of_three_with_one_wrong_class_fails():
@@ -222,3 +253,18 @@ def test_summarize_skills_refuses_bad_input_clearly(tmp_path, content, message):
     out = subprocess.run([sys.executable, str(REPO_ROOT / "pipelines" / "dalleval.py"), "summarize", "--skills",
                           str(path)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_skills_preset_scores_by_the_papers_formulas_and_the_released_rules_are_options():
+    from pipelines import dalleval
+    from pipelines.studies.dalleval import skills_study
+
+    def det(*flags):
+        args = dalleval.build_parser().parse_args(["skills", "--output", "unused", *flags])
+        return skills_study.settings(args)["detector"]
+
+    d = det()
+    assert (d["object_rule"], d["count_rule"], d["threshold"]) == ("paper", "paper", 0.7)
+    d = det("--object-rule", "released", "--count-rule", "released")
+    assert (d["object_rule"], d["count_rule"]) == ("released", "released")
+    assert det("--object-rule", "any")["object_rule"] == "any"
