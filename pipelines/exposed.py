@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--min-count", action="append", metavar="SOURCE=N",
                    help="bias-score minimum count of a source (default 20 for coco/textcaps/flickr30k, 5 for "
                         "gcc/profession); repeat per source")
+    o.add_argument("--leave-out-individuals", choices=["group_tests", "all_tests", "none"],
+                   help="person words (person, woman, man, ...) left out of: group_tests (default: the plots and "
+                        "Tables S4-S6; they stay in s_O, the RQ2 tests and the bias scores), all_tests (also s_O "
+                        "and the RQ2 tests), none (only the plots)")
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators and image models (offline smoke run; numbers are meaningless)")
     x = r.add_argument_group("execution")

@@ -189,8 +189,25 @@ def object_settings(cfg: dict, args) -> dict:
     for key in ("theta", "sigma", "sigma_human", "box_threshold", "text_threshold", "nms_iou"):
         if not 0.0 <= float(o[key]) <= 1.0:
             raise ValueError(f"objects.{key} must be in [0, 1], got {o[key]}")
+    if getattr(args, "leave_out_individuals", None):
+        o["leave_out_individuals"] = args.leave_out_individuals
+    o["leave_out_individuals"] = str(o.get("leave_out_individuals", "group_tests"))
+    if o["leave_out_individuals"] not in LEAVE_OUT_INDIVIDUALS:
+        raise ValueError(f"objects.leave_out_individuals must be one of {LEAVE_OUT_INDIVIDUALS}, "
+                         f"got {o['leave_out_individuals']!r}")
     o["vocabulary"] = read_tags(_input_path(str(o["tags"]))) if o["enabled"] else []
     return o
+
+
+# Where the individuals (person, people, woman, man, girl, boy, ...: footnote 8's list) are left out
+# of the statistics. Always of Figure 4 and the bias-score plots (footnote 8).
+#   group_tests (default): also of the group tests of Tables S4-S6, where the prompt decides them by
+#       construction (a hidden "woman" can only be hidden in a feminine prompt's image); they stay in
+#       s_O (Eq. 4), the RQ2 tests on C(o, P) and the bias scores: the tag list asks every image for
+#       person, man, woman, girl, boy, so a man detected in a neutral image is a measurement;
+#   all_tests: also of s_O and the RQ2 tests (this project's earlier reading);
+#   none: in every test and s_O.
+LEAVE_OUT_INDIVIDUALS = ("group_tests", "all_tests", "none")
 
 
 def min_counts(o: dict, sources) -> dict:
@@ -561,13 +578,13 @@ def object_tables(st: dict, images: pa.Table) -> dict:
     found = O.detected(objs)
     counts = O.cooccurrence(found)
     sizes = O.prompt_set_sizes(imgs)
-    # the tests and s_O leave out the individuals (person, woman, man, ...): each gendered word can
-    # only appear with its own variant's prompts, which would decide every test by construction
-    # (the paper's Tables S4-S6 give p = 1 for the hidden group, so it left them out too)
-    keep_people = bool(st["objects"].get("individuals_in_tests", False))
-    focus = objs if keep_people else objs[~objs[S.OBJECT].isin(S.INDIVIDUALS)]
-    focus_found = O.detected(focus)
-    focus_counts = O.cooccurrence(focus_found)
+    # individuals (person, woman, man, ...): see LEAVE_OUT_INDIVIDUALS
+    mode = st["objects"].get("leave_out_individuals", "group_tests")
+    no_people = objs[~objs[S.OBJECT].isin(S.INDIVIDUALS)]
+    object_rows = no_people if mode == "all_tests" else objs
+    group_rows = objs if mode == "none" else no_people
+    object_found = O.detected(object_rows)
+    object_counts = O.cooccurrence(object_found)
     floors = min_counts(st["objects"], sorted(set(imgs[S.TRIPLET_SOURCE])))
     bias = O.bias_scores(counts, sizes, floors)
     bias["individual"] = bias[S.OBJECT].isin(S.INDIVIDUALS)
@@ -576,9 +593,9 @@ def object_tables(st: dict, images: pa.Table) -> dict:
     vocab = O.group_vocabularies(objs, imgs)
     return {"objects": objects, "object_counts": counts.merge(sizes, on=[MODEL, S.TRIPLET_SOURCE, S.VARIANT],
                                                               how="left"),
-            "object_chi2": O.chi_square_tests(focus_counts),
-            "cooccurrence_similarity": O.cooccurrence_similarity(focus_found, imgs),
-            "bias_scores": bias, "group_counts": O.group_counts(objs), "group_chi2": O.group_chi_square_tests(focus),
+            "object_chi2": O.chi_square_tests(object_counts),
+            "cooccurrence_similarity": O.cooccurrence_similarity(object_found, imgs),
+            "bias_scores": bias, "group_counts": O.group_counts(objs), "group_chi2": O.group_chi_square_tests(group_rows),
             "group_images": O.images_with_group(objs, imgs), "group_objects": O.group_object_counts(vocab),
             "group_intersections": O.group_intersections(vocab), "group_bias_scores": group_bias,
             "min_count": floors}

@@ -141,12 +141,20 @@ def test_objects_groups_and_their_tables(run):
         assert r["hidden"] == pytest.approx(100.0 * with_hidden / len(imgs))
     s4 = pd.read_csv(run / "tables_s4_s6_group_chi2.csv")
     assert set(s4["comparison"]) <= {"triplet", "neutral-feminine", "neutral-masculine", "feminine-masculine"}
-    # the tests leave the individuals out (each gendered word only appears with its own variant)
+    # the group tests (S4-S6) leave the individuals out (the prompt decides them by construction);
+    # the RQ2 object tests and s_O keep them (a man detected in a neutral image is a measurement)
     from pipelines.studies.exposed import objects as O
     from schemas.exposed import INDIVIDUALS
 
     expected = O.group_chi_square_tests(objects[~objects["object"].isin(INDIVIDUALS)])
     pd.testing.assert_frame_equal(s4.reset_index(drop=True), expected.reset_index(drop=True), check_dtype=False)
+    found = O.detected(objects)
+    assert found["object"].isin(INDIVIDUALS).any()  # the stand-in run detects person words: the check bites
+    rq2 = pd.read_csv(run / "object_chi2.csv")
+    pd.testing.assert_frame_equal(rq2.reset_index(drop=True),
+                                  O.chi_square_tests(O.cooccurrence(found)).reset_index(drop=True), check_dtype=False)
+    without = O.chi_square_tests(O.cooccurrence(O.detected(objects[~objects["object"].isin(INDIVIDUALS)])))
+    assert not rq2.reset_index(drop=True).equals(without.reset_index(drop=True))
     assert "object_masks" not in pd.read_csv(run / "images.csv", nrows=1).columns     # masks: parquet only
     assert "mask" not in pd.read_csv(run / "objects.csv", nrows=1).columns
     table4 = pd.read_csv(run / "table4_cooccurrence_similarity.csv")
