@@ -11,8 +11,10 @@ the device, ``analyse`` makes, per image and without moving the images:
    conditional half, summed over heads and steps per layer, bicubic-upsampled, clamped, averaged
    over layers; a noun's map is the mean over its tokens at every occurrence), min-max normalised
    and binarised at θ (0.35);
-3. the **objects**: open-vocabulary boxes and SAM masks for the vocabulary "prompt nouns + tag
-   list" (``operators.image_grounded_segmentation``; thresholds 0.25 / 0.2 / NMS 0.5);
+3. the **objects**: open-vocabulary boxes and SAM masks for the vocabulary "the unit's nouns + tag
+   list" (``operators.image_grounded_segmentation``; thresholds 0.25 / 0.2 / NMS 0.5): the union of
+   the three prompts' nouns, so the neutral, feminine and masculine images of a unit are queried
+   with the identical text (``unit_vocabulary``);
 4. each object's **dependency group** from the coverage of its mask by the word masks (σ 0.7, 0.25
    when both refer to humans) and whether its label is a prompt noun; the unmatched nouns are
    **hidden** (``operators.support.dependency``).
@@ -144,12 +146,24 @@ class PromptDependency:
         texts = [p if isinstance(p, str) else "" for p in prompts]
         return [noun_forms(doc) for doc in self.nlp.pipe(texts)]
 
+    @staticmethod
+    def unit_vocabulary(noun_sets: Sequence[Sequence[str]]) -> list[str]:
+        """The detector's noun list for every image of one unit: the union of its prompts' nouns,
+        in order of first appearance over (neutral, feminine, masculine). All three images are
+        queried with this one list (then the tags), so the detector's text input, and how its
+        256-token queries split, is the same for the three images of a contrast."""
+        return list(dict.fromkeys(n for nouns in noun_sets for n in nouns))
+
     def analyse(self, images, prompts: Sequence[str], capture: CrossAttentionCapture, tokenizer,
-                latent_hw: tuple[int, int], skip=None) -> dict[str, list]:
+                latent_hw: tuple[int, int], skip=None, unit_size: int = 3) -> dict[str, list]:
         """Per image of ``images`` (N, 3, H, W) in [0, 1] (generated from ``prompts`` inside
         ``capture``): ``DEPENDENCY_COLUMNS`` as lists of length N. ``skip[i]``: image i was not
-        produced (blocked): no_image."""
+        produced (blocked): no_image. The images come in units of ``unit_size`` consecutive ones
+        (a triplet's neutral, feminine, masculine): the detector vocabulary is the unit's
+        (``unit_vocabulary``); each image's own noun set decides what is explicit."""
         n = int(images.shape[0])
+        if unit_size < 1 or n % unit_size:
+            raise ValueError(f"{n} images do not make whole units of {unit_size}")
         skip = np.zeros(n, bool) if skip is None else np.asarray(skip, bool)
         forms = self.nouns(prompts)
         out: dict[str, list] = {f.name: [None] * n for f in self.output_fields}
@@ -159,9 +173,11 @@ class PromptDependency:
                 for name, value in no_image().items():
                     out[name][i] = value
         out[PROMPT_NOUNS] = [list(f) for f in forms]
+        shared = [self.unit_vocabulary(out[PROMPT_NOUNS][u:u + unit_size]) for u in range(0, n, unit_size)]
+        unit_nouns = [shared[i // unit_size] for i in range(n)]
         try:
             if todo:
-                self._analyse(images, prompts, forms, capture, tokenizer, latent_hw, todo, out)
+                self._analyse(images, prompts, forms, capture, tokenizer, latent_hw, todo, out, unit_nouns)
         except Exception as exc:  # noqa: BLE001 -- recorded per image and counted by the study's error budget
             if _out_of_memory(exc):
                 raise      # the generator halves its batch and tries again
@@ -177,7 +193,7 @@ class PromptDependency:
             capture.release()
         return out
 
-    def _analyse(self, images, prompts, forms, capture, tokenizer, latent_hw, todo, out) -> None:
+    def _analyse(self, images, prompts, forms, capture, tokenizer, latent_hw, todo, out, unit_nouns) -> None:
         import torch
         import torch.nn.functional as F
 
@@ -188,7 +204,7 @@ class PromptDependency:
                                                             [w for fs in forms[i].values() for w in fs])
             positions.append({lemma: sorted({p for w in fs for p in per_form.get(w, ())})
                               for lemma, fs in forms[i].items()})
-        found = self.segmenter.detect_u8(to_u8(images[todo]), [out[PROMPT_NOUNS][i] for i in todo])
+        found = self.segmenter.detect_u8(to_u8(images[todo]), [unit_nouns[i] for i in todo])
         for d in found:
             d["labels"] = [self.lemmas.get(label, label) for label in d["labels"]]   # prompt nouns are lemmas already
         detected = GroundedSegmenter.columns(found)

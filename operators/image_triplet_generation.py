@@ -215,7 +215,8 @@ class TripletGenerator:
         objects = None
         if self.dependency is not None:
             objects = self.dependency.analyse(flat_images, [p for t in chosen for p in t], attention,
-                                              self.pipe.tokenizer, tuple(latents.shape[-2:]), blocked.reshape(-1))
+                                              self.pipe.tokenizer, tuple(latents.shape[-2:]), blocked.reshape(-1),
+                                              unit_size=3)
         return _to_uint8(flat_images), blocked, flags, sims, objects
 
     def __call__(self, batch: pa.Table) -> pa.Table:

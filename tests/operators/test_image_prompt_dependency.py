@@ -78,11 +78,12 @@ def test_analysis_leaves_the_images_unchanged_and_fills_every_column(models):
                                                         ["man", "dog", "park"]]
     assert out.column(PROMPT_NOUNS).to_pylist()[4] == ["woman", "cake", "table"]   # lemmatised: women -> woman
     rows = out.to_pylist()
-    for r in rows:
+    for k, r in enumerate(rows):
         n = len(r[OBJECT_LABELS])
         assert n > 0, "zero thresholds: the stand-in detector keeps boxes"
         assert len(r[OBJECT_SCORES]) == len(r[OBJECT_BOXES]) == len(r[OBJECT_MASKS]) == len(r[OBJECT_GROUPS]) == n
-        assert set(r[OBJECT_LABELS]) <= set(r[PROMPT_NOUNS]) | LEMMAS      # labels lemmatised as the nouns are
+        unit_nouns = {w for q in rows[3 * (k // 3): 3 * (k // 3) + 3] for w in q[PROMPT_NOUNS]}
+        assert set(r[OBJECT_LABELS]) <= unit_nouns | LEMMAS      # the unit's vocabulary, lemmatised as the nouns are
         assert set(r[OBJECT_GROUPS]) <= set(DependencyGroup.ALL) - {DependencyGroup.HIDDEN}
         # explicit exactly when the label is a prompt noun
         for label, group in zip(r[OBJECT_LABELS], r[OBJECT_GROUPS]):
@@ -94,6 +95,39 @@ def test_analysis_leaves_the_images_unchanged_and_fills_every_column(models):
         assert all(rle.decode(m, 64, 64).shape == (64, 64) for m in r[ATTENTION_MASKS] + r[OBJECT_MASKS])
         assert r[DETECTION_DETAIL] is None
     assert gen.record["dependency"]["groups"]["sigma"] == 0.7
+
+
+def test_the_three_images_of_a_unit_reach_the_detector_with_identical_text(models, monkeypatch):
+    """Issue 27 item 9: the neutral, feminine and masculine images of a unit are queried with the
+    same vocabulary (the unit's nouns, then the tags) in the same order, while what is explicit is
+    still decided by each image's own nouns."""
+    from operators.image_grounded_segmentation import GroundedSegmenter, image_vocabulary
+
+    dep = dependency(models)
+    seen = []
+    real = GroundedSegmenter.detect_u8
+
+    def spy(self, images, nouns_per_image):
+        seen.extend(image_vocabulary(n, self.vocabulary) for n in nouns_per_image)
+        return real(self, images, nouns_per_image)
+
+    monkeypatch.setattr(GroundedSegmenter, "detect_u8", spy)
+    triplets = TRIPLETS + [("A person reads a book in a library.", "A woman reads a book in a library.",
+                            "A man reads a book in a library.")]
+    out = TripletGenerator(models["sd"], steps=STEPS, device="cpu", dependency=dep)(units(triplets, [3, 4, 5]))
+    assert len(seen) == 9
+    nouns = out.column(PROMPT_NOUNS).to_pylist()
+    for u in range(3):
+        a, b, c = seen[3 * u: 3 * u + 3]
+        assert a == b == c, f"unit {u}: the detector's text differs across the triplet"
+        assert all(w in a for n in nouns[3 * u: 3 * u + 3] for w in n)   # every variant's nouns are asked for
+        assert a[-len(VOCABULARY):] == VOCABULARY                        # then the tags, in their order
+    assert seen[0][:4] == ["person", "dog", "park", "woman"]            # first appearance over N, F, M
+    for r in out.to_pylist():   # explicit: the image's own nouns ("woman" is not explicit in the neutral image)
+        for label, group in zip(r[OBJECT_LABELS], r[OBJECT_GROUPS]):
+            assert group.startswith("explicitly") == (label in r[PROMPT_NOUNS])
+    with pytest.raises(ValueError, match="whole units"):
+        dep.analyse(torch.zeros(2, 3, 8, 8), ["a", "b"], None, None, (1, 1))
 
 
 def test_groups_follow_the_recorded_masks(models):
