@@ -131,6 +131,31 @@ def pearson(x, y) -> dict:
     return {"r": float(r.statistic), "p_value": float(r.pvalue), "n": n}
 
 
+def indicator_gender_match(training: pd.DataFrame, caption_images: pd.DataFrame) -> dict:
+    """Section 6: "For captions that contain either male or female gender indicators, the model
+    generates images that match the gender of corresponding training images (with 98.41%
+    accuracy)". Over the images generated from naive-subset captions whose indicators are male or
+    female (not both), whose own image and training image both count (one face, CLIP >= 0.9): the %
+    whose gender is the training image's. Project choice: per generated image (pooled over
+    occupations), not per caption. ``training`` and ``caption_images`` need occupation,
+    caption_id, caption_gender, counted and gender."""
+    from schemas.captions import CAPTION_ID
+    from schemas.subsets import SUBSET, Subset
+
+    keys = [OCCUPATION, CAPTION_ID]
+    t = training[(training[SUBSET] == Subset.NAIVE) & training[COUNTED].fillna(False).astype(bool)]
+    g = caption_images[caption_images[COUNTED].fillna(False).astype(bool)
+                       & caption_images[CAPTION_GENDER].isin([CaptionGender.MALE, CaptionGender.FEMALE])]
+    t, g = t.dropna(subset=keys), g.dropna(subset=keys)
+    joined = g[keys + [GENDER]].merge(t[keys + [GENDER]].drop_duplicates(keys), on=keys, suffixes=("", "_training"))
+    n = len(joined)
+    match = int((joined[GENDER] == joined[f"{GENDER}_training"]).sum())
+    return {"percent": 100.0 * match / n if n else None, "images": n, "matching": match,
+            "captions": int(joined[keys].drop_duplicates().shape[0]), "paper_percent": 98.41,
+            "definition": "% of counted images generated from naive captions with male or female indicators "
+                          "whose gender is that of the caption's counted training image (section 6)"}
+
+
 def female_indicator_share(captions: pd.DataFrame) -> pd.DataFrame:
     """% of captions per occupation whose explicit indicators say female (female or both)."""
     fem = captions[CAPTION_GENDER].isin([CaptionGender.FEMALE, CaptionGender.BOTH])

@@ -21,6 +21,7 @@ from pipelines.studies.amplification.metrics import (
     compare,
     expected_amplification,
     female_indicator_share,
+    indicator_gender_match,
     json_rows,
     pearson,
     percent_female,
@@ -84,6 +85,7 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
 
     captions = {model: caption_prompt_results(train, cap[cap[I.MODEL] == model], occupations) for model in models} \
         if len(cap) else {}
+    match = {model: indicator_gender_match(train, cap[cap[I.MODEL] == model]) for model in models} if len(cap) else {}
 
     naive_rows = train[(train[SUBSET] == Subset.NAIVE) & train[I.COUNTED]]
     naive_t = T[(T[SUBSET] == Subset.NAIVE) & (T[PROMPT_ID] == 0)].set_index(OCCUPATION)["percent_female"]
@@ -92,7 +94,7 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
     corr["definition"] = ("Pearson r over occupations between % female in the naive subset's counted training "
                           "images and % of those images' captions with female indicators (section 5.1)")
     return {"T": T, "G": G, "approaches": approaches, "tables6": tables6, "caption_prompts": captions,
-            "indicator_correlation": corr}
+            "caption_gender_match": match, "indicator_correlation": corr}
 
 
 def caption_prompt_results(train: pd.DataFrame, cap: pd.DataFrame, occupations: list[str]) -> dict:
@@ -292,6 +294,11 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                  (_points(cp["no_indicator_captions"]["rows"]), "P = S, no gender indicators")]) + "</div>")
             out.append("<p>" + "; ".join(f"{k.replace('_', ' ')}: E[A] = {_fmt(v['average'])}"
                                          for k, v in cp.items()) + "</p>")
+            gm = results.get("caption_gender_match", {}).get(model)
+            if gm:
+                out.append(f"<p>Captions with male or female indicators: {_fmt(gm['percent'])}% of "
+                           f"{gm['images']} images match the gender of the caption's training image "
+                           f"({gm['captions']} captions; the paper: 98.41%).</p>")
         tab = results["tables6"][model]
         out.append("<h3>% female per occupation (Table 6/7)</h3>" + H.table(tab, 1))
     corr = results["indicator_correlation"]

@@ -254,6 +254,7 @@ class AmplificationStudy:
         for i, model in enumerate(st.generators):
             io.write_table_and_csv(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
         amp_json = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
+                    "caption_gender_match": results["caption_gender_match"],
                     "indicator_correlation": results["indicator_correlation"]}
         io.write_text(json.dumps(io.clean_json(amp_json), indent=2, default=str, allow_nan=False), out_fs,
                       f"{out}/{run_files['amplification']}")
@@ -285,6 +286,7 @@ class AmplificationStudy:
                 "table3": t3.to_dict("records"),
                 "caption_prompts": {m: {k: v["average"] for k, v in r.items()}
                                     for m, r in results["caption_prompts"].items()},
+                "caption_gender_match": results["caption_gender_match"],
                 "indicator_correlation": results["indicator_correlation"],
             },
             "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
@@ -334,6 +336,10 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
     for model, cp in results["caption_prompts"].items():
         print(f"captions as prompts ({model}): " + ", ".join(
             f"{k}: E[A] = {rep._fmt(v['average'])}" for k, v in cp.items()))
+        gm = results.get("caption_gender_match", {}).get(model)
+        if gm:
+            print(f"  captions with male/female indicators: {rep._fmt(gm['percent'])}% of {gm['images']} images "
+                  f"match their training image's gender (paper: 98.41%)")
     corr = results["indicator_correlation"]
     print(f"Pearson r(% female training, % captions with female indicators) = {rep._fmt(corr['r'], 3)} (n = {corr['n']})")
     if any(m["standin"] for m in models):

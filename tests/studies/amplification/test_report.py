@@ -43,7 +43,7 @@ def _table():
     rows += _rows("training", "teacher", 2, 0, subset="naive", caption_gender="female")
     rows += _rows("training", "teacher", 1, 2, subset="naive", caption_gender="none")
     df = pd.DataFrame(rows)
-    for c in ("subset", "prompt_id", "model", "caption_gender"):
+    for c in ("subset", "prompt_id", "model", "caption_gender", "caption_id"):
         if c not in df:
             df[c] = None
     return df
@@ -208,3 +208,30 @@ def test_clean_json_is_strict():
 
     doc = clean_json({"a": float("nan"), "b": [np.float32(1.5), np.int64(3)], "c": {"d": float("inf")}})
     assert json.loads(json.dumps(doc, allow_nan=False)) == {"a": None, "b": [1.5, 3], "c": {"d": None}}
+
+
+def test_section6_gender_match_of_captions_with_indicators():
+    """Section 6's 98.41%: images generated from captions with male or female indicators whose
+    gender is the caption's training image's; counted images only, 'both' and 'none' left out."""
+    rows = []
+    for cid, cg, train_gender, gen_genders in [
+        (1, "female", "female", ["female", "female", "male"]),     # 2 of 3 match
+        (2, "male", "male", ["male", "male"]),                     # 2 of 2
+        (3, "both", "female", ["male"]),                           # 'both': left out
+        (4, "none", "male", ["female"]),                           # no indicator: left out
+        (5, "male", "ambiguous", ["male"]),                        # training image not counted: left out
+    ]:
+        rows.append({I.SOURCE: "training", "occupation": "nurse", "subset": "naive", "caption_id": cid,
+                     "caption_gender": cg, I.GENDER: train_gender, I.COUNTED: train_gender != "ambiguous"})
+        rows += [{I.SOURCE: "caption_prompt", "occupation": "nurse", "caption_id": cid, "caption_gender": cg,
+                  "model": "m", I.GENDER: g, I.COUNTED: True} for g in gen_genders]
+    rows.append({I.SOURCE: "caption_prompt", "occupation": "nurse", "caption_id": 2, "caption_gender": "male",
+                 "model": "m", I.GENDER: "ambiguous", I.COUNTED: False})        # not counted: left out
+    rows.append({I.SOURCE: "training", "occupation": "nurse", "subset": "no_indicators", "caption_id": 1,
+                 "caption_gender": "female", I.GENDER: "male", I.COUNTED: True})  # another subset: not the naive one
+    df = pd.DataFrame(rows)
+    df["prompt_id"] = None
+    res = rep.compute(df, ["nurse"], n_prompts=1, models=["m"])
+    gm = res["caption_gender_match"]["m"]
+    assert (gm["images"], gm["matching"], gm["captions"]) == (5, 4, 2)
+    assert gm["percent"] == pytest.approx(80.0) and gm["paper_percent"] == 98.41
