@@ -38,6 +38,8 @@ from operators.support.models import ModelLoadError, pick_device, weights_proven
 from operators.base import Resources, with_column
 from operators.support.codec import batch_images
 from schemas.images import (
+    CLIP_EMBEDDING,
+    EMBEDDING_COLUMNS,
     FACE_STATUS,
     GENDER,
     GENDER_COLUMNS,
@@ -456,6 +458,15 @@ def encode_texts(bundle: ClipBundle, texts: list[str], batch_size: int = 256):
     return torch.cat(feats) if feats else _empty_features(bundle)
 
 
+def unit_embeddings(features) -> list:
+    """Each row of CLIP image ``features`` (torch, any device) L2-normalised, as float16 numpy rows."""
+    import torch
+
+    with torch.no_grad():
+        unit = torch.nn.functional.normalize(features.float(), dim=-1)
+    return list(unit.cpu().numpy().astype(np.float16))
+
+
 # --- the operator ------------------------------------------------------------------------------------------
 
 
@@ -468,7 +479,11 @@ class ClipGenderClassifier:
 
     def __init__(self, model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,
                  prompts=DEFAULT_PROMPTS, threshold: float = DEFAULT_THRESHOLD, device: str = "auto",
-                 batch_size: int = 64, only_face_ok: bool = True, revision: str | None = None):
+                 batch_size: int = 64, only_face_ok: bool = True, revision: str | None = None,
+                 embeddings: bool = False):
+        """``embeddings``: also add CLIP_EMBEDDING, each classified image's L2-normalised CLIP image
+        embedding in float16 (paper 002, section 5.2: the similarity of training and generated
+        images)."""
         import torch
 
         if len(prompts) != 2:
@@ -483,8 +498,10 @@ class ClipGenderClassifier:
         self.text_features = encode_texts(self.bundle, list(self.prompts))
         with torch.inference_mode():
             self.logit_scale = float(self.bundle.model.logit_scale.exp().item())
+        self.embeddings = bool(embeddings)
+        self.output_fields = pa.schema(list(GENDER_COLUMNS) + (list(EMBEDDING_COLUMNS) if self.embeddings else []))
         self.record = {**self.bundle.record, "prompts": list(self.prompts), "threshold": self.threshold,
-                       "logit_scale": self.logit_scale}
+                       "logit_scale": self.logit_scale, "embeddings": self.embeddings}
 
     # -- images already on a device ------------------------------------------------------------------
 
@@ -496,9 +513,12 @@ class ClipGenderClassifier:
         probs = zero_shot_probs(features, self.text_features, self.logit_scale).astype(np.float32)
         if len(probs) == 0:
             probs = np.zeros((0, 2), np.float32)
-        return {GENDER: decide(probs, self.threshold).astype(str), P_MALE: probs[:, 0], P_FEMALE: probs[:, 1]}
+        out = {GENDER: decide(probs, self.threshold).astype(str), P_MALE: probs[:, 0], P_FEMALE: probs[:, 1]}
+        if self.embeddings:
+            out[CLIP_EMBEDDING] = unit_embeddings(features)
+        return out
 
-    def classify_tensor(self, images) -> dict[str, np.ndarray]:
+    def classify_tensor(self, images) -> dict:
         """Classify (B, 3, H, W) float images in [0, 1] on any device (e.g. the generator's output),
         preprocessed where they are. Returns {GENDER: str array, P_MALE, P_FEMALE: float32 arrays}."""
         if images.ndim != 4 or images.shape[1] != 3:
@@ -522,6 +542,7 @@ class ClipGenderClassifier:
     def __call__(self, batch: pa.Table) -> pa.Table:
         n = batch.num_rows
         rows = self._rows_to_classify(batch)
+        embedded = []
         gender = np.full(n, None, dtype=object)
         p_male = np.full(n, np.nan, dtype=np.float32)
         p_female = np.full(n, np.nan, dtype=np.float32)
@@ -537,7 +558,14 @@ class ClipGenderClassifier:
                 p_male[good] = res[P_MALE]
                 p_female[good] = res[P_FEMALE]
                 valid[good] = True
-        types = {f.name: f.type for f in GENDER_COLUMNS}
+                embedded = list(res.get(CLIP_EMBEDDING, ()))
+        types = {f.name: f.type for f in self.output_fields}
         batch = with_column(batch, GENDER, pa.array(gender, types[GENDER]))
         batch = with_column(batch, P_MALE, pa.array(p_male, types[P_MALE], mask=~valid))
-        return with_column(batch, P_FEMALE, pa.array(p_female, types[P_FEMALE], mask=~valid))
+        batch = with_column(batch, P_FEMALE, pa.array(p_female, types[P_FEMALE], mask=~valid))
+        if self.embeddings:
+            vectors = [None] * n
+            for j, i in enumerate(np.flatnonzero(valid)):
+                vectors[i] = embedded[j]
+            batch = with_column(batch, CLIP_EMBEDDING, pa.array(vectors, types[CLIP_EMBEDDING]))
+        return batch

@@ -72,6 +72,7 @@ from schemas.exposed import (
     DETECTION_STATUS,
     HIDDEN_NOUNS,
     HUMAN_REFERENCE_WORDS,
+    TRIPLET_GENDER_LEMMAS,
     OBJECT_GROUPS,
     PROMPT_NOUNS,
     DetectionStatus,
@@ -91,6 +92,14 @@ def no_image() -> dict:
     return row
 
 
+def _word_position(text: str, word: str) -> int:
+    """Where ``word`` first occurs in ``text`` as a whole word (not inside a longer word), or -1."""
+    import re
+
+    m = re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", text)
+    return m.start() if m else -1
+
+
 class PromptDependency:
     """Noun sets, word masks, objects and dependency groups of images generated inside ``capture``."""
 
@@ -102,11 +111,16 @@ class PromptDependency:
                  box_threshold: float = BOX_THRESHOLD, text_threshold: float = TEXT_THRESHOLD,
                  nms_iou: float = NMS_IOU, vocabulary: Sequence[str] = (), spacy_model: str = DEFAULT_SPACY_MODEL,
                  theta: float = THETA, sigma: float = SIGMA, sigma_human: float = SIGMA_HUMAN,
-                 device: str = "auto", dtype: str = "auto", max_labels_per_query: int | None = None):
+                 device: str = "auto", dtype: str = "auto", max_labels_per_query: int | None = None,
+                 attention_layers: str = "daam", share_nouns: bool = True):
         for name, value in (("theta", theta), ("sigma", sigma), ("sigma_human", sigma_human)):
             if not 0.0 <= float(value) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         self.theta, self.sigma, self.sigma_human = float(theta), float(sigma), float(sigma_human)
+        if attention_layers not in CrossAttentionCapture.LAYERS:
+            raise ValueError(f"attention_layers must be one of {CrossAttentionCapture.LAYERS}, got {attention_layers!r}")
+        self.attention_layers = attention_layers
+        self.share_nouns = bool(share_nouns)
         self.nlp = load_tagger(spacy_model)
         self.segmenter = GroundedSegmenter(detector, segmenter, detector_revision, segmenter_revision, box_threshold,
                                            text_threshold, nms_iou, list(vocabulary), device, dtype,
@@ -118,9 +132,15 @@ class PromptDependency:
         self.record = {
             "stage": self.stage_name,
             "nouns": {"spacy_model": spacy_model, "version": self.nlp.meta.get("version"),
-                      "noun_tags": list(NOUN_TAGS), "lemmatised": True},
-            "attention": {"method": "DAAM: attn2 conditional half, summed over heads and steps per layer, bicubic "
-                                    "upsampling, clamped at 0, mean over layers; noun map = mean of its tokens",
+                      "noun_tags": list(NOUN_TAGS), "lemmatised": True,
+                      "shared_per_unit": self.share_nouns},
+            "attention": {"method": ("DAAM's defaults (castorini/daam): down/up-block attn2, no mid block, maps "
+                                     "at 1/8 of the latent grid skipped; conditional half, summed over heads and "
+                                     "steps per layer, bicubic to the latent grid, clamped at 0, mean over layers, "
+                                     "bicubic to the image" if attention_layers == "daam" else
+                                     "every attn2 (mid block included): conditional half, summed over heads and "
+                                     "steps per layer, bicubic to the image, clamped at 0, mean over layers")
+                          + "; noun map = mean of its tokens", "layers": attention_layers,
                           "theta": self.theta, "mask_set": "one mask per prompt noun", "preview": ATTENTION_MAP_SIZE},
             "groups": {"sigma": self.sigma, "sigma_human": self.sigma_human,
                        "human_words": list(HUMAN_REFERENCE_WORDS)},
@@ -134,10 +154,9 @@ class PromptDependency:
 
     # -- generation side ----------------------------------------------------------------------------
 
-    @staticmethod
-    def capture(pipe, guidance: bool) -> CrossAttentionCapture:
+    def capture(self, pipe, guidance: bool) -> CrossAttentionCapture:
         """The recorder to wrap the pipeline call in (``with``)."""
-        return CrossAttentionCapture(pipe.unet, guidance=guidance)
+        return CrossAttentionCapture(pipe.unet, guidance=guidance, layers=self.attention_layers)
 
     # -- analysis ------------------------------------------------------------------------------------
 
@@ -145,6 +164,33 @@ class PromptDependency:
         """{lemma: surface forms} of each prompt's nouns (noun set = its keys)."""
         texts = [p if isinstance(p, str) else "" for p in prompts]
         return [noun_forms(doc) for doc in self.nlp.pipe(texts)]
+
+    @staticmethod
+    def shared_noun_forms(prompts: Sequence[str], forms: Sequence[dict[str, list[str]]]) -> list[dict[str, list[str]]]:
+        """One noun set for the prompts of a unit, apart from the words they differ in by
+        construction (``TRIPLET_GENDER_LEMMAS``): each prompt keeps its own gender nouns, and every
+        other noun tagged in any of the three prompts is a noun of all three ("A botanist studies
+        ..." tags botanist as an adjective where "A female botanist studies ..." tags it a noun: the
+        three images are analysed against the same nouns either way). Each prompt's nouns are in
+        the order of their first word in that prompt; a noun's surface forms are those found in it."""
+        shared: dict[str, list[str]] = {}
+        for f in forms:
+            for lemma, words in f.items():
+                if lemma not in TRIPLET_GENDER_LEMMAS:
+                    known = shared.setdefault(lemma, [])
+                    known += [w for w in words if w not in known]
+        out = []
+        for prompt, f in zip(prompts, forms):
+            text = prompt.lower() if isinstance(prompt, str) else ""
+            mine = {lemma: list(words) for lemma, words in f.items() if lemma in TRIPLET_GENDER_LEMMAS}
+            for lemma, words in shared.items():
+                present = [w for w in words if _word_position(text, w) >= 0]
+                if present:
+                    mine[lemma] = present
+            order = {lemma: min((p for p in (_word_position(text, w) for w in words) if p >= 0), default=len(text))
+                     for lemma, words in mine.items()}
+            out.append(dict(sorted(mine.items(), key=lambda kv: order[kv[0]])))
+        return out
 
     @staticmethod
     def unit_vocabulary(noun_sets: Sequence[Sequence[str]]) -> list[str]:
@@ -166,6 +212,9 @@ class PromptDependency:
             raise ValueError(f"{n} images do not make whole units of {unit_size}")
         skip = np.zeros(n, bool) if skip is None else np.asarray(skip, bool)
         forms = self.nouns(prompts)
+        if unit_size > 1 and self.share_nouns:
+            forms = [f for u in range(0, n, unit_size)
+                     for f in self.shared_noun_forms(prompts[u:u + unit_size], forms[u:u + unit_size])]
         out: dict[str, list] = {f.name: [None] * n for f in self.output_fields}
         todo = [i for i in range(n) if not skip[i]]
         for i in range(n):

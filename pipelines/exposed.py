@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--min-count", action="append", metavar="SOURCE=N",
                    help="bias-score minimum count of a source (default 20 for coco/textcaps/flickr30k, 5 for "
                         "gcc/profession); repeat per source")
+    o.add_argument("--attention-layers", choices=["daam", "all"],
+                   help="cross-attention layers of the word heat maps: daam (default: DAAM's defaults, no mid block, "
+                        "no maps at 1/8 of the latent grid, averaged on the latent grid) or all (every attn2)")
     o.add_argument("--leave-out-individuals", choices=["group_tests", "all_tests", "none"],
                    help="person words (person, woman, man, ...) left out of: group_tests (default: the plots and "
                         "Tables S4-S6; they stay in s_O, the RQ2 tests and the bias scores), all_tests (also s_O "

@@ -182,6 +182,9 @@ NO_PLURAL = {"she", "her", "hers", "herself", "he", "his", "him", "himself", "u"
 
 # the neutral words and their swaps (section 3)
 PERSON_WORDS = {"person": ("woman", "man"), "people": ("women", "men")}
+# the lemmas in which a triplet's three prompts differ by construction: the swapped person words and
+# the gender words the Profession set puts before the profession; every other noun of a unit is shared
+TRIPLET_GENDER_LEMMAS = frozenset({"person", "people", "woman", "man", "female", "male"})
 
 # ---------------------------------------------------------------------------------------------
 # Table S2 (paper 004, App. A): 16 topics x 20 profession names, as printed ("Tech Startup" and the
@@ -281,6 +284,8 @@ DEFAULT_SEEDS_PER_TRIPLET = 1
 # objects in the generated images and prompt-image dependency groups (paper 004, sections 5-6)
 OBJECT = "object"                # an object's label (lemmatised, lower case): a detected object or a prompt noun
 OBJECT_COUNT = "object_count"    # C(o, P): occurrences of the object in the images of a prompt set (Eq. 3)
+OBJECT_RANK = "rank"                  # Figure 4: an object's place among its group's most frequent (1 = most)
+TEST_NOT_RUN = "not_run"          # why a chi-square test was not run (e.g. fewer than 5 objects), else null
 DEPENDENCY_GROUP = "dependency_group"
 BIAS_SCORE = "bias_score"        # BS(o), Eq. 5: 1 = masculine only, 0 = feminine only, 0.5 = balanced
 CHI2 = "chi2"

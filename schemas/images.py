@@ -97,6 +97,9 @@ class FaceStatus:
 GENDER = "gender"                  # perceived gender: male / female / ambiguous (p < threshold) / decode_error
 P_MALE = "p_male"                  # float32 softmax probability of "A photo of a man"
 P_FEMALE = "p_female"              # float32 softmax probability of "A photo of a woman"
+# the CLIP image embedding (L2-normalised, float16) of an image the gender classifier ran on: kept in
+# the image checkpoints for section 5.2's training-generated image similarity, not in images.parquet
+CLIP_EMBEDDING = "clip_embedding"
 
 
 class Gender:
@@ -155,6 +158,7 @@ FETCH_COLUMNS = pa.schema([
 ])
 FACE_COLUMNS = pa.schema([IMAGE_RESULTS.field(n) for n in (FACE_STATUS, FACE_COUNT, FACE_SCORE, FACE_BOX_WIDTH, FACE_BOX_HEIGHT)])
 GENDER_COLUMNS = pa.schema([IMAGE_RESULTS.field(n) for n in (GENDER, P_MALE, P_FEMALE)])
+EMBEDDING_COLUMNS = pa.schema([pa.field(CLIP_EMBEDDING, pa.list_(pa.float16()))])
 GENERATION_COLUMNS = pa.schema([
     pa.field(IMAGE, pa.binary()), pa.field(IMAGE_ENCODING, pa.string()),
     pa.field(IMAGE_HEIGHT, pa.int32()), pa.field(IMAGE_WIDTH, pa.int32()),

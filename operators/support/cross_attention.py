@@ -1,17 +1,33 @@
 """Word heat maps from Stable Diffusion's cross-attention, DAAM's method (Tang et al. 2023), as paper
 004 uses it for the prompt-image dependency groups (section 6, App. A "DAAM").
 
-For every cross-attention layer of the UNet (``attn2`` of each transformer block), the attention
-probabilities A_t = softmax(Q K^T / sqrt(d)) between the latent positions and the prompt tokens are
-recorded during generation through diffusers' attention-processor interface:
+The cross-attention layers of the UNet (``attn2`` of each transformer block) record the attention
+probabilities A_t = softmax(Q K^T / sqrt(d)) between the latent positions and the prompt tokens
+during generation, through diffusers' attention-processor interface. Which layers, and how their
+maps are combined, is ``layers``:
+
+- ``"daam"`` (the default), DAAM's defaults as castorini/daam implements them (``daam/trace.py``
+  at commit 09564e0: ``UNetCrossAttentionLocator(locate_middle_block=False)`` in ``trace.__init__``,
+  so the mid block is not hooked; ``UNetCrossAttentionHooker.__call__`` records a map only when its
+  spatial factor ``sqrt(latent_hw // positions)`` is not 8; ``compute_global_heat_map`` upsamples
+  every map bicubically to the 64 x 64 latent grid, clamps it at 0 and averages; ``heatmap.py``
+  ``WordHeatMap.expand_as`` then upsamples bicubically to the image, min-max normalised). Here: the
+  down- and up-block layers, those whose grid is 1/8 of the latent's left out (for SD 1.x at 512 px
+  that is only the mid block's 8 x 8 maps: 15 layers at 64, 32 and 16 remain), each upsampled to
+  the latent grid, clamped, averaged, then expanded to the image (bicubic, no clamp).
+- ``"all"`` (this project's earlier reading): every ``attn2``, the mid block's included, each
+  upsampled straight to the image size, clamped, averaged.
+
+In both:
 
 - only the conditional half of a classifier-free-guidance batch (the prompt's, not the empty
   prompt's);
 - summed over the heads and over the denoising steps (every UNet evaluation: PNDM's warm-up
   steps included) *per layer*, in place: one running (images x
   positions x tokens) sum per layer, so no per-step map is kept once its step is done;
-- at the end, each layer's map is laid out on its latent grid, upsampled to the image size with
-  bicubic interpolation, clamped at 0, and the layers are averaged (``heat_maps``).
+- at the end (``heat_maps``) each layer's map is laid out on its grid and combined as above. DAAM
+  keeps each head's map and clamps it before averaging; here the heads are summed first (bicubic
+  interpolation is linear, so the two differ only where a single head's map undershoots below 0).
 
 A word's heat map is the mean of the maps of its sub-word tokens (every occurrence of the word in
 the prompt); ``objects.attention_mask`` then min-max normalises and binarises it at θ.
@@ -51,7 +67,12 @@ class CrossAttentionCapture:
     ``cap.heat_maps(latent_hw, image_hw)`` gives (images, tokens, H, W) maps of tokens 1..n (the
     first token, BOS, is left out)."""
 
-    def __init__(self, unet, tokens: int = 76, guidance: bool = True):
+    LAYERS = ("daam", "all")
+
+    def __init__(self, unet, tokens: int = 76, guidance: bool = True, layers: str = "daam"):
+        if layers not in self.LAYERS:
+            raise ValueError(f"layers must be one of {self.LAYERS}, got {layers!r}")
+        self.layers = layers
         self.unet = unet
         self.tokens = int(tokens)
         self.guidance = bool(guidance)
@@ -65,13 +86,19 @@ class CrossAttentionCapture:
 
     def __enter__(self):
         self._originals = dict(self.unet.attn_processors)
-        wrapped = {name: (_Recorder(proc, name, self) if name.endswith("attn2.processor") else proc)
+        wrapped = {name: (_Recorder(proc, name, self) if self._hooked(name) else proc)
                    for name, proc in self._originals.items()}
         if not any(isinstance(p, _Recorder) for p in wrapped.values()):
             raise ValueError(f"{type(self.unet).__name__} has no cross-attention layer (attn2) to record")
         self.unet.set_attn_processor(wrapped)
         self.recording = True
         return self
+
+    def _hooked(self, name: str) -> bool:
+        """Whether the processor ``name`` is recorded: every attn2; with "daam" not the mid block's."""
+        if not name.endswith("attn2.processor"):
+            return False
+        return self.layers == "all" or not name.startswith("mid_block.")
 
     def __exit__(self, *exc):
         self.recording = False
@@ -115,7 +142,7 @@ class CrossAttentionCapture:
 
     def heat_maps(self, latent_hw: tuple[int, int], image_hw: tuple[int, int], tokens: int | None = None):
         """(images, tokens, H, W) float32 on the UNet's device: per layer summed over steps and heads,
-        laid out on its grid, bicubic-upsampled to ``image_hw``, clamped at 0; averaged over layers.
+        laid out on its grid, combined as ``layers`` says (module docstring) at ``image_hw``.
         ``tokens``: only the first that many tokens (after BOS; the prompt's own, not the padding),
         so that the full-size maps of tokens nobody reads are never made. The per-layer sums are
         released."""
@@ -125,7 +152,9 @@ class CrossAttentionCapture:
             raise RuntimeError("no cross-attention was recorded: was the pipeline called inside the context?")
         lat_h, lat_w = latent_hw
         keep = self.tokens if tokens is None else max(1, min(int(tokens), self.tokens))
-        total = None
+        daam = self.layers == "daam"
+        size = (lat_h, lat_w) if daam else tuple(image_hw)   # DAAM: average on the latent grid first
+        total, used = None, 0
         for name in list(self.sums):
             s = self.sums.pop(name)[..., :keep]                # (b, positions, tokens)
             b, positions, t = s.shape
@@ -133,12 +162,20 @@ class CrossAttentionCapture:
             h, w = lat_h // factor, lat_w // factor
             if lat_h % factor or lat_w % factor or h * w != positions:
                 raise ValueError(f"layer {name}: {positions} positions do not tile a {lat_h}x{lat_w} latent")
+            if daam and factor == 8:
+                continue                                       # DAAM skips the maps at 1/8 of the latent grid
             grid = s.transpose(1, 2).reshape(b, t, h, w)
-            up = F.interpolate(grid, size=tuple(image_hw), mode="bicubic", align_corners=False).clamp_(min=0)
+            up = F.interpolate(grid, size=size, mode="bicubic", align_corners=False).clamp_(min=0)
             total = up if total is None else total.add_(up)
+            used += 1
             del s, grid, up
-        layers = len(self.steps)
-        return total / layers if layers else total
+        if total is None:
+            raise RuntimeError("no cross-attention layer is left to average (every recorded map was at 1/8 of the "
+                               "latent grid)")
+        total = total / used
+        if daam and tuple(image_hw) != (lat_h, lat_w):
+            total = F.interpolate(total, size=tuple(image_hw), mode="bicubic", align_corners=False)
+        return total
 
     def release(self) -> None:
         """Drop what was recorded and not yet turned into heat maps."""

@@ -430,3 +430,29 @@ def test_a_local_dir_model_is_built_as_its_config_says_and_records_it(tiny_clip,
     cfg["model_cfg"]["quick_gelu"] = not said
     (flipped / "open_clip_config.json").write_text(json.dumps(cfg))
     assert load_clip(f"local-dir:{flipped}", device="cpu").record["activation"] == ("GELU" if said else "QuickGELU")
+
+
+def test_embeddings_option_adds_unit_clip_embeddings_of_the_classified_images(tiny_clip, photos):
+    """Paper 002, section 5.2 needs the CLIP image embeddings of training and generated images: with
+    ``embeddings=True`` every classified row gets its L2-normalised embedding (float16), the others
+    null, on the payload and the tensor path alike; off (the default), no column."""
+    from schemas.images import CLIP_EMBEDDING
+
+    emb = ClipGenderClassifier(tiny_clip, device="cpu", embeddings=True)
+    plain = ClipGenderClassifier(tiny_clip, device="cpu")
+    assert [f.name for f in emb.output_fields] == [GENDER, P_MALE, P_FEMALE, CLIP_EMBEDDING]
+    assert plain.output_fields == GENDER_COLUMNS and emb.record["embeddings"] is True
+    table = encoded_table([encode(photos[0], "PNG"), encode(photos[1], "JPEG"), encode(photos[0], "PNG")],
+                          **{FACE_STATUS: pa.array([FaceStatus.OK, FaceStatus.OK, FaceStatus.NO_FACE])})
+    out = emb(table)
+    assert CLIP_EMBEDDING not in plain(table).column_names
+    assert out.schema.field(CLIP_EMBEDDING).type == pa.list_(pa.float16())
+    vectors = out.column(CLIP_EMBEDDING).to_pylist()
+    assert vectors[2] is None and all(v is not None for v in vectors[:2])
+    for v in vectors[:2]:
+        assert abs(np.linalg.norm(np.asarray(v, np.float32)) - 1.0) < 2e-3
+    assert out.column(GENDER).to_pylist()[:2] == plain(table).column(GENDER).to_pylist()[:2]
+    # the same image through the tensor path (the generator's head) gives the same vector
+    tensor = emb.classify_tensor(to_tensor([photos[0]]))[CLIP_EMBEDDING][0]
+    assert tensor.dtype == np.float16
+    np.testing.assert_allclose(np.asarray(tensor, np.float32), np.asarray(vectors[0], np.float32), atol=2e-2)

@@ -130,6 +130,33 @@ def test_the_three_images_of_a_unit_reach_the_detector_with_identical_text(model
         dep.analyse(torch.zeros(2, 3, 8, 8), ["a", "b"], None, None, (1, 1))
 
 
+def test_a_unit_shares_one_noun_set_apart_from_its_gender_words():
+    """Issue 27 item 10: spaCy tags "botanist" an adjective in "A botanist studies ..." and a noun in
+    "A female botanist studies ...": the unit's three prompts still get the same nouns, apart from
+    the words they differ in by construction."""
+    triplet = ["A botanist studies samples in a bright laboratory",
+               "A female botanist studies samples in a bright laboratory",
+               "A male botanist studies samples in a bright laboratory"]
+    own = [dict(f) for f in PromptDependency.nouns(_Tagger(), triplet)]
+    assert "botanist" not in own[0] and "botanist" in own[1]        # the tagger's inconsistency
+    shared = PromptDependency.shared_noun_forms(triplet, own)
+    assert [list(f) for f in shared] == [list(shared[1])] * 3
+    assert list(shared[0])[0] == "botanist" and shared[0]["botanist"] == ["botanist"]
+    people = ["People eat cake at a table.", "Women eat cake at a table.", "Men eat cake at a table."]
+    shared = PromptDependency.shared_noun_forms(people, [dict(f) for f in PromptDependency.nouns(_Tagger(), people)])
+    assert [list(f) for f in shared] == [["people", "cake", "table"], ["woman", "cake", "table"], ["man", "cake", "table"]]
+    assert shared[1]["woman"] == ["women"]                           # each prompt's own surface forms
+
+
+class _Tagger:
+    """PromptDependency.nouns without building the detector: the default spaCy tagger."""
+
+    def __init__(self):
+        from operators.text_prompt_nouns import load_tagger
+
+        self.nlp = load_tagger()
+
+
 def test_groups_follow_the_recorded_masks(models):
     """Recompute each image's groups from its stored object and word masks with the numpy rules."""
     from operators.support.dependency import dependency_groups

@@ -151,7 +151,7 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
 
 
 TRAINING_RESULT_SCHEMA = pa.schema([pa.field(URL, pa.string())] + [f for f in I.FETCH_COLUMNS if f.name not in PAYLOAD]
-                                   + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS))
+                                   + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS) + list(I.EMBEDDING_COLUMNS))
 
 
 def _dedupe(table: pa.Table, keys: list[str]) -> pa.Table:
@@ -178,7 +178,9 @@ class _FetchRewritten:
 def training_rows(subsets: pa.Table, url_results: pa.Table) -> pa.Table:
     """Per-image rows of the training side: one per (occupation, subset, prompt, caption)."""
     keep = [OCCUPATION, SUBSET, PROMPT_ID, PROMPT, CAPTION_ID, CAPTION, CAPTION_GENDER, URL]
-    rows = subsets.select(keep).join(url_results, keys=URL, join_type="left outer", use_threads=False)
+    # the per-image table has no embeddings (Arrow's join cannot carry list columns either)
+    results = url_results.drop_columns([c for c in (I.CLIP_EMBEDDING,) if c in url_results.column_names])
+    rows = subsets.select(keep).join(results, keys=URL, join_type="left outer", use_threads=False)
     n = rows.num_rows
     no_url = pc.is_null(rows.column(URL))
     if n != subsets.num_rows or pc.any(pc.and_(pc.invert(no_url), pc.is_null(rows.column(I.FETCH_STATUS)))).as_py():
@@ -258,7 +260,7 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
     if run:
         done = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
         done = done.filter(pc.equal(done.column(I.MODEL), model))
-        done = done.join(requests.select(key), keys=key, join_type="left semi", use_threads=False)
+        done = semi_join(done, requests, key)
     todo = requests.join(done.select(key), keys=key, join_type="left anti", use_threads=False) \
         if done.num_rows else requests
     phase = Phase(f"generate {model}", "images", requests.num_rows, reused=done.num_rows)
@@ -280,7 +282,7 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
     if run:
         results = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
         results = results.filter(pc.equal(results.column(I.MODEL), model))
-        results = results.join(requests.select(key), keys=key, join_type="left semi", use_threads=False)
+        results = semi_join(results, requests, key)
     else:
         results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
     order = [(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT_ID, "ascending"), (PROMPT, "ascending"),
@@ -288,9 +290,17 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
     return conform(results, out_schema).sort_by(order), phase
 
 
+def semi_join(table: pa.Table, other: pa.Table, keys: list[str]) -> pa.Table:
+    """The rows of ``table`` whose ``keys`` occur in ``other``, in ``table``'s order: Arrow's own
+    semi join, but through a row index, so ``table`` may hold columns a join cannot carry (lists)."""
+    index = table.select(keys).append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
+    hit = index.join(other.select(keys), keys=keys, join_type="left semi", use_threads=False)
+    return table.take(pa.array(np.sort(hit.column("_row").to_numpy()), pa.int64()))
+
+
 def generated_schema() -> pa.Schema:
     return pa.schema(list(REQUEST_SCHEMA) + [f for f in I.GENERATION_COLUMNS if f.name not in PAYLOAD]
-                     + list(I.GENDER_COLUMNS) + list(I.FACE_COLUMNS))
+                     + list(I.GENDER_COLUMNS) + list(I.EMBEDDING_COLUMNS) + list(I.FACE_COLUMNS))
 
 
 def generated_rows(gen: pa.Table) -> pa.Table:

@@ -26,7 +26,8 @@ import pandas as pd
 
 from pipelines.engine.table_cells import numbers
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
-from schemas.images import COUNTED, GENDER, PERCENT_FEMALE, Gender
+from schemas.images import CLIP_EMBEDDING, COUNTED, GENDER, MODEL, PERCENT_FEMALE, Gender
+from schemas.subsets import PROMPT_ID, SUBSET, Subset
 
 N_IMAGES = "n_images"          # images behind a percentage (counted ones)
 N_FEMALE = "n_female"
@@ -140,7 +141,6 @@ def indicator_gender_match(training: pd.DataFrame, caption_images: pd.DataFrame)
     occupations), not per caption. ``training`` and ``caption_images`` need occupation,
     caption_id, caption_gender, counted and gender."""
     from schemas.captions import CAPTION_ID
-    from schemas.subsets import SUBSET, Subset
 
     keys = [OCCUPATION, CAPTION_ID]
     t = training[(training[SUBSET] == Subset.NAIVE) & training[COUNTED].fillna(False).astype(bool)]
@@ -154,6 +154,66 @@ def indicator_gender_match(training: pd.DataFrame, caption_images: pd.DataFrame)
             "captions": int(joined[keys].drop_duplicates().shape[0]), "paper_percent": 98.41,
             "definition": "% of counted images generated from naive captions with male or female indicators "
                           "whose gender is that of the caption's counted training image (section 6)"}
+
+
+def _mean_vectors(keys: pd.DataFrame, vectors: np.ndarray, by: list[str]) -> dict:
+    """{group key tuple: (mean of the rows' vectors, rows)} of the rows of ``keys`` by ``by``."""
+    out = {}
+    if not len(keys):
+        return out
+    for key, idx in keys.groupby(by, sort=True).indices.items():
+        key = key if isinstance(key, tuple) else (key,)
+        out[key] = (vectors[idx].astype(np.float64).mean(axis=0), len(idx))
+    return out
+
+
+SIMILARITY_COLUMNS = [MODEL, OCCUPATION, PROMPT_ID, "naive", "nn", "n_training_naive", "n_training_nn",
+                      "n_generated"]
+
+
+def image_similarity(training: pd.DataFrame, generated: pd.DataFrame, embedding: str = CLIP_EMBEDDING) -> dict:
+    """Section 5.2: "The pairwise similarity of CLIP image embeddings increases with NN (13% from
+    keyword querying)". Per (model, occupation, prompt): the mean cosine over all pairs (training
+    image of the subset, image generated from the prompt), for the naive subset and for the prompt's
+    NN subset; the mean over the (occupation, prompt) pairs both have; and NN's change relative to
+    naive. The mean pairwise cosine of two sets of unit vectors is the dot product of their means.
+
+    ``training``: one row per (occupation, subset, prompt_id, URL) with the URL's unit CLIP
+    embedding (rows without one are left out: the images CLIP did not run on, i.e. without exactly
+    one face); ``generated``: one row per generated image (source generated) with model,
+    occupation, prompt_id and its embedding. Returns {"rows": [...], "per_model": {model: {...}}}.
+    Project choice: every image CLIP classified (one face), counted or not."""
+    def usable(df):
+        if not len(df) or embedding not in df:
+            return df.iloc[:0], np.zeros((0, 0))
+        df = df[df[embedding].notna()]
+        return df, (np.stack([np.asarray(v, np.float32) for v in df[embedding]]) if len(df) else np.zeros((0, 0)))
+
+    train, tv = usable(training)
+    gen, gv = usable(generated)
+    naive = _mean_vectors(train[train[SUBSET] == Subset.NAIVE], tv[(train[SUBSET] == Subset.NAIVE).to_numpy()],
+                          [OCCUPATION]) if len(train) else {}
+    nn_mask = (train[SUBSET] == Subset.NN).to_numpy() if len(train) else np.zeros(0, bool)
+    nn = _mean_vectors(train[nn_mask], tv[nn_mask], [OCCUPATION, PROMPT_ID]) if len(train) else {}
+    gens = _mean_vectors(gen, gv, [MODEL, OCCUPATION, PROMPT_ID]) if len(gen) else {}
+    rows = []
+    for (model, occ, pid), (g, n_g) in gens.items():
+        a, n_a = naive.get((occ,), (None, 0))
+        b, n_b = nn.get((occ, int(pid)), (None, 0))
+        rows.append({MODEL: model, OCCUPATION: occ, PROMPT_ID: int(pid),
+                     "naive": None if a is None else float(a @ g), "nn": None if b is None else float(b @ g),
+                     "n_training_naive": n_a, "n_training_nn": n_b, "n_generated": n_g})
+    per_model = {}
+    for model in sorted({r[MODEL] for r in rows}):
+        both = [r for r in rows if r[MODEL] == model and r["naive"] is not None and r["nn"] is not None]
+        mean_a = float(np.mean([r["naive"] for r in both])) if both else None
+        mean_b = float(np.mean([r["nn"] for r in both])) if both else None
+        change = 100.0 * (mean_b - mean_a) / abs(mean_a) if both and mean_a else None
+        per_model[model] = {"naive": mean_a, "nn": mean_b, "nn_change_percent": change, "pairs": len(both),
+                            "paper_change_percent": 13.0}
+    return {"rows": rows, "per_model": per_model,
+            "definition": "mean cosine of CLIP image embeddings over all (training image, generated image) pairs "
+                          "of an occupation and prompt, naive subset vs the prompt's NN subset (section 5.2)"}
 
 
 def female_indicator_share(captions: pd.DataFrame) -> pd.DataFrame:

@@ -286,6 +286,12 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
         out.append("<h3>Figure 9: approaches, averaged over prompts</h3><div class=figs>" + _scatter_html(
             sink, f"{stem}_figure9_approaches_average",
             [(_averaged_points(per[s]["rows"]), f"{APPROACH_TITLES[s]}, avg") for s in Subset.ALL]) + "</div>")
+        sim = results.get("image_similarity", {}).get("per_model", {}).get(model)
+        if sim:
+            out.append(f"<p>CLIP image similarity of training and generated images (section 5.2): naive "
+                       f"{_fmt(sim['naive'], 3)}, NN {_fmt(sim['nn'], 3)}, change "
+                       f"{_fmt(sim['nn_change_percent'])}% over {sim['pairs']} (occupation, prompt) pairs "
+                       f"(the paper: +13%); per pair in image_similarity.csv.</p>")
         cp = results["caption_prompts"].get(model)
         if cp:
             out.append("<h3>Figure 5: training captions as prompts (section 6)</h3><div class=figs>" + _scatter_html(

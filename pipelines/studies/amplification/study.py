@@ -53,6 +53,7 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
     "standins": "standin_models",
     "saved_images": "images",
     "ray_stats": "ray_data_stats.txt",
+    "image_similarity": "image_similarity",   # section 5.2: CLIP image similarity, naive vs NN
 }
 
 
@@ -95,7 +96,9 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         face={"model_selection": face["model_selection"], "min_confidence": face["min_confidence"],
               "min_relative_size": face["min_relative_size"]},
         clip={"model": clip["model"], "pretrained": clip["pretrained"], "prompts": tuple(clip["prompts"]),
-              "threshold": clip["threshold"], "revision": clip["revision"]},
+              "threshold": clip["threshold"], "revision": clip["revision"],
+              # section 5.2: the CLIP image embeddings, for the training-generated image similarity
+              "embeddings": True},
         generation={"steps": gen["steps"], "guidance_scale": gen["guidance_scale"], "height": args.height,
                     "width": args.width, "safety_checker": gen["safety_checker"], **gpus.generation_options(args)},
         generators=list(gen["models"]), images_per_prompt=int(gen["images_per_prompt"]),
@@ -239,6 +242,7 @@ class AmplificationStudy:
         generated = pa.concat_tables(gen_parts) if gen_parts else None
         gen_rows = image_side.generated_rows(generated) if generated is not None else I.IMAGE_RESULTS.empty_table()
 
+        image_sim = training_generated_similarity(subsets, url_results, generated)
         per_image = pa.concat_tables([train_rows, gen_rows])
         count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows)
         counts = pd.DataFrame(count_rows)
@@ -251,6 +255,11 @@ class AmplificationStudy:
         io.write_table_and_csv(results["G"], out_fs, f"{out}/{run_files['generated']}")
         io.write_table_and_csv(t3, out_fs, f"{out}/{run_files['table3']}")
         io.write_table_and_csv(counts, out_fs, f"{out}/{run_files['image_counts']}")
+        from pipelines.studies.amplification.metrics import SIMILARITY_COLUMNS
+
+        io.write_table_and_csv(pd.DataFrame(image_sim["rows"], columns=SIMILARITY_COLUMNS), out_fs,
+                               f"{out}/{run_files['image_similarity']}")
+        results["image_similarity"] = image_sim
         for i, model in enumerate(st.generators):
             io.write_table_and_csv(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
         amp_json = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
@@ -287,6 +296,7 @@ class AmplificationStudy:
                 "caption_prompts": {m: {k: v["average"] for k, v in r.items()}
                                     for m, r in results["caption_prompts"].items()},
                 "caption_gender_match": results["caption_gender_match"],
+                "image_similarity": {"per_model": image_sim["per_model"], "definition": image_sim["definition"]},
                 "indicator_correlation": results["indicator_correlation"],
             },
             "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
@@ -304,6 +314,26 @@ class AmplificationStudy:
                                    figures=FigureDir(rd.fs, rd.path))
         io.write_text(html_doc, rd.fs, f"{rd.path}/{RUN_FILES['report']}")
         _print_summary(rd.display(), d["counts"], d["t3"], d["results"], d["models"], RUN_FILES)
+
+
+def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, generated: pa.Table | None) -> dict:
+    """Section 5.2's CLIP image similarity (``metrics.image_similarity``) from the subsets, the
+    training URLs' results and the generated images, all with their CLIP embeddings."""
+    from pipelines.studies.amplification.metrics import image_similarity
+    from schemas.captions import OCCUPATION, URL
+    from schemas.subsets import PROMPT_ID, SUBSET
+
+    vectors = dict(zip(url_results.column(URL).to_pylist(), url_results.column(I.CLIP_EMBEDDING).to_pylist())) \
+        if I.CLIP_EMBEDDING in url_results.column_names else {}
+    train = subsets.select([OCCUPATION, SUBSET, PROMPT_ID, URL]).to_pandas()
+    train[I.CLIP_EMBEDDING] = train[URL].map(vectors)
+    gen = pd.DataFrame(columns=[I.MODEL, OCCUPATION, PROMPT_ID, I.CLIP_EMBEDDING])
+    if generated is not None and generated.num_rows and I.CLIP_EMBEDDING in generated.column_names:
+        import pyarrow.compute as pc
+
+        mine = generated.filter(pc.equal(generated.column(I.SOURCE), I.Source.GENERATED))
+        gen = mine.select([I.MODEL, OCCUPATION, PROMPT_ID, I.CLIP_EMBEDDING]).to_pandas()
+    return image_similarity(train, gen)
 
 
 def run(args) -> dict:
@@ -340,6 +370,10 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
         if gm:
             print(f"  captions with male/female indicators: {rep._fmt(gm['percent'])}% of {gm['images']} images "
                   f"match their training image's gender (paper: 98.41%)")
+    for model, sim in results.get("image_similarity", {}).get("per_model", {}).items():
+        print(f"CLIP image similarity of training and generated images ({model}): naive {rep._fmt(sim['naive'], 3)}, "
+              f"NN {rep._fmt(sim['nn'], 3)}, change {rep._fmt(sim['nn_change_percent'])}% over {sim['pairs']} "
+              f"(occupation, prompt) pairs (the paper: +13%)")
     corr = results["indicator_correlation"]
     print(f"Pearson r(% female training, % captions with female indicators) = {rep._fmt(corr['r'], 3)} (n = {corr['n']})")
     if any(m["standin"] for m in models):

@@ -37,6 +37,7 @@ from schemas.exposed import (
     DOF,
     HIDDEN_NOUNS,
     IMAGE_ID,
+    INDIVIDUALS,
     OBJECT,
     OBJECT_BOX,
     OBJECT_BOXES,
@@ -46,12 +47,14 @@ from schemas.exposed import (
     OBJECT_LABELS,
     OBJECT_MASK,
     OBJECT_MASKS,
+    OBJECT_RANK,
     OBJECT_SCORE,
     OBJECT_SCORES,
     OBJECTS,
     P_VALUE,
     PAIRS,
     PROMPT_NOUNS,
+    TEST_NOT_RUN,
     TRIPLET_SOURCE,
     UNIT_ID,
     VARIANT,
@@ -232,9 +235,31 @@ def group_counts(objects: pd.DataFrame) -> pd.DataFrame:
             .reset_index()[cols])
 
 
-def group_chi_square_tests(objects: pd.DataFrame) -> pd.DataFrame:
+FIGURE4_TOP = 10
+
+
+def top_objects_per_group(counts: pd.DataFrame, top: int = FIGURE4_TOP) -> pd.DataFrame:
+    """Figure 4: the ``top`` most frequent objects of each dependency group per (model, source),
+    summed over the three variants, individuals left out (footnote 8: "we remove individuals
+    (person, people, women, woman, men, man, female, male, girl, boy)"); ties by object name.
+    ``counts`` is ``group_counts``; the hidden group counts its hidden nouns."""
+    cols = [*KEYS, DEPENDENCY_GROUP, OBJECT_RANK, OBJECT, OBJECT_COUNT]
+    if counts.empty:
+        return pd.DataFrame(columns=cols)
+    d = counts[~counts[OBJECT].isin(INDIVIDUALS)]
+    d = d.groupby([*KEYS, DEPENDENCY_GROUP, OBJECT], sort=True)[OBJECT_COUNT].sum().reset_index()
+    d = d.sort_values([*KEYS, DEPENDENCY_GROUP, OBJECT_COUNT, OBJECT], ascending=[True, True, True, False, True],
+                      kind="stable")
+    d[OBJECT_RANK] = d.groupby([*KEYS, DEPENDENCY_GROUP], sort=False).cumcount() + 1
+    return d[d[OBJECT_RANK] <= top][cols].reset_index(drop=True)
+
+
+def group_chi_square_tests(objects: pd.DataFrame, min_objects: int = 0) -> pd.DataFrame:
     """Tables S4-S6: the chi-square test of each dependency group per (model, source), on the triplet
-    and on each pair."""
+    and on each pair. ``min_objects`` > 0 (the intra-prompt experiment of section 7: "we do not
+    apply chi-square test on explicitly guided, explicitly independent, and hidden, as the numbers of
+    objects in these groups are less than 5"): a test whose table has fewer distinct objects is not
+    run; its row stays, with a null statistic and the reason in ``not_run``."""
     frames = []
     for group in GROUPS:
         mine = objects[objects[DEPENDENCY_GROUP] == group]
@@ -242,8 +267,16 @@ def group_chi_square_tests(objects: pd.DataFrame) -> pd.DataFrame:
         if not t.empty:
             t.insert(2, DEPENDENCY_GROUP, group)
             frames.append(t)
-    cols = [*KEYS, DEPENDENCY_GROUP, "comparison", CHI2, P_VALUE, DOF, "objects"]
-    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+    cols = [*KEYS, DEPENDENCY_GROUP, "comparison", CHI2, P_VALUE, DOF, "objects", TEST_NOT_RUN]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    out = pd.concat(frames, ignore_index=True)
+    few = (out["objects"] < int(min_objects)).to_numpy() if min_objects else np.zeros(len(out), bool)
+    out[TEST_NOT_RUN] = pd.Series([f"fewer than {int(min_objects)} objects ({n})" if f else None
+                                   for f, n in zip(few, out["objects"])], dtype=object)
+    out.loc[few, [CHI2, P_VALUE]] = np.nan
+    out.loc[few, DOF] = 0
+    return out[cols]
 
 
 def images_with_group(objects: pd.DataFrame, images: pd.DataFrame) -> pd.DataFrame:

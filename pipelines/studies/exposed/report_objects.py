@@ -46,6 +46,8 @@ def chi2_wide(tests: pd.DataFrame, by_group: bool) -> pd.DataFrame:
     if tests.empty:
         return tests
     t = tests.assign(p=tests[S.P_VALUE].map(_p))
+    if S.TEST_NOT_RUN in t:   # a test not run (fewer objects than the rule asks): say why instead of a p-value
+        t["p"] = [f"not run: {r}" if isinstance(r, str) else p for p, r in zip(t["p"], t[S.TEST_NOT_RUN])]
     if not by_group:
         return t[[MODEL, S.TRIPLET_SOURCE, "comparison", S.CHI2, S.DOF, "objects", "p"]]
     wide = t.pivot_table(index=[MODEL, S.TRIPLET_SOURCE, "comparison"], columns=S.DEPENDENCY_GROUP, values="p",
@@ -72,6 +74,26 @@ def bias_figure(scores: pd.DataFrame, model: str, source: str, top: int, title: 
     ax.set_xlabel("BS(o): 0 feminine only, 1 masculine only", fontsize=7)
     ax.tick_params(axis="x", labelsize=6)
     ax.set_title(title, fontsize=8)
+    return fig
+
+
+def top_objects_figure(top: pd.DataFrame, model: str, source: str, title: str):
+    """Figure 4 shape: one panel per dependency group, its most frequent objects (individuals left
+    out) as horizontal bars of their counts; None when no group has an object."""
+    d = top[(top[MODEL] == model) & (top[S.TRIPLET_SOURCE] == source)]
+    groups = [g for g in S.DependencyGroup.ALL if (d[S.DEPENDENCY_GROUP] == g).any()]
+    if not groups:
+        return None
+    rows = max(int((d[S.DEPENDENCY_GROUP] == g).sum()) for g in groups)
+    fig = _figures.new_figure(2.0 * len(groups), 0.16 * rows + 1.0)
+    for i, g in enumerate(groups, start=1):
+        mine = d[d[S.DEPENDENCY_GROUP] == g].sort_values(S.OBJECT_RANK, ascending=False)
+        ax = fig.add_subplot(1, len(groups), i)
+        ax.barh(range(len(mine)), mine[S.OBJECT_COUNT], color=GROUP_COLORS.get(g, "#666666"))
+        ax.set_yticks(range(len(mine)), mine[S.OBJECT], fontsize=6)
+        ax.tick_params(axis="x", labelsize=6)
+        ax.set_title(GROUP_LABELS[g], fontsize=7)
+    fig.suptitle(title, fontsize=8)
     return fig
 
 
@@ -162,6 +184,20 @@ def render_html(t: dict, images: pd.DataFrame, sink, *, top: int = 10, examples:
                  "<i>explicit</i> when it is a prompt noun and <i>guided</i> when a noun's attention mask (DAAM heat "
                  "map binarised at θ) covers its mask by more than σ (lower σ when both refer to humans); prompt "
                  "nouns no object matches are <i>hidden</i>.</p>")
+    top_objects = t.get("top_objects")
+    if top_objects is not None:
+        parts.append("<h3>Most frequent objects per group (Figure 4)</h3><p>The most frequent objects of each "
+                     "dependency group, summed over the three variants; individuals (person, people, women, woman, "
+                     "men, man, female, male, girl, boy) removed as footnote 8 says; the hidden group counts "
+                     "hidden nouns. Data: figure4_top_objects.csv (all counts: group_counts.csv).</p>")
+        if top_objects.empty:
+            parts.append("<p>No object outside the individuals was found.</p>")
+        for model in dict.fromkeys(top_objects[MODEL]):
+            for source in dict.fromkeys(top_objects[top_objects[MODEL] == model][S.TRIPLET_SOURCE]):
+                fig = top_objects_figure(top_objects, model, source, f"{_short(model)} / {source}")
+                if fig is not None:
+                    parts.append(sink.save(fig, f"figure4_{_short(model)}_{source}",
+                                           alt="the most frequent objects of each dependency group"))
     parts.append("<h3>Chi-square tests per group (Tables S4-S6)</h3>" + _table(chi2_wide(t["group_chi2"], True), 3))
     parts.append("<h3>Images holding each group, % (Table S8)</h3>"
                  + _table(t["group_images"].rename(columns=GROUP_LABELS), 2))

@@ -72,6 +72,7 @@ FILES = {
     "cooccurrence_similarity": "table4_cooccurrence_similarity.csv",   # Table 4: s_O per pair (Eq. 4)
     "bias_scores": "bias_scores.csv",                # Figure 2: BS(o) (Eq. 5), minimum count applied
     "group_counts": "group_counts.csv",              # C_g(o, P) per dependency group
+    "top_objects": "figure4_top_objects.csv",        # Figure 4: 10 most frequent objects per group, no individuals
     "group_chi2": "tables_s4_s6_group_chi2.csv",     # Tables S4-S6
     "group_images": "table_s8_group_images.csv",     # Table S8: % of images holding each group
     "group_objects": "table_s9_group_objects.csv",   # Table S9: distinct objects per group, nouns
@@ -189,6 +190,11 @@ def object_settings(cfg: dict, args) -> dict:
     for key in ("theta", "sigma", "sigma_human", "box_threshold", "text_threshold", "nms_iou"):
         if not 0.0 <= float(o[key]) <= 1.0:
             raise ValueError(f"objects.{key} must be in [0, 1], got {o[key]}")
+    if getattr(args, "attention_layers", None):
+        o["attention_layers"] = args.attention_layers
+    o["attention_layers"] = str(o.get("attention_layers", "daam"))
+    if o["attention_layers"] not in ("daam", "all"):
+        raise ValueError(f"objects.attention_layers must be daam or all, got {o['attention_layers']!r}")
     if getattr(args, "leave_out_individuals", None):
         o["leave_out_individuals"] = args.leave_out_individuals
     o["leave_out_individuals"] = str(o.get("leave_out_individuals", "group_tests"))
@@ -301,7 +307,8 @@ def dependency_stage(st: dict) -> Stage | None:
         "segmenter_revision": o.get("segmenter_revision"), "box_threshold": float(o["box_threshold"]),
         "text_threshold": float(o["text_threshold"]), "nms_iou": float(o["nms_iou"]),
         "vocabulary": list(o["vocabulary"]), "spacy_model": o["spacy_model"], "theta": float(o["theta"]),
-        "sigma": float(o["sigma"]), "sigma_human": float(o["sigma_human"])})
+        "sigma": float(o["sigma"]), "sigma_human": float(o["sigma_human"]),
+        "attention_layers": o["attention_layers"], "share_nouns": bool(o.get("share_unit_nouns", True))})
 
 
 def object_job(st: dict) -> dict | None:
@@ -310,7 +317,8 @@ def object_job(st: dict) -> dict | None:
     if not o["enabled"]:
         return None
     job = {k: o.get(k) for k in ("detector", "detector_revision", "segmenter", "segmenter_revision", "box_threshold",
-                                 "text_threshold", "nms_iou", "spacy_model", "theta", "sigma", "sigma_human")}
+                                 "text_threshold", "nms_iou", "spacy_model", "theta", "sigma", "sigma_human",
+                                 "attention_layers", "share_unit_nouns")}
     job["vocabulary_sha256"] = hashlib.sha256("\n".join(o["vocabulary"]).encode()).hexdigest()
     return job
 
@@ -554,7 +562,7 @@ def generate(ray, rd, units: pa.Table, model: str, st: dict, args, per_actor: fl
 # masks and heat-map previews are in the parquet files only (a CSV cell cannot hold them faithfully)
 PARQUET_ONLY = (S.OBJECT_MASKS, S.ATTENTION_MASKS, S.ATTENTION_MAPS, S.OBJECT_MASK)
 OBJECT_FILES = ("object_counts", "object_chi2", "cooccurrence_similarity", "bias_scores", "group_counts",
-                "group_chi2", "group_images", "group_objects", "group_intersections", "group_bias_scores")
+                "top_objects", "group_chi2", "group_images", "group_objects", "group_intersections", "group_bias_scores")
 
 
 def error_budgets(st: dict, model: str) -> list:
@@ -591,11 +599,14 @@ def object_tables(st: dict, images: pa.Table) -> dict:
     group_bias = O.group_bias_scores(objs, sizes, floors)
     group_bias["individual"] = group_bias[S.OBJECT].isin(S.INDIVIDUALS)
     vocab = O.group_vocabularies(objs, imgs)
+    group_counts = O.group_counts(objs)
     return {"objects": objects, "object_counts": counts.merge(sizes, on=[MODEL, S.TRIPLET_SOURCE, S.VARIANT],
                                                               how="left"),
             "object_chi2": O.chi_square_tests(object_counts),
             "cooccurrence_similarity": O.cooccurrence_similarity(object_found, imgs),
-            "bias_scores": bias, "group_counts": O.group_counts(objs), "group_chi2": O.group_chi_square_tests(group_rows),
+            "bias_scores": bias, "group_counts": group_counts,
+            "top_objects": O.top_objects_per_group(group_counts, int(st["objects"].get("top_objects", O.FIGURE4_TOP))),
+            "group_chi2": O.group_chi_square_tests(group_rows, int(st["objects"].get("min_group_objects", 0))),
             "group_images": O.images_with_group(objs, imgs), "group_objects": O.group_object_counts(vocab),
             "group_intersections": O.group_intersections(vocab), "group_bias_scores": group_bias,
             "min_count": floors}

@@ -29,7 +29,7 @@ def generate(pipe):
 def test_recording_does_not_change_the_image_and_sums_like_a_softmax(pipe):
     plain = generate(pipe)
     originals = dict(pipe.unet.attn_processors)
-    with CrossAttentionCapture(pipe.unet, tokens=12) as cap:
+    with CrossAttentionCapture(pipe.unet, tokens=12, layers="all") as cap:
         recorded = generate(pipe)
     assert torch.equal(plain, recorded)
     assert {k: type(v) for k, v in pipe.unet.attn_processors.items()} == {k: type(v) for k, v in originals.items()}
@@ -51,6 +51,35 @@ def test_recording_does_not_change_the_image_and_sums_like_a_softmax(pipe):
     assert np.allclose(words["park"], maps[0, k].numpy())
     a_positions = [i for i, t in enumerate(ids) if t == pipe.tokenizer("a", add_special_tokens=False).input_ids[0]]
     assert np.allclose(words["a"], maps[0, a_positions].mean(0).numpy(), atol=1e-6)
+
+
+def test_daam_layers_leave_out_the_mid_block_and_average_on_the_latent_grid(pipe):
+    """DAAM's defaults (castorini/daam): the mid block is not hooked, maps at 1/8 of the latent
+    grid are skipped, each map is upsampled to the latent grid, clamped and averaged, and the
+    average is expanded to the image. "all" records every attn2, the mid block's included."""
+    import torch.nn.functional as F
+
+    every = [n for n in pipe.unet.attn_processors if n.endswith("attn2.processor")]
+    mid = [n for n in every if n.startswith("mid_block.")]
+    assert mid and len(mid) < len(every)                      # the stand-in has both kinds
+    with CrossAttentionCapture(pipe.unet, tokens=6) as daam:  # the default
+        plain = generate(pipe)
+    with CrossAttentionCapture(pipe.unet, tokens=6, layers="all") as full:
+        assert torch.equal(generate(pipe), plain)             # neither changes the image
+    assert set(daam.steps) == set(every) - set(mid) and set(full.steps) == set(every)
+    sums = {k: v.clone() for k, v in daam.sums.items()}
+    maps = daam.heat_maps((8, 8), (64, 64))
+    # recomputed from the recorded sums: each layer to the 8 x 8 latent grid, clamped, averaged, then to 64 x 64
+    grids = []
+    for s in sums.values():
+        side = int(round(s.shape[1] ** 0.5))
+        grid = s.transpose(1, 2).reshape(s.shape[0], s.shape[2], side, side)
+        grids.append(F.interpolate(grid, size=(8, 8), mode="bicubic", align_corners=False).clamp_(min=0))
+    expected = F.interpolate(torch.stack(grids).mean(0), size=(64, 64), mode="bicubic", align_corners=False)
+    assert torch.allclose(maps, expected, atol=1e-6)
+    assert not torch.allclose(maps, full.heat_maps((8, 8), (64, 64)), atol=1e-3)   # the readings differ
+    with pytest.raises(ValueError, match="layers"):
+        CrossAttentionCapture(pipe.unet, layers="mid")
 
 
 def test_without_guidance_the_whole_batch_is_recorded(pipe):

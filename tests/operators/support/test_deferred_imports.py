@@ -67,14 +67,15 @@ def test_not_deferred_when_missing_imported_or_a_submodule(fake_package):
     assert not defer(fake_package) and sys.t2i_fake_runs == 1
 
 
-def test_importing_operators_defers_wandb_for_timm_and_img2dataset():
-    """In a fresh interpreter (as in a Ray worker): ``import operators`` first, then the libraries
-    that import wandb at module level; wandb's code has not run, and runs when it is used."""
+def test_importing_operators_defers_wandb_for_timm():
+    """In a fresh interpreter (as in a Ray worker): ``import operators`` first, then timm, which
+    imports wandb at module level (img2dataset's logger does the same: ``import wandb``); wandb's
+    code has not run, and runs when it is used."""
     code = (
-        "import sys, operators, timm.utils, img2dataset.logger as lg\n"
+        "import sys, operators, timm.utils\n"
         "w = sys.modules['wandb']\n"
-        "print(type(w).__name__, lg.wandb is w, timm.utils.summary.wandb is w)\n"
+        "print(type(w).__name__, timm.utils.summary.wandb is w)\n"
         "print(callable(w.log), type(w).__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[:2] == ["DeferredModule True True", "True module"]
+    assert out.stdout.split("\n")[:2] == ["DeferredModule True", "True module"]

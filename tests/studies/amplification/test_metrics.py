@@ -124,3 +124,35 @@ def test_pearson_and_indicator_share():
     assert pearson([1, 2], [2, 3])["r"] is None
     caps = pd.DataFrame({OCCUPATION: ["a"] * 4, CAPTION_GENDER: ["female", "both", "male", "none"]})
     assert female_indicator_share(caps).iloc[0, 1] == pytest.approx(50.0)
+
+
+def test_image_similarity_is_the_mean_pairwise_cosine_naive_and_nn():
+    """Section 5.2 (+13%): the mean cosine over all (training image, generated image) pairs of an
+    occupation and prompt, for the naive subset and the prompt's NN subset; images without an
+    embedding (no single face: CLIP did not run) left out."""
+    from pipelines.studies.amplification.metrics import image_similarity
+
+    rng = np.random.default_rng(0)
+
+    def unit(n):
+        v = rng.normal(size=(n, 8))
+        return list(v / np.linalg.norm(v, axis=1, keepdims=True))
+
+    naive, nn1, gen1, gen2 = unit(5), unit(4), unit(6), unit(3)
+    training = pd.DataFrame(
+        [{"occupation": "nurse", "subset": "naive", "prompt_id": None, "clip_embedding": v} for v in naive]
+        + [{"occupation": "nurse", "subset": "naive", "prompt_id": None, "clip_embedding": None}]
+        + [{"occupation": "nurse", "subset": "nn", "prompt_id": 1, "clip_embedding": v} for v in nn1])
+    generated = pd.DataFrame(
+        [{"model": "m", "occupation": "nurse", "prompt_id": 1, "clip_embedding": v} for v in gen1]
+        + [{"model": "m", "occupation": "nurse", "prompt_id": 2, "clip_embedding": v} for v in gen2])
+    res = image_similarity(training, generated)
+    rows = {r["prompt_id"]: r for r in res["rows"]}
+    brute = lambda a, b: float(np.mean([x @ y for x in a for y in b]))  # noqa: E731
+    assert rows[1]["naive"] == pytest.approx(brute(naive, gen1)) and rows[1]["nn"] == pytest.approx(brute(nn1, gen1))
+    assert rows[2]["naive"] == pytest.approx(brute(naive, gen2)) and rows[2]["nn"] is None   # no NN subset for #2
+    assert (rows[1]["n_training_naive"], rows[1]["n_training_nn"], rows[1]["n_generated"]) == (5, 4, 6)
+    m = res["per_model"]["m"]
+    assert m["pairs"] == 1 and m["nn"] == pytest.approx(rows[1]["nn"]) and m["naive"] == pytest.approx(rows[1]["naive"])
+    assert m["nn_change_percent"] == pytest.approx(100 * (m["nn"] - m["naive"]) / abs(m["naive"]))
+    assert image_similarity(training.iloc[:0], generated.iloc[:0])["per_model"] == {}

@@ -230,7 +230,7 @@ def test_section6_gender_match_of_captions_with_indicators():
     rows.append({I.SOURCE: "training", "occupation": "nurse", "subset": "no_indicators", "caption_id": 1,
                  "caption_gender": "female", I.GENDER: "male", I.COUNTED: True})  # another subset: not the naive one
     df = pd.DataFrame(rows)
-    df["prompt_id"] = None
+    df["prompt_id"] = np.nan
     res = rep.compute(df, ["nurse"], n_prompts=1, models=["m"])
     gm = res["caption_gender_match"]["m"]
     assert (gm["images"], gm["matching"], gm["captions"]) == (5, 4, 2)

@@ -55,6 +55,8 @@ def _key_columns(t: pa.Table, cols) -> list:
 
 
 def test_training_images_resume_fetches_only_the_urls_not_yet_done(ray_local, standins, tmp_path):
+    from helpers import run_stages_here   # not at module level: Ray workers import this module (_CrashOnce)
+
     urls = [f"{PREFIX}img/{i}.jpg" for i in range(14)]
     with LocalImageServer() as server:
         st = settings(standins, server)
@@ -67,7 +69,9 @@ def test_training_images_resume_fetches_only_the_urls_not_yet_done(ray_local, st
         # only the 8 new URLs were requested from the server (a 404 or a broken body is one request too)
         new_hits = sum(server.hits.values()) - hits_after_first
         assert 8 <= new_hits <= 8 * (1 + st.fetch["retries"])
-        fresh, _ = image_side.training_images(ray_local, pa.table({URL: urls}), st)  # no checkpoint
+        # the uninterrupted reference: the same stages, in this process, on every URL at once
+        fresh = run_stages_here(image_side.unique_urls(pa.table({URL: urls}), st.url_rewrite),
+                                image_side.training_stages(st))
     cols = [URL, I.FETCH_STATUS, I.FACE_STATUS, I.FACE_COUNT, I.GENDER]
     assert _key_columns(both, cols) == _key_columns(fresh, cols)
     a, b = both.sort_by(URL), fresh.sort_by(URL)
@@ -75,6 +79,8 @@ def test_training_images_resume_fetches_only_the_urls_not_yet_done(ray_local, st
 
 
 def test_generated_images_resume_by_model_prompt_and_seed(ray_local, standins, tmp_path):
+    from helpers import run_stages_here
+
     with LocalImageServer() as server:
         st = settings(standins, server)
     prompts = {"nurse": ["A photo of a nurse", "A portrait photo of a nurse"]}
@@ -89,7 +95,7 @@ def test_generated_images_resume_by_model_prompt_and_seed(ray_local, standins, t
     # another model shares nothing with the first one's checkpoint
     _, p3 = image_side.generated_images(ray_local, requests.slice(0, 2), st.generators[1], st, run=rd)
     assert (p3.reused, p3.processed) == (0, 2)
-    fresh, _ = image_side.generated_images(ray_local, requests, model, st)
+    fresh = run_stages_here(requests, image_side.generation_stages(st, model))   # uninterrupted, in this process
     cols = [I.MODEL, PROMPT, I.SEED, I.GENERATION_STATUS, I.FACE_STATUS, I.GENDER]
     assert _key_columns(done, cols) == _key_columns(fresh, cols)
     order = [(PROMPT, "ascending"), (I.SEED, "ascending")]

@@ -59,6 +59,27 @@ def test_outputs_exist(run_dir):
         assert (run_dir / name).exists(), name
 
 
+def test_clip_embeddings_are_checkpointed_and_the_image_similarity_is_reported(run_dir):
+    """Section 5.2's image similarity: every training image CLIP classified has its unit embedding in
+    the checkpoint (not in images.parquet), and the run writes the per-pair table and the summary."""
+    import pandas as pd
+
+    from pipelines.studies.amplification.images import TRAINING_CHECKPOINT
+
+    parts = pq.read_table(run_dir / "_work" / TRAINING_CHECKPOINT)
+    classified = parts.filter(pc.is_valid(parts.column(I.P_FEMALE)))
+    assert classified.num_rows > 0 and classified.column(I.CLIP_EMBEDDING).null_count == 0
+    assert parts.filter(pc.is_null(parts.column(I.P_FEMALE))).column(I.CLIP_EMBEDDING).null_count == \
+        parts.num_rows - classified.num_rows
+    norms = [np.linalg.norm(np.asarray(v, np.float32)) for v in classified.column(I.CLIP_EMBEDDING).to_pylist()]
+    assert np.allclose(norms, 1.0, atol=2e-3)
+    assert I.CLIP_EMBEDDING not in pq.read_schema(run_dir / "images.parquet").names
+    table = pd.read_csv(run_dir / "image_similarity.csv")
+    assert list(table.columns)[:5] == ["model", "occupation", "prompt_id", "naive", "nn"]
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert "per_model" in m["results"]["image_similarity"]
+
+
 def test_training_rows_one_per_subset_row_with_real_statuses(run_dir):
     images = pq.read_table(run_dir / "images.parquet")
     subsets = pq.read_table(run_dir / "training_subsets.parquet")

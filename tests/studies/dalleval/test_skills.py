@@ -89,7 +89,9 @@ def test_object_needs_the_target_class_above_the_threshold():
         assert K.score_object(["dog", "cat"], [0.9, 0.71], "dog", rule=rule)[P.CORRECT] is True
         assert K.score_object(["cat"], [0.99], "dog", rule=rule)[P.CORRECT] is False   # missing object fails
         assert K.score_object([], [], "dog", rule=rule)[P.CORRECT] is False
-    assert K.score_object(["dog"], [0.7], "dog")[P.CORRECT] is False                   # p > p_th, strictly
+    for rule in ("paper", "any"):                                                  # p > p_th, strictly
+        assert K.score_object(["dog"], [0.7], "dog", rule=rule)[P.CORRECT] is False
+    assert K.score_count(["dog", "dog"], [0.9, 0.7], "dog", 1)[P.CORRECT] is True      # the 0.7 one does not count
 
 
 def test_object_rules_paper_released_and_any():

@@ -227,3 +227,56 @@ def test_no_bias_scores_without_masculine_or_feminine_images():
     objs = detections([("u1", "feminine", "dress"), ("u1", "neutral", "dress")])
     imgs = images(["u1"], variants=("neutral", "feminine"))
     assert O.bias_scores(O.cooccurrence(objs), O.prompt_set_sizes(imgs), 1).empty
+
+
+def test_figure4_top_objects_per_group_without_individuals():
+    """Figure 4: the 10 most frequent objects of each dependency group (summed over variants),
+    individuals removed as footnote 8 says; ties by name; per (model, source)."""
+    rows = []
+    for variant, counts in (("neutral", {"dog": 3, "man": 9, "tree": 2}), ("feminine", {"dog": 1, "woman": 7, "cup": 2}),
+                            ("masculine", {"tree": 1, "person": 5, "ball": 3})):
+        for obj, n in counts.items():
+            rows.append({MODEL: "m", "triplet_source": "gcc", "dependency_group": "implicitly_guided",
+                         "variant": variant, "object": obj, "object_count": n})
+    rows += [{MODEL: "m", "triplet_source": "gcc", "dependency_group": "hidden", "variant": "neutral",
+              "object": f"o{i:02d}", "object_count": 20 - i} for i in range(12)]
+    top = O.top_objects_per_group(pd.DataFrame(rows))
+    guided = top[top["dependency_group"] == "implicitly_guided"]
+    # dog 4, tree 3, ball 3, cup 2 (ball before tree at equal counts: by name); man, woman, person removed
+    assert list(guided["object"]) == ["dog", "ball", "tree", "cup"] and list(guided["object_count"]) == [4, 3, 3, 2]
+    assert list(guided["rank"]) == [1, 2, 3, 4]
+    hidden = top[top["dependency_group"] == "hidden"]
+    assert len(hidden) == 10 and list(hidden["object"])[:2] == ["o00", "o01"]
+    assert O.top_objects_per_group(pd.DataFrame(rows), top=2).groupby("dependency_group").size().max() == 2
+    assert O.top_objects_per_group(O.group_counts(pd.DataFrame())).empty
+
+
+def test_group_tests_with_fewer_than_the_minimum_objects_are_not_run_and_say_why():
+    """Section 7 (intra-prompt): "we do not apply chi-square test on explicitly guided, explicitly
+    independent, and hidden, as the numbers of objects in these groups are less than 5". With the
+    rule on, such a test keeps its row, with no statistic and the reason; off, every group is tested."""
+    from schemas.exposed import DEPENDENCY_GROUP, TEST_NOT_RUN
+
+    rows = []
+    for group, objects in ((DependencyGroup.IMPLICITLY_GUIDED, ["suit", "dress", "tie", "hat", "bag", "cup"]),
+                           (DependencyGroup.EXPLICITLY_GUIDED, ["balloon", "woman", "man"])):
+        for k in range(90):
+            rows.append({MODEL: "m", TRIPLET_SOURCE: "s", UNIT_ID: f"u{k // 3}",
+                         VARIANT: ["neutral", "feminine", "masculine"][k % 3],
+                         OBJECT: objects[(k // 3 + k % 3) % len(objects)],
+                         DEPENDENCY_GROUP: group})
+    objs = pd.DataFrame(rows)
+    every = O.group_chi_square_tests(objs)
+    ruled = O.group_chi_square_tests(objs, min_objects=5)
+    assert len(every) == len(ruled) and every[TEST_NOT_RUN].isna().all()
+    few = ruled[ruled[DEPENDENCY_GROUP] == DependencyGroup.EXPLICITLY_GUIDED]
+    assert few[P_VALUE].isna().all() and (few[TEST_NOT_RUN] == "fewer than 5 objects (3)").all()
+    assert every[every[DEPENDENCY_GROUP] == DependencyGroup.EXPLICITLY_GUIDED][P_VALUE].notna().all()
+    many = ruled[ruled[DEPENDENCY_GROUP] == DependencyGroup.IMPLICITLY_GUIDED]
+    assert many[TEST_NOT_RUN].isna().all()
+    pd.testing.assert_frame_equal(many.reset_index(drop=True),
+                                  every[every[DEPENDENCY_GROUP] == DependencyGroup.IMPLICITLY_GUIDED].reset_index(drop=True))
+    from pipelines.studies.exposed.report_objects import chi2_wide
+
+    wide = chi2_wide(ruled, True)
+    assert wide["explicitly guided"].str.startswith("not run: fewer than 5 objects").all()

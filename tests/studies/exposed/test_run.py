@@ -165,6 +165,12 @@ def test_objects_groups_and_their_tables(run):
     page = (run / "report.html").read_text()
     assert "Prompt-image dependency groups" in page and "Table S10" in page and "objects_" in page
     assert "bias_implicitly_guided_" in page
+    # Figure 4: the most frequent objects per group, recomputed from group_counts.csv, no individuals
+    top = pd.read_csv(run / "figure4_top_objects.csv")
+    pd.testing.assert_frame_equal(top, O.top_objects_per_group(pd.read_csv(run / "group_counts.csv")),
+                                  check_dtype=False)
+    assert not top["object"].isin(INDIVIDUALS).any() and len(top) > 0
+    assert "Figure 4" in page and "figure4_" in page
     summary = pd.read_csv(run / "run_summary.csv")
     rows = summary[summary["stage"] == "objects + groups"]
     assert len(rows) == 3 and (rows["kept"] == 3 * UNITS).all()
