@@ -7,9 +7,11 @@ evidence lists and ``caption_gender``.
 
 First name (``first_name``): the first alphabetic token of the span after leading determiners
 ("The", "This"), honorifics ("Dr", "Senator") and occupation words, when it is capitalised; a span
-opening with an initial, or whose first such token is lower case, has none. Words that are also
-common English words (``AMBIGUOUS_FIRST_NAMES``: Will, May, Art, Bill, June, ...) count only when a
-capitalised word follows in the span ("Will Smith" yes, "Will" alone no).
+opening with an initial, or whose first such token is lower case, has none. A caption with no
+capital letter at all ("ashley tisdale fuzzy vest") is uncased: there case says nothing and the
+requirement is dropped. Words that are also common English words (``AMBIGUOUS_FIRST_NAMES``: Will,
+May, Art, Bill, June, ...) count only when a further word of the span follows, capitalised in a
+cased caption ("Will Smith" yes, "Will" alone no).
 
 Prefilter (on by default): a PERSON span only becomes an indicator through its first name, a
 capitalised token spaCy marks ``is_alpha``, not a determiner, honorific or occupation word, whose
@@ -47,6 +49,12 @@ NER_RUN, NER_SKIPPED = "ner_run", "ner_skipped_no_known_name"  # extra tally out
 
 # maximal runs of letters (Unicode category L, what str.isalpha() accepts) are split out by this
 LETTER_SEPARATORS = r"[^\p{L}]+"
+CAPITAL = r"\p{Lu}"   # a caption with no upper-case letter is "uncased": case then says nothing about names
+
+
+def has_capitals(text: str) -> bool:
+    """Whether ``text`` has an upper-case letter (the Python side of ``CAPITAL``)."""
+    return any(ch.isupper() for ch in text)
 
 
 def known_first_names(detector, genders: set[str]) -> frozenset[str]:
@@ -139,9 +147,15 @@ class NameGenderIndicators:
         runs = pc.split_pattern_regex(pc.fill_null(captions, ""), LETTER_SEPARATORS)
         flat, parent = pc.list_flatten(runs), pc.list_parent_indices(runs).to_numpy(zero_copy_only=False)
         distinct = pc.unique(flat).to_pylist()
-        # a first name is capitalised (first_name), so only letter runs that start upper case count
-        names = pa.array([t for t in distinct if t and t[0].isupper() and t.lower() in self._known], pa.string())
-        hit = pc.fill_null(pc.is_in(flat, value_set=names), False).to_numpy(zero_copy_only=False)
+        # a first name is capitalised (first_name) unless its caption has no capitals at all: there any
+        # known run counts, elsewhere only those that start upper case
+        any_case = [t for t in distinct if t and t.lower() in self._known]
+        upper = pa.array([t for t in any_case if t[0].isupper()], pa.string())
+        hit = pc.fill_null(pc.is_in(flat, value_set=upper), False).to_numpy(zero_copy_only=False)
+        uncased = ~pc.fill_null(pc.match_substring_regex(captions, CAPITAL), False).to_numpy(zero_copy_only=False)
+        if uncased.any():
+            known = pc.fill_null(pc.is_in(flat, value_set=pa.array(any_case, pa.string())), False)
+            hit |= known.to_numpy(zero_copy_only=False) & uncased[parent]
         need = np.zeros(n, bool)
         need[parent[hit]] = True
         if self._split_pattern is not None:
@@ -157,17 +171,20 @@ class NameGenderIndicators:
     def first_name(self, span) -> str | None:
         """The first name of a PERSON span: its first alphabetic token after any leading
         determiners, honorifics and occupation words ("The", "Dr.", "Senator"), when that token is
-        capitalised; None for an initial ("N Srinivasan"), a lower-case word, or an ambiguous word
-        ("Will", "May", "Art", "Bill") that no capitalised word follows in the span."""
+        capitalised (in a caption that has capitals at all); None for an initial ("N Srinivasan"), a
+        lower-case word in a cased caption, or an ambiguous word ("Will", "May", "Art", "Bill") that
+        no further word of the span follows (capitalised, in a cased caption)."""
         tokens = list(span)
+        # in a caption written without capitals ("ashley tisdale fuzzy vest") case says nothing
+        cased = has_capitals(span.doc.text)
         for i, tok in enumerate(tokens):
             text = tok.text.strip(".'’")
             if not tok.is_alpha or text.lower() in self.skip:
                 continue
-            if len(text) <= 1 or not text[0].isupper():
+            if len(text) <= 1 or (cased and not text[0].isupper()):
                 return None  # an initial, or a word that is not written as a name
             if text.lower() in AMBIGUOUS_FIRST_NAMES and not any(
-                    t.is_alpha and t.text[:1].isupper() for t in tokens[i + 1:]):
+                    t.is_alpha and (t.text[:1].isupper() or not cased) for t in tokens[i + 1:]):
                 return None
             return text
         return None

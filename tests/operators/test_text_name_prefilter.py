@@ -38,10 +38,11 @@ def test_known_names_need_ner_and_other_captions_do_not(name_indicators):
         "You mayn't do that, nurse",          # a tokenizer special case splits "may" out of "mayn't"
         "THE TEACHER",                        # "the" (mostly_female to gender-guesser) is a determiner
         "Mary the nurse",                     # a capitalised known name
-        "mary the nurse",                     # lower case: never read as a first name
+        "Photo of mary the nurse",            # lower case in a cased caption: never read as a first name
+        "mary the nurse",                     # a caption without capitals: case says nothing, so it can be
     ])
     need = name_indicators.needs_ner(captions)
-    assert need.tolist() == [True, False, True, True, False, False, False, True, False, True, False]
+    assert need.tolist() == [True, False, True, True, False, False, False, True, False, True, False, True]
 
 
 def test_strict_mode_skips_mostly_names(occupations):
