@@ -182,12 +182,13 @@ class PromptDependency:
         out = []
         for prompt, f in zip(prompts, forms):
             text = prompt.lower() if isinstance(prompt, str) else ""
+            where = {w: _word_position(text, w) for words in [*shared.values(), *f.values()] for w in words}
             mine = {lemma: list(words) for lemma, words in f.items() if lemma in TRIPLET_GENDER_LEMMAS}
             for lemma, words in shared.items():
-                present = [w for w in words if _word_position(text, w) >= 0]
+                present = [w for w in words if where[w] >= 0]
                 if present:
                     mine[lemma] = present
-            order = {lemma: min((p for p in (_word_position(text, w) for w in words) if p >= 0), default=len(text))
+            order = {lemma: min((where[w] for w in words if where[w] >= 0), default=len(text))
                      for lemma, words in mine.items()}
             out.append(dict(sorted(mine.items(), key=lambda kv: order[kv[0]])))
         return out

@@ -191,11 +191,11 @@ def image_similarity(training: pd.DataFrame, generated: pd.DataFrame, embedding:
 
     train, tv = usable(training)
     gen, gv = usable(generated)
-    naive = _mean_vectors(train[train[SUBSET] == Subset.NAIVE], tv[(train[SUBSET] == Subset.NAIVE).to_numpy()],
-                          [OCCUPATION]) if len(train) else {}
-    nn_mask = (train[SUBSET] == Subset.NN).to_numpy() if len(train) else np.zeros(0, bool)
-    nn = _mean_vectors(train[nn_mask], tv[nn_mask], [OCCUPATION, PROMPT_ID]) if len(train) else {}
-    gens = _mean_vectors(gen, gv, [MODEL, OCCUPATION, PROMPT_ID]) if len(gen) else {}
+    naive_rows = (train[SUBSET] == Subset.NAIVE).to_numpy(bool)
+    nn_rows = (train[SUBSET] == Subset.NN).to_numpy(bool)
+    naive = _mean_vectors(train[naive_rows], tv[naive_rows], [OCCUPATION])
+    nn = _mean_vectors(train[nn_rows], tv[nn_rows], [OCCUPATION, PROMPT_ID])
+    gens = _mean_vectors(gen, gv, [MODEL, OCCUPATION, PROMPT_ID])
     rows = []
     for (model, occ, pid), (g, n_g) in gens.items():
         a, n_a = naive.get((occ,), (None, 0))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.engine.figures import FigureDir
@@ -37,7 +38,10 @@ from pipelines.engine.summary import (
     summary_rows_captions,
     summary_rows_images,
 )
+from pipelines.studies.amplification.metrics import SIMILARITY_COLUMNS, image_similarity
 from schemas import images as I
+from schemas.captions import OCCUPATION, URL
+from schemas.subsets import PROMPT_ID, SUBSET
 
 SAMPLE_URL_PREFIX = "https://images.example.org/"
 
@@ -255,8 +259,6 @@ class AmplificationStudy:
         io.write_table_and_csv(results["G"], out_fs, f"{out}/{run_files['generated']}")
         io.write_table_and_csv(t3, out_fs, f"{out}/{run_files['table3']}")
         io.write_table_and_csv(counts, out_fs, f"{out}/{run_files['image_counts']}")
-        from pipelines.studies.amplification.metrics import SIMILARITY_COLUMNS
-
         io.write_table_and_csv(pd.DataFrame(image_sim["rows"], columns=SIMILARITY_COLUMNS), out_fs,
                                f"{out}/{run_files['image_similarity']}")
         results["image_similarity"] = image_sim
@@ -319,18 +321,12 @@ class AmplificationStudy:
 def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, generated: pa.Table | None) -> dict:
     """Section 5.2's CLIP image similarity (``metrics.image_similarity``) from the subsets, the
     training URLs' results and the generated images, all with their CLIP embeddings."""
-    from pipelines.studies.amplification.metrics import image_similarity
-    from schemas.captions import OCCUPATION, URL
-    from schemas.subsets import PROMPT_ID, SUBSET
-
     vectors = dict(zip(url_results.column(URL).to_pylist(), url_results.column(I.CLIP_EMBEDDING).to_pylist())) \
         if I.CLIP_EMBEDDING in url_results.column_names else {}
     train = subsets.select([OCCUPATION, SUBSET, PROMPT_ID, URL]).to_pandas()
     train[I.CLIP_EMBEDDING] = train[URL].map(vectors)
     gen = pd.DataFrame(columns=[I.MODEL, OCCUPATION, PROMPT_ID, I.CLIP_EMBEDDING])
     if generated is not None and generated.num_rows and I.CLIP_EMBEDDING in generated.column_names:
-        import pyarrow.compute as pc
-
         mine = generated.filter(pc.equal(generated.column(I.SOURCE), I.Source.GENERATED))
         gen = mine.select([I.MODEL, OCCUPATION, PROMPT_ID, I.CLIP_EMBEDDING]).to_pandas()
     return image_similarity(train, gen)
