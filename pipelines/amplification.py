@@ -126,12 +126,20 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     i.add_argument("--keep-columns", nargs="*", default=[], metavar="COL",
                    help="extra input columns carried into the annotated captions (e.g. WIDTH HEIGHT similarity)")
     s = p.add_argument_group("selection (paper 002, sections 4 and 5)")
-    s.add_argument("--sample-size", type=int, help="random captions per occupation, naive approach (default 500)")
+    s.add_argument("--sample-size", type=int, help="counted training images per occupation, naive approach (section 4's 500; with "
+                        "--training-sample captions: random captions) (default 500)")
     s.add_argument("--nn-k", type=int, help="nearest-neighbour captions per occupation and prompt (default 500)")
     s.add_argument("--seed", type=int, help="seed of the random sample (default 0)")
     s.add_argument("--no-indicator-mode", choices=["split", "resample"],
                    help="split: the no-indicator subsets are the naive / NN selections without indicators "
                         "(the paper); resample: draw them from no-indicator captions only (default split)")
+    s.add_argument("--training-sample", choices=["counted_images", "captions"],
+                   help="counted_images: walk each occupation's random captions until --sample-size counted "
+                        "images (one face, CLIP p >= threshold; the paper's 500, default); captions: the first "
+                        "--sample-size captions, whatever their images give")
+    s.add_argument("--nn-sample", choices=["captions", "counted_images"],
+                   help="captions: the top --nn-k neighbour captions per prompt (section 5.2, default); "
+                        "counted_images: walk the neighbours in similarity order until --nn-k counted images")
     s.add_argument("--occupation-forms", choices=["plural", "singular"],
                    help="how a caption names an occupation: plural (each term of Table 4, its regular plural and "
                         "extra forms; default) or singular (the terms exactly as listed: the strictest reading of "

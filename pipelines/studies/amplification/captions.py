@@ -38,7 +38,7 @@ from pipelines.engine.summary import (
 from pipelines.studies.amplification import caption_report as report
 from pipelines.studies.amplification import jobs
 from pipelines.studies.amplification.prompts import prompt_table
-from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k
+from pipelines.studies.amplification.selection import SelectionConfig, partial_top_k, pool as selection_pool, walk
 from schemas import captions as C
 from schemas.occupations import OCCUPATION_FORMS
 from schemas.subsets import TRAINING_SUBSETS
@@ -50,6 +50,8 @@ SAMPLE_INPUT = REPO / "data" / "synthetic" / "laion_synthetic_sample.parquet"
 FILES = {  # what the captions subcommand writes under --output
     "annotated": "annotated_captions",
     "subsets": "training_subsets.parquet",
+    # the candidate pool the image side walks until k counted images (training_sample: counted_images)
+    "pool": "training_pool.parquet",
     "similarity": "similarity_summary",
     "counts": "stage_counts",
     "metrics": "metrics.json",
@@ -65,7 +67,9 @@ def settings(args) -> dict:
     occupations = jobs.occupations_from(cfg)
     gi, sel, models = dict(cfg["gender_indicators"]), dict(cfg["selection"]), dict(cfg["models"])
     for key, value in (("sample_size", args.sample_size), ("nn_k", args.nn_k), ("seed", args.seed),
-                       ("no_indicator_mode", args.no_indicator_mode)):
+                       ("no_indicator_mode", args.no_indicator_mode),
+                       ("training_sample", getattr(args, "training_sample", None)),
+                       ("nn_sample", getattr(args, "nn_sample", None))):
         if value is not None:
             sel[key] = value
     if args.spacy_model:
@@ -329,8 +333,17 @@ def _fragment_rows(st: dict) -> int:
     return int(st["execution"].get("scan_fragment_rows") or scan.DEFAULT_FRAGMENT_ROWS)
 
 
+def selection_config(st: dict) -> SelectionConfig:
+    sel = st["selection"]
+    return SelectionConfig(sel["sample_size"], sel["nn_k"], len(st["prompts"]), sel["no_indicator_mode"],
+                           training_sample=sel.get("training_sample", "captions"),
+                           nn_sample=sel.get("nn_sample", "captions"), pool_factor=float(sel.get("pool_factor", 1)))
+
+
 def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, prompts: dict, n_occupations: int):
-    """Training subsets by partial top-k per batch, merged per occupation; and per-occupation stats.
+    """The selection pool (``selection.pool``: every subset's first k rows, k from ``selection``,
+    before the no-indicator split) by partial top-k per batch, merged per occupation; and
+    per-occupation stats.
 
     Only the partial top-ks (at most k rows per group and batch) cross the shuffle, and the
     results are bounded by occupations x subsets x k: nothing scales with the caption stream.
@@ -344,7 +357,7 @@ def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, p
         # ~16 first-level batches are reduced again, so far fewer rows cross the shuffle
         .map_batches(partial_top_k, fn_args=(selection,), batch_format="pyarrow", batch_size=1 << 20)
         .groupby(C.OCCUPATION, num_partitions=parts)
-        .map_groups(finalize, fn_args=(selection, prompts), batch_format="pyarrow")
+        .map_groups(selection_pool, fn_args=(selection, prompts), batch_format="pyarrow")
     )
     subsets = conform(pa.concat_tables(ray.get(subsets.to_arrow_refs())), TRAINING_SUBSETS)
     subsets = subsets.sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
@@ -353,14 +366,14 @@ def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, p
 
 def select_subsets_local(table: pa.Table, selection: SelectionConfig, prompts: dict) -> tuple[pa.Table, pa.Table]:
     """``select_subsets`` in this process, for annotated captions that fit in memory: the same
-    functions (partial top-k per 65,536 rows, then ``finalize``; per-batch counts summed), so the
+    functions (partial top-k per 65,536 rows, then ``pool``; per-batch counts summed), so the
     same subsets and counts, without the start-up of two distributed Ray Data jobs and a shuffle
     (tens of seconds, whatever the size)."""
     if table.num_rows == 0:
         return TRAINING_SUBSETS.empty_table(), report.combine_occupation_stats([])
     step = 65536
     partials = pa.concat_tables([partial_top_k(table.slice(i, step), selection) for i in range(0, table.num_rows, step)])
-    subsets = conform(finalize(partials, selection, prompts), TRAINING_SUBSETS)
+    subsets = conform(selection_pool(partials, selection, prompts), TRAINING_SUBSETS)
     subsets = subsets.sort_by([(c, "ascending") for c in ("occupation", "subset", "prompt_id", "rank")])
     stats = report.combine_occupation_stats([report.partial_occupation_stats(
         table.select([C.OCCUPATION, C.CAPTION_GENDER]).slice(i, step)) for i in range(0, table.num_rows, step)])
@@ -450,27 +463,16 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
     subcommand (adds the run summary rows)."""
     args, rd, ray = run.args, run.rd, run.ray
     inp, columns, extra_fields = st["input"]
-    selection = SelectionConfig(st["selection"]["sample_size"], st["selection"]["nn_k"], len(st["prompts"]),
-                                st["selection"]["no_indicator_mode"])
-    prompts = prompt_table(st["occupations"], st["prompts"])
+    selection = selection_config(st)
     annotated_schema = C.annotated_schema(extra_fields)
     phase, budget, attempt = scan_shards(ray, rd, inp, columns, annotated_schema, C.stream_schema(extra_fields),
                                          st, args)
     tallies = rd.read_parts(CAPTION_TALLIES, TALLY_SCHEMA)
-    annotated_dir = rd.file(FILES["annotated"])
-    parts = committed_parts(rd, len(caption_shards(rd, inp, st["execution"]["files_per_shard"])))
-    annotated_rows = io.count_parquet_rows(rd.fs, parts)
-    if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
-        parts = [f"{annotated_dir}/part-0.parquet"]
-        io.write_table(annotated_schema.empty_table(), rd.fs, parts[0])
-    if annotated_rows <= int(st["execution"].get("local_selection_rows", LOCAL_SELECTION_ROWS)):
-        # what matched fits in memory (20,000 rows per 4 M LAION-like captions): select here
-        table = io.read_parquet_files(rd.fs, parts, annotated_schema)
-        subsets, stats = select_subsets_local(table, selection, prompts)
-    else:
-        data = ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
-        subsets, stats = select_subsets(ray, data, annotated_rows, selection, prompts, len(st["occupations"]))
+    pool, stats, annotated_rows = select_pool(run, st, selection.pool())
+    subsets = walk(pool, selection)[0]   # the first k captions; `run` walks the pool to k counted images
     io.write_table(subsets, rd.fs, rd.file(FILES["subsets"]))
+    if selection.walks:
+        io.write_table(pool, rd.fs, rd.file(FILES["pool"]))
     sim = report.similarity_summary(stats, subsets, st["occupations"])
     io.write_table_and_csv(sim, rd.fs, rd.file(FILES["similarity"]))
 
@@ -514,10 +516,34 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
         "names_ner": names,
         "subset_rows": sizes,
         "headline": head,
+        "_stats": stats,   # the per-occupation stats, for `run` to summarise its walked subsets (popped there)
     }
     if own_run:
+        metrics.pop("_stats")
         metrics["run_summary"] = summary_rows_captions(summary, phase, summarize(stage_counts(attempt), order))
     return metrics, (format_summary(summary), annotated_rows, subsets, sizes, head, names)
+
+
+def select_pool(run: Run, st: dict, pool_cfg: SelectionConfig) -> tuple[pa.Table, pa.Table, int]:
+    """The selection pool of the annotated captions the scan committed (``selection.pool``, k from
+    ``pool_cfg``), the per-occupation stats and the annotated rows. The image side calls it again
+    with a larger pool when a walk runs out of candidates."""
+    rd, inp = run.rd, st["input"][0]
+    annotated_schema = C.annotated_schema(st["input"][2])
+    prompts = prompt_table(st["occupations"], st["prompts"])
+    parts = committed_parts(rd, len(caption_shards(rd, inp, st["execution"]["files_per_shard"])))
+    annotated_rows = io.count_parquet_rows(rd.fs, parts)
+    if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
+        parts = [f"{rd.file(FILES['annotated'])}/part-0.parquet"]
+        io.write_table(annotated_schema.empty_table(), rd.fs, parts[0])
+    if annotated_rows <= int(st["execution"].get("local_selection_rows", LOCAL_SELECTION_ROWS)):
+        # what matched fits in memory (20,000 rows per 4 M LAION-like captions): select here
+        table = io.read_parquet_files(rd.fs, parts, annotated_schema)
+        pool, stats = select_subsets_local(table, pool_cfg, prompts)
+    else:
+        data = run.ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
+        pool, stats = select_subsets(run.ray, data, annotated_rows, pool_cfg, prompts, len(st["occupations"]))
+    return pool, stats, annotated_rows
 
 
 def ner_counts(counts: pa.Table, st: dict, args) -> dict | None:

@@ -269,6 +269,7 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
     if thin:
         out.append(f"<p class=warn>{thin} of the E[A] values above rest on fewer than half of the occupations "
                    f"(or on none: n/a). Read them with their n_# and excluded_# columns.</p>")
+    out.append(walk_html(results.get("training_walk")))
     legend = (f"<p class=legend>Shading:<span style='background:{AMPLIFICATION_COLOR}'></span>amplification"
               f"<span style='background:{DEAMPLIFICATION_COLOR}'></span>de-amplification; the dashed diagonal is no "
               "amplification; excluded (direction-switching) occupations are not drawn. Each figure links to its "
@@ -319,6 +320,30 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                + "<h3>Image side</h3>" + H.table(counts, 0))
     out.append("</body></html>")
     return "".join(out)
+
+
+def walk_html(walk: dict | None) -> str:
+    """Section 4's training sample: how far each group's walk to k counted images went."""
+    if not walk:
+        return ""
+    if not walk.get("walked"):
+        return ("<h2>Training sample (section 4)</h2><p>T is over the first k captions per occupation, whatever "
+                "their images gave (training_sample: captions); the paper's T is over k counted images "
+                "(--training-sample counted_images).</p>")
+    short = walk.get("short", [])
+    head = (f"<h2>Training sample (section 4)</h2><p>T is over k counted images per occupation (exactly one face, "
+            f"CLIP p at or above the threshold), the paper's 500: each group's captions were walked in "
+            f"{'sample_key' if walk['nn_sample'] == 'captions' else 'sample_key (random) and similarity (NN)'} "
+            f"order until k counted images. {walk['groups']} group(s), {walk['captions_walked']:,} captions walked "
+            f"to {walk['counted_images']:,} counted images in {walk['rounds']} round(s); per group in "
+            f"training_walk.csv.</p>")
+    if not short:
+        return head + "<p>Every group reached k counted images.</p>"
+    table = pd.DataFrame(short)[["occupation", "subset", "prompt_id", "target", "walked_captions", "counted_images",
+                                 "shortfall", "pool_rows"]].rename(columns={"pool_rows": "captions fetched"})
+    return head + (f"<p class=warn>{len(short)} group(s) fell short of k counted images: every caption available "
+                   f"(or the walk's limit, max_walk_factor x k) was walked. Their T is over fewer images.</p>"
+                   + H.table(table, 0))
 
 
 def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:

@@ -10,6 +10,13 @@ Every subset is "the k best rows of a group" for some order:
     - mode "split" (the paper's): the rows of naive / nn whose caption has no gender indicator;
     - mode "resample": the same top-k, drawn from captions without indicators only.
 
+Section 4 samples 500 training *examples* whose images are classified: T is the share over 500
+counted images (every Training value of Tables 6 and 7 is a multiple of 1/500). So the selection
+first keeps a larger *pool* per group (``pool_factor`` x k rows in the same order; a bottom-k of a
+bottom-k is a prefix, so a larger pool extends a smaller one), and ``walk`` then takes each walked
+group's rows in order until k of them are counted (one face, CLIP p >= threshold). With every row
+counted (``counted=None``) the walk is the first k rows: the "k captions" reading.
+
 ``partial_top_k`` keeps the rows of a batch that are in the top k of their occupation for at least
 one order. The top-k of a union lies inside the union of the partial top-ks, so batches reduce
 independently on workers, the reduction can be repeated on its own output (a reduction tree),
@@ -53,17 +60,53 @@ MODES = ("split", "resample")
 
 
 
+SAMPLE_UNITS = ("counted_images", "captions")
+
+
 class SelectionConfig:
-    def __init__(self, sample_size: int = 500, nn_k: int = 500, n_prompts: int = 4, mode: str = "split"):
+    """k per subset, the no-indicator mode, and what k counts: ``training_sample`` (naive and,
+    in resample mode, no_indicators) and ``nn_sample`` (the NN subsets) are "counted_images"
+    (walk until k counted images) or "captions" (the first k captions)."""
+
+    def __init__(self, sample_size: int = 500, nn_k: int = 500, n_prompts: int = 4, mode: str = "split",
+                 training_sample: str = "captions", nn_sample: str = "captions", pool_factor: float = 1.0):
         if mode not in MODES:
             raise ValueError(f"no_indicator_mode must be one of {MODES}, not {mode!r}")
         if sample_size < 0 or nn_k < 0:
             raise ValueError("sample_size and nn_k must be >= 0")
+        for name, value in (("training_sample", training_sample), ("nn_sample", nn_sample)):
+            if value not in SAMPLE_UNITS:
+                raise ValueError(f"{name} must be one of {SAMPLE_UNITS}, not {value!r}")
+        if not pool_factor >= 1:
+            raise ValueError(f"pool_factor must be >= 1, not {pool_factor!r}")
         self.sample_size, self.nn_k, self.n_prompts, self.mode = int(sample_size), int(nn_k), int(n_prompts), mode
+        self.training_sample, self.nn_sample, self.pool_factor = training_sample, nn_sample, float(pool_factor)
 
     def as_dict(self) -> dict:
         return {"sample_size": self.sample_size, "nn_k": self.nn_k, "n_prompts": self.n_prompts,
-                "no_indicator_mode": self.mode}
+                "no_indicator_mode": self.mode, "training_sample": self.training_sample,
+                "nn_sample": self.nn_sample}
+
+    def walked(self, subset: str) -> bool:
+        """Whether ``subset``'s groups are walked to k counted images (else: the first k rows)."""
+        if subset in (Subset.NAIVE, Subset.NO_INDICATORS):
+            return self.training_sample == "counted_images"
+        return self.nn_sample == "counted_images"
+
+    @property
+    def walks(self) -> bool:
+        return "counted_images" in (self.training_sample, self.nn_sample)
+
+    def pool(self, factor: float | None = None) -> "SelectionConfig":
+        """The configuration of the candidate pool: k x ``factor`` (default ``pool_factor``) for
+        the walked subsets, k for the others."""
+        f = self.pool_factor if factor is None else float(factor)
+        size = int(np.ceil(self.sample_size * f)) if self.walked(Subset.NAIVE) else self.sample_size
+        nn = int(np.ceil(self.nn_k * f)) if self.walked(Subset.NN) else self.nn_k
+        return SelectionConfig(size, nn, self.n_prompts, self.mode, self.training_sample, self.nn_sample)
+
+    def k(self, subset: str) -> int:
+        return self.nn_k if subset in Subset.PER_PROMPT else self.sample_size
 
 
 def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, similarity: np.ndarray,
@@ -151,16 +194,18 @@ def partial_top_k(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
 
 
 def finalize(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) -> pa.Table:
-    """The TRAINING_SUBSETS rows of annotated captions (or of ``partial_top_k`` outputs of them)."""
+    """The TRAINING_SUBSETS rows of annotated captions (or of ``partial_top_k`` outputs of them):
+    the first k rows per group (the "k captions" reading; ``walk`` without counted images)."""
+    return walk(pool(rows, cfg, prompts), cfg)[0]
+
+
+def pool(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) -> pa.Table:
+    """The selected subsets before the no-indicator split: naive, nn and (resample mode)
+    no_indicators, nn_no_indicators, each with up to ``cfg``'s k rows, ranked 1.. in their order."""
     rows = conform(rows, SELECTION_INPUT)
     best = top_k(candidates(rows, cfg), cfg)
     payload = rows.take(best.column(SOURCE_ROW)).select([URL, CAPTION, CAPTION_GENDER, SAMPLE_KEY])
     best = pa.Table.from_arrays(best.columns + payload.columns, names=best.column_names + payload.column_names)
-    if cfg.mode == "split":
-        derived = best.filter(pc.equal(best.column(CAPTION_GENDER), CaptionGender.NONE))
-        renamed = pc.if_else(pc.equal(derived.column(SUBSET), Subset.NAIVE), Subset.NO_INDICATORS, Subset.NN_NO_INDICATORS)
-        derived = derived.set_column(derived.schema.get_field_index(SUBSET), SUBSET, renamed)
-        best = pa.concat_tables([best, derived])
     best, rank = _ranked(best)
     pid = best.column(PROMPT_ID).to_numpy()
     occ = best.column(OCCUPATION).to_pylist()
@@ -172,3 +217,89 @@ def finalize(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]
         .append_column(RANK, pa.array(rank + 1, pa.int32()))
     )
     return conform(out, TRAINING_SUBSETS)
+
+
+WALK_COLUMNS = ["occupation", "subset", "prompt_id", "target", "walked_captions", "counted_images", "shortfall",
+                "pool_rows"]
+
+
+def walk(pool_rows: pa.Table, cfg: SelectionConfig, counted: np.ndarray | None = None) -> tuple[pa.Table, pa.Table]:
+    """The subsets from a pool (``pool``'s output, any pool factor): per group, the rows in rank
+    order while fewer than k rows before them are counted; for the groups ``cfg`` does not walk,
+    or with ``counted=None``, the first k rows. Then (split mode) the no-indicator subsets are the
+    walked rows without indicators. ``counted``: one boolean per pool row (the row's image is
+    counted); rows past the walk's end may hold anything.
+
+    Returns the TRAINING_SUBSETS table and, per walked group, the walk: its target k, the
+    captions walked, the counted images among them, the shortfall and the pool's rows."""
+    pool_rows = conform(pool_rows, TRAINING_SUBSETS)
+    order = pc.sort_indices(pool_rows, sort_keys=[(OCCUPATION, "ascending"), (SUBSET, "ascending"),
+                                                  (PROMPT_ID, "ascending"), (RANK, "ascending")])
+    pool_rows = pool_rows.take(order)
+    n = pool_rows.num_rows
+    subset = np.asarray(pool_rows.column(SUBSET).to_pylist(), dtype=object)
+    walked_group = np.array([cfg.walked(s) for s in subset], bool) if n else np.zeros(0, bool)
+    if counted is None:
+        walked_group[:] = False
+        hit = np.ones(n, bool)
+    else:
+        counted = np.asarray(counted, bool)
+        if counted.shape != (len(order),):
+            raise ValueError(f"counted: one value per pool row expected ({len(order)}), got {counted.shape}")
+        hit = np.where(walked_group, counted[order.to_numpy()], True)
+    k = np.array([cfg.k(s) for s in subset], np.int64) if n else np.zeros(0, np.int64)
+    start, group_id = _group_starts(pool_rows)
+    excl = np.cumsum(hit) - hit                          # counted rows before each row, overall
+    before = excl - excl[start][group_id] if n else excl  # ... within its group
+    keep = before < k
+    kept = pool_rows.filter(pa.array(keep))
+    report = _walk_report(pool_rows, keep, hit, walked_group, k, start, group_id)
+    if cfg.mode == "split":
+        derived = kept.filter(pc.and_(pc.equal(kept.column(CAPTION_GENDER), CaptionGender.NONE),
+                                      pc.is_in(kept.column(SUBSET), pa.array([Subset.NAIVE, Subset.NN]))))
+        renamed = pc.if_else(pc.equal(derived.column(SUBSET), Subset.NAIVE), Subset.NO_INDICATORS, Subset.NN_NO_INDICATORS)
+        derived = derived.set_column(derived.schema.get_field_index(SUBSET), SUBSET, renamed)
+        kept = pa.concat_tables([kept, derived.cast(kept.schema)])
+    kept = kept.sort_by([(OCCUPATION, "ascending"), (SUBSET, "ascending"), (PROMPT_ID, "ascending"),
+                         (RANK, "ascending")])
+    if kept.num_rows:   # ranks 1.. within each subset (the derived subsets' rows keep their order)
+        s, g = _group_starts(kept)
+        kept = kept.set_column(kept.schema.get_field_index(RANK), RANK,
+                               pa.array(np.arange(kept.num_rows) - s[g] + 1, pa.int32()))
+    return conform(kept, TRAINING_SUBSETS), report
+
+
+def _group_starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """For a table sorted by (occupation, subset, prompt_id): each group's first row, and each
+    row's group number."""
+    n = table.num_rows
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    codes = [pc.dictionary_encode(table.column(c)).combine_chunks().indices.to_numpy(zero_copy_only=False)
+             for c in (OCCUPATION, SUBSET)]
+    pid = pc.fill_null(table.column(PROMPT_ID), 0).to_numpy()
+    new = np.ones(n, bool)
+    new[1:] = (codes[0][1:] != codes[0][:-1]) | (codes[1][1:] != codes[1][:-1]) | (pid[1:] != pid[:-1])
+    return np.flatnonzero(new), np.cumsum(new) - 1
+
+
+def _walk_report(pool_rows, keep, hit, walked_group, k, start, group_id) -> pa.Table:
+    if len(start) == 0 or not walked_group.any():
+        return pa.table({c: pa.array([], t) for c, t in zip(WALK_COLUMNS, _WALK_TYPES)})
+    groups = len(start)
+    walked = np.bincount(group_id, weights=keep, minlength=groups).astype(np.int64)
+    counted = np.bincount(group_id, weights=keep & hit, minlength=groups).astype(np.int64)
+    rows = np.bincount(group_id, minlength=groups).astype(np.int64)
+    sel = walked_group[start]
+    first = pool_rows.take(pa.array(start[sel], pa.int64()))
+    target = k[start][sel]
+    return pa.table({
+        "occupation": first.column(OCCUPATION), "subset": first.column(SUBSET), "prompt_id": first.column(PROMPT_ID),
+        "target": pa.array(target, pa.int64()), "walked_captions": pa.array(walked[sel], pa.int64()),
+        "counted_images": pa.array(counted[sel], pa.int64()),
+        "shortfall": pa.array(np.maximum(target - counted[sel], 0), pa.int64()),
+        "pool_rows": pa.array(rows[sel], pa.int64()),
+    })
+
+
+_WALK_TYPES = [pa.string(), pa.string(), pa.int32(), pa.int64(), pa.int64(), pa.int64(), pa.int64(), pa.int64()]

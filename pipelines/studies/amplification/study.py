@@ -27,7 +27,8 @@ from pipelines.engine.models import (
     load_clip_and_generators,
     standin_hint,
 )
-from pipelines.studies.amplification import captions
+from pipelines.studies.amplification import caption_report, captions
+from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
 from pipelines.engine import gpus, io
@@ -58,6 +59,7 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
     "saved_images": "images",
     "ray_stats": "ray_data_stats.txt",
     "image_similarity": "image_similarity",   # section 5.2: CLIP image similarity, naive vs NN
+    "walk": "training_walk",                   # section 4: captions walked per group to k counted images
 }
 
 
@@ -215,16 +217,36 @@ class AmplificationStudy:
                   f"(rewriting {SAMPLE_URL_PREFIX}); local addresses allowed for this run")
 
         caption_metrics, shown = captions.caption_side(run, cs, own_run=False)
+        caption_stats = caption_metrics.pop("_stats")
         captions.print_caption_side(rd, shown)
         subsets = pq.read_table(out_fs.open_input_file(f"{out}/{captions.FILES['subsets']}"))
         occupation_list = cs["occupations"]
         occupations = [o.name for o in occupation_list]
         prompts = prompt_table(occupation_list, cs["prompts"])
         train_budgets, gen_budgets = image_budgets(cs["execution"])
+        selection = captions.selection_config(cs)
 
-        print(f"\ntraining images: {image_side.unique_urls(subsets, []).num_rows:,} distinct URLs of "
-              f"{subsets.num_rows:,} subset rows ...")
-        url_results, train_phase = image_side.training_images(ray, subsets, st, run=rd, budgets=train_budgets, echo=echo)
+        walk = None
+        if selection.walks:
+            pool = pq.read_table(out_fs.open_input_file(f"{out}/{captions.FILES['pool']}"))
+            print(f"\ntraining images: walking each group's captions until k counted images (k = "
+                  f"{selection.sample_size} random, {selection.nn_k} NN; {pool.num_rows:,} candidates) ...")
+            walk = walk_training(ray, rd, pool, selection, st, train_budgets,
+                                 reselect=lambda f: captions.select_pool(run, cs, selection.pool(f))[0],
+                                 max_walk_factor=float(cs["selection"].get("max_walk_factor", 20)), echo=echo)
+            subsets, url_results, train_phase, train_budgets = walk.subsets, walk.url_results, walk.phase, walk.budgets
+            _walk_summary(walk, selection)
+            io.write_table(subsets, out_fs, f"{out}/{captions.FILES['subsets']}")   # the subsets T is over
+            sim = caption_report.similarity_summary(caption_stats, subsets, occupation_list)
+            io.write_table_and_csv(sim, out_fs, f"{out}/{captions.FILES['similarity']}")
+            caption_metrics["subset_rows"] = caption_report.subset_sizes(subsets)
+            caption_metrics["headline"] = caption_report.headline(sim)
+            io.write_table_and_csv(walk.groups, out_fs, f"{out}/{run_files['walk']}")
+        else:
+            print(f"\ntraining images: {image_side.unique_urls(subsets, []).num_rows:,} distinct URLs of "
+                  f"{subsets.num_rows:,} subset rows ...")
+            url_results, train_phase = image_side.training_images(ray, subsets, st, run=rd, budgets=train_budgets,
+                                                                  echo=echo)
         _resumed_note(train_phase)
         train_rows = image_side.training_rows(subsets, url_results)
 
@@ -293,6 +315,7 @@ class AmplificationStudy:
             "image_counts": counts.to_dict("records"),
             "images": {"training_rows": train_rows.num_rows, "distinct_urls": url_results.num_rows,
                        "generated_rows": gen_rows.num_rows},
+            "training_walk": _walk_record(walk, selection),
             "results": {
                 "table3": t3.to_dict("records"),
                 "caption_prompts": {m: {k: v["average"] for k, v in r.items()}
@@ -303,6 +326,7 @@ class AmplificationStudy:
             },
             "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
         }
+        results["training_walk"] = _walk_record(walk, selection)
         data = {"results": results, "t3": t3, "counts": counts, "caption_counts": caption_metrics["counts"],
                 "models": model_records + _caption_models(caption_metrics),
                 "meta": {"output": rd.display(), "input": ", ".join(map(str, args.input)),
@@ -335,6 +359,34 @@ def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, gene
 def run(args) -> dict:
     """`amplification.py run`."""
     return run_study(AmplificationStudy(), args)
+
+
+def _walk_record(walk, selection) -> dict:
+    """metrics.json's record of the training walk (section 4's k counted images)."""
+    rec = {"training_sample": selection.training_sample, "nn_sample": selection.nn_sample}
+    if walk is None:
+        return rec | {"walked": False}
+    g = walk.groups.to_pandas()
+    short = g[g["shortfall"] > 0]
+    return rec | {
+        "walked": True, "rounds": walk.rounds, "pool_factor": walk.pool_factor, "reselections": walk.reselections,
+        "groups": int(len(g)), "groups_short": int(len(short)),
+        "captions_walked": int(g["walked_captions"].sum()), "counted_images": int(g["counted_images"].sum()),
+        "short": [{k: (None if pd.isna(v) else v) for k, v in r.items()} for r in short.to_dict("records")],
+    }
+
+
+def _walk_summary(walk, selection) -> None:
+    g = walk.groups.to_pandas()
+    if g.empty:
+        return
+    short = g[g["shortfall"] > 0]
+    print(f"  walked {int(g['walked_captions'].sum()):,} captions in {walk.rounds} round(s) to "
+          f"{int(g['counted_images'].sum()):,} counted images over {len(g)} group(s); "
+          + (f"{len(short)} group(s) short of k: " + ", ".join(
+              f"{r.occupation}/{r.subset}{'' if pd.isna(r.prompt_id) else f'#{int(r.prompt_id)}'} "
+              f"{int(r.counted_images)}/{int(r.target)}" for r in short.head(8).itertuples())
+             + (" ..." if len(short) > 8 else "") if len(short) else "every group reached k"))
 
 
 def _resumed_note(phase) -> None:

@@ -396,3 +396,75 @@ def test_caption_sink_crashes_at_every_point_then_resume_equals_an_uninterrupted
     _same_results(base / "clean" / "r", out / "r")
     assert _caption_attempt(argv(out)) == 0  # and a resume of the finished run, without --overwrite, is a no-op
     _same_results(base / "clean" / "r", out / "r")
+
+
+# ------------------------------------------- section 4: T over k counted images, walked in rounds
+def _walk_pool(n_nurse=60, n_pilot=12):
+    """A pool as the caption side writes it: nurse's first captions fail (404, not an image, no
+    face, two faces), then the synthetic mix; pilot's images never have exactly one face."""
+    from pipelines.studies.amplification.sample_server import synthetic_kind
+    from schemas.subsets import TRAINING_SUBSETS
+
+    failing = [i for i in range(200) if synthetic_kind(i) in ("not_found", "broken", "coffee", "chelsea", "montage")]
+    nurse = failing[:8] + [i for i in range(200) if i not in failing[:8]][:n_nurse - 8]
+    pilot = [i for i in range(200, 400) if synthetic_kind(i) in ("coffee", "chelsea")][:n_pilot]
+    rows = []
+    for occ, idx in (("nurse", nurse), ("pilot", pilot)):
+        for r, i in enumerate(idx):
+            rows.append({"occupation": occ, "subset": "naive", "prompt_id": None, "prompt": None, "rank": r + 1,
+                         "caption_id": i, "url": f"{PREFIX}synthetic/0/{i}.jpg", "caption": f"a {occ} {i}",
+                         "caption_gender": "none" if i % 3 else "female", "similarity": 0.5,
+                         "sample_key": (r + 1) / 1000 + (occ == "pilot")})
+    return pa.Table.from_pylist(rows, schema=TRAINING_SUBSETS)
+
+
+def test_training_walk_reaches_exactly_k_counted_images_in_order_under_any_batching_and_resume(
+        ray_local, standins, tmp_path):
+    from helpers import run_stages_here
+    from pipelines.studies.amplification.selection import SelectionConfig, walk
+    from pipelines.studies.amplification.training_walk import counted_of, url_counted, walk_training
+
+    k = 10
+    full = _walk_pool()
+
+    def reselect(factor):   # the caption side's pool at a larger factor: a prefix of every group
+        return full.filter(pc.less_equal(full["rank"], int(k * factor)))
+
+    with LocalImageServer() as server:
+        st = settings(standins, server, ["--gender-threshold", "0.5000001"])
+        # the reference: every candidate fetched at once, in this process, then walked
+        every = run_stages_here(image_side.unique_urls(full, st.url_rewrite), image_side.training_stages(st))
+        counted = counted_of(full, url_counted(every))
+        cfg = SelectionConfig(sample_size=k, nn_k=k, n_prompts=4, training_sample="counted_images")
+        want, want_groups = walk(full, cfg, counted)
+        results = []
+        for name, block, factor, earlier in (("small", 3, 1.0, 0), ("large", 16, 4.0, 0), ("resumed", 5, 2.0, 17)):
+            st.fetch_block_rows = block
+            rd = open_run(tmp_path, name)
+            if earlier:   # a killed attempt had checkpointed some results (not a prefix of the walk)
+                image_side.training_images(ray_local, full.take(pa.array(range(3, 3 + earlier))), st, run=rd)
+            hits = sum(server.hits.values())
+            cfg_f = SelectionConfig(sample_size=k, nn_k=k, n_prompts=4, training_sample="counted_images",
+                                    pool_factor=factor)
+            w = walk_training(ray_local, rd, reselect(factor), cfg_f, st, [], reselect, max_walk_factor=5.0,
+                              echo=lambda *a, **kw: None, say=lambda *a: None)
+            results.append((name, w, sum(server.hits.values()) - hits))
+    nurse = want.filter(pc.and_(pc.equal(want["occupation"], "nurse"), pc.equal(want["subset"], "naive")))
+    flags = counted_of(nurse, url_counted(every))
+    assert flags[:8].sum() == 0 and flags.sum() == k and flags[-1]   # first 8 fail; ends at the k-th counted
+    assert nurse["rank"].to_pylist() == list(range(1, nurse.num_rows + 1))
+    g = {o: (wc, c, s) for o, wc, c, s in zip(*(want_groups[c].to_pylist() for c in (
+        "occupation", "walked_captions", "counted_images", "shortfall")))}
+    assert g["nurse"] == (nurse.num_rows, k, 0)
+    assert g["pilot"] == (12, 0, k)          # every candidate walked, the shortfall reported
+    for name, w, new_hits in results:
+        assert w.subsets.equals(want), name
+        assert w.groups.select(["occupation", "walked_captions", "counted_images", "shortfall"]).equals(
+            want_groups.select(["occupation", "walked_captions", "counted_images", "shortfall"])), name
+        fetched = set(w.url_results[URL].to_pylist())
+        assert set(want["url"].to_pylist()) <= fetched, name
+        assert w.phase.total == len(fetched) and w.phase.processed + w.phase.reused == w.phase.total
+        if name == "small":
+            assert w.rounds > 1 and w.reselections, name   # the pool of k ran out: re-selected
+        if name == "resumed":   # what the earlier attempt checkpointed was not fetched again
+            assert w.phase.reused >= 17 and new_hits <= (len(fetched) - 17) * (1 + st.fetch["retries"])

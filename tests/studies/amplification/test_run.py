@@ -101,6 +101,32 @@ def test_training_rows_one_per_subset_row_with_real_statuses(run_dir):
     assert train.column(I.FETCH_STATUS).null_count == 0
 
 
+def test_t_is_over_exactly_k_counted_images_walked_in_sample_key_order(run_dir):
+    """Section 4: each occupation's naive subset is its pool's captions in sample_key order up to
+    and including the 12th counted image (the paper's 500), and the walk is reported."""
+    images = pq.read_table(run_dir / "images.parquet").to_pandas()
+    pool = pq.read_table(run_dir / "training_pool.parquet").to_pandas()
+    walk = pq.read_table(run_dir / "training_walk.parquet").to_pandas().set_index("occupation")
+    naive = images[(images[I.SOURCE] == I.Source.TRAINING) & (images["subset"] == Subset.NAIVE)]
+    m = json.loads((run_dir / "metrics.json").read_text())["training_walk"]
+    assert m["walked"] and m["training_sample"] == "counted_images" and m["groups"] == len(OCCS)
+    walked_past = 0
+    for occ in OCCS:
+        mine = naive[naive.occupation == occ]
+        ranked = pool[(pool.occupation == occ) & (pool.subset == "naive")].sort_values("rank")
+        walked = ranked.caption_id.tolist()[:len(mine)]
+        assert sorted(mine.caption_id) == sorted(walked)        # a prefix of the pool's order
+        assert ranked.sample_key.is_monotonic_increasing
+        counted = mine.set_index("caption_id").loc[walked, I.COUNTED].to_numpy()
+        w = walk.loc[occ]
+        assert (w.walked_captions, w.counted_images) == (len(mine), counted.sum())
+        if w.shortfall == 0:
+            assert counted.sum() == 12 and counted[-1]            # stops at the 12th counted image
+        walked_past += len(mine) > 12
+        assert w.shortfall == 12 - counted.sum()
+    assert walked_past   # some of the first captions failed (404, no face, ...) and were walked past
+
+
 def test_generated_rows_and_seeds(run_dir):
     images = pq.read_table(run_dir / "images.parquet")
     metrics = json.loads((run_dir / "metrics.json").read_text())

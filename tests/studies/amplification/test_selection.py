@@ -136,3 +136,65 @@ def test_selection_in_the_driver_equals_the_distributed_one(ray_local, mode):
     assert stats.equals(want_stats)
     empty, no_stats = captions.select_subsets_local(t.slice(0, 0), cfg, PROMPTS)
     assert empty.num_rows == 0 and empty.schema.equals(TRAINING_SUBSETS) and no_stats.num_rows == 0
+
+
+# ------------------------------------------- section 4: walk the captions to k counted images
+def _pool(t, cfg, factor):
+    from pipelines.studies.amplification.selection import pool
+
+    pc_ = cfg.pool(factor)
+    return pool(partial_top_k(t, pc_), pc_, PROMPTS)
+
+
+def test_a_larger_pool_extends_a_smaller_one_and_the_captions_walk_is_finalize():
+    from pipelines.studies.amplification.selection import walk
+
+    t = annotated(600)
+    cfg = SelectionConfig(sample_size=20, nn_k=10, n_prompts=2, training_sample="counted_images")
+    small, big = _pool(t, cfg, 2).to_pandas(), _pool(t, cfg, 5).to_pandas()
+    for occ in ("nurse", "pilot"):
+        a = small[(small.occupation == occ) & (small.subset == "naive")].caption_id.tolist()
+        b = big[(big.occupation == occ) & (big.subset == "naive")].caption_id.tolist()
+        assert len(a) == 40 and len(b) == 100 and b[:40] == a   # a prefix, in sample_key order
+    # NN is not walked by default: its pool is k rows
+    assert len(small[(small.occupation == "nurse") & (small.subset == "nn") & (small.prompt_id == 1)]) == 10
+    # with every image counted, the walk is the first k captions: today's selection exactly
+    plain = SelectionConfig(sample_size=20, nn_k=10, n_prompts=2)
+    assert walk(_pool(t, cfg, 5), cfg)[0].equals(select(t, plain))
+
+
+def test_walk_stops_at_the_kth_counted_image_in_order_and_reports_shortfalls():
+    from pipelines.studies.amplification.selection import walk
+
+    t = annotated(600, seed=3)
+    cfg = SelectionConfig(sample_size=20, nn_k=10, n_prompts=2, training_sample="counted_images")
+    p = _pool(t, cfg, 3)
+    rng = np.random.default_rng(0)
+    counted = rng.uniform(size=p.num_rows) < 0.4
+    counted[(pc.equal(p["occupation"], "pilot").to_numpy(zero_copy_only=False))] = False  # pilot: nothing counts
+    out, report = walk(p, cfg, counted)
+    df = p.to_pandas().assign(counted=counted)
+    nurse = df[(df.occupation == "nurse") & (df.subset == "naive")].sort_values("rank")
+    end = int(np.flatnonzero(nurse.counted.to_numpy().cumsum() == 20)[0])   # the 20th counted row
+    got = rows(out, "nurse", "naive")
+    assert got["caption_id"].to_pylist() == nurse.caption_id.tolist()[:end + 1]
+    assert int(nurse.counted.iloc[:end + 1].sum()) == 20
+    # split mode: no_indicators is the walked rows without indicators, ranked 1..
+    walked = nurse.iloc[:end + 1]
+    assert rows(out, "nurse", "no_indicators")["caption_id"].to_pylist() == \
+        walked[walked.caption_gender == "none"].caption_id.tolist()
+    # NN is the first k (captions reading), whatever counts
+    assert rows(out, "nurse", "nn", 1).num_rows == 10
+    r = {(o, s): (w, c, sh) for o, s, w, c, sh in zip(*(report[k].to_pylist() for k in (
+        "occupation", "subset", "walked_captions", "counted_images", "shortfall")))}
+    assert r[("nurse", "naive")] == (end + 1, 20, 0)
+    assert r[("pilot", "naive")] == (60, 0, 20)          # the whole pool walked, 20 short
+    assert rows(out, "pilot", "naive").num_rows == 60
+    # NN walked too with nn_sample=counted_images
+    cfg_nn = SelectionConfig(sample_size=20, nn_k=10, n_prompts=2, training_sample="counted_images",
+                             nn_sample="counted_images")
+    p2 = _pool(t, cfg_nn, 3)
+    out2, report2 = walk(p2, cfg_nn, np.arange(p2.num_rows) % 2 == 0)
+    assert set(report2["subset"].to_pylist()) == {"naive", "nn"}
+    assert all(c == 10 for s, c in zip(report2["subset"].to_pylist(), report2["counted_images"].to_pylist())
+               if s == "nn")

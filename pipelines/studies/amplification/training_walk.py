@@ -1,0 +1,164 @@
+"""T over k counted images (paper 002, section 4): walk each occupation's captions in order until
+k of their images are counted.
+
+Section 4 samples "500 training examples" per occupation and classifies their images; every
+Training value of Tables 6 and 7 is a multiple of 1/500, so the paper's T is the share of 500
+counted images (exactly one face, CLIP p >= 0.9). Which captions' images count is known only
+after fetching and classifying them, so the walk goes in rounds:
+
+1. fetch and classify the first k rows of every group of the pool (``selection.pool``);
+2. for each walked group, count its counted images; a group short of k extends its prefix by the
+   shortfall over the yield observed so far (plus a 10% margin, a project choice; twice as far
+   when nothing counted yet), up to the end of its pool;
+3. when a group's pool ends short, the pool is re-selected from the annotated captions at least
+   twice as large (a larger bottom-k extends a smaller one, so earlier rows and results stay
+   valid), up to ``max_walk_factor`` x k captions per group;
+4. stop when every walked group has k counted images or can go no further; ``selection.walk``
+   then takes each group's rows up to and including its k-th counted image.
+
+The result depends only on the captions' order and each URL's result (checkpointed per URL), so
+it is the same under any batching, any number of rounds and after a kill and resume: a resumed
+run walks again over results it does not fetch again.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.engine.progress import Phase
+from pipelines.studies.amplification import images as image_side
+from pipelines.studies.amplification.selection import SelectionConfig, walk
+from schemas import images as I
+from schemas.captions import OCCUPATION, URL
+from schemas.subsets import PROMPT_ID, RANK, SUBSET, TRAINING_SUBSETS
+
+MARGIN = 1.1   # project choice: each round fetches 10% more captions than the observed yield predicts
+
+
+@dataclass
+class Walk:
+    """What the walk produced: the subsets, every fetched URL's result, the phase, the budgets of
+    the last round (they saw every URL once) and the per-group walk record."""
+
+    subsets: pa.Table
+    url_results: pa.Table
+    phase: Phase
+    budgets: list
+    groups: pa.Table
+    rounds: int
+    pool_factor: float
+    reselections: list = field(default_factory=list)
+
+
+def _keys(table: pa.Table) -> list[tuple]:
+    pid = pc.fill_null(table.column(PROMPT_ID), 0).to_pylist()
+    return list(zip(table.column(OCCUPATION).to_pylist(), table.column(SUBSET).to_pylist(), pid))
+
+
+def url_counted(url_results: pa.Table) -> pa.Table:
+    """URL -> whether its image is counted (fetched, exactly one face, CLIP decided)."""
+    return pa.table({URL: url_results.column(URL), I.COUNTED: pa.array(image_side._all_ok(url_results, I.FETCH_STATUS))})
+
+
+def counted_of(rows: pa.Table, counted_urls: pa.Table) -> np.ndarray:
+    """One boolean per row of ``rows``: its URL's image is counted (False without a URL or result)."""
+    idx = pc.index_in(rows.column(URL), value_set=counted_urls.column(URL))
+    hit = pc.take(counted_urls.column(I.COUNTED), pc.fill_null(idx, 0)) if counted_urls.num_rows else None
+    if hit is None:
+        return np.zeros(rows.num_rows, bool)
+    return np.asarray(pc.and_(pc.is_valid(idx), pc.fill_null(hit, False)).to_numpy(zero_copy_only=False))
+
+
+def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: list, reselect,
+                  max_walk_factor: float = 20.0, echo=print, say=print) -> Walk:
+    """Walk ``pool`` (``selection.pool`` at ``cfg.pool_factor``) to k counted images per walked
+    group, fetching and classifying in rounds. ``reselect(factor)`` returns the pool at a larger
+    factor; ``budgets`` are the training-image error budgets (a fresh copy per round)."""
+    factor = cfg.pool_factor
+    pool = _sorted(pool)
+    keys = _keys(pool)
+    walked = {key: cfg.walked(key[1]) for key in dict.fromkeys(keys)}
+    k_of = {key: cfg.k(key[1]) for key in walked}
+    cap = {key: math.ceil(k_of[key] * max_walk_factor) for key in walked}
+    position = dict(k_of)                       # rows of each group fetched so far (by rank)
+    total = Phase("training images", "URLs", 0)
+    stats, reselections, rounds = [], [], 0
+    while True:
+        rounds += 1
+        prefix = _prefix(pool, keys, position)
+        round_budgets = [copy.deepcopy(b) for b in budgets]
+        url_results, phase = image_side.training_images(ray, prefix, st, run=rd, budgets=round_budgets, echo=echo)
+        total.total, total.processed = phase.total, total.processed + phase.processed
+        total.seconds += phase.seconds
+        if phase.ray_stats:
+            stats.append(phase.ray_stats)
+        counted = counted_of(prefix, url_counted(url_results))
+        lengths = _lengths(keys)
+        got = _counted_per_group(_keys(prefix), counted)
+        grow, short_pool = {}, {}
+        for key, is_walked in walked.items():
+            if not is_walked:
+                continue
+            k, pos, c = k_of[key], position[key], got.get(key, 0)
+            if c >= k or pos >= cap[key]:
+                continue
+            # the shortfall over the yield so far, with a margin; nothing counted yet: twice as far
+            step = pos if c == 0 else math.ceil((k - c) * pos / c * MARGIN)
+            want = min(pos + max(step, 1), cap[key])
+            length = lengths.get(key, 0)
+            if want > length and length >= math.ceil(k * factor):
+                short_pool[key] = want          # the pool ends before, the annotated captions may not
+            else:
+                grow[key] = min(want, length)
+        if short_pool and factor < max_walk_factor:
+            factor = min(max_walk_factor, max(factor * 2, max(w / k_of[key] for key, w in short_pool.items())))
+            say(f"training walk, round {rounds}: {len(short_pool)} group(s) short of counted images at the end "
+                f"of the pool; re-selecting a pool of {factor:g} x k candidates")
+            pool = _sorted(reselect(factor))
+            keys = _keys(pool)
+            reselections.append({"round": rounds, "pool_factor": factor, "groups": len(short_pool)})
+            lengths = _lengths(keys)
+        for key, want in short_pool.items():
+            grow[key] = min(want, lengths.get(key, 0))
+        grow = {key: p for key, p in grow.items() if p > position[key]}
+        if not grow:
+            break
+        say(f"training walk, round {rounds}: {len(grow)} group(s) short of k counted images; fetching "
+            f"{sum(p - position[key] for key, p in grow.items()):,} more captions' images")
+        position.update(grow)
+    subsets, groups = walk(prefix, cfg, counted)
+    total.reused = total.total - total.processed
+    total.ray_stats = "\n\n".join(stats)
+    return Walk(subsets, url_results, total, round_budgets, groups, rounds, factor, reselections)
+
+
+def _sorted(pool: pa.Table) -> pa.Table:
+    return pool.sort_by([(OCCUPATION, "ascending"), (SUBSET, "ascending"), (PROMPT_ID, "ascending"),
+                         (RANK, "ascending")])
+
+
+def _lengths(keys: list[tuple]) -> dict:
+    out: dict = {}
+    for key in keys:
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _counted_per_group(keys: list[tuple], counted: np.ndarray) -> dict:
+    out: dict = {}
+    for key, c in zip(keys, counted):
+        if c:
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _prefix(pool: pa.Table, keys: list[tuple], position: dict) -> pa.Table:
+    """The pool's rows with rank <= the group's position (groups not yet positioned: none)."""
+    limit = np.array([position.get(key, 0) for key in keys], np.int64)
+    return pool.filter(pa.array(pool.column(RANK).to_numpy() <= limit)).cast(TRAINING_SUBSETS)
