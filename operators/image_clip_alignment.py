@@ -1,8 +1,9 @@
 """CLIP image-text alignment of generated images (paper 000, App. D.1: CLIP R-precision; CLIPScore).
 
-For each image the stage stores three things (``schemas.alignment.CLIP_ALIGNMENT_COLUMNS``): the
-L2-normalised CLIP image embedding, the L2-normalised CLIP text embedding of the prompt (the
-caption the image was generated from) and their cosine. R-precision (the true caption against 99
+For each image the stage stores (``schemas.alignment.CLIP_ALIGNMENT_COLUMNS``): the L2-normalised
+CLIP image embedding, the L2-normalised CLIP text embedding of the prompt (the caption the image
+was generated from), their cosine, and the two norms before normalising (so the raw features,
+which the released DALL-Eval code's R-precision ranks by dot product, are unit vector x norm). R-precision (the true caption against 99
 random other captions, ``pipelines.studies.dalleval.alignment_metrics.r_precision``) and CLIPScore
 (``clip_score``) are then computed on the driver from the stored vectors, so a new negative sample
 needs no new images. The paper uses CLIP ViT-B/32 with OpenAI's weights (open_clip ``ViT-B-32`` /
@@ -15,7 +16,7 @@ payload first (``operators.support.codec.rgb_levels``), so both paths see the sa
 give the same numbers for the same image.
 
 Reads IMAGE (+ IMAGE_ENCODING / IMAGE_HEIGHT / IMAGE_WIDTH) and PROMPT; adds CLIP_IMAGE_EMBEDDING,
-CLIP_TEXT_EMBEDDING, CLIP_COSINE. Rows are never dropped: a null or undecodable image gets null
+CLIP_TEXT_EMBEDDING, CLIP_COSINE, CLIP_IMAGE_NORM, CLIP_TEXT_NORM. Rows are never dropped: a null or undecodable image gets null
 image embedding and cosine, a null prompt a null text embedding and cosine.
 """
 
@@ -29,7 +30,14 @@ from operators.base import Resources, with_column
 from operators.image_clip_embedding import embedding_array, normalise
 from operators.image_clip_gender import encode_image_arrays, encode_image_tensor, encode_texts, load_clip
 from operators.support.codec import batch_images, rgb_levels
-from schemas.alignment import CLIP_ALIGNMENT_COLUMNS, CLIP_COSINE, CLIP_IMAGE_EMBEDDING, CLIP_TEXT_EMBEDDING
+from schemas.alignment import (
+    CLIP_ALIGNMENT_COLUMNS,
+    CLIP_COSINE,
+    CLIP_IMAGE_EMBEDDING,
+    CLIP_IMAGE_NORM,
+    CLIP_TEXT_EMBEDDING,
+    CLIP_TEXT_NORM,
+)
 from schemas.images import IMAGE
 from schemas.subsets import PROMPT
 
@@ -61,21 +69,26 @@ class ClipAlignmentScorer:
 
     # -- embeddings ----------------------------------------------------------------------------------
 
-    def embed_tensor(self, images) -> np.ndarray:
+    def embed_tensor(self, images, norms: bool = False):
         """(B, d) float32 unit vectors of (B, 3, H, W) float images in [0, 1] on any device, after
-        quantising them to the 8-bit levels their RGB8 payload holds."""
+        quantising them to the 8-bit levels their RGB8 payload holds; with ``norms``, also the
+        (B,) norms of the raw features."""
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
         levels = rgb_levels(images).div_(255.0)
-        return normalise(encode_image_tensor(self.bundle, levels, self.batch_size))
+        return _unit_and_norm(encode_image_tensor(self.bundle, levels, self.batch_size), norms)
 
-    def embed_texts(self, texts: list[str]) -> np.ndarray:
-        """(n, d) float32 unit vectors of ``texts``; each distinct text is encoded once."""
+    def embed_texts(self, texts: list[str], norms: bool = False):
+        """(n, d) float32 unit vectors of ``texts`` (and, with ``norms``, the raw features' norms);
+        each distinct text is encoded once."""
         texts = list(texts)
         if not texts:
-            return np.zeros((0, self.dim), np.float32)
+            empty = np.zeros((0, self.dim), np.float32)
+            return (empty, np.zeros(0, np.float32)) if norms else empty
         unique, inverse = np.unique(np.asarray(texts, dtype=object).astype(str), return_inverse=True)
-        return normalise(encode_texts(self.bundle, unique.tolist()))[inverse.reshape(-1)]
+        unit, norm = _unit_and_norm(encode_texts(self.bundle, unique.tolist()), True)
+        inverse = inverse.reshape(-1)
+        return (unit[inverse], norm[inverse]) if norms else unit[inverse]
 
     @property
     def dim(self) -> int:
@@ -92,9 +105,10 @@ class ClipAlignmentScorer:
             raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
         if any(p is None for p in prompts):
             raise ValueError("classify_tensor needs a prompt for every image")
-        img = self.embed_tensor(images)
-        txt = self.embed_texts(prompts)
-        return {CLIP_IMAGE_EMBEDDING: img, CLIP_TEXT_EMBEDDING: txt, CLIP_COSINE: row_cosines(img, txt)}
+        img, img_norm = self.embed_tensor(images, norms=True)
+        txt, txt_norm = self.embed_texts(prompts, norms=True)
+        return {CLIP_IMAGE_EMBEDDING: img, CLIP_TEXT_EMBEDDING: txt, CLIP_COSINE: row_cosines(img, txt),
+                CLIP_IMAGE_NORM: img_norm, CLIP_TEXT_NORM: txt_norm}
 
     # -- payload batches -----------------------------------------------------------------------------
 
@@ -104,6 +118,7 @@ class ClipAlignmentScorer:
         n = batch.num_rows
         d = self.dim
         img = np.zeros((n, d), np.float32)
+        img_norm = np.zeros(n, np.float32)
         img_ok = np.zeros(n, bool)
         if IMAGE in batch.column_names and n:
             rows = np.flatnonzero(np.asarray(pc.is_valid(batch.column(IMAGE))))
@@ -112,15 +127,28 @@ class ClipAlignmentScorer:
                 good = np.array([i for i, a in zip(rows, decoded) if a is not None], np.int64)
                 if len(good):
                     arrays = [a for a in decoded if a is not None]
-                    img[good] = normalise(encode_image_arrays(self.bundle, arrays, self.batch_size))
+                    img[good], img_norm[good] = _unit_and_norm(
+                        encode_image_arrays(self.bundle, arrays, self.batch_size), True)
                     img_ok[good] = True
         prompts = batch.column(PROMPT).to_pylist()
         txt_ok = np.array([p is not None for p in prompts], bool)
         txt = np.zeros((n, d), np.float32)
+        txt_norm = np.zeros(n, np.float32)
         if txt_ok.any():
-            txt[txt_ok] = self.embed_texts([p for p in prompts if p is not None])
+            txt[txt_ok], txt_norm[txt_ok] = self.embed_texts([p for p in prompts if p is not None], norms=True)
         both = img_ok & txt_ok
         cos = row_cosines(img, txt)
         out = with_column(batch, CLIP_IMAGE_EMBEDDING, embedding_array(img, img_ok))
         out = with_column(out, CLIP_TEXT_EMBEDDING, embedding_array(txt, txt_ok))
-        return with_column(out, CLIP_COSINE, pa.array(cos, pa.float32(), mask=~both))
+        out = with_column(out, CLIP_COSINE, pa.array(cos, pa.float32(), mask=~both))
+        out = with_column(out, CLIP_IMAGE_NORM, pa.array(img_norm, pa.float32(), mask=~img_ok))
+        return with_column(out, CLIP_TEXT_NORM, pa.array(txt_norm, pa.float32(), mask=~txt_ok))
+
+
+def _unit_and_norm(features, norms: bool):
+    """Unit rows of raw features (``normalise``) and, with ``norms``, the rows' L2 norms."""
+    if hasattr(features, "detach"):
+        features = features.detach().float().cpu().numpy()
+    raw = np.asarray(features, dtype=np.float32)
+    unit = normalise(raw)
+    return (unit, np.linalg.norm(raw, axis=1).astype(np.float32)) if norms else unit

@@ -9,7 +9,10 @@ new images.
 The default extractor is torch-fidelity's ``FeatureExtractorInceptionV3`` ("inception-v3-compat",
 feature "2048"): the port of the TensorFlow Inception graph (2015-12-05) that FID numbers are
 reported with (torchmetrics' FrechetInceptionDistance uses the same one). It takes uint8 images of
-any size and resizes them to 299 x 299 itself, the way the TensorFlow graph does. A plug-in
+any size and resizes them to 299 x 299 itself, the way the TensorFlow graph does. The released DALL-Eval code
+instead extracts with torchvision's ImageNet Inception v3 (``"torchvision"`` here: the network
+``inception_v3(pretrained=True)`` builds, with ImageNet normalisation, pool features 2048-d); its
+figures are comparable only with features of that network. A plug-in
 extractor is named ``"package.module:callable"``: ``callable(weights=<path or None>)`` returns a
 torch ``nn.Module`` mapping uint8 (B, 3, H, W) images to (B, d) features.
 
@@ -49,6 +52,11 @@ INCEPTION_DIM = 2048
 # torch-fidelity's converted TF Inception weights; torch hub names a checkpoint <name>-<sha256 prefix>.<ext>
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_SHA256_PREFIX = "6726825d"
+TORCHVISION = "torchvision"
+# torchvision's ImageNet Inception v3 weights (IMAGENET1K_V1; torch hub cache name)
+TORCHVISION_WEIGHTS_FILE = "inception_v3_google-0cc3c7bd.pth"
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass
@@ -96,6 +104,45 @@ def _load_inception(weights: str | None, dev: str):
     return net.to(dev).eval(), INCEPTION_DIM
 
 
+def _load_torchvision(weights: str | None, dev: str):
+    """torchvision's Inception v3 as ``inception_v3(pretrained=True)`` builds it (aux logits,
+    ``transform_input=True``), its ImageNet weights from ``weights`` or the torch hub cache, the
+    classifier removed: uint8 (B, 3, H, W) -> bilinear 299 x 299 -> [0, 1] -> ImageNet mean/std ->
+    (B, 2048) pool features."""
+    import torch
+    from torchvision.models import inception_v3
+
+    path = weights or os.path.join(torch.hub.get_dir(), "checkpoints", TORCHVISION_WEIGHTS_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no weights file at {path!r}")
+    net = inception_v3(weights=None, aux_logits=True, transform_input=True, init_weights=False)
+    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    net.fc = torch.nn.Identity()
+    return _torchvision_module()(net).to(dev).eval(), 2048, path
+
+
+def _torchvision_module():
+    """The feature module's class (defined on first use: the module imports torch lazily)."""
+    import torch
+
+    class TorchvisionFeatures(torch.nn.Module):
+        num_features = 2048
+
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+            self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1))
+            self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1))
+
+        def forward(self, x):
+            x = x.to(self.mean.dtype)
+            x = torch.nn.functional.interpolate(x, size=(299, 299), mode="bilinear", align_corners=False) / 255.0
+            out = self.net((x - self.mean) / self.std)
+            return out.logits if hasattr(out, "logits") else out
+
+    return TorchvisionFeatures
+
+
 def _load_plugin(spec: str, weights: str | None, dev: str):
     import torch
 
@@ -134,18 +181,24 @@ def load_fid_extractor(extractor: str = INCEPTION, weights: str | None = None, d
             model = _FirstOutput(net)
             used = weights if weights is not None else _cached_inception_weights()
             record["feature"] = f"{INCEPTION_NAME}:{INCEPTION_FEATURE}"
+        elif extractor == TORCHVISION:
+            model, dim, used = _load_torchvision(weights, dev)
+            record["feature"] = "torchvision inception_v3 (ImageNet, transform_input=True): avgpool 2048"
         elif ":" in extractor:
             model, dim = _load_plugin(extractor, weights, dev)
             used = weights
         else:
-            raise ValueError(f"unknown extractor {extractor!r}: use {INCEPTION!r} or 'package.module:callable'")
+            raise ValueError(f"unknown extractor {extractor!r}: use {INCEPTION!r}, {TORCHVISION!r} or "
+                             f"'package.module:callable'")
     except Exception as exc:  # noqa: BLE001 -- download, file, import and state-dict errors alike
         import torch
 
         cache = os.path.join(torch.hub.get_dir(), "checkpoints", INCEPTION_WEIGHTS_FILE)
         hint = (f"For {INCEPTION!r}: torch-fidelity fetches {INCEPTION_WEIGHTS_FILE} from GitHub on first use; "
                 f"offline, pass a local copy of that file via the study's fid.weights setting, or pre-fill the "
-                f"torch hub cache ({cache}; TORCH_HOME moves it) on every node. A plug-in is 'package.module:callable' returning a torch nn.Module that maps "
+                f"torch hub cache ({cache}; TORCH_HOME moves it) on every node. For {TORCHVISION!r}: "
+                f"{TORCHVISION_WEIGHTS_FILE} (torchvision's IMAGENET1K_V1) in fid.weights or the torch hub cache. "
+                f"A plug-in is 'package.module:callable' returning a torch nn.Module that maps "
                 f"uint8 (B, 3, H, W) images to (B, d) features.")
         raise ModelLoadError(f"cannot load FID extractor {extractor!r} (weights {weights!r}): "
                              f"{type(exc).__name__}: {exc}. {hint}") from exc

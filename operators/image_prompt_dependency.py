@@ -35,6 +35,7 @@ during the pipeline call; the full-size heat maps only for the prompt's own toke
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -133,7 +134,9 @@ class PromptDependency:
             "stage": self.stage_name,
             "nouns": {"spacy_model": spacy_model, "version": self.nlp.meta.get("version"),
                       "noun_tags": list(NOUN_TAGS), "lemmatised": True,
-                      "shared_per_unit": self.share_nouns},
+                      "shared_per_unit": self.share_nouns,
+                      "profession_units": "the neutral prompt tagged with the profession replaced by 'person', "
+                                          "plus the profession's nouns (profession_noun_forms)"},
             "attention": {"method": ("DAAM's defaults (castorini/daam): down/up-block attn2, no mid block, maps "
                                      "at 1/8 of the latent grid skipped; conditional half, summed over heads and "
                                      "steps per layer, bicubic to the latent grid, clamped at 0, mean over layers, "
@@ -193,6 +196,41 @@ class PromptDependency:
             out.append(dict(sorted(mine.items(), key=lambda kv: order[kv[0]])))
         return out
 
+    def profession_noun_forms(self, prompt: str, profession: str) -> dict[str, list[str]] | None:
+        """The nouns of a Profession prompt read with the profession out of the tagger's way: the
+        prompt tagged with the profession phrase replaced by "person" (spaCy reads "A botanist
+        studies samples ..." as adjective + noun "studies", "A person studies samples ..." right),
+        then the profession's own nouns (the phrase tagged alone after "a"; its last word always).
+        None when the prompt does not name the profession."""
+        if not isinstance(prompt, str) or not profession:
+            return None
+        m = re.search(r"(?<![\w-])" + re.escape(profession) + r"(?![\w-])", prompt, flags=re.IGNORECASE)
+        if m is None:
+            return None
+        forms = noun_forms(self.nlp(prompt[:m.start()] + "person" + prompt[m.end():]))
+        if not re.search(r"(?<![\w-])person(?![\w-])", prompt, flags=re.IGNORECASE):
+            forms.pop("person", None)                       # the placeholder, not a word of the prompt
+        surface = prompt[m.start():m.end()].lower().split()
+        phrase = self.nlp("a " + " ".join(surface))
+        own = {t.lemma_.lower(): [t.text.lower()] for t in phrase[1:] if t.pos_ in NOUN_TAGS and t.lemma_.strip()}
+        head = phrase[-1]
+        own.setdefault(head.lemma_.lower() or head.text.lower(), [head.text.lower()])
+        for lemma, words in own.items():
+            known = forms.setdefault(lemma, [])
+            known += [w for w in words if w not in known]
+        return forms
+
+    def unit_forms(self, prompts: Sequence[str], forms: Sequence[dict[str, list[str]]],
+                   profession: str | None) -> list[dict[str, list[str]]]:
+        """One unit's noun sets: with its ``profession``, the neutral prompt's ``profession_noun_forms``
+        for all three plus each prompt's own gender nouns; then ``shared_noun_forms``."""
+        template = self.profession_noun_forms(prompts[0], profession) if profession else None
+        if template is not None:
+            common = {lemma: w for lemma, w in template.items() if lemma not in TRIPLET_GENDER_LEMMAS}
+            forms = [{**{lemma: w for lemma, w in f.items() if lemma in TRIPLET_GENDER_LEMMAS}, **common}
+                     for f in forms]
+        return self.shared_noun_forms(prompts, forms)
+
     @staticmethod
     def unit_vocabulary(noun_sets: Sequence[Sequence[str]]) -> list[str]:
         """The detector's noun list for every image of one unit: the union of its prompts' nouns,
@@ -202,20 +240,24 @@ class PromptDependency:
         return list(dict.fromkeys(n for nouns in noun_sets for n in nouns))
 
     def analyse(self, images, prompts: Sequence[str], capture: CrossAttentionCapture, tokenizer,
-                latent_hw: tuple[int, int], skip=None, unit_size: int = 3) -> dict[str, list]:
+                latent_hw: tuple[int, int], skip=None, unit_size: int = 3,
+                professions: Sequence[str | None] | None = None) -> dict[str, list]:
         """Per image of ``images`` (N, 3, H, W) in [0, 1] (generated from ``prompts`` inside
         ``capture``): ``DEPENDENCY_COLUMNS`` as lists of length N. ``skip[i]``: image i was not
         produced (blocked): no_image. The images come in units of ``unit_size`` consecutive ones
         (a triplet's neutral, feminine, masculine): the detector vocabulary is the unit's
-        (``unit_vocabulary``); each image's own noun set decides what is explicit."""
+        (``unit_vocabulary``); each image's own noun set decides what is explicit. ``professions``:
+        per image, its unit's profession (Profession triplets; None for captions): the unit's noun
+        sets are then read with the profession out of the tagger's way (``unit_forms``)."""
         n = int(images.shape[0])
         if unit_size < 1 or n % unit_size:
             raise ValueError(f"{n} images do not make whole units of {unit_size}")
         skip = np.zeros(n, bool) if skip is None else np.asarray(skip, bool)
         forms = self.nouns(prompts)
         if unit_size > 1 and self.share_nouns:
+            prof = list(professions) if professions is not None else [None] * n
             forms = [f for u in range(0, n, unit_size)
-                     for f in self.shared_noun_forms(prompts[u:u + unit_size], forms[u:u + unit_size])]
+                     for f in self.unit_forms(prompts[u:u + unit_size], forms[u:u + unit_size], prof[u])]
         out: dict[str, list] = {f.name: [None] * n for f in self.output_fields}
         todo = [i for i in range(n) if not skip[i]]
         for i in range(n):

@@ -62,6 +62,7 @@ from schemas.exposed import (
     IMAGE_ID,
     MASCULINE,
     NEUTRAL,
+    PROFESSION,
     SEED_INDEX,
     TRIPLET_ID,
     TRIPLET_SOURCE,
@@ -197,7 +198,7 @@ class TripletGenerator:
         """Whether the pipeline runs classifier-free guidance (a conditional and an unconditional half)."""
         return self.guidance_scale > 1 and getattr(self.pipe.unet.config, "time_cond_proj_dim", None) is None
 
-    def _units(self, units: list[int], triplets, seeds):
+    def _units(self, units: list[int], triplets, seeds, professions=None):
         """Generate ``units`` in one call and measure them: (uint8 images (U*3, H, W, 3), blocked
         (U, 3), flags or None, {space: (U, 3)} with NaN rows for units with a blocked image,
         {dependency column: list of U*3} or None)."""
@@ -214,9 +215,10 @@ class TripletGenerator:
         flat_images = images.reshape(-1, *images.shape[2:])
         objects = None
         if self.dependency is not None:
+            prof = None if professions is None else [professions[u] for u in units for _ in range(3)]
             objects = self.dependency.analyse(flat_images, [p for t in chosen for p in t], attention,
                                               self.pipe.tokenizer, tuple(latents.shape[-2:]), blocked.reshape(-1),
-                                              unit_size=3)
+                                              unit_size=3, professions=prof)
         return _to_uint8(flat_images), blocked, flags, sims, objects
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -225,6 +227,8 @@ class TripletGenerator:
         n = batch.num_rows
         triplets = list(zip(*(batch.column(c).to_pylist() for c in PROMPT_COLUMNS))) if n else []
         seeds = batch.column(SEED).to_pylist()
+        # the unit's profession (Profession triplets): its noun sets are read with it (dependency analysis)
+        professions = batch.column(PROFESSION).to_pylist() if PROFESSION in batch.column_names else None
         todo = [u for u in range(n) if all(_valid_prompt(p) for p in triplets[u])]
         missing = [u for u in todo if seeds[u] is None]
         if missing:
@@ -247,7 +251,7 @@ class TripletGenerator:
                 units = pending.pop(0)
                 failure = None
                 try:
-                    images, blocked, flags, measured, found = self._units(units, triplets, seeds)
+                    images, blocked, flags, measured, found = self._units(units, triplets, seeds, professions)
                 except Exception as exc:
                     if not _out_of_memory(exc):
                         raise

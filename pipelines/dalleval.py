@@ -151,12 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "or parquet with an image column (default: scikit-image's "
                                                        "bundled photos, a stand-in)")
     s.add_argument("--max-reference-images", type=int, metavar="N", help="at most N reference images")
+    s.add_argument("--reference-pairing", choices=["all", "captions"],
+                   help="all: every reference image (default); captions: only the drawn captions' own images, "
+                        "matched by image id (--caption-group-column), with Table 19's real-image R-precision row")
+    s.add_argument("--reference-statistics", metavar="NPZ",
+                   help="precomputed FID statistics (.npz with mu and sigma, e.g. DM-GAN's coco_val.npz, which "
+                        "the released code pairs with --fid-extractor torchvision) instead of reference images")
+    s.add_argument("--reference-caption-column", metavar="COL",
+                   help="parquet reference: the images' captions (adds the real-image R-precision row)")
     _generation_args(a)
     d = a.add_argument_group("measures")
     _clip_args(d, "R-precision and CLIPScore")
     d.add_argument("--negatives", type=int, help="random other captions per image for R-precision (default 99)")
-    d.add_argument("--fid-extractor", metavar="SPEC", help="inception (default: torch-fidelity's Inception v3) or "
-                                                           "package.module:function returning a feature module")
+    d.add_argument("--r-precision-reading", choices=["project", "released"],
+                   help="project (default): cosines, distinct negatives, a tie is a miss; released: the released "
+                        "code's raw dot products, negatives with replacement, a tie is a hit, mean of 5 repeats")
+    d.add_argument("--fid-extractor", metavar="SPEC", help="inception (default: torch-fidelity's TF-FID Inception v3), "
+                                                           "torchvision (the released code's ImageNet Inception v3) "
+                                                           "or package.module:function returning a feature module")
     d.add_argument("--fid-weights", metavar="FILE", help="local weights of the FID extractor (for inception: "
                                                          "weights-inception-2015-12-05-6726825d.pth)")
     d.add_argument("--standin-models", action="store_true",

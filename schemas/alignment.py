@@ -21,8 +21,13 @@ CAPTION_ID = "caption_id"              # the user's id of the caption (or its ro
 CLIP_IMAGE_EMBEDDING = "clip_image_embedding"  # list<float32>, unit L2 norm
 CLIP_TEXT_EMBEDDING = "clip_text_embedding"    # list<float32>, unit L2 norm, of the prompt (the caption)
 CLIP_COSINE = "clip_cosine"            # float32: cosine of the two
+# float32: the L2 norms of the two embeddings before normalising (unit vector x norm = CLIP's raw
+# feature), for the released DALL-Eval code's R-precision, which ranks raw dot products
+CLIP_IMAGE_NORM = "clip_image_norm"
+CLIP_TEXT_NORM = "clip_text_norm"
 FID_FEATURES = "fid_features"          # list<float32>: the FID extractor's feature vector of the image
 REFERENCE_ID = "reference_id"          # the reference image's path (or id column)
+CAPTION_GROUP = "caption_group"        # the drawn caption's group (captions.group_column, e.g. COCO's image_id)
 REFERENCE_STATUS = "reference_status"  # "ok" / "decode_error"
 
 
@@ -44,6 +49,8 @@ CLIP_ALIGNMENT_COLUMNS = pa.schema([
     pa.field(CLIP_IMAGE_EMBEDDING, pa.list_(pa.float32())),
     pa.field(CLIP_TEXT_EMBEDDING, pa.list_(pa.float32())),
     pa.field(CLIP_COSINE, pa.float32()),
+    pa.field(CLIP_IMAGE_NORM, pa.float32()),
+    pa.field(CLIP_TEXT_NORM, pa.float32()),
 ])
 
 FID_COLUMNS = pa.schema([pa.field(FID_FEATURES, pa.list_(pa.float32()))])
@@ -63,4 +70,8 @@ REFERENCE_FEATURES = pa.schema([
     pa.field(REFERENCE_ID, pa.string()),
     pa.field(REFERENCE_STATUS, pa.string()),
     *FID_COLUMNS,
+    # with captions for the reference images (pairing "captions", or a parquet caption column): the
+    # caption and the CLIP columns, for Table 19's real-image R-precision row; null otherwise
+    pa.field(PROMPT, pa.string()),
+    *CLIP_ALIGNMENT_COLUMNS,
 ])

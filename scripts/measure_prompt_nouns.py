@@ -9,7 +9,10 @@ captions' triplets, for each prompt's own tagging and for the unit's shared noun
 
 * units whose three noun sets differ apart from the words they differ in by construction;
 * Profession units where the profession's head word is not a noun of all three prompts;
-* Profession units where the template's verb (the word after the profession) is counted as a noun.
+* Profession units where the template's verb (the word after the profession) is counted as a noun;
+
+and, for the Profession units, the same for the default reading (``PromptDependency.unit_forms``:
+the neutral prompt tagged with the profession replaced by "person", plus the profession's nouns).
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ def main(argv=None) -> int:
     from pipelines.studies.exposed import triplets as T
     from schemas.exposed import TRIPLET_GENDER_LEMMAS
 
-    class Tagger:
+    class Tagger:   # the parts of PromptDependency the noun sets use, without its detector
         nlp = load_tagger(args.spacy_model)
+        profession_noun_forms = PromptDependency.profession_noun_forms
+        unit_forms = PromptDependency.unit_forms
+        shared_noun_forms = staticmethod(PromptDependency.shared_noun_forms)
 
     tagger = Tagger()
     prof, _ = T.profession_triplets()
@@ -50,7 +56,12 @@ def main(argv=None) -> int:
         own = PromptDependency.nouns(tagger, prompts)
         shared = [f for k in range(0, len(prompts), 3) for f in PromptDependency.shared_noun_forms(
             prompts[k:k + 3], own[k:k + 3])]
-        for label, forms in (("each prompt's own tagging", own), ("one noun set per unit", shared)):
+        readings = [("each prompt's own tagging", own), ("one noun set per unit", shared)]
+        if professions is not None:
+            aware = [f for k in range(0, len(prompts), 3) for f in tagger.unit_forms(
+                prompts[k:k + 3], own[k:k + 3], professions[k // 3])]
+            readings.append(("+ profession-aware (default)", aware))
+        for label, forms in readings:
             differ = sum(1 for k in range(0, len(forms), 3)
                          if not (set(core(forms[k])) == set(core(forms[k + 1])) == set(core(forms[k + 2]))))
             line = f"{name:<12} {label:<26} units {len(rows):>4}  noun sets differ: {differ:>4}"

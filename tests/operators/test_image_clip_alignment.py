@@ -125,3 +125,22 @@ def test_as_a_generator_head_it_scores_the_saved_images_alike(scorer, tmp_path):
         np.testing.assert_allclose(head_vectors[:2], payload_vectors[:2], atol=1e-5)
     np.testing.assert_allclose(out.column(CLIP_COSINE).to_numpy(zero_copy_only=False)[:2],
                                again.column(CLIP_COSINE).to_numpy(zero_copy_only=False)[:2], atol=1e-5)
+
+
+def test_norms_restore_the_raw_clip_features_on_both_paths(scorer):
+    """The released R-precision ranks raw (unnormalised) CLIP features: unit vector x stored norm."""
+    from operators.image_clip_gender import encode_image_tensor, encode_texts
+    from operators.support.codec import rgb_levels
+    from schemas.alignment import CLIP_IMAGE_NORM, CLIP_TEXT_NORM
+
+    images = float_images(seed=2)
+    out = scorer.classify_tensor(images, prompts=PROMPTS)
+    raw_img = encode_image_tensor(scorer.bundle, rgb_levels(images).div_(255.0), 8).detach().float().numpy()
+    raw_txt = encode_texts(scorer.bundle, PROMPTS).detach().float().numpy()
+    np.testing.assert_allclose(out[CLIP_IMAGE_EMBEDDING] * out[CLIP_IMAGE_NORM][:, None], raw_img, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[CLIP_TEXT_EMBEDDING] * out[CLIP_TEXT_NORM][:, None], raw_txt, rtol=1e-4, atol=1e-5)
+    assert np.abs(out[CLIP_IMAGE_NORM] - 1).max() > 1e-3      # not unit: a real scale to restore
+    packed = pa.table(pack_rgb8(as_payload(images) + as_payload(images[:1])))
+    t = scorer(packed.append_column(PROMPT, pa.array(PROMPTS + [None])))
+    np.testing.assert_allclose(t[CLIP_IMAGE_NORM].to_numpy(zero_copy_only=False)[:3], out[CLIP_IMAGE_NORM], rtol=1e-4)
+    assert t[CLIP_IMAGE_NORM].null_count == 0 and t[CLIP_TEXT_NORM].null_count == 1   # a null prompt: no text norm

@@ -127,3 +127,37 @@ def test_bad_extractor_spec_is_a_model_load_error(spec):
 def test_missing_inception_weights_file_is_a_model_load_error(tmp_path):
     with pytest.raises(ModelLoadError, match="weights-inception-2015-12-05-6726825d.pth"):
         load_fid_extractor("inception", weights=str(tmp_path / "absent.pth"), device="cpu")
+
+
+# ---------------------------------- the released DALL-Eval code's network: torchvision Inception v3
+@pytest.fixture(scope="module")
+def torchvision_weights(tmp_path_factory):
+    from torchvision.models import inception_v3
+
+    torch.manual_seed(0)
+    net = inception_v3(weights=None, aux_logits=True, transform_input=True, init_weights=True)
+    path = tmp_path_factory.mktemp("tv") / "inception_v3_google-0cc3c7bd.pth"
+    torch.save(net.state_dict(), path)
+    return str(path), net
+
+
+def test_torchvision_inception_loads_imagenet_weights_and_gives_pool_features(torchvision_weights):
+    import torch.nn.functional as F
+
+    path, net = torchvision_weights
+    ex = load_fid_extractor("torchvision", path, device="cpu")
+    assert ex.dim == 2048 and ex.record["sha256"] == file_sha256(path) and ex.record["extractor"] == "torchvision"
+    x = torch.randint(0, 256, (2, 3, 50, 70), dtype=torch.uint8)
+    got = extract_features(ex, x)
+    # by hand: bilinear 299 x 299, [0, 1], ImageNet mean/std, then the network without its classifier
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    y = F.interpolate(x.float(), size=(299, 299), mode="bilinear", align_corners=False) / 255.0
+    net = net.eval()
+    net.fc = torch.nn.Identity()
+    with torch.inference_mode():
+        want = net((y - mean) / std).numpy()
+    assert got.shape == (2, 2048)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    with pytest.raises(ModelLoadError, match="inception_v3_google"):
+        load_fid_extractor("torchvision", path + ".missing", device="cpu")

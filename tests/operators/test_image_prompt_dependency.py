@@ -29,6 +29,7 @@ from schemas.exposed import (
     MASCULINE,
     NEUTRAL,
     OBJECT_BOXES,
+    PROFESSION,
     OBJECT_GROUPS,
     OBJECT_LABELS,
     OBJECT_MASKS,
@@ -149,12 +150,59 @@ def test_a_unit_shares_one_noun_set_apart_from_its_gender_words():
 
 
 class _Tagger:
-    """PromptDependency.nouns without building the detector: the default spaCy tagger."""
+    """PromptDependency's noun sets without building the detector: the default spaCy tagger."""
+
+    profession_noun_forms = PromptDependency.profession_noun_forms
+    unit_forms = PromptDependency.unit_forms
+    shared_noun_forms = staticmethod(PromptDependency.shared_noun_forms)
 
     def __init__(self):
         from operators.text_prompt_nouns import load_tagger
 
         self.nlp = load_tagger()
+
+
+def test_a_profession_unit_reads_its_nouns_with_the_profession_out_of_the_taggers_way():
+    """Issue 27 item 10: with the profession known, the profession is a noun of all three prompts
+    and the template's verb is not (spaCy alone tags "studies" a noun in every variant)."""
+    tagger = _Tagger()
+    triplet = ["A botanist studies samples in a bright laboratory",
+               "A female botanist studies samples in a bright laboratory",
+               "A male botanist studies samples in a bright laboratory"]
+    own = [dict(f) for f in PromptDependency.nouns(tagger, triplet)]
+    assert all("study" in f for f in own)                                # the tagger's verb-as-noun
+    forms = tagger.unit_forms(triplet, own, "botanist")
+    assert [list(f) for f in forms] == [["botanist", "sample", "laboratory"]] * 3
+    # without the profession (a caption unit) the unit still shares one set, verb included
+    assert [list(f) for f in tagger.unit_forms(triplet, own, None)] == [["botanist", "study", "sample",
+                                                                          "laboratory"]] * 3
+    two = ["A software developer writes code in a quiet office", "A female software developer writes code in a "
+           "quiet office", "A male software developer writes code in a quiet office"]
+    forms = tagger.unit_forms(two, [dict(f) for f in PromptDependency.nouns(tagger, two)], "software developer")
+    assert all("developer" in f and "write" not in f and "code" in f and "office" in f for f in forms)
+    assert tagger.profession_noun_forms("A person sings", "botanist") is None   # a prompt without it: own tagging
+    # a gender noun of a variant stays that variant's own
+    people = ["A person who is a nurse reads", "A woman who is a nurse reads", "A man who is a nurse reads"]
+    forms = tagger.unit_forms(people, [dict(f) for f in PromptDependency.nouns(tagger, people)], "nurse")
+    assert [("person" in f, "woman" in f, "man" in f) for f in forms] == [(True, False, False), (False, True, False),
+                                                                          (False, False, True)]
+    assert all("nurse" in f for f in forms)
+
+
+def test_the_generator_passes_each_units_profession_to_the_analysis(models, monkeypatch):
+    dep = dependency(models)
+    seen = []
+    real = PromptDependency.analyse
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("professions"))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(PromptDependency, "analyse", spy)
+    batch = units(TRIPLETS, [1, 2]).append_column(PROFESSION, pa.array(["dog walker", None], pa.string()))
+    out = TripletGenerator(models["sd"], steps=STEPS, device="cpu", dependency=dep, micro_batch=2)(batch)
+    assert seen == [["dog walker"] * 3 + [None] * 3]
+    assert out.num_rows == 6
 
 
 def test_groups_follow_the_recorded_masks(models):

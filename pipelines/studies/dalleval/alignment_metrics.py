@@ -7,6 +7,9 @@ and torch / torchmetrics for FID; no Ray, no models.
   ranked first. Here: the true caption must be strictly within the top ``r`` (a negative with an
   equal cosine ranks before it), negatives are drawn without replacement and seeded, and captions
   whose text equals the true caption's never serve as its negatives.
+- The released code's reading (``r_precision_released``), an option: raw dot products of the
+  unnormalised CLIP features; the 99 negatives drawn uniformly *with* replacement from all captions
+  (the true caption may be among them); a tie at the top counts as a hit; the mean of 5 repeats.
 - CLIPScore (Hessel et al. 2021): the mean of w * max(cos, 0) with w = 2.5; also the mean of
   100 * max(cos, 0), torchmetrics' CLIPScore convention.
 - FID (App. D.2): the Fréchet distance between Gaussians fitted to the feature vectors of generated
@@ -164,6 +167,45 @@ def r_precision(image_emb, text_emb, captions=None, negatives: int = R_PRECISION
             "hits": hits, "r": int(r)}
 
 
+R_PRECISION_REPEATS = 5      # the released code: the mean of 5 repeats
+
+
+def r_precision_released(image_emb, text_emb, image_norm, text_norm, negatives: int = R_PRECISION_NEGATIVES,
+                         r: int = R_PRECISION_R, repeats: int = R_PRECISION_REPEATS, seed: int = 0) -> dict:
+    """CLIP R-precision as the released DALL-Eval code computes it: each image's raw CLIP feature
+    (unit vector x ``image_norm``) scored by dot product against the raw features of its own
+    caption and ``negatives`` captions drawn uniformly with replacement from all n rows (its own
+    possibly among them); a hit when fewer than ``r`` negatives score strictly higher (a tie at
+    the top is a hit); the percentage of hits averaged over ``repeats`` independent draws.
+
+    Returns {r_precision, n, negatives, r, repeats, per_repeat: [percent per repeat]}."""
+    img = _unit_rows(image_emb, "image_emb") * np.asarray(image_norm, np.float32).reshape(-1, 1)
+    txt = _unit_rows(text_emb, "text_emb") * np.asarray(text_norm, np.float32).reshape(-1, 1)
+    if img.shape != txt.shape:
+        raise ValueError(f"image_emb {img.shape} and text_emb {txt.shape} differ in shape")
+    if r < 1 or repeats < 1 or negatives < 1:
+        raise ValueError(f"r ({r}), repeats ({repeats}) and negatives ({negatives}) must be >= 1")
+    n, d = img.shape
+    if n == 0:
+        return {"r_precision": float("nan"), "n": 0, "negatives": int(negatives), "r": int(r),
+                "repeats": int(repeats), "per_repeat": []}
+    rng = np.random.default_rng(seed)
+    per_repeat = []
+    step = max(1, _GATHER_ELEMENTS // max((negatives + 1) * d, 1))
+    for _ in range(int(repeats)):
+        neg = rng.integers(0, n, size=(n, int(negatives)), dtype=np.int64)
+        hits = 0
+        for start in range(0, n, step):
+            rows = np.arange(start, min(n, start + step))
+            # the true caption first, scored in the same einsum as the negatives: a drawn positive
+            # gets exactly its score (a tie), never a rounding-different one
+            sims = np.einsum("cd,ckd->ck", img[rows], txt[np.concatenate([rows[:, None], neg[rows]], axis=1)])
+            hits += int(((sims[:, 1:] > sims[:, :1]).sum(axis=1) < r).sum())
+        per_repeat.append(100.0 * hits / n)
+    return {"r_precision": float(np.mean(per_repeat)), "n": int(n), "negatives": int(negatives), "r": int(r),
+            "repeats": int(repeats), "per_repeat": per_repeat}
+
+
 def clip_score(cosines, w: float = CLIPSCORE_W) -> dict:
     """CLIPScore of image-caption cosines (NaN entries, i.e. missing pairs, are left out).
 
@@ -190,6 +232,45 @@ def _identity_features(d: int):
             return x
 
     return _StoredFeatures()
+
+
+def statistics(features) -> tuple[np.ndarray, np.ndarray]:
+    """(mu, sigma) of a feature matrix: the sample mean and covariance (n - 1), float64."""
+    a = np.asarray(features, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] < 2:
+        raise ValueError(f"statistics need an (n >= 2, d) matrix, got shape {a.shape}")
+    return a.mean(axis=0), np.cov(a, rowvar=False)
+
+
+def fid_from_statistics(gen_features, mu, sigma) -> dict:
+    """FID of generated features against precomputed reference statistics (an .npz's mu and sigma,
+    e.g. DM-GAN's coco_val.npz): ||mu_g - mu||^2 + Tr(S_g + S - 2 (S_g S)^(1/2)) in float64, the
+    square root by scipy's sqrtm (its imaginary round-off dropped)."""
+    from scipy import linalg
+
+    gen = np.asarray(gen_features, dtype=np.float64)
+    if gen.ndim != 2 or gen.shape[0] < 2:
+        raise ValueError(f"FID needs at least 2 generated feature rows, got shape {gen.shape}")
+    mu, sigma = np.asarray(mu, np.float64).reshape(-1), np.asarray(sigma, np.float64)
+    if sigma.shape != (len(mu), len(mu)) or gen.shape[1] != len(mu):
+        raise ValueError(f"statistics of {len(mu)} dims (sigma {sigma.shape}) for {gen.shape[1]}-dim features")
+    mu_g, sigma_g = statistics(gen)
+    covmean = linalg.sqrtm(sigma_g @ sigma)
+    covmean = np.real(covmean)
+    diff = mu_g - mu
+    value = float(diff @ diff + np.trace(sigma_g) + np.trace(sigma) - 2.0 * np.trace(covmean))
+    return {"fid": value, "n_generated": int(gen.shape[0]), "n_reference": None, "dims": int(len(mu))}
+
+
+def load_statistics(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mu, sigma) from an .npz file with arrays ``mu`` and ``sigma`` (pytorch-fid / DM-GAN format)."""
+    import fsspec
+
+    with fsspec.open(path, "rb") as fh:
+        data = np.load(fh)
+        if "mu" not in data or "sigma" not in data:
+            raise ValueError(f"{path}: an .npz with arrays 'mu' and 'sigma' expected, found {list(data.keys())}")
+        return np.asarray(data["mu"], np.float64), np.asarray(data["sigma"], np.float64)
 
 
 def fid(gen_features, ref_features) -> dict:

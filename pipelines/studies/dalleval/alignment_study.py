@@ -19,6 +19,8 @@ the stored vectors every time (another negative sample needs no new image).
 from __future__ import annotations
 
 import glob as _glob
+import posixpath
+import re
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +117,9 @@ def read_captions(cap: dict) -> tuple[pa.Table, dict]:
     if not ok:
         raise InputError(f"captions {path}: no usable caption")
     table = pa.table({A.CAPTION_ID: pa.array([ids[i] for i in ok], pa.string()),
-                      PROMPT: pa.array([" ".join(texts[i].split()) for i in ok], pa.string())})
+                      PROMPT: pa.array([" ".join(texts[i].split()) for i in ok], pa.string()),
+                      A.CAPTION_GROUP: pa.array([group[i] for i in ok] if group is not None else [None] * len(ok),
+                                                pa.string())})
     return table, counts
 
 
@@ -130,7 +134,13 @@ def requests_of(captions: pa.Table, seed: int) -> pa.Table:
 
 
 def reference_sources(ref: dict) -> tuple[str, list[str] | None]:
-    """("files", paths) for a directory or glob of images, ("parquet", [path]) or ("bundled", None)."""
+    """("files", paths) for a directory or glob of images, ("parquet", [path]), ("statistics",
+    [npz]) for precomputed FID statistics, or ("bundled", None)."""
+    if ref.get("statistics"):
+        path = str(ref["statistics"])
+        if not io.exists(*io.output_fs(path)):
+            raise InputError(f"reference statistics {path}: no such file")
+        return "statistics", [path]
     spec = ref.get("images")
     if spec is None:
         return "bundled", None
@@ -187,29 +197,79 @@ def read_files(batch: pa.Table) -> pa.Table:
     return _payload(batch.column(A.REFERENCE_ID).to_pylist(), blobs)
 
 
+def image_key(value) -> str:
+    """The key that pairs a reference image with a drawn caption's image id: the trailing digits of
+    a file name's stem as an integer (COCO_val2014_000000391895.jpg -> "391895"), else the stem."""
+    stem = posixpath.splitext(posixpath.basename(str(value)))[0]
+    m = re.search(r"(\d+)$", stem)
+    return str(int(m.group(1))) if m else stem
+
+
+def reference_captions(st: dict) -> dict[str, str] | None:
+    """image key -> drawn caption, for pairing "captions" (None otherwise)."""
+    if st["reference"].get("pairing", "all") != "captions":
+        return None
+    groups = st.get("caption_groups") or {}
+    if not groups:
+        raise InputError("reference.pairing: captions needs the captions' image ids: set captions.group_column "
+                         "(--caption-group-column, e.g. COCO's image_id)")
+    return {image_key(g): text for g, text in groups.items()}
+
+
+def _attach(b: pa.Table, captions: dict | None, caption_col: str | None) -> pa.Table:
+    """The payload with PROMPT: the drawn caption of its image id (pairing "captions"; images of
+    no drawn caption are left out here and counted by the caller), or the parquet caption column."""
+    if captions is not None:
+        keys = [image_key(v) for v in b.column(A.REFERENCE_ID).to_pylist()]
+        texts = [captions.get(k) for k in keys]
+        b = b.append_column(PROMPT, pa.array(texts, pa.string()))
+        return b.filter(pc.is_valid(b.column(PROMPT)))
+    if caption_col:
+        return b
+    return b.append_column(PROMPT, pa.nulls(b.num_rows, pa.string()))
+
+
 def reference_features(ray, st: dict, rd, per_actor: float) -> tuple[pa.Table, Phase]:
-    """FID features of every reference image (checkpointed once computed)."""
+    """FID features of every reference image (checkpointed once computed); with captions for the
+    images (pairing "captions" or a parquet caption column) also their CLIP embeddings."""
     path = f"{rd.path}/{FILES['reference']}"
     kind, paths = reference_sources(st["reference"])
     phase = Phase("reference features", "images", 0)
+    if kind == "statistics":
+        return A.REFERENCE_FEATURES.empty_table(), phase
     if io.exists(rd.fs, path):
         done = _read_parquet(rd.fs, path)
         phase.total = phase.reused = done.num_rows
         print(f"  reference features: {done.num_rows:,} reused from the checkpoint")
         return done, phase
-    fid = st["fid"]
-    head = Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
-                                       "batch_size": int(fid["batch_size"]), "device": st.get("device", "auto")})
-    head = stages.configure([head], {FidFeatureExtractor.stage_name: {"num_gpus": per_actor}})
+    fid, clip = st["fid"], st["clip"]
+    captions = reference_captions(st)
+    caption_col = st["reference"].get("caption_column") if kind == "parquet" else None
+    with_clip = captions is not None or bool(caption_col)
+    pipeline = [Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
+                                            "batch_size": int(fid["batch_size"]), "device": st.get("device", "auto")})]
+    if with_clip:   # Table 19's real-image row: the images against their own captions
+        pipeline.append(Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
+                                                    "revision": clip.get("revision"),
+                                                    "batch_size": int(clip["batch_size"]),
+                                                    "device": st.get("device", "auto")}))
+    pipeline = stages.configure(pipeline, {FidFeatureExtractor.stage_name: {"num_gpus": per_actor},
+                                           ClipAlignmentScorer.stage_name: {"num_gpus": per_actor}})
     if kind == "bundled":
         ds = runtime.from_table(ray, bundled_reference(), 8)
     elif kind == "files":
+        if captions is not None:   # only the drawn captions' images are read
+            paths = [p for p in paths if image_key(p) in captions]
         ds = runtime.from_table(ray, pa.table({A.REFERENCE_ID: pa.array(paths, pa.string())}), 64)
         ds = ds.map_batches(read_files, batch_format="pyarrow")
     else:
         col = st["reference"].get("image_column") or "image"
         idc = st["reference"].get("id_column")
-        ds = ray.data.read_parquet(paths[0], columns=[col] + ([idc] if idc else []))
+        if captions is not None and not idc:
+            raise InputError("reference.pairing: captions with a parquet reference needs reference.id_column "
+                             "(the image id the captions' group column names)")
+        ds = ray.data.read_parquet(paths[0], columns=[col] + ([idc] if idc else []) + ([caption_col] if caption_col
+                                                                                        else []))
         if st["reference"].get("max_images"):
             ds = ds.limit(int(st["reference"]["max_images"]))
 
@@ -217,28 +277,48 @@ def reference_features(ray, st: dict, rd, per_actor: float) -> tuple[pa.Table, P
             blobs = b.column(col).to_pylist()
             blobs = [v.get("bytes") if isinstance(v, dict) else v for v in blobs]  # HF image structs
             ids = [str(v) for v in b.column(idc).to_pylist()] if idc else [None] * len(blobs)
-            return _payload(ids, blobs)
+            out = _payload(ids, blobs)
+            return out.append_column(PROMPT, b.column(caption_col).cast(pa.string())) if caption_col else out
 
         ds = ds.map_batches(to_payload, batch_format="pyarrow")
-    print("computing the FID features of the reference images ...")
+    ds = ds.map_batches(_attach, fn_args=(captions, caption_col), batch_format="pyarrow")
+    print("computing the FID features" + (" and CLIP embeddings" if with_clip else "") + " of the reference images ...")
     import time
 
     t0 = time.time()
-    refs = stages.run(ds, head).drop_columns([IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH]).to_arrow_refs()
-    parts = [t.select([A.REFERENCE_ID, A.FID_FEATURES]).cast(pa.schema([A.REFERENCE_FEATURES.field(A.REFERENCE_ID),
-                                                                     A.REFERENCE_FEATURES.field(A.FID_FEATURES)]))
-             for t in ray.get(refs) if t.num_rows]
-    table = pa.concat_tables(parts) if parts else A.REFERENCE_FEATURES.empty_table().drop_columns([A.REFERENCE_STATUS])
+    keep = [A.REFERENCE_ID, A.FID_FEATURES, PROMPT] + ([f.name for f in A.CLIP_ALIGNMENT_COLUMNS] if with_clip else [])
+    refs = stages.run(ds, pipeline).drop_columns([IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH]).to_arrow_refs()
+    parts = [conform(t.select(keep), A.REFERENCE_FEATURES) for t in ray.get(refs) if t.num_rows]
+    table = pa.concat_tables(parts) if parts else A.REFERENCE_FEATURES.empty_table()
     if kind == "parquet" and not st["reference"].get("id_column"):
         table = table.set_column(table.schema.get_field_index(A.REFERENCE_ID), A.REFERENCE_ID,
                                  pa.array([str(i) for i in range(table.num_rows)], pa.string()))
     status = pc.if_else(pc.is_valid(table.column(A.FID_FEATURES)), A.ReferenceStatus.OK,
                         A.ReferenceStatus.DECODE_ERROR)
-    table = conform(table.append_column(A.REFERENCE_STATUS, status), A.REFERENCE_FEATURES)
+    table = table.set_column(table.schema.get_field_index(A.REFERENCE_STATUS), A.REFERENCE_STATUS, status)
+    table = conform(table, A.REFERENCE_FEATURES)
     io.write_table(table, rd.fs, path)
     phase.total = phase.processed = table.num_rows
     phase.seconds = time.time() - t0
     return table, phase
+
+
+def pairing_record(st: dict, reference: pa.Table) -> dict:
+    """What the FID and the real-image row compared with: the reference kind, pairing, extractor,
+    how many of the drawn captions' images were found, and whether the pairing is the released
+    code's (comparable with Table 19's FID column)."""
+    kind, paths = reference_sources(st["reference"])
+    rec = {"kind": kind, "pairing": st["reference"].get("pairing", "all"), "extractor": st["fid"]["extractor"],
+           "statistics": paths[0] if kind == "statistics" else None,
+           "comparable_with_table19_fid": bool(kind == "statistics" and st["fid"]["extractor"] == "torchvision"),
+           "comparable_note": "Table 19's FID (released code): torchvision's ImageNet Inception v3 against DM-GAN's "
+                              "precomputed COCO val2014 statistics (coco_val.npz): --fid-extractor torchvision "
+                              "--reference-statistics coco_val.npz"}
+    if rec["pairing"] == "captions" and kind != "statistics":
+        drawn = len(st.get("caption_groups") or {})
+        found = len({image_key(v) for v in reference.column(A.REFERENCE_ID).to_pylist()})
+        rec.update({"drawn_captions": drawn, "images_found": found, "images_missing": drawn - found})
+    return rec
 
 
 def _read_parquet(fs, path: str) -> pa.Table:
@@ -259,8 +339,13 @@ def settings(args) -> dict:
     ref = dict(cfg["reference"])
     if getattr(args, "reference", None) is not None:
         ref["images"] = args.reference
-    if getattr(args, "max_reference_images", None) is not None:
-        ref["max_images"] = args.max_reference_images
+    for key, attr in (("max_images", "max_reference_images"), ("pairing", "reference_pairing"),
+                      ("statistics", "reference_statistics"), ("caption_column", "reference_caption_column")):
+        if getattr(args, attr, None) is not None:
+            ref[key] = getattr(args, attr)
+    ref.setdefault("pairing", "all")
+    if ref["pairing"] not in ("all", "captions"):
+        raise ValueError(f"reference.pairing must be 'all' or 'captions', not {ref['pairing']!r}")
     fid = dict(cfg["fid"])
     for key, attr in (("extractor", "fid_extractor"), ("weights", "fid_weights")):
         if getattr(args, attr, None) is not None:
@@ -268,6 +353,12 @@ def settings(args) -> dict:
     rp = dict(cfg["r_precision"])
     if getattr(args, "negatives", None) is not None:
         rp["negatives"] = args.negatives
+    if getattr(args, "r_precision_reading", None) is not None:
+        rp["reading"] = args.r_precision_reading
+    rp.setdefault("reading", "project")
+    rp.setdefault("repeats", 5)
+    if rp["reading"] not in ("project", "released"):
+        raise ValueError(f"r_precision.reading must be 'project' or 'released', not {rp['reading']!r}")
     if int(rp["negatives"]) < 1 or int(rp["r"]) < 1:
         raise ValueError(f"r_precision: negatives ({rp['negatives']}) and r ({rp['r']}) must be >= 1")
     ex = dict(cfg["execution"])
@@ -309,6 +400,9 @@ class AlignmentStudy:
     def settings(self, args) -> dict:
         st = settings(args)
         captions, st["caption_counts"] = read_captions(st["captions"])
+        # image id -> the drawn caption (pairing "captions" finds the reference images by it)
+        st["caption_groups"] = {g: t for g, t in zip(captions.column(A.CAPTION_GROUP).to_pylist(),
+                                                     captions.column(PROMPT).to_pylist()) if g is not None}
         st["requests"] = requests_of(captions, int(st["generation"]["seed"]))
         reference_sources(st["reference"])   # a missing reference set fails now, before anything starts
         st["models_loaded"] = list(st["generation"]["models"])
@@ -324,7 +418,10 @@ class AlignmentStudy:
         c = st["caption_counts"]
         kind, paths = reference_sources(st["reference"])
         ref = {"bundled": "scikit-image's bundled photos (stand-in reference)", "parquet": f"parquet {paths and paths[0]}",
-               "files": f"{len(paths or []):,} image files"}[kind]
+               "files": f"{len(paths or []):,} image files",
+               "statistics": f"precomputed statistics {paths and paths[0]}"}[kind]
+        if st["reference"].get("pairing") == "captions" and kind != "statistics":
+            ref += " (only the drawn captions' own images, by image id)"
         print(f"DALL-Eval alignment / quality: {c['kept']:,} captions ({c['read']:,} read), one image each per "
               f"generator; CLIP {st['clip']['model']} R-precision (1 + {st['r_precision']['negatives']}), CLIPScore; "
               f"FID ({'a tiny stand-in' if args.standin_models else st['fid']['extractor']}) against {ref}")
@@ -370,6 +467,7 @@ class AlignmentStudy:
             lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
             "generating and scoring")
         table = measures(images, reference, st)
+        pairing = pairing_record(st, reference)
         io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=VECTORS)
         io.write_text(table.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table']}")
         save_images = not args.no_save_images
@@ -381,6 +479,7 @@ class AlignmentStudy:
                        "save_images": save_images},
             "captions": st["caption_counts"],
             "reference": {"images": reference.num_rows, "ok": ok_ref},
+            "fid_reference": pairing,
             "results": table.to_dict("records"),
             "error_budgets": [b.as_dict() for b in budgets],
         }
@@ -392,7 +491,7 @@ class AlignmentStudy:
                           {A.ReferenceStatus.DECODE_ERROR: reference.num_rows - ok_ref}, ref_phase.processed)]
         rows += generation_rows(images, requests.num_rows, phases, scored_rows)
         return Outcome(metrics, rows, {"images": images, "table": table, "save_images": save_images,
-                                       "reference": reference})
+                                       "reference": reference, "pairing": pairing})
 
     def report(self, run: Run, outcome: Outcome) -> None:
         from pipelines.studies.dalleval import report_alignment
@@ -401,7 +500,7 @@ class AlignmentStudy:
         meta = {"run_id": rd.run_id, "output": rd.display(), "models": st["models_loaded"],
                 "standin": bool(run.args.standin_models), "captions": st["caption_counts"],
                 "reference": reference_sources(st["reference"])[0], "fid": st["fid"], "clip": st["clip"],
-                "r_precision": st["r_precision"],
+                "r_precision": st["r_precision"], "pairing": d["pairing"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
                 "examples": int(st["report"].get("examples", 8))}
         html = report_alignment.render_html(meta, d["images"], d["table"], run.models, figures=FigureDir(rd.fs, rd.path))
@@ -442,37 +541,68 @@ def _vectors(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     return embeddings_of(table.column(column))
 
 
+REAL_IMAGES = "real images (reference)"
+
+
 def measures(images: pa.Table, reference: pa.Table, st: dict) -> pd.DataFrame:
-    """Table 19's shape per model: R-precision, CLIPScore and FID with the images behind each."""
+    """Table 19's shape per model: R-precision, CLIPScore and FID with the images behind each; and,
+    when the reference images have captions, Table 19's real-image row (R-precision and CLIPScore
+    of the reference images against their own captions)."""
+    kind, paths = reference_sources(st["reference"])
+    stats = AM.load_statistics(paths[0]) if kind == "statistics" else None
     ref, ref_ok = _vectors(reference, A.FID_FEATURES)
     ref = ref[ref_ok]
-    rp, cs = st["r_precision"], st["clip_score"]
+    cs = st["clip_score"]
     rows = []
     for model in dict.fromkeys(images.column(MODEL).to_pylist()):
         mine = images.filter(pc.equal(images.column(MODEL), model))
-        img, ok_i = _vectors(mine, A.CLIP_IMAGE_EMBEDDING)
-        txt, ok_t = _vectors(mine, A.CLIP_TEXT_EMBEDDING)
-        ok = ok_i & ok_t
-        row = {"model": model}
-        if ok.sum() >= 2:
-            captions = np.asarray(mine.column(PROMPT).to_pylist(), dtype=object)[ok].tolist()
-            r = AM.r_precision(img[ok], txt[ok], captions=captions, negatives=int(rp["negatives"]), r=int(rp["r"]),
-                               seed=int(rp["seed"]))
-            row.update({"r_precision": r["r_precision"], "r_precision_n": r["n"], "negatives": r["negatives"]})
-        else:
-            row.update({"r_precision": None, "r_precision_n": int(ok.sum()), "negatives": None})
+        row = {"model": model, **_alignment(mine, st), "r_precision_reading": st["r_precision"]["reading"]}
         cos = mine.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
         cos = cos[~pd.isna(cos)].astype(np.float64)
         s = AM.clip_score(cos, w=float(cs["w"])) if len(cos) else {"clip_score": None, "clip_score_100": None, "n": 0}
         row.update({"clip_score": s["clip_score"], "clip_score_100": s["clip_score_100"], "clip_score_n": s["n"]})
         feats, ok_f = _vectors(mine, A.FID_FEATURES)
-        if ok_f.sum() >= 2 and len(ref) >= 2:
+        if stats is not None and ok_f.sum() >= 2:
+            f = AM.fid_from_statistics(feats[ok_f], *stats)
+            row.update({"fid": f["fid"], "fid_n_generated": f["n_generated"], "fid_n_reference": None})
+        elif stats is None and ok_f.sum() >= 2 and len(ref) >= 2:
             f = AM.fid(feats[ok_f], ref)
             row.update({"fid": f["fid"], "fid_n_generated": f["n_generated"], "fid_n_reference": f["n_reference"]})
         else:
             row.update({"fid": None, "fid_n_generated": int(ok_f.sum()), "fid_n_reference": int(len(ref))})
         rows.append(row)
+    if reference.num_rows and A.CLIP_COSINE in reference.column_names \
+            and pc.sum(pc.is_valid(reference.column(A.CLIP_COSINE))).as_py():
+        cos = reference.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
+        cos = cos[~pd.isna(cos)].astype(np.float64)
+        s = AM.clip_score(cos, w=float(cs["w"]))
+        rows.append({"model": REAL_IMAGES, **_alignment(reference, st), "r_precision_reading": st["r_precision"]["reading"],
+                     "clip_score": s["clip_score"], "clip_score_100": s["clip_score_100"], "clip_score_n": s["n"],
+                     "fid": None, "fid_n_generated": None, "fid_n_reference": None})
     return pd.DataFrame(rows)
+
+
+def _alignment(table: pa.Table, st: dict) -> dict:
+    """R-precision of the rows' images against their captions, in the configured reading."""
+    rp = st["r_precision"]
+    img, ok_i = _vectors(table, A.CLIP_IMAGE_EMBEDDING)
+    txt, ok_t = _vectors(table, A.CLIP_TEXT_EMBEDDING)
+    ok = ok_i & ok_t
+    if ok.sum() < 2:
+        return {"r_precision": None, "r_precision_n": int(ok.sum()), "negatives": None}
+    if rp["reading"] == "released":
+        norms = [table.column(c).to_numpy(zero_copy_only=False) for c in (A.CLIP_IMAGE_NORM, A.CLIP_TEXT_NORM)]
+        if any(pd.isna(n[ok]).any() for n in norms):
+            raise ValueError("the released R-precision needs the CLIP feature norms, which these rows lack "
+                             "(images scored before the norms were stored: run again in a new run directory)")
+        r = AM.r_precision_released(img[ok], txt[ok], norms[0][ok].astype(np.float32), norms[1][ok].astype(np.float32),
+                                    negatives=int(rp["negatives"]), r=int(rp["r"]), repeats=int(rp["repeats"]),
+                                    seed=int(rp["seed"]))
+    else:
+        captions = np.asarray(table.column(PROMPT).to_pylist(), dtype=object)[ok].tolist()
+        r = AM.r_precision(img[ok], txt[ok], captions=captions, negatives=int(rp["negatives"]), r=int(rp["r"]),
+                           seed=int(rp["seed"]))
+    return {"r_precision": r["r_precision"], "r_precision_n": r["n"], "negatives": r["negatives"]}
 
 
 def scored_rows(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) -> list[dict]:

@@ -29,14 +29,18 @@ def _num(v, digits: int = 2) -> str:
     return "-" if v is None or pd.isna(v) else f"{v:.{digits}f}"
 
 
+def _int(v) -> str:
+    return "-" if v is None or pd.isna(v) else str(int(v))
+
+
 def format_table(table: pd.DataFrame) -> str:
     lines = ["Image-text alignment and image quality (DALL-Eval Table 19 shape; n = images behind each figure)",
              f"{'model':<36} {'R-prec. %':>10} {'n':>7} {'CLIPScore':>10} {'x100':>7} {'n':>7} {'FID':>9} "
              f"{'n gen':>7} {'n ref':>7}"]
     for _, r in table.iterrows():
-        lines.append(f"{_short(r['model'])[:36]:<36} {_num(r['r_precision']):>10} {int(r['r_precision_n']):>7} "
-                     f"{_num(r['clip_score'], 4):>10} {_num(r['clip_score_100']):>7} {int(r['clip_score_n']):>7} "
-                     f"{_num(r['fid']):>9} {int(r['fid_n_generated']):>7} {int(r['fid_n_reference']):>7}")
+        lines.append(f"{_short(r['model'])[:36]:<36} {_num(r['r_precision']):>10} {_int(r['r_precision_n']):>7} "
+                     f"{_num(r['clip_score'], 4):>10} {_num(r['clip_score_100']):>7} {_int(r['clip_score_n']):>7} "
+                     f"{_num(r['fid']):>9} {_int(r['fid_n_generated']):>7} {_int(r['fid_n_reference']):>7}")
     return "\n".join(lines)
 
 
@@ -71,10 +75,27 @@ def render_html(meta: dict, images, table: pd.DataFrame, records: list[dict], *,
         parts.append("<p class='warn'>The FID reference is scikit-image's handful of bundled photos (the offline "
                      "default), not a real reference set: FID over so few images means nothing. Give the real images "
                      "with --reference.</p>")
+    rp = meta["r_precision"]
+    reading = ("the project's reading: cosines of unit CLIP vectors, distinct negatives never equal to the true "
+               "caption, a tie is a miss, one draw" if rp.get("reading", "project") == "project" else
+               f"the released code's reading: raw dot products of unnormalised CLIP features, negatives drawn with "
+               f"replacement from all captions, a tie at the top is a hit, the mean of {int(rp.get('repeats', 5))} draws")
     parts.append(f"<h2>Table 19 shape</h2><p>R-precision: % of images whose own caption CLIP ranks first among it and "
-                 f"{int(meta['r_precision']['negatives'])} random other captions (R = {int(meta['r_precision']['r'])}). "
+                 f"{int(rp['negatives'])} random other captions (R = {int(rp['r'])}; {reading}). "
                  f"CLIPScore: mean of 2.5 max(cos, 0) (Hessel et al.); x100: mean of 100 max(cos, 0). FID: Fréchet "
-                 f"distance of the generated and reference feature sets. <i>*_n</i>: images behind each figure.</p>")
+                 f"distance of the generated and reference feature sets. <i>*_n</i>: images behind each figure. "
+                 f"The row <i>real images (reference)</i>, when present, scores the reference images against their "
+                 f"own captions: the paper's upper bound (GT, 62.5).</p>")
+    pairing = meta.get("pairing") or {}
+    if pairing:
+        found = (f" {pairing['images_found']:,} of the {pairing['drawn_captions']:,} drawn captions' images were "
+                 f"found ({pairing['images_missing']:,} missing)." if "images_found" in pairing else "")
+        comparable = ("This pairing is the released code's: the FID column is comparable with Table 19's."
+                      if pairing.get("comparable_with_table19_fid") else
+                      "This is not the released code's pairing, so the FID column is not comparable with Table 19's "
+                      "(that needs " + H.esc(pairing["comparable_note"].split(": ", 1)[-1]) + ").")
+        parts.append(f"<p>FID reference: {H.esc(pairing['kind'])}, pairing {H.esc(pairing['pairing'])}, features "
+                     f"{H.esc(pairing['extractor'])}.{found} {comparable}</p>")
     parts.append(H.table(table, 3, na="-", text=H.short_path))
     parts.append("<p>The paper's Table 19 (30K COCO val2014 captions; CLIP ViT-B/32; Inception v3), for orientation:"
                  "</p>" + H.table(PAPER, 1, na="-"))

@@ -260,7 +260,9 @@ def unit_requests(triplets: pa.Table, seeds_per: dict, default_seeds: int, base_
                      S.TRIPLET_SOURCE: units.column(S.TRIPLET_SOURCE),
                      S.SEED_INDEX: pa.array(index, pa.int32()), S.NEUTRAL: units.column(S.NEUTRAL),
                      S.FEMININE: units.column(S.FEMININE), S.MASCULINE: units.column(S.MASCULINE),
-                     SEED: pa.array(image_seeds(base_seed, neutral, index), pa.int64())})
+                     SEED: pa.array(image_seeds(base_seed, neutral, index), pa.int64()),
+                     # the Profession set's profession (null for captions): the noun sets of sections 5-6 use it
+                     S.PROFESSION: units.column(S.PROFESSION)})
 
 
 def triplets_digest(triplets: pa.Table) -> str:

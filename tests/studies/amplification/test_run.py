@@ -104,10 +104,11 @@ def test_training_rows_one_per_subset_row_with_real_statuses(run_dir):
 def test_t_is_over_exactly_k_counted_images_walked_in_sample_key_order(run_dir):
     """Section 4: each occupation's naive subset is its pool's captions in sample_key order up to
     and including the 12th counted image (the paper's 500), and the walk is reported."""
-    images = pq.read_table(run_dir / "images.parquet").to_pandas()
+    images = pq.read_table(run_dir / "images.parquet")
     pool = pq.read_table(run_dir / "training_pool.parquet").to_pandas()
     walk = pq.read_table(run_dir / "training_walk.parquet").to_pandas().set_index("occupation")
-    naive = images[(images[I.SOURCE] == I.Source.TRAINING) & (images["subset"] == Subset.NAIVE)]
+    naive = images.filter(pc.and_(pc.equal(images[I.SOURCE], I.Source.TRAINING),
+                                  pc.equal(images["subset"], Subset.NAIVE))).to_pandas()   # caption ids: int64
     m = json.loads((run_dir / "metrics.json").read_text())["training_walk"]
     assert m["walked"] and m["training_sample"] == "counted_images" and m["groups"] == len(OCCS)
     walked_past = 0

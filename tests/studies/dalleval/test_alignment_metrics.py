@@ -154,3 +154,66 @@ def test_fid_rejects_too_few_rows_and_mismatched_dims():
         A.fid(x, x[:1])
     with pytest.raises(ValueError, match="dims"):
         A.fid(x, np.zeros((5, 4)))
+
+
+# ------------------------------------------------ the released code's R-precision (an option)
+def test_released_r_precision_ranks_raw_dot_products_not_cosines():
+    # image 0 is closest in angle to its own caption, but caption 1's raw feature is 10x longer
+    img = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    txt = np.array([[1.0, 0.0], [0.8, 0.6]], np.float32)
+    project = A.r_precision(img, txt, negatives=1, seed=0)
+    assert project["hits"] == 2                           # by cosine both images find their caption
+    rel = A.r_precision_released(img, txt, [1.0, 1.0], [1.0, 10.0], negatives=50, repeats=5, seed=0)
+    # image 0 misses whenever caption 1 is among its 50 draws (almost surely); image 1 always hits
+    assert rel["r_precision"] == pytest.approx(50.0) and len(rel["per_repeat"]) == 5
+    same = A.r_precision_released(img, txt, [1.0, 1.0], [1.0, 1.0], negatives=50, repeats=5, seed=0)
+    assert same["r_precision"] == 100.0                   # with equal norms it is the cosine ranking again
+
+
+def test_released_r_precision_counts_a_tie_as_a_hit_and_may_draw_the_positive():
+    # two images with identical captions' embeddings: a tie at the top for both
+    img = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
+    txt = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
+    ones = np.ones(2, np.float32)
+    assert A.r_precision_released(img, txt, ones, ones, negatives=99, repeats=3)["r_precision"] == 100.0
+    with pytest.raises(ValueError):                      # the project's reading: a tie is a miss, and
+        A.r_precision(img, txt, captions=["a dog", "a dog"])   # equal texts are never negatives
+    assert A.r_precision(img, txt, captions=["a dog", "the dog"], negatives=1)["hits"] == 0
+    # one image: its only possible negative is its own caption (drawn with replacement)
+    one = A.r_precision_released(img[:1], txt[:1], [1.0], [1.0], negatives=99, repeats=2)
+    assert one["r_precision"] == 100.0 and one["n"] == 1
+
+
+def test_released_r_precision_is_the_mean_of_seeded_repeats():
+    rng = np.random.default_rng(3)
+    img, txt = rng.normal(size=(60, 16)), rng.normal(size=(60, 16))
+    n_i, n_t = rng.uniform(0.5, 2, 60), rng.uniform(0.5, 2, 60)
+    a = A.r_precision_released(img, txt, n_i, n_t, negatives=9, repeats=5, seed=7)
+    assert a == A.r_precision_released(img, txt, n_i, n_t, negatives=9, repeats=5, seed=7)
+    assert a["r_precision"] == pytest.approx(np.mean(a["per_repeat"]))
+    assert len(set(a["per_repeat"])) > 1                  # independent draws per repeat
+    # each repeat recomputed by hand: raw features, draws with replacement, strict "beaten"
+    rng2 = np.random.default_rng(7)
+    f32 = np.float32
+    ri = (img / np.linalg.norm(img, axis=1, keepdims=True)).astype(f32) * n_i.astype(f32)[:, None]
+    rt = (txt / np.linalg.norm(txt, axis=1, keepdims=True)).astype(f32) * n_t.astype(f32)[:, None]
+    for value in a["per_repeat"]:
+        neg = rng2.integers(0, 60, size=(60, 9), dtype=np.int64)
+        sims = np.einsum("nd,nkd->nk", ri, rt[np.concatenate([np.arange(60)[:, None], neg], axis=1)])
+        assert value == pytest.approx(100 * ((sims[:, 1:] > sims[:, :1]).sum(1) < 1).mean(), abs=1e-9)
+
+
+# ------------------------------------------------ FID against precomputed statistics
+def test_fid_from_statistics_equals_fid_against_the_features_they_summarise(tmp_path):
+    rng = np.random.default_rng(0)
+    gen, ref = rng.normal(size=(80, 5)), rng.normal(0.4, 1.3, size=(120, 5))
+    mu, sigma = A.statistics(ref)
+    np.savez(tmp_path / "ref.npz", mu=mu, sigma=sigma)
+    loaded = A.load_statistics(str(tmp_path / "ref.npz"))
+    f = A.fid_from_statistics(gen, *loaded)
+    assert f["fid"] == pytest.approx(A.fid(gen, ref)["fid"], rel=1e-9) and f["n_reference"] is None
+    np.savez(tmp_path / "bad.npz", m=mu)
+    with pytest.raises(ValueError, match="mu"):
+        A.load_statistics(str(tmp_path / "bad.npz"))
+    with pytest.raises(ValueError, match="dims"):
+        A.fid_from_statistics(gen[:, :4], mu, sigma)

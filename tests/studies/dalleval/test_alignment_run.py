@@ -141,3 +141,63 @@ def test_missing_inputs_fail_cleanly(tmp_path):
                           "--standin-models"]) == 2
     assert dalleval.main(["alignment", "--output", str(tmp_path), "--reference", str(tmp_path / "empty*"),
                           "--standin-models"]) == 2
+
+
+def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_row(ray_local, tmp_path):
+    """App. D: FID against "the same 30K images used in the R-precision calculation" (pairing
+    captions, found by image id, how many found), Table 19's real-image row, the released code's
+    R-precision reading; and FID against precomputed statistics."""
+    from PIL import Image
+
+    from pipelines.studies.dalleval import alignment_study as AS
+
+    caps = pa.table({"image_id": [1, 1, 2, 3, 3, 5], "caption": ["a dog", "a brown dog", "a cat", "a red car",
+                                                                 "a car", "a boat"]})
+    pq.write_table(caps, tmp_path / "caps.parquet")
+    ref = tmp_path / "val2014"
+    ref.mkdir()
+    rng = np.random.default_rng(0)
+    for i in (1, 2, 3, 4):   # 4: no drawn caption; 5: drawn, but its image is missing
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(ref / f"COCO_val2014_{i:012d}.jpg")
+    out = tmp_path / "out"
+    assert dalleval.main(["alignment", "--output", str(out), "--standin-models", "--captions",
+                          str(tmp_path / "caps.parquet"), "--caption-group-column", "image_id", "--reference", str(ref),
+                          "--reference-pairing", "captions", "--r-precision-reading", "released", "--steps", "2",
+                          "--run-id", "q", "--no-progress", "--generators", "one", "--no-save-images"]) == 0
+    run = out / "q"
+    m = json.loads((run / "metrics.json").read_text())
+    pairing = m["fid_reference"]
+    assert (pairing["drawn_captions"], pairing["images_found"], pairing["images_missing"]) == (4, 3, 1)
+    assert pairing["pairing"] == "captions" and pairing["comparable_with_table19_fid"] is False
+    refs = pq.read_table(run / "reference_features.parquet").to_pandas()
+    images = pq.read_table(run / "images.parquet").to_pandas()
+    assert sorted(AS.image_key(r) for r in refs["reference_id"]) == ["1", "2", "3"]
+    drawn = dict(zip(images["caption_id"].astype(int), images["prompt"]))    # row number -> drawn caption
+    group_of = dict(enumerate(caps["image_id"].to_pylist()))
+    by_image = {str(group_of[c]): p for c, p in drawn.items()}
+    assert {AS.image_key(r): p for r, p in zip(refs["reference_id"], refs["prompt"])} == \
+        {k: by_image[k] for k in ("1", "2", "3")}                            # each image with its drawn caption
+    table = pd.read_csv(run / "alignment_quality.csv").set_index("model")
+    real = table.loc[AS.REAL_IMAGES]
+    want = AM.r_precision_released(_vectors(refs[A.CLIP_IMAGE_EMBEDDING]), _vectors(refs[A.CLIP_TEXT_EMBEDDING]),
+                                   refs[A.CLIP_IMAGE_NORM].to_numpy(np.float32), refs[A.CLIP_TEXT_NORM].to_numpy(np.float32),
+                                   negatives=99, r=1, repeats=5, seed=0)
+    assert real["r_precision"] == pytest.approx(want["r_precision"]) and real["r_precision_n"] == 3
+    gen = table.drop(AS.REAL_IMAGES).iloc[0]
+    mine = AM.r_precision_released(_vectors(images[A.CLIP_IMAGE_EMBEDDING]), _vectors(images[A.CLIP_TEXT_EMBEDDING]),
+                                   images[A.CLIP_IMAGE_NORM].to_numpy(np.float32),
+                                   images[A.CLIP_TEXT_NORM].to_numpy(np.float32), negatives=99, r=1, repeats=5, seed=0)
+    assert gen["r_precision"] == pytest.approx(mine["r_precision"]) and gen["r_precision_reading"] == "released"
+    assert gen["fid_n_reference"] == 3
+    assert "real images (reference)" in (run / "report.html").read_text()
+
+    # precomputed statistics: FID of the same generated features against the statistics of the same
+    # reference features equals FID against the features
+    mu, sigma = AM.statistics(_vectors(refs[A.FID_FEATURES]))
+    np.savez(tmp_path / "stats.npz", mu=mu, sigma=sigma)
+    st = {"reference": {"statistics": str(tmp_path / "stats.npz"), "pairing": "all"}, "clip_score": {"w": 2.5},
+          "r_precision": {"negatives": 99, "r": 1, "seed": 0, "reading": "project", "repeats": 5},
+          "fid": {"extractor": "torchvision"}}
+    with_stats = AS.measures(pq.read_table(run / "images.parquet"), A.REFERENCE_FEATURES.empty_table(), st).iloc[0]
+    assert with_stats["fid"] == pytest.approx(gen["fid"], rel=1e-6) and with_stats["fid_n_reference"] is None
+    assert AS.pairing_record(st, A.REFERENCE_FEATURES.empty_table())["comparable_with_table19_fid"] is True
