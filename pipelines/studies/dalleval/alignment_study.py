@@ -205,14 +205,22 @@ def image_key(value) -> str:
     return str(int(m.group(1))) if m else stem
 
 
+def effective_pairing(st: dict) -> str:
+    """The reference pairing that applies: "n/a" for the bundled stand-in photos and for
+    precomputed statistics (no images to pair), else the configured one."""
+    kind = reference_sources(st["reference"])[0]
+    return "n/a" if kind in ("bundled", "statistics") else st["reference"].get("pairing", "all")
+
+
 def reference_captions(st: dict) -> dict[str, str] | None:
     """image key -> drawn caption, for pairing "captions" (None otherwise)."""
-    if st["reference"].get("pairing", "all") != "captions":
+    if effective_pairing(st) != "captions":
         return None
     groups = st.get("caption_groups") or {}
     if not groups:
-        raise InputError("reference.pairing: captions needs the captions' image ids: set captions.group_column "
-                         "(--caption-group-column, e.g. COCO's image_id)")
+        raise InputError("reference.pairing: captions (App. D.2: the drawn captions' own images, the preset's "
+                         "default) needs the captions' image ids: --caption-group-column (e.g. COCO's image_id); "
+                         "--reference-pairing all compares with every given reference image instead")
     return {image_key(g): text for g, text in groups.items()}
 
 
@@ -308,13 +316,13 @@ def pairing_record(st: dict, reference: pa.Table) -> dict:
     how many of the drawn captions' images were found, and whether the pairing is the released
     code's (comparable with Table 19's FID column)."""
     kind, paths = reference_sources(st["reference"])
-    rec = {"kind": kind, "pairing": st["reference"].get("pairing", "all"), "extractor": st["fid"]["extractor"],
+    rec = {"kind": kind, "pairing": effective_pairing(st), "extractor": st["fid"]["extractor"],
            "statistics": paths[0] if kind == "statistics" else None,
            "comparable_with_table19_fid": bool(kind == "statistics" and st["fid"]["extractor"] == "torchvision"),
            "comparable_note": "Table 19's FID (released code): torchvision's ImageNet Inception v3 against DM-GAN's "
                               "precomputed COCO val2014 statistics (coco_val.npz): --fid-extractor torchvision "
                               "--reference-statistics coco_val.npz"}
-    if rec["pairing"] == "captions" and kind != "statistics":
+    if rec["pairing"] == "captions":
         drawn = len(st.get("caption_groups") or {})
         found = len({image_key(v) for v in reference.column(A.REFERENCE_ID).to_pylist()})
         rec.update({"drawn_captions": drawn, "images_found": found, "images_missing": drawn - found})
@@ -343,7 +351,7 @@ def settings(args) -> dict:
                       ("statistics", "reference_statistics"), ("caption_column", "reference_caption_column")):
         if getattr(args, attr, None) is not None:
             ref[key] = getattr(args, attr)
-    ref.setdefault("pairing", "all")
+    ref.setdefault("pairing", "captions")
     if ref["pairing"] not in ("all", "captions"):
         raise ValueError(f"reference.pairing must be 'all' or 'captions', not {ref['pairing']!r}")
     fid = dict(cfg["fid"])
@@ -405,6 +413,7 @@ class AlignmentStudy:
                                                      captions.column(PROMPT).to_pylist()) if g is not None}
         st["requests"] = requests_of(captions, int(st["generation"]["seed"]))
         reference_sources(st["reference"])   # a missing reference set fails now, before anything starts
+        reference_captions(st)               # and so does pairing by image id without image ids
         st["models_loaded"] = list(st["generation"]["models"])
         return st
 
@@ -420,7 +429,7 @@ class AlignmentStudy:
         ref = {"bundled": "scikit-image's bundled photos (stand-in reference)", "parquet": f"parquet {paths and paths[0]}",
                "files": f"{len(paths or []):,} image files",
                "statistics": f"precomputed statistics {paths and paths[0]}"}[kind]
-        if st["reference"].get("pairing") == "captions" and kind != "statistics":
+        if effective_pairing(st) == "captions":
             ref += " (only the drawn captions' own images, by image id)"
         print(f"DALL-Eval alignment / quality: {c['kept']:,} captions ({c['read']:,} read), one image each per "
               f"generator; CLIP {st['clip']['model']} R-precision (1 + {st['r_precision']['negatives']}), CLIPScore; "

@@ -85,7 +85,8 @@ def test_parquet_captions_one_per_image_and_a_reference_directory(ray_local, tmp
     out = tmp_path / "out"
     assert dalleval.main(["alignment", "--output", str(out), "--standin-models", "--captions",
                           str(tmp_path / "caps.parquet"), "--caption-group-column", "image_id",
-                          "--caption-id-column", "id", "--reference", str(ref), "--steps", "2", "--run-id", "p",
+                          "--caption-id-column", "id", "--reference", str(ref), "--reference-pairing", "all",
+                          "--steps", "2", "--run-id", "p",
                           "--no-progress", "--generators", "one", "--no-save-images"]) == 0
     m = json.loads((out / "p" / "metrics.json").read_text())
     assert m["captions"]["read"] == 7 and m["captions"]["null_or_blank"] == 2 and m["captions"]["kept"] == 3
@@ -162,7 +163,7 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     out = tmp_path / "out"
     assert dalleval.main(["alignment", "--output", str(out), "--standin-models", "--captions",
                           str(tmp_path / "caps.parquet"), "--caption-group-column", "image_id", "--reference", str(ref),
-                          "--reference-pairing", "captions", "--r-precision-reading", "released", "--steps", "2",
+                          "--r-precision-reading", "released", "--steps", "2",   # pairing captions: the default
                           "--run-id", "q", "--no-progress", "--generators", "one", "--no-save-images"]) == 0
     run = out / "q"
     m = json.loads((run / "metrics.json").read_text())
@@ -190,6 +191,11 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     assert gen["r_precision"] == pytest.approx(mine["r_precision"]) and gen["r_precision_reading"] == "released"
     assert gen["fid_n_reference"] == 3
     assert "real images (reference)" in (run / "report.html").read_text()
+    # pairing by image id without image ids is refused before anything starts, naming both ways out
+    text = tmp_path / "caps.txt"
+    text.write_text("a dog\na cat\n")
+    assert dalleval.main(["alignment", "--output", str(out), "--standin-models", "--captions", str(text),
+                          "--reference", str(ref), "--no-progress"]) == 2
 
     # precomputed statistics: FID of the same generated features against the statistics of the same
     # reference features equals FID against the features
