@@ -256,6 +256,10 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
     and a resumed run generates only those not yet recorded."""
     out_schema = generated_schema()
     key = [PROMPT, I.SEED]
+    all_requests = requests
+    # one image per (prompt, seed): a caption that names two occupations is in both occupations'
+    # section 6 requests with the same seed; it is generated once and its row given to each
+    requests = _first_per_key(requests, key)
     done = out_schema.empty_table()
     if run:
         done = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
@@ -285,9 +289,35 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
         results = semi_join(results, requests, key)
     else:
         results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
+    results = _per_request(conform(results, out_schema), all_requests, key)
     order = [(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT_ID, "ascending"), (PROMPT, "ascending"),
              (CAPTION_ID, "ascending"), (I.IMAGE_INDEX, "ascending")]
-    return conform(results, out_schema).sort_by(order), phase
+    return results.sort_by(order), phase
+
+
+def _first_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
+    """The first row of ``table`` per ``keys`` value, in ``table``'s order."""
+    if table.num_rows == 0:
+        return table
+    idx = table.select(keys).append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
+    first = idx.group_by(keys, use_threads=False).aggregate([("_row", "min")]).column("_row_min").to_numpy()
+    return table.take(pa.array(np.sort(first), pa.int64()))
+
+
+def _per_request(results: pa.Table, requests: pa.Table, keys: list[str]) -> pa.Table:
+    """One result row per request: each request's own columns with the generated columns of its
+    (prompt, seed) (through row indices: the results may hold list columns a join cannot carry)."""
+    if requests.num_rows == 0:
+        return results.slice(0, 0)
+    res = results.select(keys).append_column("_r", pa.array(np.arange(results.num_rows), pa.int64()))
+    req = requests.select(keys).append_column("_q", pa.array(np.arange(requests.num_rows), pa.int64()))
+    pairs = req.join(res, keys=keys, join_type="inner", use_threads=False).sort_by("_q")
+    rows = results.take(pairs.column("_r"))
+    mine = requests.take(pairs.column("_q"))
+    for name in REQUEST_SCHEMA.names:
+        if name in mine.column_names:
+            rows = rows.set_column(rows.schema.get_field_index(name), name, mine.column(name).cast(rows.schema.field(name).type))
+    return rows
 
 
 def semi_join(table: pa.Table, other: pa.Table, keys: list[str]) -> pa.Table:

@@ -103,6 +103,24 @@ def test_generated_images_resume_by_model_prompt_and_seed(ray_local, standins, t
     assert pc.max(pc.abs(pc.subtract(a[I.P_FEMALE], b[I.P_FEMALE]))).as_py() < 1e-4
 
 
+def test_a_caption_in_two_occupations_is_generated_once_and_counted_in_each(ray_local, standins):
+    """Section 6: a caption naming two occupations is a prompt of both with the same seed: one
+    image, one row per request (the run checks rows out == requests)."""
+    from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION
+
+    with LocalImageServer() as server:
+        st = settings(standins, server, ["--caption-images", "1"])
+    training = pa.Table.from_pylist([
+        {OCCUPATION: occ, "subset": "naive", CAPTION_ID: 7, CAPTION: "a nurse and a teacher at school",
+         CAPTION_GENDER: "none", URL: f"{PREFIX}x.jpg", I.COUNTED: True} for occ in ("nurse", "teacher")])
+    requests = image_side.generation_requests({}, training, st, caption_prompts=True)
+    assert requests.num_rows == 2 and len(set(requests[I.SEED].to_pylist())) == 1
+    gen, phase = image_side.generated_images(ray_local, requests, st.generators[0], st)
+    assert phase.total == 1 and gen.num_rows == 2
+    assert sorted(gen[OCCUPATION].to_pylist()) == ["nurse", "teacher"]
+    assert len(set(gen[I.P_FEMALE].to_pylist())) == 1 and gen[I.GENERATION_STATUS].to_pylist() == ["ok", "ok"]
+
+
 def test_a_half_written_part_is_never_read(tmp_path):
     rd = open_run(tmp_path)
     rd.write_part("x", pa.table({"a": [1, 2]}))
