@@ -56,9 +56,24 @@ class Walk:
     reselections: list = field(default_factory=list)
 
 
+_SEP = "\x1f"
+
+
+def _group_key(table: pa.Table) -> pa.Array:
+    """One string per row naming its group (occupation, subset, prompt_id), vectorised."""
+    pid = pc.cast(pc.fill_null(table.column(PROMPT_ID), 0), pa.string())
+    return pc.binary_join_element_wise(table.column(OCCUPATION), table.column(SUBSET), pid, _SEP).combine_chunks() \
+        if table.num_rows else pa.array([], pa.string())
+
+
+def _key_tuple(key: str) -> tuple:
+    occ, subset, pid = key.split(_SEP)
+    return occ, subset, int(pid)
+
+
 def _keys(table: pa.Table) -> list[tuple]:
-    pid = pc.fill_null(table.column(PROMPT_ID), 0).to_pylist()
-    return list(zip(table.column(OCCUPATION).to_pylist(), table.column(SUBSET).to_pylist(), pid))
+    """The distinct groups of ``table``, in order."""
+    return [_key_tuple(k) for k in pc.unique(_group_key(table)).to_pylist()]
 
 
 def url_counted(url_results: pa.Table) -> pa.Table:
@@ -76,14 +91,19 @@ def counted_of(rows: pa.Table, counted_urls: pa.Table) -> np.ndarray:
 
 
 def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: list, reselect,
-                  max_walk_factor: float = 20.0, echo=print, say=print) -> Walk:
+                  max_walk_factor: float = 20.0, echo=print, say=print, fetch=None) -> Walk:
     """Walk ``pool`` (``selection.pool`` at ``cfg.pool_factor``) to k counted images per walked
     group, fetching and classifying in rounds. ``reselect(factor)`` returns the pool at a larger
-    factor; ``budgets`` are the training-image error budgets (a fresh copy per round)."""
+    factor; ``budgets`` are the training-image error budgets (a fresh copy per round).
+    ``fetch(rows, budgets)`` -> (one result row per distinct URL of ``rows``, Phase) is the image
+    side (default: ``images.training_images`` on Ray, checkpointed in ``rd``); the walk depends
+    on nothing else, which is what makes it the same under any batching and after a resume."""
+    if fetch is None:
+        def fetch(rows, round_budgets):
+            return image_side.training_images(ray, rows, st, run=rd, budgets=round_budgets, echo=echo)
     factor = cfg.pool_factor
     pool = _sorted(pool)
-    keys = _keys(pool)
-    walked = {key: cfg.walked(key[1]) for key in dict.fromkeys(keys)}
+    walked = {key: cfg.walked(key[1]) for key in _keys(pool)}
     k_of = {key: cfg.k(key[1]) for key in walked}
     cap = {key: math.ceil(k_of[key] * max_walk_factor) for key in walked}
     position = dict(k_of)                       # rows of each group fetched so far (by rank)
@@ -91,16 +111,16 @@ def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: li
     stats, reselections, rounds = [], [], 0
     while True:
         rounds += 1
-        prefix = _prefix(pool, keys, position)
+        prefix = _prefix(pool, position)
         round_budgets = [copy.deepcopy(b) for b in budgets]
-        url_results, phase = image_side.training_images(ray, prefix, st, run=rd, budgets=round_budgets, echo=echo)
+        url_results, phase = fetch(prefix, round_budgets)
         total.total, total.processed = phase.total, total.processed + phase.processed
         total.seconds += phase.seconds
         if phase.ray_stats:
             stats.append(phase.ray_stats)
         counted = counted_of(prefix, url_counted(url_results))
-        lengths = _lengths(keys)
-        got = _counted_per_group(_keys(prefix), counted)
+        lengths = _lengths(pool)
+        got = _counted_per_group(prefix, counted)
         grow, short_pool = {}, {}
         for key, is_walked in walked.items():
             if not is_walked:
@@ -121,9 +141,8 @@ def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: li
             say(f"training walk, round {rounds}: {len(short_pool)} group(s) short of counted images at the end "
                 f"of the pool; re-selecting a pool of {factor:g} x k candidates")
             pool = _sorted(reselect(factor))
-            keys = _keys(pool)
             reselections.append({"round": rounds, "pool_factor": factor, "groups": len(short_pool)})
-            lengths = _lengths(keys)
+            lengths = _lengths(pool)
         for key, want in short_pool.items():
             grow[key] = min(want, lengths.get(key, 0))
         grow = {key: p for key, p in grow.items() if p > position[key]}
@@ -143,22 +162,26 @@ def _sorted(pool: pa.Table) -> pa.Table:
                          (RANK, "ascending")])
 
 
-def _lengths(keys: list[tuple]) -> dict:
-    out: dict = {}
-    for key in keys:
-        out[key] = out.get(key, 0) + 1
-    return out
+def _counts(keys: pa.Array) -> dict:
+    """group -> rows, from ``_group_key`` strings."""
+    if not len(keys):
+        return {}
+    vc = pc.value_counts(keys)
+    return {_key_tuple(k): int(c) for k, c in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist())}
 
 
-def _counted_per_group(keys: list[tuple], counted: np.ndarray) -> dict:
-    out: dict = {}
-    for key, c in zip(keys, counted):
-        if c:
-            out[key] = out.get(key, 0) + 1
-    return out
+def _lengths(pool: pa.Table) -> dict:
+    return _counts(_group_key(pool))
 
 
-def _prefix(pool: pa.Table, keys: list[tuple], position: dict) -> pa.Table:
-    """The pool's rows with rank <= the group's position (groups not yet positioned: none)."""
-    limit = np.array([position.get(key, 0) for key in keys], np.int64)
-    return pool.filter(pa.array(pool.column(RANK).to_numpy() <= limit)).cast(TRAINING_SUBSETS)
+def _counted_per_group(rows: pa.Table, counted: np.ndarray) -> dict:
+    return _counts(_group_key(rows).filter(pa.array(np.asarray(counted, bool))))
+
+
+def _prefix(pool: pa.Table, position: dict) -> pa.Table:
+    """The pool's rows with rank <= their group's position (groups not positioned: none)."""
+    keys = _group_key(pool)
+    names = pa.array([_SEP.join([o, s, str(p)]) for o, s, p in position], pa.string())
+    limits = pa.array([position[k] for k in position], pa.int64())
+    limit = pc.fill_null(pc.take(limits, pc.index_in(keys, value_set=names)), 0)
+    return pool.filter(pc.less_equal(pc.cast(pool.column(RANK), pa.int64()), limit)).cast(TRAINING_SUBSETS)

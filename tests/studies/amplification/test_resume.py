@@ -448,25 +448,34 @@ def test_training_walk_reaches_exactly_k_counted_images_in_order_under_any_batch
     def reselect(factor):   # the caption side's pool at a larger factor: a prefix of every group
         return full.filter(pc.less_equal(full["rank"], int(k * factor)))
 
+    def config(factor):
+        return SelectionConfig(sample_size=k, nn_k=k, n_prompts=4, training_sample="counted_images",
+                               pool_factor=factor)
+
+    quiet = {"echo": lambda *a, **kw: None, "say": lambda *a: None, "max_walk_factor": 5.0}
     with LocalImageServer() as server:
         st = settings(standins, server, ["--gender-threshold", "0.5000001"])
         # the reference: every candidate fetched at once, in this process, then walked
         every = run_stages_here(image_side.unique_urls(full, st.url_rewrite), image_side.training_stages(st))
-        counted = counted_of(full, url_counted(every))
-        cfg = SelectionConfig(sample_size=k, nn_k=k, n_prompts=4, training_sample="counted_images")
-        want, want_groups = walk(full, cfg, counted)
-        results = []
-        for name, block, factor, earlier in (("small", 3, 1.0, 0), ("large", 16, 4.0, 0), ("resumed", 5, 2.0, 17)):
-            st.fetch_block_rows = block
-            rd = open_run(tmp_path, name)
-            if earlier:   # a killed attempt had checkpointed some results (not a prefix of the walk)
-                image_side.training_images(ray_local, full.take(pa.array(range(3, 3 + earlier))), st, run=rd)
-            hits = sum(server.hits.values())
-            cfg_f = SelectionConfig(sample_size=k, nn_k=k, n_prompts=4, training_sample="counted_images",
-                                    pool_factor=factor)
-            w = walk_training(ray_local, rd, reselect(factor), cfg_f, st, [], reselect, max_walk_factor=5.0,
-                              echo=lambda *a, **kw: None, say=lambda *a: None)
-            results.append((name, w, sum(server.hits.values()) - hits))
+        every = every.select(image_side.TRAINING_RESULT_SCHEMA.names).cast(image_side.TRAINING_RESULT_SCHEMA)
+        want, want_groups = walk(full, config(1.0), counted_of(full, url_counted(every)))
+
+        def lookup(rows, budgets):   # the image side as a pure function of the URL (what the walk reads)
+            got = every.filter(pc.is_in(every[URL], rows[URL]))
+            return got, Phase("training images", "URLs", got.num_rows, processed=got.num_rows)
+
+        # any number of rounds and re-selections: pool factors 1 (re-selects), 2 and 4
+        walks = [(f"factor {f}", walk_training(None, None, reselect(f), config(f), st, [], reselect, fetch=lookup,
+                                               **quiet)) for f in (1.0, 2.0, 4.0)]
+        # and the real image side on Ray in blocks of 3 URLs, resumed over a killed attempt's
+        # checkpoint (17 URLs, not a prefix of the walk), re-selecting from a pool of k
+        st.fetch_block_rows = 3
+        rd = open_run(tmp_path, "resumed")
+        image_side.training_images(ray_local, full.take(pa.array(range(3, 20))), st, run=rd)
+        hits = sum(server.hits.values())
+        resumed = walk_training(ray_local, rd, reselect(1.0), config(1.0), st, [], reselect, **quiet)
+        new_hits = sum(server.hits.values()) - hits
+        walks.append(("resumed on Ray", resumed))
     nurse = want.filter(pc.and_(pc.equal(want["occupation"], "nurse"), pc.equal(want["subset"], "naive")))
     flags = counted_of(nurse, url_counted(every))
     assert flags[:8].sum() == 0 and flags.sum() == k and flags[-1]   # first 8 fail; ends at the k-th counted
@@ -475,14 +484,12 @@ def test_training_walk_reaches_exactly_k_counted_images_in_order_under_any_batch
         "occupation", "walked_captions", "counted_images", "shortfall")))}
     assert g["nurse"] == (nurse.num_rows, k, 0)
     assert g["pilot"] == (12, 0, k)          # every candidate walked, the shortfall reported
-    for name, w, new_hits in results:
+    cols = ["occupation", "walked_captions", "counted_images", "shortfall"]
+    for name, w in walks:
         assert w.subsets.equals(want), name
-        assert w.groups.select(["occupation", "walked_captions", "counted_images", "shortfall"]).equals(
-            want_groups.select(["occupation", "walked_captions", "counted_images", "shortfall"])), name
-        fetched = set(w.url_results[URL].to_pylist())
-        assert set(want["url"].to_pylist()) <= fetched, name
-        assert w.phase.total == len(fetched) and w.phase.processed + w.phase.reused == w.phase.total
-        if name == "small":
-            assert w.rounds > 1 and w.reselections, name   # the pool of k ran out: re-selected
-        if name == "resumed":   # what the earlier attempt checkpointed was not fetched again
-            assert w.phase.reused >= 17 and new_hits <= (len(fetched) - 17) * (1 + st.fetch["retries"])
+        assert w.groups.select(cols).equals(want_groups.select(cols)), name
+        assert set(want["url"].to_pylist()) <= set(w.url_results[URL].to_pylist()), name
+        assert w.phase.processed + w.phase.reused == w.phase.total == w.url_results.num_rows, name
+    assert walks[0][1].rounds > 1 and walks[0][1].reselections          # the pool of k ran out: re-selected
+    assert resumed.reselections and resumed.phase.reused >= 17           # the checkpoint was read ...
+    assert new_hits <= (resumed.url_results.num_rows - 17) * (1 + st.fetch["retries"])   # ... not fetched again
