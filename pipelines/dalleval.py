@@ -166,10 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--r-precision-reading", choices=["project", "released"],
                    help="project (default): cosines, distinct negatives, a tie is a miss; released: the released "
                         "code's raw dot products, negatives with replacement, a tie is a hit, mean of 5 repeats")
-    d.add_argument("--fid-extractor", metavar="SPEC", help="inception (default: torch-fidelity's TF-FID Inception v3), "
-                                                           "torchvision (the released code's ImageNet Inception v3) "
-                                                           "or package.module:function returning a feature module")
-    d.add_argument("--fid-weights", metavar="FILE", help="local weights of the FID extractor (for inception: "
+    d.add_argument("--fid-extractor", metavar="SPEC", help="torchvision (default: torchvision's ImageNet Inception v3, as "
+                                                           "DM-GAN's FID code and the released code use), inception "
+                                                           "(torch-fidelity's TF-FID Inception v3) or "
+                                                           "package.module:function returning a feature module")
+    d.add_argument("--fid-weights", metavar="FILE", help="local weights of the FID extractor (torchvision: "
+                                                         "inception_v3_google-0cc3c7bd.pth; inception: "
                                                          "weights-inception-2015-12-05-6726825d.pth)")
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators, CLIP and FID extractor (offline smoke run; numbers are "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import (
     GENERATION_DETAIL,
     GENERATION_STATUS,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas.images import (
+    IMAGE_ID,
     GENERATION_DETAIL,
     GENERATION_STATUS,
     MODEL,
@@ -125,7 +126,6 @@ DISPARITY_COLUMNS = pa.schema([pa.field(disparity_column(s), pa.list_(pa.float64
 UNIT_ID = "unit_id"              # "<triplet id>-s<seed index>": one seed of one triplet
 SEED_INDEX = "seed_index"        # 0-based index among the triplet's seeds
 VARIANT = "variant"              # neutral / feminine / masculine
-IMAGE_ID = "image_id"            # "<unit id>-<variant>"
 UNIT_STATUS = "unit_status"      # ok when all three images are ok (disparities set), else the first non-ok status
 
 # EXPOSED_IMAGES (one row per generated image) is defined below, after the object columns it holds.

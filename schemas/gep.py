@@ -20,6 +20,7 @@ from typing import Mapping
 import pyarrow as pa
 
 from schemas.images import (
+    IMAGE_ID,
     GENERATION_DETAIL,
     GENERATION_STATUS,
     IMAGE_INDEX,
@@ -30,7 +31,6 @@ from schemas.images import (
 )
 from schemas.subsets import PROMPT
 
-IMAGE_ID = "image_id"          # stable id of one image: setting, gender, attribute, context, index
 SETTING = "setting"            # "neutral" ("[g] [c]") or "explicit" ("[g] [a] [c]")
 GENDER = "gender"              # label of the gender indicator (group) of the prompt
 GENDER_TEXT = "gender_text"    # its text in the prompt ("A woman")

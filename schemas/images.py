@@ -26,6 +26,7 @@ class Source:
 
 
 MODEL = "model"              # generator model id / directory (null for training images)
+IMAGE_ID = "image_id"  # the stable id of one generated image (each study builds it: GEP from setting, gender, attribute, context, index; Exposed "<unit id>-<variant>")
 SEED = "seed"                # int64 seed of the generator's initial noise: regenerates the image exactly
 IMAGE_INDEX = "image_index"  # 0-based index of the image among those of its prompt
 SAFETY_CHECKER = "safety_checker"  # safety-checker policy in force for this image

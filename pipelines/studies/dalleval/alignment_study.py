@@ -44,7 +44,7 @@ from pipelines.studies.dalleval import alignment_metrics as AM
 from pipelines.studies.dalleval import generation
 from pipelines.studies.dalleval.generation import generation_rows, head_pipeline, load_generators
 from schemas import alignment as A
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import ENCODED, IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_INDEX, IMAGE_WIDTH, MODEL, SEED
 from schemas.subsets import PROMPT
 
@@ -447,7 +447,7 @@ class AlignmentStudy:
         clip, models = build_standins(root, [f"generator-{i + 1}-standin" for i in range(len(st["models_loaded"]))])
         st["models_loaded"] = models
         st["clip"] = {**st["clip"], "model": clip, "pretrained": None, "revision": None}
-        if st["fid"]["extractor"] == "inception" and st["fid"].get("weights") is None:
+        if st["fid"]["extractor"] in ("inception", "torchvision") and st["fid"].get("weights") is None:
             st["fid"] = {**st["fid"], "extractor": STANDIN_FID, "weights": None}
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:

@@ -18,7 +18,7 @@ from pipelines.engine import models as engine_models
 from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from operators.support.seeds import image_seeds
 from schemas.occupations import indefinite_article
 from schemas.dalleval import DALLEVAL_REQUESTS, GROUP, GROUP_TEXT, PROFESSION
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import IMAGE_INDEX, SEED
 from schemas.subsets import PROMPT
 

@@ -9,7 +9,8 @@ import pandas as pd
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.studies.dalleval import metrics as M
-from pipelines.studies.gep.report import COLORS, STYLE, _short
+from pipelines.engine.page import COLORS, STYLE
+from pipelines.engine.page import model_name as _short
 from schemas import dalleval as S
 from schemas.images import MODEL
 

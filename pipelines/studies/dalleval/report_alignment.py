@@ -9,9 +9,10 @@ import pandas as pd
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.engine.checkpoint import model_dir
-from pipelines.studies.gep.report import STYLE, _short
+from pipelines.engine.page import STYLE
+from pipelines.engine.page import model_name as _short
 from schemas import alignment as A
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
 

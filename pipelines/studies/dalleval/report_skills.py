@@ -11,9 +11,10 @@ from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.engine.checkpoint import model_dir
 from pipelines.studies.dalleval import skills as K
-from pipelines.studies.gep.report import COLORS, STYLE, _short
+from pipelines.engine.page import COLORS, STYLE
+from pipelines.engine.page import model_name as _short
 from schemas import paintskills as P
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
 

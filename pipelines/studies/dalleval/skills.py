@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 
 from operators.support.seeds import image_seeds
 from schemas import paintskills as P
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, IMAGE_INDEX, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
 

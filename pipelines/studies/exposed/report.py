@@ -12,7 +12,8 @@ from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.engine.checkpoint import model_dir
 from pipelines.studies.exposed import metrics as M
-from pipelines.studies.gep.report import COLORS, STYLE, _short
+from pipelines.engine.page import COLORS, STYLE
+from pipelines.engine.page import model_name as _short
 from schemas import exposed as S
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT

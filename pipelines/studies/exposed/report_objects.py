@@ -13,7 +13,8 @@ from operators.support import rle
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.studies.exposed import objects as O
-from pipelines.studies.gep.report import COLORS, _short
+from pipelines.engine.page import COLORS
+from pipelines.engine.page import model_name as _short
 from schemas import exposed as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 from schemas.subsets import PROMPT

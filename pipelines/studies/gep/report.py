@@ -11,18 +11,13 @@ from matplotlib.ticker import NullLocator
 
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
+from pipelines.engine.page import COLORS, STYLE
+from pipelines.engine.page import model_name as _short
 from pipelines.studies.gep import metrics as M
 from schemas import gep as S
 from schemas.images import MODEL
 
 ESTIMATOR_ORDER = (S.Estimator.HUMAN, S.Estimator.C, S.Estimator.CC, S.Estimator.CLS)
-COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
-
-
-def _short(model) -> str:
-    return str(model).rstrip("/").split("/")[-1] if model is not None else "-"
-
-
 def _est_rank(e: str) -> int:
     return ESTIMATOR_ORDER.index(e) if e in ESTIMATOR_ORDER else len(ESTIMATOR_ORDER)
 
@@ -173,11 +168,6 @@ def _bars_html(sink, name: str, series: dict, names: list[str], title: str) -> s
 # the GEP tables (and DALL-Eval's): missing values as "-", model paths and hub ids by their last part
 def _table(df: pd.DataFrame, digits: int = 3) -> str:
     return H.table(df, digits, na="-", text=H.short_path)
-
-STYLE = ("<style>body{font-family:sans-serif;margin:2em;max-width:1300px}table{border-collapse:collapse;margin:.6em 0;"
-         "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f3f3f3}"
-         ".warn{background:#fff3cd;border:1px solid #e0c060;padding:.6em}" + _figures.STYLE + H.STYLE + "</style>")
-
 
 def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evaluation: dict | None,
                 records: list[dict], *, figures: _figures.FigureDir | None = None) -> str:

@@ -19,7 +19,7 @@ import pytest
 from helpers import REPO_ROOT
 from pipelines.studies.dalleval import skills as K
 from schemas import paintskills as P
-from schemas.gep import IMAGE_ID
+from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, SEED
 from schemas.subsets import PROMPT
 
