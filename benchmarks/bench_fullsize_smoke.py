@@ -6,7 +6,7 @@ one small batch:
 
   clip-l14  open_clip ViT-L/14 with QuickGELU (OpenAI's architecture; papers 002 and 001), saved as
             a local-dir model (open_clip_config.json + safetensors, as pipelines/standins/clip.py
-            writes), loaded by operators.image_clip_gender.load_clip, ClipGenderClassifier.classify_tensor
+            writes), loaded by operators.support.clip.load_clip, ClipGenderClassifier.classify_tensor
   clip-b32  open_clip ViT-B/32 with QuickGELU (DALL-Eval's CLIP gender alternative), the same way,
             with the DALL-Eval prompts and the 0.5 (argmax) threshold
   sd        Stable Diffusion 1.4/1.5 (UNet 860M, VAE, CLIP ViT-L/14 text tower, PNDM with the SD v1

@@ -7,7 +7,7 @@ which the released DALL-Eval code's R-precision ranks by dot product, are unit v
 random other captions, ``pipelines.studies.dalleval.alignment_metrics.r_precision``) and CLIPScore
 (``clip_score``) are then computed on the driver from the stored vectors, so a new negative sample
 needs no new images. The paper uses CLIP ViT-B/32 with OpenAI's weights (open_clip ``ViT-B-32`` /
-``openai``, built with QuickGELU by ``operators.image_clip_gender.load_clip``).
+``openai``, built with QuickGELU by ``operators.support.clip.load_clip``).
 
 Generated images are scored on the generator's device (``classify_tensor(images, prompts=...)``,
 the generator's head hook, with ``takes_prompts = True``); decoded images from their payload
@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
 from operators.image_clip_embedding import embedding_array, normalise
-from operators.image_clip_gender import encode_image_arrays, encode_image_tensor, encode_texts, load_clip
+from operators.support.clip import encode_image_arrays, encode_image_tensor, encode_texts, load_clip
 from operators.support.codec import batch_images, rgb_levels
 from schemas.alignment import (
     CLIP_ALIGNMENT_COLUMNS,

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from operators.image_clip_gender import (
+from operators.support.clip import (
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
     encode_image_arrays,

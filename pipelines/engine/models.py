@@ -39,7 +39,7 @@ def load_clip_and_generators(clip: dict, generators: list[str], safety_checker: 
                              scheduler: str | None = None, revisions: dict | None = None) -> list[dict]:
     """Load CLIP and each generator (hub ones at their ``revisions``) on the CPU once (and let them
     go): their provenance records (hub commit, weight sha256s, CLIP's activation)."""
-    from operators.image_clip_gender import load_clip
+    from operators.support.clip import load_clip
 
     bundle = load_clip(clip["model"], clip.get("pretrained"), device="cpu", revision=clip.get("revision"))
     records = [{"role": clip_role, "model": clip["model"], "standin": standin, "detail": bundle.record}]

@@ -3,7 +3,7 @@
 It is a random stand-in: its weights are drawn from open_clip's own initialisation, so its
 embeddings, probabilities and gender labels are meaningless. It exists so that tests and the
 offline embedded run exercise the production loading and classification code
-(``operators.image_clip_gender.load_clip``) without downloading ViT-L/14.
+(``operators.support.clip.load_clip``) without downloading ViT-L/14.
 
 The text tower keeps CLIP's context length (77) and vocabulary size (49408), so open_clip's
 bundled BPE tokenizer (``SimpleTokenizer``) works with it unchanged.

@@ -10,7 +10,7 @@ from operators.image_clip_embedding import (
     DISPARITY_PRETRAINED,
     ClipImageEmbedder,
 )
-from operators.image_clip_gender import clip_architecture
+from operators.support.clip import clip_architecture
 from operators.support.disparity import PAIR_INDEX
 from pipelines.standins.clip import build_tiny_open_clip
 from schemas.exposed import Space

@@ -129,7 +129,7 @@ def test_as_a_generator_head_it_scores_the_saved_images_alike(scorer, tmp_path):
 
 def test_norms_restore_the_raw_clip_features_on_both_paths(scorer):
     """The released R-precision ranks raw (unnormalised) CLIP features: unit vector x stored norm."""
-    from operators.image_clip_gender import encode_image_tensor, encode_texts
+    from operators.support.clip import encode_image_tensor, encode_texts
     from operators.support.codec import rgb_levels
     from schemas.alignment import CLIP_IMAGE_NORM, CLIP_TEXT_NORM
 

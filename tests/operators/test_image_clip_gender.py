@@ -10,16 +10,8 @@ import torch
 from PIL import Image
 
 from operators.support.models import ModelLoadError
-from operators.image_clip_gender import (
-    SOURCE_CHECKPOINT,
-    SOURCE_LOCAL_DIR,
-    ClipGenderClassifier,
-    decide,
-    load_clip,
-    preprocess_tensor,
-    resolve_clip_spec,
-    zero_shot_probs,
-)
+from operators.image_clip_gender import ClipGenderClassifier, decide, zero_shot_probs
+from operators.support.clip import SOURCE_CHECKPOINT, SOURCE_LOCAL_DIR, load_clip, preprocess_tensor, resolve_clip_spec
 from operators.support.codec import pack_rgb8
 from pipelines.standins.clip import build_tiny_open_clip
 from schemas.images import (
@@ -409,7 +401,7 @@ def test_an_activation_mismatch_open_clip_only_warns_about_is_an_error(tiny_clip
 def test_a_logged_activation_mismatch_is_an_error_too():
     import logging
 
-    from operators.image_clip_gender import activation_mismatch_is_an_error
+    from operators.support.clip import activation_mismatch_is_an_error
 
     with pytest.raises(ValueError, match="QuickGELU"):  # how some open_clip 2.x releases report it
         with activation_mismatch_is_an_error():

@@ -451,7 +451,7 @@ class AlignmentStudy:
             st["fid"] = {**st["fid"], "extractor": STANDIN_FID, "weights": None}
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:
-        from operators.image_clip_gender import load_clip
+        from operators.support.clip import load_clip
         from operators.image_fid_features import load_fid_extractor
 
         clip = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",

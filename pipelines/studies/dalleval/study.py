@@ -171,7 +171,7 @@ def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
     only: its weights are large): an unloadable model fails the run now, naming it."""
     records = []
     if st["detect"]["gender"] == S.GenderDetector.CLIP:
-        from operators.image_clip_gender import load_clip
+        from operators.support.clip import load_clip
 
         bundle = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
                            revision=st["clip"].get("revision"))

@@ -66,7 +66,7 @@ def attempt(key, fn):
 
 from operators.image_generation import load_text2image
 from operators.image_blip2_vqa import check_blip2, load_blip2
-from operators.image_clip_gender import load_clip
+from operators.support.clip import load_clip
 from pipelines.engine import models
 from pipelines.studies.amplification import captions
 
