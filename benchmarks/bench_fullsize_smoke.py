@@ -12,7 +12,7 @@ one small batch:
   sd        Stable Diffusion 1.4/1.5 (UNet 860M, VAE, CLIP ViT-L/14 text tower, PNDM with the SD v1
             settings, the real CLIP tokenizer, and with --safety-checker model-default the real-size
             StableDiffusionSafetyChecker as paper002.yaml keeps it), saved with save_pretrained, loaded
-            by operators.image_generation.load_text2image inside ImageGenerator, with the ViT-L/14
+            by operators.support.diffusion.load_text2image inside ImageGenerator, with the ViT-L/14
             gender head on the generator's output as pipelines/studies/amplification/images.py runs it
   blip2     BLIP-2 Flan-T5-XL (Salesforce/blip2-flan-t5-xl): the ViT-g vision tower (39 layers, 1408
             wide), the Q-Former (32 queries) and a Flan-T5 with the XL widths but only --t5-layers

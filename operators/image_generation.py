@@ -56,16 +56,27 @@ generator runs exactly as before). Each is recorded in ``ImageGenerator.record``
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
 from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from operators.support.models import ModelLoadError, loaded_weight_files, pick_device, resolve_dtype, weights_provenance
 from operators.base import Resources, Stage, with_column
-from operators.support.codec import pack_rgb8, rgb_levels
+from operators.support.codec import pack_rgb8
+from operators.support.models import pick_device
+from operators.support.diffusion import (
+    VAE_SLICING_AUTO_MIN_BATCH,
+    SafetyCheckerPolicy,
+    _compile_mode,
+    _free_device_memory,
+    _generate,
+    _out_of_memory,
+    _to_uint8,
+    _valid_prompt,
+    apply_speed_options,
+    load_text2image,
+    set_vae_slicing,
+)
 from schemas.images import (
     GENERATION_DETAIL,
     GENERATION_STATUS,
@@ -83,148 +94,6 @@ from schemas.subsets import PROMPT
 
 STAGE_GENERATE = "generate"
 
-# vae_slicing="auto": decode calls of this many images or more one image at a time. The VAE
-# decoder's full-resolution activations grow with the number of images decoded together; slicing
-# bounds them to one image's, at the cost of smaller decoder kernels.
-VAE_SLICING_AUTO_MIN_BATCH = 8
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-class SafetyCheckerPolicy:
-    MODEL_DEFAULT = "model-default"  # keep whatever checker the model ships (none for SDXL)
-    OFF = "off"                      # load without a checker: every image is returned as generated
-    ALL = (MODEL_DEFAULT, OFF)
-
-
-def _dtype_keyword() -> str:
-    """``dtype`` where diffusers accepts it (it deprecates ``torch_dtype``), else ``torch_dtype``."""
-    try:
-        from diffusers.utils import deprecation_utils
-
-        return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
-    except ImportError:
-        return "torch_dtype"
-
-
-def _package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def load_text2image(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto",
-                    safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, scheduler: str | None = None):
-    """Load a diffusers text-to-image pipeline; return ``(pipe, record)``.
-
-    ``model`` is a hub id (pinned to ``revision``: a commit, branch or tag) or a local directory
-    written by ``save_pretrained``. A hub id is loaded from the cache snapshot it resolves to, so
-    the record names that commit and the sha256 of each weight file the pipeline read.
-    ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``: float16 on CUDA, float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
-    ships (if any), "off" loads it without one. ``scheduler``: None keeps the model's sampler, a
-    diffusers scheduler class name (``LMSDiscreteScheduler``, the k-LMS sampler of paper 001 App. A)
-    replaces it, built from the model's scheduler config. ``record`` is the provenance of what was loaded.
-    """
-    if safety_checker not in SafetyCheckerPolicy.ALL:
-        raise ValueError(f"safety_checker must be one of {SafetyCheckerPolicy.ALL}, got {safety_checker!r}")
-    device = pick_device(device)
-    torch_dtype = resolve_dtype(dtype, device)
-    kwargs = {_dtype_keyword(): torch_dtype, "revision": revision}
-    if safety_checker == SafetyCheckerPolicy.OFF:
-        kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument
-    try:
-        from diffusers import AutoPipelineForText2Image, DiffusionPipeline
-
-        # a hub id: fetch (or find in the cache) the files this pipeline loads, at ``revision``, and
-        # load from that snapshot directory: its name is the commit, its files the weights recorded
-        source = model if os.path.isdir(model) else str(DiffusionPipeline.download(model, **kwargs))
-        pipe = AutoPipelineForText2Image.from_pretrained(source, **kwargs)
-        pipe = pipe.to(device)
-    except Exception as exc:  # OSError, ValueError, EnvironmentError, HTTP errors, CUDA errors...
-        raise ModelLoadError(
-            f"cannot load text-to-image model {model!r} (revision {revision!r}): {type(exc).__name__}: {str(exc).rstrip('. ')}. "
-            f"Provide it as a local directory written by DiffusionPipeline.save_pretrained() (with "
-            f"model_index.json), as a hub id already in the Hugging Face cache (pre-fill HF_HOME / "
-            f"HF_HUB_CACHE on every node; HF_HUB_OFFLINE=1 then loads it from there), or as a hub id "
-            f"with network access to the Hugging Face hub (pin it with a revision)."
-        ) from exc
-    if safety_checker == SafetyCheckerPolicy.OFF and getattr(pipe, "safety_checker", None) is not None:
-        pipe.safety_checker = None
-    if scheduler:
-        pipe.scheduler = _scheduler(scheduler, pipe)
-    pipe.set_progress_bar_config(disable=True)
-    record = {
-        "model": model,
-        "revision": revision,
-        "source": "directory" if os.path.isdir(model) else "hub",
-        "pipeline_class": type(pipe).__name__,
-        "scheduler_class": type(pipe.scheduler).__name__ if getattr(pipe, "scheduler", None) is not None else None,
-        "dtype": str(torch_dtype).replace("torch.", ""),
-        "device": device,
-        "safety_checker_policy": safety_checker,
-        "safety_checker_present": getattr(pipe, "safety_checker", None) is not None,
-        "diffusers_version": _package_version("diffusers"),
-        "transformers_version": _package_version("transformers"),
-        "torch_version": _package_version("torch"),
-        "path": os.path.abspath(source),
-        # commit, weight_files, weights_sha256: of the components loaded (a checker turned off is not)
-        **weights_provenance(_loaded_files(pipe, source), source),
-    }
-    return pipe, record
-
-
-def _loaded_files(pipe, root: str) -> list:
-    """The weight files the pipeline's model components were read from: each component's folder,
-    with the file its library prefers there (operators.base.LOADED_WEIGHT_NAMES)."""
-    import torch
-
-    return [f for name, component in sorted(pipe.components.items()) if isinstance(component, torch.nn.Module)
-            for f in loaded_weight_files(os.path.join(root, name))]
-
-
-def _scheduler(name: str, pipe):
-    import diffusers
-
-    cls = getattr(diffusers, name, None)
-    if cls is None or not hasattr(cls, "from_config") or not name.endswith("Scheduler"):
-        raise ValueError(f"unknown diffusers scheduler {name!r} (e.g. LMSDiscreteScheduler, DDIMScheduler, "
-                         f"PNDMScheduler, EulerDiscreteScheduler)")
-    if getattr(pipe, "scheduler", None) is None:
-        raise ValueError(f"scheduler {name!r} given, but the pipeline {type(pipe).__name__} has none to replace")
-    return cls.from_config(pipe.scheduler.config)
-
-
-def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float,
-              height: int | None, width: int | None, noise_device: str):
-    """One pipeline call: (B, 3, H, W) images in [0, 1] on the pipeline's device, and the safety
-    checker's per-image flags (None when no checker ran). Row ``i`` is seeded with ``seeds[i]``
-    alone."""
-    import torch
-
-    generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
-    out = pipe(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
-               height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt")
-    flags = getattr(out, "nsfw_content_detected", None)
-    return image_tensor(out.images), (None if flags is None else [bool(f) for f in flags])
-
-
-def image_tensor(images):
-    """A pipeline's output images as (B, 3, H, W) floats in [0, 1]: as they are for
-    ``output_type="pt"``, converted for a pipeline that ignores it (PIL images or arrays)."""
-    import torch
-
-    if torch.is_tensor(images):
-        return images
-    arr = np.stack([np.asarray(a) for a in images])
-    arr = arr.astype(np.float32) / 255.0 if arr.dtype == np.uint8 else arr.astype(np.float32)
-    return torch.from_numpy(arr).permute(0, 3, 1, 2)
-
-
-def _to_uint8(images):
-    """(B, 3, H, W) floats in [0, 1] -> (B, H, W, 3) uint8, still on the images' device."""
-    import torch
-
-    return rgb_levels(images).to(torch.uint8).permute(0, 2, 3, 1)
 
 
 def regenerate(pipe_or_generator, prompt: str, seed: int, steps: int = 50, guidance_scale: float = 7.5,
@@ -236,95 +105,6 @@ def regenerate(pipe_or_generator, prompt: str, seed: int, steps: int = 50, guida
         return pipe_or_generator.regenerate(prompt, seed)
     images, _ = _generate(pipe_or_generator, [prompt], [seed], steps, guidance_scale, height, width, noise_device)
     return _to_uint8(images)[0].cpu().numpy()
-
-
-def _compile_mode(compile_unet) -> str | None:
-    """``compile_unet`` as a torch.compile mode: None (off), "default" for True, or the mode named."""
-    if compile_unet is False or compile_unet is None:
-        return None
-    if compile_unet is True:
-        return "default"
-    if isinstance(compile_unet, str) and compile_unet in COMPILE_MODES:
-        return compile_unet
-    raise ValueError(f"compile_unet must be False, True or one of {COMPILE_MODES}, got {compile_unet!r}")
-
-
-def attention_processors(pipe) -> dict[str, list[str]]:
-    """The attention processor classes each of the pipeline's attention-bearing models holds (e.g.
-    {"unet": ["AttnProcessor2_0"], "vae": ["AttnProcessor2_0"]}): what runs, not what was asked for."""
-    out = {}
-    for name in ("unet", "transformer", "vae"):
-        module = getattr(pipe, name, None)
-        procs = getattr(module, "attn_processors", None)
-        if isinstance(procs, dict):
-            out[name] = sorted({type(p).__name__ for p in procs.values()})
-    return out
-
-
-def set_vae_slicing(pipe, on: bool) -> None:
-    """Decode one image at a time (``on``) or the whole call at once."""
-    vae = pipe.vae
-    if on:
-        vae.enable_slicing()
-    else:
-        vae.disable_slicing()
-
-
-def apply_speed_options(pipe, channels_last: bool, compile_mode: str | None, vae_slicing) -> dict:
-    """Apply the generator's speed options to a loaded pipeline (module docstring); returns what to
-    record. Raises ValueError when the pipeline lacks what an option needs."""
-    import torch
-
-    unet = getattr(pipe, "unet", None)
-    vae = getattr(pipe, "vae", None)
-    if (channels_last or compile_mode) and not isinstance(unet, torch.nn.Module):
-        raise ValueError(f"channels_last / compile_unet need a pipeline with a UNet; {type(pipe).__name__} has none")
-    if vae_slicing is not False and not hasattr(vae, "use_slicing"):
-        raise ValueError(f"vae_slicing needs a VAE that decodes in slices; {type(pipe).__name__}'s "
-                         f"{type(vae).__name__} does not")
-    # recorded before compiling: what the (compiled) modules will run
-    record = {"attention_processors": attention_processors(pipe)}
-    converted = []
-    if channels_last:
-        for name in ("unet", "vae"):
-            module = getattr(pipe, name, None)
-            if isinstance(module, torch.nn.Module):
-                module.to(memory_format=torch.channels_last)
-                converted.append(name)
-    if compile_mode:
-        # in place: pipe.unet stays the UNet (its config, processors and hooks as before)
-        unet.compile(mode=None if compile_mode == "default" else compile_mode)
-    record.update({
-        "channels_last": converted if channels_last else False,
-        "compile_unet": compile_mode or False,
-        "vae_slicing": vae_slicing,
-        "vae_slicing_auto_min_batch": VAE_SLICING_AUTO_MIN_BATCH if vae_slicing == "auto" else None,
-    })
-    return record
-
-
-def _valid_prompt(p) -> bool:
-    return isinstance(p, str) and bool(p.strip())
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or a RuntimeError saying "out of memory" (cuBLAS/cuDNN workspaces,
-    other backends)."""
-    import torch
-
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
-
-
-def _free_device_memory(device: str) -> None:
-    """Give the allocator's cached blocks back before a smaller retry."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 class ImageGenerator:

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from operators.image_generation import _out_of_memory
+from operators.support.diffusion import _out_of_memory
 from operators.image_grounded_segmentation import (
     BOX_THRESHOLD,
     DEFAULT_DETECTOR,

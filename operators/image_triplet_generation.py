@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.base import Resources, Stage
-from operators.image_generation import (
+from operators.support.diffusion import (
     SafetyCheckerPolicy,
     _free_device_memory,
     _out_of_memory,

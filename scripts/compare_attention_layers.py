@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--theta", type=float, default=0.35)
     args = ap.parse_args(argv)
 
-    from operators.image_generation import load_text2image
+    from operators.support.diffusion import load_text2image
     from pipelines.standins.diffusion import build_tiny_stable_diffusion
 
     model = args.model or build_tiny_stable_diffusion(Path(tempfile.mkdtemp()) / "sd", seed=0)

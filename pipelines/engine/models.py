@@ -51,7 +51,7 @@ def load_generators(generators: list[str], safety_checker: str, standin: bool, s
                     revisions: dict | None = None) -> list[dict]:
     """Load each generator (hub ones at their ``revisions``) on the CPU once (and let it go): their
     provenance records (hub commit, weight sha256s)."""
-    from operators.image_generation import load_text2image
+    from operators.support.diffusion import load_text2image
 
     records = []
     for model in generators:

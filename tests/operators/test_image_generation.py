@@ -13,7 +13,8 @@ import torch
 
 from operators.support.models import ModelLoadError
 from operators.support.codec import batch_images
-from operators.image_generation import ImageGenerator, load_text2image, regenerate
+from operators.image_generation import ImageGenerator, regenerate
+from operators.support.diffusion import load_text2image
 from pipelines.standins.diffusion import (
     SD1_SCHEDULER,
     build_clip_tokenizer,

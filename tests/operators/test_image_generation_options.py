@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from operators import image_generation
-from operators.image_generation import VAE_SLICING_AUTO_MIN_BATCH, ImageGenerator
+from operators.support import diffusion
+from operators.image_generation import ImageGenerator
+from operators.support.diffusion import VAE_SLICING_AUTO_MIN_BATCH
 from operators.support.codec import batch_images
 from pipelines.standins.diffusion import build_tiny_stable_diffusion
 from schemas.images import GENERATION_STATUS, SEED, GenerationStatus
@@ -80,7 +81,7 @@ def test_defaults_are_off_and_recorded(plain):
     assert plain.channels_last is False and plain.compile_mode is None and plain.vae_slicing is False
     # diffusers' SDPA processor is what the UNet and the VAE run
     assert r["attention_processors"] == {"unet": ["AttnProcessor2_0"], "vae": ["AttnProcessor2_0"]}
-    assert image_generation.attention_processors(plain.pipe) == r["attention_processors"]
+    assert diffusion.attention_processors(plain.pipe) == r["attention_processors"]
     assert not plain.pipe.vae.use_slicing
     conv = plain.pipe.unet.conv_in.weight
     assert conv.is_contiguous() and not conv.is_contiguous(memory_format=torch.channels_last)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from operators.image_generation import load_text2image
+from operators.support.diffusion import load_text2image
 from operators.image_triplet_generation import TripletGenerator, generate_units
 from operators.support.codec import batch_images
 from pipelines.standins.diffusion import build_tiny_stable_diffusion

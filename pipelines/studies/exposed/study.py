@@ -340,7 +340,7 @@ def image_job(st: dict, args) -> dict:
 def load_models(st: dict, standin: bool) -> list[dict]:
     """Every model loaded once on the driver (CPU) before any work: an unloadable one fails the run
     now, naming it. The heads are built as the generator builds them."""
-    from operators.image_generation import load_text2image
+    from operators.support.diffusion import load_text2image
     from operators.image_triplet_generation import check_capture
 
     records = []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from operators.image_generation import load_text2image
+from operators.support.diffusion import load_text2image
 from operators.support.cross_attention import CrossAttentionCapture
 from pipelines.standins.diffusion import build_tiny_stable_diffusion
 

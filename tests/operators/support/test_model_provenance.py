@@ -64,7 +64,7 @@ def attempt(key, fn):
     except Exception as exc:  # reported, so that one family's failure does not hide the others
         out[key] = {"error": f"{type(exc).__name__}: {exc}"}
 
-from operators.image_generation import load_text2image
+from operators.support.diffusion import load_text2image
 from operators.image_blip2_vqa import check_blip2, load_blip2
 from operators.support.clip import load_clip
 from pipelines.engine import models
