@@ -335,6 +335,8 @@ def _fragment_rows(st: dict) -> int:
 
 def selection_config(st: dict) -> SelectionConfig:
     sel = st["selection"]
+    if not float(sel.get("max_walk_factor", 20)) >= 1:
+        raise ValueError(f"selection.max_walk_factor must be >= 1, not {sel.get('max_walk_factor')!r}")
     return SelectionConfig(sel["sample_size"], sel["nn_k"], len(st["prompts"]), sel["no_indicator_mode"],
                            training_sample=sel.get("training_sample", "captions"),
                            nn_sample=sel.get("nn_sample", "captions"), pool_factor=float(sel.get("pool_factor", 1)))

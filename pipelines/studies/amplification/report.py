@@ -331,12 +331,15 @@ def walk_html(walk: dict | None) -> str:
                 "their images gave (training_sample: captions); the paper's T is over k counted images "
                 "(--training-sample counted_images).</p>")
     short = walk.get("short", [])
-    head = (f"<h2>Training sample (section 4)</h2><p>T is over k counted images per occupation (exactly one face, "
-            f"CLIP p at or above the threshold), the paper's 500: each group's captions were walked in "
-            f"{'sample_key' if walk['nn_sample'] == 'captions' else 'sample_key (random) and similarity (NN)'} "
-            f"order until k counted images. {walk['groups']} group(s), {walk['captions_walked']:,} captions walked "
-            f"to {walk['counted_images']:,} counted images in {walk['rounds']} round(s); per group in "
-            f"training_walk.csv.</p>")
+    random_walked, nn_walked = walk["training_sample"] == "counted_images", walk["nn_sample"] == "counted_images"
+    what = ("T is over k counted images per occupation (exactly one face, CLIP p at or above the threshold), the "
+            "paper's 500: each occupation's random captions were walked in sample_key order until k counted images"
+            if random_walked else "T is over the first k random captions per occupation (--training-sample captions)")
+    if nn_walked:
+        what += "; each prompt's NN captions were walked in similarity order until k counted images"
+    head = (f"<h2>Training sample (section 4)</h2><p>{what}. {walk['groups']} walked group(s), "
+            f"{walk['captions_walked']:,} captions walked to {walk['counted_images']:,} counted images in "
+            f"{walk['rounds']} round(s); per group in training_walk.csv.</p>")
     if not short:
         return head + "<p>Every group reached k counted images.</p>"
     table = pd.DataFrame(short)[["occupation", "subset", "prompt_id", "target", "walked_captions", "counted_images",

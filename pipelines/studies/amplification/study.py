@@ -269,6 +269,7 @@ class AmplificationStudy:
         gen_rows = image_side.generated_rows(generated) if generated is not None else I.IMAGE_RESULTS.empty_table()
 
         image_sim = training_generated_similarity(subsets, url_results, generated)
+        walk_record = _walk_record(walk, selection)
         per_image = pa.concat_tables([train_rows, gen_rows])
         count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows)
         counts = pd.DataFrame(count_rows)
@@ -315,7 +316,7 @@ class AmplificationStudy:
             "image_counts": counts.to_dict("records"),
             "images": {"training_rows": train_rows.num_rows, "distinct_urls": url_results.num_rows,
                        "generated_rows": gen_rows.num_rows},
-            "training_walk": _walk_record(walk, selection),
+            "training_walk": walk_record,
             "results": {
                 "table3": t3.to_dict("records"),
                 "caption_prompts": {m: {k: v["average"] for k, v in r.items()}
@@ -326,7 +327,7 @@ class AmplificationStudy:
             },
             "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
         }
-        results["training_walk"] = _walk_record(walk, selection)
+        results["training_walk"] = walk_record
         data = {"results": results, "t3": t3, "counts": counts, "caption_counts": caption_metrics["counts"],
                 "models": model_records + _caption_models(caption_metrics),
                 "meta": {"output": rd.display(), "input": ", ".join(map(str, args.input)),

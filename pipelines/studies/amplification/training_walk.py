@@ -101,6 +101,8 @@ def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: li
     if fetch is None:
         def fetch(rows, round_budgets):
             return image_side.training_images(ray, rows, st, run=rd, budgets=round_budgets, echo=echo)
+    if not max_walk_factor >= 1:
+        raise ValueError(f"max_walk_factor must be >= 1 (k x max_walk_factor captions at most), not {max_walk_factor!r}")
     factor = cfg.pool_factor
     pool = _sorted(pool)
     walked = {key: cfg.walked(key[1]) for key in _keys(pool)}

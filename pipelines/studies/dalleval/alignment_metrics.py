@@ -245,7 +245,8 @@ def statistics(features) -> tuple[np.ndarray, np.ndarray]:
 def fid_from_statistics(gen_features, mu, sigma) -> dict:
     """FID of generated features against precomputed reference statistics (an .npz's mu and sigma,
     e.g. DM-GAN's coco_val.npz): ||mu_g - mu||^2 + Tr(S_g + S - 2 (S_g S)^(1/2)) in float64, the
-    square root by scipy's sqrtm (its imaginary round-off dropped)."""
+    square root by scipy's sqrtm: 1e-6 added to both diagonals when it is not finite, its imaginary
+    round-off dropped, an imaginary diagonal above 1e-3 an error (as DM-GAN's and pytorch-fid's code)."""
     from scipy import linalg
 
     gen = np.asarray(gen_features, dtype=np.float64)
@@ -256,7 +257,14 @@ def fid_from_statistics(gen_features, mu, sigma) -> dict:
         raise ValueError(f"statistics of {len(mu)} dims (sigma {sigma.shape}) for {gen.shape[1]}-dim features")
     mu_g, sigma_g = statistics(gen)
     covmean = linalg.sqrtm(sigma_g @ sigma)
-    covmean = np.real(covmean)
+    if not np.isfinite(covmean).all():   # a near-singular product: the usual eps on both diagonals
+        offset = np.eye(len(mu)) * 1e-6
+        covmean = linalg.sqrtm((sigma_g + offset) @ (sigma + offset))
+    if np.iscomplexobj(covmean):
+        if not np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
+            raise ValueError(f"FID: the matrix square root has an imaginary component of "
+                             f"{np.max(np.abs(covmean.imag)):.3g} (too few generated images for {len(mu)} dims?)")
+        covmean = covmean.real
     diff = mu_g - mu
     value = float(diff @ diff + np.trace(sigma_g) + np.trace(sigma) - 2.0 * np.trace(covmean))
     return {"fid": value, "n_generated": int(gen.shape[0]), "n_reference": None, "dims": int(len(mu))}

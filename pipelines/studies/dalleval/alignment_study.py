@@ -151,7 +151,7 @@ def reference_sources(ref: dict) -> tuple[str, list[str] | None]:
     paths = sorted(p for p in _glob.glob(pattern, recursive=True) if p.lower().endswith(IMAGE_SUFFIXES))
     if not paths:
         raise InputError(f"reference images {spec}: no image file ({', '.join(IMAGE_SUFFIXES)}) found")
-    if ref.get("max_images"):
+    if ref.get("max_images") and ref.get("pairing", "all") != "captions":   # pairing: truncated after the match
         paths = paths[:int(ref["max_images"])]
     return "files", paths
 
@@ -221,15 +221,33 @@ def reference_captions(st: dict) -> dict[str, str] | None:
         raise InputError("reference.pairing: captions (App. D.2: the drawn captions' own images, the preset's "
                          "default) needs the captions' image ids: --caption-group-column (e.g. COCO's image_id); "
                          "--reference-pairing all compares with every given reference image instead")
+    kind = reference_sources(st["reference"])[0]
+    if kind == "parquet" and not st["reference"].get("id_column"):
+        raise InputError("reference.pairing: captions with a parquet reference needs reference.id_column (the image "
+                         "id the captions' group column names); --reference-pairing all uses every image instead")
     return {image_key(g): text for g, text in groups.items()}
+
+
+def paired_paths(paths: list[str], captions: dict[str, str], max_images=None) -> list[str]:
+    """The reference files of the drawn captions' images: one per image id (the first in path
+    order, when a folder holds the same id twice, e.g. COCO's train2014 and val2014 copies), then
+    at most ``max_images`` of them."""
+    first: dict[str, str] = {}
+    for p in sorted(paths):
+        if image_key(p) in captions:
+            first.setdefault(image_key(p), p)
+    out = sorted(first.values())
+    return out[:int(max_images)] if max_images else out
 
 
 def _attach(b: pa.Table, captions: dict | None, caption_col: str | None) -> pa.Table:
     """The payload with PROMPT: the drawn caption of its image id (pairing "captions"; images of
     no drawn caption are left out here and counted by the caller), or the parquet caption column."""
-    if captions is not None:
+    if captions is not None:   # the drawn caption (the one R-precision pairs with) wins over a caption column
         keys = [image_key(v) for v in b.column(A.REFERENCE_ID).to_pylist()]
         texts = [captions.get(k) for k in keys]
+        if PROMPT in b.column_names:
+            b = b.drop_columns([PROMPT])
         b = b.append_column(PROMPT, pa.array(texts, pa.string()))
         return b.filter(pc.is_valid(b.column(PROMPT)))
     if caption_col:
@@ -266,21 +284,15 @@ def reference_features(ray, st: dict, rd, per_actor: float) -> tuple[pa.Table, P
     if kind == "bundled":
         ds = runtime.from_table(ray, bundled_reference(), 8)
     elif kind == "files":
-        if captions is not None:   # only the drawn captions' images are read
-            paths = [p for p in paths if image_key(p) in captions]
+        if captions is not None:
+            paths = paired_paths(paths, captions, st["reference"].get("max_images"))
         ds = runtime.from_table(ray, pa.table({A.REFERENCE_ID: pa.array(paths, pa.string())}), 64)
         ds = ds.map_batches(read_files, batch_format="pyarrow")
     else:
         col = st["reference"].get("image_column") or "image"
         idc = st["reference"].get("id_column")
-        if captions is not None and not idc:
-            raise InputError("reference.pairing: captions with a parquet reference needs reference.id_column "
-                             "(the image id the captions' group column names)")
         ds = ray.data.read_parquet(paths[0], columns=[col] + ([idc] if idc else []) + ([caption_col] if caption_col
                                                                                         else []))
-        if st["reference"].get("max_images"):
-            ds = ds.limit(int(st["reference"]["max_images"]))
-
         def to_payload(b: pa.Table) -> pa.Table:
             blobs = b.column(col).to_pylist()
             blobs = [v.get("bytes") if isinstance(v, dict) else v for v in blobs]  # HF image structs
@@ -290,6 +302,8 @@ def reference_features(ray, st: dict, rd, per_actor: float) -> tuple[pa.Table, P
 
         ds = ds.map_batches(to_payload, batch_format="pyarrow")
     ds = ds.map_batches(_attach, fn_args=(captions, caption_col), batch_format="pyarrow")
+    if kind == "parquet" and st["reference"].get("max_images"):   # after the pairing filter: N paired images
+        ds = ds.limit(int(st["reference"]["max_images"]))
     print("computing the FID features" + (" and CLIP embeddings" if with_clip else "") + " of the reference images ...")
     import time
 

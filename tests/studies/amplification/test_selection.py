@@ -198,3 +198,15 @@ def test_walk_stops_at_the_kth_counted_image_in_order_and_reports_shortfalls():
     assert set(report2["subset"].to_pylist()) == {"naive", "nn"}
     assert all(c == 10 for s, c in zip(report2["subset"].to_pylist(), report2["counted_images"].to_pylist())
                if s == "nn")
+
+
+def test_a_walk_limit_below_k_is_refused():
+    from pipelines.studies.amplification.captions import selection_config
+    from pipelines.studies.amplification.training_walk import walk_training
+
+    cfg = SelectionConfig(sample_size=5, nn_k=5, n_prompts=2, training_sample="counted_images")
+    with pytest.raises(ValueError, match="max_walk_factor"):
+        walk_training(None, None, TRAINING_SUBSETS.empty_table(), cfg, None, [], None, max_walk_factor=0.5)
+    st = {"selection": {"sample_size": 5, "nn_k": 5, "no_indicator_mode": "split", "max_walk_factor": 0}, "prompts": [1]}
+    with pytest.raises(ValueError, match="max_walk_factor"):
+        selection_config(st)

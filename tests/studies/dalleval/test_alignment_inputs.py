@@ -96,3 +96,29 @@ def test_run_identity_follows_the_captions_content():
     assert AS.captions_digest(AS.requests_of(t, 0)) == a
     req = AS.requests_of(t, 0)
     assert req.schema.equals(A.ALIGNMENT_REQUESTS) and req.column("seed").to_pandas().nunique() == 24
+
+
+def test_pairing_by_image_id_one_image_per_id_then_at_most_n(tmp_path):
+    """App. D.2's pairing: the drawn captions' images by image id, one file per id, max_images
+    counted after the match; a parquet caption column gives way to the drawn caption."""
+    import pyarrow as pa
+
+    from schemas import alignment as A
+    from schemas.subsets import PROMPT
+
+    captions = {"1": "a dog", "3": "a cat", "9": "a car"}
+    paths = [f"/r/COCO_val2014_{i:012d}.jpg" for i in range(1, 6)] + ["/r/COCO_train2014_000000000003.jpg"]
+    assert AS.paired_paths(paths, captions) == ["/r/COCO_train2014_000000000003.jpg",
+                                                "/r/COCO_val2014_000000000001.jpg"]
+    assert AS.paired_paths(paths, captions, max_images=1) == ["/r/COCO_train2014_000000000003.jpg"]
+    batch = pa.table({A.REFERENCE_ID: ["1", "2", "3"], PROMPT: ["own 1", "own 2", "own 3"]})
+    out = AS._attach(batch, captions, "caption")
+    assert out[A.REFERENCE_ID].to_pylist() == ["1", "3"] and out[PROMPT].to_pylist() == ["a dog", "a cat"]
+    assert AS._attach(batch, None, "caption")[PROMPT].to_pylist() == ["own 1", "own 2", "own 3"]
+    # a parquet reference without an id column cannot be paired: refused before the run starts
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"image": [b"x"]}), tmp_path / "ref.parquet")
+    st = {"reference": {"images": str(tmp_path / "ref.parquet"), "pairing": "captions"}, "caption_groups": {"1": "a"}}
+    with pytest.raises(AS.InputError, match="id_column"):
+        AS.reference_captions(st)

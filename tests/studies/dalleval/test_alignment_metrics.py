@@ -217,3 +217,14 @@ def test_fid_from_statistics_equals_fid_against_the_features_they_summarise(tmp_
         A.load_statistics(str(tmp_path / "bad.npz"))
     with pytest.raises(ValueError, match="dims"):
         A.fid_from_statistics(gen[:, :4], mu, sigma)
+
+
+def test_fid_from_statistics_refuses_a_square_root_with_an_imaginary_diagonal():
+    """Statistics that are no covariance (here negative definite: a corrupt or mislabelled .npz)
+    give a matrix square root with a large imaginary diagonal: an error, not its real part."""
+    rng = np.random.default_rng(1)
+    gen = rng.normal(size=(40, 4))
+    with pytest.raises(ValueError, match="imaginary"):
+        A.fid_from_statistics(gen, np.zeros(4), -np.eye(4))
+    mu, sigma = A.statistics(rng.normal(size=(50, 4)))
+    assert np.isfinite(A.fid_from_statistics(gen, mu, sigma)["fid"])
