@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/amplification.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli, gpus  # noqa: E402
+from pipelines.engine import arguments, cli, gpus  # noqa: E402
 from pipelines.studies.amplification.captions import SAMPLE_INPUT  # noqa: E402
 from schemas import captions as C  # noqa: E402
 
@@ -40,22 +40,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
                    help='prompt template replacing the config\'s four (repeatable), with {occupation} and '
                         'optionally {article}: --prompt "A photo of {article} {occupation} in uniform"')
     r = parser.add_argument_group("execution")
-    r.add_argument("--run-id", metavar="ID",
-                   help="name of this run's directory under --output (default: <job label>-<8 hex digits of the "
-                        "configuration fingerprint>, so the same command resumes in the same directory and a "
-                        "different job never overwrites it)")
-    r.add_argument("--ray-address", metavar="ADDR",
-                   help="Ray cluster to connect to (default: RAY_ADDRESS, else the cluster `ray submit` / "
-                        "`ray job submit` started this job on, else a new local instance); 'local' always "
-                        "starts a new local instance")
-    r.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance (default: all cores, and at "
-                        "least the actors' CPUs + 2 so the scan always has a slot)")
+    arguments.add_run_control(r, "<job label>")
     r.add_argument("--files-per-shard", type=int,
                    help="input files per caption shard, the unit of resume on the caption side (default 8; "
                         "the shards of a run are fixed when it starts)")
-    r.add_argument("--max-retries", type=int,
-                   help="retries of a crashed Ray task and restarts of a crashed actor, per stage (default 3); "
-                        "exceptions raised by the code itself are not retried")
     r.add_argument("--max-error-rate", type=float,
                    help="error budget: fail the job when more than this share of a stage's rows fail (null / "
                         "non-text captions, undecodable images, rejected prompts) (default 0.05)")
@@ -63,10 +51,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
                    help="error budget of the training-image download: fail the job when more than this share "
                         "of URLs fail (HTTP errors, timeouts, network errors, not an image, too large, refused) "
                         "(default 0.8: LAION links rot)")
-    r.add_argument("--no-progress", action="store_true", help="no Ray Data progress bars and no progress lines")
-    r.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
-    r.add_argument("--overwrite", action="store_true",
-                   help="discard this run's directory (results and checkpoints) and start again instead of resuming")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,8 +102,7 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     i.add_argument("--input", nargs="+", default=[str(SAMPLE_INPUT)], metavar="PATH",
                    help="LAION metadata parquet: files, directories, globs or fsspec URIs (s3://, gs://, "
                         "file://); default: the bundled synthetic sample")
-    i.add_argument("--output", required=True, metavar="DIR",
-                   help="results directory: local path or fsspec URI")
+    arguments.add_output(i)
     i.add_argument("--text-column", default=C.LAION_TEXT, help="caption column (default TEXT; 'text' also accepted)")
     i.add_argument("--url-column", default=C.LAION_URL,
                    help="image URL column (default URL; 'url' also accepted); 'none' if the data has no URLs")
@@ -194,12 +177,7 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                    help="keep the model's safety checker (flagged images count as nsfw_blocked) or turn it off "
                         "(default model-default)")
     c = p.add_argument_group("face filter and gender classifier (paper 002, section 2.2, App. A.4)")
-    c.add_argument("--clip-model", help="open_clip architecture (default ViT-L-14), or local-dir:/path, a "
-                                        "directory, or hf-hub:org/repo")
-    c.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
-    c.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
-                                           "model or a pretrained tag hosted on the hub (default: main; the commit "
-                                           "is recorded)")
+    arguments.add_clip(c, "the gender classifier", "ViT-L-14")
     c.add_argument("--gender-threshold", type=float, help="minimum winning CLIP probability (default 0.9)")
     c.add_argument("--face-min-confidence", type=float, help="BlazeFace confidence (default 0.5)")
     c.add_argument("--face-min-size", type=float, help="minimum relative face box height and width (default 0.1)")

@@ -37,7 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/dalleval.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli, gpus  # noqa: E402
+from pipelines.engine import arguments, cli, gpus  # noqa: E402
 
 
 def _generation_args(p) -> None:
@@ -58,27 +58,19 @@ def _generation_args(p) -> None:
 
 def _execution_args(p, heads: bool = False) -> None:
     x = p.add_argument_group("execution")
-    x.add_argument("--run-id", metavar="ID", help="run directory name (default <study name>-<8 hex digits of the "
-                                                  "configuration>)")
-    x.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address; 'local' starts a local instance")
-    x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
+    arguments.add_run_control(x)
     x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
     x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
     if heads:
         x.add_argument("--skin-actors", type=int, default=1, help="skin-tone (CPU) actors (default 1)")
     gpus.add_arguments(x, "generator")
     gpus.add_generation_options(x)
-    x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
     x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     x.add_argument("--no-save-images", action="store_true", help="do not write the images")
-    x.add_argument("--no-progress", action="store_true", help="no progress bars and lines")
-    x.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
-    x.add_argument("--overwrite", action="store_true", help="discard this run id's directory and start again")
 
 
 def _output_arg(p) -> None:
-    p.add_argument("--output", required=True, metavar="DIR",
-                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
+    arguments.add_output(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,11 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _clip_args(group, what: str) -> None:
-    group.add_argument("--clip-model", help=f"CLIP of {what}: open_clip architecture, local-dir:/path or hf-hub:")
-    group.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
-    group.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
-                                               "model or a pretrained tag hosted on the hub (default: main; the commit "
-                                               "is recorded)")
+    arguments.add_clip(group, what, "ViT-B-32")
 
 
 def run_summarize(args) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/exposed.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli, gpus  # noqa: E402
+from pipelines.engine import arguments, cli, gpus  # noqa: E402
 
 SPACES = ("prompt", "denoising", "ssim", "diff_pix", "resnet", "clip", "dino", "split_product")
 
@@ -63,8 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writes DIR/triplets.parquet, DIR/triplet_counts.csv and .json")
 
     r = sub.add_parser("run", help="triplets, generation and representational disparities (one Ray job)")
-    r.add_argument("--output", required=True, metavar="DIR",
-                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
+    arguments.add_output(r)
     s = r.add_argument_group("triplets (section 3, App. A; any key of configs/exposed.yaml in --config)")
     s.add_argument("--config", metavar="YAML", help="study file overriding configs/exposed.yaml")
     _add_triplet_sources(s, run=True)
@@ -91,9 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--spaces", nargs="+", choices=SPACES,
                    help="spaces to measure (default all; prompt and denoising are always measured)")
     d.add_argument("--resnet-model", help="ResNet-50 (transformers): hub id or directory (default microsoft/resnet-50)")
-    d.add_argument("--clip-model", help="open_clip architecture (default ViT-B-32), local-dir:/path or hf-hub:org/repo")
-    d.add_argument("--clip-pretrained", help="open_clip pretrained tag (default openai)")
-    d.add_argument("--clip-revision", help="hub revision of the CLIP weights (default main; the commit is recorded)")
+    arguments.add_clip(d, "the image-space disparity", "ViT-B-32")
     d.add_argument("--dino-model", help="DINO ViT-S/16 (transformers): hub id or directory (default facebook/dino-vits16)")
     d.add_argument("--split-product-model",
                    help="DINO ViT-B/8 for split-product: hub id or directory (default facebook/dino-vitb8)")
@@ -117,19 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators and image models (offline smoke run; numbers are meaningless)")
     x = r.add_argument_group("execution")
-    x.add_argument("--run-id", metavar="ID", help="run directory name (default exposed-<8 hex digits of the configuration>)")
-    x.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address; 'local' starts a local instance")
-    x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
+    arguments.add_run_control(x, "exposed")
     x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
     x.add_argument("--gen-batch-size", type=int, default=2,
                    help="units per generator call (three images each; default 2)")
     gpus.add_arguments(x, "generator")
-    x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
     x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     x.add_argument("--no-save-images", action="store_true", help="do not write the images (the report then shows none)")
-    x.add_argument("--no-progress", action="store_true", help="no progress bars and lines")
-    x.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
-    x.add_argument("--overwrite", action="store_true", help="discard this run id's directory and start again")
     return p
 
 

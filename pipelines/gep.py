@@ -25,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/gep.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import cli, gpus  # noqa: E402
+from pipelines.engine import arguments, cli, gpus  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="generate, embed, score, and compute GEP (one Ray job)")
-    r.add_argument("--output", required=True, metavar="DIR",
-                   help="root directory (local path or fsspec URI); the run writes <DIR>/<run id>/")
+    arguments.add_output(r)
     s = r.add_argument_group("study (paper 001, section 3; any key of configs/gep.yaml in --config)")
     s.add_argument("--config", metavar="YAML", help="study file overriding configs/gep.yaml (e.g. jobs/gep_lawyer.yaml)")
     s.add_argument("--settings", nargs="+", choices=["neutral", "explicit"], help="settings to run (default both)")
@@ -55,11 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
     g.add_argument("--safety-checker", choices=["model-default", "off"], help="default off (App. A)")
     e = r.add_argument_group("estimators (section 4)")
-    e.add_argument("--clip-model", help="open_clip architecture (default ViT-L-14), local-dir:/path or hf-hub:org/repo")
-    e.add_argument("--clip-pretrained", help="open_clip pretrained tag or checkpoint file (default openai)")
-    e.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
-                                           "model or a pretrained tag hosted on the hub (default: main; the commit "
-                                           "is recorded)")
+    arguments.add_clip(e, "the estimators", "ViT-L-14")
     e.add_argument("--reference", help="reference string r(a) of CC-f (default 'an object'; Table 8 also uses '' and 'clothes': "
                         "an empty string is used as given)")
     e.add_argument("--ensemble", type=int, help="classifiers per attribute in the CLS-f ensemble (default 10)")
@@ -68,19 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight CLIP and generators (offline smoke run; numbers are meaningless)")
     x = r.add_argument_group("execution")
-    x.add_argument("--run-id", metavar="ID", help="run directory name (default gep-<8 hex digits of the configuration>)")
-    x.add_argument("--ray-address", metavar="ADDR", help="Ray cluster address; 'local' starts a local instance")
-    x.add_argument("--num-cpus", type=int, help="logical CPUs of a new local Ray instance")
+    arguments.add_run_control(x, "gep")
     x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
     x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
     gpus.add_arguments(x, "generator / scorer")
     gpus.add_generation_options(x)
-    x.add_argument("--max-retries", type=int, help="retries of a crashed task or actor (default 3)")
     x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     x.add_argument("--no-save-images", action="store_true", help="do not write the images (annotators need them)")
-    x.add_argument("--no-progress", action="store_true", help="no progress bars and lines")
-    x.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
-    x.add_argument("--overwrite", action="store_true", help="discard this run id's directory and start again")
 
     v = sub.add_parser("evaluate", help="GEP_human and estimator evaluation for a finished run")
     v.add_argument("--run", required=True, metavar="DIR", help="the run's directory (<output>/<run id>)")
