@@ -155,12 +155,13 @@ TRAINING_RESULT_SCHEMA = pa.schema([pa.field(URL, pa.string())] + [f for f in I.
 
 
 def _dedupe(table: pa.Table, keys: list[str]) -> pa.Table:
-    """The first row per key (a batch checkpointed twice by two attempts counts once)."""
+    """The first row per key, in the table's order (a batch checkpointed twice by two attempts
+    counts once; the rows are taken through a row index, so list columns come along)."""
     if table.num_rows == 0:
         return table
-    idx = table.append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
-    first = idx.group_by(keys, use_threads=False).aggregate([("_row", "min")]).column("_row_min")
-    return table.take(pc.sort_indices(first))
+    idx = table.select(keys).append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
+    first = idx.group_by(keys, use_threads=False).aggregate([("_row", "min")]).column("_row_min").to_numpy()
+    return table.take(pa.array(np.sort(first), pa.int64()))
 
 
 class _FetchRewritten:
@@ -259,7 +260,7 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
     all_requests = requests
     # one image per (prompt, seed): a caption that names two occupations is in both occupations'
     # section 6 requests with the same seed; it is generated once and its row given to each
-    requests = _first_per_key(requests, key)
+    requests = _dedupe(requests, key)
     done = out_schema.empty_table()
     if run:
         done = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
@@ -293,15 +294,6 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
     order = [(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT_ID, "ascending"), (PROMPT, "ascending"),
              (CAPTION_ID, "ascending"), (I.IMAGE_INDEX, "ascending")]
     return results.sort_by(order), phase
-
-
-def _first_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
-    """The first row of ``table`` per ``keys`` value, in ``table``'s order."""
-    if table.num_rows == 0:
-        return table
-    idx = table.select(keys).append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
-    first = idx.group_by(keys, use_threads=False).aggregate([("_row", "min")]).column("_row_min").to_numpy()
-    return table.take(pa.array(np.sort(first), pa.int64()))
 
 
 def _per_request(results: pa.Table, requests: pa.Table, keys: list[str]) -> pa.Table:

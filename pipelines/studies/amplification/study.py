@@ -235,7 +235,7 @@ class AmplificationStudy:
                                  reselect=lambda f: captions.select_pool(run, cs, selection.pool(f))[0],
                                  max_walk_factor=float(cs["selection"].get("max_walk_factor", 20)), echo=echo)
             subsets, url_results, train_phase, train_budgets = walk.subsets, walk.url_results, walk.phase, walk.budgets
-            _walk_summary(walk, selection)
+            _walk_summary(walk)
             io.write_table(subsets, out_fs, f"{out}/{captions.FILES['subsets']}")   # the subsets T is over
             sim = caption_report.similarity_summary(caption_stats, subsets, occupation_list)
             io.write_table_and_csv(sim, out_fs, f"{out}/{captions.FILES['similarity']}")
@@ -377,7 +377,7 @@ def _walk_record(walk, selection) -> dict:
     }
 
 
-def _walk_summary(walk, selection) -> None:
+def _walk_summary(walk) -> None:
     g = walk.groups.to_pandas()
     if g.empty:
         return

@@ -493,3 +493,12 @@ def test_training_walk_reaches_exactly_k_counted_images_in_order_under_any_batch
     assert walks[0][1].rounds > 1 and walks[0][1].reselections          # the pool of k ran out: re-selected
     assert resumed.reselections and resumed.phase.reused >= 17           # the checkpoint was read ...
     assert new_hits <= (resumed.url_results.num_rows - 17) * (1 + st.fetch["retries"])   # ... not fetched again
+
+def test_a_checkpoint_written_twice_counts_each_key_once_with_its_first_row():
+    """Two attempts may checkpoint the same batch: the reader keeps the first row per key (it kept
+    the wrong rows when a key repeated)."""
+    t = pa.table({URL: ["a", "a", "b", "c", "b"], "v": [1, 2, 3, 4, 5],
+                  "emb": pa.array([[0.0], [1.0], [2.0], [3.0], [4.0]], pa.list_(pa.float32()))})
+    out = image_side._dedupe(t, [URL])
+    assert out[URL].to_pylist() == ["a", "b", "c"] and out["v"].to_pylist() == [1, 3, 4]
+    assert out["emb"].to_pylist() == [[0.0], [2.0], [3.0]]
