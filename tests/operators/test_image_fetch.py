@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 
 from operators.support.codec import decode_rgb
-from operators.image_fetch import ImageFetcher, embedded_ipv4, is_blocked_address
+from operators.image_fetch import ImageFetcher
+from operators.support.http import embedded_ipv4, is_blocked_address
 from pipelines.studies.amplification.sample_server import (
     BIG_SIZE,
     PHOTOS,
