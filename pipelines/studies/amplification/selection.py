@@ -157,17 +157,7 @@ def _ranked(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
                    (ORDER_KEY, "ascending"), (CAPTION_ID, "ascending")],
     )
     table = table.take(order)
-    n = table.num_rows
-    if n == 0:
-        return table, np.zeros(0, np.int64)
-    occ = pc.dictionary_encode(table.column(OCCUPATION)).combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    sub = pc.dictionary_encode(table.column(SUBSET)).combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    pid = table.column(PROMPT_ID).to_numpy().astype(np.int64)
-    new_group = np.ones(n, bool)
-    new_group[1:] = (occ[1:] != occ[:-1]) | (sub[1:] != sub[:-1]) | (pid[1:] != pid[:-1])
-    starts = np.flatnonzero(new_group)
-    group_start = starts[np.cumsum(new_group) - 1]
-    return table, np.arange(n) - group_start
+    return table, _rank_in_group(table)
 
 
 def top_k(table: pa.Table, cfg: SelectionConfig) -> pa.Table:
@@ -262,10 +252,8 @@ def walk(pool_rows: pa.Table, cfg: SelectionConfig, counted: np.ndarray | None =
         kept = pa.concat_tables([kept, derived.cast(kept.schema)])
     kept = kept.sort_by([(OCCUPATION, "ascending"), (SUBSET, "ascending"), (PROMPT_ID, "ascending"),
                          (RANK, "ascending")])
-    if kept.num_rows:   # ranks 1.. within each subset (the derived subsets' rows keep their order)
-        s, g = _group_starts(kept)
-        kept = kept.set_column(kept.schema.get_field_index(RANK), RANK,
-                               pa.array(np.arange(kept.num_rows) - s[g] + 1, pa.int32()))
+    # ranks 1.. within each subset (the derived subsets' rows keep their order)
+    kept = kept.set_column(kept.schema.get_field_index(RANK), RANK, pa.array(_rank_in_group(kept) + 1, pa.int32()))
     return conform(kept, TRAINING_SUBSETS), report
 
 
@@ -281,6 +269,13 @@ def _group_starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     new = np.ones(n, bool)
     new[1:] = (codes[0][1:] != codes[0][:-1]) | (codes[1][1:] != codes[1][:-1]) | (pid[1:] != pid[:-1])
     return np.flatnonzero(new), np.cumsum(new) - 1
+
+
+def _rank_in_group(table: pa.Table) -> np.ndarray:
+    """0-based position of each row within its (occupation, subset, prompt_id) group of a table
+    sorted by them."""
+    start, group_id = _group_starts(table)
+    return np.arange(table.num_rows) - start[group_id]
 
 
 def _walk_report(pool_rows, keep, hit, walked_group, k, start, group_id) -> pa.Table:

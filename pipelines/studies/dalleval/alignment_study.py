@@ -133,19 +133,31 @@ def requests_of(captions: pa.Table, seed: int) -> pa.Table:
         SEED: image_seeds(seed, captions.column(PROMPT).to_pylist(), index).tolist()}, schema=A.ALIGNMENT_REQUESTS)
 
 
+def reference_kind(ref: dict) -> str:
+    """"statistics", "bundled", "parquet" or "files", without listing the files."""
+    if ref.get("statistics"):
+        return "statistics"
+    spec = ref.get("images")
+    if spec is None:
+        return "bundled"
+    spec = str(spec)
+    return "parquet" if spec.endswith(".parquet") or (Path(spec).is_dir() and any(Path(spec).glob("*.parquet"))) \
+        else "files"
+
+
 def reference_sources(ref: dict) -> tuple[str, list[str] | None]:
     """("files", paths) for a directory or glob of images, ("parquet", [path]), ("statistics",
     [npz]) for precomputed FID statistics, or ("bundled", None)."""
-    if ref.get("statistics"):
+    kind = reference_kind(ref)
+    if kind == "statistics":
         path = str(ref["statistics"])
         if not io.exists(*io.output_fs(path)):
             raise InputError(f"reference statistics {path}: no such file")
         return "statistics", [path]
-    spec = ref.get("images")
-    if spec is None:
+    if kind == "bundled":
         return "bundled", None
-    spec = str(spec)
-    if spec.endswith(".parquet") or (Path(spec).is_dir() and any(Path(spec).glob("*.parquet"))):
+    spec = str(ref["images"])
+    if kind == "parquet":
         return "parquet", [spec]
     pattern = str(Path(spec) / "**" / "*") if Path(spec).is_dir() else spec
     paths = sorted(p for p in _glob.glob(pattern, recursive=True) if p.lower().endswith(IMAGE_SUFFIXES))
@@ -208,7 +220,7 @@ def image_key(value) -> str:
 def effective_pairing(st: dict) -> str:
     """The reference pairing that applies: "n/a" for the bundled stand-in photos and for
     precomputed statistics (no images to pair), else the configured one."""
-    kind = reference_sources(st["reference"])[0]
+    kind = reference_kind(st["reference"])
     return "n/a" if kind in ("bundled", "statistics") else st["reference"].get("pairing", "all")
 
 
@@ -221,8 +233,7 @@ def reference_captions(st: dict) -> dict[str, str] | None:
         raise InputError("reference.pairing: captions (App. D.2: the drawn captions' own images, the preset's "
                          "default) needs the captions' image ids: --caption-group-column (e.g. COCO's image_id); "
                          "--reference-pairing all compares with every given reference image instead")
-    kind = reference_sources(st["reference"])[0]
-    if kind == "parquet" and not st["reference"].get("id_column"):
+    if reference_kind(st["reference"]) == "parquet" and not st["reference"].get("id_column"):
         raise InputError("reference.pairing: captions with a parquet reference needs reference.id_column (the image "
                          "id the captions' group column names); --reference-pairing all uses every image instead")
     return {image_key(g): text for g, text in groups.items()}
@@ -329,9 +340,9 @@ def pairing_record(st: dict, reference: pa.Table) -> dict:
     """What the FID and the real-image row compared with: the reference kind, pairing, extractor,
     how many of the drawn captions' images were found, and whether the pairing is the released
     code's (comparable with Table 19's FID column)."""
-    kind, paths = reference_sources(st["reference"])
+    kind = reference_kind(st["reference"])
     rec = {"kind": kind, "pairing": effective_pairing(st), "extractor": st["fid"]["extractor"],
-           "statistics": paths[0] if kind == "statistics" else None,
+           "statistics": str(st["reference"]["statistics"]) if kind == "statistics" else None,
            "comparable_with_table19_fid": bool(kind == "statistics" and st["fid"]["extractor"] == "torchvision"),
            "comparable_note": "Table 19's FID (released code): torchvision's ImageNet Inception v3 against DM-GAN's "
                               "precomputed COCO val2014 statistics (coco_val.npz): --fid-extractor torchvision "
@@ -522,7 +533,7 @@ class AlignmentStudy:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "models": st["models_loaded"],
                 "standin": bool(run.args.standin_models), "captions": st["caption_counts"],
-                "reference": reference_sources(st["reference"])[0], "fid": st["fid"], "clip": st["clip"],
+                "reference": reference_kind(st["reference"]), "fid": st["fid"], "clip": st["clip"],
                 "r_precision": st["r_precision"], "pairing": d["pairing"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
                 "examples": int(st["report"].get("examples", 8))}
@@ -571,8 +582,8 @@ def measures(images: pa.Table, reference: pa.Table, st: dict) -> pd.DataFrame:
     """Table 19's shape per model: R-precision, CLIPScore and FID with the images behind each; and,
     when the reference images have captions, Table 19's real-image row (R-precision and CLIPScore
     of the reference images against their own captions)."""
-    kind, paths = reference_sources(st["reference"])
-    stats = AM.load_statistics(paths[0]) if kind == "statistics" else None
+    stats = AM.load_statistics(str(st["reference"]["statistics"])) if reference_kind(st["reference"]) == "statistics" \
+        else None
     ref, ref_ok = _vectors(reference, A.FID_FEATURES)
     ref = ref[ref_ok]
     cs = st["clip_score"]
