@@ -119,9 +119,10 @@ class ImageGenerator:
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 8,
                  noise_device: str = "cpu", scheduler: str | None = None, channels_last: bool = False,
-                 compile_unet: bool | str = False, vae_slicing: bool | str = False):
+                 compile_unet: bool | str = False, vae_slicing: bool | str = False, call_kwargs: dict | None = None):
         """The speed options ``channels_last``, ``compile_unet`` and ``vae_slicing`` are described in
-        the module docstring; all are off by default."""
+        the module docstring; all are off by default. ``call_kwargs``: further pipeline call
+        arguments of the generator's spec (a negative prompt, ``max_sequence_length``, ...)."""
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         compile_mode = _compile_mode(compile_unet)
@@ -134,6 +135,7 @@ class ImageGenerator:
         self.width = width
         self.micro_batch = int(micro_batch)
         self.safety_checker = safety_checker
+        self.call_kwargs = dict(call_kwargs or {})
         self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler)
         self.device = load_record["device"]
         # noise on the CPU by default: the same seed gives the same initial noise on any device
@@ -156,6 +158,7 @@ class ImageGenerator:
             "guidance_scale": self.guidance_scale,
             "height": height,
             "width": width,
+            "call_kwargs": self.call_kwargs,
             "default_size": self._default_size(),
             "micro_batch": self.micro_batch,
             "noise_device": self.noise_device,
@@ -176,7 +179,7 @@ class ImageGenerator:
         if self.vae_slicing is not False:  # off: the VAE is left as loaded (one decode per call)
             set_vae_slicing(self.pipe, self.vae_slicing is True or len(prompts) >= VAE_SLICING_AUTO_MIN_BATCH)
         return _generate(self.pipe, prompts, seeds, self.steps, self.guidance_scale, self.height, self.width,
-                         self.noise_device)
+                         self.noise_device, self.call_kwargs)
 
     def regenerate(self, prompt: str, seed: int) -> np.ndarray:
         """The (H, W, 3) uint8 image this stage produces for (prompt, seed), generated alone."""

@@ -126,10 +126,12 @@ def check_capture(pipe, model: str) -> None:
 
 
 def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int], steps: int, guidance_scale: float,
-                   height: int | None = None, width: int | None = None, noise_device: str = "cpu", attention=None):
+                   height: int | None = None, width: int | None = None, noise_device: str = "cpu", attention=None,
+                   call_kwargs: dict | None = None):
     """One pipeline call for whole units: (images (U, 3, C, H, W) in [0, 1] on the device, prompt
     embeddings (U, 3, ...), final latents z_0 (U, 3, ...), safety-checker flags (U, 3) or None).
-    ``attention``: a context (``CrossAttentionCapture``) the call runs inside."""
+    ``attention``: a context (``CrossAttentionCapture``) the call runs inside; ``call_kwargs``: the
+    generator spec's further call arguments."""
     import contextlib
 
     import torch
@@ -140,7 +142,8 @@ def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int],
     with attention if attention is not None else contextlib.nullcontext():
         out = pipe(prompt=prompts, num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
                    height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
-                   callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs)
+                   callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs,
+                   **(call_kwargs or {}))
     images = image_tensor(out.images)
     if capture.latents is None or capture.prompt_embeds is None:
         raise RuntimeError(f"{type(pipe).__name__} did not call callback_on_step_end with latents and prompt_embeds: "
@@ -162,7 +165,8 @@ class TripletGenerator:
     def __init__(self, model: str, revision: str | None = None, steps: int = 50, guidance_scale: float = 7.5,
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 2,
-                 noise_device: str = "cpu", scheduler: str | None = None, dependency=None):
+                 noise_device: str = "cpu", scheduler: str | None = None, dependency=None,
+                 call_kwargs: dict | None = None):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1 unit, got {micro_batch}")
         self.model = model
@@ -170,6 +174,7 @@ class TripletGenerator:
         self.height, self.width = height, width
         self.micro_batch = int(micro_batch)
         self.safety_checker = safety_checker
+        self.call_kwargs = dict(call_kwargs or {})
         self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler)
         self.device = load_record["device"]
         check_capture(self.pipe, model)
@@ -187,7 +192,7 @@ class TripletGenerator:
         # sections 5-6: objects and dependency groups of the images while they are on the device
         self.dependency = dependency.build(device=self.device) if isinstance(dependency, Stage) else dependency
         self.record = {**load_record, "steps": self.steps, "guidance_scale": self.guidance_scale, "height": height,
-                       "width": width, "micro_batch_units": self.micro_batch, "noise_device": self.noise_device,
+                       "width": width, "call_kwargs": self.call_kwargs, "micro_batch_units": self.micro_batch, "noise_device": self.noise_device,
                        "prompt_space": "text encoder output sequence fed to the UNet (conditional half), flattened",
                        "denoising_space": "latents after the last denoising step, before the VAE, flattened",
                        # by the spaces each head measures (two heads may share one operator class)
@@ -206,7 +211,7 @@ class TripletGenerator:
         attention = self.dependency.capture(self.pipe, self._guidance()) if self.dependency is not None else None
         images, embeds, latents, flags = generate_units(self.pipe, chosen, [seeds[u] for u in units], self.steps,
                                                         self.guidance_scale, self.height, self.width,
-                                                        self.noise_device, attention)
+                                                        self.noise_device, attention, self.call_kwargs)
         blocked = np.zeros((len(units), 3), bool) if flags is None else flags
         sims = {Space.PROMPT: pair_cosines(embeds), Space.DENOISING: pair_cosines(latents)}
         for head in self.heads:

@@ -159,23 +159,10 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
 
 def _image_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation (paper 002, section 3.1, section 6, App. A.3)")
-    g.add_argument("--generators", nargs="+", metavar="MODEL",
-                   help="diffusers text-to-image models: hub ids or directories (default: "
-                        "CompVis/stable-diffusion-v1-4 stable-diffusion-v1-5/stable-diffusion-v1-5)")
-    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
-                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
-                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
-    g.add_argument("--images-per-prompt", type=int, help="images per occupation and prompt (default 500)")
+    arguments.add_generation(g, "CompVis/stable-diffusion-v1-4 stable-diffusion-v1-5/stable-diffusion-v1-5",
+                             safety="model-default", images_per_prompt="images per occupation and prompt (default 500)")
     g.add_argument("--caption-images", type=int, help="images per training caption used as the prompt, section 6 "
                                                       "(default 10; 0 turns caption-as-prompt off)")
-    g.add_argument("--steps", type=int, help="inference steps (default 50)")
-    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
-    g.add_argument("--height", type=int, help="image height (default: the model's)")
-    g.add_argument("--width", type=int, help="image width (default: the model's)")
-    g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
-    g.add_argument("--safety-checker", choices=["model-default", "off"],
-                   help="keep the model's safety checker (flagged images count as nsfw_blocked) or turn it off "
-                        "(default model-default)")
     c = p.add_argument_group("face filter and gender classifier (paper 002, section 2.2, App. A.4)")
     arguments.add_clip(c, "the gender classifier", "ViT-L-14")
     c.add_argument("--gender-threshold", type=float, help="minimum winning CLIP probability (default 0.9)")

@@ -42,17 +42,7 @@ from pipelines.engine import arguments, cli, gpus  # noqa: E402
 
 def _generation_args(p) -> None:
     g = p.add_argument_group("generation")
-    g.add_argument("--generators", nargs="+", metavar="MODEL", help="diffusers models: hub ids or directories")
-    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
-                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
-                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
-    g.add_argument("--steps", type=int, help="inference steps (default 50)")
-    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
-    g.add_argument("--scheduler", help="diffusers scheduler class; 'model' keeps the model's (default)")
-    g.add_argument("--height", type=int, help="image height (default: the model's)")
-    g.add_argument("--width", type=int, help="image width (default: the model's)")
-    g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
-    g.add_argument("--safety-checker", choices=["model-default", "off"], help="default off")
+    arguments.add_generation(g, "CompVis/stable-diffusion-v1-4")
     return g
 
 

@@ -71,21 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seeds-per-triplet", action="append", metavar="SOURCE=N",
                    help="seeds per triplet of a source (default gcc=5, profession=5, others 1); repeat per source")
     g = r.add_argument_group("generation (section 3)")
-    g.add_argument("--generators", nargs="+", metavar="MODEL",
-                   help="diffusers text-to-image models: hub ids or directories (default SD v1.4, v2.0-base, "
-                        "v2.1-base)")
-    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
-                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
-                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
-    g.add_argument("--steps", type=int, help="inference steps (default 50)")
-    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
-    g.add_argument("--scheduler", help="diffusers scheduler class (default: each model's own)")
-    g.add_argument("--height", type=int, help="image height (default: the model's)")
-    g.add_argument("--width", type=int, help="image width (default: the model's)")
-    g.add_argument("--generation-seed", type=int, help="base seed; each unit's seed derives from it (default 0)")
-    g.add_argument("--safety-checker", choices=["model-default", "off"],
-                   help="model-default (SD v1.4's checker blanks flagged images: their units are counted, not "
-                        "measured) or off")
+    arguments.add_generation(g, "SD v1.4, v2.0-base, v2.1-base", safety="model-default: SD v1.4's checker blanks "
+                             "flagged images, whose units are counted, not measured", seed_unit="unit")
     d = r.add_argument_group("representational disparities (section 4, App. A)")
     d.add_argument("--spaces", nargs="+", choices=SPACES,
                    help="spaces to measure (default all; prompt and denoising are always measured)")

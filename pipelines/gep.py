@@ -41,18 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attributes", metavar="A,B,...", help="only these attributes of the configured set")
     s.add_argument("--max-contexts", type=int, metavar="N", help="only the first N contexts (quick runs)")
     g = r.add_argument_group("generation (section 5, App. A)")
-    g.add_argument("--generators", nargs="+", metavar="MODEL", help="diffusers models: hub ids or directories")
-    g.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
-                   help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
-                        "(a bare REVISION with one generator). The commit each loads is recorded either way")
-    g.add_argument("--images-per-prompt", type=int, help="images per prompt (default 5)")
-    g.add_argument("--steps", type=int, help="inference steps (default 50)")
-    g.add_argument("--guidance-scale", type=float, help="classifier-free guidance (default 7.5)")
-    g.add_argument("--scheduler", help="diffusers scheduler class (default LMSDiscreteScheduler); 'model' keeps the model's")
-    g.add_argument("--height", type=int, help="image height (default: the model's)")
-    g.add_argument("--width", type=int, help="image width (default: the model's)")
-    g.add_argument("--generation-seed", type=int, help="base seed; each image's seed derives from it (default 0)")
-    g.add_argument("--safety-checker", choices=["model-default", "off"], help="default off (App. A)")
+    arguments.add_generation(g, "stable-diffusion-v1-5/stable-diffusion-v1-5", scheduler="LMSDiscreteScheduler, App. A",
+                             safety="off, App. A", images_per_prompt="images per prompt (default 5)")
     e = r.add_argument_group("estimators (section 4)")
     arguments.add_clip(e, "the estimators", "ViT-L-14")
     e.add_argument("--reference", help="reference string r(a) of CC-f (default 'an object'; Table 8 also uses '' and 'clothes': "

@@ -45,6 +45,12 @@ COMMANDS = {
              "--images-per-prompt", "1", "--steps", "2", "--max-contexts", "2", "--no-progress"], True),
     "dalleval": (["pipelines/dalleval.py", "run", "--output", "OUT/dalleval", "--standin-models",
                   "--images-per-prompt", "1", "--steps", "2", "--no-progress"], True),
+    "skills": (["pipelines/dalleval.py", "skills", "--output", "OUT/skills", "--standin-models",
+                "--prompts-per-skill", "8", "--steps", "2", "--no-progress"], True),
+    "alignment": (["pipelines/dalleval.py", "alignment", "--output", "OUT/alignment", "--standin-models",
+                   "--steps", "2", "--no-progress"], True),
+    "exposed": (["pipelines/exposed.py", "run", "--output", "OUT/exposed", "--standin-models",
+                 "--max-triplets", "2", "--steps", "2", "--no-progress"], True),
     "sum_amp": (["pipelines/amplification.py", "summarize", "--percentages", "tests/data/paper002_table6.csv",
                  "--output", "OUT/sum_amp"], False),
     "sum_gep": (["pipelines/gep.py", "summarize", "--frequencies", "tests/data/paper001_tables11_12.csv",
@@ -56,7 +62,7 @@ COMMANDS = {
                       "--output", "OUT/sum_dalleval"], False),
 }
 # directories whose children are <run id> directories (the others are written directly)
-RUN_ROOTS = ("amp", "captions", "gep", "dalleval")
+RUN_ROOTS = ("amp", "captions", "gep", "dalleval", "skills", "alignment", "exposed")
 
 IMPORT_CHECK = r"""
 import json, os, sys

@@ -126,15 +126,16 @@ def _scheduler(name: str, pipe):
 
 
 def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float,
-              height: int | None, width: int | None, noise_device: str):
+              height: int | None, width: int | None, noise_device: str, call_kwargs: dict | None = None):
     """One pipeline call: (B, 3, H, W) images in [0, 1] on the pipeline's device, and the safety
     checker's per-image flags (None when no checker ran). Row ``i`` is seeded with ``seeds[i]``
-    alone."""
+    alone. ``call_kwargs``: the generator spec's further call arguments (a negative prompt, ...)."""
     import torch
 
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
     out = pipe(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
-               height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt")
+               height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
+               **(call_kwargs or {}))
     flags = getattr(out, "nsfw_content_detected", None)
     return image_tensor(out.images), (None if flags is None else [bool(f) for f in flags])
 

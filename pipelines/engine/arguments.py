@@ -42,3 +42,38 @@ def add_clip(group, what: str, default: str) -> None:
     group.add_argument("--clip-revision", help="hub revision (commit, branch or tag) of the CLIP weights: an hf-hub: "
                                                "model or a pretrained tag hosted on the hub (default: main; the "
                                                "commit is recorded)")
+
+
+def add_generation(group, generators: str, scheduler: str = "each model's own", safety: str = "off",
+                   images_per_prompt: str | None = None, seed_unit: str = "image") -> None:
+    """The generator options every image study shares (pipelines/engine/generation.py): which
+    models, each with its own settings (--generator MODEL:key=value,...), and the global settings
+    that apply to every generator of the run. ``images_per_prompt``: its help, when the study has it."""
+    group.add_argument("--generator", action="append", metavar="MODEL[:KEY=VALUE,...]",
+                       help=f"a diffusers text-to-image model (hub id or directory) with its own settings; repeat per "
+                            f"model (default: {generators}). Keys: steps, guidance_scale, height, width, "
+                            f"negative_prompt, scheduler, safety_checker, dtype, revision; any other key is a pipeline "
+                            f"call argument (e.g. max_sequence_length=256), checked against the pipeline before the run "
+                            f"starts. Example: --generator stabilityai/sdxl-turbo:steps=1,guidance_scale=0")
+    group.add_argument("--generators", nargs="+", metavar="MODEL",
+                       help="diffusers models (hub ids or directories) with the study's settings; --generator gives "
+                            "a model its own")
+    group.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
+                       help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
+                            "(a bare REVISION with one generator). The commit each loads is recorded either way")
+    if images_per_prompt is not None:
+        group.add_argument("--images-per-prompt", type=int, help=images_per_prompt)
+    group.add_argument("--steps", type=int, help="inference steps of every generator (default 50)")
+    group.add_argument("--guidance-scale", type=float, help="classifier-free guidance of every generator (default 7.5)")
+    group.add_argument("--scheduler", help=f"diffusers scheduler class of every generator (default {scheduler}); "
+                                           f"'model' keeps each model's own")
+    group.add_argument("--height", type=int, help="image height (default: the model's)")
+    group.add_argument("--width", type=int, help="image width (default: the model's)")
+    group.add_argument("--negative-prompt", metavar="TEXT", help="negative prompt of every generator (default none)")
+    group.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
+                       help="weights' dtype on the device (default auto: float16 on CUDA, float32 on a CPU)")
+    group.add_argument("--generation-seed", type=int,
+                       help=f"base seed; each {seed_unit}'s seed derives from it and is recorded (default 0)")
+    group.add_argument("--safety-checker", choices=["model-default", "off"],
+                       help=f"keep a model's safety checker (flagged images are counted as nsfw_blocked) or turn it "
+                            f"off (default {safety})")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from pipelines.engine import gpus, io, rundir, runtime
+from pipelines.engine import generation, gpus, io, rundir, runtime
 from pipelines.engine.io import clean_json
 from pipelines.engine import config as study_config
 from pipelines.engine.models import print_models, quiet_model_libraries, standin_hint
@@ -75,7 +75,15 @@ class Study(Protocol):
 
     def load_models(self, args, st, gpu: gpus.GpuPlan | None) -> list[dict]:
         """Load every model once on the driver (then let it go): their provenance records,
-        ``{"role", "model", "standin", "detail"}``; an unloadable model raises ModelLoadError."""
+        ``{"role", "model", "standin", "detail"}``; an unloadable model raises ModelLoadError.
+        The generators are not among them: the engine loads those (``generators``)."""
+
+    # optional, for a study that generates images:
+    #   generators(st) -> list[GeneratorSpec]      the run's generators (the engine builds their
+    #                                               stand-ins, loads them and puts them in run.generators)
+    #   standin_generator_names: tuple[str, ...]   directory names of the generator stand-ins
+    #   standin_shared_text_encoder: tuple[int, ...]  stand-ins sharing one text encoder
+    #   check_generator(pipe, spec) -> None        a study's own check of a loaded generator
 
     def execute(self, run: "Run") -> "Outcome":
         """The streams and the tables: everything the run computes and writes besides the report."""
@@ -96,6 +104,8 @@ class Run:
     models: list[dict]
     started: float
     stack: contextlib.ExitStack
+    # what the run learned: the generators it runs (stand-in directories with --standin-models)
+    generators: list = field(default_factory=list)
 
     @property
     def echo(self) -> Callable:
@@ -146,39 +156,6 @@ def start_ray(args, execution: dict, actor_cpus: float, standin: bool, gpu_model
     return ray, gp
 
 
-def generation_budget(execution: dict, model: str):
-    """The error budget of ``model``'s generation failures (over --max-error-rate)."""
-    from pipelines.engine.progress import ErrorBudget
-    from schemas import images as I
-
-    return ErrorBudget(f"generation ({model})", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES},
-                       float(execution["max_error_rate"]), int(execution["error_budget_min_rows"]))
-
-
-def generate_per_model(models: list[str], requests, execution: dict, generate_one, what: str = "generating",
-                       budgets_of: Callable[[str], list] | None = None, images_per_request: int = 1):
-    """Run ``generate_one(model, budgets) -> (images, phase)`` for every generator, each with its own
-    error budgets (default: generation failures over --max-error-rate); returns (all images,
-    phases per model, budgets). A request is one image, or ``images_per_request`` (a triplet unit)."""
-    import pyarrow as pa
-
-    def default_budgets(model: str) -> list:
-        return [generation_budget(execution, model)]
-
-    parts, phases, budgets = [], {}, []
-    for model in models:
-        print(f"{what} {requests.num_rows * images_per_request:,} images with {model} ...")
-        mine = (budgets_of or default_budgets)(model)
-        images, phase = generate_one(model, mine)
-        if phase.reused:
-            print(f"  {phase.name}: {phase.reused:,} of {phase.total:,} {phase.unit} reused from the checkpoint, "
-                  f"{phase.processed:,} processed now")
-        parts.append(images)
-        phases[model] = phase
-        budgets += mine
-    return (pa.concat_tables(parts) if parts else None), phases, budgets
-
-
 def standin_root(rd: rundir.RunDir) -> str:
     """Where a run's stand-ins live: inside a local run directory (kept with the results, so
     recorded seeds can be regenerated), else a fixed local directory per run id."""
@@ -206,19 +183,24 @@ def run_study(study: Study, args) -> dict:
         # Ray first: a run whose real models could get no GPU stops here, before any model loads
         ray, gp = start_ray(args, ex, study.actor_cpus(args, st), standin, study.gpu_models(args, st))
         models = None
+        specs = list(study.generators(st)) if hasattr(study, "generators") else []
         if not standin:  # every real model loads before the run starts: a failure leaves nothing behind
             with standin_hint(False):
-                models = study.load_models(args, st, gp)
+                models = study.load_models(args, st, gp) + _load_generators(study, specs, False)
         open_run(args, rd)
         try:
             if standin:  # written into the run directory, so only once it is open (and checked)
                 root = standin_root(rd)
                 print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
                 study.use_standins(args, st, root)
+                if specs:
+                    specs = generation.build_standin_generators(
+                        specs, root, getattr(study, "standin_generator_names", None),
+                        getattr(study, "standin_shared_text_encoder", ()))
                 with standin_hint(True):
-                    models = study.load_models(args, st, gp)
+                    models = study.load_models(args, st, gp) + _load_generators(study, specs, True)
             print_models(models)
-            run = Run(args, st, rd, ray, gp, models, started, stack)
+            run = Run(args, st, rd, ray, gp, models, started, stack, generators=specs)
             outcome = study.execute(run)
             metrics = finish(run, study, outcome)
         except BaseException as exc:
@@ -226,6 +208,13 @@ def run_study(study: Study, args) -> dict:
             raise
     rd.finish("finished", duration_s=round(time.time() - started, 3))
     return metrics
+
+
+def _load_generators(study: Study, specs: list, standin: bool) -> list[dict]:
+    """The provenance records of the run's generators, each loaded once on the driver."""
+    if not specs:
+        return []
+    return generation.load_generators(specs, standin, getattr(study, "check_generator", None))
 
 
 def write_run_summary(rd: rundir.RunDir, rows: list[dict]) -> None:

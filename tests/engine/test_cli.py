@@ -73,7 +73,7 @@ def _bad_outputs(tmp_path):
 @pytest.mark.parametrize("main,argv", _OUTPUT_COMMANDS,
                          ids=[f"{m.__module__.split('.')[-1]}-{a[0]}" for m, a in _OUTPUT_COMMANDS])
 def test_bad_output_fails_at_once_with_one_line(tmp_path, capsys, monkeypatch, main, argv):
-    from pipelines.engine import models, runtime
+    from pipelines.engine import generation, models, runtime
     from pipelines.studies.amplification import study
     from pipelines.studies.dalleval import study as dalleval_study
     from pipelines.studies.gep import study as gep_study
@@ -81,8 +81,8 @@ def test_bad_output_fails_at_once_with_one_line(tmp_path, capsys, monkeypatch, m
     def no_model_may_load(*a, **k):
         raise AssertionError("a model was loaded before --output was checked")
 
-    for module in (models, study, gep_study, dalleval_study):
-        for name in ("load_clip_and_generators", "build_standins"):
+    for module in (models, generation, study, gep_study, dalleval_study):
+        for name in ("clip_record", "build_standin_clip", "load_generators", "build_standin_generators"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, no_model_may_load)
     monkeypatch.setattr(runtime, "init_ray", no_model_may_load)

@@ -41,8 +41,8 @@ class ImageSettings:
     fetch: dict
     face: dict
     clip: dict                         # ClipGenderClassifier kwargs
-    generation: dict                   # ImageGenerator kwargs except model
-    generators: list[str]
+    generation: dict                   # ImageGenerator speed options (and the device); the rest is the spec's
+    generators: list                   # GeneratorSpec: each model with its own settings
     images_per_prompt: int
     caption_images: int
     seed: int
@@ -55,7 +55,6 @@ class ImageSettings:
     gen_gpus: float = 0.0
     gen_batch_size: int = 8
     save_images: str | None = None     # URI: save fetched and generated images there (parquet)
-    revisions: dict = field(default_factory=dict)  # generator -> hub revision it is pinned to
     execution: dict = field(default_factory=dict)  # the study's execution settings (execution.stages)
 
 
@@ -89,13 +88,13 @@ def training_stages(st: ImageSettings) -> list[Stage]:
     ])
 
 
-def generation_stages(st: ImageSettings, model: str) -> list[Stage]:
-    """Generated images (section 3.1, section 6, App. A.3): one per prompt and recorded seed, CLIP
-    gender on the device tensor, then the face filter."""
+def generation_stages(st: ImageSettings, spec) -> list[Stage]:
+    """Generated images (section 3.1, section 6, App. A.3): one per prompt and recorded seed (with
+    the generator spec's settings), CLIP gender on the device tensor, then the face filter."""
     head = Stage(ClipGenderClassifier, st.clip)
     return configure(st, [
-        Stage(ImageGenerator, st.generation | {"model": model, "revision": st.revisions.get(model), "heads": [head],
-                                               "micro_batch": st.gen_batch_size}),
+        Stage(ImageGenerator, st.generation | spec.operator_kwargs() | {"heads": [head],
+                                                                         "micro_batch": st.gen_batch_size}),
         *([Stage(ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
             I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})]
           if st.save_images else []),
@@ -251,10 +250,11 @@ REQUEST_SCHEMA = pa.schema([I.IMAGE_RESULTS.field(n) for n in (
     I.SOURCE, OCCUPATION, SUBSET, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID, CAPTION, CAPTION_GENDER, URL)])
 
 
-def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run=None, budgets=(), echo=print):
-    """Generate (and CLIP-classify on the device) every request with ``model``, then face-filter;
-    and the Phase. With ``run``, images are checkpointed by (model, prompt, seed) as they arrive,
-    and a resumed run generates only those not yet recorded."""
+def generated_images(ray, requests: pa.Table, spec, st: ImageSettings, run=None, budgets=(), echo=print):
+    """Generate (and CLIP-classify on the device) every request with the generator ``spec``, then
+    face-filter; and the Phase. With ``run``, images are checkpointed by (model, prompt, seed) as
+    they arrive, and a resumed run generates only those not yet recorded."""
+    model = spec.model
     out_schema = generated_schema()
     key = [PROMPT, I.SEED]
     all_requests = requests
@@ -278,7 +278,7 @@ def generated_images(ray, requests: pa.Table, model: str, st: ImageSettings, run
         todo = todo.sort_by([(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT, "ascending"),
                              (I.IMAGE_INDEX, "ascending")])
         ds = runtime.from_table(ray, todo, st.gen_batch_size * 4)
-        ds = stages.run(ds, generation_stages(st, model))
+        ds = stages.run(ds, generation_stages(st, spec))
         ds = ds.drop_columns(PAYLOAD)
         drain(ds, sink, phase, budgets=budgets, flush_rows=max(st.gen_batch_size * 4, 32), echo=echo)
     elif budgets:

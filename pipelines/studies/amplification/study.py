@@ -20,11 +20,12 @@ import pyarrow.parquet as pq
 
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.generation import generation_settings
 from pipelines.engine.models import (
-    build_standins,
+    STANDIN_GENERATORS,
+    build_standin_clip,
+    clip_record,
     clip_revision,
-    generator_revisions,
-    load_clip_and_generators,
     standin_hint,
 )
 from pipelines.studies.amplification import caption_report, captions
@@ -65,15 +66,8 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
 
 def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
     """Operator settings from the config file with command-line overrides; and what to record."""
-    gen, face, clip, fetch = (dict(cfg[k]) for k in ("generation", "face_filter", "gender_classifier", "fetch"))
-    for key, value in (("images_per_prompt", args.images_per_prompt), ("caption_images", args.caption_images),
-                       ("steps", args.steps), ("guidance_scale", args.guidance_scale), ("seed", args.generation_seed),
-                       ("safety_checker", args.safety_checker)):
-        if value is not None:
-            gen[key] = value
-    if args.generators:
-        gen["models"] = list(args.generators)
-    gen["revisions"] = generator_revisions(gen, args)
+    face, clip, fetch = (dict(cfg[k]) for k in ("face_filter", "gender_classifier", "fetch"))
+    gen = generation_settings(cfg["generation"], args)
     clip = clip_revision(clip, args)
     for key, value in (("model", args.clip_model), ("pretrained", args.clip_pretrained),
                        ("threshold", args.gender_threshold)):
@@ -105,20 +99,19 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
               "threshold": clip["threshold"], "revision": clip["revision"],
               # section 5.2: the CLIP image embeddings, for the training-generated image similarity
               "embeddings": True},
-        generation={"steps": gen["steps"], "guidance_scale": gen["guidance_scale"], "height": args.height,
-                    "width": args.width, "safety_checker": gen["safety_checker"], **gpus.generation_options(args)},
-        generators=list(gen["models"]), images_per_prompt=int(gen["images_per_prompt"]),
-        caption_images=int(gen["caption_images"]), seed=int(gen["seed"]), url_rewrite=rewrite,
+        generation=gpus.generation_options(args),
+        generators=list(gen.generators), images_per_prompt=gen.images_per_prompt,
+        caption_images=gen.caption_images, seed=gen.seed, url_rewrite=rewrite,
         face_actors=args.face_actors, clip_actors=args.clip_actors, gen_actors=args.gen_actors,
-        gen_batch_size=args.gen_batch_size, revisions=dict(gen["revisions"]),
-        execution=dict(cfg["execution"]),
+        gen_batch_size=args.gen_batch_size, execution=dict(cfg["execution"]),
     )
-    return settings, {"generation": gen, "face_filter": face, "gender_classifier": clip, "fetch": fetch}
+    return settings, {"generation": gen.job(), "face_filter": face, "gender_classifier": clip, "fetch": fetch}
 
 
 def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
-    """Load the face detector, CLIP and every generator once on the driver, before any data is
-    read: an unloadable model fails the run now, naming it. Returns the provenance records."""
+    """Load the face detector and CLIP once on the driver, before any data is read (the engine
+    loads the generators): an unloadable model fails the run now, naming it. Returns the
+    provenance records."""
     from operators.image_face_filter import FaceFilter
 
     with standin_hint(standin):
@@ -126,8 +119,7 @@ def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
         records = [{"role": "face detector", "model": f"MediaPipe BlazeFace ({face.record.get('model_range')})",
                     "standin": False, "detail": face.record}]
         face.close()
-        return records + load_clip_and_generators(st.clip, st.generators, st.generation["safety_checker"], standin,
-                                                  "gender classifier (CLIP)", revisions=st.revisions)
+        return records + [clip_record(st.clip, standin, "gender classifier (CLIP)")]
 
 
 def image_job(args, recorded: dict) -> dict:
@@ -183,9 +175,14 @@ class AmplificationStudy:
         return max(args.embed_actors + (0 if args.no_names else args.ner_actors),
                    args.face_actors + args.clip_actors + args.gen_actors)
 
+    standin_generator_names = STANDIN_GENERATORS
+
+    def generators(self, st: dict) -> list:
+        return list(st["image"].generators)
+
     def use_standins(self, args, st: dict, root: str) -> None:
         img = st["image"]
-        img.clip["model"], img.generators = build_standins(root)
+        img.clip["model"] = build_standin_clip(root)
         img.clip["pretrained"] = img.clip["revision"] = None
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:
@@ -252,12 +249,14 @@ class AmplificationStudy:
 
         requests = image_side.generation_requests(prompts, train_rows, st, caption_prompts=st.caption_images > 0)
         gen_parts, phases = [], {}
-        for model in st.generators:
+        models = [g.model for g in run.generators]
+        for spec in run.generators:
+            model = spec.model
             print(f"generating {requests.num_rows:,} images with {model} ...")
             budgets = [copy.deepcopy(b) for b in gen_budgets]
             for b in budgets:
                 b.stage = f"generation ({model})"
-            gen, phase = image_side.generated_images(ray, requests, model, st, run=rd, budgets=budgets, echo=echo)
+            gen, phase = image_side.generated_images(ray, requests, spec, st, run=rd, budgets=budgets, echo=echo)
             _resumed_note(phase)
             if gen.num_rows != requests.num_rows:
                 raise RuntimeError(f"{model}: {requests.num_rows} images requested, {gen.num_rows} rows came back")
@@ -273,7 +272,7 @@ class AmplificationStudy:
         per_image = pa.concat_tables([train_rows, gen_rows])
         count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows)
         counts = pd.DataFrame(count_rows)
-        results = rep.compute(per_image.to_pandas(), occupations, len(cs["prompts"]), st.generators)
+        results = rep.compute(per_image.to_pandas(), occupations, len(cs["prompts"]), models)
         t3 = rep.table3(results["approaches"], len(cs["prompts"]))
 
         io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
@@ -285,7 +284,7 @@ class AmplificationStudy:
         io.write_table_and_csv(pd.DataFrame(image_sim["rows"], columns=SIMILARITY_COLUMNS), out_fs,
                                f"{out}/{run_files['image_similarity']}")
         results["image_similarity"] = image_sim
-        for i, model in enumerate(st.generators):
+        for i, model in enumerate(models):
             io.write_table_and_csv(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
         amp_json = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
                     "caption_gender_match": results["caption_gender_match"],
@@ -310,7 +309,7 @@ class AmplificationStudy:
             "image_config": recorded | {"url_rewrite": st.url_rewrite, "local_image_server": server_url,
                                         "standin_models": bool(args.standin_models),
                                         "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(),
-                                        "generators": st.generators,
+                                        "generators": [g.record() for g in run.generators],
                                         "clip": st.clip},
             "image_models": model_records,
             "image_counts": counts.to_dict("records"),

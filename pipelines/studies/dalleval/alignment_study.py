@@ -32,17 +32,16 @@ from operators.base import Stage, conform
 from operators.image_clip_alignment import ClipAlignmentScorer
 from operators.image_fid_features import FidFeatureExtractor
 from operators.support.seeds import image_seeds
-from pipelines.engine import gpus, io, runtime, stages
+from pipelines.engine import generation, io, runtime, stages
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.io import InputError
-from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
-from pipelines.engine.models import clip_settings, generation_settings
+from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
+from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
 from pipelines.engine.progress import Phase
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import alignment_metrics as AM
-from pipelines.studies.dalleval import generation
-from pipelines.studies.dalleval.generation import generation_rows, head_pipeline, load_generators
 from schemas import alignment as A
 from schemas.images import IMAGE_ID
 from schemas.images import ENCODED, IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_INDEX, IMAGE_WIDTH, MODEL, SEED
@@ -266,7 +265,7 @@ def _attach(b: pa.Table, captions: dict | None, caption_col: str | None) -> pa.T
     return b.append_column(PROMPT, pa.nulls(b.num_rows, pa.string()))
 
 
-def reference_features(ray, st: dict, rd, per_actor: float) -> tuple[pa.Table, Phase]:
+def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto") -> tuple[pa.Table, Phase]:
     """FID features of every reference image (checkpointed once computed); with captions for the
     images (pairing "captions" or a parquet caption column) also their CLIP embeddings."""
     path = f"{rd.path}/{FILES['reference']}"
@@ -284,12 +283,12 @@ def reference_features(ray, st: dict, rd, per_actor: float) -> tuple[pa.Table, P
     caption_col = st["reference"].get("caption_column") if kind == "parquet" else None
     with_clip = captions is not None or bool(caption_col)
     pipeline = [Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
-                                            "batch_size": int(fid["batch_size"]), "device": st.get("device", "auto")})]
+                                            "batch_size": int(fid["batch_size"]), "device": device})]
     if with_clip:   # Table 19's real-image row: the images against their own captions
         pipeline.append(Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
                                                     "revision": clip.get("revision"),
                                                     "batch_size": int(clip["batch_size"]),
-                                                    "device": st.get("device", "auto")}))
+                                                    "device": device}))
     pipeline = stages.configure(pipeline, {FidFeatureExtractor.stage_name: {"num_gpus": per_actor},
                                            ClipAlignmentScorer.stage_name: {"num_gpus": per_actor}})
     if kind == "bundled":
@@ -405,11 +404,9 @@ def settings(args) -> dict:
 
 
 def image_job(st: dict, args) -> dict:
-    gen = {k: st["generation"][k] for k in ("models", "steps", "guidance_scale", "scheduler", "seed", "safety_checker",
-                                            "height", "width", "revisions")}
     return {"study": "paper000-dalleval-alignment", "captions": st["captions"], "reference": st["reference"],
             "captions_sha256": captions_digest(st["requests"]),
-            "generation": gen, "clip": {k: st["clip"].get(k) for k in ("model", "pretrained", "revision")},
+            "generation": st["generation"].job(), "clip": {k: st["clip"].get(k) for k in ("model", "pretrained", "revision")},
             "fid": {k: st["fid"].get(k) for k in ("extractor", "weights")}, "standin_models": bool(args.standin_models)}
 
 
@@ -436,10 +433,9 @@ class AlignmentStudy:
         # image id -> the drawn caption (pairing "captions" finds the reference images by it)
         st["caption_groups"] = {g: t for g, t in zip(captions.column(A.CAPTION_GROUP).to_pylist(),
                                                      captions.column(PROMPT).to_pylist()) if g is not None}
-        st["requests"] = requests_of(captions, int(st["generation"]["seed"]))
+        st["requests"] = requests_of(captions, st["generation"].seed)
         reference_sources(st["reference"])   # a missing reference set fails now, before anything starts
         reference_captions(st)               # and so does pairing by image id without image ids
-        st["models_loaded"] = list(st["generation"]["models"])
         return st
 
     def label(self, st: dict) -> str:
@@ -466,40 +462,31 @@ class AlignmentStudy:
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors + 1
 
-    def use_standins(self, args, st: dict, root: str) -> None:
-        from pipelines.engine.models import build_standins
+    def generators(self, st: dict) -> list:
+        return list(st["generation"].generators)
 
-        clip, models = build_standins(root, [f"generator-{i + 1}-standin" for i in range(len(st["models_loaded"]))])
-        st["models_loaded"] = models
-        st["clip"] = {**st["clip"], "model": clip, "pretrained": None, "revision": None}
+    def use_standins(self, args, st: dict, root: str) -> None:
+        st["clip"] = {**st["clip"], "model": build_standin_clip(root), "pretrained": None, "revision": None}
         if st["fid"]["extractor"] in ("inception", "torchvision") and st["fid"].get("weights") is None:
             st["fid"] = {**st["fid"], "extractor": STANDIN_FID, "weights": None}
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:
-        from operators.support.clip import load_clip
         from operators.image_fid_features import load_fid_extractor
 
-        clip = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
-                         revision=st["clip"].get("revision"))
-        records = [{"role": "CLIP (R-precision, CLIPScore)", "model": st["clip"]["model"],
-                    "standin": args.standin_models, "detail": clip.record}]
-        del clip
+        records = [clip_record(st["clip"], args.standin_models, "CLIP (R-precision, CLIPScore)")]
         fid = load_fid_extractor(st["fid"]["extractor"], st["fid"].get("weights"), device="cpu")
         records.append({"role": "FID features", "model": st["fid"]["extractor"], "standin": args.standin_models,
                         "detail": getattr(fid, "record", {})})
         del fid
-        return records + load_generators(st, st["models_loaded"], args.standin_models)
+        return records
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
-        st["device"] = run.gpu.device
-        st["generation_speed"] = gpus.generation_options(run.args)
-        reference, ref_phase = reference_features(run.ray, st, rd, per_actor)
-        images, phases, budgets = generate_per_model(
-            models, requests, st["execution"],
-            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
-            "generating and scoring")
+        requests, per_actor = st["requests"], run.gpu.per_actor
+        models = [g.model for g in run.generators]
+        reference, ref_phase = reference_features(run.ray, st, rd, per_actor, run.gpu.device)
+        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        images, phases, budgets = generated.images, generated.phases, generated.budgets
         table = measures(images, reference, st)
         pairing = pairing_record(st, reference)
         io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=VECTORS)
@@ -531,7 +518,7 @@ class AlignmentStudy:
         from pipelines.studies.dalleval import report_alignment
 
         st, rd, d = run.st, run.rd, outcome.data
-        meta = {"run_id": rd.run_id, "output": rd.display(), "models": st["models_loaded"],
+        meta = {"run_id": rd.run_id, "output": rd.display(), "models": [g.model for g in run.generators],
                 "standin": bool(run.args.standin_models), "captions": st["caption_counts"],
                 "reference": reference_kind(st["reference"]), "fid": st["fid"], "clip": st["clip"],
                 "r_precision": st["r_precision"], "pairing": d["pairing"],
@@ -553,19 +540,15 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Each caption's image; CLIP embeddings + cosine and FID features on the generator's device."""
     clip, fid = st["clip"], st["fid"]
     heads = [Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
                                          "revision": clip.get("revision"), "batch_size": int(clip["batch_size"])}),
              Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
                                          "batch_size": int(fid["batch_size"])})]
-    return head_pipeline(st, model, args, per_actor, images_dir, heads)
-
-
-def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
-    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return generation.generate(ray, rd, requests, model, pipeline, A.ALIGNMENT_IMAGES, args, budgets, echo)
+    return GenerationPlan(requests, A.ALIGNMENT_IMAGES, heads=heads, key=IMAGE_ID, save_images=save_images,
+                          images_dir=FILES["images_dir"], what="generating and scoring")
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -20,15 +20,13 @@ import pyarrow as pa
 
 from operators.base import Stage
 from operators.image_object_detection import ObjectDetector
-from pipelines.engine import gpus, io
+from pipelines.engine import generation, io
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
-from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
-from pipelines.engine.models import generation_settings
+from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
+from pipelines.engine.lifecycle import Outcome, Run, run_study
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import skills as K
-from pipelines.studies.dalleval import generation
-from pipelines.studies.dalleval.generation import generation_rows, head_pipeline, load_generators
 from schemas import paintskills as P
 
 PRESET = "dalleval_skills.yaml"
@@ -99,15 +97,13 @@ def settings(args) -> dict:
 def requests_of(st: dict) -> pa.Table:
     pr = st["prompts"]
     return K.skill_prompts(pr["sizes"], pr["objects"], pr["counts"], pr["relations"], pr["templates"],
-                           pr["same_class_pairs"], int(st["generation"]["seed"]), pr["plurals"], pr["relation_words"])
+                           pr["same_class_pairs"], st["generation"].seed, pr["plurals"], pr["relation_words"])
 
 
 def image_job(st: dict, args) -> dict:
     """What the per-image results depend on (the scoring threshold is not: it is applied after)."""
-    gen = {k: st["generation"][k] for k in ("models", "steps", "guidance_scale", "scheduler", "seed", "safety_checker",
-                                            "height", "width", "revisions")}
     det = {k: st["detector"][k] for k in ("model", "revision", "record_threshold", "dtype")}
-    return {"study": "paper000-dalleval-skills", "prompts": st["prompts"], "generation": gen, "detector": det,
+    return {"study": "paper000-dalleval-skills", "prompts": st["prompts"], "generation": st["generation"].job(), "detector": det,
             "standin_models": bool(args.standin_models)}
 
 
@@ -120,7 +116,6 @@ class SkillsStudy:
     def settings(self, args) -> dict:
         st = settings(args)
         st["requests"] = requests_of(st)
-        st["models_loaded"] = list(st["generation"]["models"])
         return st
 
     def label(self, st: dict) -> str:
@@ -142,14 +137,14 @@ class SkillsStudy:
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors
 
+    def generators(self, st: dict) -> list:
+        return list(st["generation"].generators)
+
     def use_standins(self, args, st: dict, root: str) -> None:
         from pathlib import Path
 
-        from pipelines.engine.models import build_standins
         from pipelines.standins.detection import build_tiny_detr
 
-        _, models = build_standins(root, [f"generator-{i + 1}-standin" for i in range(len(st["models_loaded"]))])
-        st["models_loaded"] = models
         st["detector"] = {**st["detector"], "model": build_tiny_detr(str(Path(root) / "detr-standin"), seed=0),
                           "revision": None}
 
@@ -161,17 +156,14 @@ class SkillsStudy:
         records = [{"role": "skill detector (zero-shot)", "model": det["model"], "standin": args.standin_models,
                     "detail": bundle.record}]
         del bundle
-        return records + load_generators(st, st["models_loaded"], args.standin_models)
+        return records
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
-        st["device"] = run.gpu.device
-        st["generation_speed"] = gpus.generation_options(run.args)
-        images, phases, budgets = generate_per_model(
-            models, requests, st["execution"],
-            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
-            "generating and detecting")
+        requests, per_actor = st["requests"], run.gpu.per_actor
+        models = [g.model for g in run.generators]
+        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        images, phases, budgets = generated.images, generated.phases, generated.budgets
         threshold = st["detector"]["threshold"]
         judged = K.judge(images, threshold, st["detector"]["object_rule"], st["detector"]["count_rule"])
         results = analyse(judged)
@@ -199,7 +191,7 @@ class SkillsStudy:
         from pipelines.studies.dalleval import report_skills
 
         st, rd, d = run.st, run.rd, outcome.data
-        meta = {"run_id": rd.run_id, "output": rd.display(), "models": st["models_loaded"],
+        meta = {"run_id": rd.run_id, "output": rd.display(), "models": [g.model for g in run.generators],
                 "standin": bool(run.args.standin_models), "detector": st["detector"],
                 "templates": st["prompts"]["template_set"], "sizes": st["prompts"]["sizes"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
@@ -225,18 +217,14 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Each skill prompt's image, its detections on the generator's device, the image saved."""
     det = st["detector"]
     head = Stage(ObjectDetector, {"model": det["model"], "revision": det.get("revision"),
                                   "record_threshold": det["record_threshold"], "batch_size": int(det["batch_size"]),
                                   "dtype": det.get("dtype", "auto")})
-    return head_pipeline(st, model, args, per_actor, images_dir, [head])
-
-
-def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
-    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return generation.generate(ray, rd, requests, model, pipeline, P.SKILL_IMAGES, args, budgets, echo)
+    return GenerationPlan(requests, P.SKILL_IMAGES, heads=[head], key=P.IMAGE_ID, save_images=save_images,
+                          images_dir=FILES["images_dir"], what="generating and detecting")
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -22,25 +22,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.studies.dalleval import metrics as M
-from pipelines.studies.dalleval import generation
-from pipelines.studies.dalleval.generation import generation_rows, generator_stage, load_generators, sink_stages
 from operators.base import Stage, conform
 from operators.image_blip2_vqa import Blip2Detector
 from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_skin_tone import SkinToneDetector
-from operators.image_generation import ImageGenerator
 from pipelines.studies.dalleval.prompts import (
     dalleval_requests,
     diagnostic_prompts,
     parse_groups,
     parse_professions,
 )
-from pipelines.engine import gpus, io, stages
+from pipelines.engine import generation, io
 from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
-from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
-from pipelines.engine.models import build_standins, generation_settings, clip_settings
+from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
+from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
@@ -118,7 +116,7 @@ def settings(args) -> dict:
 def requests_of(st: dict) -> pa.Table:
     prompts = diagnostic_prompts(st["groups"], st["professions"], st["template"], st["bare_prompts"], st["articles"])
     gen = st["generation"]
-    return dalleval_requests(prompts, int(gen["images_per_prompt"]), int(gen["seed"]))
+    return dalleval_requests(prompts, gen.images_per_prompt, gen.seed)
 
 
 def uses_blip2(st: dict) -> bool:
@@ -127,11 +125,9 @@ def uses_blip2(st: dict) -> bool:
 
 def image_job(st: dict, args) -> dict:
     """What the per-image results depend on: its fingerprint names the run."""
-    gen = {k: st["generation"][k] for k in ("models", "images_per_prompt", "steps", "guidance_scale", "scheduler",
-                                            "seed", "safety_checker", "height", "width", "revisions")}
     job = {"study": "paper000-dalleval", "groups": st["groups"], "professions": st["professions"],
            "template": st["template"], "bare_prompts": st["bare_prompts"], "articles": st["articles"],
-           "generation": gen, "detect": st["detect"], "standin_models": bool(args.standin_models)}
+           "generation": st["generation"].job(), "detect": st["detect"], "standin_models": bool(args.standin_models)}
     if uses_blip2(st):
         job["blip2"] = {k: v for k, v in st["blip2"].items() if k != "batch_size"}
     if st["detect"]["attributes"]:
@@ -166,18 +162,12 @@ def classifier_kwargs(st: dict) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------ models
-def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
+def load_models(st: dict, standin: bool) -> list[dict]:
     """Load every model once on the driver before any work (BLIP-2 as configuration and processor
     only: its weights are large): an unloadable model fails the run now, naming it."""
     records = []
     if st["detect"]["gender"] == S.GenderDetector.CLIP:
-        from operators.support.clip import load_clip
-
-        bundle = load_clip(st["clip"]["model"], st["clip"].get("pretrained"), device="cpu",
-                           revision=st["clip"].get("revision"))
-        records.append({"role": "gender detector (CLIP zero-shot)", "model": st["clip"]["model"],
-                        "standin": standin, "detail": bundle.record})
-        del bundle
+        records.append(clip_record(st["clip"], standin, "gender detector (CLIP zero-shot)"))
     if uses_blip2(st):
         from operators.image_blip2_vqa import check_blip2
 
@@ -187,17 +177,16 @@ def load_models(st: dict, models: list[str], standin: bool) -> list[dict]:
         with SkinToneDetector(**st["skin_tone"]) as det:
             records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
                             "standin": False, "detail": det.record})
-    return records + load_generators(st, models, standin)
+    return records
 
 
-def standins(st: dict, root: str, n_generators: int) -> list[str]:
-    """Tiny random generators, BLIP-2 and CLIP under ``root``; the study is pointed at them."""
+def standins(st: dict, root: str) -> None:
+    """Tiny random BLIP-2 and CLIP under ``root`` (the engine builds the generators'); the study is
+    pointed at them."""
     from pipelines.standins.blip2 import build_tiny_blip2
 
-    clip, models = build_standins(root, [f"generator-{i + 1}-standin" for i in range(n_generators)])
-    st["clip"] = {**st["clip"], "model": clip, "pretrained": None, "revision": None}
+    st["clip"] = {**st["clip"], "model": build_standin_clip(root), "pretrained": None, "revision": None}
     st["blip2"] = {**st["blip2"], "model": build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0), "revision": None}
-    return models
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -209,7 +198,6 @@ class DallEvalStudy:
     def settings(self, args) -> dict:
         st = settings(args)
         st["requests"] = requests_of(st)
-        st["models_loaded"] = list(st["generation"]["models"])
         return st
 
     def label(self, st: dict) -> str:
@@ -222,7 +210,7 @@ class DallEvalStudy:
         requests = st["requests"]
         print(f"DALL-Eval social bias: {len(st['groups'])} groups x {len(st['professions'])} professions"
               f"{' + bare prompts' if st['bare_prompts'] else ''} = "
-              f"{requests.num_rows // int(st['generation']['images_per_prompt']):,} "
+              f"{requests.num_rows // st['generation'].images_per_prompt:,} "
               f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
               f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
 
@@ -232,21 +220,21 @@ class DallEvalStudy:
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0)
 
+    def generators(self, st: dict) -> list:
+        return list(st["generation"].generators)
+
     def use_standins(self, args, st: dict, root: str) -> None:
-        st["models_loaded"] = standins(st, root, len(st["models_loaded"]))
+        standins(st, root)
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:
-        return load_models(st, st["models_loaded"], args.standin_models)
+        return load_models(st, args.standin_models)
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
-        st["device"] = run.gpu.device
-        st["generation_speed"] = gpus.generation_options(run.args)
-        images, phases, budgets = generate_per_model(
-            models, requests, st["execution"],
-            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
-            "generating and detecting")
+        requests, per_actor = st["requests"], run.gpu.per_actor
+        models = [g.model for g in run.generators]
+        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        images, phases, budgets = generated.images, generated.phases, generated.budgets
         results = analyse(images, st)
         out_fs, out = rd.fs, rd.path
         io.write_table_and_csv(images, out_fs, f"{out}/{FILES['images']}")
@@ -278,7 +266,8 @@ class DallEvalStudy:
         st, rd, d = run.st, run.rd, outcome.data
         results = d["results"]
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
-                "models": st["models_loaded"], "standin": bool(run.args.standin_models), "detect": st["detect"],
+                "models": [g.model for g in run.generators], "standin": bool(run.args.standin_models),
+                "detect": st["detect"],
                 "neutral": st["neutral"], "compare": st["compare"], "attributes": [a["name"] for a in st["attributes"]]}
         io.write_text(dalleval_report.render_html(meta, results, run.models, figures=FigureDir(rd.fs, rd.path)), rd.fs, f"{rd.path}/{FILES['report']}")
         print(dalleval_report.format_results(results))
@@ -315,31 +304,21 @@ class DetectedGenderColumns:
         return conform(t, S.DALLEVAL_IMAGES)
 
 
-def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Section 5 (social bias): each diagnostic prompt's images, their gender (CLIP zero-shot or
     BLIP-2, on the generator's device) and attributes (BLIP-2), skin tone from the face (Monk
     scale), and the images saved."""
-    batch = max(1, args.gen_batch_size)
     clip, blip2 = classifier_kwargs(st), detector_kwargs(st)
     heads = [*([Stage(ClipGenderClassifier, clip)] if clip else []), *([Stage(Blip2Detector, blip2)] if blip2 else [])]
-    pipeline = [
-        generator_stage(st, model, heads, batch),
-        *([Stage(SkinToneDetector, dict(st["skin_tone"]))] if st["detect"]["skin_tone"] else []),
-        *sink_stages(args, images_dir, model),
-    ]
-    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
-        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch},
-        SkinToneDetector.stage_name: {"batch_size": batch * 4}}))
-
-
-RESOURCE_FLAGS = {**generation.RESOURCE_FLAGS, "skin_actors": [(SkinToneDetector.stage_name, "actors")]}
-
-
-def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
-    """Generate, detect and measure every requested image with ``model`` (resuming from the checkpoint)."""
-    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return generation.generate(ray, rd, requests, model, pipeline, S.DALLEVAL_IMAGES, args, budgets, echo,
-                               finish=DetectedGenderColumns(st["detect"]["gender"]))
+    skin = st["detect"]["skin_tone"]
+    return GenerationPlan(
+        requests, S.DALLEVAL_IMAGES, heads=heads, key=S.IMAGE_ID,
+        after=[Stage(SkinToneDetector, dict(st["skin_tone"]))] if skin else [],
+        finish=DetectedGenderColumns(st["detect"]["gender"]), save_images=save_images, images_dir=FILES["images_dir"],
+        resource_flags={"skin_actors": [(SkinToneDetector.stage_name, "actors")]},
+        # a skin-tone batch: four generator calls' images
+        overrides={SkinToneDetector.stage_name: lambda batch: {"batch_size": batch * 4}} if skin else {},
+        what="generating and detecting")
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -19,9 +19,7 @@ generation and disparity models) names the run.
 
 from __future__ import annotations
 
-import gc
 import hashlib
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -32,18 +30,18 @@ import pyarrow.fs  # noqa: F401 -- pa.fs
 from operators.base import Stage
 from operators.image_backbone_disparity import BackboneDisparity
 from operators.image_clip_embedding import ClipImageEmbedder
-from operators.image_sink import ImageSink
 from operators.image_split_product import SplitProductDisparity
 from operators.image_prompt_dependency import PromptDependency
 from operators.image_ssim_disparity import SsimDisparity
 from operators.image_triplet_generation import TripletGenerator
 from operators.support.seeds import image_seeds
-from pipelines.engine import checkpoint, io, stages
+from pipelines.engine import generation, io
 from pipelines.engine import config as study_config
-from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.figures import FigureDir
-from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, generation_budget, run_study
-from pipelines.engine.models import build_standins, clip_settings, generation_settings
+from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.generation import GenerationPlan, generation_budget, generation_settings
+from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.models import build_standin_clip, clip_settings
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from pipelines.studies.exposed import metrics as M
@@ -327,22 +325,18 @@ def object_job(st: dict) -> dict | None:
 
 def image_job(st: dict, args) -> dict:
     """What the per-image results depend on: its fingerprint names the run."""
-    gen = {k: st["generation"].get(k) for k in ("models", "steps", "guidance_scale", "scheduler", "seed",
-                                                 "safety_checker", "height", "width", "revisions")}
     disp = st["disparity"]
     return {"study": "paper004-exposed", "triplets_sha256": triplets_digest(st["triplets"]),
             "seeds_per_triplet": st["seeds_per_triplet"], "default_seeds_per_triplet": st["default_seeds_per_triplet"],
-            "generation": gen, "disparity": {k: v for k, v in disp.items() if k != "batch_size"},
+            "generation": st["generation"].job(), "disparity": {k: v for k, v in disp.items() if k != "batch_size"},
             "objects": object_job(st), "standin_models": bool(args.standin_models)}
 
 
 # ------------------------------------------------------------------------------------ models
 def load_models(st: dict, standin: bool) -> list[dict]:
     """Every model loaded once on the driver (CPU) before any work: an unloadable one fails the run
-    now, naming it. The heads are built as the generator builds them."""
-    from operators.support.diffusion import load_text2image
-    from operators.image_triplet_generation import check_capture
-
+    now, naming it. The heads are built as the generator builds them (the engine loads the
+    generators, checked by ``ExposedStudy.check_generator``)."""
     records = []
     for stage in head_stages(st):
         head = stage.build(device="cpu")
@@ -355,30 +349,15 @@ def load_models(st: dict, standin: bool) -> list[dict]:
         records.append({"role": "objects (detector + SAM, noun set)", "model": f"{dep.kwargs['detector']} + "
                         f"{dep.kwargs['segmenter']}", "standin": standin, "detail": analysis.record})
         del analysis
-    for model in st["models_loaded"]:
-        pipe, rec = load_text2image(model, st["generation"]["revisions"].get(model), device="cpu", dtype="float32",
-                                    safety_checker=st["generation"]["safety_checker"],
-                                    scheduler=st["generation"].get("scheduler"))
-        check_capture(pipe, model)
-        records.append({"role": "generator", "model": model, "standin": standin, "detail": rec})
-        del pipe
-        gc.collect()
     return records
 
 
-def standins(st: dict, root: str, n_generators: int) -> list[str]:
-    """Tiny random generators and image models under ``root``; the study is pointed at them. As SD
-    v2.0 and v2.1 share OpenCLIP-H, stand-ins 2 and 3 share one text encoder (so their prompt-space
-    columns agree, as the paper's do)."""
+def standins(st: dict, root: str) -> None:
+    """Tiny random image models under ``root`` (the engine builds the generators'); the study is
+    pointed at them."""
     from pipelines.standins.vision import build_tiny_dino, build_tiny_resnet
 
-    names = [f"generator-{i + 1}-standin" for i in range(n_generators)]
-    clip, models = build_standins(root, names)
-    if n_generators >= 3:
-        shared = Path(models[1]) / "text_encoder"
-        target = Path(models[2]) / "text_encoder"
-        shutil.rmtree(target)
-        shutil.copytree(shared, target)
+    clip = build_standin_clip(root)
     d = st["disparity"]
     d["clip"] = {**d["clip"], "model": clip, "pretrained": None, "revision": None}
     d["resnet"] = {**d["resnet"], "model": build_tiny_resnet(str(Path(root) / "resnet-standin"), seed=0),
@@ -397,7 +376,6 @@ def standins(st: dict, root: str, n_generators: int) -> list[str]:
                   # random detectors spread their labels over the whole vocabulary: a short tag list
                   # keeps the tiny run's counts above the bias-score minimum, so every table has rows
                   "vocabulary": list(STANDIN_TAGS)})
-    return models
 
 
 STANDIN_TAGS = ("hat", "dress", "suit", "tie", "tree", "grass", "car", "table", "dog", "cake")
@@ -416,8 +394,7 @@ class ExposedStudy:
             raise ValueError("no triplets: no caption of the configured sources qualifies (see the counts with "
                              "`exposed.py triplets`) and the Profession set is off")
         st["units"] = unit_requests(st["triplets"], st["seeds_per_triplet"], st["default_seeds_per_triplet"],
-                                    int(st["generation"]["seed"]))
-        st["models_loaded"] = list(st["generation"]["models"])
+                                    st["generation"].seed)
         return st
 
     def label(self, st: dict) -> str:
@@ -440,22 +417,32 @@ class ExposedStudy:
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors
 
+    # As SD v2.0 and v2.1 share OpenCLIP-H, stand-ins 2 and 3 share one text encoder (so their
+    # prompt-space columns agree, as the paper's do)
+    standin_shared_text_encoder = (1, 2)
+
+    def generators(self, st: dict) -> list:
+        return list(st["generation"].generators)
+
+    def check_generator(self, pipe, spec) -> None:
+        from operators.image_triplet_generation import check_capture
+
+        check_capture(pipe, spec.model)
+
     def use_standins(self, args, st: dict, root: str) -> None:
-        st["models_loaded"] = standins(st, root, len(st["models_loaded"]))
+        standins(st, root)
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:
         return load_models(st, args.standin_models)
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        units, models, per_actor = st["units"], st["models_loaded"], run.gpu.per_actor
-        st["device"] = run.gpu.device
+        units, per_actor = st["units"], run.gpu.per_actor
+        models = [g.model for g in run.generators]
         io.write_table_and_csv(st["triplets"], rd.fs, f"{rd.path}/{FILES['triplets']}")
         io.write_text(st["counts"].to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['counts']}")
-        images, phases, budgets = generate_per_model(
-            models, units, st["execution"],
-            lambda model, budgets: generate(run.ray, rd, units, model, st, args, per_actor, budgets, run.echo),
-            "generating and measuring", budgets_of=lambda model: error_budgets(st, model), images_per_request=3)
+        generated = generation.generate(run, generation_plan(st, units, not args.no_save_images))
+        images, phases, budgets = generated.images, generated.phases, generated.budgets
         spaces = tuple(s for s in S.Space.ALL if s in st["disparity"]["spaces"])
         disparities = M.disparity_table(images, spaces)
         table3, direction = M.table3(disparities), M.direction_table(disparities)
@@ -494,7 +481,7 @@ class ExposedStudy:
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "standin": bool(run.args.standin_models),
-                "models": st["models_loaded"], "triplets": st["triplets"].num_rows, "units": st["units"].num_rows,
+                "models": [g.model for g in run.generators], "triplets": st["triplets"].num_rows, "units": st["units"].num_rows,
                 "spaces": list(st["disparity"]["spaces"]),
                 "images_dir": f"{rd.uri}/{FILES['images_dir']}" if d["save_images"] else None}
         extra = None
@@ -532,32 +519,14 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-RESOURCE_FLAGS = {"gen_actors": [(TripletGenerator.stage_name, "actors")]}
-
-
-def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
-    """Sections 3-4: each unit's three images in one call, the disparity heads on the generator's
-    device, the images saved as <image id>.png."""
-    gen, batch = st["generation"], max(1, args.gen_batch_size)
-    pipeline = [
-        Stage(TripletGenerator, {"model": model, "revision": gen["revisions"].get(model),
-                                 "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
-                                 "height": gen["height"], "width": gen["width"],
-                                 "safety_checker": gen["safety_checker"], "scheduler": gen.get("scheduler"),
-                                 "micro_batch": batch, "device": st.get("device", "auto"), "heads": head_stages(st),
-                                 "dependency": dependency_stage(st)}),
-        *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": S.IMAGE_ID})]
-          if not args.no_save_images else []),
-    ]
-    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
-        TripletGenerator.stage_name: {"num_gpus": per_actor, "batch_size": batch}}))
-
-
-def generate(ray, rd, units: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
-    """Generate and measure every unit with ``model`` (resuming from the checkpoint)."""
-    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return checkpoint.generate(ray, rd, units, model, pipeline, S.EXPOSED_IMAGES, S.IMAGE_ID,
-                               max(1, args.gen_batch_size), budgets, echo, request_key=S.UNIT_ID, per_request=3)
+def generation_plan(st: dict, units: pa.Table, save_images: bool) -> GenerationPlan:
+    """Sections 3-4: each unit's three images in one call, the disparity heads (and with objects the
+    dependency analysis) on the generator's device, the images saved as <image id>.png."""
+    return GenerationPlan(units, S.EXPOSED_IMAGES, heads=head_stages(st), operator=TripletGenerator,
+                          operator_kwargs={"dependency": dependency_stage(st)}, key=S.IMAGE_ID,
+                          request_key=S.UNIT_ID, per_request=3, save_images=save_images,
+                          images_dir=FILES["images_dir"], budgets_of=lambda model: error_budgets(st, model),
+                          what="generating and measuring")
 
 
 # ------------------------------------------------------------------------------------ sections 5-7

@@ -31,17 +31,17 @@ import pyarrow.parquet as pq
 from pipelines.studies.gep import metrics as M
 from operators.base import Stage, conform
 from operators.image_clip_embedding import ClipImageEmbedder
-from operators.image_generation import ImageGenerator
-from operators.image_sink import ImageSink
 from operators.support.attribute_classifier import TABLE2_CONTEXTS, ClassifierSettings
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-from pipelines.engine import checkpoint, gpus, io, runtime, stages
+from pipelines.engine import io, runtime
 from pipelines.studies.gep import report as gep_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
-from pipelines.engine.lifecycle import Outcome, Run, generate_per_model, run_study
-from pipelines.engine.models import build_standins, clip_settings, generation_settings, load_clip_and_generators
+from pipelines.engine import generation
+from pipelines.engine.generation import GenerationPlan, generation_settings
+from pipelines.engine.lifecycle import Outcome, Run, run_study
 from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
 from pipelines.engine.progress import Phase, outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import gep as S
@@ -110,17 +110,15 @@ def settings(args) -> dict:
 def requests_of(st: dict) -> pa.Table:
     gen = st["generation"]
     return gep_requests(st["genders"], st["attributes"], st["contexts"], st["settings"], st["templates"],
-                        int(gen["images_per_prompt"]), int(gen["seed"]))
+                        gen.images_per_prompt, gen.seed)
 
 
 def image_job(st: dict, args) -> dict:
     """What the images depend on: its fingerprint names the run."""
-    gen = {k: st["generation"][k] for k in ("models", "images_per_prompt", "steps", "guidance_scale", "scheduler",
-                                            "seed", "safety_checker", "height", "width", "revisions")}
     return {"study": "paper001-gep", "genders": st["genders"], "settings": st["settings"],
             "attributes": [{"name": a.name, "phrase": a.phrase} for a in st["attributes"]],
             "contexts": st["contexts"], "templates": {k: st["templates"][k] for k in st["settings"]},
-            "generation": gen, "clip": st["clip"], "standin_models": bool(args.standin_models)}
+            "generation": st["generation"].job(), "clip": st["clip"], "standin_models": bool(args.standin_models)}
 
 
 def scoring_config(st: dict) -> dict:
@@ -137,7 +135,6 @@ class GepStudy:
     def settings(self, args) -> dict:
         st = settings(args)
         st["requests"] = requests_of(st)
-        st["models_loaded"] = list(st["generation"]["models"])
         st["annotations"] = read_annotations(args.annotations) if args.annotations else None  # bad input fails now
         return st
 
@@ -157,29 +154,25 @@ class GepStudy:
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors + 1
 
+    def generators(self, st: dict) -> list:
+        return list(st["generation"].generators)
+
     def use_standins(self, args, st: dict, root: str) -> None:
-        st["clip"] = {"model": None, "pretrained": None}
-        st["clip"]["model"], st["models_loaded"] = build_standins(
-            root, [f"generator-{i + 1}-standin" for i in range(len(st["models_loaded"]))])
+        st["clip"] = {"model": build_standin_clip(root), "pretrained": None}
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:
-        gen = st["generation"]
-        return load_clip_and_generators(st["clip"], st["models_loaded"], gen["safety_checker"], args.standin_models,
-                                        "CLIP (embeddings, estimators)", gen.get("scheduler"), gen.get("revisions"))
+        return [clip_record(st["clip"], args.standin_models, "CLIP (embeddings, estimators)")]
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, models, per_actor = st["requests"], st["models_loaded"], run.gpu.per_actor
-        st["generation_speed"] = gpus.generation_options(run.args)
-        st["device"] = run.gpu.device  # of the generator (its CLIP head follows it) and of the scorer
-        images, phases, budgets = generate_per_model(
-            models, requests, st["execution"],
-            lambda model, budgets: generate(run.ray, rd, requests, model, st, args, per_actor, budgets, run.echo),
-            "generating")
+        requests, per_actor = st["requests"], run.gpu.per_actor
+        models = [g.model for g in run.generators]
+        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        images, phases, budgets = generated.images, generated.phases, generated.budgets
 
         print(f"scoring {len(st['attributes'])} attributes with C-f, CC-f and CLS-f "
               f"(ensembles of {st['classifier']['ensemble']}) ...")
-        scores, scorer_record, score_phase = score(run.ray, images, st, per_actor)
+        scores, scorer_record, score_phase = score(run.ray, images, st, per_actor, run.gpu.device)
         results = analyse(scores, st)
         annotations = st["annotations"]
         evaluation = evaluate(images, scores, results, annotations, st) if annotations is not None else None
@@ -222,7 +215,7 @@ class GepStudy:
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
-                "models": st["models_loaded"], "standin": bool(run.args.standin_models), "settings": st["settings"],
+                "models": [g.model for g in run.generators], "standin": bool(run.args.standin_models), "settings": st["settings"],
                 "reference": st["reference"], "ensemble": st["classifier"]["ensemble"],
                 "attributes": [a.name for a in st["attributes"]]}
         io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models,
@@ -240,42 +233,23 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def generation_stages(st: dict, model: str, args, per_actor: float, images_dir: str) -> list[Stage]:
+def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Section 3: one image per prompt and seed; section 4: its L2-normalised CLIP image embedding,
     computed on the generator's device; the image saved for annotators (section 5)."""
-    gen, clip = st["generation"], st["clip"]
+    clip = st["clip"]
     embed = Stage(ClipImageEmbedder, {"model": clip["model"], "pretrained": clip.get("pretrained"),
                                       "revision": clip.get("revision")})
-    pipeline = [
-        Stage(ImageGenerator, {"model": model, "revision": (gen.get("revisions") or {}).get(model),  # pinned as on the driver
-                               "steps": int(gen["steps"]), "guidance_scale": float(gen["guidance_scale"]),
-                               "height": gen["height"], "width": gen["width"], "safety_checker": gen["safety_checker"],
-                               "scheduler": gen.get("scheduler"), "micro_batch": max(1, args.gen_batch_size),
-                               "device": st.get("device", "auto"), "heads": [embed], **st.get("generation_speed", {})}),
-        *([Stage(ImageSink, {"uri": f"{images_dir}/{model_dir(model)}", "keys": [], "name_column": S.IMAGE_ID})]
-          if not args.no_save_images else []),
-    ]
-    return stages.configure(pipeline, stages.overrides(st["execution"], args, RESOURCE_FLAGS, {
-        ImageGenerator.stage_name: {"num_gpus": per_actor, "batch_size": max(1, args.gen_batch_size)}}))
-
-
-RESOURCE_FLAGS = {"gen_actors": [(ImageGenerator.stage_name, "actors")]}
-
-
-def generate(ray, rd, requests: pa.Table, model: str, st: dict, args, per_actor: float, budgets, echo):
-    """Generate and embed every requested image with ``model`` (resuming from the checkpoint)."""
-    pipeline = generation_stages(st, model, args, per_actor, f"{rd.uri}/{FILES['images_dir']}")
-    return checkpoint.generate(ray, rd, requests, model, pipeline, S.GEP_IMAGES, S.IMAGE_ID,
-                               max(1, args.gen_batch_size), budgets, echo)
+    return GenerationPlan(requests, S.GEP_IMAGES, heads=[embed], key=S.IMAGE_ID, save_images=save_images,
+                          images_dir=FILES["images_dir"])
 
 
 # ------------------------------------------------------------------------------------ scoring
-def scorer_kwargs(st: dict) -> dict:
+def scorer_kwargs(st: dict, device: str = "auto") -> dict:
     return {"attributes": [asdict(a) for a in st["attributes"]], "clip": st["clip"], "reference": st["reference"],
-            "classifier": st["classifier"], "device": st.get("device", "auto")}
+            "classifier": st["classifier"], "device": device}
 
 
-def score(ray, images: pa.Table, st: dict, per_actor: float):
+def score(ray, images: pa.Table, st: dict, per_actor: float, device: str = "auto"):
     """Per-(image, attribute) scores from one scorer actor (CLIP text side + classifier ensembles)."""
     from operators.image_attribute_scores import AttributeScorer
 
@@ -284,7 +258,7 @@ def score(ray, images: pa.Table, st: dict, per_actor: float):
     opts = {"num_cpus": 1, **runtime.actor_retries()}
     if per_actor:
         opts["num_gpus"] = per_actor
-    actor = ray.remote(**opts)(AttributeScorer).remote(**scorer_kwargs(st))
+    actor = ray.remote(**opts)(AttributeScorer).remote(**scorer_kwargs(st, device))
     try:
         record = ray.get(actor.describe.remote())
         cols = [S.IMAGE_ID, MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE, S.CONTEXT_ID, S.EMBEDDING]

@@ -95,9 +95,10 @@ attempt("sbert", lambda: sbert(None))
 attempt("sbert_pinned", lambda: sbert(PINNED))
 
 # what a study records: CLIP and generators loaded once on the driver, at the configured revisions
-attempt("study", lambda: models.load_clip_and_generators(
-    {"model": "hf-hub:org/tiny-clip", "pretrained": None, "revision": PINNED}, ["org/tiny-sd"], "model-default",
-    False, "CLIP", revisions={"org/tiny-sd": PINNED}))
+from pipelines.engine import generation
+attempt("study", lambda: [models.clip_record({"model": "hf-hub:org/tiny-clip", "pretrained": None, "revision": PINNED},
+                                             False, "CLIP")]
+        + generation.load_generators([generation.GeneratorSpec("org/tiny-sd", revision=PINNED)], False))
 print("RESULT " + json.dumps(out, default=str))
 """
 
@@ -256,7 +257,7 @@ def test_revision_options_reach_the_study_settings():
     args = gep.build_parser().parse_args(["run", "--output", "x", "--generators", "org/a", "org/b",
                                           "--generator-revision", f"org/b={pin}", "--clip-revision", pin])
     st = gep_study.settings(args)
-    assert st["generation"]["revisions"] == {"org/b": pin} and st["clip"]["revision"] == pin
+    assert [g.revision for g in st["generation"].generators] == [None, pin] and st["clip"]["revision"] == pin
     base = gep_study.image_job(gep_study.settings(gep.build_parser().parse_args(
         ["run", "--output", "x", "--generators", "org/a", "org/b"])), args)
     assert gep_study.image_job(st, args) != base  # another revision is another run
@@ -265,7 +266,7 @@ def test_revision_options_reach_the_study_settings():
                                                "--generator-revision", pin, "--blip2-revision", pin,
                                                "--clip-revision", pin])
     st = dalleval_study.settings(args)
-    assert st["generation"]["revisions"] == {"org/a": pin}
+    assert [g.revision for g in st["generation"].generators] == [pin]
     assert st["blip2"]["revision"] == pin and st["clip"]["revision"] == pin
     assert dalleval_study.detector_kwargs(st)["revision"] == pin
 
@@ -287,6 +288,6 @@ def test_amplification_image_settings_carry_the_revisions():
     from pipelines.studies.amplification import captions
 
     settings, recorded = study.image_settings(args, captions.settings(args)["config"])
-    assert settings.revisions == {"org/a": pin} and settings.clip["revision"] == pin
-    assert recorded["generation"]["revisions"] == {"org/a": pin}
+    assert [g.revision for g in settings.generators] == [pin] and settings.clip["revision"] == pin
+    assert [g["revision"] for g in recorded["generation"]["generators"]] == [pin]
     assert SimpleNamespace(**settings.clip).revision == recorded["gender_classifier"]["revision"]

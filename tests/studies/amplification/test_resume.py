@@ -32,7 +32,11 @@ PREFIX = "https://images.example.org/"
 
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory):
-    return models.build_standins(str(tmp_path_factory.mktemp("standins")))
+    from pipelines.engine import generation
+
+    root = str(tmp_path_factory.mktemp("standins"))
+    specs = [generation.GeneratorSpec(m, steps=2) for m in models.STANDIN_GENERATORS]
+    return models.build_standin_clip(root), generation.build_standin_generators(specs, root)
 
 
 def settings(standins, server, extra=()):
@@ -40,7 +44,7 @@ def settings(standins, server, extra=()):
         ["run", "--output", "unused", "--steps", "2", "--images-per-prompt", "3", "--caption-images", "0",
          "--allow-local-urls", "--url-rewrite", f"{PREFIX}={server.base_url}/", *extra])
     st, _ = study.image_settings(args, load_config())
-    st.clip["model"], st.generators = standins
+    st.clip["model"], st.generators = standins[0], [g for g in standins[1]]
     st.clip["pretrained"] = None
     st.fetch_block_rows = 4
     return st

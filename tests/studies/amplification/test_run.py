@@ -236,7 +236,7 @@ def test_metrics_and_report_say_standins(run_dir):
     assert roles["gender classifier (CLIP)"] is True and roles["generator"] is True
     assert roles["face detector"] is False
     assert metrics["image_config"]["standin_models"] is True
-    assert metrics["image_config"]["generation"]["guidance_scale"] == 7.5
+    assert [g["guidance_scale"] for g in metrics["image_config"]["generation"]["generators"]] == [7.5, 7.5]
     assert metrics["environment"]["packages"]["mediapipe"] == "0.10.14"
     html = (run_dir / "report.html").read_text()
     assert "Stand-in models" in html and html.count("<img") >= 4 and "figure7_approaches_prompt1" in html

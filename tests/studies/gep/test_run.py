@@ -37,7 +37,7 @@ def test_run_writes_tables_report_and_records(run):
                            "status": {"ok": N_NEUTRAL + N_EXPLICIT}, "embedded": N_NEUTRAL + N_EXPLICIT,
                            "scored_pairs": N_NEUTRAL * 3 + N_EXPLICIT}
     cfg = m["config"]
-    assert cfg["images"]["generation"]["scheduler"] == "LMSDiscreteScheduler"
+    assert [g["scheduler"] for g in cfg["images"]["generation"]["generators"]] == ["LMSDiscreteScheduler"]
     assert cfg["scoring"]["reference"] == "an object" and cfg["scoring"]["classifier"]["ensemble"] == 3
     assert cfg["scoring"]["classifier"]["genders"] == ["A man", "A woman", "A person"]
     assert m["environment"]["packages"]["scikit-learn"]

@@ -1,0 +1,458 @@
+"""Generation, owned by the engine: generator specs, the plan a study hands over, and running it.
+
+A *generator spec* is one text-to-image model with its own settings (steps, guidance, size,
+dtype, negative prompt, scheduler, revision, extra pipeline arguments). A study's YAML gives the
+paper's values as the defaults of every generator; each model may override them, in the file
+(``generation.models: [{model: ID, steps: 4, ...}]``) or on the command line
+(``--generator ID:steps=4,guidance_scale=0``). The specs are what is fingerprinted and recorded.
+
+A *generation plan* is what an image study asks for: its requests (prompt, seed, ids), the heads
+that run on the generator's device, the stages after the generator, and the image schema. The
+engine (``generate``) runs it for every spec: builds the generator stage, applies the resource
+overrides, checkpoints, counts failures against the error budget, and returns the rows.
+
+Precedence of a generator's settings, lowest first: the study's preset ``generation:`` block, the
+--config file's block, the per-model entry of the file, the command line's global flags
+(--steps, --guidance-scale, ...: they apply to every generator, as a smoke run needs), the
+per-model ``--generator`` settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import inspect
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pyarrow as pa
+
+from operators.base import Stage, conform
+
+# the spec's own keys (with the spelling a user may type for some); anything else is an extra
+# pipeline argument, checked against the loaded pipeline's signature on the driver
+SPEC_KEYS = ("revision", "dtype", "steps", "guidance_scale", "height", "width", "negative_prompt", "scheduler",
+             "safety_checker")
+KEY_ALIASES = {"guidance": "guidance_scale", "num_inference_steps": "steps", "cfg": "guidance_scale"}
+SAFETY_POLICIES = ("model-default", "off")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+# generation-block keys of a study file that are not generator settings
+PLAN_KEYS = ("models", "revisions", "images_per_prompt", "caption_images", "seed", "extra")
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """One text-to-image model and the settings it generates with (what is fingerprinted)."""
+
+    model: str
+    revision: str | None = None
+    dtype: str = "auto"                 # auto: float16 on CUDA, float32 on a CPU
+    steps: int = 50
+    guidance_scale: float = 7.5
+    height: int | None = None           # None: the model's own size
+    width: int | None = None
+    negative_prompt: str | None = None
+    scheduler: str | None = None        # None: the model's own sampler; else a diffusers class name
+    safety_checker: str = "model-default"
+    extra: tuple[tuple[str, Any], ...] = ()   # further pipeline call arguments, sorted by name
+
+    def __post_init__(self):
+        if not str(self.model or "").strip():
+            raise ValueError("a generator needs a model (hub id or directory)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"generator {self.model}: dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.safety_checker not in SAFETY_POLICIES:
+            raise ValueError(f"generator {self.model}: safety_checker must be one of {SAFETY_POLICIES}, "
+                             f"got {self.safety_checker!r}")
+        if int(self.steps) < 1:
+            raise ValueError(f"generator {self.model}: steps must be >= 1, got {self.steps}")
+        for side in ("height", "width"):
+            v = getattr(self, side)
+            if v is not None and (int(v) < 8 or int(v) % 8):
+                raise ValueError(f"generator {self.model}: {side} must be a multiple of 8, got {v}")
+
+    @property
+    def name(self) -> str:
+        """The model's short name (its last path part), for tables and progress lines."""
+        return Path(self.model.rstrip("/")).name
+
+    @property
+    def call_kwargs(self) -> dict:
+        """Pipeline call arguments beyond prompt, steps, guidance, size and seeds."""
+        out = dict(self.extra)
+        if self.negative_prompt is not None:
+            out["negative_prompt"] = self.negative_prompt
+        return out
+
+    def record(self) -> dict:
+        """The spec as JSON (fingerprint, metrics.json, the report)."""
+        d = dataclasses.asdict(self)
+        d["extra"] = dict(self.extra)
+        return d
+
+    def operator_kwargs(self) -> dict:
+        """The keyword arguments of a generator operator (ImageGenerator, TripletGenerator)."""
+        return {"model": self.model, "revision": self.revision, "dtype": self.dtype, "steps": int(self.steps),
+                "guidance_scale": float(self.guidance_scale), "height": self.height, "width": self.width,
+                "safety_checker": self.safety_checker, "scheduler": self.scheduler, "call_kwargs": self.call_kwargs}
+
+    def at(self, model: str) -> "GeneratorSpec":
+        """The same settings for another copy of the model (a stand-in directory): no hub revision."""
+        return dataclasses.replace(self, model=model, revision=None)
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """A study's generation block, typed: the generators and what the requests depend on."""
+
+    generators: tuple[GeneratorSpec, ...]
+    seed: int = 0
+    images_per_prompt: int = 1
+    caption_images: int = 0             # amplification, section 6
+
+    @property
+    def models(self) -> list[str]:
+        return [g.model for g in self.generators]
+
+    def job(self) -> dict:
+        """What generated images depend on: part of a run's fingerprint (one definition for every study)."""
+        return {"generators": [g.record() for g in self.generators], "seed": int(self.seed),
+                "images_per_prompt": int(self.images_per_prompt), "caption_images": int(self.caption_images)}
+
+
+# ------------------------------------------------------------------------------ settings
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """A setting's value in its type (a command line gives strings)."""
+    if isinstance(value, str) and key not in ("negative_prompt", "model"):
+        low = value.strip().lower()
+        if low in ("none", "null", "", "model"):
+            return None if key != "safety_checker" else value
+    try:
+        if key == "steps":
+            return int(value)
+        if key == "guidance_scale":
+            return float(value)
+        if key in ("height", "width"):
+            return None if value is None else int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {key}={value!r} is not a number") from None
+    if key in ("revision", "scheduler", "negative_prompt") and value is not None:
+        return str(value)
+    if key == "dtype":
+        return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(str(value), str(value))
+    return value
+
+
+def _extra_value(text: str) -> Any:
+    """A command-line value of an extra pipeline argument: a number, a boolean, null, or the text."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, bool, str)) or value is None else text
+
+
+def _split_settings(settings: Mapping, where: str) -> tuple[dict, dict]:
+    """(spec settings, extra pipeline arguments) of a mapping a user wrote."""
+    own, extra = {}, {}
+    for key, value in settings.items():
+        key = KEY_ALIASES.get(str(key), str(key))
+        if key in SPEC_KEYS:
+            own[key] = _coerce(key, value, where)
+        elif key == "extra":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{where}: extra must be a mapping of pipeline arguments, got {value!r}")
+            extra.update({str(k): v for k, v in value.items()})
+        elif key == "model":
+            continue
+        else:
+            extra[key] = value
+    return own, extra
+
+
+def parse_generator(text: str) -> tuple[str, dict]:
+    """``MODEL[:key=value,...]`` (the --generator flag): the model and its settings.
+
+    A value may hold commas (a negative prompt): a comma starts a new setting only when
+    ``key=`` follows it."""
+    m = re.match(r"^(?P<model>.+?)(?::(?P<rest>[A-Za-z_][\w.]*=.*))?$", text.strip())
+    if not m or not m.group("model").strip():
+        raise ValueError(f"--generator {text!r}: expected MODEL or MODEL:key=value,...")
+    settings: dict[str, Any] = {}
+    rest = m.group("rest")
+    if rest:
+        for part in re.split(r",(?=\s*[A-Za-z_][\w.]*=)", rest):
+            key, eq, value = part.partition("=")
+            key = key.strip()
+            if not eq or not key:
+                raise ValueError(f"--generator {text!r}: {part!r} is not key=value")
+            if key.startswith("extra."):
+                key = key[len("extra."):]
+            settings[key] = value if KEY_ALIASES.get(key, key) in SPEC_KEYS else _extra_value(value)
+    return m.group("model").strip(), settings
+
+
+# the global command-line flags and the spec key each sets
+GLOBAL_FLAGS = (("steps", "steps"), ("guidance_scale", "guidance_scale"), ("height", "height"), ("width", "width"),
+                ("scheduler", "scheduler"), ("safety_checker", "safety_checker"),
+                ("negative_prompt", "negative_prompt"), ("dtype", "dtype"))
+
+
+def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
+    """The generators of a study's ``generation:`` block with the command line applied (see the
+    module docstring for the order)."""
+    block = dict(generation)
+    where = "generation"
+    defaults, default_extra = _split_settings({k: v for k, v in block.items() if k not in PLAN_KEYS}, where)
+    default_extra.update(dict(block.get("extra") or {}))
+    entries: list[tuple[str, dict, dict]] = []   # (model, file settings, command-line settings)
+    for entry in block.get("models") or []:
+        if isinstance(entry, Mapping):
+            if not entry.get("model"):
+                raise ValueError(f"{where}.models: {dict(entry)} has no 'model'")
+            entries.append((str(entry["model"]), dict(entry), {}))
+        else:
+            entries.append((str(entry), {}, {}))
+    flag_models = list(getattr(args, "generators", None) or [])
+    flag_specs = [parse_generator(t) for t in (getattr(args, "generator", None) or [])]
+    if flag_models and flag_specs:
+        raise ValueError("give the generators with --generator (one per model, with settings) or with --generators, "
+                         "not both")
+    if flag_models or flag_specs:
+        by_model = {m: s for m, s, _ in entries}
+        # a model the file configures keeps its file settings; the command line picks which run
+        entries = [(m, by_model.get(m, {}), {}) for m in flag_models] + \
+                  [(m, by_model.get(m, {}), s) for m, s in flag_specs]
+    models = [m for m, _, _ in entries]
+    dupes = sorted({m for m in models if models.count(m) > 1})
+    if dupes:
+        raise ValueError(f"generators listed twice: {dupes} (one spec per model in a run)")
+    if not models:
+        raise ValueError("no generators: set generation.models or --generator")
+    globals_ = {}
+    for attr, key in GLOBAL_FLAGS:
+        value = getattr(args, attr, None) if args is not None else None
+        if value is not None:
+            globals_[key] = _coerce(key, value, f"--{attr.replace('_', '-')}")
+    revisions = _revisions(models, block.get("revisions") or {}, args)
+    specs = []
+    for model, file_settings, cli_settings in entries:
+        own_file, extra_file = _split_settings(file_settings, f"{where}.models[{model}]")
+        own_cli, extra_cli = _split_settings(cli_settings, f"--generator {model}")
+        values = {**defaults, **own_file, **globals_, **own_cli}
+        if model in revisions and "revision" not in own_file and "revision" not in own_cli:
+            values["revision"] = revisions[model]
+        extra = {**default_extra, **extra_file, **extra_cli}
+        specs.append(GeneratorSpec(model=model, **values, extra=tuple(sorted(extra.items()))))
+    seed = getattr(args, "generation_seed", None) if args is not None else None
+    ipp = getattr(args, "images_per_prompt", None) if args is not None else None
+    cap = getattr(args, "caption_images", None) if args is not None else None
+    return GenerationSettings(tuple(specs), int(block.get("seed", 0) if seed is None else seed),
+                              int(block.get("images_per_prompt", 1) if ipp is None else ipp),
+                              int(block.get("caption_images", 0) if cap is None else cap))
+
+
+def _revisions(models: list[str], file_revisions: Mapping, args) -> dict:
+    """{model: hub revision}: the study file's ``revisions`` with --generator-revision
+    MODEL=REVISION (a bare REVISION when there is one generator) applied."""
+    revisions = {str(k): v for k, v in dict(file_revisions).items()}
+    for text in getattr(args, "generator_revision", None) or []:
+        model, eq, revision = text.rpartition("=")
+        if not eq:
+            if len(models) != 1:
+                raise ValueError(f"--generator-revision {text!r}: say which of the {len(models)} generators it pins "
+                                 f"(MODEL=REVISION)")
+            model, revision = models[0], text
+        if model not in models:
+            raise ValueError(f"--generator-revision {text!r}: {model!r} is not one of the generators {models}")
+        revisions[model] = revision or None
+    return {m: str(revisions[m]) for m in models if revisions.get(m)}
+
+
+# ------------------------------------------------------------------------------ models
+def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: Sequence[str] | None = None,
+                             shared_text_encoder: Sequence[int] = ()) -> list[GeneratorSpec]:
+    """Tiny random generators under ``root`` (seed i for the i-th), the specs pointed at them with
+    their settings kept. ``shared_text_encoder``: indices whose text encoder is copied from the
+    first of them (models that share one, as SD v2.0 and v2.1 share OpenCLIP-H)."""
+    import shutil
+
+    from pipelines.standins.diffusion import build_tiny_stable_diffusion
+
+    names = list(names or [f"generator-{i + 1}-standin" for i in range(len(specs))])
+    if len(names) < len(specs):
+        names += [f"generator-{i + 1}-standin" for i in range(len(names), len(specs))]
+    paths = [build_tiny_stable_diffusion(str(Path(root) / names[i]), seed=i) for i in range(len(specs))]
+    shared = [i for i in shared_text_encoder if i < len(paths)]
+    for i in shared[1:]:
+        target = Path(paths[i]) / "text_encoder"
+        shutil.rmtree(target)
+        shutil.copytree(Path(paths[shared[0]]) / "text_encoder", target)
+    return [spec.at(path) for spec, path in zip(specs, paths)]
+
+
+def check_call_arguments(pipe, spec: GeneratorSpec) -> None:
+    """Every extra argument (and a negative prompt) is one the pipeline's call accepts: a typo
+    fails on the driver, naming the model and the arguments it takes, not inside a worker."""
+    wanted = set(spec.call_kwargs)
+    if not wanted:
+        return
+    params = inspect.signature(type(pipe).__call__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(wanted - set(params))
+    if unknown:
+        known = sorted(p for p in params if p not in ("self", "prompt", "generator", "output_type", "return_dict"))
+        raise ValueError(f"generator {spec.model} ({type(pipe).__name__}): its pipeline takes no {unknown}; it takes "
+                         f"{known}")
+
+
+def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
+                    check: Callable[[Any, GeneratorSpec], None] | None = None) -> list[dict]:
+    """Load every generator on the CPU once (and let it go), as its spec says: their provenance
+    records (hub commit, weight sha256s, the spec). ``check(pipe, spec)``: a study's own check."""
+    from operators.support.diffusion import load_text2image
+
+    records = []
+    for spec in specs:
+        pipe, rec = load_text2image(spec.model, spec.revision, device="cpu", dtype="float32",
+                                    safety_checker=spec.safety_checker, scheduler=spec.scheduler)
+        check_call_arguments(pipe, spec)
+        if check is not None:
+            check(pipe, spec)
+        records.append({"role": "generator", "model": spec.model, "standin": standin,
+                        "detail": {**rec, "spec": spec.record()}})
+        del pipe
+        gc.collect()
+    return records
+
+
+# ------------------------------------------------------------------------------ the plan
+@dataclass
+class GenerationPlan:
+    """What an image study asks the engine to generate, for every generator of the run.
+
+    ``heads`` run on the generator's device on the image tensor (CLIP, BLIP-2, detectors); ``after``
+    are Ray Data stages over the generated rows before they are saved (skin tone, face filter).
+    ``key`` names one image; with ``request_key`` a request is ``per_request`` images (a triplet
+    unit). ``finish`` turns a drained batch into stored rows (default: conformed to ``schema``)."""
+
+    requests: pa.Table
+    schema: pa.Schema
+    heads: Sequence[Stage] = ()
+    after: Sequence[Stage] = ()
+    operator: type | None = None                 # default ImageGenerator
+    operator_kwargs: Mapping = field(default_factory=dict)
+    key: str = "image_id"
+    request_key: str | None = None
+    per_request: int = 1
+    finish: Callable[[pa.Table], pa.Table] | None = None
+    save_images: bool = True
+    images_dir: str = "images"                   # under the run directory
+    # stage name -> resource values, or a function of --gen-batch-size giving them
+    overrides: Mapping[str, Mapping | Callable[[int], Mapping]] = field(default_factory=dict)
+    resource_flags: Mapping[str, list] = field(default_factory=dict)  # flag -> [(stage name, key)]
+    budgets_of: Callable[[str], list] | None = None
+    what: str = "generating"
+
+
+@dataclass
+class Generated:
+    """The rows of every generator (in request order per generator), their phases and budgets."""
+
+    images: pa.Table | None
+    phases: dict
+    budgets: list
+
+
+def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[Stage]:
+    """The stage list of one generator: the generator with the plan's heads on its device (pinned to
+    the spec's revision, on the run's device, with the speed options), the plan's stages after it,
+    the image sink; resources from execution.stages, the flags and the GPU plan."""
+    from operators.image_generation import ImageGenerator
+    from operators.image_sink import ImageSink
+    from pipelines.engine import gpus, stages
+    from pipelines.engine.checkpoint import model_dir
+
+    args = run.args
+    op = plan.operator or ImageGenerator
+    batch = max(1, int(getattr(args, "gen_batch_size", 1) or 1))
+    speed = gpus.generation_options(args) if op is ImageGenerator else {}
+    gen = Stage(op, {**spec.operator_kwargs(), "micro_batch": batch, "device": run.gpu.device if run.gpu else "auto",
+                     "heads": list(plan.heads), **speed, **dict(plan.operator_kwargs)})
+    sink = [Stage(ImageSink, {"uri": f"{run.rd.uri}/{plan.images_dir}/{model_dir(spec.model)}", "keys": [],
+                              "name_column": plan.key})] if plan.save_images else []
+    pipeline = [gen, *plan.after, *sink]
+    name = op.stage_name
+    values = {name: {"num_gpus": run.gpu.per_actor if run.gpu else 0.0, "batch_size": batch}}
+    for stage, v in plan.overrides.items():
+        values[stage] = {**values.get(stage, {}), **dict(v(batch) if callable(v) else v)}
+    flags = {"gen_actors": [(name, "actors")], **dict(plan.resource_flags)}
+    execution = run.st["execution"] if isinstance(run.st, dict) else run.st.execution
+    return stages.configure(pipeline, stages.overrides(execution, args, flags, values))
+
+
+def generation_budget(execution: Mapping, model: str):
+    """The error budget of ``model``'s generation failures (over --max-error-rate)."""
+    from pipelines.engine.progress import ErrorBudget
+    from schemas import images as I
+
+    return ErrorBudget(f"generation ({model})", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES},
+                       float(execution["max_error_rate"]), int(execution["error_budget_min_rows"]))
+
+
+def generate(run, plan: GenerationPlan) -> Generated:
+    """Run ``plan`` with every generator of the run (``run.generators``), each with its own error
+    budgets (default: generation failures over --max-error-rate), checkpointed per image."""
+    from pipelines.engine import checkpoint
+
+    execution = run.st["execution"] if isinstance(run.st, dict) else run.st.execution
+    batch = max(1, int(getattr(run.args, "gen_batch_size", 1) or 1))
+    finish = plan.finish or (lambda t: conform(t, plan.schema))
+    parts, phases, budgets = [], {}, []
+    for spec in run.generators:
+        print(f"{plan.what} {plan.requests.num_rows * plan.per_request:,} images with {spec.model} ...")
+        mine = plan.budgets_of(spec.model) if plan.budgets_of else [generation_budget(execution, spec.model)]
+        images, phase = checkpoint.generate(run.ray, run.rd, plan.requests, spec.model,
+                                            generator_pipeline(run, plan, spec), plan.schema, plan.key, batch, mine,
+                                            run.echo, finish=finish, request_key=plan.request_key,
+                                            per_request=plan.per_request)
+        if phase.reused:
+            print(f"  {phase.name}: {phase.reused:,} of {phase.total:,} {phase.unit} reused from the checkpoint, "
+                  f"{phase.processed:,} processed now")
+        parts.append(images)
+        phases[spec.model] = phase
+        budgets += mine
+    return Generated(pa.concat_tables(parts) if parts else None, phases, budgets)
+
+
+def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=None) -> list[dict]:
+    """Run-summary rows per generator: generation (requested -> ok, dropped per status), then the
+    rows ``head_rows(phase, branch, generated_ok_table, ok, share)`` adds for the heads."""
+    import pyarrow.compute as pc
+
+    from pipelines.engine.progress import outcome_counts
+    from pipelines.engine.summary import stage_row
+    from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
+
+    rows = []
+    for model, phase in phases.items():
+        mine = images.filter(pc.equal(images.column(MODEL), model))
+        branch = f"generated: {Path(model.rstrip('/')).name}"
+        status = outcome_counts(mine, GENERATION_STATUS)
+        ok = status.get(GenerationStatus.OK, 0)
+        share = phase.processed / phase.total if phase.total else 0.0
+        rows.append(stage_row(phase, branch, "generate", requested, ok,
+                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(requested * share)))
+        if head_rows is not None:
+            gen_ok = mine.filter(pc.fill_null(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK), False))
+            rows += head_rows(phase, branch, gen_ok, ok, share)
+    return rows
+
+
+__all__ = ["GeneratorSpec", "GenerationSettings", "GenerationPlan", "Generated", "generation_settings",
+           "parse_generator", "build_standin_generators", "load_generators", "generate", "generation_rows"]
