@@ -50,6 +50,7 @@ from operators.support.diffusion import (
     _to_uint8,
     _valid_prompt,
     image_tensor,
+    per_prompt,
     load_text2image,
 )
 from operators.image_prompt_dependency import no_image
@@ -143,7 +144,7 @@ def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int],
         out = pipe(prompt=prompts, num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
                    height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
                    callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs,
-                   **(call_kwargs or {}))
+                   **per_prompt(call_kwargs, len(prompts)))
     images = image_tensor(out.images)
     if capture.latents is None or capture.prompt_embeds is None:
         raise RuntimeError(f"{type(pipe).__name__} did not call callback_on_step_end with latents and prompt_embeds: "

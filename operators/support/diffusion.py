@@ -135,9 +135,19 @@ def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_s
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
     out = pipe(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
                height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
-               **(call_kwargs or {}))
+               **per_prompt(call_kwargs, len(prompts)))
     flags = getattr(out, "nsfw_content_detected", None)
     return image_tensor(out.images), (None if flags is None else [bool(f) for f in flags])
+
+
+def per_prompt(call_kwargs: dict | None, n: int) -> dict:
+    """A spec's call arguments for a call with ``n`` prompts: a negative prompt is given per prompt
+    (diffusers wants the type of ``prompt``, a list here)."""
+    out = dict(call_kwargs or {})
+    for key in ("negative_prompt", "negative_prompt_2", "negative_prompt_3"):
+        if isinstance(out.get(key), str):
+            out[key] = [out[key]] * n
+    return out
 
 
 def image_tensor(images):

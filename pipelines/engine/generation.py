@@ -180,7 +180,7 @@ def parse_generator(text: str) -> tuple[str, dict]:
     A value may hold commas (a negative prompt): a comma starts a new setting only when
     ``key=`` follows it."""
     m = re.match(r"^(?P<model>.+?)(?::(?P<rest>[A-Za-z_][\w.]*=.*))?$", text.strip())
-    if not m or not m.group("model").strip():
+    if not m or not m.group("model").strip() or text.strip().startswith(":"):
         raise ValueError(f"--generator {text!r}: expected MODEL or MODEL:key=value,...")
     settings: dict[str, Any] = {}
     rest = m.group("rest")
@@ -301,9 +301,10 @@ def check_call_arguments(pipe, spec: GeneratorSpec) -> None:
     wanted = set(spec.call_kwargs)
     if not wanted:
         return
-    params = inspect.signature(type(pipe).__call__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
+    # named parameters only: Stable Diffusion pipelines take **kwargs for deprecated callbacks and
+    # ignore anything else silently, so a misspelt argument would change nothing without a word
+    params = {n for n, p in inspect.signature(type(pipe).__call__).parameters.items()
+              if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
     unknown = sorted(wanted - set(params))
     if unknown:
         known = sorted(p for p in params if p not in ("self", "prompt", "generator", "output_type", "return_dict"))

@@ -1,0 +1,181 @@
+"""Generator specs: each model with its own settings, from the study file and the command line, in
+the order the module documents; what is fingerprinted; the plan's stage list."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from pipelines import dalleval, exposed, gep
+from pipelines.engine import generation as G
+from pipelines.engine.generation import GeneratorSpec, generation_settings, parse_generator
+
+BLOCK = {"models": ["org/sd15"], "revisions": {}, "images_per_prompt": 5, "steps": 50, "guidance_scale": 7.5,
+         "scheduler": "LMSDiscreteScheduler", "seed": 0, "safety_checker": "off"}
+
+
+def args_of(argv, parser=gep.build_parser):
+    return parser().parse_args(["run", "--output", "x", *argv])
+
+
+def test_a_bare_model_and_a_model_with_settings():
+    assert parse_generator("org/sd15") == ("org/sd15", {})
+    model, s = parse_generator("stabilityai/sdxl-turbo:steps=1,guidance_scale=0,max_sequence_length=256")
+    assert model == "stabilityai/sdxl-turbo"
+    assert s == {"steps": "1", "guidance_scale": "0", "max_sequence_length": 256}   # extra values are typed
+    # a comma inside a value (a negative prompt) does not start a new setting
+    _, s = parse_generator("m:negative_prompt=blurry, low quality, watermark,steps=4")
+    assert s == {"negative_prompt": "blurry, low quality, watermark", "steps": "4"}
+    # a directory path with a colon-free name, and extra.KEY spelled out
+    assert parse_generator("/models/sd:extra.clip_skip=2") == ("/models/sd", {"clip_skip": 2})
+    with pytest.raises(ValueError, match="MODEL"):
+        parse_generator(":steps=2")
+
+
+def test_the_study_defaults_apply_to_every_generator():
+    gs = generation_settings(BLOCK, args_of([]))
+    (spec,) = gs.generators
+    assert spec == GeneratorSpec("org/sd15", steps=50, guidance_scale=7.5, scheduler="LMSDiscreteScheduler",
+                                 safety_checker="off")
+    assert (gs.seed, gs.images_per_prompt) == (0, 5)
+
+
+def test_precedence_file_default_then_file_model_then_global_flags_then_generator_flag():
+    block = {**BLOCK, "models": ["org/a", {"model": "org/b", "steps": 4, "guidance_scale": 1.0,
+                                           "negative_prompt": "blurry", "max_sequence_length": 256}]}
+    a, b = generation_settings(block, args_of([])).generators
+    assert (a.steps, a.guidance_scale, a.negative_prompt) == (50, 7.5, None)
+    assert (b.steps, b.guidance_scale, b.negative_prompt, dict(b.extra)) == (4, 1.0, "blurry",
+                                                                            {"max_sequence_length": 256})
+    # a global flag applies to every generator, over the file's per-model value
+    a, b = generation_settings(block, args_of(["--steps", "2"])).generators
+    assert (a.steps, b.steps) == (2, 2) and b.guidance_scale == 1.0
+    # --generator picks the models; a model the file configures keeps its file settings, and the
+    # flag's own settings win over everything
+    (b,) = generation_settings(block, args_of(["--steps", "2", "--generator", "org/b:steps=1,width=512"])).generators
+    assert (b.steps, b.width, b.guidance_scale, b.negative_prompt) == (1, 512, 1.0, "blurry")
+
+
+def test_revisions_from_the_file_the_flag_and_the_spec():
+    block = {**BLOCK, "models": ["org/a", "org/b"], "revisions": {"org/a": "r1"}}
+    a, b = generation_settings(block, args_of(["--generator-revision", "org/b=r2"])).generators
+    assert (a.revision, b.revision) == ("r1", "r2")
+    (a,) = generation_settings(block, args_of(["--generator", "org/a:revision=r9"])).generators
+    assert a.revision == "r9"
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--generator", "org/a", "--generator", "org/a:steps=2"], "listed twice"),
+    (["--generator", "org/a", "--generators", "org/b"], "not both"),
+    (["--generator", "org/a:steps=many"], "not a number"),
+    (["--generator", "org/a:height=100"], "multiple of 8"),
+    (["--generator", "org/a:dtype=int8"], "dtype"),
+    (["--generator", "org/a:safety_checker=maybe"], "safety_checker"),
+])
+def test_bad_generator_settings_fail_with_one_line(argv, match):
+    with pytest.raises(ValueError, match=match):
+        generation_settings(BLOCK, args_of(argv))
+
+
+def test_the_run_id_follows_the_spec_of_each_model():
+    from pipelines.studies.gep import study
+
+    def job(argv):
+        args = args_of(argv)
+        return study.image_job(study.settings(args), args)
+
+    base = job(["--generator", "org/a", "--generator", "org/b"])
+    assert job(["--generator", "org/a", "--generator", "org/b"]) == base
+    assert job(["--generator", "org/a", "--generator", "org/b:steps=4"]) != base
+    assert job(["--generator", "org/a", "--generator", "org/b:negative_prompt=blurry"]) != base
+    rec = base["generation"]["generators"][1]
+    assert rec["model"] == "org/b" and rec["steps"] == 50 and rec["scheduler"] == "LMSDiscreteScheduler"
+
+
+def test_every_image_study_reads_the_same_generator_flags():
+    from pipelines.studies.dalleval import study as dalleval_study
+    from pipelines.studies.exposed import study as exposed_study
+
+    argv = ["--generator", "org/x:steps=3,negative_prompt=a, b", "--guidance-scale", "2"]
+    for parser, settings in ((gep.build_parser, None), (dalleval.build_parser, dalleval_study.settings)):
+        args = args_of(argv, parser)
+        st = settings(args) if settings else __import__("pipelines.studies.gep.study", fromlist=["x"]).settings(args)
+        (spec,) = st["generation"].generators
+        assert (spec.model, spec.steps, spec.guidance_scale, spec.negative_prompt) == ("org/x", 3, 2.0, "a, b")
+    args = exposed.build_parser().parse_args(["run", "--output", "x", *argv])
+    (spec,) = exposed_study.settings(args)["generation"].generators
+    assert (spec.steps, spec.negative_prompt) == (3, "a, b")
+
+
+def test_extra_call_arguments_are_checked_against_the_pipeline_signature():
+    class Pipe:
+        def __call__(self, prompt, num_inference_steps=50, negative_prompt=None, max_sequence_length=256):
+            return None
+
+    G.check_call_arguments(Pipe(), GeneratorSpec("m", negative_prompt="x", extra=(("max_sequence_length", 77),)))
+    with pytest.raises(ValueError, match=r"takes no \['clip_skip'\].*max_sequence_length"):
+        G.check_call_arguments(Pipe(), GeneratorSpec("m", extra=(("clip_skip", 2),)))
+
+    class NoNegative:
+        def __call__(self, prompt, num_inference_steps=50):
+            return None
+
+    with pytest.raises(ValueError, match="negative_prompt"):
+        G.check_call_arguments(NoNegative(), GeneratorSpec("m", negative_prompt="x"))
+
+
+def test_the_plan_builds_the_generator_stage_from_the_spec():
+    from operators.base import Resources, Stage
+    from operators.image_generation import ImageGenerator
+    from operators.image_sink import ImageSink
+    from operators.image_skin_tone import SkinToneDetector
+    from schemas.dalleval import DALLEVAL_IMAGES
+
+    run = SimpleNamespace(args=SimpleNamespace(gen_batch_size=3, gen_actors=2, gen_channels_last=True),
+                          gpu=SimpleNamespace(device="cuda", per_actor=0.5), rd=SimpleNamespace(uri="/runs/r"),
+                          st={"execution": {"stages": {"skin_tone": {"actors": 5}}}})
+    spec = GeneratorSpec("org/b", steps=4, guidance_scale=1.0, negative_prompt="blurry", dtype="bfloat16",
+                         extra=(("max_sequence_length", 256),))
+    head = Stage(SkinToneDetector, {})
+    plan = G.GenerationPlan(None, DALLEVAL_IMAGES, heads=[head], after=[Stage(SkinToneDetector, {})],
+                            overrides={SkinToneDetector.stage_name: lambda batch: {"batch_size": batch * 4}})
+    gen, skin, sink = G.generator_pipeline(run, plan, spec)
+    assert gen.op is ImageGenerator and sink.op is ImageSink and skin.op is SkinToneDetector
+    kw = gen.kwargs
+    assert (kw["model"], kw["steps"], kw["guidance_scale"], kw["dtype"], kw["device"]) == \
+        ("org/b", 4, 1.0, "bfloat16", "cuda")
+    assert kw["call_kwargs"] == {"negative_prompt": "blurry", "max_sequence_length": 256}
+    assert kw["heads"] == [head] and kw["micro_batch"] == 3 and kw["channels_last"] is True
+    assert gen.resources == Resources(num_cpus=gen.declared().num_cpus, num_gpus=0.5, batch_size=3, actors=2)
+    assert skin.resources.batch_size == 12 and skin.resources.actors == 5
+    assert sink.kwargs["uri"].startswith("/runs/r/images/b-")
+    plan.save_images = False
+    assert [s.op for s in G.generator_pipeline(run, plan, spec)] == [ImageGenerator, SkinToneDetector]
+
+
+def test_standin_generators_keep_each_spec_s_settings(tmp_path):
+    specs = [GeneratorSpec("org/a", revision="r1", steps=3), GeneratorSpec("org/b", negative_prompt="x")]
+    built = G.build_standin_generators(specs, str(tmp_path), shared_text_encoder=(0, 1))
+    assert [s.model for s in built] == [str(tmp_path / "generator-1-standin"), str(tmp_path / "generator-2-standin")]
+    assert (built[0].steps, built[0].revision, built[1].negative_prompt) == (3, None, "x")
+    enc = [sorted(p.read_bytes() for p in (tmp_path / n / "text_encoder").iterdir())
+           for n in ("generator-1-standin", "generator-2-standin")]
+    assert enc[0] == enc[1]    # one text encoder, copied
+    records = G.load_generators(built, True)
+    assert [r["detail"]["spec"]["steps"] for r in records] == [3, 50]
+    with pytest.raises(ValueError, match="takes no"):
+        G.load_generators([built[0].at(built[0].model).__class__(built[0].model, extra=(("no_such_arg", 1),))], True)
+
+
+def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path):
+    import numpy as np
+
+    from operators.image_generation import ImageGenerator
+
+    (spec,) = G.build_standin_generators([GeneratorSpec("org/a", steps=2, height=32, width=32)], str(tmp_path))
+    plain = ImageGenerator(**{**spec.operator_kwargs(), "device": "cpu"})
+    negative = ImageGenerator(**{**G.dataclasses.replace(spec, negative_prompt="a red square").operator_kwargs(),
+                                 "device": "cpu"})
+    assert negative.record["call_kwargs"] == {"negative_prompt": "a red square"}
+    a, b = plain.regenerate("a photo of a nurse", 7), negative.regenerate("a photo of a nurse", 7)
+    assert a.shape == b.shape == (32, 32, 3) and not np.array_equal(a, b)
+    assert np.array_equal(a, plain.regenerate("a photo of a nurse", 7))
