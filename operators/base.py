@@ -1,14 +1,29 @@
-"""What every stage shares: declared resources, schema conformance, and row accounting.
+"""What every stage shares: the contracts of operators, declared resources, schema conformance,
+and row accounting.
 
 A stage is a plain class: ``__init__`` loads what it needs once per worker, ``__call__`` takes a
 ``pyarrow.Table`` batch and returns one. Nothing here imports Ray, so tests call stages directly.
+
+The contracts the engine relies on are declared below as Protocols (a type checker and
+``isinstance`` see them; tests/operators/test_contracts.py checks every operator against the one
+it claims):
+
+- ``Operator``: a stage of a Ray Data stream (``stage_name``, ``resources``, ``__call__``); its
+  rows in and out are counted under ``stage_name``, plus what ``tally(out)`` adds (``Tallying``).
+- ``FilterOperator``: an operator whose ``status_column`` holds one of ``outcomes`` per row;
+  "kept" rows go on, the others become counted drops (``run_counted``).
+- ``DeviceHead``: runs inside the generator's actor on the generated image tensor, while it is on
+  the device (``classify_tensor``), adding the columns of ``output_fields``; ``takes_prompts``
+  heads also get the prompts.
+- ``DisparityHead``: runs inside the triplet generator on a unit's three images and returns one
+  similarity per pair and space it measures (``spaces``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +49,68 @@ class Resources:
     # None: stateless stage, run as Ray tasks. An int: a pool of that many actors, each loading
     # the stage's model once.
     actors: int | None = None
+
+
+@runtime_checkable
+class Operator(Protocol):
+    """A stage of a stream: one batch in, one batch out; rows counted under ``stage_name``."""
+
+    stage_name: ClassVar[str]
+    resources: ClassVar[Resources]
+
+    def __call__(self, batch: pa.Table) -> pa.Table: ...
+
+
+@runtime_checkable
+class FilterOperator(Operator, Protocol):
+    """An operator that decides per row: ``status_column`` holds one of ``outcomes`` (one of them
+    "kept"); the others are drops, counted per reason."""
+
+    status_column: ClassVar[str]
+    outcomes: ClassVar[tuple[str, ...]]
+
+
+@runtime_checkable
+class Tallying(Protocol):
+    """An operator with informational counts of its own (not drops), e.g. "NER skipped"."""
+
+    def tally(self, out: pa.Table) -> Mapping[str, int]: ...
+
+
+@runtime_checkable
+class DeviceHead(Protocol):
+    """A measure on the generated image tensor, on the generator's device: ``classify_tensor(images)``
+    (``images`` (B, 3, H, W) floats in [0, 1]; with ``takes_prompts`` also ``prompts=[...]``) returns
+    {column: B values} for the columns of ``output_fields``."""
+
+    stage_name: ClassVar[str]
+    output_fields: ClassVar[Sequence[pa.Field]]
+
+    def classify_tensor(self, images: Any, **kwargs) -> Mapping[str, Sequence]: ...
+
+
+@runtime_checkable
+class DisparityHead(Protocol):
+    """A measure on a triplet unit's three images: ``triplet_similarities(images)`` (U, 3, 3, H, W)
+    returns {space: (U, 3) pair similarities} for each of its ``spaces``."""
+
+    spaces: Sequence[str]
+
+    def triplet_similarities(self, images: Any) -> Mapping[str, Any]: ...
+
+
+def declares(cls: type, contract: type) -> list[str]:
+    """The members of ``contract`` (a Protocol above) that ``cls`` lacks: [] when it declares them
+    all (checked on the class, without building it)."""
+    import typing
+
+    def has(name: str) -> bool:   # every class is callable: a method must be defined by the class
+        if name.startswith("__"):
+            return any(name in vars(k) for k in cls.__mro__ if k is not object)
+        return hasattr(cls, name) or any(name in getattr(k, "__annotations__", {}) for k in cls.__mro__)
+
+    names = getattr(contract, "__protocol_attrs__", None) or typing._get_protocol_attrs(contract)
+    return sorted(n for n in names if not has(n))
 
 
 @dataclass(frozen=True)
@@ -122,15 +199,42 @@ def filter_with_tally(
     ``outcomes`` lists every possible outcome so that zero counts are reported too. The counts of
     one call always add up to ``batch.num_rows``.
     """
+    counts = outcome_tally(stage, outcome, outcomes)
+    kept = batch.filter(pc.equal(outcome, OUTCOME_KEPT))
+    return pa.concat_tables([conform(kept, schema), tally_rows(stage, counts, schema)])
+
+
+def outcome_tally(stage: str, status: pa.Array | pa.ChunkedArray, outcomes: Sequence[str]) -> dict[str, int]:
+    """{outcome: rows} of a filter's ``status`` column, every outcome listed (zero counts too); an
+    outcome the filter did not declare is an error."""
     counts = dict.fromkeys((OUTCOME_KEPT,) + tuple(o for o in outcomes if o != OUTCOME_KEPT), 0)
-    if len(outcome):
-        vc = pc.value_counts(outcome)
+    if len(status):
+        vc = pc.value_counts(status)
         for value, count in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
             if value not in counts:
                 raise ValueError(f"stage {stage!r} produced unknown outcome {value!r}")
             counts[value] = count
-    kept = batch.filter(pc.equal(outcome, OUTCOME_KEPT))
-    return pa.concat_tables([conform(kept, schema), tally_rows(stage, counts, schema)])
+    return counts
+
+
+def run_counted(op: Callable[[pa.Table], pa.Table], table: pa.Table) -> tuple[pa.Table, dict[str, int] | None]:
+    """Run ``op`` on ``table``: (the rows it passes on, its counts) -- the one row accounting of
+    every stream (``StreamStage``) and of the fused scan (``pipelines.engine.scan``).
+
+    A ``FilterOperator`` passes on its "kept" rows and counts every outcome; any other named
+    operator counts rows in and out, plus what its ``tally(out)`` adds; an unnamed one is not
+    counted (None)."""
+    stage, status = getattr(op, "stage_name", None), getattr(op, "status_column", None)
+    out = op(table)
+    if status is not None:
+        column = out.column(status)
+        return out.filter(pc.equal(column, OUTCOME_KEPT)), outcome_tally(stage, column, op.outcomes)
+    if stage is None:
+        return out, None
+    counts = {OUTCOME_ROWS_IN: table.num_rows, OUTCOME_ROWS_OUT: out.num_rows}
+    if hasattr(op, "tally"):
+        counts |= op.tally(out)
+    return out, counts
 
 
 class StreamStage:
@@ -151,17 +255,9 @@ class StreamStage:
         data, tallies = split_tallies(batch)
         parts = []
         if data.num_rows:
-            out = self.op(data)
-            stage = getattr(self.op, "stage_name", None)
-            status = getattr(self.op, "status_column", None)
-            if status is not None:
-                parts.append(filter_with_tally(out, stage, out.column(status), self.schema, self.op.outcomes))
-            else:
-                parts.append(conform(out, self.schema))
-                if stage is not None:
-                    counts = {OUTCOME_ROWS_IN: data.num_rows, OUTCOME_ROWS_OUT: out.num_rows}
-                    if hasattr(self.op, "tally"):  # informational counts of its own (not drops)
-                        counts |= self.op.tally(out)
-                    parts.append(tally_rows(stage, counts, self.schema))
+            out, counts = run_counted(self.op, data)
+            parts.append(conform(out, self.schema))
+            if counts is not None:
+                parts.append(tally_rows(self.op.stage_name, counts, self.schema))
         parts.append(conform(tallies, self.schema))
         return pa.concat_tables(parts)

@@ -397,6 +397,7 @@ class BackboneDisparity:
 
     stage_name = STAGE_BACKBONE_DISPARITY
     resources = Resources(num_cpus=1, batch_size=32, actors=1)
+    spaces: tuple[str, ...]   # the one space this instance measures (set from ``space``)
 
     def __init__(self, space: str = Space.RESNET, model: str | None = None, revision: str | None = None,
                  device: str = "auto", dtype: str = "auto", batch_size: int = 32):

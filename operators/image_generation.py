@@ -61,7 +61,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from operators.base import Resources, Stage, with_column
+from operators.base import DeviceHead, Resources, Stage, declares, with_column
 from operators.support.codec import pack_rgb8
 from operators.support.models import pick_device
 from operators.support.diffusion import (
@@ -149,9 +149,9 @@ class ImageGenerator:
         # each has ``classify_tensor`` returning the columns of its ``output_fields``
         self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
         for h in self.heads:
-            if not hasattr(h, "classify_tensor"):
-                raise TypeError(f"head {type(h).__name__} has no classify_tensor(images): it cannot run on the "
-                                f"generator's device tensor")
+            if not isinstance(h, DeviceHead):
+                raise TypeError(f"head {type(h).__name__} lacks {declares(type(h), DeviceHead)} of the DeviceHead "
+                                f"contract (operators/base.py): it cannot run on the generator's device tensor")
         self.record = {
             **load_record,
             "steps": self.steps,

@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from operators.base import Resources, Stage
+from operators.base import DisparityHead, Resources, Stage, declares
 from operators.support.diffusion import (
     SafetyCheckerPolicy,
     _free_device_memory,
@@ -183,8 +183,9 @@ class TripletGenerator:
         self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
         spaces = [Space.PROMPT, Space.DENOISING]
         for h in self.heads:
-            if not hasattr(h, "triplet_similarities"):
-                raise TypeError(f"head {type(h).__name__} has no triplet_similarities(images): it is not a disparity head")
+            if not isinstance(h, DisparityHead):
+                raise TypeError(f"head {type(h).__name__} lacks {declares(type(h), DisparityHead)} of the DisparityHead "
+                                f"contract (operators/base.py): it is not a disparity head")
             spaces += list(h.spaces)
         unknown = sorted(set(spaces) - set(Space.ALL))
         if unknown or len(set(spaces)) != len(spaces):

@@ -22,12 +22,10 @@ from __future__ import annotations
 import dataclasses
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.base import Resources, Stage, conform, tally_rows
+from operators.base import Resources, Stage, conform, run_counted, tally_rows
 from pipelines.engine import runtime
-from schemas.captions import OUTCOME_KEPT, OUTCOME_ROWS_IN, OUTCOME_ROWS_OUT
 
 DEFAULT_FRAGMENT_ROWS = 1 << 20  # rows per scan task: ~1 s of work per core, many tasks per file at LAION's size
 
@@ -108,23 +106,9 @@ class FragmentScan:
         for op in self.ops:
             if not table.num_rows:
                 break
-            stage, status = getattr(op, "stage_name", None), getattr(op, "status_column", None)
-            out = op(table)
-            if status is not None:
-                found = dict.fromkeys((OUTCOME_KEPT,) + tuple(o for o in op.outcomes if o != OUTCOME_KEPT), 0)
-                vc = pc.value_counts(out.column(status))
-                for value, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
-                    if value not in found:
-                        raise ValueError(f"stage {stage!r} produced unknown outcome {value!r}")
-                    found[value] = n
-                table = out.filter(pc.equal(out.column(status), OUTCOME_KEPT))
-            else:
-                found = {OUTCOME_ROWS_IN: table.num_rows, OUTCOME_ROWS_OUT: out.num_rows}
-                if hasattr(op, "tally"):
-                    found |= op.tally(out)
-                table = out
-            if stage is not None:
-                mine = counts.setdefault(stage, {})
+            table, found = run_counted(op, table)
+            if found is not None:
+                mine = counts.setdefault(op.stage_name, {})
                 for outcome, n in found.items():
                     mine[outcome] = mine.get(outcome, 0) + int(n)
         return table
