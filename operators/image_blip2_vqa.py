@@ -63,7 +63,7 @@ from operators.support.models import (
     weights_record,
 )
 from operators.base import Resources, with_column
-from operators.support.codec import batch_images, generated_image_rows, rgb_levels
+from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
 from operators.support.models import resolve_dtype
 from operators.support.models import pick_device
 from schemas.dalleval import (
@@ -553,16 +553,13 @@ class Blip2Detector:
     def __call__(self, batch: pa.Table) -> pa.Table:
         n = batch.num_rows
         columns = {f.name: [None] * n for f in self.output_fields}
-        rows = generated_image_rows(batch)
-        if len(rows):
-            decoded = batch_images(batch, rows.tolist())
-            good = [(int(r), a) for r, a in zip(rows, decoded) if a is not None]
-            if good:
-                pixel_values = self._pixels_from_arrays([a for _, a in good])
-                res = self._results(self.ask(pixel_values, self.questions))
-                for j, (r, _) in enumerate(good):
-                    for name, values in res.items():
-                        columns[name][r] = values[j]
+        dec = decode_rows(batch, generated_image_rows(batch))
+        if len(dec.rows):
+            pixel_values = self._pixels_from_arrays(dec.arrays)
+            res = self._results(self.ask(pixel_values, self.questions))
+            for j, r in enumerate(dec.rows.tolist()):
+                for name, values in res.items():
+                    columns[name][r] = values[j]
         for f in self.output_fields:
             batch = with_column(batch, f.name, pa.array(columns[f.name], f.type))
         return batch

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
 from operators.image_clip_embedding import embedding_array, normalise
 from operators.support.clip import encode_image_arrays, encode_image_tensor, encode_texts, load_clip
-from operators.support.codec import batch_images, rgb_levels
+from operators.support.codec import decode_rows, rgb_levels
 from schemas.alignment import (
     CLIP_ALIGNMENT_COLUMNS,
     CLIP_COSINE,
@@ -38,7 +37,6 @@ from schemas.alignment import (
     CLIP_TEXT_EMBEDDING,
     CLIP_TEXT_NORM,
 )
-from schemas.images import IMAGE
 from schemas.subsets import PROMPT
 
 STAGE_CLIP_ALIGNMENT = "clip_alignment"
@@ -120,16 +118,11 @@ class ClipAlignmentScorer:
         img = np.zeros((n, d), np.float32)
         img_norm = np.zeros(n, np.float32)
         img_ok = np.zeros(n, bool)
-        if IMAGE in batch.column_names and n:
-            rows = np.flatnonzero(np.asarray(pc.is_valid(batch.column(IMAGE))))
-            if len(rows):
-                decoded = batch_images(batch, rows.tolist())
-                good = np.array([i for i, a in zip(rows, decoded) if a is not None], np.int64)
-                if len(good):
-                    arrays = [a for a in decoded if a is not None]
-                    img[good], img_norm[good] = _unit_and_norm(
-                        encode_image_arrays(self.bundle, arrays, self.batch_size), True)
-                    img_ok[good] = True
+        dec = decode_rows(batch)
+        if len(dec.rows):
+            img[dec.rows], img_norm[dec.rows] = _unit_and_norm(
+                encode_image_arrays(self.bundle, dec.arrays, self.batch_size), True)
+            img_ok[dec.rows] = True
         prompts = batch.column(PROMPT).to_pylist()
         txt_ok = np.array([p is not None for p in prompts], bool)
         txt = np.zeros((n, d), np.float32)

@@ -26,7 +26,7 @@ from operators.support.clip import (
     encode_texts,
     load_clip,
 )
-from operators.support.codec import batch_images
+from operators.support.codec import decode_rows
 from operators.support.disparity import (
     check_units,
     flatten_units,
@@ -35,7 +35,6 @@ from operators.support.disparity import (
 )
 from schemas.exposed import Space
 from schemas.gep import EMBEDDING, EMBEDDING_COLUMNS
-from schemas.images import IMAGE
 
 STAGE_CLIP_EMBED = "clip_embed"
 # the CLIP of the image-space disparity (paper 004, App. A: CLIP ViT-B/32, OpenAI's weights)
@@ -120,17 +119,12 @@ class ClipImageEmbedder:
         n = batch.num_rows
         vectors = None
         valid = np.zeros(n, bool)
-        rows = np.flatnonzero(np.asarray(pc.is_valid(batch.column(IMAGE)))) if IMAGE in batch.column_names and n \
-            else np.zeros(0, np.int64)
-        if len(rows):
-            decoded = batch_images(batch, rows.tolist())
-            good = [i for i, a in zip(rows, decoded) if a is not None]
-            if good:
-                feats = normalise(encode_image_arrays(self.bundle, [a for a in decoded if a is not None],
-                                                      self.batch_size))
-                vectors = np.zeros((n, feats.shape[1]), np.float32)
-                vectors[good] = feats
-                valid[good] = True
+        dec = decode_rows(batch)
+        if len(dec.rows):
+            feats = normalise(encode_image_arrays(self.bundle, dec.arrays, self.batch_size))
+            vectors = np.zeros((n, feats.shape[1]), np.float32)
+            vectors[dec.rows] = feats
+            valid[dec.rows] = True
         if vectors is None:
             column = pa.nulls(n, EMBEDDING_COLUMNS.field(EMBEDDING).type)
         else:

@@ -32,7 +32,7 @@ from operators.support.clip import (
     load_clip,
     unit_embeddings,
 )
-from operators.support.codec import batch_images
+from operators.support.codec import decode_rows
 from schemas.images import (
     CLIP_EMBEDDING,
     EMBEDDING_COLUMNS,
@@ -180,12 +180,11 @@ class ClipGenderClassifier:
         p_female = np.full(n, np.nan, dtype=np.float32)
         valid = np.zeros(n, dtype=bool)
         if len(rows):
-            decoded = batch_images(batch, rows.tolist())
-            ok = np.array([a is not None for a in decoded], dtype=bool)
-            gender[rows[~ok]] = Gender.DECODE_ERROR
-            good = rows[ok]
+            dec = decode_rows(batch, rows)
+            gender[dec.failed] = Gender.DECODE_ERROR
+            good = dec.rows
             if len(good):
-                res = self._result(encode_image_arrays(self.bundle, [a for a in decoded if a is not None], self.batch_size))
+                res = self._result(encode_image_arrays(self.bundle, dec.arrays, self.batch_size))
                 gender[good] = res[GENDER]
                 p_male[good] = res[P_MALE]
                 p_female[good] = res[P_FEMALE]

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.base import Resources, with_column
-from operators.support.codec import as_rgb, batch_images
+from operators.support.codec import as_rgb, decode_rows
 from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MEDIAPIPE_PIN, MediaPipeGraph
 from operators.support.models import ModelLoadError, file_sha256
 from schemas.images import (
@@ -48,7 +48,6 @@ from schemas.images import (
     FACE_COUNT,
     FACE_SCORE,
     FACE_STATUS,
-    IMAGE,
     FaceStatus,
 )
 
@@ -172,14 +171,10 @@ class FaceFilter(MediaPipeGraph):
         score: list[float | None] = [None] * n
         width: list[float | None] = [None] * n
         height: list[float | None] = [None] * n
-        if IMAGE in batch.column_names:
-            rows = np.flatnonzero(batch.column(IMAGE).is_valid().to_numpy(zero_copy_only=False)).tolist()
-        else:
-            rows = []
-        for i, rgb in zip(rows, batch_images(batch, rows)):
-            if rgb is None:
-                status[i] = FaceStatus.DECODE_ERROR
-                continue
+        dec = decode_rows(batch)
+        for i in dec.failed.tolist():
+            status[i] = FaceStatus.DECODE_ERROR
+        for i, rgb in zip(dec.rows.tolist(), dec.arrays):
             status[i], count[i], score[i], width[i], height[i] = self.evaluate(rgb)
         values = {FACE_STATUS: status, FACE_COUNT: count, FACE_SCORE: score, FACE_BOX_WIDTH: width,
                   FACE_BOX_HEIGHT: height}

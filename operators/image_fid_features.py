@@ -35,14 +35,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
 from operators.image_clip_embedding import embedding_array
-from operators.support.codec import batch_images, rgb_levels
+from operators.support.codec import decode_rows, rgb_levels
 from operators.support.models import ModelLoadError, file_sha256, pick_device
 from schemas.alignment import FID_COLUMNS, FID_FEATURES, REFERENCE_STATUS, ReferenceStatus
-from schemas.images import IMAGE
 
 STAGE_FID_FEATURES = "fid_features"
 INCEPTION = "inception"
@@ -277,15 +275,10 @@ class FidFeatureExtractor:
         n = batch.num_rows
         vectors = np.zeros((n, self.dim), np.float32)
         valid = np.zeros(n, bool)
-        if IMAGE in batch.column_names and n:
-            rows = np.flatnonzero(np.asarray(pc.is_valid(batch.column(IMAGE))))
-            if len(rows):
-                decoded = batch_images(batch, rows.tolist())
-                good = np.array([i for i, a in zip(rows, decoded) if a is not None], np.int64)
-                if len(good):
-                    vectors[good] = extract_array_features(self.extractor, [a for a in decoded if a is not None],
-                                                           self.batch_size)
-                    valid[good] = True
+        dec = decode_rows(batch)
+        if len(dec.rows):
+            vectors[dec.rows] = extract_array_features(self.extractor, dec.arrays, self.batch_size)
+            valid[dec.rows] = True
         out = with_column(batch, FID_FEATURES, embedding_array(vectors, valid))
         if self.status:
             codes = np.where(valid, ReferenceStatus.OK, ReferenceStatus.DECODE_ERROR)

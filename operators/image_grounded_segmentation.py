@@ -94,7 +94,7 @@ import pyarrow as pa
 
 from operators.base import Resources, with_column
 from operators.support import rle
-from operators.support.codec import batch_images, generated_image_rows, rgb_levels
+from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
 from operators.support.models import (
     ModelLoadError,
     local_record,
@@ -662,16 +662,8 @@ class GroundedSegmenter:
                                     OBJECT_BOXES: [[] for _ in range(n)], OBJECT_MASKS: [[] for _ in range(n)],
                                     DETECTION_STATUS: [DetectionStatus.NO_IMAGE] * n}
         nouns = batch.column(PROMPT_NOUNS).to_pylist() if PROMPT_NOUNS in batch.column_names else [None] * n
-        rows = generated_image_rows(batch).tolist()
-        decoded = batch_images(batch, rows) if rows else []
-        groups: dict[tuple, list[int]] = {}
-        arrays = {}
-        for r, a in zip(rows, decoded):
-            if a is not None:
-                arrays[r] = a
-                groups.setdefault(a.shape[:2], []).append(r)
-        for shape, members in groups.items():  # one batch per image size
-            u8 = torch.from_numpy(np.stack([arrays[r] for r in members])).permute(0, 3, 1, 2).contiguous()
+        for shape, (members, arrays) in decode_rows(batch, generated_image_rows(batch)).by_size().items():
+            u8 = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
             try:
                 res = self._run_u8(u8, [list(nouns[r] or ()) for r in members])
             except Exception as exc:  # noqa: BLE001 -- recorded per row; the stage never drops rows

@@ -66,7 +66,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.base import Resources, with_column
-from operators.support.codec import batch_images, generated_image_rows, rgb_levels
+from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
 from operators.support.models import (
     ModelLoadError,
     local_record,
@@ -359,16 +359,8 @@ class ObjectDetector:
 
         n = batch.num_rows
         columns: dict[str, list] = {f.name: [None] * n for f in DETECTION_COLUMNS}
-        rows = generated_image_rows(batch).tolist()
-        decoded = batch_images(batch, rows) if rows else []
-        groups: dict[tuple, list[int]] = {}
-        arrays = {}
-        for r, a in zip(rows, decoded):
-            if a is not None:
-                arrays[r] = a
-                groups.setdefault(a.shape[:2], []).append(r)
-        for members in groups.values():  # one batch per image size: no image padded for another
-            u8 = torch.from_numpy(np.stack([arrays[r] for r in members])).permute(0, 3, 1, 2).contiguous()
+        for members, arrays in decode_rows(batch, generated_image_rows(batch)).by_size().values():
+            u8 = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
             res = self.detect_u8(u8)
             for k, r in enumerate(members):
                 for name, values in res.items():

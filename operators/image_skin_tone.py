@@ -66,7 +66,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.base import Resources, with_column
-from operators.support.codec import as_rgb, batch_images
+from operators.support.codec import as_rgb, decode_rows
 from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MEDIAPIPE_PIN, MediaPipeGraph
 from operators.support.models import ModelLoadError, file_sha256
 from schemas.dalleval import (
@@ -81,7 +81,6 @@ from schemas.dalleval import (
     SKIN_TONE,
     SkinStatus,
 )
-from schemas.images import IMAGE
 
 STAGE_SKIN_TONE = "skin_tone"
 
@@ -420,14 +419,10 @@ class SkinToneDetector(MediaPipeGraph):
         n = batch.num_rows
         values: dict[str, list] = {f.name: [None] * n for f in SKIN_FIELDS}
         values[SKIN_STATUS] = [SkinStatus.NO_IMAGE] * n
-        if IMAGE in batch.column_names:
-            rows = np.flatnonzero(batch.column(IMAGE).is_valid().to_numpy(zero_copy_only=False)).tolist()
-        else:
-            rows = []
-        for i, rgb in zip(rows, batch_images(batch, rows)):
-            if rgb is None:
-                values[SKIN_STATUS][i] = SkinStatus.DECODE_ERROR
-                continue
+        dec = decode_rows(batch)
+        for i in dec.failed.tolist():
+            values[SKIN_STATUS][i] = SkinStatus.DECODE_ERROR
+        for i, rgb in zip(dec.rows.tolist(), dec.arrays):
             for name, value in self.measure(rgb).items():
                 values[name][i] = value
         for field in SKIN_FIELDS:

@@ -8,6 +8,7 @@ decompressed between the generator and the face filter.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 import warnings
 
 import numpy as np
@@ -71,6 +72,42 @@ def batch_images(batch: pa.Table, rows=None) -> list[np.ndarray | None]:
     h = batch.column(IMAGE_HEIGHT).to_pylist() if IMAGE_HEIGHT in batch.column_names else [None] * n
     w = batch.column(IMAGE_WIDTH).to_pylist() if IMAGE_WIDTH in batch.column_names else [None] * n
     return [decode_rgb(data[i], enc[i] or ENCODED, h[i], w[i]) for i in rows]
+
+
+@dataclass
+class Decoded:
+    """The images of a batch's payload rows: ``rows`` (row indices, int64) whose payload decoded,
+    their ``arrays`` (H, W, 3) uint8 in the same order, and ``failed``: rows whose payload did not."""
+
+    rows: np.ndarray
+    arrays: list
+    failed: np.ndarray
+
+    def by_size(self) -> dict[tuple[int, int], tuple[list[int], list[np.ndarray]]]:
+        """{(height, width): (rows, arrays)}: one model batch per image size, none padded for another."""
+        groups: dict[tuple[int, int], tuple[list[int], list[np.ndarray]]] = {}
+        for r, a in zip(self.rows.tolist(), self.arrays):
+            rows, arrays = groups.setdefault(tuple(a.shape[:2]), ([], []))
+            rows.append(r)
+            arrays.append(a)
+        return groups
+
+
+def payload_rows(batch: pa.Table) -> np.ndarray:
+    """Indices of the rows of ``batch`` with an image payload (none without an IMAGE column)."""
+    if IMAGE not in batch.column_names or not batch.num_rows:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.asarray(pc.is_valid(batch.column(IMAGE)).to_numpy(zero_copy_only=False)))
+
+
+def decode_rows(batch: pa.Table, rows=None) -> Decoded:
+    """Decode the payload of ``rows`` (default: every row with a payload, ``payload_rows``): the
+    rows that decoded with their arrays, and those that did not (the loop every image stage shares)."""
+    rows = payload_rows(batch) if rows is None else np.asarray(rows, np.int64).reshape(-1)
+    decoded = batch_images(batch, rows.tolist()) if len(rows) else []
+    ok = np.array([a is not None for a in decoded], bool)
+    return Decoded(rows[ok] if len(rows) else rows, [a for a in decoded if a is not None],
+                   rows[~ok] if len(rows) else rows)
 
 
 def as_rgb(image: np.ndarray) -> np.ndarray:

@@ -57,6 +57,7 @@ class FakeClassifier:
     """Records what it is given; p_male = mean intensity of each image, so a row's result can be
     checked against that row's own pixels."""
 
+    stage_name = "fake_classifier"
     output_fields = GENDER_COLUMNS
 
     def __init__(self):
