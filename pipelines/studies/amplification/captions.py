@@ -8,15 +8,13 @@ sections 4 and 5) by a partial top-k reduction, and the per-occupation summaries
 
 from __future__ import annotations
 
-import posixpath
 import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
-from operators.base import Stage, conform, split_tallies
+from operators.base import Stage, conform
 from operators.text_caption_validator import CaptionValidator, holds_text
 from operators.text_gender_words import GenderWordIndicators
 from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, NameGenderIndicators, load_spacy
@@ -25,6 +23,7 @@ from operators.text_occupation_matcher import OccupationMatcher
 from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, sbert_provenance
 from pipelines.engine import config as study_config
 from pipelines.engine import io, rundir, runtime, scan, stages
+from pipelines.engine import shards as engine_shards
 from pipelines.engine.lifecycle import Outcome, Run, run_study
 from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain
 from pipelines.engine.summary import (
@@ -132,8 +131,7 @@ def caption_job(args, st: dict, inp, columns: dict) -> dict:
 LOCAL_SELECTION_ROWS = 1_000_000
 
 CAPTION_TALLIES = "caption_tallies"
-TALLY_SCHEMA = pa.schema([pa.field(C.TALLY_STAGE, pa.string()), pa.field(C.TALLY_OUTCOME, pa.string()),
-                          pa.field(C.TALLY_COUNT, pa.int64())])
+TALLY_SCHEMA = engine_shards.TALLY_SCHEMA
 CAPTION_FAILURES = (C.DROP_NULL, C.DROP_EMPTY, C.DROP_NON_TEXT)
 
 
@@ -151,7 +149,8 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
     Crash safety: sink tasks write their parts atomically and report them; the driver commits a
     shard (keeps the parts it received, deletes what retried or killed attempts left, writes the
     shard's tallies under a fixed name) and only then writes the done marker, which lists the parts:
-    a crash at any point leaves a shard that is either done and exact, or redone on resume."""
+    a crash at any point leaves a shard that is either done and exact, or redone on resume (the
+    protocol is the engine's: pipelines/engine/shards.py)."""
     ex = st["execution"]
     shards = caption_shards(run, inp, ex["files_per_shard"])
     if sorted(f for sh in shards for f in sh) != sorted(inp.files):
@@ -171,7 +170,8 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
         data_dir = f"{run.file(FILES['annotated'])}/shard-{i:05d}"
         run.clear(data_dir)
         ds = caption_stream(ray, inp.subset(files), columns, schema, st, args)
-        ds = runtime.map_batches(ds, _write_shard_part, runtime.task_retries(), batch_format="pyarrow", num_cpus=1,
+        ds = runtime.map_batches(ds, engine_shards.write_part_task, runtime.task_retries(), batch_format="pyarrow",
+                                 num_cpus=1,
                                  fn_args=(run.fs, data_dir, annotated_schema))
         parts: list[pa.Table] = []
         sink_budget = _TallyBudget(budget)
@@ -187,12 +187,9 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
             stats.append(f"===== caption shard {i + 1}/{len(shards)}: {len(files)} file(s), {shard_rows:,} rows, "
                          f"{phase.seconds - before:.1f} s =====\n{phase.ray_stats}")
         shard_tallies = pa.concat_tables(parts) if parts else TALLY_SCHEMA.empty_table()
-        written = pc.equal(shard_tallies.column(C.TALLY_STAGE), C.STAGE_WRITTEN_PARTS)
-        manifest = commit_parts(run.fs, data_dir, shard_tallies.filter(written))
-        shard_tallies = shard_tallies.filter(pc.invert(written))
-        run.write_part(CAPTION_TALLIES, shard_tallies, key=f"shard-{i:05d}")  # a redone shard replaces its own
-        run.mark_done(name, {"files": [inp.display(f) for f in files], "rows": shard_rows, "parts": manifest})
-        attempt.append(shard_tallies)
+        attempt.append(engine_shards.commit_shard(
+            run, name, data_dir, shard_tallies, {"files": [inp.display(f) for f in files], "rows": shard_rows},
+            CAPTION_TALLIES, key=f"shard-{i:05d}"))
     if stats:  # where the scan's time went, per operator (informative; rewritten by every attempt that scans)
         io.write_text("\n\n".join(stats) + "\n", run.fs, run.file(FILES["ray_stats"]))
     return phase, budget, pa.concat_tables(attempt) if attempt else TALLY_SCHEMA.empty_table()
@@ -219,54 +216,14 @@ def _captions_read(tallies: pa.Table) -> int:
     return int(pc.sum(tallies.column(C.TALLY_COUNT).filter(mask)).as_py() or 0)
 
 
-def _write_shard_part(batch: pa.Table, fs, data_dir: str, annotated_schema: pa.Schema) -> pa.Table:
-    """Sink of the caption stream: write the annotated rows of this batch as a part file of the
-    shard (atomically), and pass on only the tally rows (small) to the driver, with one more row
-    naming the part: the driver commits exactly the parts it receives (``commit_parts``)."""
-    import uuid
-
-    data, tallies = split_tallies(batch)
-    out = tallies.select([C.TALLY_STAGE, C.TALLY_OUTCOME, C.TALLY_COUNT]).cast(TALLY_SCHEMA)
-    if data.num_rows:
-        part = f"part-{uuid.uuid4().hex}.parquet"
-        io.write_table(conform(data, annotated_schema), fs, f"{data_dir}/{part}")
-        out = pa.concat_tables([out, pa.table([[C.STAGE_WRITTEN_PARTS], [part], [data.num_rows]], schema=TALLY_SCHEMA)])
-    return out
-
-
-def commit_parts(fs, data_dir: str, written: pa.Table) -> list[dict]:
-    """Keep exactly the parts the driver received (``written``: their tally rows) in a shard's
-    directory and delete everything else: parts of attempts Ray retried (a worker that died after
-    writing, a block re-run by lineage reconstruction) and temporary files of killed writes.
-    Returns the manifest, [{"name", "rows"}], for the shard's done marker."""
-    manifest = [{"name": n, "rows": int(r)} for n, r in zip(written.column(C.TALLY_OUTCOME).to_pylist(),
-                                                             written.column(C.TALLY_COUNT).to_pylist())]
-    keep = {m["name"] for m in manifest}
-    infos = fs.get_file_info(pafs.FileSelector(data_dir, allow_not_found=True, recursive=True))
-    files = {posixpath.basename(f.path): f.path for f in infos if f.type == pafs.FileType.File}
-    missing = sorted(keep - set(files))
-    if missing or len(keep) != len(manifest):
-        raise RuntimeError(f"caption parts reported written but not in {data_dir}: {missing[:5]}")
-    for base, path in files.items():
-        if base not in keep:
-            fs.delete_file(path)
-    return sorted(manifest, key=lambda m: m["name"])
+def shard_names(run: rundir.RunDir, shards: int) -> list[tuple[str, str]]:
+    """[(done marker, data directory)] of each caption shard."""
+    return [(f"captions/shard-{i:05d}", f"{run.file(FILES['annotated'])}/shard-{i:05d}") for i in range(shards)]
 
 
 def committed_parts(run: rundir.RunDir, shards: int) -> list[str]:
-    """The annotated-caption part files of every done shard, as their done markers list them (a
-    file in a shard directory that no marker lists is never read)."""
-    paths = []
-    for i in range(shards):
-        shard_dir = f"{run.file(FILES['annotated'])}/shard-{i:05d}"
-        done = run.done(f"captions/shard-{i:05d}") or {}
-        if "parts" in done:
-            paths += [f"{shard_dir}/{p['name']}" for p in done["parts"]]
-        else:  # marked done by a version that kept no list: what its directory holds
-            infos = run.fs.get_file_info(pafs.FileSelector(shard_dir, allow_not_found=True))
-            paths += sorted(f.path for f in infos if f.type == pafs.FileType.File and f.path.endswith(".parquet")
-                            and not posixpath.basename(f.path).startswith((".", "_")))
-    return paths
+    """The annotated-caption part files of every done shard, as their done markers list them."""
+    return engine_shards.committed_parts(run, shard_names(run, shards))
 
 
 def _echo(args):
