@@ -141,15 +141,18 @@ def _torchvision_module():
     return TorchvisionFeatures
 
 
-def _load_plugin(spec: str, weights: str | None, dev: str):
+def _load_plugin(spec: str, weights: str | None, dev: str, factory=None):
+    """A plug-in extractor: ``factory`` (a callable given by the caller), else the one the user's
+    ``package.module:callable`` string names (a study file's setting)."""
     import torch
 
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"a plug-in extractor is 'package.module:callable', got {spec!r}")
-    factory = importlib.import_module(module_name)
-    for part in attr.split("."):
-        factory = getattr(factory, part)
+    if factory is None:
+        module_name, _, attr = spec.partition(":")
+        if not module_name or not attr:
+            raise ValueError(f"a plug-in extractor is 'package.module:callable', got {spec!r}")
+        factory = importlib.import_module(module_name)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
     net = factory(weights=weights)
     if not isinstance(net, torch.nn.Module):
         raise TypeError(f"{spec} returned {type(net).__name__}, not a torch nn.Module")
@@ -164,12 +167,14 @@ def _load_plugin(spec: str, weights: str | None, dev: str):
     return net, int(dim)
 
 
-def load_fid_extractor(extractor: str = INCEPTION, weights: str | None = None, device: str = "auto") -> FidExtractor:
+def load_fid_extractor(extractor: str = INCEPTION, weights: str | None = None, device: str = "auto",
+                       factory=None) -> FidExtractor:
     """Load the FID feature extractor, or raise ModelLoadError saying how to provide it.
 
     ``extractor``: ``"inception"`` (torch-fidelity's TF-compatible Inception v3, pool3 2048-d;
     ``weights`` a local copy of its weight file, or None to let torch-fidelity fetch it into the
-    torch hub cache) or ``"package.module:callable"`` (a plug-in, called with ``weights=weights``).
+    torch hub cache) or ``"package.module:callable"`` (a plug-in, called with ``weights=weights``);
+    with ``factory`` (a callable returning the feature module) ``extractor`` is only its name.
     """
     dev = pick_device(device)
     record = {"extractor": extractor, "device": dev, "torch_fidelity_version": _torch_fidelity_version()}
@@ -182,8 +187,8 @@ def load_fid_extractor(extractor: str = INCEPTION, weights: str | None = None, d
         elif extractor == TORCHVISION:
             model, dim, used = _load_torchvision(weights, dev)
             record["feature"] = "torchvision inception_v3 (ImageNet, transform_input=True): avgpool 2048"
-        elif ":" in extractor:
-            model, dim = _load_plugin(extractor, weights, dev)
+        elif factory is not None or ":" in extractor:
+            model, dim = _load_plugin(extractor, weights, dev, factory)
             used = weights
         else:
             raise ValueError(f"unknown extractor {extractor!r}: use {INCEPTION!r}, {TORCHVISION!r} or "
@@ -248,8 +253,8 @@ class FidFeatureExtractor:
     output_fields = FID_COLUMNS  # what classify_tensor returns, for the generator
 
     def __init__(self, extractor: str = INCEPTION, weights: str | None = None, device: str = "auto",
-                 batch_size: int = 32, status: bool = False):
-        self.extractor = load_fid_extractor(extractor, weights, device)
+                 batch_size: int = 32, status: bool = False, factory=None):
+        self.extractor = load_fid_extractor(extractor, weights, device, factory)
         self.batch_size = int(batch_size)
         self.status = bool(status)
         self.record = {**self.extractor.record, "quantise": "rgb8 levels (round(x * 255)) as uint8"}

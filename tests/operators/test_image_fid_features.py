@@ -161,3 +161,10 @@ def test_torchvision_inception_loads_imagenet_weights_and_gives_pool_features(to
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     with pytest.raises(ModelLoadError, match="inception_v3_google"):
         load_fid_extractor("torchvision", path + ".missing", device="cpu")
+
+
+def test_a_plugin_given_as_a_function_is_not_looked_up_by_its_name():
+    ext = load_fid_extractor("standin (no such module)", device="cpu", factory=tiny_fid_extractor)
+    assert ext.dim == TINY_DIM and ext.record["extractor"] == "standin (no such module)"
+    head = FidFeatureExtractor("standin", device="cpu", factory=tiny_fid_extractor)
+    assert head.dim == TINY_DIM

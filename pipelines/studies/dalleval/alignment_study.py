@@ -283,6 +283,7 @@ def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto"
     caption_col = st["reference"].get("caption_column") if kind == "parquet" else None
     with_clip = captions is not None or bool(caption_col)
     pipeline = [Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
+                                            "factory": st.get("fid_factory"),
                                             "batch_size": int(fid["batch_size"]), "device": device})]
     if with_clip:   # Table 19's real-image row: the images against their own captions
         pipeline.append(Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
@@ -466,15 +467,19 @@ class AlignmentStudy:
         return list(st["generation"].generators)
 
     def use_standins(self, args, st: dict, root: str) -> None:
+        from pipelines.standins.fid import tiny_fid_extractor
+
         st["clip"] = {**st["clip"], "model": build_standin_clip(root), "pretrained": None, "revision": None}
         if st["fid"]["extractor"] in ("inception", "torchvision") and st["fid"].get("weights") is None:
             st["fid"] = {**st["fid"], "extractor": STANDIN_FID, "weights": None}
+            st["fid_factory"] = tiny_fid_extractor
 
     def load_models(self, args, st: dict, gpu) -> list[dict]:
         from operators.image_fid_features import load_fid_extractor
 
         records = [clip_record(st["clip"], args.standin_models, "CLIP (R-precision, CLIPScore)")]
-        fid = load_fid_extractor(st["fid"]["extractor"], st["fid"].get("weights"), device="cpu")
+        fid = load_fid_extractor(st["fid"]["extractor"], st["fid"].get("weights"), device="cpu",
+                                 factory=st.get("fid_factory"))
         records.append({"role": "FID features", "model": st["fid"]["extractor"], "standin": args.standin_models,
                         "detail": getattr(fid, "record", {})})
         del fid
@@ -531,6 +536,8 @@ class AlignmentStudy:
               f"{FILES['reference']}, {FILES['table']}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
 
 
+# the stand-in FID extractor: passed as a function (no module loaded by a string); its name is what
+# the run records
 STANDIN_FID = "pipelines.standins.fid:tiny_fid_extractor"
 
 
@@ -546,7 +553,7 @@ def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> Generati
     heads = [Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
                                          "revision": clip.get("revision"), "batch_size": int(clip["batch_size"])}),
              Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
-                                         "batch_size": int(fid["batch_size"])})]
+                                         "factory": st.get("fid_factory"), "batch_size": int(fid["batch_size"])})]
     return GenerationPlan(requests, A.ALIGNMENT_IMAGES, heads=heads, key=IMAGE_ID, save_images=save_images,
                           images_dir=FILES["images_dir"], what="generating and scoring")
 
