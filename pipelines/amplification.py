@@ -99,11 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _caption_args(p: argparse.ArgumentParser) -> None:
     i = p.add_argument_group("input and output")
-    i.add_argument("--input", nargs="+", default=[str(SAMPLE_INPUT)], metavar="PATH",
+    i.add_argument("--captions", "--input", dest="captions", nargs="+", default=[str(SAMPLE_INPUT)], metavar="PATH",
+                   action=arguments.deprecated_alias(argparse._StoreAction, ("--input",)),
                    help="LAION metadata parquet: files, directories, globs or fsspec URIs (s3://, gs://, "
-                        "file://); default: the bundled synthetic sample")
+                        "file://); default: the bundled synthetic sample (--input: deprecated spelling)")
     arguments.add_output(i)
-    i.add_argument("--text-column", default=C.LAION_TEXT, help="caption column (default TEXT; 'text' also accepted)")
+    arguments.add_caption_column(i, C.LAION_TEXT, ("--text-column",), "caption column ('text' also accepted)")
     i.add_argument("--url-column", default=C.LAION_URL,
                    help="image URL column (default URL; 'url' also accepted); 'none' if the data has no URLs")
     i.add_argument("--keep-columns", nargs="*", default=[], metavar="COL",
@@ -185,9 +186,9 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                         "refused by default, since dataset URLs are untrusted input")
     f.add_argument("--url-rewrite", action="append", default=[], metavar="FROM=TO",
                    help="fetch URLs starting with FROM from TO instead (e.g. a local mirror); repeatable")
-    f.add_argument("--save-images", action="store_true",
-                   help="also save every fetched image (as resized, JPEG) and generated image (PNG) as parquet "
-                        "under --output/images/{training,generated}/ with their URL or (model, prompt, seed)")
+    arguments.add_save_images(f, False, "every fetched image (as resized, JPEG) and generated image (PNG) as parquet "
+                                        "under --output/images/{training,generated}/ with their URL or (model, "
+                                        "prompt, seed)")
     f.add_argument("--no-local-image-server", action="store_true",
                    help="with the bundled sample, do not serve its images from a local server on 127.0.0.1")
     k = p.add_argument_group("image resources")

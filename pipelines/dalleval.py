@@ -37,7 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/dalleval.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import arguments, cli, gpus  # noqa: E402
+from pipelines.engine import arguments, cli  # noqa: E402
 
 
 def _generation_args(p) -> None:
@@ -49,14 +49,9 @@ def _generation_args(p) -> None:
 def _execution_args(p, heads: bool = False) -> None:
     x = p.add_argument_group("execution")
     arguments.add_run_control(x)
-    x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
-    x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
+    arguments.add_generation_execution(x, "generator")
     if heads:
         x.add_argument("--skin-actors", type=int, default=1, help="skin-tone (CPU) actors (default 1)")
-    gpus.add_arguments(x, "generator")
-    gpus.add_generation_options(x)
-    x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
-    x.add_argument("--no-save-images", action="store_true", help="do not write the images")
 
 
 def _output_arg(p) -> None:

@@ -25,17 +25,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/exposed.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import arguments, cli, gpus  # noqa: E402
+from pipelines.engine import arguments, cli  # noqa: E402
 
 SPACES = ("prompt", "denoising", "ssim", "diff_pix", "resnet", "clip", "dino", "split_product")
 
 
 def _add_triplet_sources(g, run: bool) -> None:
-    g.add_argument("--captions", action="append", metavar="SOURCE=PATH[:COLUMN]",
-                   help="a caption set: its name (gcc, coco, textcaps, flickr30k, laion, or any) = a parquet file or "
-                        "folder, a text file (one caption per line) or a CSV; COLUMN defaults to TEXT (LAION's). "
-                        "Repeat per set" + ("; replaces the configured sets (default: the bundled sample)" if run
-                                            else ""))
+    g.add_argument("--captions", action="append", metavar="[SOURCE=]PATH[:COLUMN]",
+                   help="a caption set: its name (gcc, coco, textcaps, flickr30k, laion, or any; default the file's "
+                        "name) = a parquet file or folder, a text file (one caption per line) or a CSV; COLUMN "
+                        "defaults to --caption-column. Repeat per set" +
+                        ("; replaces the configured sets (default: the bundled sample)" if run else ""))
     g.add_argument("--no-professions", action="store_true", help="leave out the Profession set (Table S2)")
     g.add_argument("--per-topic", type=int, metavar="N",
                    help="triplets per topic of Table S2 (default all: 20 professions x 3 templates; the first N "
@@ -52,11 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("triplets", help="triplets from captions or from the Profession set (no models, no Ray)")
-    t.add_argument("--input", metavar="PATH", help="captions: parquet file or folder, text file or CSV")
-    t.add_argument("--column", default="TEXT", help="caption column (default TEXT, as in LAION)")
+    t.add_argument("--captions", "--input", dest="captions", metavar="PATH",
+                   action=arguments.deprecated_alias(argparse._StoreAction, ("--input",)),
+                   help="captions: parquet file or folder, text file or CSV (--input: deprecated spelling)")
+    arguments.add_caption_column(t, "TEXT", ("--column",), "caption column (as in LAION)")
     t.add_argument("--source", help="name of the caption set, used in triplet ids (default: the input's file name)")
-    t.add_argument("--professions", action="store_true",
-                   help="the Profession set (Table S2) from the built-in templates, or from --input as sentences")
+    t.add_argument("--profession-set", "--professions", dest="profession_set",
+                   action=arguments.deprecated_alias(argparse._StoreTrueAction, ("--professions",)),
+                   help="the Profession set (Table S2) from the built-in templates, or from --captions as sentences "
+                        "(--professions: deprecated spelling; DALL-Eval's --professions names a list)")
     t.add_argument("--per-topic", type=int, metavar="N",
                    help="triplets per topic (default all: 20 professions x 3 templates)")
     t.add_argument("--output", required=True, metavar="DIR",
@@ -68,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", metavar="YAML", help="study file overriding configs/exposed.yaml")
     _add_triplet_sources(s, run=True)
     s.add_argument("--no-captions", action="store_true", help="no caption sets: the Profession set only")
+    arguments.add_caption_column(s, "TEXT", (), "caption column of a --captions set without :COLUMN (as in LAION)")
     s.add_argument("--seeds-per-triplet", action="append", metavar="SOURCE=N",
                    help="seeds per triplet of a source (default gcc=5, profession=5, others 1); repeat per source")
     g = r.add_argument_group("generation (section 3)")
@@ -102,12 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny random-weight generators and image models (offline smoke run; numbers are meaningless)")
     x = r.add_argument_group("execution")
     arguments.add_run_control(x, "exposed")
-    x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
-    x.add_argument("--gen-batch-size", type=int, default=2,
-                   help="units per generator call (three images each; default 2)")
-    gpus.add_arguments(x, "generator")
-    x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
-    x.add_argument("--no-save-images", action="store_true", help="do not write the images (the report then shows none)")
+    arguments.add_generation_execution(x, "generator", batch=2, unit="units (three images each)", speed=False,
+                                       save="the images (without them the report shows none)")
     return p
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/gep.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import arguments, cli, gpus  # noqa: E402
+from pipelines.engine import arguments, cli  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,12 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny random-weight CLIP and generators (offline smoke run; numbers are meaningless)")
     x = r.add_argument_group("execution")
     arguments.add_run_control(x, "gep")
-    x.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
-    x.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8)")
-    gpus.add_arguments(x, "generator / scorer")
-    gpus.add_generation_options(x)
-    x.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
-    x.add_argument("--no-save-images", action="store_true", help="do not write the images (annotators need them)")
+    arguments.add_generation_execution(x, "generator / scorer", save="the images (annotators need them)")
 
     v = sub.add_parser("evaluate", help="GEP_human and estimator evaluation for a finished run")
     v.add_argument("--run", required=True, metavar="DIR", help="the run's directory (<output>/<run id>)")

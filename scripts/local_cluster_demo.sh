@@ -221,9 +221,9 @@ run "$RAY" exec "$CONFIG" 'ray status'
 
 # ---------------------------------------------------------------------------- 3. ray submit
 # `ray submit` copies only the script, to ~/amplification.py on the head: the project comes from
-# the file mount (PYTHONPATH), and --input names the bundled sample in it explicitly.
+# the file mount (PYTHONPATH), and --captions names the bundled sample in it explicitly.
 # shellcheck disable=SC2088  # the head's shell expands this ~ (the head's home), not this one
-ARGS=(--input '~/t2i-bias-audit/data/synthetic/laion_synthetic_sample.parquet' --output "$OUTPUT" --sample-size 10 --nn-k 10)
+ARGS=(--captions '~/t2i-bias-audit/data/synthetic/laion_synthetic_sample.parquet' --output "$OUTPUT" --sample-size 10 --nn-k 10)
 if [ "$MODE" = run ]; then
   ARGS=(run "${ARGS[@]}" --standin-models --images-per-prompt 2 --caption-images 1 --steps 5)
 else

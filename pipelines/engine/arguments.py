@@ -77,3 +77,49 @@ def add_generation(group, generators: str, scheduler: str = "each model's own", 
     group.add_argument("--safety-checker", choices=["model-default", "off"],
                        help=f"keep a model's safety checker (flagged images are counted as nsfw_blocked) or turn it "
                             f"off (default {safety})")
+
+
+# ------------------------------------------------------------------------------ one vocabulary
+def deprecated_alias(action: type, old: tuple[str, ...]) -> type:
+    """``action`` (an argparse action class) that warns once on stderr when one of the ``old``
+    spellings is used; the old spelling still works for one release (README, "Command line")."""
+    import sys
+
+    class Alias(action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            if option_string in old:
+                print(f"warning: {option_string} is deprecated and will be removed in the next release: use "
+                      f"{self.option_strings[0]}", file=sys.stderr)
+            super().__call__(parser, namespace, values, option_string)
+
+    return Alias
+
+
+def add_caption_column(group, default: str | None, old: tuple[str, ...] = (), what: str = "caption column") -> None:
+    """--caption-column (every study that reads captions); ``old``: earlier spellings, deprecated."""
+    group.add_argument("--caption-column", *old, dest="caption_column", default=default, metavar="COL",
+                       action=deprecated_alias(argparse._StoreAction, old),
+                       help=f"{what} (default {default or 'caption'}; matched case-insensitively)"
+                            + (f"; {', '.join(old)}: deprecated spelling" if old else ""))
+
+
+def add_save_images(group, default: bool, what: str) -> None:
+    """--save-images / --no-save-images (every image study; the default is the study's)."""
+    group.add_argument("--save-images", action=argparse.BooleanOptionalAction, default=default,
+                       help=f"write {what} (default: {'on' if default else 'off'})")
+
+
+def add_generation_execution(group, label: str, batch: int = 8, unit: str = "images", speed: bool = True,
+                             save: str = "the images") -> None:
+    """The execution options of a generation plan (pipelines/engine/generation.py): generator
+    actors and batch, GPUs per actor and device, the generator's speed options, the error budget,
+    --save-images."""
+    from pipelines.engine import gpus
+
+    group.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
+    group.add_argument("--gen-batch-size", type=int, default=batch, help=f"{unit} per generator call (default {batch})")
+    gpus.add_arguments(group, label)
+    if speed:
+        gpus.add_generation_options(group)
+    group.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
+    add_save_images(group, True, save)

@@ -211,7 +211,7 @@ def unreadable_input(exc: BaseException, inp: ParquetInput, columns: list[str]) 
             return InputError(
                 f"cannot read parquet file {inp.display(path)}: {type(err).__name__}: {cause[0] if cause else ''} "
                 f"(its footer is readable but its data is not: the file is corrupt or truncated; replace it, "
-                f"or leave it out of --input)")
+                f"or leave it out of --captions)")
     return None
 
 

@@ -11,13 +11,13 @@ def test_every_option_is_explained():
     sub = next(a for a in parser._actions if a.dest == "command").choices["captions"]
     for action in sub._actions:
         assert action.help, f"{action.option_strings} has no help text"
-    assert "--input" in sub.format_help() and "--no-indicator-mode" in sub.format_help()
+    assert "--captions" in sub.format_help() and "--no-indicator-mode" in sub.format_help()
 
 
 def test_missing_text_column_fails_at_once(tmp_path, capsys):
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"URL": ["u"], "caption": ["a nurse"]}), bad)
-    assert amplification.main(["captions", "--input", str(bad), "--output", str(tmp_path / "out")]) == 2
+    assert amplification.main(["captions", "--captions", str(bad), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "'TEXT'" in err
     assert not (tmp_path / "out").exists()
@@ -26,13 +26,13 @@ def test_missing_text_column_fails_at_once(tmp_path, capsys):
 def test_unreadable_file_fails_at_once(tmp_path, capsys):
     bad = tmp_path / "broken.parquet"
     bad.write_bytes(b"PAR1 garbage")
-    assert amplification.main(["captions", "--input", str(bad), "--output", str(tmp_path / "out")]) == 2
+    assert amplification.main(["captions", "--captions", str(bad), "--output", str(tmp_path / "out")]) == 2
     assert str(bad) in capsys.readouterr().err
 
 
 def test_unloadable_model_fails_before_data_is_read(tmp_path, capsys):
     pq.write_table(pa.table({"URL": ["u"], "TEXT": ["a nurse"]}), tmp_path / "in.parquet")
-    rc = amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
+    rc = amplification.main(["captions", "--captions", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
                              "--spacy-model", "xx_missing_pipeline"])
     assert rc == 2 and "xx_missing_pipeline" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -180,7 +180,7 @@ def test_pipeline_writes_its_run_to_s3_and_resumes_there(s3_server, tmp_path):  
                    tmp_path / "in.parquet")
     repo = REPO_ROOT
     out = s3_server.url("runs")
-    argv = ["captions", "--input", str(tmp_path / "in.parquet"), "--output", out, "--run-id", "s3run",
+    argv = ["captions", "--captions", str(tmp_path / "in.parquet"), "--output", out, "--run-id", "s3run",
             "--occupations", "nurse,pilot", "--no-names", "--nn-k", "2", "--sample-size", "5",
             "--ray-address", "local", "--num-cpus", "3", "--no-progress"]
     twice = ("import sys\nfrom pipelines import amplification\n"

@@ -354,8 +354,8 @@ def partial_occupation_stats(data):
 
 
 def validate_input(args, st: dict | None = None):
-    inp = io.resolve_parquet_inputs(args.input)
-    text_col = io.resolve_column(inp, args.text_column, "text")
+    inp = io.resolve_parquet_inputs(args.captions)
+    text_col = io.resolve_column(inp, args.caption_column, "caption")
     _check_text_type(inp, text_col, (st or settings(args))["execution"])
     if inp.num_rows == 0:
         print(f"warning: the input holds no rows ({len(inp.files)} file(s), per their parquet footers): every "
@@ -372,7 +372,7 @@ def validate_input(args, st: dict | None = None):
 def _check_text_type(inp, text_col: str, ex: dict) -> None:
     """The caption column's type is in every footer: each row of a file where it cannot hold text
     fails validation (non_text_caption, or null_caption where empty). Known before any data is
-    read, so a wrong --text-column fails now, and so does a share of such rows over the error
+    read, so a wrong --caption-column fails now, and so does a share of such rows over the error
     budget (which the scan would hit for certain); a smaller share is announced and counted."""
     bad = [(f, s.field(text_col).type, n) for f, s, n in zip(inp.files, inp.schemas, inp.row_counts)
            if not holds_text(s.field(text_col).type)]
@@ -382,15 +382,15 @@ def _check_text_type(inp, text_col: str, ex: dict) -> None:
     where = ", ".join(f"{inp.display(f)} ({t})" for f, t, _ in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
     if len(bad) == len(inp.files):
         raise io.InputError(f"the text column {text_col!r} holds no text in any input file ({where}); choose the "
-                            f"caption column with --text-column")
+                            f"caption column with --caption-column")
     rate, min_rows = float(ex["max_error_rate"]), int(ex["error_budget_min_rows"])
     if inp.num_rows >= max(1, min_rows) and rate < 1.0 and rows / inp.num_rows > rate:
         raise ErrorBudgetExceeded(
             f"error budget exceeded at stage {C.STAGE_CAPTIONS} before any data is read: {rows:,} of "
             f"{inp.num_rows:,} rows ({100 * rows / inp.num_rows:.1f}%) are in files whose text column {text_col!r} "
             f"is not text: {where}. They would all fail (non_text_caption or null_caption); the budget is "
-            f"{100 * rate:g}% (--max-error-rate). Choose the caption column with --text-column, leave those files "
-            f"out of --input, or raise --max-error-rate")
+            f"{100 * rate:g}% (--max-error-rate). Choose the caption column with --caption-column, leave those files "
+            f"out of --captions, or raise --max-error-rate")
     print(f"warning: the text column {text_col!r} is not text in {len(bad)} of {len(inp.files)} input files "
           f"({where}): their {rows:,} rows count as non_text_caption (null_caption where empty)", file=sys.stderr)
 
@@ -448,7 +448,7 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
     metrics = {
         "stage": "captions",
         "attempt_summary": summarize(stage_counts(attempt), order),
-        "input": {"paths": list(args.input), "files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
+        "input": {"paths": list(args.captions), "files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
                   **columns},
         "output": rd.display(),
         "config": {

@@ -202,7 +202,7 @@ class AmplificationStudy:
         model_records = [r for r in run.models if not r.get("key")]
 
         server_url = None
-        uses_sample = [str(p) for p in args.input] == [str(captions.SAMPLE_INPUT)]
+        uses_sample = [str(p) for p in args.captions] == [str(captions.SAMPLE_INPUT)]
         if uses_sample and not st.url_rewrite and not args.no_local_image_server:
             from pipelines.studies.amplification.sample_server import LocalImageServer
 
@@ -329,7 +329,7 @@ class AmplificationStudy:
         results["training_walk"] = walk_record
         data = {"results": results, "t3": t3, "counts": counts, "caption_counts": caption_metrics["counts"],
                 "models": model_records + _caption_models(caption_metrics),
-                "meta": {"output": rd.display(), "input": ", ".join(map(str, args.input)),
+                "meta": {"output": rd.display(), "input": ", ".join(map(str, args.captions)),
                          "occupations": len(occupations), "images": per_image.num_rows,
                          "local_image_server": server_url}}
         return Outcome(metrics, summary_rows, data)

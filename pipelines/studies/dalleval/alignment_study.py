@@ -490,13 +490,13 @@ class AlignmentStudy:
         requests, per_actor = st["requests"], run.gpu.per_actor
         models = [g.model for g in run.generators]
         reference, ref_phase = reference_features(run.ray, st, rd, per_actor, run.gpu.device)
-        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         table = measures(images, reference, st)
         pairing = pairing_record(st, reference)
         io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=VECTORS)
         io.write_text(table.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table']}")
-        save_images = not args.no_save_images
+        save_images = bool(args.save_images)
         ok_ref = int(pc.sum(pc.equal(reference.column(A.REFERENCE_STATUS), A.ReferenceStatus.OK)).as_py() or 0)
         metrics = {
             "config": {"images": image_job(st, args), "r_precision": st["r_precision"], "clip_score": st["clip_score"],

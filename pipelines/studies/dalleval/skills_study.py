@@ -162,7 +162,7 @@ class SkillsStudy:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
         models = [g.model for g in run.generators]
-        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         threshold = st["detector"]["threshold"]
         judged = K.judge(images, threshold, st["detector"]["object_rule"], st["detector"]["count_rule"])
@@ -171,7 +171,7 @@ class SkillsStudy:
         io.write_table_and_csv(judged, out_fs, f"{out}/{FILES['images']}")
         for key in ("accuracies", "table2", "splits", "tasks"):
             io.write_text(results[key].to_csv(index=False), out_fs, f"{out}/{FILES[key]}")
-        save_images = not args.no_save_images
+        save_images = bool(args.save_images)
         metrics = {
             "config": {"images": image_job(st, args), "threshold": threshold,
                        "object_rule": st["detector"]["object_rule"], "count_rule": st["detector"]["count_rule"],

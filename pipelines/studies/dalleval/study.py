@@ -233,7 +233,7 @@ class DallEvalStudy:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
         models = [g.model for g in run.generators]
-        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         results = analyse(images, st)
         out_fs, out = rd.fs, rd.path
@@ -243,7 +243,7 @@ class DallEvalStudy:
         for name, table in results["tables"].items():
             io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
         summary_rows = run_summary_rows(images, requests.num_rows, phases, st)
-        save_images = not args.no_save_images
+        save_images = bool(args.save_images)
         metrics = {
             "config": {"images": image_job(st, args), "neutral": st["neutral"], "compare": st["compare"],
                        "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),

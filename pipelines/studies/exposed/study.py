@@ -89,15 +89,20 @@ HEADS = {"ssim": (SsimDisparity, (S.Space.SSIM, S.Space.DIFF_PIX)),
 
 
 # ------------------------------------------------------------------------------------ settings
-def _caption_spec(spec: str) -> dict:
-    """--captions SOURCE=PATH[:COLUMN]."""
+def _caption_spec(spec: str, column: str | None = None) -> dict:
+    """--captions [SOURCE=]PATH[:COLUMN] (the source's name defaults to the file's, the column to
+    --caption-column)."""
     source, eq, rest = spec.partition("=")
-    if not eq or not source.strip() or not rest.strip():
-        raise ValueError(f"--captions {spec!r}: expected SOURCE=PATH[:COLUMN] (e.g. coco=/data/coco.parquet:caption)")
-    path, column = rest, "TEXT"
+    if not eq:
+        source, rest = "", spec
+    if (eq and not source.strip()) or not rest.strip():
+        raise ValueError(f"--captions {spec!r}: expected [SOURCE=]PATH[:COLUMN] (e.g. coco=/data/coco.parquet:caption)")
+    path, column = rest, column or "TEXT"
     head, colon, tail = rest.rpartition(":")
     if colon and head and "/" not in tail and not Path(rest).exists():
         path, column = head, tail
+    if not source.strip():
+        source = T.default_source(path)
     return {"source": source.strip().lower(), "path": path, "column": column}
 
 
@@ -124,7 +129,7 @@ def settings(args) -> dict:
     cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET, replace=REPLACED)
     captions = [dict(c) for c in (cfg.get("captions") or [])]
     if getattr(args, "captions", None):
-        captions = [_caption_spec(s) for s in args.captions]
+        captions = [_caption_spec(s, getattr(args, "caption_column", None)) for s in args.captions]
     if getattr(args, "no_captions", False):
         captions = []
     for c in captions:
@@ -441,7 +446,7 @@ class ExposedStudy:
         models = [g.model for g in run.generators]
         io.write_table_and_csv(st["triplets"], rd.fs, f"{rd.path}/{FILES['triplets']}")
         io.write_text(st["counts"].to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['counts']}")
-        generated = generation.generate(run, generation_plan(st, units, not args.no_save_images))
+        generated = generation.generate(run, generation_plan(st, units, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         spaces = tuple(s for s in S.Space.ALL if s in st["disparity"]["spaces"])
         disparities = M.disparity_table(images, spaces)
@@ -456,7 +461,7 @@ class ExposedStudy:
             for key in OBJECT_FILES:
                 io.write_text(objects[key].to_csv(index=False), rd.fs, f"{rd.path}/{FILES[key]}")
         summary_rows = run_summary_rows(st, images, units.num_rows, phases)
-        save_images = not args.no_save_images
+        save_images = bool(args.save_images)
         metrics = {
             "config": {"images": image_job(st, args), "captions": st["captions"], "professions": st["professions"],
                        "max_triplets": st["max_triplets"], "execution": st["execution"], "gpus_per_actor": per_actor,

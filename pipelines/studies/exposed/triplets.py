@@ -567,15 +567,15 @@ def write_config(args, triplets: pa.Table) -> str:
     from schemas.exposed import HUMAN_WORDS, PERSON_WORDS
 
     fs, root = io.output_fs(str(args.output))
-    inp = getattr(args, "input", None)
+    inp = getattr(args, "captions", None)
     record = {"command": "exposed.py triplets", "input": inp,
               "input_bytes": Path(inp).stat().st_size if inp and Path(inp).is_file() else None,
-              "column": getattr(args, "column", None), "source": getattr(args, "source", None),
-              "professions": bool(getattr(args, "professions", False)), "per_topic": getattr(args, "per_topic", None),
+              "column": getattr(args, "caption_column", None), "source": getattr(args, "source", None),
+              "professions": bool(getattr(args, "profession_set", False)), "per_topic": getattr(args, "per_topic", None),
               "triplets": triplets.num_rows, "human_words": {k: list(v) for k, v in HUMAN_WORDS.items()},
               "person_words": {k: list(v) for k, v in PERSON_WORDS.items()},
               "templates": ({k: list(v) for k, v in DEFAULT_TEMPLATES.items()}
-                            if getattr(args, "professions", False) and not inp else None),
+                            if getattr(args, "profession_set", False) and not inp else None),
               "environment": study_config.environment()}
     path = f"{root}/triplets_config.json"
     io.write_text(json.dumps(io.clean_json(record), indent=1, default=str) + "\n", fs, path)
@@ -589,23 +589,23 @@ def default_source(path: str | Path) -> str:
 
 
 def run_command(args) -> dict:
-    """``exposed.py triplets``: captions (``--input``, ``--column``, ``--source``) or the Profession
-    set (``--professions``: the built-in templates, ``--per-topic``; or sentences from
-    ``--input``) -> ``write_triplets`` into ``--output``. Prints the counts; returns the paths and
+    """``exposed.py triplets``: captions (``--captions``, ``--caption-column``, ``--source``) or the
+    Profession set (``--profession-set``: the built-in templates, ``--per-topic``; or sentences from
+    ``--captions``) -> ``write_triplets`` into ``--output``. Prints the counts; returns the paths and
     the counts."""
-    inp = getattr(args, "input", None)
-    column = getattr(args, "column", None) or LAION_TEXT
+    inp = getattr(args, "captions", None)
+    column = getattr(args, "caption_column", None) or LAION_TEXT
     per_topic = getattr(args, "per_topic", None)
-    if getattr(args, "professions", False):
+    if getattr(args, "profession_set", False):
         if inp and per_topic is not None:
-            raise ValueError("--per-topic applies to the built-in templates, not to sentences given with --input")
+            raise ValueError("--per-topic applies to the built-in templates, not to sentences given with --captions")
         triplets, counts = sentence_triplets(inp, column=column) if inp else profession_triplets(per_topic=per_topic)
     elif inp:
         if per_topic is not None:
-            raise ValueError("--per-topic applies to the Profession set (--professions)")
+            raise ValueError("--per-topic applies to the Profession set (--profession-set)")
         triplets, counts = caption_triplets(inp, getattr(args, "source", None) or default_source(inp), column=column)
     else:
-        raise ValueError("give --input (a caption file) or --professions (the Profession set of Table S2)")
+        raise ValueError("give --captions (a caption file) or --profession-set (the Profession set of Table S2)")
     paths = write_triplets(triplets, counts, args.output)
     paths["config"] = write_config(args, triplets)
     rows = counts.to_pylist()

@@ -167,7 +167,7 @@ class GepStudy:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
         models = [g.model for g in run.generators]
-        generated = generation.generate(run, generation_plan(st, requests, not args.no_save_images))
+        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
 
         print(f"scoring {len(st['attributes'])} attributes with C-f, CC-f and CLS-f "
@@ -188,7 +188,7 @@ class GepStudy:
         tables = gep_report.paper_tables(shown, names)
         for name, table in tables.items():
             io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
-        save_images = not args.no_save_images
+        save_images = bool(args.save_images)
         io.write_text(annotation_tasks(images, st, rd if save_images else None).to_csv(index=False), out_fs,
                       f"{out}/{FILES['tasks']}")
         if evaluation is not None:

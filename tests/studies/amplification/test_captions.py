@@ -28,7 +28,7 @@ def run(ray_local, synthetic, tmp_path_factory):
     base = tmp_path_factory.mktemp("captions")
     write(synthetic, base / "laion", files=3)
     out = base / "out"
-    rc = amplification.main(["captions", "--input", str(base / "laion"), "--output", str(out), "--run-id", "r",
+    rc = amplification.main(["captions", "--captions", str(base / "laion"), "--output", str(out), "--run-id", "r",
                              "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN), "--keep-columns", "WIDTH"])
     assert rc == 0
     return base, out / "r"
@@ -122,19 +122,19 @@ def test_same_result_from_one_file_and_a_run_id_is_never_mixed(run, synthetic, c
     base, out = run
     write(synthetic, base / "single.parquet")
     root2 = base / "out2"
-    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(root2),
+    assert amplification.main(["captions", "--captions", str(base / "single.parquet"), "--output", str(root2),
                                "--run-id", "r", "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN)]) == 0
     a = pq.read_table(out / "training_subsets.parquet")
     b = pq.read_table(root2 / "r" / "training_subsets.parquet")
     assert a.drop_columns(["similarity"]).equals(b.drop_columns(["similarity"]))
     assert pc.max(pc.abs(pc.subtract(a["similarity"], b["similarity"]))).as_py() < 1e-5
     # the same run id with another configuration is refused, naming what differs
-    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(root2),
+    assert amplification.main(["captions", "--captions", str(base / "single.parquet"), "--output", str(root2),
                                "--run-id", "r"]) == 2
     err = capsys.readouterr().err
     assert "different configuration" in err and "selection.nn_k" in err and "--overwrite" in err
     # without --run-id, each configuration gets its own directory: nothing is overwritten
-    assert amplification.main(["captions", "--input", str(base / "single.parquet"), "--output", str(root2),
+    assert amplification.main(["captions", "--captions", str(base / "single.parquet"), "--output", str(root2),
                                "--occupations", "nurse", "--no-names"]) == 0
     dirs = sorted(p.name for p in root2.iterdir())
     assert len(dirs) == 2 and "r" in dirs and [d for d in dirs if d != "r"][0].startswith("nurse-")
@@ -148,7 +148,7 @@ def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
     (tmp_path / "occ.yaml").write_text(yaml.safe_dump(["dog walker", "barista"]))
     out = tmp_path / "out"
     run = out / "r"
-    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
+    assert amplification.main(["captions", "--captions", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
                                "--occupations-file", str(tmp_path / "occ.yaml"), "--no-names", "--nn-k", "1"]) == 0
     ann = pq.read_table(run / "annotated_captions").sort_by("url").to_pydict()
     assert ann["occupation"] == ["dog walker", "barista", "barista"]
@@ -165,7 +165,7 @@ def test_no_caption_names_an_occupation(ray_local, tmp_path):
                    tmp_path / "in.parquet")
     out = tmp_path / "out"
     run = out / "r"
-    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
+    assert amplification.main(["captions", "--captions", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
                                "--occupations", "nurse", "--no-names"]) == 0
     assert pq.read_table(run / "annotated_captions").num_rows == 0
     assert pq.read_table(run / "training_subsets.parquet").num_rows == 0
@@ -184,7 +184,7 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
                    tmp_path / "in" / "p1.parquet")
     out = tmp_path / "out"
     run = out / "r"
-    assert amplification.main(["captions", "--input", str(tmp_path / "in"), "--output", str(out), "--run-id", "r",
+    assert amplification.main(["captions", "--captions", str(tmp_path / "in"), "--output", str(out), "--run-id", "r",
                                "--occupations", "nurse,pilot", "--no-names", "--nn-k", "1"]) == 0
     m = json.loads((run / "metrics.json").read_text())
     assert m["counts"]["read_captions"] == {"rows_in": 5, "rows_out": 2,

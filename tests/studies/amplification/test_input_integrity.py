@@ -78,7 +78,7 @@ def test_run_id_of_other_input_data_is_refused_saying_the_input_changed(tmp_path
 def test_an_input_rewritten_in_place_never_returns_the_old_results(ray_local, tmp_path, capsys):
     f, out = tmp_path / "in.parquet", tmp_path / "out"
     captions(f, ["a nurse at work", "a nurse", "a cat", "a dog"])
-    argv = ["captions", "--input", str(f), "--output", str(out), *OCC]
+    argv = ["captions", "--captions", str(f), "--output", str(out), *OCC]
     assert amplification.main(argv) == 0
     (first,) = [d for d in out.iterdir() if d.is_dir()]
     assert sorted(pq.read_table(first / "annotated_captions")["occupation"].to_pylist()) == ["nurse", "nurse"]
@@ -112,7 +112,7 @@ def test_corrupt_data_pages_name_the_file_and_the_cause(ray_local, tmp_path, cap
     cause = str(direct.value).splitlines()[0]
 
     out = tmp_path / "out"
-    rc = amplification.main(["captions", "--input", str(tmp_path / "in"), "--output", str(out), "--run-id", "r", *OCC])
+    rc = amplification.main(["captions", "--captions", str(tmp_path / "in"), "--output", str(out), "--run-id", "r", *OCC])
     assert rc == 2
     line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")][-1]
     assert str(bad) in line and cause in line
@@ -129,10 +129,10 @@ def test_ansi_codes_are_stripped():
 # ------------------------------------------------------------------------------ what the footers tell
 def test_a_caption_column_without_text_fails_before_any_model_loads(tmp_path, no_models, capsys):
     pq.write_table(pa.table({"URL": ["a", "b"], "TEXT": pa.array([1, 2], pa.int64())}), tmp_path / "in.parquet")
-    assert amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output",
+    assert amplification.main(["captions", "--captions", str(tmp_path / "in.parquet"), "--output",
                                str(tmp_path / "out"), *OCC]) == 2
     err = capsys.readouterr().err
-    assert "'TEXT'" in err and "int64" in err and "--text-column" in err
+    assert "'TEXT'" in err and "int64" in err and "--caption-column" in err
 
 
 def test_non_text_rows_over_the_error_budget_fail_before_any_model_loads(tmp_path, no_models, capsys):
@@ -140,7 +140,7 @@ def test_non_text_rows_over_the_error_budget_fail_before_any_model_loads(tmp_pat
     captions(tmp_path / "in" / "p0.parquet", ["a nurse at work"] * 300)
     pq.write_table(pa.table({"URL": ["x"] * 100, "TEXT": pa.array(range(100), pa.int64())}),
                    tmp_path / "in" / "p1.parquet")
-    argv = ["captions", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *OCC]
+    argv = ["captions", "--captions", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *OCC]
     assert amplification.main(argv) == 3  # 25% of the rows, the budget is 5%
     err = capsys.readouterr().err
     assert "p1.parquet" in err and "int64" in err and "--max-error-rate" in err
@@ -153,6 +153,6 @@ def test_non_text_rows_over_the_error_budget_fail_before_any_model_loads(tmp_pat
 def test_a_zero_row_input_prints_a_warning(tmp_path, no_models, capsys):
     captions(tmp_path / "in.parquet", pa.array([], pa.string()))
     with pytest.raises(ModelsLoaded):
-        amplification.main(["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), *OCC])
+        amplification.main(["captions", "--captions", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), *OCC])
     err = capsys.readouterr().err
     assert "warning" in err and "no rows" in err

@@ -187,7 +187,7 @@ def test_caption_error_budget_fails_the_job_then_resumes(ray_local, tmp_path, ca
     n = 300
     text = [None if i % 3 == 0 else f"a nurse at work {i}" for i in range(n)]
     pq.write_table(pa.table({"URL": [f"u{i}" for i in range(n)], "TEXT": text}), tmp_path / "in.parquet")
-    argv = ["captions", "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
+    argv = ["captions", "--captions", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
             "--occupations", "nurse", "--no-names", "--nn-k", "1", "--sample-size", "3", "--no-progress"]
     assert amplification.main(argv) == 3
     err = capsys.readouterr().err
@@ -362,7 +362,7 @@ def caption_runs(ray_local, tmp_path_factory):
 
     base = tmp_path_factory.mktemp("crash")
     write(generate(300, seed=3), base / "laion", files=2)
-    argv = lambda out: ["captions", "--input", str(base / "laion"), "--output", str(out), "--run-id", "r",  # noqa: E731
+    argv = lambda out: ["captions", "--captions", str(base / "laion"), "--output", str(out), "--run-id", "r",  # noqa: E731
                         "--files-per-shard", "1", "--no-names", "--sample-size", "5", "--nn-k", "4", "--no-progress"]
     assert amplification.main(argv(base / "clean")) == 0
     return base, argv

@@ -46,7 +46,7 @@ def run_dir(tmp_path_factory, ray_local):
     root = tmp_path_factory.mktemp("amp_run")
     synthetic_laion.write(synthetic_laion.generate(3000, seed=1), root / "input.parquet")
     with LocalImageServer() as server:
-        argv = ["run", "--input", str(root / "input.parquet"), "--output", str(root / "out"), "--run-id", "r",
+        argv = ["run", "--captions", str(root / "input.parquet"), "--output", str(root / "out"), "--run-id", "r",
                 *study_args("--url-rewrite", f"https://images.example.org/={server.base_url}/")]
         assert amplification.main(argv) == 0
     return root / "out" / "r"
@@ -300,7 +300,7 @@ def test_unloadable_model_fails_before_any_work(tmp_path, ray_local, capsys):
 
 def test_missing_input_fails_before_any_work(tmp_path):
     res = amplification.main(["run", "--output", str(tmp_path / "out"), "--standin-models",
-                              "--input", str(tmp_path / "missing.parquet")])
+                              "--captions", str(tmp_path / "missing.parquet")])
     assert res == 2
     assert not (tmp_path / "out").exists()  # no stand-ins built, nothing written
 
@@ -331,7 +331,7 @@ def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
 
     synthetic_laion.write(synthetic_laion.generate(3000, seed=1), tmp_path / "laion", files=2)
     out = tmp_path / "out"
-    argv = ["run", "--input", str(tmp_path / "laion"), "--output", str(out), "--run-id", "k",
+    argv = ["run", "--captions", str(tmp_path / "laion"), "--output", str(out), "--run-id", "k",
             "--files-per-shard", "1", "--gen-batch-size", "2", *study_args()]
     repo = REPO_ROOT
     log = open(tmp_path / "killed.log", "w")

@@ -402,8 +402,8 @@ def test_run_command(tmp_path, caption_file, capsys):
 
     from pipelines.studies.exposed.triplets import run_command
 
-    out = run_command(SimpleNamespace(input=str(caption_file), column="TEXT", source=None, professions=False,
-                                      per_topic=None, output=str(tmp_path / "c")))
+    out = run_command(SimpleNamespace(captions=str(caption_file), caption_column="TEXT", source=None,
+                                      profession_set=False, per_topic=None, output=str(tmp_path / "c")))
     assert out["triplets"] == 3
     table = pq.read_table(out["paths"]["triplets"])
     assert table[TRIPLET_ID].to_pylist()[0] == "captions-0000000"  # the source defaults to the file name
@@ -411,11 +411,11 @@ def test_run_command(tmp_path, caption_file, capsys):
     config = json.loads(Path(out["paths"]["config"]).read_text())
     assert config["input"] == str(caption_file) and config["triplets"] == 3
     assert "bridemaid" in config["human_words"]["others"] and config["environment"]["packages"]
-    out = run_command(SimpleNamespace(input=None, column="TEXT", source=None, professions=True, per_topic=1,
-                                      output=str(tmp_path / "p")))
+    out = run_command(SimpleNamespace(captions=None, caption_column="TEXT", source=None, profession_set=True,
+                                      per_topic=1, output=str(tmp_path / "p")))
     assert out["triplets"] == 16
-    with pytest.raises(ValueError, match="--input"):
-        run_command(SimpleNamespace(input=None, professions=False, output=str(tmp_path / "x")))
+    with pytest.raises(ValueError, match="--captions"):
+        run_command(SimpleNamespace(captions=None, profession_set=False, output=str(tmp_path / "x")))
 
 
 def test_parquet_captions_from_an_fsspec_uri(tmp_path):
