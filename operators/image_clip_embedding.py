@@ -83,6 +83,7 @@ class ClipImageEmbedder:
     stage_name = STAGE_CLIP_EMBED
     resources = Resources(num_cpus=1, batch_size=64, actors=1)
     output_fields = EMBEDDING_COLUMNS   # what classify_tensor returns, for the generator
+    unmeasured = "no_embedding"         # the run summary's reason for a generated image without one
     spaces = (Space.CLIP,)              # as a disparity head (operators.support.disparity)
 
     def __init__(self, model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETRAINED,

@@ -361,6 +361,32 @@ class GenerationPlan:
     what: str = "generating"
 
 
+def stage_job(stage: Stage) -> dict:
+    """A stage as its run's fingerprint sees it: operator and arguments (nested stages too)."""
+    def plain(v):
+        if isinstance(v, Stage):
+            return stage_job(v)
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, Mapping):
+            return {str(k): plain(x) for k, x in v.items()}
+        if callable(v):
+            return f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', type(v).__name__)}"
+        return v
+
+    return {"op": f"{stage.op.__module__}.{stage.op.__qualname__}", "kwargs": plain(dict(stage.kwargs))}
+
+
+def plan_job(plan: GenerationPlan) -> dict:
+    """What a plan's rows depend on besides the generators: its heads, the stages after the
+    generator and the generator operator's own arguments (part of the run's fingerprint, so a new
+    head or a head's changed setting is another run, never rows without its columns)."""
+    op = plan.operator
+    return {"operator": None if op is None else f"{op.__module__}.{op.__qualname__}",
+            "operator_kwargs": stage_job(Stage(object, dict(plan.operator_kwargs)))["kwargs"],
+            "heads": [stage_job(s) for s in plan.heads], "after": [stage_job(s) for s in plan.after]}
+
+
 @dataclass
 class Generated:
     """The rows of every generator (in request order per generator), their phases and budgets."""
@@ -431,9 +457,12 @@ def generate(run, plan: GenerationPlan) -> Generated:
     return Generated(pa.concat_tables(parts) if parts else None, phases, budgets)
 
 
-def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=None) -> list[dict]:
+def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=None, heads: Sequence[Stage] = ()
+                    ) -> list[dict]:
     """Run-summary rows per generator: generation (requested -> ok, dropped per status), then the
-    rows ``head_rows(phase, branch, generated_ok_table, ok, share)`` adds for the heads."""
+    rows ``head_rows(phase, branch, generated_ok_table, ok, share)`` adds for the heads; without
+    ``head_rows``, one row per head of ``heads``: the generated images it measured (its first
+    output column not null), the others dropped as its ``unmeasured`` reason ("not_measured")."""
     import pyarrow.compute as pc
 
     from pipelines.engine.progress import outcome_counts
@@ -449,9 +478,15 @@ def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=No
         share = phase.processed / phase.total if phase.total else 0.0
         rows.append(stage_row(phase, branch, "generate", requested, ok,
                               {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(requested * share)))
+        gen_ok = mine.filter(pc.fill_null(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK), False))
         if head_rows is not None:
-            gen_ok = mine.filter(pc.fill_null(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK), False))
             rows += head_rows(phase, branch, gen_ok, ok, share)
+            continue
+        for head in heads:
+            column = head.op.output_fields[0].name
+            measured = int(pc.sum(pc.is_valid(gen_ok.column(column))).as_py() or 0) if gen_ok.num_rows else 0
+            rows.append(stage_row(phase, branch, head.name, ok, measured,
+                                  {getattr(head.op, "unmeasured", "not_measured"): ok - measured}, round(ok * share)))
     return rows
 
 

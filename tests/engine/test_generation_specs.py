@@ -179,3 +179,30 @@ def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path):
     a, b = plain.regenerate("a photo of a nurse", 7), negative.regenerate("a photo of a nurse", 7)
     assert a.shape == b.shape == (32, 32, 3) and not np.array_equal(a, b)
     assert np.array_equal(a, plain.regenerate("a photo of a nurse", 7))
+
+
+def test_a_plan_s_heads_are_fingerprinted_and_counted():
+    import pyarrow as pa
+
+    from operators.base import Stage
+    from operators.image_clip_embedding import ClipImageEmbedder
+    from pipelines.engine.progress import Phase
+    from pipelines.studies.gep import study
+    from schemas import gep as S
+    from schemas.images import GENERATION_STATUS, MODEL
+
+    args = args_of(["--generator", "org/a"])
+    st = study.settings(args)
+    job = study.image_job(st, args)
+    heads = job["plan"]["heads"]
+    assert [h["op"] for h in heads] == ["operators.image_clip_embedding.ClipImageEmbedder"]
+    other = G.plan_job(G.GenerationPlan(None, S.GEP_IMAGES, heads=[Stage(ClipImageEmbedder, {"model": "other"})]))
+    assert other["heads"] != heads     # a head's setting is part of the run's identity
+    images = pa.table({MODEL: ["m"] * 4, GENERATION_STATUS: ["ok", "ok", "ok", "generation_error"],
+                       S.EMBEDDING: pa.array([[0.1], None, [0.2], None], pa.list_(pa.float32()))})
+    phase = Phase("generate m", "images", 4)
+    phase.processed = 4
+    gen, head = G.generation_rows(images, 4, {"m": phase}, heads=[Stage(ClipImageEmbedder, {})])
+    assert (gen["stage"], gen["rows_in"], gen["kept"]) == ("generate", 4, 3)
+    assert (head["stage"], head["rows_in"], head["kept"], head["dropped"]) == ("clip_embed", 3, 2, 1)
+    assert "no_embedding" in str(head)

@@ -407,7 +407,8 @@ def settings(args) -> dict:
 def image_job(st: dict, args) -> dict:
     return {"study": "paper000-dalleval-alignment", "captions": st["captions"], "reference": st["reference"],
             "captions_sha256": captions_digest(st["requests"]),
-            "generation": st["generation"].job(), "clip": {k: st["clip"].get(k) for k in ("model", "pretrained", "revision")},
+            "generation": st["generation"].job(),
+            "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)), "clip": {k: st["clip"].get(k) for k in ("model", "pretrained", "revision")},
             "fid": {k: st["fid"].get(k) for k in ("extractor", "weights")}, "standin_models": bool(args.standin_models)}
 
 

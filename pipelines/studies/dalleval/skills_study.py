@@ -103,7 +103,8 @@ def requests_of(st: dict) -> pa.Table:
 def image_job(st: dict, args) -> dict:
     """What the per-image results depend on (the scoring threshold is not: it is applied after)."""
     det = {k: st["detector"][k] for k in ("model", "revision", "record_threshold", "dtype")}
-    return {"study": "paper000-dalleval-skills", "prompts": st["prompts"], "generation": st["generation"].job(), "detector": det,
+    return {"study": "paper000-dalleval-skills", "prompts": st["prompts"], "generation": st["generation"].job(),
+            "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)), "detector": det,
             "standin_models": bool(args.standin_models)}
 
 

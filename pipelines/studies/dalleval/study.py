@@ -127,7 +127,8 @@ def image_job(st: dict, args) -> dict:
     """What the per-image results depend on: its fingerprint names the run."""
     job = {"study": "paper000-dalleval", "groups": st["groups"], "professions": st["professions"],
            "template": st["template"], "bare_prompts": st["bare_prompts"], "articles": st["articles"],
-           "generation": st["generation"].job(), "detect": st["detect"], "standin_models": bool(args.standin_models)}
+           "generation": st["generation"].job(),
+            "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)), "detect": st["detect"], "standin_models": bool(args.standin_models)}
     if uses_blip2(st):
         job["blip2"] = {k: v for k, v in st["blip2"].items() if k != "batch_size"}
     if st["detect"]["attributes"]:

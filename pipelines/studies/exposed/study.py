@@ -333,7 +333,8 @@ def image_job(st: dict, args) -> dict:
     disp = st["disparity"]
     return {"study": "paper004-exposed", "triplets_sha256": triplets_digest(st["triplets"]),
             "seeds_per_triplet": st["seeds_per_triplet"], "default_seeds_per_triplet": st["default_seeds_per_triplet"],
-            "generation": st["generation"].job(), "disparity": {k: v for k, v in disp.items() if k != "batch_size"},
+            "generation": st["generation"].job(),
+            "plan": generation.plan_job(generation_plan(st, st.get("units"), True)), "disparity": {k: v for k, v in disp.items() if k != "batch_size"},
             "objects": object_job(st), "standin_models": bool(args.standin_models)}
 
 

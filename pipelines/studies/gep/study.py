@@ -21,7 +21,6 @@ import io as _io
 import json
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -118,7 +117,8 @@ def image_job(st: dict, args) -> dict:
     return {"study": "paper001-gep", "genders": st["genders"], "settings": st["settings"],
             "attributes": [{"name": a.name, "phrase": a.phrase} for a in st["attributes"]],
             "contexts": st["contexts"], "templates": {k: st["templates"][k] for k in st["settings"]},
-            "generation": st["generation"].job(), "clip": st["clip"], "standin_models": bool(args.standin_models)}
+            "generation": st["generation"].job(), "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)),
+            "clip": st["clip"], "standin_models": bool(args.standin_models)}
 
 
 def scoring_config(st: dict) -> dict:
@@ -167,7 +167,8 @@ class GepStudy:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
         models = [g.model for g in run.generators]
-        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
+        plan = generation_plan(st, requests, bool(args.save_images))
+        generated = generation.generate(run, plan)
         images, phases, budgets = generated.images, generated.phases, generated.budgets
 
         print(f"scoring {len(st['attributes'])} attributes with C-f, CC-f and CLS-f "
@@ -194,7 +195,7 @@ class GepStudy:
         if evaluation is not None:
             write_evaluation(evaluation, out_fs, out)
 
-        summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows)
+        summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows, plan.heads)
         metrics = {
             "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st["execution"],
                        "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
@@ -436,18 +437,9 @@ def annotation_tasks(images: pa.Table, st: dict, rd=None) -> pd.DataFrame:
     return tasks[cols]
 
 
-def run_summary_rows(images: pa.Table, requested: int, phases: dict, score_phase: Phase, pairs: int) -> list[dict]:
-    rows = []
-    for model, phase in phases.items():
-        mine = images.filter(pc.equal(images.column(MODEL), model))
-        status = outcome_counts(mine, GENERATION_STATUS)
-        ok = status.get(GenerationStatus.OK, 0)
-        share = phase.processed / phase.total if phase.total else 0.0
-        rows.append(stage_row(phase, f"generated: {Path(model.rstrip('/')).name}", "generate", requested, ok,
-                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(requested * share)))
-        embedded = int(pc.sum(pc.is_valid(mine.column(S.EMBEDDING))).as_py() or 0)
-        rows.append(stage_row(phase, f"generated: {Path(model.rstrip('/')).name}", "clip_embed", ok, embedded,
-                              {"no_embedding": ok - embedded}, round(ok * share)))
+def run_summary_rows(images: pa.Table, requested: int, phases: dict, score_phase: Phase, pairs: int,
+                     heads=()) -> list[dict]:
+    rows = generation.generation_rows(images, requested, phases, heads=heads)
     embedded = int(pc.sum(pc.is_valid(images.column(S.EMBEDDING))).as_py() or 0)
     rows.append(stage_row(score_phase, f"all generators ({pairs:,} image-attribute pairs)", "attribute_scores",
                           embedded, embedded, {}, embedded))
