@@ -92,6 +92,36 @@ class Study(Protocol):
         """Write the report (HTML, figures) and print the results."""
 
 
+class StudyBase:
+    """Defaults for the ``Study`` interface, for a study whose settings are a dict with ``label``,
+    ``generation`` (``GenerationSettings``) and ``execution``: a new image study writes
+    ``settings``, ``job``, ``execute`` and ``report`` (and ``load_models`` / ``use_standins`` for
+    its models besides the generators)."""
+
+    name = "study"
+
+    def label(self, st) -> str:
+        return st["label"]
+
+    def announce(self, args, st) -> None:
+        pass
+
+    def gpu_models(self, args, st) -> bool:
+        return True
+
+    def actor_cpus(self, args, st) -> float:
+        return getattr(args, "gen_actors", 1)
+
+    def generators(self, st) -> list:
+        return list(st["generation"].generators)
+
+    def use_standins(self, args, st, root: str) -> None:
+        pass
+
+    def load_models(self, args, st, gpu) -> list[dict]:
+        return []
+
+
 @dataclass
 class Run:
     """What a study's ``execute`` and ``report`` get: the open run and everything started for it."""

@@ -37,7 +37,7 @@ from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.io import InputError
 from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
 from pipelines.engine.progress import Phase
 from pipelines.engine.summary import stage_row
@@ -424,7 +424,7 @@ def captions_digest(requests: pa.Table) -> str:
 
 
 # ------------------------------------------------------------------------------------ the study
-class AlignmentStudy:
+class AlignmentStudy(StudyBase):
     """App. D of paper 000 as a study of the engine's lifecycle."""
 
     name = "paper000-dalleval-alignment"
@@ -439,9 +439,6 @@ class AlignmentStudy:
         reference_sources(st["reference"])   # a missing reference set fails now, before anything starts
         reference_captions(st)               # and so does pairing by image id without image ids
         return st
-
-    def label(self, st: dict) -> str:
-        return st["label"]
 
     def job(self, args, st: dict) -> dict:
         return image_job(st, args)
@@ -458,14 +455,8 @@ class AlignmentStudy:
               f"generator; CLIP {st['clip']['model']} R-precision (1 + {st['r_precision']['negatives']}), CLIPScore; "
               f"FID ({'a tiny stand-in' if args.standin_models else st['fid']['extractor']}) against {ref}")
 
-    def gpu_models(self, args, st: dict) -> bool:
-        return True
-
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors + 1
-
-    def generators(self, st: dict) -> list:
-        return list(st["generation"].generators)
 
     def use_standins(self, args, st: dict, root: str) -> None:
         from pipelines.standins.fid import tiny_fid_extractor

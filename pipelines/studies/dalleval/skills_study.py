@@ -24,7 +24,7 @@ from pipelines.engine import generation, io
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import skills as K
 from schemas import paintskills as P
@@ -109,7 +109,7 @@ def image_job(st: dict, args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the study
-class SkillsStudy:
+class SkillsStudy(StudyBase):
     """PaintSkills (paper 000, section 4.1) as a study of the engine's lifecycle."""
 
     name = "paper000-dalleval-skills"
@@ -118,9 +118,6 @@ class SkillsStudy:
         st = settings(args)
         st["requests"] = requests_of(st)
         return st
-
-    def label(self, st: dict) -> str:
-        return st["label"]
 
     def job(self, args, st: dict) -> dict:
         return image_job(st, args)
@@ -131,15 +128,6 @@ class SkillsStudy:
               f"{sizes[P.Skill.SPATIAL]:,} spatial prompts ({st['prompts']['template_set']} templates), one image "
               f"each per generator; detector {'a tiny stand-in' if args.standin_models else st['detector']['model']} "
               f"at threshold {st['detector']['threshold']:g}")
-
-    def gpu_models(self, args, st: dict) -> bool:
-        return True
-
-    def actor_cpus(self, args, st: dict) -> float:
-        return args.gen_actors
-
-    def generators(self, st: dict) -> list:
-        return list(st["generation"].generators)
 
     def use_standins(self, args, st: dict, root: str) -> None:
         from pathlib import Path

@@ -37,7 +37,7 @@ from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
@@ -191,7 +191,7 @@ def standins(st: dict, root: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ the study
-class DallEvalStudy:
+class DallEvalStudy(StudyBase):
     """The social-bias half of paper 000 as a study of the engine's lifecycle."""
 
     name = "paper000-dalleval"
@@ -200,9 +200,6 @@ class DallEvalStudy:
         st = settings(args)
         st["requests"] = requests_of(st)
         return st
-
-    def label(self, st: dict) -> str:
-        return st["label"]
 
     def job(self, args, st: dict) -> dict:
         return image_job(st, args)
@@ -215,14 +212,8 @@ class DallEvalStudy:
               f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
               f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
 
-    def gpu_models(self, args, st: dict) -> bool:
-        return True
-
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0)
-
-    def generators(self, st: dict) -> list:
-        return list(st["generation"].generators)
 
     def use_standins(self, args, st: dict, root: str) -> None:
         standins(st, root)

@@ -40,7 +40,7 @@ from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.generation import GenerationPlan, generation_budget, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.models import build_standin_clip, clip_settings
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
@@ -388,7 +388,7 @@ STANDIN_TAGS = ("hat", "dress", "suit", "tie", "tree", "grass", "car", "table", 
 
 
 # ------------------------------------------------------------------------------------ the study
-class ExposedStudy:
+class ExposedStudy(StudyBase):
     """Papers 003/004, sections 3-4, as a study of the engine's lifecycle."""
 
     name = "paper004-exposed"
@@ -403,9 +403,6 @@ class ExposedStudy:
                                     st["generation"].seed)
         return st
 
-    def label(self, st: dict) -> str:
-        return st["label"]
-
     def job(self, args, st: dict) -> dict:
         return image_job(st, args)
 
@@ -417,18 +414,9 @@ class ExposedStudy:
               f"({', '.join(f'{s} {int(n):,}' for s, n in by_source.items())}), {units:,} units = {3 * units:,} "
               f"images per generator; spaces: {', '.join(st['disparity']['spaces'])}")
 
-    def gpu_models(self, args, st: dict) -> bool:
-        return True
-
-    def actor_cpus(self, args, st: dict) -> float:
-        return args.gen_actors
-
     # As SD v2.0 and v2.1 share OpenCLIP-H, stand-ins 2 and 3 share one text encoder (so their
     # prompt-space columns agree, as the paper's do)
     standin_shared_text_encoder = (1, 2)
-
-    def generators(self, st: dict) -> list:
-        return list(st["generation"].generators)
 
     def check_generator(self, pipe, spec) -> None:
         from operators.image_triplet_generation import check_capture

@@ -38,7 +38,7 @@ from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine import generation
 from pipelines.engine.generation import GenerationPlan, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.checkpoint import model_dir
 from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
 from pipelines.engine.progress import Phase, outcome_counts
@@ -127,7 +127,7 @@ def scoring_config(st: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the study
-class GepStudy:
+class GepStudy(StudyBase):
     """Paper 001 as a study of the engine's lifecycle (pipelines/engine/lifecycle.py)."""
 
     name = "paper001-gep"
@@ -138,9 +138,6 @@ class GepStudy:
         st["annotations"] = read_annotations(args.annotations) if args.annotations else None  # bad input fails now
         return st
 
-    def label(self, st: dict) -> str:
-        return st["label"]
-
     def job(self, args, st: dict) -> dict:
         return image_job(st, args)
 
@@ -148,14 +145,8 @@ class GepStudy:
         print(f"GEP study: {len(st['genders'])} groups, {len(st['attributes'])} attributes, {len(st['contexts'])} "
               f"contexts, settings {', '.join(st['settings'])}: {st['requests'].num_rows:,} images per generator")
 
-    def gpu_models(self, args, st: dict) -> bool:
-        return True
-
     def actor_cpus(self, args, st: dict) -> float:
         return args.gen_actors + 1
-
-    def generators(self, st: dict) -> list:
-        return list(st["generation"].generators)
 
     def use_standins(self, args, st: dict, root: str) -> None:
         st["clip"] = {"model": build_standin_clip(root), "pretrained": None}
