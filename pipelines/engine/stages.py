@@ -48,11 +48,50 @@ def overrides(execution: Mapping | None, args=None, flags: Mapping[str, Iterable
     return out
 
 
+NESTED = ("heads", "dependency")   # keyword arguments holding stages that run inside their stage
+
+
+def nested(stage: Stage) -> list[Stage]:
+    """The stages that run inside ``stage`` (a generator's heads, its dependency analysis)."""
+    out = []
+    for key in NESTED:
+        value = stage.kwargs.get(key)
+        out += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, Stage)]
+    return out
+
+
+def _configure_nested(head: Stage, change: Mapping, outer: str) -> Stage:
+    """A head's override: it runs inside ``outer``'s actor, so only its ``batch_size`` (the images
+    it takes at once, an argument of the head) applies."""
+    wrong = sorted(set(change) - {"batch_size"})
+    if wrong:
+        raise ValueError(f"execution.stages.{head.name}: {wrong} cannot apply: {head.name} runs inside {outer} on its "
+                         f"device (set them on {outer}); only batch_size applies to it")
+    import inspect
+
+    if "batch_size" not in inspect.signature(head.op.__init__).parameters:
+        raise ValueError(f"execution.stages.{head.name}: {head.op.__name__} takes no batch_size")
+    return dataclasses.replace(head, kwargs={**dict(head.kwargs), "batch_size": int(change["batch_size"])})
+
+
 def configure(stages: list[Stage], changes: Mapping[str, Mapping]) -> list[Stage]:
     """``stages`` with the resource ``changes`` applied (by stage name; names of stages this list
-    does not have are ignored, so one set of overrides serves every stream of a study)."""
+    does not have are ignored, so one set of overrides serves every stream of a study). A stage
+    that runs inside another (a head of the generator) is reached by its own name too (its
+    ``batch_size``)."""
     out = []
     for s in stages:
+        inner = {h.name for h in nested(s)} & set(changes)
+        if inner:
+            kwargs = dict(s.kwargs)
+            for key in NESTED:
+                value = kwargs.get(key)
+                if isinstance(value, Stage) and value.name in changes:
+                    kwargs[key] = _configure_nested(value, changes[value.name], s.name)
+                elif isinstance(value, (list, tuple)):
+                    kwargs[key] = [_configure_nested(v, changes[v.name], s.name)
+                                   if isinstance(v, Stage) and v.name in changes else v for v in value]
+            s = dataclasses.replace(s, kwargs=kwargs)
         if s.name in changes:
             res = dataclasses.replace(s.declared(), **changes[s.name])
             if res.actors is not None:
@@ -76,5 +115,13 @@ def run(ds, stages: list[Stage], schema=None):
 
 def describe(stages: list[Stage]) -> list[dict]:
     """What metrics.json records about a stream: each stage's name, operator and resources."""
-    return [{"stage": s.name, "operator": f"{s.op.__module__}.{s.op.__qualname__}",
-             "resources": dataclasses.asdict(s.declared())} for s in stages]
+    out = []
+    for s in stages:
+        d = {"stage": s.name, "operator": f"{s.op.__module__}.{s.op.__qualname__}",
+             "resources": dataclasses.asdict(s.declared())}
+        inner = nested(s)
+        if inner:   # run inside this stage's actors, on its device
+            d["inside"] = [{"stage": h.name, "operator": f"{h.op.__module__}.{h.op.__qualname__}",
+                            "batch_size": h.kwargs.get("batch_size")} for h in inner]
+        out.append(d)
+    return out

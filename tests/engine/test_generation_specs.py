@@ -206,3 +206,20 @@ def test_a_plan_s_heads_are_fingerprinted_and_counted():
     assert (gen["stage"], gen["rows_in"], gen["kept"]) == ("generate", 4, 3)
     assert (head["stage"], head["rows_in"], head["kept"], head["dropped"]) == ("clip_embed", 3, 2, 1)
     assert "no_embedding" in str(head)
+
+
+def test_execution_stages_reach_the_heads_inside_the_generator():
+    from operators.base import Stage
+    from operators.image_clip_alignment import ClipAlignmentScorer
+    from operators.image_fid_features import FidFeatureExtractor
+    from operators.image_generation import ImageGenerator
+    from pipelines.engine import stages
+
+    gen = Stage(ImageGenerator, {"model": "m", "heads": [Stage(ClipAlignmentScorer, {"batch_size": 32}),
+                                                          Stage(FidFeatureExtractor, {"batch_size": 32})]})
+    (out,) = stages.configure([gen], stages.overrides({"stages": {"fid_features": {"batch_size": 8}}}))
+    assert [h.kwargs["batch_size"] for h in out.kwargs["heads"]] == [32, 8]
+    described = stages.describe([out])[0]["inside"]
+    assert [(d["stage"], d["batch_size"]) for d in described] == [("clip_alignment", 32), ("fid_features", 8)]
+    with pytest.raises(ValueError, match="runs inside generate"):
+        stages.configure([gen], {"fid_features": {"actors": 4}})
