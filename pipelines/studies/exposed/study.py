@@ -608,13 +608,11 @@ def run_summary_rows(st: dict, images: pa.Table, units: int, phases: dict) -> li
         made = int(pc.sum(pc.equal(unit_sources, source)).as_py() or 0)
         rows.append(stage_row(None, branch, "units (x seeds)", n, made, {}, n))
     for model, phase in phases.items():
+        rows += generation.generation_rows(images, 3 * units, {model: phase})   # images: three per unit
         mine = images.filter(pc.equal(images.column(MODEL), model))
         branch = f"generated: {Path(model.rstrip('/')).name}"
-        status = outcome_counts(mine, GENERATION_STATUS)
-        ok = status.get(GenerationStatus.OK, 0)
+        ok = outcome_counts(mine, GENERATION_STATUS).get(GenerationStatus.OK, 0)
         share = phase.processed / phase.total if phase.total else 0.0
-        rows.append(stage_row(phase, branch, "generate", 3 * units, ok,
-                              {k: v for k, v in status.items() if k != GenerationStatus.OK}, round(3 * units * share)))
         unit_status = outcome_counts(mine.filter(pc.equal(mine.column(S.VARIANT), S.Variant.NEUTRAL)), S.UNIT_STATUS)
         complete = unit_status.get(GenerationStatus.OK, 0)
         rows.append(stage_row(phase, branch, "disparities (units)", units, complete,
