@@ -60,17 +60,24 @@ def nested(stage: Stage) -> list[Stage]:
     return out
 
 
-def _configure_nested(head: Stage, change: Mapping, outer: str) -> Stage:
+def inner_name(outer: Stage, head: Stage) -> str:
+    """How ``execution.stages`` names a stage that runs inside another: ``<outer>.<head>``
+    (``generate.fid_features``), so it never collides with a top-level stage of the same operator
+    (the amplification study's CLIP is both)."""
+    return f"{outer.name}.{head.name}"
+
+
+def _configure_nested(head: Stage, change: Mapping, name: str, outer: str) -> Stage:
     """A head's override: it runs inside ``outer``'s actor, so only its ``batch_size`` (the images
     it takes at once, an argument of the head) applies."""
     wrong = sorted(set(change) - {"batch_size"})
     if wrong:
-        raise ValueError(f"execution.stages.{head.name}: {wrong} cannot apply: {head.name} runs inside {outer} on its "
+        raise ValueError(f"execution.stages.{name}: {wrong} cannot apply: {head.name} runs inside {outer} on its "
                          f"device (set them on {outer}); only batch_size applies to it")
     import inspect
 
     if "batch_size" not in inspect.signature(head.op.__init__).parameters:
-        raise ValueError(f"execution.stages.{head.name}: {head.op.__name__} takes no batch_size")
+        raise ValueError(f"execution.stages.{name}: {head.op.__name__} takes no batch_size")
     return dataclasses.replace(head, kwargs={**dict(head.kwargs), "batch_size": int(change["batch_size"])})
 
 
@@ -78,19 +85,19 @@ def configure(stages: list[Stage], changes: Mapping[str, Mapping]) -> list[Stage
     """``stages`` with the resource ``changes`` applied (by stage name; names of stages this list
     does not have are ignored, so one set of overrides serves every stream of a study). A stage
     that runs inside another (a head of the generator) is reached by its own name too (its
-    ``batch_size``)."""
+    ``batch_size``) as ``<outer>.<head>``."""
     out = []
     for s in stages:
-        inner = {h.name for h in nested(s)} & set(changes)
-        if inner:
+        if {inner_name(s, h) for h in nested(s)} & set(changes):
             kwargs = dict(s.kwargs)
-            for key in NESTED:
-                value = kwargs.get(key)
-                if isinstance(value, Stage) and value.name in changes:
-                    kwargs[key] = _configure_nested(value, changes[value.name], s.name)
-                elif isinstance(value, (list, tuple)):
-                    kwargs[key] = [_configure_nested(v, changes[v.name], s.name)
-                                   if isinstance(v, Stage) and v.name in changes else v for v in value]
+
+            def apply(v, outer=s):
+                name = inner_name(outer, v) if isinstance(v, Stage) else None
+                return _configure_nested(v, changes[name], name, outer.name) if name in changes else v
+
+            for key in (k for k in NESTED if k in kwargs):
+                value = kwargs[key]
+                kwargs[key] = [apply(v) for v in value] if isinstance(value, (list, tuple)) else apply(value)
             s = dataclasses.replace(s, kwargs=kwargs)
         if s.name in changes:
             res = dataclasses.replace(s.declared(), **changes[s.name])
@@ -121,7 +128,7 @@ def describe(stages: list[Stage]) -> list[dict]:
              "resources": dataclasses.asdict(s.declared())}
         inner = nested(s)
         if inner:   # run inside this stage's actors, on its device
-            d["inside"] = [{"stage": h.name, "operator": f"{h.op.__module__}.{h.op.__qualname__}",
+            d["inside"] = [{"stage": inner_name(s, h), "operator": f"{h.op.__module__}.{h.op.__qualname__}",
                             "batch_size": h.kwargs.get("batch_size")} for h in inner]
         out.append(d)
     return out

@@ -135,7 +135,9 @@ def test_the_plan_builds_the_generator_stage_from_the_spec():
                           st={"execution": {"stages": {"skin_tone": {"actors": 5}}}})
     spec = GeneratorSpec("org/b", steps=4, guidance_scale=1.0, negative_prompt="blurry", dtype="bfloat16",
                          extra=(("max_sequence_length", 256),))
-    head = Stage(SkinToneDetector, {})
+    from operators.image_clip_gender import ClipGenderClassifier
+
+    head = Stage(ClipGenderClassifier, {})
     plan = G.GenerationPlan(None, DALLEVAL_IMAGES, heads=[head], after=[Stage(SkinToneDetector, {})],
                             overrides={SkinToneDetector.stage_name: lambda batch: {"batch_size": batch * 4}})
     gen, skin, sink = G.generator_pipeline(run, plan, spec)
@@ -217,9 +219,11 @@ def test_execution_stages_reach_the_heads_inside_the_generator():
 
     gen = Stage(ImageGenerator, {"model": "m", "heads": [Stage(ClipAlignmentScorer, {"batch_size": 32}),
                                                           Stage(FidFeatureExtractor, {"batch_size": 32})]})
-    (out,) = stages.configure([gen], stages.overrides({"stages": {"fid_features": {"batch_size": 8}}}))
+    (out,) = stages.configure([gen], stages.overrides({"stages": {"generate.fid_features": {"batch_size": 8},
+                                                                  "fid_features": {"actors": 3}}}))
     assert [h.kwargs["batch_size"] for h in out.kwargs["heads"]] == [32, 8]
     described = stages.describe([out])[0]["inside"]
-    assert [(d["stage"], d["batch_size"]) for d in described] == [("clip_alignment", 32), ("fid_features", 8)]
+    assert [(d["stage"], d["batch_size"]) for d in described] == [("generate.clip_alignment", 32),
+                                                                   ("generate.fid_features", 8)]
     with pytest.raises(ValueError, match="runs inside generate"):
-        stages.configure([gen], {"fid_features": {"actors": 4}})
+        stages.configure([gen], {"generate.fid_features": {"actors": 4}})

@@ -309,7 +309,7 @@ class AmplificationStudy:
             "image_config": recorded | {"url_rewrite": st.url_rewrite, "local_image_server": server_url,
                                         "standin_models": bool(args.standin_models),
                                         "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(),
-                                        "generators": [g.record() for g in run.generators],
+                                        "generators": models,
                                         "clip": st.clip},
             "image_models": model_records,
             "image_counts": counts.to_dict("records"),
