@@ -10,6 +10,7 @@ T, G -> amplification (Table 3, section 6), Pearson r (section 5.1), report.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -190,15 +191,18 @@ class AmplificationStudy:
 
     def execute(self, run: Run) -> Outcome:
         args, rd, cs = run.args, run.rd, run.st
-        st: ImageSettings = cs["image"]
         recorded = cs["image_recorded"]
         ray, gp, echo = run.ray, run.gpu, run.echo
         out_fs, out = rd.fs, rd.path
         run_files = RUN_FILES
-        if args.save_images:
-            st.save_images = f"{rd.uri}/{run_files['saved_images']}"
-        st.clip_gpus = st.gen_gpus = per_actor = gp.per_actor
-        st.clip["device"] = st.generation["device"] = gp.device
+        per_actor = gp.per_actor
+        # what this run decided (where images are saved, GPUs, the device), in this run's copy of
+        # the image settings: the settings built from preset, file and flags stay as they were
+        base: ImageSettings = cs["image"]
+        st = dataclasses.replace(base, save_images=f"{rd.uri}/{run_files['saved_images']}" if args.save_images else None,
+                                 clip_gpus=per_actor, gen_gpus=per_actor, clip={**base.clip, "device": gp.device},
+                                 generation={**base.generation, "device": gp.device}, fetch=dict(base.fetch),
+                                 url_rewrite=list(base.url_rewrite))
         model_records = [r for r in run.models if not r.get("key")]
 
         server_url = None
