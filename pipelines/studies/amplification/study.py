@@ -310,7 +310,9 @@ class AmplificationStudy:
 
         metrics = caption_metrics | {
             "stage": "run",
-            "image_config": recorded | {"url_rewrite": st.url_rewrite, "local_image_server": server_url,
+            # fetch: as this run used it (the local image server of the bundled sample allows local addresses)
+            "image_config": recorded | {"fetch": dict(st.fetch), "url_rewrite": st.url_rewrite,
+                                        "local_image_server": server_url,
                                         "standin_models": bool(args.standin_models),
                                         "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(),
                                         "generators": models,
