@@ -238,14 +238,16 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
         value = getattr(args, attr, None) if args is not None else None
         if value is not None:
             globals_[key] = _coerce(key, value, f"--{attr.replace('_', '-')}")
-    revisions = _revisions(models, block.get("revisions") or {}, args)
+    file_revisions = {str(k): str(v) for k, v in dict(block.get("revisions") or {}).items() if v}
+    flag_revisions = _revisions(models, args)
     specs = []
     for model, file_settings, cli_settings in entries:
         own_file, extra_file = _split_settings(file_settings, f"{where}.models[{model}]")
         own_cli, extra_cli = _split_settings(cli_settings, f"--generator {model}")
-        values = {**defaults, **own_file, **globals_, **own_cli}
-        if model in revisions and "revision" not in own_file and "revision" not in own_cli:
-            values["revision"] = revisions[model]
+        # revision: the file's revisions map, its per-model entry, --generator-revision, --generator's own
+        pins = {"revision": file_revisions[model]} if model in file_revisions else {}
+        flag_pin = {"revision": flag_revisions[model]} if model in flag_revisions else {}
+        values = {**defaults, **pins, **own_file, **globals_, **flag_pin, **own_cli}
         extra = {**default_extra, **extra_file, **extra_cli}
         specs.append(GeneratorSpec(model=model, **values, extra=tuple(sorted(extra.items()))))
     seed = getattr(args, "generation_seed", None) if args is not None else None
@@ -256,10 +258,10 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
                               int(block.get("caption_images", 0) if cap is None else cap))
 
 
-def _revisions(models: list[str], file_revisions: Mapping, args) -> dict:
-    """{model: hub revision}: the study file's ``revisions`` with --generator-revision
-    MODEL=REVISION (a bare REVISION when there is one generator) applied."""
-    revisions = {str(k): v for k, v in dict(file_revisions).items()}
+def _revisions(models: list[str], args) -> dict:
+    """{model: hub revision} of --generator-revision MODEL=REVISION (a bare REVISION when there is
+    one generator); an empty REVISION unpins (the hub's main)."""
+    revisions: dict = {}
     for text in getattr(args, "generator_revision", None) or []:
         model, eq, revision = text.rpartition("=")
         if not eq:
@@ -269,8 +271,8 @@ def _revisions(models: list[str], file_revisions: Mapping, args) -> dict:
             model, revision = models[0], text
         if model not in models:
             raise ValueError(f"--generator-revision {text!r}: {model!r} is not one of the generators {models}")
-        revisions[model] = revision or None
-    return {m: str(revisions[m]) for m in models if revisions.get(m)}
+        revisions[model] = str(revision) if revision else None
+    return revisions
 
 
 # ------------------------------------------------------------------------------ models
@@ -396,6 +398,11 @@ class Generated:
     budgets: list
 
 
+def _execution(run) -> Mapping:
+    """The study's execution settings (retries, error budgets, execution.stages)."""
+    return run.st["execution"] if isinstance(run.st, dict) else run.st.execution
+
+
 def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[Stage]:
     """The stage list of one generator: the generator with the plan's heads on its device (pinned to
     the spec's revision, on the run's device, with the speed options), the plan's stages after it,
@@ -419,8 +426,7 @@ def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[S
     for stage, v in plan.overrides.items():
         values[stage] = {**values.get(stage, {}), **dict(v(batch) if callable(v) else v)}
     flags = {"gen_actors": [(name, "actors")], **dict(plan.resource_flags)}
-    execution = run.st["execution"] if isinstance(run.st, dict) else run.st.execution
-    return stages.configure(pipeline, stages.overrides(execution, args, flags, values))
+    return stages.configure(pipeline, stages.overrides(_execution(run), args, flags, values))
 
 
 def generation_budget(execution: Mapping, model: str):
@@ -437,7 +443,7 @@ def generate(run, plan: GenerationPlan) -> Generated:
     budgets (default: generation failures over --max-error-rate), checkpointed per image."""
     from pipelines.engine import checkpoint
 
-    execution = run.st["execution"] if isinstance(run.st, dict) else run.st.execution
+    execution = _execution(run)
     batch = max(1, int(getattr(run.args, "gen_batch_size", 1) or 1))
     finish = plan.finish or (lambda t: conform(t, plan.schema))
     parts, phases, budgets = [], {}, []

@@ -61,6 +61,13 @@ def test_revisions_from_the_file_the_flag_and_the_spec():
     assert (a.revision, b.revision) == ("r1", "r2")
     (a,) = generation_settings(block, args_of(["--generator", "org/a:revision=r9"])).generators
     assert a.revision == "r9"
+    # the command line wins over a file's per-model pin; an empty revision unpins
+    block = {**BLOCK, "models": [{"model": "org/a", "revision": "f1"}, "org/b"], "revisions": {"org/b": "f2"}}
+    a, b = generation_settings(block, args_of([])).generators
+    assert (a.revision, b.revision) == ("f1", "f2")
+    a, b = generation_settings(block, args_of(["--generator-revision", "org/a=c1", "--generator-revision",
+                                               "org/b="])).generators
+    assert (a.revision, b.revision) == ("c1", None)
 
 
 @pytest.mark.parametrize("argv,match", [
