@@ -54,6 +54,16 @@ def load_config(path: str | Path | None = None, preset: str = DEFAULT_CONFIG, re
     return merged
 
 
+def execution_settings(execution: dict, args, flags=("max_retries", "max_error_rate")) -> dict:
+    """A study's ``execution:`` block with the command line's run-control flags applied
+    (``--max-retries``, ``--max-error-rate``: given, not defaults)."""
+    ex = dict(execution)
+    for key in flags:
+        if getattr(args, key, None) is not None:
+            ex[key] = getattr(args, key)
+    return ex
+
+
 def package_versions(names=RECORDED_PACKAGES) -> dict[str, str | None]:
     out = {}
     for name in names:

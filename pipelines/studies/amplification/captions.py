@@ -89,10 +89,8 @@ def settings(args) -> dict:
         models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
     elif args.sbert_revision:
         models["sbert_revision"] = args.sbert_revision
-    ex = dict(cfg["execution"])
-    for key in ("files_per_shard", "max_retries", "max_error_rate", "max_fetch_failures"):
-        if getattr(args, key) is not None:
-            ex[key] = getattr(args, key)
+    ex = study_config.execution_settings(cfg["execution"], args,
+                                         ("files_per_shard", "max_retries", "max_error_rate", "max_fetch_failures"))
     return {"occupations": occupations, "occupation_forms": forms, "prompts": list(cfg["prompts"]),
             "gender_indicators": gi, "selection": sel, "models": models, "execution": ex, "config": cfg, "label": label}
 

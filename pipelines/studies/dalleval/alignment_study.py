@@ -394,10 +394,7 @@ def settings(args) -> dict:
         raise ValueError(f"r_precision.reading must be 'project' or 'released', not {rp['reading']!r}")
     if int(rp["negatives"]) < 1 or int(rp["r"]) < 1:
         raise ValueError(f"r_precision: negatives ({rp['negatives']}) and r ({rp['r']}) must be >= 1")
-    ex = dict(cfg["execution"])
-    for key in ("max_retries", "max_error_rate"):
-        if getattr(args, key, None) is not None:
-            ex[key] = getattr(args, key)
+    ex = study_config.execution_settings(cfg["execution"], args)
     return {"label": str(cfg.get("name") or "dalleval-alignment"), "captions": cap, "reference": ref,
             "generation": generation_settings(cfg["generation"], args), "clip": clip_settings(cfg["clip"], args),
             "r_precision": rp, "clip_score": dict(cfg["clip_score"]), "fid": fid,

@@ -82,10 +82,7 @@ def settings(args) -> dict:
         raise ValueError(f"detector: need 0 <= record_threshold ({det['record_threshold']}) <= threshold "
                          f"({det['threshold']}) < 1 (detections below the recording floor are not stored)")
     gen = generation_settings(cfg["generation"], args)
-    ex = dict(cfg["execution"])
-    for key in ("max_retries", "max_error_rate"):
-        if getattr(args, key, None) is not None:
-            ex[key] = getattr(args, key)
+    ex = study_config.execution_settings(cfg["execution"], args)
     prompts = {"sizes": sizes, "objects": list(pr["objects"]), "counts": [int(c) for c in pr["counts"]],
                "relations": list(pr["relations"]), "same_class_pairs": bool(pr.get("same_class_pairs", True)),
                "template_set": name, "templates": templates, "plurals": dict(pr.get("plurals") or {}),

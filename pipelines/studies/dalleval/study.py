@@ -102,10 +102,7 @@ def settings(args) -> dict:
     attributes = [{"name": n, "text": " ".join(t.split())} for n, t in normalize_attributes(cfg.get("attributes"))]
     if detect["attributes"] and not attributes:
         raise ValueError("detect.attributes is on but no attributes are configured")
-    ex = dict(cfg["execution"])
-    for key in ("max_retries", "max_error_rate"):
-        if getattr(args, key, None) is not None:
-            ex[key] = getattr(args, key)
+    ex = study_config.execution_settings(cfg["execution"], args)
     bare = bool(cfg.get("bare_prompts", True)) and not getattr(args, "no_bare_prompts", False)
     return {"label": str(cfg.get("name") or "dalleval"), "groups": groups, "professions": professions,
             "template": str(cfg["template"]), "bare_prompts": bare, "articles": dict(cfg.get("articles") or {}),

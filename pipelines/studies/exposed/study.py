@@ -167,10 +167,7 @@ def settings(args) -> dict:
             disp[key] = {**disp[key], "model": getattr(args, flag), "revision": None}
     disp["clip"] = clip_settings(disp["clip"], args)
     objects = object_settings(cfg.get("objects") or {}, args)
-    ex = dict(cfg["execution"])
-    for key in ("max_retries", "max_error_rate"):
-        if getattr(args, key, None) is not None:
-            ex[key] = getattr(args, key)
+    ex = study_config.execution_settings(cfg["execution"], args)
     return {"label": str(cfg.get("name") or "exposed"), "captions": captions, "professions": prof,
             "seeds_per_triplet": seeds, "default_seeds_per_triplet": default_seeds, "max_triplets": max_triplets,
             "generation": gen, "disparity": disp, "objects": objects, "report": dict(cfg.get("report") or {}),

@@ -94,10 +94,7 @@ def settings(args) -> dict:
     # resolved here (the named SGD reading -> schedule, tol): a bad setting fails before any model loads,
     # and metrics.json records the values the scorer trains with
     classifier = asdict(ClassifierSettings(**classifier))
-    ex = dict(cfg["execution"])
-    for key in ("max_retries", "max_error_rate"):
-        if getattr(args, key, None) is not None:
-            ex[key] = getattr(args, key)
+    ex = study_config.execution_settings(cfg["execution"], args)
     return {"label": str(cfg.get("name") or "gep"), "genders": genders, "comparisons": comparisons,
             "attributes": attributes, "contexts": contexts, "settings": setting_list,
             "templates": dict(cfg["templates"]), "generation": gen, "clip": clip,
