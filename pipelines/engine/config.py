@@ -64,6 +64,18 @@ def execution_settings(execution: dict, args, flags=("max_retries", "max_error_r
     return ex
 
 
+def only(items: list, names: str | None, flag: str, name=lambda x: x) -> list:
+    """``items`` restricted to the comma-separated ``names`` a flag gives (``--attributes a,b``),
+    in the configured order; a name that is not configured is an error naming the flag."""
+    if not names:
+        return list(items)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - {name(x) for x in items})
+    if unknown:
+        raise ValueError(f"{flag}: {unknown} are not in the configured set {[name(x) for x in items]}")
+    return [x for x in items if name(x) in wanted]
+
+
 def package_versions(names=RECORDED_PACKAGES) -> dict[str, str | None]:
     out = {}
     for name in names:

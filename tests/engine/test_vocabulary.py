@@ -62,3 +62,12 @@ def test_every_image_study_has_the_same_generation_options(parser, cmd):
                           "--gen-batch-size", "2", "--gen-actors", "1"])
     assert (args.generator, args.steps, args.guidance_scale, args.negative_prompt, args.dtype,
             args.generation_seed) == (["m:steps=2"], 3, 2.0, "blurry", "bfloat16", 4)
+
+
+def test_a_subset_flag_keeps_the_configured_order_and_names_unknown_entries():
+    from pipelines.engine.config import only
+
+    assert only(["nurse", "pilot", "chef"], "chef, nurse", "--professions") == ["nurse", "chef"]
+    assert only(["a", "b"], None, "--x") == ["a", "b"]
+    with pytest.raises(ValueError, match=r"--professions: \['astronaut'\]"):
+        only(["nurse"], "nurse,astronaut", "--professions")

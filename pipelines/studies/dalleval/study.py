@@ -66,12 +66,7 @@ def settings(args) -> dict:
     cfg = study_config.load_config(args.config, preset=PRESET, replace=REPLACED)
     groups = parse_groups(cfg["groups"])
     professions = parse_professions(cfg["professions"])
-    if getattr(args, "professions", None):
-        wanted = [p.strip() for p in args.professions.split(",") if p.strip()]
-        unknown = sorted(set(wanted) - set(professions))
-        if unknown:
-            raise ValueError(f"--professions: {unknown} are not in the configured list")
-        professions = [p for p in professions if p in wanted]
+    professions = study_config.only(professions, getattr(args, "professions", None), "--professions")
     if getattr(args, "max_professions", None) is not None:
         professions = professions[:max(0, args.max_professions)]
     neutral = cfg.get("neutral")

@@ -71,12 +71,7 @@ def settings(args) -> dict:
     cfg = study_config.load_config(args.config, preset=PRESET, replace=REPLACED)
     genders = parse_genders(cfg["genders"])
     attributes = parse_attributes(cfg["attributes"])
-    if getattr(args, "attributes", None):
-        wanted = [a.strip() for a in args.attributes.split(",") if a.strip()]
-        unknown = sorted(set(wanted) - {a.name for a in attributes})
-        if unknown:
-            raise ValueError(f"--attributes: {unknown} are not in the configured set {[a.name for a in attributes]}")
-        attributes = [a for a in attributes if a.name in wanted]
+    attributes = study_config.only(attributes, getattr(args, "attributes", None), "--attributes", lambda a: a.name)
     contexts = [" ".join(str(c).split()) for c in (cfg.get("contexts") or [])]
     if getattr(args, "max_contexts", None) is not None:
         contexts = contexts[:max(0, args.max_contexts)]
