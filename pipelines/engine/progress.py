@@ -12,6 +12,7 @@ after hours.
 from __future__ import annotations
 
 import time
+from typing import Protocol, runtime_checkable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,17 @@ class ErrorBudgetExceeded(RuntimeError):
 class CheckpointError(RuntimeError):
     """Checkpointing the rows that had arrived failed while the phase was stopping on another error.
     Both are in the message; the flush failure is the cause and the stopping error its context."""
+
+
+@runtime_checkable
+class Budget(Protocol):
+    """What ``drain`` and ``checkpoint.generate`` ask of an error budget: ``add`` the rows of a
+    block (or a checkpoint's reused rows), ``check`` whether the failures exceed it (``final`` at
+    the end of a phase). ``ErrorBudget`` is the engine's; a study may feed one from tally rows."""
+
+    def add(self, batch: pa.Table) -> None: ...
+
+    def check(self, final: bool = False) -> None: ...
 
 
 @dataclass
@@ -97,7 +109,7 @@ class Phase:
         return self.processed / self.seconds if self.seconds > 0 and self.processed else None
 
 
-def drain(ds, sink, phase: Phase, budgets: list[ErrorBudget] = (), flush_rows: int = 512,
+def drain(ds, sink, phase: Phase, budgets: list[Budget] = (), flush_rows: int = 512,
           flush_seconds: float = 30.0, interval: float = 10.0, echo=print, count=None) -> Phase:
     """Pull every block of ``ds``; give them to ``sink(table)`` in parts of about ``flush_rows``
     rows (or every ``flush_seconds``); report progress; check ``budgets``. Returns ``phase``.

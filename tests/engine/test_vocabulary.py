@@ -71,3 +71,11 @@ def test_a_subset_flag_keeps_the_configured_order_and_names_unknown_entries():
     assert only(["a", "b"], None, "--x") == ["a", "b"]
     with pytest.raises(ValueError, match=r"--professions: \['astronaut'\]"):
         only(["nurse"], "nurse,astronaut", "--professions")
+
+
+def test_every_error_budget_declares_the_budget_contract():
+    from pipelines.engine.progress import Budget, ErrorBudget
+    from pipelines.studies.amplification.captions import _TallyBudget
+
+    assert isinstance(ErrorBudget("s", {}, 0.05, 10), Budget)
+    assert isinstance(_TallyBudget(ErrorBudget("s", {}, 0.05, 10)), Budget)

@@ -194,7 +194,8 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
 
 
 class _TallyBudget:
-    """The caption validator's error budget, fed from tally rows (the stream carries counts)."""
+    """The caption validator's error budget, fed from tally rows (the stream carries counts): a
+    ``progress.Budget``."""
 
     def __init__(self, budget: ErrorBudget):
         self.budget = budget
