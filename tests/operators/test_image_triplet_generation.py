@@ -89,6 +89,18 @@ def test_same_seed_same_noise_identical_prompts_give_identical_results(sd_dirs):
     assert np.abs(a.astype(int) - b.astype(int)).max() <= 1 and np.abs(a.astype(int) - c.astype(int)).max() <= 1
 
 
+def test_a_negative_prompt_reaches_every_image_of_a_unit(sd_dirs):
+    """The generator spec's negative prompt (call_kwargs) is given per prompt of the 3U-prompt call;
+    the prompt space stays the conditional half, so it does not move."""
+    plain = TripletGenerator(sd_dirs[0], steps=STEPS, device="cpu")(units(TRIPLETS[:1], [7]))
+    neg = TripletGenerator(sd_dirs[0], steps=STEPS, device="cpu",
+                           call_kwargs={"negative_prompt": "a red square"})(units(TRIPLETS[:1], [7]))
+    assert set(neg.column(GENERATION_STATUS).to_pylist()) == {GenerationStatus.OK}
+    assert all(not np.array_equal(x, y) for x, y in zip(batch_images(plain), batch_images(neg)))
+    prompt = disparity_column(Space.PROMPT)
+    assert np.allclose(plain.column(prompt).to_pylist()[0], neg.column(prompt).to_pylist()[0], atol=1e-6)
+
+
 def test_capture_changes_nothing_and_embeddings_are_the_conditional_sequence(sd_dirs):
     pipe, _ = load_text2image(sd_dirs[0], device="cpu", dtype="float32")
     images, embeds, latents, flags = generate_units(pipe, [TRIPLETS[0]], [7], STEPS, 7.5)

@@ -19,7 +19,7 @@ from schemas import paintskills as P
 pytestmark = pytest.mark.ray
 
 ARGS = ["--standin-models", "--prompts-per-skill", "4", "--steps", "2", "--run-id", "s", "--no-progress",
-        "--gen-batch-size", "4", "--generators", "one"]
+        "--gen-batch-size", "4", "--generator", "one:negative_prompt=blurry, low quality,guidance_scale=5"]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,12 @@ def test_run_writes_tables_report_and_records(run):
     det = next(r for r in m["models"] if r["role"].startswith("skill detector"))
     assert det["standin"] is True and det["detail"]["model_class"] == "DetrForObjectDetection"
     assert "zero-shot" in m["zero_shot_note"]
+    # the generator's own settings (--generator one:...) over the global --steps, recorded and used
+    (spec,) = m["config"]["images"]["generation"]["generators"]
+    assert (spec["model"], spec["steps"], spec["guidance_scale"], spec["negative_prompt"]) == \
+        ("one", 2, 5.0, "blurry, low quality")
+    (gen,) = [r for r in m["models"] if r["role"] == "generator"]
+    assert gen["detail"]["spec"]["negative_prompt"] == "blurry, low quality" and gen["standin"] is True
     page = (run / "report.html").read_text()
     assert "Stand-in models" in page and "zero-shot" in page and "<svg" in page
     assert (run / "figures").is_dir() and any(p.suffix == ".pdf" for p in (run / "figures").iterdir())
