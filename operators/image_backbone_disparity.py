@@ -70,6 +70,7 @@ from operators.support.disparity import (
 )
 from operators.support.models import (
     ModelLoadError,
+    loading,
     local_record,
     source_record,
     check_loading_info,
@@ -320,7 +321,7 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
         raise ValueError(f"arch must be {ARCH_CLASSIFIER!r} or {ARCH_VIT!r}, got {arch!r}")
     dev = pick_device(device)
     torch_dtype = resolve_dtype(dtype, dev, cuda_auto="float32")
-    try:
+    with loading(lambda exc: _load_error(model, revision, arch, exc)):
         config = AutoConfig.from_pretrained(model, revision=revision)
         model_type = getattr(config, "model_type", None)
         if arch == ARCH_VIT:
@@ -342,10 +343,6 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
                 raise ValueError(f"the image processor makes {size or 'input-dependent'} pixel values, the ViT takes "
                                  f"{tuple(image_size)} (config.image_size)")
         net = net.to(dev).eval()
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
-        raise _load_error(model, revision, arch, exc) from exc
 
     resolved = resolved_dir(model, revision)
     record = {

@@ -55,6 +55,7 @@ import pyarrow as pa
 
 from operators.support.models import (
     ModelLoadError,
+    loading,
     local_record,
     source_record,
     dtype_kwarg,
@@ -233,7 +234,7 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
 
     dev = pick_device(device)
     torch_dtype = resolve_dtype(dtype, dev, cuda_auto="bfloat16")  # Flan-T5 overflows in float16
-    try:
+    with loading(lambda exc: _load_error(model, revision, exc)):
         config = AutoConfig.from_pretrained(model, revision=revision)
         if getattr(config, "model_type", None) != "blip-2":
             raise ValueError(f"its config is a {getattr(config, 'model_type', None)!r} model, not a 'blip-2' one")
@@ -254,10 +255,6 @@ def load_blip2(model: str, revision: str | None = None, device: str = "auto", dt
         if n_query is not None and int(n_query) != int(config.num_query_tokens):
             raise ValueError(f"processor num_query_tokens {n_query} != config num_query_tokens {config.num_query_tokens}")
         net = net.to(dev).eval()
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
-        raise _load_error(model, revision, exc) from exc
 
     resolved = resolved_dir(model, revision)
     record = {

@@ -97,6 +97,7 @@ from operators.support import rle
 from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
 from operators.support.models import (
     ModelLoadError,
+    loading,
     local_record,
     source_record,
     check_loading_info,
@@ -302,7 +303,7 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
 
     dev = pick_device(device)
     torch_dtype = resolve_dtype(dtype, dev, cuda_auto="float32")
-    try:
+    with loading(lambda exc: _load_error(role, model, revision, exc)):
         config = AutoConfig.from_pretrained(model, revision=revision)
         family = getattr(config, "model_type", None)
         if role == "detector":
@@ -321,10 +322,6 @@ def _load(role: str, model: str, revision: str | None, device: str, dtype: str) 
         if role == "detector" and getattr(processor, "tokenizer", None) is None:
             raise ValueError(f"its processor {type(processor).__name__} has no tokenizer")
         net = net.to(dev).eval()
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
-        raise _load_error(role, model, revision, exc) from exc
 
     resolved = resolved_dir(model, revision)
     image_processor = processor.image_processor

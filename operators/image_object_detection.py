@@ -69,6 +69,7 @@ from operators.base import Resources, with_column
 from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
 from operators.support.models import (
     ModelLoadError,
+    loading,
     local_record,
     source_record,
     check_loading_info,
@@ -194,7 +195,7 @@ def load_object_detector(model: str = DEFAULT_DETECTOR, revision: str | None = N
 
     dev = pick_device(device)
     torch_dtype = resolve_dtype(dtype, dev, cuda_auto="float32")
-    try:
+    with loading(lambda exc: _load_error(model, revision, exc)):
         config, converted = _config(model, revision)
         model_type = getattr(config, "model_type", None)
         types = _detection_types()
@@ -211,10 +212,6 @@ def load_object_detector(model: str = DEFAULT_DETECTOR, revision: str | None = N
         if not getattr(config, "id2label", None):
             raise ValueError("its config has no id2label (class names)")
         net = net.to(dev).eval()
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # OSError, ValueError, HTTP errors, CUDA errors...
-        raise _load_error(model, revision, exc) from exc
 
     resolved = resolved_dir(model, revision)
     record = {

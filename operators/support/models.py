@@ -7,12 +7,14 @@ model checks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -189,6 +191,19 @@ def weights_record(model: str, resolved: str | None, config) -> dict:
     if not record["weight_files"]:
         record["weight_files"] = None
     return record
+
+
+@contextlib.contextmanager
+def loading(error: Callable[[BaseException], ModelLoadError]):
+    """Load a model inside this block: any failure (OSError, ValueError, HTTP and CUDA errors, a
+    check of the loader's own) becomes ``error(exc)``, the loader's one message naming the model
+    and how to provide it; a ModelLoadError raised inside passes unchanged."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- every cause, one message
+        raise error(exc) from exc
 
 
 def source_record(model: str, revision: str | None, resolved: str | None) -> dict:
