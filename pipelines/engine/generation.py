@@ -363,29 +363,31 @@ class GenerationPlan:
     what: str = "generating"
 
 
+def _plain(v):
+    """An argument value as a fingerprint sees it: stages as ``stage_job``, functions and classes by
+    their qualified name, containers element by element."""
+    if isinstance(v, Stage):
+        return stage_job(v)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if callable(v):
+        return f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', type(v).__name__)}"
+    return v
+
+
 def stage_job(stage: Stage) -> dict:
     """A stage as its run's fingerprint sees it: operator and arguments (nested stages too)."""
-    def plain(v):
-        if isinstance(v, Stage):
-            return stage_job(v)
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        if isinstance(v, Mapping):
-            return {str(k): plain(x) for k, x in v.items()}
-        if callable(v):
-            return f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', type(v).__name__)}"
-        return v
-
-    return {"op": f"{stage.op.__module__}.{stage.op.__qualname__}", "kwargs": plain(dict(stage.kwargs))}
+    return {"op": _plain(stage.op), "kwargs": _plain(dict(stage.kwargs))}
 
 
 def plan_job(plan: GenerationPlan) -> dict:
     """What a plan's rows depend on besides the generators: its heads, the stages after the
     generator and the generator operator's own arguments (part of the run's fingerprint, so a new
     head or a head's changed setting is another run, never rows without its columns)."""
-    op = plan.operator
-    return {"operator": None if op is None else f"{op.__module__}.{op.__qualname__}",
-            "operator_kwargs": stage_job(Stage(object, dict(plan.operator_kwargs)))["kwargs"],
+    return {"operator": None if plan.operator is None else _plain(plan.operator),
+            "operator_kwargs": _plain(dict(plan.operator_kwargs)),
             "heads": [stage_job(s) for s in plan.heads], "after": [stage_job(s) for s in plan.after]}
 
 

@@ -138,6 +138,11 @@ class Run:
     generators: list = field(default_factory=list)
 
     @property
+    def generator_models(self) -> list[str]:
+        """The model (hub id or directory) of each generator this run runs."""
+        return [g.model for g in self.generators]
+
+    @property
     def echo(self) -> Callable:
         return (lambda *a, **k: None) if getattr(self.args, "no_progress", False) else print
 

@@ -253,7 +253,7 @@ class AmplificationStudy:
 
         requests = image_side.generation_requests(prompts, train_rows, st, caption_prompts=st.caption_images > 0)
         gen_parts, phases = [], {}
-        models = [g.model for g in run.generators]
+        models = run.generator_models
         for spec in run.generators:
             model = spec.model
             print(f"generating {requests.num_rows:,} images with {model} ...")

@@ -477,7 +477,7 @@ class AlignmentStudy(StudyBase):
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
-        models = [g.model for g in run.generators]
+        models = run.generator_models
         reference, ref_phase = reference_features(run.ray, st, rd, per_actor, run.gpu.device)
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
@@ -512,7 +512,7 @@ class AlignmentStudy(StudyBase):
         from pipelines.studies.dalleval import report_alignment
 
         st, rd, d = run.st, run.rd, outcome.data
-        meta = {"run_id": rd.run_id, "output": rd.display(), "models": [g.model for g in run.generators],
+        meta = {"run_id": rd.run_id, "output": rd.display(), "models": run.generator_models,
                 "standin": bool(run.args.standin_models), "captions": st["caption_counts"],
                 "reference": reference_kind(st["reference"]), "fid": st["fid"], "clip": st["clip"],
                 "r_precision": st["r_precision"], "pairing": d["pairing"],

@@ -147,7 +147,7 @@ class SkillsStudy(StudyBase):
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
-        models = [g.model for g in run.generators]
+        models = run.generator_models
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         threshold = st["detector"]["threshold"]
@@ -177,7 +177,7 @@ class SkillsStudy(StudyBase):
         from pipelines.studies.dalleval import report_skills
 
         st, rd, d = run.st, run.rd, outcome.data
-        meta = {"run_id": rd.run_id, "output": rd.display(), "models": [g.model for g in run.generators],
+        meta = {"run_id": rd.run_id, "output": rd.display(), "models": run.generator_models,
                 "standin": bool(run.args.standin_models), "detector": st["detector"],
                 "templates": st["prompts"]["template_set"], "sizes": st["prompts"]["sizes"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,

@@ -216,7 +216,7 @@ class DallEvalStudy(StudyBase):
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
-        models = [g.model for g in run.generators]
+        models = run.generator_models
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         results = analyse(images, st)
@@ -250,7 +250,7 @@ class DallEvalStudy(StudyBase):
         st, rd, d = run.st, run.rd, outcome.data
         results = d["results"]
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
-                "models": [g.model for g in run.generators], "standin": bool(run.args.standin_models),
+                "models": run.generator_models, "standin": bool(run.args.standin_models),
                 "detect": st["detect"],
                 "neutral": st["neutral"], "compare": st["compare"], "attributes": [a["name"] for a in st["attributes"]]}
         io.write_text(dalleval_report.render_html(meta, results, run.models, figures=FigureDir(rd.fs, rd.path)), rd.fs, f"{rd.path}/{FILES['report']}")

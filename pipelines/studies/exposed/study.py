@@ -429,7 +429,7 @@ class ExposedStudy(StudyBase):
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
         units, per_actor = st["units"], run.gpu.per_actor
-        models = [g.model for g in run.generators]
+        models = run.generator_models
         io.write_table_and_csv(st["triplets"], rd.fs, f"{rd.path}/{FILES['triplets']}")
         io.write_text(st["counts"].to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['counts']}")
         generated = generation.generate(run, generation_plan(st, units, bool(args.save_images)))
@@ -472,7 +472,7 @@ class ExposedStudy(StudyBase):
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "standin": bool(run.args.standin_models),
-                "models": [g.model for g in run.generators], "triplets": st["triplets"].num_rows, "units": st["units"].num_rows,
+                "models": run.generator_models, "triplets": st["triplets"].num_rows, "units": st["units"].num_rows,
                 "spaces": list(st["disparity"]["spaces"]),
                 "images_dir": f"{rd.uri}/{FILES['images_dir']}" if d["save_images"] else None}
         extra = None

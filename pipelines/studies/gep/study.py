@@ -149,7 +149,7 @@ class GepStudy(StudyBase):
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
         requests, per_actor = st["requests"], run.gpu.per_actor
-        models = [g.model for g in run.generators]
+        models = run.generator_models
         plan = generation_plan(st, requests, bool(args.save_images))
         generated = generation.generate(run, plan)
         images, phases, budgets = generated.images, generated.phases, generated.budgets
@@ -199,7 +199,7 @@ class GepStudy(StudyBase):
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
-                "models": [g.model for g in run.generators], "standin": bool(run.args.standin_models), "settings": st["settings"],
+                "models": run.generator_models, "standin": bool(run.args.standin_models), "settings": st["settings"],
                 "reference": st["reference"], "ensemble": st["classifier"]["ensemble"],
                 "attributes": [a.name for a in st["attributes"]]}
         io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models,
