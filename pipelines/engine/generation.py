@@ -342,7 +342,11 @@ class GenerationPlan:
     ``heads`` run on the generator's device on the image tensor (CLIP, BLIP-2, detectors); ``after``
     are Ray Data stages over the generated rows before they are saved (skin tone, face filter).
     ``key`` names one image; with ``request_key`` a request is ``per_request`` images (a triplet
-    unit). ``finish`` turns a drained batch into stored rows (default: conformed to ``schema``)."""
+    unit). With ``share_key`` (columns), requests equal on them are one image: generated and
+    checkpointed once, keyed by those columns, its row given to each such request (paper 002's
+    section 6: a caption naming two occupations is in both occupations' requests with one seed).
+    ``order``: the sort order of the requests generated (their batches; default by the key).
+    ``finish`` turns a drained batch into stored rows (default: conformed to ``schema``)."""
 
     requests: pa.Table
     schema: pa.Schema
@@ -353,6 +357,8 @@ class GenerationPlan:
     key: str = "image_id"
     request_key: str | None = None
     per_request: int = 1
+    share_key: Sequence[str] | None = None
+    order: Sequence[tuple[str, str]] | None = None
     finish: Callable[[pa.Table], pa.Table] | None = None
     save_images: bool = True
     images_dir: str = "images"                   # under the run directory
@@ -402,7 +408,7 @@ class Generated:
 
 def _execution(run) -> Mapping:
     """The study's execution settings (retries, error budgets, execution.stages)."""
-    return run.st["execution"] if isinstance(run.st, dict) else run.st.execution
+    return run.st.execution
 
 
 def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[Stage]:
@@ -449,13 +455,19 @@ def generate(run, plan: GenerationPlan) -> Generated:
     batch = max(1, int(getattr(run.args, "gen_batch_size", 1) or 1))
     finish = plan.finish or (lambda t: conform(t, plan.schema))
     parts, phases, budgets = [], {}, []
+    requests, key = plan.requests, plan.key
+    if plan.share_key:   # one image per share key: generated once, given to each of its requests
+        key = list(plan.share_key)
+        requests = checkpoint.first_per_key(requests, key)
     for spec in run.generators:
         print(f"{plan.what} {plan.requests.num_rows * plan.per_request:,} images with {spec.model} ...")
         mine = plan.budgets_of(spec.model) if plan.budgets_of else [generation_budget(execution, spec.model)]
-        images, phase = checkpoint.generate(run.ray, run.rd, plan.requests, spec.model,
-                                            generator_pipeline(run, plan, spec), plan.schema, plan.key, batch, mine,
+        images, phase = checkpoint.generate(run.ray, run.rd, requests, spec.model,
+                                            generator_pipeline(run, plan, spec), plan.schema, key, batch, mine,
                                             run.echo, finish=finish, request_key=plan.request_key,
-                                            per_request=plan.per_request)
+                                            per_request=plan.per_request, order=plan.order)
+        if plan.share_key:
+            images = checkpoint.per_request_rows(images, plan.requests, key)
         if phase.reused:
             print(f"  {phase.name}: {phase.reused:,} of {phase.total:,} {phase.unit} reused from the checkpoint, "
                   f"{phase.processed:,} processed now")

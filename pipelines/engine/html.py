@@ -87,6 +87,8 @@ def _jsonable(obj):
         return None if not math.isfinite(float(obj)) else float(obj)
     if isinstance(obj, np.bool_):
         return bool(obj)
+    if callable(getattr(obj, "record", None)) and not isinstance(obj, type):  # a spec: its record
+        return _jsonable(obj.record())
     return obj
 
 

@@ -418,6 +418,8 @@ def clean_json(obj):
 
     if isinstance(obj, dict):
         return {str(k): clean_json(v) for k, v in obj.items()}
+    if callable(getattr(obj, "record", None)) and not isinstance(obj, type):  # a spec: its record
+        return clean_json(obj.record())
     if isinstance(obj, (list, tuple)):
         return [clean_json(v) for v in obj]
     if isinstance(obj, (np.integer,)):

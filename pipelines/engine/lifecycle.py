@@ -46,7 +46,10 @@ METRICS = "metrics.json"
 
 
 class Study(Protocol):
-    """What a study gives the engine. ``st`` is the study's own settings object (any type)."""
+    """What a study gives the engine. ``st`` is the study's own settings object: a frozen dataclass
+    built once by ``settings`` from preset, file and flags, never edited afterwards. What the run
+    learns as it goes lives in the ``Run`` (its generators, GPU plan, the models it loaded); a
+    stand-in run runs with the settings ``use_standins`` returns (its models replaced)."""
 
     name: str  # recorded as metrics.json's "study", e.g. "paper001-gep"
 
@@ -70,8 +73,9 @@ class Study(Protocol):
     def actor_cpus(self, args, st) -> float:
         """CPUs the study's actor pools hold at once (a local Ray instance gets at least this + 2)."""
 
-    def use_standins(self, args, st, root: str) -> None:
-        """Build tiny random stand-ins under ``root`` and point ``st`` at them."""
+    def use_standins(self, args, st, root: str) -> Any:
+        """Build tiny random stand-ins under ``root``: the settings this run runs with (a copy of
+        ``st`` whose model specs point at them; ``st`` itself is left as it is)."""
 
     def load_models(self, args, st, gpu: gpus.GpuPlan | None) -> list[dict]:
         """Load every model once on the driver (then let it go): their provenance records,
@@ -93,7 +97,7 @@ class Study(Protocol):
 
 
 class StudyBase:
-    """Defaults for the ``Study`` interface, for a study whose settings are a dict with ``label``,
+    """Defaults for the ``Study`` interface, for a study whose settings have ``label``,
     ``generation`` (``GenerationSettings``) and ``execution``: a new image study writes
     ``settings``, ``job``, ``execute`` and ``report`` (and ``load_models`` / ``use_standins`` for
     its models besides the generators)."""
@@ -101,7 +105,7 @@ class StudyBase:
     name = "study"
 
     def label(self, st) -> str:
-        return st["label"]
+        return st.label
 
     def announce(self, args, st) -> None:
         pass
@@ -113,10 +117,10 @@ class StudyBase:
         return getattr(args, "gen_actors", 1)
 
     def generators(self, st) -> list:
-        return list(st["generation"].generators)
+        return list(st.generation.generators)
 
-    def use_standins(self, args, st, root: str) -> None:
-        pass
+    def use_standins(self, args, st, root: str) -> Any:
+        return st
 
     def load_models(self, args, st, gpu) -> list[dict]:
         return []
@@ -127,7 +131,7 @@ class Run:
     """What a study's ``execute`` and ``report`` get: the open run and everything started for it."""
 
     args: Any
-    st: Any
+    st: Any                       # the settings this run runs with (stand-ins: ``use_standins``'s copy)
     rd: rundir.RunDir
     ray: Any
     gpu: gpus.GpuPlan | None
@@ -162,7 +166,7 @@ class Outcome:
 
 def plan_run(args, study: Study, st) -> rundir.RunDir:
     """This job's directory under --output (nothing is written yet)."""
-    job = study.job(args, st)
+    job = rundir.plain(study.job(args, st))
     fp = rundir.fingerprint(job)
     rd = rundir.RunDir(args.output, args.run_id or rundir.default_run_id(study.label(st), fp))
     rd.job, rd.fingerprint = job, fp
@@ -213,7 +217,7 @@ def run_study(study: Study, args) -> dict:
     if args.overwrite:
         io.clear_dir(rd.fs, rd.path)
     study.announce(args, st)
-    ex = st["execution"] if isinstance(st, dict) else st.execution
+    ex = st.execution
     with contextlib.ExitStack() as stack:
         # Ray first: a run whose real models could get no GPU stops here, before any model loads
         ray, gp = start_ray(args, ex, study.actor_cpus(args, st), standin, study.gpu_models(args, st))
@@ -227,7 +231,9 @@ def run_study(study: Study, args) -> dict:
             if standin:  # written into the run directory, so only once it is open (and checked)
                 root = standin_root(rd)
                 print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
-                study.use_standins(args, st, root)
+                st = study.use_standins(args, st, root)
+                if st is None:
+                    raise TypeError(f"{type(study).__name__}.use_standins must return the run's settings")
                 if specs:
                     specs = generation.build_standin_generators(
                         specs, root, getattr(study, "standin_generator_names", None),

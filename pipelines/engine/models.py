@@ -1,12 +1,89 @@
-"""Model settings and model checks every study shares: CLIP settings with their command-line
-overrides, the tiny random CLIP stand-in, and loading a model once on the driver before any data
-is read (an unloadable model fails the run then, naming it). Generators: pipelines/engine/generation.py."""
+"""Model settings and model checks every study shares: ``ModelSpec`` (a model other than a
+generator: CLIP, BLIP-2, a detector, a backbone, an FID extractor), CLIP settings with their
+command-line overrides, the tiny random CLIP stand-in, and loading a model once on the driver
+before any data is read (an unloadable model fails the run then, naming it). Generators:
+pipelines/engine/generation.py (``GeneratorSpec``)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
+
+SPEC_FIELDS = ("model", "revision", "dtype", "device")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a study besides its generators: hub id or path, revision, dtype, device
+    placement, and the loader's own settings (``options``: a pretrained tag, prompts, thresholds,
+    a batch size). Immutable: a stand-in run gets another spec (``standin_at``), never an edited one.
+
+    ``record()`` is what a run fingerprints and records: the flat block as the study's YAML writes
+    it (``{model, revision, <options>}``, ``dtype`` / ``device`` only when set). Options read like a
+    mapping (``spec["threshold"]``, ``spec.get("pretrained")``), as do the four fields."""
+
+    model: str
+    revision: str | None = None
+    dtype: str | None = None
+    device: str | None = None               # None: the run's device (its GPU plan)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    standin: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"a model needs an id or a path, got {self.model!r}")
+        clash = sorted(set(self.options) & set(SPEC_FIELDS))
+        if clash:
+            raise ValueError(f"model {self.model}: {clash} are spec fields, not options")
+
+    @classmethod
+    def from_block(cls, block: Mapping | "ModelSpec", **changes) -> "ModelSpec":
+        """A spec from a study file's block (``{model: ..., revision: ..., threshold: ...}``), with
+        ``changes`` (fields or options) applied; a block without ``model`` is an error naming it."""
+        flat = dict(block.record() if isinstance(block, ModelSpec) else block) | changes
+        if not flat.get("model"):
+            raise ValueError(f"a model block needs `model:` (got keys {sorted(flat)})")
+        core = {k: flat.pop(k) for k in SPEC_FIELDS if k in flat}
+        return cls(**core, options=flat)
+
+    def get(self, key: str, default=None):
+        if key in SPEC_FIELDS:
+            v = getattr(self, key)
+            return default if v is None else v
+        return self.options.get(key, default)
+
+    def __getitem__(self, key: str):
+        if key in SPEC_FIELDS:
+            return getattr(self, key)
+        return self.options[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in SPEC_FIELDS or key in self.options
+
+    def with_options(self, **options) -> "ModelSpec":
+        """The same model with ``options`` changed (fields by name too: ``model=``, ``revision=``)."""
+        core = {k: options.pop(k) for k in SPEC_FIELDS if k in options}
+        return dataclasses.replace(self, **core, options={**self.options, **options})
+
+    def standin_at(self, path: str, **options) -> "ModelSpec":
+        """This spec pointed at a stand-in directory: no hub revision, marked as a stand-in."""
+        return dataclasses.replace(self.with_options(**options), model=str(path), revision=None, standin=True)
+
+    def record(self) -> dict:
+        out = {"model": self.model, "revision": self.revision}
+        if self.dtype is not None:
+            out["dtype"] = self.dtype
+        if self.device is not None:
+            out["device"] = self.device
+        return out | dict(self.options)
+
+    def load_kwargs(self, *names: str) -> dict:
+        """``model`` and ``revision`` plus the named options (missing ones as None)."""
+        return {"model": self.model, "revision": self.revision, **{n: self.options.get(n) for n in names}}
 
 STANDIN_GENERATORS = ("stable-diffusion-v1-4-standin", "stable-diffusion-v1-5-standin")
 
@@ -32,7 +109,7 @@ def standin_hint(standin: bool):
                              f"--standin-models uses tiny random-weight stand-ins.)") from exc
 
 
-def clip_record(clip: dict, standin: bool, role: str) -> dict:
+def clip_record(clip: ModelSpec, standin: bool, role: str) -> dict:
     """Load CLIP on the CPU once (and let it go): its provenance record (hub commit, weight
     sha256s, its activation)."""
     from operators.support.clip import load_clip
@@ -44,7 +121,7 @@ def clip_record(clip: dict, standin: bool, role: str) -> dict:
     return record
 
 
-def clip_revision(clip: dict, args) -> dict:
+def clip_revision(clip: Mapping, args) -> dict:
     """``clip`` with --clip-revision applied; a revision belongs to the weights it was set for, so
     --clip-model or --clip-pretrained without one drops the study file's."""
     clip = dict(clip)
@@ -56,9 +133,9 @@ def clip_revision(clip: dict, args) -> dict:
     return clip
 
 
-def clip_settings(clip: dict, args) -> dict:
-    """A study's CLIP with --clip-model / --clip-pretrained applied (a directory or local-dir: /
-    hf-hub: model needs no pretrained tag)."""
+def clip_settings(clip: Mapping, args) -> ModelSpec:
+    """A study's CLIP with --clip-model / --clip-pretrained / --clip-revision applied (a directory
+    or local-dir: / hf-hub: model needs no pretrained tag)."""
     clip = dict(clip)
     if getattr(args, "clip_model", None):
         clip["model"] = args.clip_model
@@ -67,7 +144,12 @@ def clip_settings(clip: dict, args) -> dict:
             clip["pretrained"] = None
     if getattr(args, "clip_pretrained", None) is not None:
         clip["pretrained"] = args.clip_pretrained
-    return clip_revision(clip, args)
+    return ModelSpec.from_block(clip_revision(clip, args))
+
+
+def standin_clip(clip: ModelSpec, root: str) -> ModelSpec:
+    """``clip`` pointed at the tiny random CLIP under ``root`` (no pretrained tag)."""
+    return clip.standin_at(build_standin_clip(root), pretrained=None)
 
 
 def quiet_model_libraries() -> None:

@@ -41,9 +41,21 @@ WORK = "_work"
 TMP_SUFFIX = io.TMP_SUFFIX
 
 
+def _plain(obj):
+    """A value JSON cannot write, as a fingerprint sees it: a spec by its record, else its str."""
+    record = getattr(obj, "record", None)
+    return record() if callable(record) and not isinstance(obj, type) else str(obj)
+
+
+def plain(config):
+    """``config`` as JSON reads it back (specs as their records, tuples as lists): what a run
+    records and compares on resume."""
+    return json.loads(json.dumps(config, default=_plain))
+
+
 def fingerprint(config) -> str:
     """sha256 of the canonical JSON of ``config`` (what the results depend on)."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=_plain)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -126,7 +138,7 @@ class RunDir:
 
     def _write_record(self) -> None:
         write_atomic(self.fs, f"{self.path}/{RUN_FILE}",
-                     json.dumps(self.record, indent=2, sort_keys=True, default=str).encode("utf-8"))
+                     json.dumps(self.record, indent=2, sort_keys=True, default=_plain).encode("utf-8"))
 
     def plan(self, key: str, value):
         """``value`` recorded under ``key`` on the first attempt; the recorded one afterwards (a
@@ -203,6 +215,6 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
         va, vb = a.get(k), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
             out += _differences(va, vb, f"{prefix}{k}.")
-        elif json.dumps(va, sort_keys=True, default=str) != json.dumps(vb, sort_keys=True, default=str):
+        elif json.dumps(va, sort_keys=True, default=_plain) != json.dumps(vb, sort_keys=True, default=_plain):
             out.append(f"{prefix}{k}")
     return out

@@ -106,10 +106,10 @@ def test_every_image_study_reads_the_same_generator_flags():
     for parser, settings in ((gep.build_parser, None), (dalleval.build_parser, dalleval_study.settings)):
         args = args_of(argv, parser)
         st = settings(args) if settings else __import__("pipelines.studies.gep.study", fromlist=["x"]).settings(args)
-        (spec,) = st["generation"].generators
+        (spec,) = st.generation.generators
         assert (spec.model, spec.steps, spec.guidance_scale, spec.negative_prompt) == ("org/x", 3, 2.0, "a, b")
     args = exposed.build_parser().parse_args(["run", "--output", "x", *argv])
-    (spec,) = exposed_study.settings(args)["generation"].generators
+    (spec,) = exposed_study.settings(args).generation.generators
     assert (spec.steps, spec.negative_prompt) == (3, "a, b")
 
 
@@ -139,7 +139,7 @@ def test_the_plan_builds_the_generator_stage_from_the_spec():
 
     run = SimpleNamespace(args=SimpleNamespace(gen_batch_size=3, gen_actors=2, gen_channels_last=True),
                           gpu=SimpleNamespace(device="cuda", per_actor=0.5), rd=SimpleNamespace(uri="/runs/r"),
-                          st={"execution": {"stages": {"skin_tone": {"actors": 5}}}})
+                          st=SimpleNamespace(execution={"stages": {"skin_tone": {"actors": 5}}}))
     spec = GeneratorSpec("org/b", steps=4, guidance_scale=1.0, negative_prompt="blurry", dtype="bfloat16",
                          extra=(("max_sequence_length", 256),))
     from operators.image_clip_gender import ClipGenderClassifier

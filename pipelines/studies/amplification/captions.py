@@ -8,7 +8,9 @@ sections 4 and 5) by a partial top-k reduction, and the per-occupation summaries
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,6 +27,7 @@ from pipelines.engine import config as study_config
 from pipelines.engine import io, rundir, runtime, scan, stages
 from pipelines.engine import shards as engine_shards
 from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine.models import ModelSpec
 from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain
 from pipelines.engine.summary import (
     CountMismatch,
@@ -59,7 +62,30 @@ FILES = {  # what the captions subcommand writes under --output
 
 
 
-def settings(args) -> dict:
+@dataclass(frozen=True)
+class CaptionSettings:
+    """The effective caption side of paper 002 (preset or job file < --config < flags), built once;
+    ``input`` is the caption input read from it (checked when it is built)."""
+
+    occupations: list                  # Occupation (Table 1's occupations, or the job's)
+    occupation_forms: str              # plural / singular / both (section 3)
+    prompts: list                      # Table 1 prompt templates
+    gender_indicators: dict            # App. A.5's word lists, names (spaCy), NER prefilter
+    selection: dict                    # section 4: sample_size, nn_k, seed, no_indicator_mode, walks
+    sbert: ModelSpec                   # section 5.2's SBERT (option: precision)
+    execution: dict
+    config: dict                       # the whole effective configuration file (recorded)
+    label: str
+    input: tuple | None = None         # (CaptionInput, columns, text column)
+
+    @property
+    def models(self) -> dict:
+        """The ``models`` block as the study file writes it (fingerprinted and recorded)."""
+        return {"sbert": self.sbert.model, "sbert_revision": self.sbert.revision,
+                "sbert_precision": self.sbert.get("precision")}
+
+
+def settings(args) -> CaptionSettings:
     """The effective study settings: the config file (or preset) with the job's and the command
     line's overrides applied."""
     cfg, label = jobs.job_config(args.config, args.occupations, args.occupations_file, args.prompt_templates)
@@ -91,8 +117,10 @@ def settings(args) -> dict:
         models["sbert_revision"] = args.sbert_revision
     ex = study_config.execution_settings(cfg["execution"], args,
                                          ("files_per_shard", "max_retries", "max_error_rate", "max_fetch_failures"))
-    return {"occupations": occupations, "occupation_forms": forms, "prompts": list(cfg["prompts"]),
-            "gender_indicators": gi, "selection": sel, "models": models, "execution": ex, "config": cfg, "label": label}
+    return CaptionSettings(occupations=occupations, occupation_forms=forms, prompts=list(cfg["prompts"]),
+                           gender_indicators=gi, selection=sel, execution=ex, config=cfg, label=label,
+                           sbert=ModelSpec(models["sbert"], models.get("sbert_revision"),
+                                           options={"precision": models.get("sbert_precision", "auto")}))
 
 
 def effective_gender_words(gi: dict) -> dict:
@@ -109,7 +137,7 @@ def effective_gender_words(gi: dict) -> dict:
     return gi
 
 
-def caption_job(args, st: dict, inp, columns: dict) -> dict:
+def caption_job(args, st: CaptionSettings, inp, columns: dict) -> dict:
     """Everything the caption side's results depend on (its fingerprint names the run)."""
     return {
         "study": "paper002-amplification", "command": args.command,
@@ -117,10 +145,10 @@ def caption_job(args, st: dict, inp, columns: dict) -> dict:
         # gets a run of its own (or, under the same --run-id, a refusal), never the old results
         "input": {"files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
                   "data": inp.data_identity()}, "columns": columns,
-        "occupations": [jobs.occupation_spec(o) for o in st["occupations"]],
-        "occupation_forms": st["occupation_forms"], "prompts": st["prompts"],
-        "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
-        "selection": st["selection"], "models": st["models"],
+        "occupations": [jobs.occupation_spec(o) for o in st.occupations],
+        "occupation_forms": st.occupation_forms, "prompts": st.prompts,
+        "gender_indicators": st.gender_indicators | {"names_enabled": not args.no_names},
+        "selection": st.selection, "models": st.models,
     }
 
 
@@ -140,7 +168,7 @@ def caption_shards(run: rundir.RunDir, inp, files_per_shard: int) -> list[list[s
 
 
 def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: pa.Schema, schema: pa.Schema,
-                st: dict, args) -> tuple[Phase, ErrorBudget, pa.Table]:
+                st: CaptionSettings, args) -> tuple[Phase, ErrorBudget, pa.Table]:
     """The caption scan, one shard of input files at a time. A finished shard is marked done and
     skipped on resume; an unfinished one is cleared and scanned again.
 
@@ -149,7 +177,7 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
     shard's tallies under a fixed name) and only then writes the done marker, which lists the parts:
     a crash at any point leaves a shard that is either done and exact, or redone on resume (the
     protocol is the engine's: pipelines/engine/shards.py)."""
-    ex = st["execution"]
+    ex = st.execution
     shards = caption_shards(run, inp, ex["files_per_shard"])
     if sorted(f for sh in shards for f in sh) != sorted(inp.files):
         raise io.InputError(f"the input files differ from those this run started with ({run.display('run.json')})")
@@ -239,29 +267,29 @@ def _read_columns(columns: dict) -> list[str]:
     return [c for c in (columns["text_column"], columns["url_column"], *columns["kept_columns"]) if c]
 
 
-def caption_stages(st: dict, args, columns: dict) -> list[Stage]:
+def caption_stages(st: CaptionSettings, args, columns: dict) -> list[Stage]:
     """Paper 002's caption side as a stage list, in the order of its method section."""
-    gi, models = st["gender_indicators"], st["models"]
+    gi, sbert = st.gender_indicators, st.sbert
     words = {k: gi[k] for k in ("male_words", "female_words", "male_pronouns", "female_pronouns")}
     return [
         # rows with a usable caption; null, empty and non-text captions are counted drops (section 3.2)
         Stage(CaptionValidator, {"text_column": columns["text_column"], "url_column": columns["url_column"]}),
         # captions naming an occupation of Table 4, whole words, regular plurals (sections 2.3, 3.2)
         # ("singular": the terms exactly as listed, --occupation-forms)
-        Stage(OccupationMatcher, {"occupations": st["occupations"], "forms": st["occupation_forms"]}),
+        Stage(OccupationMatcher, {"occupations": st.occupations, "forms": st.occupation_forms}),
         # explicit gender indicators: gendered words and pronouns (section 5.1, App. A.5)
         Stage(GenderWordIndicators, words),
         # person names whose first name gender-guesser knows (App. A.5); --no-names leaves them out
         *([] if args.no_names else [Stage(NameGenderIndicators, {
             "spacy_model": gi["spacy_model"], "count_mostly": gi["count_mostly_names"],
             "prefilter": bool(gi.get("ner_prefilter", True)),
-            "skip_words": [t for o in st["occupations"] for t in o.forms()]})]),
+            "skip_words": [t for o in st.occupations for t in o.forms()]})]),
         # one row per (caption, occupation), with a stable caption id and a seeded sampling key
-        Stage(OccupationExploder, {"seed": st["selection"]["seed"]}),
+        Stage(OccupationExploder, {"seed": st.selection["seed"]}),
         # SBERT cosine between each caption and its occupation's Table 1 prompts (section 5.2)
-        Stage(PromptSimilarity, {"model": models["sbert"], "revision": models["sbert_revision"],
-                                 "prompts": prompt_table(st["occupations"], st["prompts"]), "device": args.device,
-                                 "precision": models.get("sbert_precision", "auto")}),
+        Stage(PromptSimilarity, {"model": sbert.model, "revision": sbert.revision,
+                                 "prompts": prompt_table(st.occupations, st.prompts), "device": args.device,
+                                 "precision": sbert.get("precision", "auto")}),
     ]
 
 
@@ -274,26 +302,26 @@ RESOURCE_FLAGS = {
 }
 
 
-def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: dict, args):
+def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: CaptionSettings, args):
     """The caption scan as one Ray Data stream: the stage list, with this run's resources. Its
     leading stateless stages (validate, occupation match, gender words) run inside the parquet
     read tasks (``scan.scan_parquet``): only the captions they keep leave a task."""
     pipeline = stages.configure(caption_stages(st, args, columns),
-                                stages.overrides(st["execution"], args, RESOURCE_FLAGS))
+                                stages.overrides(st.execution, args, RESOURCE_FLAGS))
     n = scan.fusable(pipeline)
     ds = scan.scan_parquet(ray, inp, _read_columns(columns), pipeline[:n], schema, _fragment_rows(st))
     return stages.run(ds, pipeline[n:], schema)
 
 
-def _fragment_rows(st: dict) -> int:
-    return int(st["execution"].get("scan_fragment_rows") or scan.DEFAULT_FRAGMENT_ROWS)
+def _fragment_rows(st: CaptionSettings) -> int:
+    return int(st.execution.get("scan_fragment_rows") or scan.DEFAULT_FRAGMENT_ROWS)
 
 
-def selection_config(st: dict) -> SelectionConfig:
-    sel = st["selection"]
+def selection_config(st: CaptionSettings) -> SelectionConfig:
+    sel = st.selection
     if not float(sel.get("max_walk_factor", 20)) >= 1:
         raise ValueError(f"selection.max_walk_factor must be >= 1, not {sel.get('max_walk_factor')!r}")
-    return SelectionConfig(sel["sample_size"], sel["nn_k"], len(st["prompts"]), sel["no_indicator_mode"],
+    return SelectionConfig(sel["sample_size"], sel["nn_k"], len(st.prompts), sel["no_indicator_mode"],
                            training_sample=sel.get("training_sample", "captions"),
                            nn_sample=sel.get("nn_sample", "captions"), pool_factor=float(sel.get("pool_factor", 1)))
 
@@ -352,10 +380,10 @@ def partial_occupation_stats(data):
         report.partial_occupation_stats, batch_format="pyarrow", batch_size=None)
 
 
-def validate_input(args, st: dict | None = None):
+def validate_input(args, st: CaptionSettings | None = None):
     inp = io.resolve_parquet_inputs(args.captions)
     text_col = io.resolve_column(inp, args.caption_column, "caption")
-    _check_text_type(inp, text_col, (st or settings(args))["execution"])
+    _check_text_type(inp, text_col, (st or settings(args)).execution)
     if inp.num_rows == 0:
         print(f"warning: the input holds no rows ({len(inp.files)} file(s), per their parquet footers): every "
               f"count, subset and table of this run will be empty", file=sys.stderr)
@@ -394,16 +422,16 @@ def _check_text_type(inp, text_col: str, ex: dict) -> None:
           f"({where}): their {rows:,} rows count as non_text_caption (null_caption where empty)", file=sys.stderr)
 
 
-def load_caption_models(args, st: dict) -> list[dict]:
+def load_caption_models(args, st: CaptionSettings) -> list[dict]:
     """Load spaCy and SBERT on the driver before any data is read; their provenance records."""
     records = []
     if not args.no_names:
-        nlp = load_spacy(st["gender_indicators"]["spacy_model"])
-        records.append({"role": "caption side (spacy)", "key": "spacy", "model": st["gender_indicators"]["spacy_model"],
-                        "standin": False, "detail": {"model": st["gender_indicators"]["spacy_model"],
+        nlp = load_spacy(st.gender_indicators["spacy_model"])
+        records.append({"role": "caption side (spacy)", "key": "spacy", "model": st.gender_indicators["spacy_model"],
+                        "standin": False, "detail": {"model": st.gender_indicators["spacy_model"],
                                                      "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
                                                      "pipes": nlp.pipe_names}})
-    sbert, revision = st["models"]["sbert"], st["models"]["sbert_revision"]
+    sbert, revision = st.sbert.model, st.sbert.revision
     load_sentence_transformer(sbert, revision, "cpu")
     records.append({"role": "caption side (sbert)", "key": "sbert", "model": sbert, "standin": False,
                     "detail": sbert_provenance(sbert, revision)})  # the hub commit and sha256 of what loaded
@@ -415,12 +443,12 @@ def caption_records(records: list[dict]) -> dict:
     return {r["key"]: r["detail"] for r in records if r.get("key")}
 
 
-def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
+def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tuple]:
     """The caption side in an open run: scan (resumable shards), training subsets, summaries.
     Returns its metrics and what ``print_caption_side`` shows; ``own_run``: the `captions`
     subcommand (adds the run summary rows)."""
     args, rd, ray = run.args, run.rd, run.ray
-    inp, columns, extra_fields = st["input"]
+    inp, columns, extra_fields = st.input
     selection = selection_config(st)
     annotated_schema = C.annotated_schema(extra_fields)
     phase, budget, attempt = scan_shards(ray, rd, inp, columns, annotated_schema, C.stream_schema(extra_fields),
@@ -431,7 +459,7 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
     io.write_table(subsets, rd.fs, rd.file(FILES["subsets"]))
     if selection.walks:
         io.write_table(pool, rd.fs, rd.file(FILES["pool"]))
-    sim = report.similarity_summary(stats, subsets, st["occupations"])
+    sim = report.similarity_summary(stats, subsets, st.occupations)
     io.write_table_and_csv(sim, rd.fs, rd.file(FILES["similarity"]))
 
     counts = stage_counts(tallies)
@@ -451,20 +479,20 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
                   **columns},
         "output": rd.display(),
         "config": {
-            "occupations": [o.__dict__ | {"forms": list(o.forms(st["occupation_forms"] == "plural"))}
-                            for o in st["occupations"]],
-            "occupation_forms": st["occupation_forms"],
-            "prompts": st["prompts"],
-            "gender_indicators": st["gender_indicators"] | {"names_enabled": not args.no_names},
-            "selection": selection.as_dict() | {"seed": st["selection"]["seed"]},
-            "models": st["models"],
+            "occupations": [o.__dict__ | {"forms": list(o.forms(st.occupation_forms == "plural"))}
+                            for o in st.occupations],
+            "occupation_forms": st.occupation_forms,
+            "prompts": st.prompts,
+            "gender_indicators": st.gender_indicators | {"names_enabled": not args.no_names},
+            "selection": selection.as_dict() | {"seed": st.selection["seed"]},
+            "models": st.models,
             "config_file": args.config or str(study_config.default_config_path()),
             "occupations_file": args.occupations_file,
-            "execution": st["execution"],
+            "execution": st.execution,
             "resources": {"scan_batch_size": args.scan_batch_size, "ner_actors": args.ner_actors,
                           "embed_actors": args.embed_actors, "embed_gpus": args.embed_gpus, "device": args.device},
             "stages": stages.describe(stages.configure(caption_stages(st, args, columns),
-                                                       stages.overrides(st["execution"], args, RESOURCE_FLAGS))),
+                                                       stages.overrides(st.execution, args, RESOURCE_FLAGS))),
         },
         "models": caption_records(run.models),
         "counts": summary,
@@ -482,29 +510,29 @@ def caption_side(run: Run, st: dict, own_run: bool) -> tuple[dict, tuple]:
     return metrics, (format_summary(summary), annotated_rows, subsets, sizes, head, names)
 
 
-def select_pool(run: Run, st: dict, pool_cfg: SelectionConfig) -> tuple[pa.Table, pa.Table, int]:
+def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tuple[pa.Table, pa.Table, int]:
     """The selection pool of the annotated captions the scan committed (``selection.pool``, k from
     ``pool_cfg``), the per-occupation stats and the annotated rows. The image side calls it again
     with a larger pool when a walk runs out of candidates."""
-    rd, inp = run.rd, st["input"][0]
-    annotated_schema = C.annotated_schema(st["input"][2])
-    prompts = prompt_table(st["occupations"], st["prompts"])
-    parts = committed_parts(rd, len(caption_shards(rd, inp, st["execution"]["files_per_shard"])))
+    rd, inp = run.rd, st.input[0]
+    annotated_schema = C.annotated_schema(st.input[2])
+    prompts = prompt_table(st.occupations, st.prompts)
+    parts = committed_parts(rd, len(caption_shards(rd, inp, st.execution["files_per_shard"])))
     annotated_rows = io.count_parquet_rows(rd.fs, parts)
     if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
         parts = [f"{rd.file(FILES['annotated'])}/part-0.parquet"]
         io.write_table(annotated_schema.empty_table(), rd.fs, parts[0])
-    if annotated_rows <= int(st["execution"].get("local_selection_rows", LOCAL_SELECTION_ROWS)):
+    if annotated_rows <= int(st.execution.get("local_selection_rows", LOCAL_SELECTION_ROWS)):
         # what matched fits in memory (20,000 rows per 4 M LAION-like captions): select here
         table = io.read_parquet_files(rd.fs, parts, annotated_schema)
         pool, stats = select_subsets_local(table, pool_cfg, prompts)
     else:
         data = run.ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
-        pool, stats = select_subsets(run.ray, data, annotated_rows, pool_cfg, prompts, len(st["occupations"]))
+        pool, stats = select_subsets(run.ray, data, annotated_rows, pool_cfg, prompts, len(st.occupations))
     return pool, stats, annotated_rows
 
 
-def ner_counts(counts: pa.Table, st: dict, args) -> dict | None:
+def ner_counts(counts: pa.Table, st: CaptionSettings, args) -> dict | None:
     """How many matched captions spaCy ran on (all of them without the prefilter), from the
     person-name stage's tallies; None with --no-names."""
     if args.no_names:
@@ -512,7 +540,7 @@ def ner_counts(counts: pa.Table, st: dict, args) -> dict | None:
     c = {o: n for s, o, n in zip(*(counts.column(k).to_pylist() for k in ("stage", "outcome", "rows")))
          if s == STAGE_NAMES}
     captions, ran = c.get(C.OUTCOME_ROWS_IN, 0), c.get(NER_RUN, 0)
-    return {"prefilter": bool(st["gender_indicators"].get("ner_prefilter", True)), "captions": captions,
+    return {"prefilter": bool(st.gender_indicators.get("ner_prefilter", True)), "captions": captions,
             "ner_run": ran, "ner_skipped": c.get(NER_SKIPPED, 0),
             "share_ner_run": round(ran / captions, 6) if captions else None}
 
@@ -532,31 +560,31 @@ class CaptionStudy:
 
     name = "paper002-amplification"
 
-    def settings(self, args) -> dict:
+    def settings(self, args) -> CaptionSettings:
         st = settings(args)
-        st["input"] = validate_input(args, st)  # a missing or unreadable input fails now, before any model loads
-        return st
+        # a missing or unreadable input fails now, before any model loads
+        return dataclasses.replace(st, input=validate_input(args, st))
 
-    def label(self, st: dict) -> str:
-        return st["label"]
+    def label(self, st: CaptionSettings) -> str:
+        return st.label
 
-    def job(self, args, st: dict) -> dict:
-        inp, columns, _ = st["input"]
+    def job(self, args, st: CaptionSettings) -> dict:
+        inp, columns, _ = st.input
         return caption_job(args, st, inp, columns)
 
-    def announce(self, args, st: dict) -> None:
+    def announce(self, args, st: CaptionSettings) -> None:
         pass
 
-    def gpu_models(self, args, st: dict) -> bool:
+    def gpu_models(self, args, st: CaptionSettings) -> bool:
         return False
 
-    def actor_cpus(self, args, st: dict) -> float:
+    def actor_cpus(self, args, st: CaptionSettings) -> float:
         return args.embed_actors + (0 if args.no_names else args.ner_actors)
 
-    def use_standins(self, args, st: dict, root: str) -> None:  # no stand-ins: spaCy and SBERT are real
+    def use_standins(self, args, st: CaptionSettings, root: str) -> None:  # no stand-ins: spaCy and SBERT are real
         raise ValueError("the caption side has no stand-in models")
 
-    def load_models(self, args, st: dict, gpu) -> list[dict]:
+    def load_models(self, args, st: CaptionSettings, gpu) -> list[dict]:
         return load_caption_models(args, st)
 
     def execute(self, run: Run) -> Outcome:

@@ -19,11 +19,11 @@ from operators.base import Resources, Stage, conform
 from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_face_filter import FaceFilter
 from operators.image_fetch import ImageFetcher
-from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from operators.support.seeds import image_seeds
 from pipelines.engine import stages
-from pipelines.engine.checkpoint import generation_checkpoint
+from pipelines.engine.generation import GenerationPlan
+from pipelines.engine.models import ModelSpec
 from pipelines.engine import runtime
 from pipelines.engine.progress import Phase, drain
 from schemas import images as I
@@ -34,14 +34,14 @@ PAYLOAD = I.PAYLOAD
 TRAINING_URLS = "training (distinct URLs)"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImageSettings:
-    """Everything the image side needs: operator kwargs and resources (all plain values)."""
+    """Everything the image side needs: operator kwargs and resources (a run's own values, such as
+    its device or the sample's local server, go into a copy: ``dataclasses.replace``)."""
 
     fetch: dict
     face: dict
-    clip: dict                         # ClipGenderClassifier kwargs
-    generation: dict                   # ImageGenerator speed options (and the device); the rest is the spec's
+    clip: ModelSpec                    # CLIP (ClipGenderClassifier: its record is the operator's kwargs)
     generators: list                   # GeneratorSpec: each model with its own settings
     images_per_prompt: int
     caption_images: int
@@ -51,9 +51,6 @@ class ImageSettings:
     face_actors: int = 1
     clip_actors: int = 1
     clip_gpus: float = 0.0
-    gen_actors: int = 1
-    gen_gpus: float = 0.0
-    gen_batch_size: int = 8
     save_images: str | None = None     # URI: save fetched and generated images there (parquet)
     execution: dict = field(default_factory=dict)  # the study's execution settings (execution.stages)
 
@@ -84,22 +81,30 @@ def training_stages(st: ImageSettings) -> list[Stage]:
         # exactly one face (MediaPipe BlazeFace)
         Stage(FaceFilter, st.face),
         # CLIP zero-shot gender on the images with one face, counted at p >= threshold
-        Stage(ClipGenderClassifier, st.clip | {"only_face_ok": True}),
+        Stage(ClipGenderClassifier, st.clip.record() | {"only_face_ok": True}),
     ])
 
 
-def generation_stages(st: ImageSettings, spec) -> list[Stage]:
-    """Generated images (section 3.1, section 6, App. A.3): one per prompt and recorded seed (with
-    the generator spec's settings), CLIP gender on the device tensor, then the face filter."""
-    head = Stage(ClipGenderClassifier, st.clip)
-    return configure(st, [
-        Stage(ImageGenerator, st.generation | spec.operator_kwargs() | {"heads": [head],
-                                                                         "micro_batch": st.gen_batch_size}),
-        *([Stage(ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
-            I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})]
-          if st.save_images else []),
-        Stage(FaceFilter, st.face),
-    ])
+# one generated image per (prompt, seed), generated in this order (its batches: pixels do not
+# depend on the order, but a fixed one keeps a stand-in run's floats bit-equal from run to run)
+GENERATION_KEY = (PROMPT, I.SEED)
+GENERATION_ORDER = ((I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT, "ascending"),
+                    (I.IMAGE_INDEX, "ascending"))
+RESULT_ORDER = [(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT_ID, "ascending"), (PROMPT, "ascending"),
+                (CAPTION_ID, "ascending"), (I.IMAGE_INDEX, "ascending")]
+
+
+def generation_plan(st: ImageSettings, requests: pa.Table | None, budgets_of=None) -> GenerationPlan:
+    """Generated images (section 3.1, section 6, App. A.3), for the engine to generate with each
+    generator spec: one per prompt and recorded seed, CLIP gender on the device tensor, then the
+    face filter. A caption naming two occupations is in both occupations' section 6 requests with
+    one seed: it is generated once and its row given to each (``share_key``)."""
+    sink = [Stage(ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
+        I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})] if st.save_images else []
+    return GenerationPlan(requests, generated_schema(), heads=[Stage(ClipGenderClassifier, st.clip.record())],
+                          after=[*sink, Stage(FaceFilter, st.face)], key=PROMPT, share_key=GENERATION_KEY,
+                          order=GENERATION_ORDER, save_images=False, budgets_of=budgets_of,
+                          resource_flags={"face_actors": [(FaceFilter.stage_name, "actors")]})
 
 
 def configure(st: ImageSettings, pipeline: list[Stage]) -> list[Stage]:
@@ -108,7 +113,6 @@ def configure(st: ImageSettings, pipeline: list[Stage]) -> list[Stage]:
     return stages.configure(pipeline, stages.overrides(st.execution, values={
         FaceFilter.stage_name: {"actors": st.face_actors},
         ClipGenderClassifier.stage_name: {"actors": st.clip_actors, "num_gpus": st.clip_gpus},
-        ImageGenerator.stage_name: {"actors": st.gen_actors, "num_gpus": st.gen_gpus, "batch_size": st.gen_batch_size},
     }))
 
 
@@ -248,76 +252,6 @@ def generation_requests(prompts: dict[str, list[str]], training: pa.Table, st: I
 
 REQUEST_SCHEMA = pa.schema([I.IMAGE_RESULTS.field(n) for n in (
     I.SOURCE, OCCUPATION, SUBSET, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID, CAPTION, CAPTION_GENDER, URL)])
-
-
-def generated_images(ray, requests: pa.Table, spec, st: ImageSettings, run=None, budgets=(), echo=print):
-    """Generate (and CLIP-classify on the device) every request with the generator ``spec``, then
-    face-filter; and the Phase. With ``run``, images are checkpointed by (model, prompt, seed) as
-    they arrive, and a resumed run generates only those not yet recorded."""
-    model = spec.model
-    out_schema = generated_schema()
-    key = [PROMPT, I.SEED]
-    all_requests = requests
-    # one image per (prompt, seed): a caption that names two occupations is in both occupations'
-    # section 6 requests with the same seed; it is generated once and its row given to each
-    requests = _dedupe(requests, key)
-    done = out_schema.empty_table()
-    if run:
-        done = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
-        done = done.filter(pc.equal(done.column(I.MODEL), model))
-        done = semi_join(done, requests, key)
-    todo = requests.join(done.select(key), keys=key, join_type="left anti", use_threads=False) \
-        if done.num_rows else requests
-    phase = Phase(f"generate {model}", "images", requests.num_rows, reused=done.num_rows)
-    for b in budgets:
-        b.add(done)
-    new_parts: list[pa.Table] = []
-    sink = (lambda t: run.write_part(generation_checkpoint(model), conform(t, out_schema))) if run \
-        else new_parts.append
-    if todo.num_rows:
-        todo = todo.sort_by([(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT, "ascending"),
-                             (I.IMAGE_INDEX, "ascending")])
-        ds = runtime.from_table(ray, todo, st.gen_batch_size * 4)
-        ds = stages.run(ds, generation_stages(st, spec))
-        ds = ds.drop_columns(PAYLOAD)
-        drain(ds, sink, phase, budgets=budgets, flush_rows=max(st.gen_batch_size * 4, 32), echo=echo)
-    elif budgets:
-        for b in budgets:
-            b.check(final=True)
-    if run:
-        results = _dedupe(run.read_parts(generation_checkpoint(model), out_schema), key)
-        results = results.filter(pc.equal(results.column(I.MODEL), model))
-        results = semi_join(results, requests, key)
-    else:
-        results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
-    results = _per_request(conform(results, out_schema), all_requests, key)
-    order = [(I.SOURCE, "ascending"), (OCCUPATION, "ascending"), (PROMPT_ID, "ascending"), (PROMPT, "ascending"),
-             (CAPTION_ID, "ascending"), (I.IMAGE_INDEX, "ascending")]
-    return results.sort_by(order), phase
-
-
-def _per_request(results: pa.Table, requests: pa.Table, keys: list[str]) -> pa.Table:
-    """One result row per request: each request's own columns with the generated columns of its
-    (prompt, seed) (through row indices: the results may hold list columns a join cannot carry)."""
-    if requests.num_rows == 0:
-        return results.slice(0, 0)
-    res = results.select(keys).append_column("_r", pa.array(np.arange(results.num_rows), pa.int64()))
-    req = requests.select(keys).append_column("_q", pa.array(np.arange(requests.num_rows), pa.int64()))
-    pairs = req.join(res, keys=keys, join_type="inner", use_threads=False).sort_by("_q")
-    rows = results.take(pairs.column("_r"))
-    mine = requests.take(pairs.column("_q"))
-    for name in REQUEST_SCHEMA.names:
-        if name in mine.column_names:
-            rows = rows.set_column(rows.schema.get_field_index(name), name, mine.column(name).cast(rows.schema.field(name).type))
-    return rows
-
-
-def semi_join(table: pa.Table, other: pa.Table, keys: list[str]) -> pa.Table:
-    """The rows of ``table`` whose ``keys`` occur in ``other``, in ``table``'s order: Arrow's own
-    semi join, but through a row index, so ``table`` may hold columns a join cannot carry (lists)."""
-    index = table.select(keys).append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
-    hit = index.join(other.select(keys), keys=keys, join_type="left semi", use_threads=False)
-    return table.take(pa.array(np.sort(hit.column("_row").to_numpy()), pa.int64()))
 
 
 def generated_schema() -> pa.Schema:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -21,19 +22,21 @@ import pyarrow.parquet as pq
 
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.lifecycle import Outcome, Run, run_study
+from pipelines.engine import generation
 from pipelines.engine.generation import generation_settings
 from pipelines.engine.models import (
     STANDIN_GENERATORS,
-    build_standin_clip,
+    ModelSpec,
     clip_record,
     clip_revision,
+    standin_clip,
     standin_hint,
 )
 from pipelines.studies.amplification import caption_report, captions
 from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
-from pipelines.engine import gpus, io
+from pipelines.engine import io
 from pipelines.studies.amplification import images as image_side
 from pipelines.studies.amplification.images import ImageSettings
 from pipelines.engine.progress import ErrorBudget, Phase
@@ -96,15 +99,13 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         fetch=fetch,
         face={"model_selection": face["model_selection"], "min_confidence": face["min_confidence"],
               "min_relative_size": face["min_relative_size"]},
-        clip={"model": clip["model"], "pretrained": clip["pretrained"], "prompts": tuple(clip["prompts"]),
-              "threshold": clip["threshold"], "revision": clip["revision"],
-              # section 5.2: the CLIP image embeddings, for the training-generated image similarity
-              "embeddings": True},
-        generation=gpus.generation_options(args),
+        clip=ModelSpec(clip["model"], clip["revision"], options={
+            "pretrained": clip["pretrained"], "prompts": tuple(clip["prompts"]), "threshold": clip["threshold"],
+            # section 5.2: the CLIP image embeddings, for the training-generated image similarity
+            "embeddings": True}),
         generators=list(gen.generators), images_per_prompt=gen.images_per_prompt,
         caption_images=gen.caption_images, seed=gen.seed, url_rewrite=rewrite,
-        face_actors=args.face_actors, clip_actors=args.clip_actors, gen_actors=args.gen_actors,
-        gen_batch_size=args.gen_batch_size, execution=dict(cfg["execution"]),
+        face_actors=args.face_actors, clip_actors=args.clip_actors, execution=dict(cfg["execution"]),
     )
     return settings, {"generation": gen.job(), "face_filter": face, "gender_classifier": clip, "fetch": fetch}
 
@@ -148,83 +149,90 @@ def image_budgets(ex: dict) -> tuple[list, list]:
     return training, generation
 
 
+@dataclass(frozen=True)
+class AmplificationSettings(captions.CaptionSettings):
+    """The caption side's settings and the image side's (``image``: operator settings, built once;
+    ``image_recorded``: what the run id and metrics.json record of them)."""
+
+    image: ImageSettings | None = None
+    image_recorded: dict | None = None
+
+
 class AmplificationStudy:
     """`amplification.py run`: the whole of paper 002 as a study of the engine's lifecycle."""
 
     name = "paper002-amplification"
 
-    def settings(self, args) -> dict:
+    def settings(self, args) -> AmplificationSettings:
         cs = captions.settings(args)  # the job: occupations, prompts, thresholds
-        cs["input"] = captions.validate_input(args, cs)  # a missing or unreadable input fails now, before any model loads
-        cs["image"], cs["image_recorded"] = image_settings(args, cs["config"])
-        return cs
+        image, recorded = image_settings(args, cs.config)
+        # a missing or unreadable input fails now, before any model loads
+        return AmplificationSettings(**{f.name: getattr(cs, f.name) for f in dataclasses.fields(cs)}
+                                     | {"input": captions.validate_input(args, cs), "image": image,
+                                        "image_recorded": recorded})
 
-    def label(self, st: dict) -> str:
-        return st["label"]
+    def label(self, st: AmplificationSettings) -> str:
+        return st.label
 
-    def job(self, args, st: dict) -> dict:
-        inp, columns, _ = st["input"]
-        return captions.caption_job(args, st, inp, columns) | {"images": image_job(args, st["image_recorded"])}
+    def job(self, args, st: AmplificationSettings) -> dict:
+        inp, columns, _ = st.input
+        return captions.caption_job(args, st, inp, columns) | {"images": image_job(args, st.image_recorded)}
 
-    def announce(self, args, st: dict) -> None:
+    def announce(self, args, st: AmplificationSettings) -> None:
         pass
 
-    def gpu_models(self, args, st: dict) -> bool:
+    def gpu_models(self, args, st: AmplificationSettings) -> bool:
         return True
 
-    def actor_cpus(self, args, st: dict) -> float:
+    def actor_cpus(self, args, st: AmplificationSettings) -> float:
         return max(args.embed_actors + (0 if args.no_names else args.ner_actors),
                    args.face_actors + args.clip_actors + args.gen_actors)
 
     standin_generator_names = STANDIN_GENERATORS
 
-    def generators(self, st: dict) -> list:
-        return list(st["image"].generators)
+    def generators(self, st: AmplificationSettings) -> list:
+        return list(st.image.generators)
 
-    def use_standins(self, args, st: dict, root: str) -> None:
-        img = st["image"]
-        img.clip["model"] = build_standin_clip(root)
-        img.clip["pretrained"] = img.clip["revision"] = None
+    def use_standins(self, args, st: AmplificationSettings, root: str) -> AmplificationSettings:
+        return dataclasses.replace(st, image=dataclasses.replace(st.image, clip=standin_clip(st.image.clip, root)))
 
-    def load_models(self, args, st: dict, gpu) -> list[dict]:
-        return load_image_models(st["image"], args.standin_models) + captions.load_caption_models(args, st)
+    def load_models(self, args, st: AmplificationSettings, gpu) -> list[dict]:
+        return load_image_models(st.image, args.standin_models) + captions.load_caption_models(args, st)
 
     def execute(self, run: Run) -> Outcome:
         args, rd, cs = run.args, run.rd, run.st
-        recorded = cs["image_recorded"]
+        recorded = cs.image_recorded
         ray, gp, echo = run.ray, run.gpu, run.echo
         out_fs, out = rd.fs, rd.path
         run_files = RUN_FILES
         per_actor = gp.per_actor
-        # what this run decided (where images are saved, GPUs, the device), in this run's copy of
-        # the image settings: the settings built from preset, file and flags stay as they were
-        base: ImageSettings = cs["image"]
-        st = dataclasses.replace(base, save_images=f"{rd.uri}/{run_files['saved_images']}" if args.save_images else None,
-                                 clip_gpus=per_actor, gen_gpus=per_actor, clip={**base.clip, "device": gp.device},
-                                 generation={**base.generation, "device": gp.device}, fetch=dict(base.fetch),
-                                 url_rewrite=list(base.url_rewrite))
+        base: ImageSettings = cs.image
         model_records = [r for r in run.models if not r.get("key")]
 
-        server_url = None
+        server_url, rewrite, fetch = None, list(base.url_rewrite), dict(base.fetch)
         uses_sample = [str(p) for p in args.captions] == [str(captions.SAMPLE_INPUT)]
-        if uses_sample and not st.url_rewrite and not args.no_local_image_server:
+        if uses_sample and not rewrite and not args.no_local_image_server:
             from pipelines.studies.amplification.sample_server import LocalImageServer
 
             server = run.stack.enter_context(LocalImageServer())
             server_url = server.base_url
-            st.url_rewrite = [(SAMPLE_URL_PREFIX, server_url + "/")]
-            st.fetch["allow_local"] = True
+            rewrite, fetch = [(SAMPLE_URL_PREFIX, server_url + "/")], fetch | {"allow_local": True}
             print(f"serving the synthetic sample's images from a local server at {server_url} "
                   f"(rewriting {SAMPLE_URL_PREFIX}); local addresses allowed for this run")
+        # what this run decided (where images are saved, GPUs, the device, the sample's server), in
+        # this run's copy of the image settings: the settings built from preset, file and flags stay
+        st = dataclasses.replace(base, save_images=f"{rd.uri}/{run_files['saved_images']}" if args.save_images else None,
+                                 clip_gpus=per_actor, clip=dataclasses.replace(base.clip, device=gp.device),
+                                 fetch=fetch, url_rewrite=rewrite)
 
         caption_metrics, shown = captions.caption_side(run, cs, own_run=False)
         caption_stats = caption_metrics.pop("_stats")
         captions.print_caption_side(rd, shown)
         subsets = pq.read_table(out_fs.open_input_file(f"{out}/{captions.FILES['subsets']}"))
-        occupation_list = cs["occupations"]
+        occupation_list = cs.occupations
         occupations = [o.name for o in occupation_list]
-        prompts = prompt_table(occupation_list, cs["prompts"])
-        train_budgets, gen_budgets = image_budgets(cs["execution"])
+        prompts = prompt_table(occupation_list, cs.prompts)
+        train_budgets, gen_budgets = image_budgets(cs.execution)
         selection = captions.selection_config(cs)
 
         walk = None
@@ -234,7 +242,7 @@ class AmplificationStudy:
                   f"{selection.sample_size} random, {selection.nn_k} NN; {pool.num_rows:,} candidates) ...")
             walk = walk_training(ray, rd, pool, selection, st, train_budgets,
                                  reselect=lambda f: captions.select_pool(run, cs, selection.pool(f))[0],
-                                 max_walk_factor=float(cs["selection"].get("max_walk_factor", 20)), echo=echo)
+                                 max_walk_factor=float(cs.selection.get("max_walk_factor", 20)), echo=echo)
             subsets, url_results, train_phase, train_budgets = walk.subsets, walk.url_results, walk.phase, walk.budgets
             _walk_summary(walk)
             io.write_table(subsets, out_fs, f"{out}/{captions.FILES['subsets']}")   # the subsets T is over
@@ -252,22 +260,22 @@ class AmplificationStudy:
         train_rows = image_side.training_rows(subsets, url_results)
 
         requests = image_side.generation_requests(prompts, train_rows, st, caption_prompts=st.caption_images > 0)
-        gen_parts, phases = [], {}
         models = run.generator_models
-        for spec in run.generators:
-            model = spec.model
-            print(f"generating {requests.num_rows:,} images with {model} ...")
+
+        def budgets_of(model: str) -> list:
             budgets = [copy.deepcopy(b) for b in gen_budgets]
             for b in budgets:
                 b.stage = f"generation ({model})"
-            gen, phase = image_side.generated_images(ray, requests, spec, st, run=rd, budgets=budgets, echo=echo)
-            _resumed_note(phase)
-            if gen.num_rows != requests.num_rows:
-                raise RuntimeError(f"{model}: {requests.num_rows} images requested, {gen.num_rows} rows came back")
-            gen_parts.append(gen)
-            for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT):
-                phases[f"{source}:{model}"] = phase
-            train_budgets += budgets
+            return budgets
+
+        # the engine generates with each generator (checkpointed per image, resumable), CLIP on the
+        # device tensor, the face filter after; per generator, the rows in the study's order
+        gen = generation.generate(run, image_side.generation_plan(st, requests, budgets_of))
+        gen_parts = [gen.images.filter(pc.equal(gen.images.column(I.MODEL), m)).sort_by(image_side.RESULT_ORDER)
+                     for m in models] if gen.images is not None else []
+        phases = {f"{source}:{model}": phase for model, phase in gen.phases.items()
+                  for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT)}
+        train_budgets += gen.budgets
         generated = pa.concat_tables(gen_parts) if gen_parts else None
         gen_rows = image_side.generated_rows(generated) if generated is not None else I.IMAGE_RESULTS.empty_table()
 
@@ -276,8 +284,8 @@ class AmplificationStudy:
         per_image = pa.concat_tables([train_rows, gen_rows])
         count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows)
         counts = pd.DataFrame(count_rows)
-        results = rep.compute(per_image.to_pandas(), occupations, len(cs["prompts"]), models)
-        t3 = rep.table3(results["approaches"], len(cs["prompts"]))
+        results = rep.compute(per_image.to_pandas(), occupations, len(cs.prompts), models)
+        t3 = rep.table3(results["approaches"], len(cs.prompts))
 
         io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
         T = results["T"].assign(**{"prompt_id": results["T"]["prompt_id"].astype("Int64").replace(0, pd.NA)})

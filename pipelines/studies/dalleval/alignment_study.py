@@ -18,10 +18,13 @@ the stored vectors every time (another negative sample needs no new image).
 
 from __future__ import annotations
 
+import dataclasses
 import glob as _glob
 import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -36,9 +39,9 @@ from pipelines.engine import generation, io, runtime, stages
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.io import InputError
-from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
+from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
 from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
+from pipelines.engine.models import ModelSpec, clip_record, clip_settings, standin_clip
 from pipelines.engine.progress import Phase
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import alignment_metrics as AM
@@ -216,23 +219,24 @@ def image_key(value) -> str:
     return str(int(m.group(1))) if m else stem
 
 
-def effective_pairing(st: dict) -> str:
+def effective_pairing(ref: dict) -> str:
     """The reference pairing that applies: "n/a" for the bundled stand-in photos and for
     precomputed statistics (no images to pair), else the configured one."""
-    kind = reference_kind(st["reference"])
-    return "n/a" if kind in ("bundled", "statistics") else st["reference"].get("pairing", "all")
+    kind = reference_kind(ref)
+    return "n/a" if kind in ("bundled", "statistics") else ref.get("pairing", "all")
 
 
-def reference_captions(st: dict) -> dict[str, str] | None:
-    """image key -> drawn caption, for pairing "captions" (None otherwise)."""
-    if effective_pairing(st) != "captions":
+def reference_captions(ref: dict, caption_groups: dict | None) -> dict[str, str] | None:
+    """image key -> drawn caption, for pairing "captions" (None otherwise); ``caption_groups``:
+    image id -> the drawn caption."""
+    if effective_pairing(ref) != "captions":
         return None
-    groups = st.get("caption_groups") or {}
+    groups = caption_groups or {}
     if not groups:
         raise InputError("reference.pairing: captions (App. D.2: the drawn captions' own images, the preset's "
                          "default) needs the captions' image ids: --caption-group-column (e.g. COCO's image_id); "
                          "--reference-pairing all compares with every given reference image instead")
-    if reference_kind(st["reference"]) == "parquet" and not st["reference"].get("id_column"):
+    if reference_kind(ref) == "parquet" and not ref.get("id_column"):
         raise InputError("reference.pairing: captions with a parquet reference needs reference.id_column (the image "
                          "id the captions' group column names); --reference-pairing all uses every image instead")
     return {image_key(g): text for g, text in groups.items()}
@@ -265,11 +269,11 @@ def _attach(b: pa.Table, captions: dict | None, caption_col: str | None) -> pa.T
     return b.append_column(PROMPT, pa.nulls(b.num_rows, pa.string()))
 
 
-def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto") -> tuple[pa.Table, Phase]:
+def reference_features(ray, st: "AlignmentSettings", rd, per_actor: float, device: str = "auto") -> tuple[pa.Table, Phase]:
     """FID features of every reference image (checkpointed once computed); with captions for the
     images (pairing "captions" or a parquet caption column) also their CLIP embeddings."""
     path = f"{rd.path}/{FILES['reference']}"
-    kind, paths = reference_sources(st["reference"])
+    kind, paths = reference_sources(st.reference)
     phase = Phase("reference features", "images", 0)
     if kind == "statistics":
         return A.REFERENCE_FEATURES.empty_table(), phase
@@ -278,16 +282,16 @@ def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto"
         phase.total = phase.reused = done.num_rows
         print(f"  reference features: {done.num_rows:,} reused from the checkpoint")
         return done, phase
-    fid, clip = st["fid"], st["clip"]
-    captions = reference_captions(st)
-    caption_col = st["reference"].get("caption_column") if kind == "parquet" else None
+    fid, clip = st.fid, st.clip
+    captions = reference_captions(st.reference, st.caption_groups)
+    caption_col = st.reference.get("caption_column") if kind == "parquet" else None
     with_clip = captions is not None or bool(caption_col)
-    pipeline = [Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
-                                            "factory": st.get("fid_factory"),
+    pipeline = [Stage(FidFeatureExtractor, {"extractor": fid.model, "weights": fid.get("weights"),
+                                            "factory": st.fid_factory,
                                             "batch_size": int(fid["batch_size"]), "device": device})]
     if with_clip:   # Table 19's real-image row: the images against their own captions
-        pipeline.append(Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
-                                                    "revision": clip.get("revision"),
+        pipeline.append(Stage(ClipAlignmentScorer, {"model": clip.model, "pretrained": clip.get("pretrained"),
+                                                    "revision": clip.revision,
                                                     "batch_size": int(clip["batch_size"]),
                                                     "device": device}))
     pipeline = stages.configure(pipeline, {FidFeatureExtractor.stage_name: {"num_gpus": per_actor},
@@ -296,12 +300,12 @@ def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto"
         ds = runtime.from_table(ray, bundled_reference(), 8)
     elif kind == "files":
         if captions is not None:
-            paths = paired_paths(paths, captions, st["reference"].get("max_images"))
+            paths = paired_paths(paths, captions, st.reference.get("max_images"))
         ds = runtime.from_table(ray, pa.table({A.REFERENCE_ID: pa.array(paths, pa.string())}), 64)
         ds = ds.map_batches(read_files, batch_format="pyarrow")
     else:
-        col = st["reference"].get("image_column") or "image"
-        idc = st["reference"].get("id_column")
+        col = st.reference.get("image_column") or "image"
+        idc = st.reference.get("id_column")
         ds = ray.data.read_parquet(paths[0], columns=[col] + ([idc] if idc else []) + ([caption_col] if caption_col
                                                                                         else []))
         def to_payload(b: pa.Table) -> pa.Table:
@@ -313,8 +317,8 @@ def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto"
 
         ds = ds.map_batches(to_payload, batch_format="pyarrow")
     ds = ds.map_batches(_attach, fn_args=(captions, caption_col), batch_format="pyarrow")
-    if kind == "parquet" and st["reference"].get("max_images"):   # after the pairing filter: N paired images
-        ds = ds.limit(int(st["reference"]["max_images"]))
+    if kind == "parquet" and st.reference.get("max_images"):   # after the pairing filter: N paired images
+        ds = ds.limit(int(st.reference["max_images"]))
     print("computing the FID features" + (" and CLIP embeddings" if with_clip else "") + " of the reference images ...")
     import time
 
@@ -323,7 +327,7 @@ def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto"
     refs = stages.run(ds, pipeline).drop_columns([IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH]).to_arrow_refs()
     parts = [conform(t.select(keep), A.REFERENCE_FEATURES) for t in ray.get(refs) if t.num_rows]
     table = pa.concat_tables(parts) if parts else A.REFERENCE_FEATURES.empty_table()
-    if kind == "parquet" and not st["reference"].get("id_column"):
+    if kind == "parquet" and not st.reference.get("id_column"):
         table = table.set_column(table.schema.get_field_index(A.REFERENCE_ID), A.REFERENCE_ID,
                                  pa.array([str(i) for i in range(table.num_rows)], pa.string()))
     status = pc.if_else(pc.is_valid(table.column(A.FID_FEATURES)), A.ReferenceStatus.OK,
@@ -336,19 +340,19 @@ def reference_features(ray, st: dict, rd, per_actor: float, device: str = "auto"
     return table, phase
 
 
-def pairing_record(st: dict, reference: pa.Table) -> dict:
+def pairing_record(st: "AlignmentSettings", reference: pa.Table) -> dict:
     """What the FID and the real-image row compared with: the reference kind, pairing, extractor,
     how many of the drawn captions' images were found, and whether the pairing is the released
     code's (comparable with Table 19's FID column)."""
-    kind = reference_kind(st["reference"])
-    rec = {"kind": kind, "pairing": effective_pairing(st), "extractor": st["fid"]["extractor"],
-           "statistics": str(st["reference"]["statistics"]) if kind == "statistics" else None,
-           "comparable_with_table19_fid": bool(kind == "statistics" and st["fid"]["extractor"] == "torchvision"),
+    kind = reference_kind(st.reference)
+    rec = {"kind": kind, "pairing": effective_pairing(st.reference), "extractor": st.fid.model,
+           "statistics": str(st.reference["statistics"]) if kind == "statistics" else None,
+           "comparable_with_table19_fid": bool(kind == "statistics" and st.fid.model == "torchvision"),
            "comparable_note": "Table 19's FID (released code): torchvision's ImageNet Inception v3 against DM-GAN's "
                               "precomputed COCO val2014 statistics (coco_val.npz): --fid-extractor torchvision "
                               "--reference-statistics coco_val.npz"}
     if rec["pairing"] == "captions":
-        drawn = len(st.get("caption_groups") or {})
+        drawn = len(st.caption_groups or {})
         found = len({image_key(v) for v in reference.column(A.REFERENCE_ID).to_pylist()})
         rec.update({"drawn_captions": drawn, "images_found": found, "images_missing": drawn - found})
     return rec
@@ -362,7 +366,48 @@ def _read_parquet(fs, path: str) -> pa.Table:
 
 
 # ------------------------------------------------------------------------------------ settings
-def settings(args) -> dict:
+@dataclass(frozen=True)
+class AlignmentSettings:
+    """The effective alignment / quality study (preset < --config file < flags), built once; the
+    inputs read from it (``requests``, ``caption_counts``, ``caption_groups``) are filled in by
+    ``AlignmentStudy.settings``, and a stand-in run's models by ``use_standins`` (a new object)."""
+
+    label: str
+    captions: dict                     # input, column, id_column, group_column, sample, seed
+    reference: dict                    # images / statistics, pairing, columns, max_images (App. D.2)
+    generation: GenerationSettings
+    clip: ModelSpec                    # R-precision and CLIPScore (options: pretrained, batch_size)
+    r_precision: dict                  # negatives, r, seed, reading, repeats
+    clip_score: dict                   # w
+    fid: ModelSpec                     # model: the extractor ("torchvision", "inception", "pkg.mod:fn");
+                                       # options: weights (a local copy or None), batch_size
+    report: dict                       # examples
+    execution: dict
+    requests: pa.Table | None = None
+    caption_counts: dict | None = None  # read, null_or_blank, [one_per_group], kept
+    caption_groups: dict | None = None  # image id -> the drawn caption (pairing "captions" finds the images by it)
+    # a stand-in run's FID extractor: a function building the torch module (the recorded name is fid.model)
+    fid_factory: Callable | None = None
+
+
+def fid_settings(block: dict, args) -> ModelSpec:
+    """The FID extractor with --fid-extractor / --fid-weights applied, as a spec whose model is
+    the extractor's name."""
+    fid = dict(block)
+    for key, attr in (("extractor", "fid_extractor"), ("weights", "fid_weights")):
+        if getattr(args, attr, None) is not None:
+            fid[key] = getattr(args, attr)
+    extractor = fid.pop("extractor", None)
+    return ModelSpec.from_block(fid, model=extractor)
+
+
+def fid_block(fid: ModelSpec) -> dict:
+    """The FID extractor as the study file writes it ({extractor, weights, batch_size}): what
+    metrics.json and the report record."""
+    return {"extractor": fid.model, **fid.options}
+
+
+def settings(args) -> AlignmentSettings:
     cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET)
     cap = dict(cfg["captions"])
     for key, attr in (("input", "captions"), ("column", "caption_column"), ("id_column", "caption_id_column"),
@@ -379,10 +424,7 @@ def settings(args) -> dict:
     ref.setdefault("pairing", "captions")
     if ref["pairing"] not in ("all", "captions"):
         raise ValueError(f"reference.pairing must be 'all' or 'captions', not {ref['pairing']!r}")
-    fid = dict(cfg["fid"])
-    for key, attr in (("extractor", "fid_extractor"), ("weights", "fid_weights")):
-        if getattr(args, attr, None) is not None:
-            fid[key] = getattr(args, attr)
+    fid = fid_settings(cfg["fid"], args)
     rp = dict(cfg["r_precision"])
     if getattr(args, "negatives", None) is not None:
         rp["negatives"] = args.negatives
@@ -395,18 +437,21 @@ def settings(args) -> dict:
     if int(rp["negatives"]) < 1 or int(rp["r"]) < 1:
         raise ValueError(f"r_precision: negatives ({rp['negatives']}) and r ({rp['r']}) must be >= 1")
     ex = study_config.execution_settings(cfg["execution"], args)
-    return {"label": str(cfg.get("name") or "dalleval-alignment"), "captions": cap, "reference": ref,
-            "generation": generation_settings(cfg["generation"], args), "clip": clip_settings(cfg["clip"], args),
-            "r_precision": rp, "clip_score": dict(cfg["clip_score"]), "fid": fid,
-            "report": dict(cfg.get("report") or {}), "execution": ex}
+    return AlignmentSettings(label=str(cfg.get("name") or "dalleval-alignment"), captions=cap, reference=ref,
+                             generation=generation_settings(cfg["generation"], args),
+                             clip=clip_settings(cfg["clip"], args), r_precision=rp,
+                             clip_score=dict(cfg["clip_score"]), fid=fid, report=dict(cfg.get("report") or {}),
+                             execution=ex)
 
 
-def image_job(st: dict, args) -> dict:
-    return {"study": "paper000-dalleval-alignment", "captions": st["captions"], "reference": st["reference"],
-            "captions_sha256": captions_digest(st["requests"]),
-            "generation": st["generation"].job(),
-            "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)), "clip": {k: st["clip"].get(k) for k in ("model", "pretrained", "revision")},
-            "fid": {k: st["fid"].get(k) for k in ("extractor", "weights")}, "standin_models": bool(args.standin_models)}
+def image_job(st: AlignmentSettings, args) -> dict:
+    return {"study": "paper000-dalleval-alignment", "captions": st.captions, "reference": st.reference,
+            "captions_sha256": captions_digest(st.requests),
+            "generation": st.generation.job(),
+            "plan": generation.plan_job(generation_plan(st, st.requests, True)),
+            "clip": {k: st.clip.get(k) for k in ("model", "pretrained", "revision")},
+            "fid": {"extractor": st.fid.model, "weights": st.fid.get("weights")},
+            "standin_models": bool(args.standin_models)}
 
 
 def captions_digest(requests: pa.Table) -> str:
@@ -426,57 +471,59 @@ class AlignmentStudy(StudyBase):
 
     name = "paper000-dalleval-alignment"
 
-    def settings(self, args) -> dict:
+    def settings(self, args) -> AlignmentSettings:
         st = settings(args)
-        captions, st["caption_counts"] = read_captions(st["captions"])
+        captions, counts = read_captions(st.captions)
         # image id -> the drawn caption (pairing "captions" finds the reference images by it)
-        st["caption_groups"] = {g: t for g, t in zip(captions.column(A.CAPTION_GROUP).to_pylist(),
-                                                     captions.column(PROMPT).to_pylist()) if g is not None}
-        st["requests"] = requests_of(captions, st["generation"].seed)
-        reference_sources(st["reference"])   # a missing reference set fails now, before anything starts
-        reference_captions(st)               # and so does pairing by image id without image ids
+        groups = {g: t for g, t in zip(captions.column(A.CAPTION_GROUP).to_pylist(),
+                                       captions.column(PROMPT).to_pylist()) if g is not None}
+        st = dataclasses.replace(st, caption_counts=counts, caption_groups=groups,
+                                 requests=requests_of(captions, st.generation.seed))
+        reference_sources(st.reference)   # a missing reference set fails now, before anything starts
+        reference_captions(st.reference, st.caption_groups)   # and so does pairing by image id without image ids
         return st
 
-    def job(self, args, st: dict) -> dict:
+    def job(self, args, st: AlignmentSettings) -> dict:
         return image_job(st, args)
 
-    def announce(self, args, st: dict) -> None:
-        c = st["caption_counts"]
-        kind, paths = reference_sources(st["reference"])
+    def announce(self, args, st: AlignmentSettings) -> None:
+        c = st.caption_counts
+        kind, paths = reference_sources(st.reference)
         ref = {"bundled": "scikit-image's bundled photos (stand-in reference)", "parquet": f"parquet {paths and paths[0]}",
                "files": f"{len(paths or []):,} image files",
                "statistics": f"precomputed statistics {paths and paths[0]}"}[kind]
-        if effective_pairing(st) == "captions":
+        if effective_pairing(st.reference) == "captions":
             ref += " (only the drawn captions' own images, by image id)"
         print(f"DALL-Eval alignment / quality: {c['kept']:,} captions ({c['read']:,} read), one image each per "
-              f"generator; CLIP {st['clip']['model']} R-precision (1 + {st['r_precision']['negatives']}), CLIPScore; "
-              f"FID ({'a tiny stand-in' if args.standin_models else st['fid']['extractor']}) against {ref}")
+              f"generator; CLIP {st.clip.model} R-precision (1 + {st.r_precision['negatives']}), CLIPScore; "
+              f"FID ({'a tiny stand-in' if args.standin_models else st.fid.model}) against {ref}")
 
-    def actor_cpus(self, args, st: dict) -> float:
+    def actor_cpus(self, args, st: AlignmentSettings) -> float:
         return args.gen_actors + 1
 
-    def use_standins(self, args, st: dict, root: str) -> None:
+    def use_standins(self, args, st: AlignmentSettings, root: str) -> AlignmentSettings:
+        """The tiny random CLIP; the tiny FID extractor in place of a built-in one without local
+        weights (a plug-in or given weights are kept)."""
         from pipelines.standins.fid import tiny_fid_extractor
 
-        st["clip"] = {**st["clip"], "model": build_standin_clip(root), "pretrained": None, "revision": None}
-        if st["fid"]["extractor"] in ("inception", "torchvision") and st["fid"].get("weights") is None:
-            st["fid"] = {**st["fid"], "extractor": STANDIN_FID, "weights": None}
-            st["fid_factory"] = tiny_fid_extractor
+        fid, factory = st.fid, st.fid_factory
+        if fid.model in ("inception", "torchvision") and fid.get("weights") is None:
+            fid, factory = fid.standin_at(STANDIN_FID, weights=None), tiny_fid_extractor
+        return dataclasses.replace(st, clip=standin_clip(st.clip, root), fid=fid, fid_factory=factory)
 
-    def load_models(self, args, st: dict, gpu) -> list[dict]:
+    def load_models(self, args, st: AlignmentSettings, gpu) -> list[dict]:
         from operators.image_fid_features import load_fid_extractor
 
-        records = [clip_record(st["clip"], args.standin_models, "CLIP (R-precision, CLIPScore)")]
-        fid = load_fid_extractor(st["fid"]["extractor"], st["fid"].get("weights"), device="cpu",
-                                 factory=st.get("fid_factory"))
-        records.append({"role": "FID features", "model": st["fid"]["extractor"], "standin": args.standin_models,
+        records = [clip_record(st.clip, args.standin_models, "CLIP (R-precision, CLIPScore)")]
+        fid = load_fid_extractor(st.fid.model, st.fid.get("weights"), device="cpu", factory=st.fid_factory)
+        records.append({"role": "FID features", "model": st.fid.model, "standin": args.standin_models,
                         "detail": getattr(fid, "record", {})})
         del fid
         return records
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, per_actor = st["requests"], run.gpu.per_actor
+        requests, per_actor = st.requests, run.gpu.per_actor
         models = run.generator_models
         reference, ref_phase = reference_features(run.ray, st, rd, per_actor, run.gpu.device)
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
@@ -488,17 +535,17 @@ class AlignmentStudy(StudyBase):
         save_images = bool(args.save_images)
         ok_ref = int(pc.sum(pc.equal(reference.column(A.REFERENCE_STATUS), A.ReferenceStatus.OK)).as_py() or 0)
         metrics = {
-            "config": {"images": image_job(st, args), "r_precision": st["r_precision"], "clip_score": st["clip_score"],
-                       "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
-                       "generators_loaded": models, "clip_loaded": st["clip"], "fid_loaded": st["fid"],
+            "config": {"images": image_job(st, args), "r_precision": st.r_precision, "clip_score": st.clip_score,
+                       "execution": st.execution, "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
+                       "generators_loaded": models, "clip_loaded": st.clip, "fid_loaded": fid_block(st.fid),
                        "save_images": save_images},
-            "captions": st["caption_counts"],
+            "captions": st.caption_counts,
             "reference": {"images": reference.num_rows, "ok": ok_ref},
             "fid_reference": pairing,
             "results": table.to_dict("records"),
             "error_budgets": [b.as_dict() for b in budgets],
         }
-        c = st["caption_counts"]
+        c = st.caption_counts
         rows = [stage_row(None, "captions", "read + sample", c["read"], c["kept"],
                           {"null_or_blank": c["null_or_blank"],
                            "not_sampled": c["read"] - c["null_or_blank"] - c["kept"]}, c["read"]),
@@ -513,11 +560,11 @@ class AlignmentStudy(StudyBase):
 
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "models": run.generator_models,
-                "standin": bool(run.args.standin_models), "captions": st["caption_counts"],
-                "reference": reference_kind(st["reference"]), "fid": st["fid"], "clip": st["clip"],
-                "r_precision": st["r_precision"], "pairing": d["pairing"],
+                "standin": bool(run.args.standin_models), "captions": st.caption_counts,
+                "reference": reference_kind(st.reference), "fid": fid_block(st.fid), "clip": st.clip.record(),
+                "r_precision": st.r_precision, "pairing": d["pairing"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
-                "examples": int(st["report"].get("examples", 8))}
+                "examples": int(st.report.get("examples", 8))}
         html = report_alignment.render_html(meta, d["images"], d["table"], run.models, figures=FigureDir(rd.fs, rd.path))
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
         print(report_alignment.format_table(d["table"]))
@@ -536,13 +583,13 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
+def generation_plan(st: AlignmentSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Each caption's image; CLIP embeddings + cosine and FID features on the generator's device."""
-    clip, fid = st["clip"], st["fid"]
-    heads = [Stage(ClipAlignmentScorer, {"model": clip["model"], "pretrained": clip.get("pretrained"),
-                                         "revision": clip.get("revision"), "batch_size": int(clip["batch_size"])}),
-             Stage(FidFeatureExtractor, {"extractor": fid["extractor"], "weights": fid.get("weights"),
-                                         "factory": st.get("fid_factory"), "batch_size": int(fid["batch_size"])})]
+    clip, fid = st.clip, st.fid
+    heads = [Stage(ClipAlignmentScorer, {"model": clip.model, "pretrained": clip.get("pretrained"),
+                                         "revision": clip.revision, "batch_size": int(clip["batch_size"])}),
+             Stage(FidFeatureExtractor, {"extractor": fid.model, "weights": fid.get("weights"),
+                                         "factory": st.fid_factory, "batch_size": int(fid["batch_size"])})]
     return GenerationPlan(requests, A.ALIGNMENT_IMAGES, heads=heads, key=IMAGE_ID, save_images=save_images,
                           images_dir=FILES["images_dir"], what="generating and scoring")
 
@@ -557,19 +604,19 @@ def _vectors(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
 REAL_IMAGES = "real images (reference)"
 
 
-def measures(images: pa.Table, reference: pa.Table, st: dict) -> pd.DataFrame:
+def measures(images: pa.Table, reference: pa.Table, st: AlignmentSettings) -> pd.DataFrame:
     """Table 19's shape per model: R-precision, CLIPScore and FID with the images behind each; and,
     when the reference images have captions, Table 19's real-image row (R-precision and CLIPScore
     of the reference images against their own captions)."""
-    stats = AM.load_statistics(str(st["reference"]["statistics"])) if reference_kind(st["reference"]) == "statistics" \
+    stats = AM.load_statistics(str(st.reference["statistics"])) if reference_kind(st.reference) == "statistics" \
         else None
     ref, ref_ok = _vectors(reference, A.FID_FEATURES)
     ref = ref[ref_ok]
-    cs = st["clip_score"]
+    cs = st.clip_score
     rows = []
     for model in dict.fromkeys(images.column(MODEL).to_pylist()):
         mine = images.filter(pc.equal(images.column(MODEL), model))
-        row = {"model": model, **_alignment(mine, st), "r_precision_reading": st["r_precision"]["reading"]}
+        row = {"model": model, **_alignment(mine, st.r_precision), "r_precision_reading": st.r_precision["reading"]}
         cos = mine.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
         cos = cos[~pd.isna(cos)].astype(np.float64)
         s = AM.clip_score(cos, w=float(cs["w"])) if len(cos) else {"clip_score": None, "clip_score_100": None, "n": 0}
@@ -589,15 +636,16 @@ def measures(images: pa.Table, reference: pa.Table, st: dict) -> pd.DataFrame:
         cos = reference.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
         cos = cos[~pd.isna(cos)].astype(np.float64)
         s = AM.clip_score(cos, w=float(cs["w"]))
-        rows.append({"model": REAL_IMAGES, **_alignment(reference, st), "r_precision_reading": st["r_precision"]["reading"],
+        rows.append({"model": REAL_IMAGES, **_alignment(reference, st.r_precision),
+                     "r_precision_reading": st.r_precision["reading"],
                      "clip_score": s["clip_score"], "clip_score_100": s["clip_score_100"], "clip_score_n": s["n"],
                      "fid": None, "fid_n_generated": None, "fid_n_reference": None})
     return pd.DataFrame(rows)
 
 
-def _alignment(table: pa.Table, st: dict) -> dict:
-    """R-precision of the rows' images against their captions, in the configured reading."""
-    rp = st["r_precision"]
+def _alignment(table: pa.Table, rp: dict) -> dict:
+    """R-precision of the rows' images against their captions, in the configured reading (``rp``:
+    the r_precision settings)."""
     img, ok_i = _vectors(table, A.CLIP_IMAGE_EMBEDDING)
     txt, ok_t = _vectors(table, A.CLIP_TEXT_EMBEDDING)
     ok = ok_i & ok_t

@@ -16,6 +16,9 @@ same run id with another --threshold rescores the stored detections without gene
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import pyarrow as pa
 
 from operators.base import Stage
@@ -23,8 +26,9 @@ from operators.image_object_detection import ObjectDetector
 from pipelines.engine import generation, io
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
-from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
+from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
 from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
+from pipelines.engine.models import ModelSpec
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import skills as K
 from schemas import paintskills as P
@@ -44,7 +48,44 @@ FILES = {
 
 
 # ------------------------------------------------------------------------------------ settings
-def settings(args) -> dict:
+@dataclass(frozen=True)
+class SkillsSettings:
+    """The effective PaintSkills study (preset < --config file < flags), built once; ``requests``
+    is the input made from it (the skill prompts, each with its image's seed)."""
+
+    label: str
+    prompts: dict                      # sizes per skill, objects, counts, relations, the template set and its templates
+    generation: GenerationSettings
+    detector: ModelSpec                # options: threshold, record_threshold, object_rule, count_rule, batch_size
+    report: dict                       # examples_per_skill
+    execution: dict
+    requests: pa.Table | None = None
+
+
+def detector_settings(block: dict, args) -> ModelSpec:
+    """The skill detector with --detector / --detector-revision / --threshold / --object-rule /
+    --count-rule applied and checked (another model drops the study file's revision)."""
+    det = dict(block)
+    if getattr(args, "detector", None):
+        det["model"], det["revision"] = args.detector, None
+    if getattr(args, "detector_revision", None) is not None:
+        det["revision"] = args.detector_revision
+    if getattr(args, "threshold", None) is not None:
+        det["threshold"] = args.threshold
+    for key, allowed in (("object_rule", K.OBJECT_RULES), ("count_rule", K.COUNT_RULES)):
+        if getattr(args, key, None) is not None:
+            det[key] = getattr(args, key)
+        if det.get(key, "paper") not in allowed:
+            raise ValueError(f"detector.{key}: {det.get(key)!r} is not one of {allowed}")
+        det[key] = det.get(key, "paper")
+    det["threshold"], det["record_threshold"] = float(det["threshold"]), float(det["record_threshold"])
+    if not 0 <= det["record_threshold"] <= det["threshold"] < 1:
+        raise ValueError(f"detector: need 0 <= record_threshold ({det['record_threshold']}) <= threshold "
+                         f"({det['threshold']}) < 1 (detections below the recording floor are not stored)")
+    return ModelSpec.from_block(det)
+
+
+def settings(args) -> SkillsSettings:
     """The effective study: configs/dalleval_skills.yaml, the --config file, then the flags."""
     cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET, replace=REPLACED)
     pr = dict(cfg["prompts"])
@@ -64,44 +105,29 @@ def settings(args) -> dict:
     if name not in sets:
         raise ValueError(f"templates: {name!r} is not one of the template sets {sorted(sets)}")
     templates = K.check_templates(sets[name])
-    det = dict(cfg["detector"])
-    if getattr(args, "detector", None):
-        det["model"], det["revision"] = args.detector, None
-    if getattr(args, "detector_revision", None) is not None:
-        det["revision"] = args.detector_revision
-    if getattr(args, "threshold", None) is not None:
-        det["threshold"] = args.threshold
-    for key, allowed in (("object_rule", K.OBJECT_RULES), ("count_rule", K.COUNT_RULES)):
-        if getattr(args, key, None) is not None:
-            det[key] = getattr(args, key)
-        if det.get(key, "paper") not in allowed:
-            raise ValueError(f"detector.{key}: {det.get(key)!r} is not one of {allowed}")
-        det[key] = det.get(key, "paper")
-    det["threshold"], det["record_threshold"] = float(det["threshold"]), float(det["record_threshold"])
-    if not 0 <= det["record_threshold"] <= det["threshold"] < 1:
-        raise ValueError(f"detector: need 0 <= record_threshold ({det['record_threshold']}) <= threshold "
-                         f"({det['threshold']}) < 1 (detections below the recording floor are not stored)")
+    det = detector_settings(cfg["detector"], args)
     gen = generation_settings(cfg["generation"], args)
     ex = study_config.execution_settings(cfg["execution"], args)
     prompts = {"sizes": sizes, "objects": list(pr["objects"]), "counts": [int(c) for c in pr["counts"]],
                "relations": list(pr["relations"]), "same_class_pairs": bool(pr.get("same_class_pairs", True)),
                "template_set": name, "templates": templates, "plurals": dict(pr.get("plurals") or {}),
                "relation_words": dict(pr.get("relation_words") or {})}
-    return {"label": str(cfg.get("name") or "dalleval-skills"), "prompts": prompts, "generation": gen,
-            "detector": det, "report": dict(cfg.get("report") or {}), "execution": ex}
+    return SkillsSettings(label=str(cfg.get("name") or "dalleval-skills"), prompts=prompts, generation=gen,
+                          detector=det, report=dict(cfg.get("report") or {}), execution=ex)
 
 
-def requests_of(st: dict) -> pa.Table:
-    pr = st["prompts"]
+def requests_of(st: SkillsSettings) -> pa.Table:
+    pr = st.prompts
     return K.skill_prompts(pr["sizes"], pr["objects"], pr["counts"], pr["relations"], pr["templates"],
-                           pr["same_class_pairs"], st["generation"].seed, pr["plurals"], pr["relation_words"])
+                           pr["same_class_pairs"], st.generation.seed, pr["plurals"], pr["relation_words"])
 
 
-def image_job(st: dict, args) -> dict:
+def image_job(st: SkillsSettings, args) -> dict:
     """What the per-image results depend on (the scoring threshold is not: it is applied after)."""
-    det = {k: st["detector"][k] for k in ("model", "revision", "record_threshold", "dtype")}
-    return {"study": "paper000-dalleval-skills", "prompts": st["prompts"], "generation": st["generation"].job(),
-            "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)), "detector": det,
+    d = st.detector
+    det = {"model": d.model, "revision": d.revision, "record_threshold": d["record_threshold"], "dtype": d.dtype}
+    return {"study": "paper000-dalleval-skills", "prompts": st.prompts, "generation": st.generation.job(),
+            "plan": generation.plan_job(generation_plan(st, st.requests, True)), "detector": det,
             "standin_models": bool(args.standin_models)}
 
 
@@ -111,47 +137,46 @@ class SkillsStudy(StudyBase):
 
     name = "paper000-dalleval-skills"
 
-    def settings(self, args) -> dict:
+    def settings(self, args) -> SkillsSettings:
         st = settings(args)
-        st["requests"] = requests_of(st)
-        return st
+        return dataclasses.replace(st, requests=requests_of(st))
 
-    def job(self, args, st: dict) -> dict:
+    def job(self, args, st: SkillsSettings) -> dict:
         return image_job(st, args)
 
-    def announce(self, args, st: dict) -> None:
-        sizes = st["prompts"]["sizes"]
+    def announce(self, args, st: SkillsSettings) -> None:
+        sizes = st.prompts["sizes"]
         print(f"DALL-Eval PaintSkills: {sizes[P.Skill.OBJECT]:,} object + {sizes[P.Skill.COUNT]:,} count + "
-              f"{sizes[P.Skill.SPATIAL]:,} spatial prompts ({st['prompts']['template_set']} templates), one image "
-              f"each per generator; detector {'a tiny stand-in' if args.standin_models else st['detector']['model']} "
-              f"at threshold {st['detector']['threshold']:g}")
+              f"{sizes[P.Skill.SPATIAL]:,} spatial prompts ({st.prompts['template_set']} templates), one image "
+              f"each per generator; detector {'a tiny stand-in' if args.standin_models else st.detector.model} "
+              f"at threshold {st.detector['threshold']:g}")
 
-    def use_standins(self, args, st: dict, root: str) -> None:
+    def use_standins(self, args, st: SkillsSettings, root: str) -> SkillsSettings:
         from pathlib import Path
 
         from pipelines.standins.detection import build_tiny_detr
 
-        st["detector"] = {**st["detector"], "model": build_tiny_detr(str(Path(root) / "detr-standin"), seed=0),
-                          "revision": None}
+        return dataclasses.replace(st, detector=st.detector.standin_at(
+            build_tiny_detr(str(Path(root) / "detr-standin"), seed=0)))
 
-    def load_models(self, args, st: dict, gpu) -> list[dict]:
+    def load_models(self, args, st: SkillsSettings, gpu) -> list[dict]:
         from operators.image_object_detection import load_object_detector
 
-        det = st["detector"]
-        bundle = load_object_detector(det["model"], det.get("revision"), device="cpu", dtype="float32")
-        records = [{"role": "skill detector (zero-shot)", "model": det["model"], "standin": args.standin_models,
+        det = st.detector
+        bundle = load_object_detector(det.model, det.revision, device="cpu", dtype="float32")
+        records = [{"role": "skill detector (zero-shot)", "model": det.model, "standin": args.standin_models,
                     "detail": bundle.record}]
         del bundle
         return records
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, per_actor = st["requests"], run.gpu.per_actor
+        requests, per_actor = st.requests, run.gpu.per_actor
         models = run.generator_models
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
-        threshold = st["detector"]["threshold"]
-        judged = K.judge(images, threshold, st["detector"]["object_rule"], st["detector"]["count_rule"])
+        threshold = st.detector["threshold"]
+        judged = K.judge(images, threshold, st.detector["object_rule"], st.detector["count_rule"])
         results = analyse(judged)
         out_fs, out = rd.fs, rd.path
         io.write_table_and_csv(judged, out_fs, f"{out}/{FILES['images']}")
@@ -160,10 +185,10 @@ class SkillsStudy(StudyBase):
         save_images = bool(args.save_images)
         metrics = {
             "config": {"images": image_job(st, args), "threshold": threshold,
-                       "object_rule": st["detector"]["object_rule"], "count_rule": st["detector"]["count_rule"],
-                       "execution": st["execution"],
+                       "object_rule": st.detector["object_rule"], "count_rule": st.detector["count_rule"],
+                       "execution": st.execution,
                        "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
-                       "detector_loaded": st["detector"], "save_images": save_images},
+                       "detector_loaded": st.detector, "save_images": save_images},
             "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
                        "judged": K.judged_counts(judged)},
             "results": {k: results[k].to_dict("records") for k in ("accuracies", "table2", "splits", "tasks")},
@@ -178,10 +203,10 @@ class SkillsStudy(StudyBase):
 
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "models": run.generator_models,
-                "standin": bool(run.args.standin_models), "detector": st["detector"],
-                "templates": st["prompts"]["template_set"], "sizes": st["prompts"]["sizes"],
+                "standin": bool(run.args.standin_models), "detector": st.detector.record(),
+                "templates": st.prompts["template_set"], "sizes": st.prompts["sizes"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
-                "examples": int(st["report"].get("examples_per_skill", 6))}
+                "examples": int(st.report.get("examples_per_skill", 6))}
         html = report_skills.render_html(meta, d["images"], d["results"], run.models,
                                          figures=FigureDir(rd.fs, rd.path))
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
@@ -203,12 +228,12 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
+def generation_plan(st: SkillsSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Each skill prompt's image, its detections on the generator's device, the image saved."""
-    det = st["detector"]
-    head = Stage(ObjectDetector, {"model": det["model"], "revision": det.get("revision"),
+    det = st.detector
+    head = Stage(ObjectDetector, {"model": det.model, "revision": det.revision,
                                   "record_threshold": det["record_threshold"], "batch_size": int(det["batch_size"]),
-                                  "dtype": det.get("dtype", "auto")})
+                                  "dtype": det.dtype})
     return GenerationPlan(requests, P.SKILL_IMAGES, heads=[head], key=P.IMAGE_ID, save_images=save_images,
                           images_dir=FILES["images_dir"], what="generating and detecting")
 

@@ -15,6 +15,8 @@ detector settings) names the run; the measures are recomputed from the per-image
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -36,9 +38,9 @@ from pipelines.engine import generation, io
 from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
-from pipelines.engine.generation import GenerationPlan, generation_rows, generation_settings
+from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
 from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
+from pipelines.engine.models import ModelSpec, clip_record, clip_settings, standin_clip
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
@@ -61,7 +63,41 @@ CLIP_TO_DETECTED = {Gender.MALE: S.DetectedGender.MALE, Gender.FEMALE: S.Detecte
 
 
 # ------------------------------------------------------------------------------------ settings
-def settings(args) -> dict:
+@dataclass(frozen=True)
+class DallEvalSettings:
+    """The effective social-bias study (preset < --config file < flags), built once; ``requests``
+    is the input read from it (the diagnostic prompts, each with its images' seeds)."""
+
+    label: str
+    groups: dict                       # label -> words in the prompt ("man" -> "a man")
+    professions: list                  # Table 13
+    template: str                      # "{group} who works as {article} {profession}"
+    bare_prompts: bool                 # also the bare "[G]" prompts
+    articles: dict                     # profession -> its article, where the vowel-sound rule is wrong
+    neutral: str | None                # the group of the gender-neutral prompts (Table 6), if any
+    compare: list                      # [first, second]: the groups the attribute tables compare, or []
+    generation: GenerationSettings
+    detect: dict                       # gender ("blip2" / "clip"), attributes (bool), skin_tone (bool)
+    blip2: ModelSpec                   # gender / attribute questions (options: questions, template, batch)
+    clip: ModelSpec                    # CLIP zero-shot gender (options: pretrained, prompts, threshold)
+    attributes: list                   # [{"name", "text"}] asked about with BLIP-2
+    skin_tone: dict                    # SkinToneDetector settings
+    execution: dict
+    requests: pa.Table | None = None
+
+
+def blip2_settings(block: dict, args) -> ModelSpec:
+    """The study's BLIP-2 with --blip2-model / --blip2-revision applied (another model drops the
+    study file's revision: a revision belongs to the weights it was set for)."""
+    changes = {}
+    if getattr(args, "blip2_model", None):
+        changes.update(model=args.blip2_model, revision=None)
+    if getattr(args, "blip2_revision", None) is not None:
+        changes["revision"] = args.blip2_revision
+    return ModelSpec.from_block(block, **changes)
+
+
+def settings(args) -> DallEvalSettings:
     """The effective study: configs/dalleval.yaml, the --config file, then command-line overrides."""
     cfg = study_config.load_config(args.config, preset=PRESET, replace=REPLACED)
     groups = parse_groups(cfg["groups"])
@@ -85,12 +121,7 @@ def settings(args) -> dict:
         detect["skin_tone"] = False
     if detect["gender"] not in S.GenderDetector.ALL:
         raise ValueError(f"detect.gender must be one of {S.GenderDetector.ALL}, got {detect['gender']!r}")
-    blip2 = dict(cfg["blip2"])
-    if getattr(args, "blip2_model", None):
-        blip2["model"] = args.blip2_model
-        blip2["revision"] = None
-    if getattr(args, "blip2_revision", None) is not None:
-        blip2["revision"] = args.blip2_revision
+    blip2 = blip2_settings(cfg["blip2"], args)
     clip = clip_settings(cfg["clip"], args)
     from operators.image_blip2_vqa import normalize_attributes
 
@@ -99,87 +130,88 @@ def settings(args) -> dict:
         raise ValueError("detect.attributes is on but no attributes are configured")
     ex = study_config.execution_settings(cfg["execution"], args)
     bare = bool(cfg.get("bare_prompts", True)) and not getattr(args, "no_bare_prompts", False)
-    return {"label": str(cfg.get("name") or "dalleval"), "groups": groups, "professions": professions,
-            "template": str(cfg["template"]), "bare_prompts": bare, "articles": dict(cfg.get("articles") or {}),
-            "neutral": neutral, "compare": compare, "generation": gen, "detect": detect, "blip2": blip2,
-            "clip": clip, "attributes": attributes, "skin_tone": dict(cfg["skin_tone"]), "execution": ex}
+    return DallEvalSettings(label=str(cfg.get("name") or "dalleval"), groups=groups, professions=professions,
+                            template=str(cfg["template"]), bare_prompts=bare, articles=dict(cfg.get("articles") or {}),
+                            neutral=neutral, compare=compare, generation=gen, detect=detect, blip2=blip2, clip=clip,
+                            attributes=attributes, skin_tone=dict(cfg["skin_tone"]), execution=ex)
 
 
-def requests_of(st: dict) -> pa.Table:
-    prompts = diagnostic_prompts(st["groups"], st["professions"], st["template"], st["bare_prompts"], st["articles"])
-    gen = st["generation"]
+def requests_of(st: DallEvalSettings) -> pa.Table:
+    prompts = diagnostic_prompts(st.groups, st.professions, st.template, st.bare_prompts, st.articles)
+    gen = st.generation
     return dalleval_requests(prompts, gen.images_per_prompt, gen.seed)
 
 
-def uses_blip2(st: dict) -> bool:
-    return st["detect"]["gender"] == S.GenderDetector.BLIP2 or bool(st["detect"]["attributes"])
+def uses_blip2(detect: dict) -> bool:
+    return detect["gender"] == S.GenderDetector.BLIP2 or bool(detect["attributes"])
 
 
-def image_job(st: dict, args) -> dict:
+def image_job(st: DallEvalSettings, args) -> dict:
     """What the per-image results depend on: its fingerprint names the run."""
-    job = {"study": "paper000-dalleval", "groups": st["groups"], "professions": st["professions"],
-           "template": st["template"], "bare_prompts": st["bare_prompts"], "articles": st["articles"],
-           "generation": st["generation"].job(),
-            "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)), "detect": st["detect"], "standin_models": bool(args.standin_models)}
-    if uses_blip2(st):
-        job["blip2"] = {k: v for k, v in st["blip2"].items() if k != "batch_size"}
-    if st["detect"]["attributes"]:
-        job["attributes"] = st["attributes"]
-    if st["detect"]["gender"] == S.GenderDetector.CLIP:
-        job["clip"] = st["clip"]
-    if st["detect"]["skin_tone"]:
-        job["skin_tone"] = st["skin_tone"]
+    job = {"study": "paper000-dalleval", "groups": st.groups, "professions": st.professions,
+           "template": st.template, "bare_prompts": st.bare_prompts, "articles": st.articles,
+           "generation": st.generation.job(),
+           "plan": generation.plan_job(generation_plan(st, st.requests, True)), "detect": st.detect,
+           "standin_models": bool(args.standin_models)}
+    if uses_blip2(st.detect):
+        job["blip2"] = {k: v for k, v in st.blip2.record().items() if k != "batch_size"}
+    if st.detect["attributes"]:
+        job["attributes"] = st.attributes
+    if st.detect["gender"] == S.GenderDetector.CLIP:
+        job["clip"] = st.clip
+    if st.detect["skin_tone"]:
+        job["skin_tone"] = st.skin_tone
     return job
 
 
-def detector_kwargs(st: dict) -> dict | None:
+def detector_kwargs(st: DallEvalSettings) -> dict | None:
     """The BLIP-2 head of the generator (None when nothing is asked)."""
-    if not uses_blip2(st):
+    if not uses_blip2(st.detect):
         return None
-    b = st["blip2"]
-    return {"model": b["model"], "revision": b.get("revision"),
-            "gender_question": b["gender_question"] if st["detect"]["gender"] == S.GenderDetector.BLIP2 else None,
-            "attributes": st["attributes"] if st["detect"]["attributes"] else [],
+    b = st.blip2
+    return {"model": b.model, "revision": b.revision,
+            "gender_question": b["gender_question"] if st.detect["gender"] == S.GenderDetector.BLIP2 else None,
+            "attributes": st.attributes if st.detect["attributes"] else [],
             "attribute_question": b["attribute_question"], "prompt_template": b["prompt_template"],
             "max_new_tokens": int(b["max_new_tokens"]), "batch_size": int(b["batch_size"]),
-            "dtype": b.get("dtype") or "auto"}
+            "dtype": b.dtype or "auto"}
 
 
-def classifier_kwargs(st: dict) -> dict | None:
-    if st["detect"]["gender"] != S.GenderDetector.CLIP:
+def classifier_kwargs(st: DallEvalSettings) -> dict | None:
+    if st.detect["gender"] != S.GenderDetector.CLIP:
         return None
-    c = st["clip"]
-    return {"model": c["model"], "pretrained": c.get("pretrained"), "revision": c.get("revision"),
+    c = st.clip
+    return {"model": c.model, "pretrained": c.get("pretrained"), "revision": c.revision,
             "prompts": list(c["prompts"]),
             "threshold": float(c["threshold"])}
 
 
 # ------------------------------------------------------------------------------------ models
-def load_models(st: dict, standin: bool) -> list[dict]:
+def load_models(st: DallEvalSettings, standin: bool) -> list[dict]:
     """Load every model once on the driver before any work (BLIP-2 as configuration and processor
     only: its weights are large): an unloadable model fails the run now, naming it."""
     records = []
-    if st["detect"]["gender"] == S.GenderDetector.CLIP:
-        records.append(clip_record(st["clip"], standin, "gender detector (CLIP zero-shot)"))
-    if uses_blip2(st):
+    if st.detect["gender"] == S.GenderDetector.CLIP:
+        records.append(clip_record(st.clip, standin, "gender detector (CLIP zero-shot)"))
+    if uses_blip2(st.detect):
         from operators.image_blip2_vqa import check_blip2
 
-        records.append({"role": "BLIP-2 (gender / attributes)", "model": st["blip2"]["model"], "standin": standin,
-                        "detail": check_blip2(st["blip2"]["model"], st["blip2"].get("revision"))})
-    if st["detect"]["skin_tone"]:
-        with SkinToneDetector(**st["skin_tone"]) as det:
+        records.append({"role": "BLIP-2 (gender / attributes)", "model": st.blip2.model, "standin": standin,
+                        "detail": check_blip2(st.blip2.model, st.blip2.revision)})
+    if st.detect["skin_tone"]:
+        with SkinToneDetector(**st.skin_tone) as det:
             records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
                             "standin": False, "detail": det.record})
     return records
 
 
-def standins(st: dict, root: str) -> None:
-    """Tiny random BLIP-2 and CLIP under ``root`` (the engine builds the generators'); the study is
-    pointed at them."""
+def standins(st: DallEvalSettings, root: str) -> DallEvalSettings:
+    """Tiny random BLIP-2 and CLIP under ``root`` (the engine builds the generators'): the
+    settings pointed at them (``st`` is left as it is)."""
     from pipelines.standins.blip2 import build_tiny_blip2
 
-    st["clip"] = {**st["clip"], "model": build_standin_clip(root), "pretrained": None, "revision": None}
-    st["blip2"] = {**st["blip2"], "model": build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0), "revision": None}
+    return dataclasses.replace(st, clip=standin_clip(st.clip, root),
+                               blip2=st.blip2.standin_at(build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0)))
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -188,52 +220,51 @@ class DallEvalStudy(StudyBase):
 
     name = "paper000-dalleval"
 
-    def settings(self, args) -> dict:
+    def settings(self, args) -> DallEvalSettings:
         st = settings(args)
-        st["requests"] = requests_of(st)
-        return st
+        return dataclasses.replace(st, requests=requests_of(st))   # bad input fails now
 
-    def job(self, args, st: dict) -> dict:
+    def job(self, args, st: DallEvalSettings) -> dict:
         return image_job(st, args)
 
-    def announce(self, args, st: dict) -> None:
-        requests = st["requests"]
-        print(f"DALL-Eval social bias: {len(st['groups'])} groups x {len(st['professions'])} professions"
-              f"{' + bare prompts' if st['bare_prompts'] else ''} = "
-              f"{requests.num_rows // st['generation'].images_per_prompt:,} "
-              f"prompts, {requests.num_rows:,} images per generator; gender by {st['detect']['gender']}, attributes "
-              f"{'on' if st['detect']['attributes'] else 'off'}, skin tone {'on' if st['detect']['skin_tone'] else 'off'}")
+    def announce(self, args, st: DallEvalSettings) -> None:
+        requests = st.requests
+        print(f"DALL-Eval social bias: {len(st.groups)} groups x {len(st.professions)} professions"
+              f"{' + bare prompts' if st.bare_prompts else ''} = "
+              f"{requests.num_rows // st.generation.images_per_prompt:,} "
+              f"prompts, {requests.num_rows:,} images per generator; gender by {st.detect['gender']}, attributes "
+              f"{'on' if st.detect['attributes'] else 'off'}, skin tone {'on' if st.detect['skin_tone'] else 'off'}")
 
-    def actor_cpus(self, args, st: dict) -> float:
-        return args.gen_actors + (args.skin_actors if st["detect"]["skin_tone"] else 0)
+    def actor_cpus(self, args, st: DallEvalSettings) -> float:
+        return args.gen_actors + (args.skin_actors if st.detect["skin_tone"] else 0)
 
-    def use_standins(self, args, st: dict, root: str) -> None:
-        standins(st, root)
+    def use_standins(self, args, st: DallEvalSettings, root: str) -> DallEvalSettings:
+        return standins(st, root)
 
-    def load_models(self, args, st: dict, gpu) -> list[dict]:
+    def load_models(self, args, st: DallEvalSettings, gpu) -> list[dict]:
         return load_models(st, args.standin_models)
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, per_actor = st["requests"], run.gpu.per_actor
+        requests, per_actor = st.requests, run.gpu.per_actor
         models = run.generator_models
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
-        results = analyse(images, st)
+        results = analyse(images, st.neutral, st.compare, st.detect)
         out_fs, out = rd.fs, rd.path
         io.write_table_and_csv(images, out_fs, f"{out}/{FILES['images']}")
         io.write_text(results["counts"].to_csv(index=False), out_fs, f"{out}/{FILES['counts']}")
         io.write_text(results["presence"].to_csv(index=False), out_fs, f"{out}/{FILES['presence']}")
         for name, table in results["tables"].items():
             io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
-        summary_rows = run_summary_rows(images, requests.num_rows, phases, st)
+        summary_rows = run_summary_rows(images, requests.num_rows, phases, st.detect)
         save_images = bool(args.save_images)
         metrics = {
-            "config": {"images": image_job(st, args), "neutral": st["neutral"], "compare": st["compare"],
-                       "execution": st["execution"], "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
+            "config": {"images": image_job(st, args), "neutral": st.neutral, "compare": st.compare,
+                       "execution": st.execution, "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
                        "generators_loaded": models,
-                       "blip2_loaded": st["blip2"] if uses_blip2(st) else None,
-                       "clip_loaded": st["clip"] if st["detect"]["gender"] == S.GenderDetector.CLIP else None,
+                       "blip2_loaded": st.blip2 if uses_blip2(st.detect) else None,
+                       "clip_loaded": st.clip if st.detect["gender"] == S.GenderDetector.CLIP else None,
                        "save_images": save_images},
             "models": run.models,
             "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
@@ -251,8 +282,8 @@ class DallEvalStudy(StudyBase):
         results = d["results"]
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
                 "models": run.generator_models, "standin": bool(run.args.standin_models),
-                "detect": st["detect"],
-                "neutral": st["neutral"], "compare": st["compare"], "attributes": [a["name"] for a in st["attributes"]]}
+                "detect": st.detect,
+                "neutral": st.neutral, "compare": st.compare, "attributes": [a["name"] for a in st.attributes]}
         io.write_text(dalleval_report.render_html(meta, results, run.models, figures=FigureDir(rd.fs, rd.path)), rd.fs, f"{rd.path}/{FILES['report']}")
         print(dalleval_report.format_results(results))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
@@ -288,17 +319,17 @@ class DetectedGenderColumns:
         return conform(t, S.DALLEVAL_IMAGES)
 
 
-def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
+def generation_plan(st: DallEvalSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Section 5 (social bias): each diagnostic prompt's images, their gender (CLIP zero-shot or
     BLIP-2, on the generator's device) and attributes (BLIP-2), skin tone from the face (Monk
     scale), and the images saved."""
     clip, blip2 = classifier_kwargs(st), detector_kwargs(st)
     heads = [*([Stage(ClipGenderClassifier, clip)] if clip else []), *([Stage(Blip2Detector, blip2)] if blip2 else [])]
-    skin = st["detect"]["skin_tone"]
+    skin = st.detect["skin_tone"]
     return GenerationPlan(
         requests, S.DALLEVAL_IMAGES, heads=heads, key=S.IMAGE_ID,
-        after=[Stage(SkinToneDetector, dict(st["skin_tone"]))] if skin else [],
-        finish=DetectedGenderColumns(st["detect"]["gender"]), save_images=save_images, images_dir=FILES["images_dir"],
+        after=[Stage(SkinToneDetector, dict(st.skin_tone))] if skin else [],
+        finish=DetectedGenderColumns(st.detect["gender"]), save_images=save_images, images_dir=FILES["images_dir"],
         resource_flags={"skin_actors": [(SkinToneDetector.stage_name, "actors")]},
         # a skin-tone batch: four generator calls' images
         overrides={SkinToneDetector.stage_name: lambda batch: {"batch_size": batch * 4}} if skin else {},
@@ -306,19 +337,18 @@ def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> Generati
 
 
 # ------------------------------------------------------------------------------------ measures
-def analyse(images: pa.Table, st: dict) -> dict:
+def analyse(images: pa.Table, neutral: str | None, compare: list, detect: dict) -> dict:
     counts = M.prompt_counts(images).to_pandas()
     presence = M.attribute_presence(images).to_pandas()
-    neutral = st["neutral"]
-    summary = M.model_summary(counts, neutral, tones=bool(st["detect"]["skin_tone"]))
+    summary = M.model_summary(counts, neutral, tones=bool(detect["skin_tone"]))
     tables = {"table_bias_mad": mad_table(summary)}
     if neutral is not None:
         tables["table_gender_per_profession"] = M.gender_table(counts, neutral)
-    if st["detect"]["skin_tone"]:
+    if detect["skin_tone"]:
         tables["table_skin_tone_per_profession"] = M.skin_tone_table(counts)
-    if st["detect"]["attributes"] and not presence.empty:
-        compare = tuple(st["compare"]) if st["compare"] else ("", "")
-        tables["table_attributes_by_group"] = M.group_attribute_table(presence, neutral, compare)
+    if detect["attributes"] and not presence.empty:
+        pair = tuple(compare) if compare else ("", "")
+        tables["table_attributes_by_group"] = M.group_attribute_table(presence, neutral, pair)
         tables["table_attributes_per_prompt"] = M.prompt_attribute_table(presence, neutral)
     return {"counts": counts, "presence": presence, "tables": tables, "summary": summary}
 
@@ -338,17 +368,17 @@ def mad_table(summary: list[dict]) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------ accounting
-def run_summary_rows(images: pa.Table, requested: int, phases: dict, st: dict) -> list[dict]:
+def run_summary_rows(images: pa.Table, requested: int, phases: dict, detect: dict) -> list[dict]:
     def detected(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) -> list[dict]:
         genders = outcome_counts(gen_ok, S.DETECTED_GENDER)
         decided = genders.get(S.DetectedGender.MALE, 0) + genders.get(S.DetectedGender.FEMALE, 0)
         dropped = {k: v for k, v in genders.items() if k not in (S.DetectedGender.MALE, S.DetectedGender.FEMALE)}
-        rows = [stage_row(phase, branch, f"gender ({st['detect']['gender']})", ok, decided, dropped, round(ok * share))]
-        if st["detect"]["skin_tone"]:
+        rows = [stage_row(phase, branch, f"gender ({detect['gender']})", ok, decided, dropped, round(ok * share))]
+        if detect["skin_tone"]:
             skin = outcome_counts(gen_ok, S.SKIN_STATUS)
             rows.append(stage_row(phase, branch, "skin_tone", ok, skin.get(S.SkinStatus.OK, 0),
                                   {k: v for k, v in skin.items() if k != S.SkinStatus.OK}, round(ok * share)))
-        if st["detect"]["attributes"]:
+        if detect["attributes"]:
             asked = int(pc.sum(pc.is_valid(gen_ok.column(S.ATTRIBUTE_NAMES))).as_py() or 0)
             rows.append(stage_row(phase, branch, "attributes (blip2)", ok, asked, {"not_asked": ok - asked},
                                   round(ok * share)))

@@ -19,8 +19,11 @@ generation and disparity models) names the run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -39,9 +42,9 @@ from pipelines.engine import generation, io
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.checkpoint import model_dir
-from pipelines.engine.generation import GenerationPlan, generation_budget, generation_settings
+from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_budget, generation_settings
 from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import build_standin_clip, clip_settings
+from pipelines.engine.models import ModelSpec, clip_settings, standin_clip
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from pipelines.studies.exposed import metrics as M
@@ -124,7 +127,86 @@ def _source_counts(specs: list[str], what: str) -> dict:
     return out
 
 
-def settings(args) -> dict:
+@dataclass(frozen=True)
+class DisparitySettings:
+    """Section 4 and App. A: the spaces measured and the image-space models behind them."""
+
+    spaces: tuple[str, ...]            # prompt and denoising (measured by the generator) always among them
+    ssim: Mapping[str, Any]            # SsimDisparity's settings ({win_size})
+    resnet: ModelSpec                  # ResNet-50
+    clip: ModelSpec                    # CLIP ViT-B/32 (open_clip; option ``pretrained``)
+    dino: ModelSpec                    # DINO ViT-S/16
+    split_product: ModelSpec           # DINO ViT-B/8 (option ``chunks``)
+    batch_size: int | None             # images per forward pass of each head (None: 32)
+
+    def record(self) -> dict:
+        """The ``disparity`` block as the study file writes it (each model as its flat block)."""
+        return {"spaces": list(self.spaces), "ssim": dict(self.ssim), "resnet": self.resnet.record(),
+                "clip": self.clip.record(), "dino": self.dino.record(), "split_product": self.split_product.record(),
+                "batch_size": self.batch_size}
+
+    def job(self) -> dict:
+        """What the per-image disparities depend on (the record without the batch size)."""
+        return {k: v for k, v in self.record().items() if k != "batch_size"}
+
+
+@dataclass(frozen=True)
+class ObjectSettings:
+    """Sections 5-7 and App. A: objects in the generated images and prompt-image dependency groups.
+    Values as the study file gives them (the statistics convert them where they are used)."""
+
+    enabled: bool
+    detector: ModelSpec                # GroundingDINO or OWLv2 (the file's ``detector``, ``detector_revision``)
+    segmenter: ModelSpec               # SAM (``segmenter``, ``segmenter_revision``)
+    box_threshold: float
+    text_threshold: float              # GroundingDINO only
+    nms_iou: float                     # class-agnostic
+    tags: str                          # the tag list's file, as given
+    spacy_model: str                   # the noun set's tagger
+    share_unit_nouns: bool             # one noun set per unit (the three prompts share their nouns)
+    theta: float                       # attention maps binarised at θ
+    attention_layers: str              # daam | all
+    sigma: float                       # coverage threshold of "guided"
+    sigma_human: float                 # the same when both the object and the word refer to humans
+    min_count: Mapping[str, int]       # source -> bias-score minimum count
+    default_min_count: int             # any other source
+    top_objects: int                   # objects shown toward each side in the bias-score figures
+    leave_out_individuals: str         # LEAVE_OUT_INDIVIDUALS
+    min_group_objects: int             # no group test on a group with fewer objects
+    vocabulary: tuple[str, ...] = ()   # the tag list read (empty when disabled)
+
+    def record(self) -> dict:
+        """The ``objects`` block as the study file writes it (flat detector / segmenter keys), the
+        vocabulary left out."""
+        flat = {"enabled": self.enabled, "detector": self.detector.model, "detector_revision": self.detector.revision,
+                "segmenter": self.segmenter.model, "segmenter_revision": self.segmenter.revision}
+        rest = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in flat and f.name not in ("detector", "segmenter", "vocabulary")}
+        return flat | rest
+
+
+@dataclass(frozen=True)
+class ExposedSettings:
+    """The effective Exposed study (preset < --config file < flags), built once; ``triplets``,
+    ``counts`` and ``units`` are the inputs read from it (``ExposedStudy.settings``)."""
+
+    label: str
+    captions: list[dict]               # caption sets: {source, path, column}
+    professions: dict                  # the Profession set: enabled, templates, sentences, per_topic
+    seeds_per_triplet: dict            # source -> seeds per triplet
+    default_seeds_per_triplet: int     # any other source
+    max_triplets: int | None           # per source, after filtering (None: all)
+    generation: GenerationSettings
+    disparity: DisparitySettings
+    objects: ObjectSettings
+    report: dict                       # examples shown per model and source
+    execution: dict
+    triplets: pa.Table | None = None   # one row per triplet (every source)
+    counts: pa.Table | None = None     # what the triplet filter kept and rejected
+    units: pa.Table | None = None      # one row per (triplet, seed): the generation requests
+
+
+def settings(args) -> ExposedSettings:
     """The effective study: configs/exposed.yaml, the --config file, then command-line overrides."""
     cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET, replace=REPLACED)
     captions = [dict(c) for c in (cfg.get("captions") or [])]
@@ -153,36 +235,54 @@ def settings(args) -> dict:
     max_triplets = getattr(args, "max_triplets", None)
     max_triplets = cfg.get("max_triplets") if max_triplets is None else max_triplets
     gen = generation_settings(cfg["generation"], args)
-    disp = {k: (dict(v) if isinstance(v, dict) else v) for k, v in cfg["disparity"].items()}
-    if getattr(args, "spaces", None):
-        disp["spaces"] = list(args.spaces)
-    unknown = sorted(set(disp["spaces"]) - set(S.Space.ALL))
+    disp = disparity_settings(cfg["disparity"], args)
+    objects = object_settings(cfg.get("objects") or {}, args)
+    ex = study_config.execution_settings(cfg["execution"], args)
+    return ExposedSettings(label=str(cfg.get("name") or "exposed"), captions=captions, professions=prof,
+                           seeds_per_triplet=seeds, default_seeds_per_triplet=default_seeds, max_triplets=max_triplets,
+                           generation=gen, disparity=disp, objects=objects, report=dict(cfg.get("report") or {}),
+                           execution=ex)
+
+
+def disparity_settings(cfg: Mapping, args) -> DisparitySettings:
+    """The ``disparity`` section with --spaces and the model flags applied."""
+    spaces = list(args.spaces) if getattr(args, "spaces", None) else list(cfg["spaces"])
+    unknown = sorted(set(spaces) - set(S.Space.ALL))
     if unknown:
         raise ValueError(f"disparity.spaces: unknown {unknown}; known: {list(S.Space.ALL)}")
     for key in (S.Space.PROMPT, S.Space.DENOISING):
-        if key not in disp["spaces"]:
-            disp["spaces"] = [key, *disp["spaces"]]   # measured by the generator itself, always
+        if key not in spaces:
+            spaces = [key, *spaces]   # measured by the generator itself, always
+    models = {}
     for key, flag in (("resnet", "resnet_model"), ("dino", "dino_model"), ("split_product", "split_product_model")):
-        if getattr(args, flag, None):
-            disp[key] = {**disp[key], "model": getattr(args, flag), "revision": None}
-    disp["clip"] = clip_settings(disp["clip"], args)
-    objects = object_settings(cfg.get("objects") or {}, args)
-    ex = study_config.execution_settings(cfg["execution"], args)
-    return {"label": str(cfg.get("name") or "exposed"), "captions": captions, "professions": prof,
-            "seeds_per_triplet": seeds, "default_seeds_per_triplet": default_seeds, "max_triplets": max_triplets,
-            "generation": gen, "disparity": disp, "objects": objects, "report": dict(cfg.get("report") or {}),
-            "execution": ex}
+        # a model given on the command line drops the study file's revision (it belongs to that file's model)
+        changes = {"model": getattr(args, flag), "revision": None} if getattr(args, flag, None) else {}
+        models[key] = _model_block(cfg[key], f"disparity.{key}", **changes)
+    return DisparitySettings(spaces=tuple(spaces), ssim=dict(cfg["ssim"]), clip=clip_settings(cfg["clip"], args),
+                             batch_size=cfg.get("batch_size"), **models)
 
 
-def object_settings(cfg: dict, args) -> dict:
+def _model_block(block, where: str, **changes) -> ModelSpec:
+    if not isinstance(block, Mapping):
+        raise ValueError(f"{where}: expected a mapping with model (and revision), got {block!r}")
+    try:
+        return ModelSpec.from_block(block, **changes)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def object_settings(cfg: Mapping, args) -> ObjectSettings:
     """The ``objects`` section (sections 5-7) with the command line's overrides; the tag list read."""
     from operators.image_grounded_segmentation import read_tags
 
     o = dict(cfg)
     o["enabled"] = bool(o.get("enabled", True)) and not getattr(args, "no_objects", False)
-    for key, flag in (("detector", "detector"), ("segmenter", "segmenter")):
-        if getattr(args, flag, None):
-            o[key], o[f"{key}_revision"] = getattr(args, flag), None
+    specs = {}
+    for key in ("detector", "segmenter"):
+        model, revision = o.pop(key, None), o.pop(f"{key}_revision", None)
+        if getattr(args, key, None):
+            model, revision = getattr(args, key), None
+        specs[key] = _model_block({"model": model, "revision": revision}, f"objects.{key}")
     if getattr(args, "tags", None):
         o["tags"] = args.tags
     o["min_count"] = {str(k).lower(): int(v) for k, v in (o.get("min_count") or {}).items()}
@@ -201,8 +301,11 @@ def object_settings(cfg: dict, args) -> dict:
     if o["leave_out_individuals"] not in LEAVE_OUT_INDIVIDUALS:
         raise ValueError(f"objects.leave_out_individuals must be one of {LEAVE_OUT_INDIVIDUALS}, "
                          f"got {o['leave_out_individuals']!r}")
-    o["vocabulary"] = read_tags(_input_path(str(o["tags"]))) if o["enabled"] else []
-    return o
+    o["vocabulary"] = tuple(read_tags(_input_path(str(o["tags"])))) if o["enabled"] else ()
+    unknown = sorted(set(o) - {f.name for f in dataclasses.fields(ObjectSettings)})
+    if unknown:
+        raise ValueError(f"objects: unknown keys {unknown}")
+    return ObjectSettings(**o, **specs)
 
 
 # Where the individuals (person, people, woman, man, girl, boy, ...: footnote 8's list) are left out
@@ -216,19 +319,19 @@ def object_settings(cfg: dict, args) -> dict:
 LEAVE_OUT_INDIVIDUALS = ("group_tests", "all_tests", "none")
 
 
-def min_counts(o: dict, sources) -> dict:
+def min_counts(objects: ObjectSettings, sources) -> dict:
     """The bias-score minimum count of each source (its own, else ``default_min_count``)."""
-    return {s: int(o["min_count"].get(s, o.get("default_min_count", 20))) for s in sources}
+    return {s: int(objects.min_count.get(s, objects.default_min_count)) for s in sources}
 
 
-def build_triplets(st: dict) -> tuple[pa.Table, pa.Table]:
+def build_triplets(st: ExposedSettings) -> tuple[pa.Table, pa.Table]:
     """Every configured source's triplets (at most ``max_triplets`` each) and the filter's counts."""
     parts, counts = [], []
-    for c in st["captions"]:
+    for c in st.captions:
         t, k = T.caption_triplets(c["path"], c["source"], column=c["column"])
         parts.append(t)
         counts.append(k)
-    prof = st["professions"]
+    prof = st.professions
     if prof["enabled"]:
         if prof.get("sentences"):
             t, k = T.sentence_triplets(_input_path(str(prof["sentences"])))
@@ -237,11 +340,11 @@ def build_triplets(st: dict) -> tuple[pa.Table, pa.Table]:
         parts.append(t)
         counts.append(k)
     triplets = pa.concat_tables(parts) if parts else S.TRIPLETS.empty_table()
-    if st["max_triplets"] is not None:
+    if st.max_triplets is not None:
         keep = []
         for source in dict.fromkeys(triplets.column(S.TRIPLET_SOURCE).to_pylist()):
             idx = np.flatnonzero(np.asarray(pc.equal(triplets.column(S.TRIPLET_SOURCE), source)))
-            keep.extend(idx[:max(0, int(st["max_triplets"]))].tolist())
+            keep.extend(idx[:max(0, int(st.max_triplets))].tolist())
         triplets = triplets.take(pa.array(sorted(keep), pa.int64()))
     return triplets, (pa.concat_tables(counts) if counts else S.TRIPLET_COUNTS.empty_table())
 
@@ -274,79 +377,78 @@ def triplets_digest(triplets: pa.Table) -> str:
     return h.hexdigest()
 
 
-def head_stages(st: dict) -> list[Stage]:
+def head_stages(disparity: DisparitySettings) -> list[Stage]:
     """The disparity heads the configured spaces need, as Stages built on the generator's device."""
-    d, spaces = st["disparity"], set(st["disparity"]["spaces"])
-    batch = int(d.get("batch_size") or 32)
+    d, spaces = disparity, set(disparity.spaces)
+    batch = int(d.batch_size or 32)
     out = []
     if spaces & {S.Space.SSIM, S.Space.DIFF_PIX}:
-        out.append(Stage(SsimDisparity, {"win_size": int(d["ssim"].get("win_size", 7))}))
+        out.append(Stage(SsimDisparity, {"win_size": int(d.ssim.get("win_size", 7))}))
     if S.Space.RESNET in spaces:
-        out.append(Stage(BackboneDisparity, {"space": S.Space.RESNET, "model": d["resnet"]["model"],
-                                             "revision": d["resnet"].get("revision"), "batch_size": batch}))
+        out.append(Stage(BackboneDisparity, {"space": S.Space.RESNET, "model": d.resnet.model,
+                                             "revision": d.resnet.revision, "batch_size": batch}))
     if S.Space.CLIP in spaces:
-        c = d["clip"]
-        out.append(Stage(ClipImageEmbedder, {"model": c["model"], "pretrained": c.get("pretrained"),
-                                             "revision": c.get("revision"), "batch_size": batch}))
+        c = d.clip
+        out.append(Stage(ClipImageEmbedder, {"model": c.model, "pretrained": c.get("pretrained"),
+                                             "revision": c.revision, "batch_size": batch}))
     if S.Space.DINO in spaces:
-        out.append(Stage(BackboneDisparity, {"space": S.Space.DINO, "model": d["dino"]["model"],
-                                             "revision": d["dino"].get("revision"), "batch_size": batch}))
+        out.append(Stage(BackboneDisparity, {"space": S.Space.DINO, "model": d.dino.model,
+                                             "revision": d.dino.revision, "batch_size": batch}))
     if S.Space.SPLIT_PRODUCT in spaces:
-        sp = d["split_product"]
-        out.append(Stage(SplitProductDisparity, {"model": sp["model"], "revision": sp.get("revision"),
+        sp = d.split_product
+        out.append(Stage(SplitProductDisparity, {"model": sp.model, "revision": sp.revision,
                                                  "batch_size": batch,
                                                  **({"chunks": int(sp["chunks"])} if sp.get("chunks") else {})}))
     return out
 
 
-def dependency_stage(st: dict) -> Stage | None:
+def dependency_stage(objects: ObjectSettings) -> Stage | None:
     """Sections 5-6 on the generator's device (None when ``objects.enabled`` is off)."""
-    o = st["objects"]
-    if not o["enabled"]:
+    o = objects
+    if not o.enabled:
         return None
     return Stage(PromptDependency, {
-        "detector": o["detector"], "segmenter": o["segmenter"], "detector_revision": o.get("detector_revision"),
-        "segmenter_revision": o.get("segmenter_revision"), "box_threshold": float(o["box_threshold"]),
-        "text_threshold": float(o["text_threshold"]), "nms_iou": float(o["nms_iou"]),
-        "vocabulary": list(o["vocabulary"]), "spacy_model": o["spacy_model"], "theta": float(o["theta"]),
-        "sigma": float(o["sigma"]), "sigma_human": float(o["sigma_human"]),
-        "attention_layers": o["attention_layers"], "share_nouns": bool(o.get("share_unit_nouns", True))})
+        "detector": o.detector.model, "segmenter": o.segmenter.model, "detector_revision": o.detector.revision,
+        "segmenter_revision": o.segmenter.revision, "box_threshold": float(o.box_threshold),
+        "text_threshold": float(o.text_threshold), "nms_iou": float(o.nms_iou),
+        "vocabulary": list(o.vocabulary), "spacy_model": o.spacy_model, "theta": float(o.theta),
+        "sigma": float(o.sigma), "sigma_human": float(o.sigma_human),
+        "attention_layers": o.attention_layers, "share_nouns": bool(o.share_unit_nouns)})
 
 
-def object_job(st: dict) -> dict | None:
+def object_job(objects: ObjectSettings) -> dict | None:
     """What the per-image object columns depend on (not the statistics' settings)."""
-    o = st["objects"]
-    if not o["enabled"]:
+    if not objects.enabled:
         return None
-    job = {k: o.get(k) for k in ("detector", "detector_revision", "segmenter", "segmenter_revision", "box_threshold",
-                                 "text_threshold", "nms_iou", "spacy_model", "theta", "sigma", "sigma_human",
-                                 "attention_layers", "share_unit_nouns")}
-    job["vocabulary_sha256"] = hashlib.sha256("\n".join(o["vocabulary"]).encode()).hexdigest()
+    record = objects.record()
+    job = {k: record.get(k) for k in ("detector", "detector_revision", "segmenter", "segmenter_revision",
+                                      "box_threshold", "text_threshold", "nms_iou", "spacy_model", "theta", "sigma",
+                                      "sigma_human", "attention_layers", "share_unit_nouns")}
+    job["vocabulary_sha256"] = hashlib.sha256("\n".join(objects.vocabulary).encode()).hexdigest()
     return job
 
 
-def image_job(st: dict, args) -> dict:
+def image_job(st: ExposedSettings, args) -> dict:
     """What the per-image results depend on: its fingerprint names the run."""
-    disp = st["disparity"]
-    return {"study": "paper004-exposed", "triplets_sha256": triplets_digest(st["triplets"]),
-            "seeds_per_triplet": st["seeds_per_triplet"], "default_seeds_per_triplet": st["default_seeds_per_triplet"],
-            "generation": st["generation"].job(),
-            "plan": generation.plan_job(generation_plan(st, st.get("units"), True)), "disparity": {k: v for k, v in disp.items() if k != "batch_size"},
-            "objects": object_job(st), "standin_models": bool(args.standin_models)}
+    return {"study": "paper004-exposed", "triplets_sha256": triplets_digest(st.triplets),
+            "seeds_per_triplet": st.seeds_per_triplet, "default_seeds_per_triplet": st.default_seeds_per_triplet,
+            "generation": st.generation.job(),
+            "plan": generation.plan_job(generation_plan(st, st.units, True)), "disparity": st.disparity.job(),
+            "objects": object_job(st.objects), "standin_models": bool(args.standin_models)}
 
 
 # ------------------------------------------------------------------------------------ models
-def load_models(st: dict, standin: bool) -> list[dict]:
+def load_models(st: ExposedSettings, standin: bool) -> list[dict]:
     """Every model loaded once on the driver (CPU) before any work: an unloadable one fails the run
     now, naming it. The heads are built as the generator builds them (the engine loads the
     generators, checked by ``ExposedStudy.check_generator``)."""
     records = []
-    for stage in head_stages(st):
+    for stage in head_stages(st.disparity):
         head = stage.build(device="cpu")
         records.append({"role": f"disparity ({', '.join(head.spaces)})", "model": stage.kwargs.get("model", "-"),
                         "standin": standin and stage.op is not SsimDisparity, "detail": getattr(head, "record", None)})
         del head
-    dep = dependency_stage(st)
+    dep = dependency_stage(st.objects)
     if dep is not None:
         analysis = dep.build(device="cpu")
         records.append({"role": "objects (detector + SAM, noun set)", "model": f"{dep.kwargs['detector']} + "
@@ -355,30 +457,30 @@ def load_models(st: dict, standin: bool) -> list[dict]:
     return records
 
 
-def standins(st: dict, root: str) -> None:
-    """Tiny random image models under ``root`` (the engine builds the generators'); the study is
-    pointed at them."""
+def standins(st: ExposedSettings, root: str) -> ExposedSettings:
+    """Tiny random image models under ``root`` (the engine builds the generators'): the settings of
+    a run on them (``st`` itself is left as it is)."""
     from pipelines.standins.vision import build_tiny_dino, build_tiny_resnet
 
-    clip = build_standin_clip(root)
-    d = st["disparity"]
-    d["clip"] = {**d["clip"], "model": clip, "pretrained": None, "revision": None}
-    d["resnet"] = {**d["resnet"], "model": build_tiny_resnet(str(Path(root) / "resnet-standin"), seed=0),
-                   "revision": None}
-    d["dino"] = {**d["dino"], "model": build_tiny_dino(str(Path(root) / "dino-s16-standin"), seed=0, patch_size=16),
-                 "revision": None}
-    d["split_product"] = {**d["split_product"], "revision": None,
-                          "model": build_tiny_dino(str(Path(root) / "dino-b8-standin"), seed=1, patch_size=8)}
-    o = st["objects"]
-    if o["enabled"]:
+    d = st.disparity
+    disparity = dataclasses.replace(
+        d, clip=standin_clip(d.clip, root),
+        resnet=d.resnet.standin_at(build_tiny_resnet(str(Path(root) / "resnet-standin"), seed=0)),
+        dino=d.dino.standin_at(build_tiny_dino(str(Path(root) / "dino-s16-standin"), seed=0, patch_size=16)),
+        split_product=d.split_product.standin_at(build_tiny_dino(str(Path(root) / "dino-b8-standin"), seed=1,
+                                                                 patch_size=8)))
+    objects = st.objects
+    if objects.enabled:
         from pipelines.standins.grounding import build_tiny_grounding_dino, build_tiny_sam
 
-        o.update({"detector": build_tiny_grounding_dino(Path(root) / "grounding-dino-standin"),
-                  "segmenter": build_tiny_sam(Path(root) / "sam-standin"), "detector_revision": None,
-                  "segmenter_revision": None,
-                  # random detectors spread their labels over the whole vocabulary: a short tag list
-                  # keeps the tiny run's counts above the bias-score minimum, so every table has rows
-                  "vocabulary": list(STANDIN_TAGS)})
+        objects = dataclasses.replace(
+            objects,
+            detector=objects.detector.standin_at(build_tiny_grounding_dino(Path(root) / "grounding-dino-standin")),
+            segmenter=objects.segmenter.standin_at(build_tiny_sam(Path(root) / "sam-standin")),
+            # random detectors spread their labels over the whole vocabulary: a short tag list
+            # keeps the tiny run's counts above the bias-score minimum, so every table has rows
+            vocabulary=STANDIN_TAGS)
+    return dataclasses.replace(st, disparity=disparity, objects=objects)
 
 
 STANDIN_TAGS = ("hat", "dress", "suit", "tie", "tree", "grass", "car", "table", "dog", "cake")
@@ -390,26 +492,25 @@ class ExposedStudy(StudyBase):
 
     name = "paper004-exposed"
 
-    def settings(self, args) -> dict:
+    def settings(self, args) -> ExposedSettings:
         st = settings(args)
-        st["triplets"], st["counts"] = build_triplets(st)
-        if not st["triplets"].num_rows:
+        triplets, counts = build_triplets(st)
+        if not triplets.num_rows:
             raise ValueError("no triplets: no caption of the configured sources qualifies (see the counts with "
                              "`exposed.py triplets`) and the Profession set is off")
-        st["units"] = unit_requests(st["triplets"], st["seeds_per_triplet"], st["default_seeds_per_triplet"],
-                                    st["generation"].seed)
-        return st
+        units = unit_requests(triplets, st.seeds_per_triplet, st.default_seeds_per_triplet, st.generation.seed)
+        return dataclasses.replace(st, triplets=triplets, counts=counts, units=units)
 
-    def job(self, args, st: dict) -> dict:
+    def job(self, args, st: ExposedSettings) -> dict:
         return image_job(st, args)
 
-    def announce(self, args, st: dict) -> None:
-        by_source = {s: n for s, n in zip(*np.unique(st["triplets"].column(S.TRIPLET_SOURCE).to_pylist(),
+    def announce(self, args, st: ExposedSettings) -> None:
+        by_source = {s: n for s, n in zip(*np.unique(st.triplets.column(S.TRIPLET_SOURCE).to_pylist(),
                                                       return_counts=True))}
-        units = st["units"].num_rows
-        print(f"Stable Diffusion Exposed: {st['triplets'].num_rows:,} triplets "
+        units = st.units.num_rows
+        print(f"Stable Diffusion Exposed: {st.triplets.num_rows:,} triplets "
               f"({', '.join(f'{s} {int(n):,}' for s, n in by_source.items())}), {units:,} units = {3 * units:,} "
-              f"images per generator; spaces: {', '.join(st['disparity']['spaces'])}")
+              f"images per generator; spaces: {', '.join(st.disparity.spaces)}")
 
     # As SD v2.0 and v2.1 share OpenCLIP-H, stand-ins 2 and 3 share one text encoder (so their
     # prompt-space columns agree, as the paper's do)
@@ -420,28 +521,28 @@ class ExposedStudy(StudyBase):
 
         check_capture(pipe, spec.model)
 
-    def use_standins(self, args, st: dict, root: str) -> None:
-        standins(st, root)
+    def use_standins(self, args, st: ExposedSettings, root: str) -> ExposedSettings:
+        return standins(st, root)
 
-    def load_models(self, args, st: dict, gpu) -> list[dict]:
+    def load_models(self, args, st: ExposedSettings, gpu) -> list[dict]:
         return load_models(st, args.standin_models)
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        units, per_actor = st["units"], run.gpu.per_actor
+        units, per_actor = st.units, run.gpu.per_actor
         models = run.generator_models
-        io.write_table_and_csv(st["triplets"], rd.fs, f"{rd.path}/{FILES['triplets']}")
-        io.write_text(st["counts"].to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['counts']}")
+        io.write_table_and_csv(st.triplets, rd.fs, f"{rd.path}/{FILES['triplets']}")
+        io.write_text(st.counts.to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['counts']}")
         generated = generation.generate(run, generation_plan(st, units, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
-        spaces = tuple(s for s in S.Space.ALL if s in st["disparity"]["spaces"])
+        spaces = tuple(s for s in S.Space.ALL if s in st.disparity.spaces)
         disparities = M.disparity_table(images, spaces)
         table3, direction = M.table3(disparities), M.direction_table(disparities)
         io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=PARQUET_ONLY)
         io.write_text(disparities.to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['disparities']}")
         io.write_text(table3.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table3']}")
         io.write_text(direction.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['direction']}")
-        objects = object_tables(st, images) if st["objects"]["enabled"] else None
+        objects = object_tables(st.objects, images) if st.objects.enabled else None
         if objects is not None:
             io.write_table_and_csv(objects["objects"], rd.fs, f"{rd.path}/{FILES['objects']}", csv_without=PARQUET_ONLY)
             for key in OBJECT_FILES:
@@ -449,20 +550,19 @@ class ExposedStudy(StudyBase):
         summary_rows = run_summary_rows(st, images, units.num_rows, phases)
         save_images = bool(args.save_images)
         metrics = {
-            "config": {"images": image_job(st, args), "captions": st["captions"], "professions": st["professions"],
-                       "max_triplets": st["max_triplets"], "execution": st["execution"], "gpus_per_actor": per_actor,
+            "config": {"images": image_job(st, args), "captions": st.captions, "professions": st.professions,
+                       "max_triplets": st.max_triplets, "execution": st.execution, "gpus_per_actor": per_actor,
                        "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
-                       "disparity_loaded": st["disparity"], "save_images": save_images},
+                       "disparity_loaded": st.disparity.record(), "save_images": save_images},
             "models": run.models,
-            "triplets": {"total": st["triplets"].num_rows, "units": units.num_rows,
-                         "by_source": outcome_counts(st["triplets"], S.TRIPLET_SOURCE),
-                         "filter": st["counts"].to_pylist()},
+            "triplets": {"total": st.triplets.num_rows, "units": units.num_rows,
+                         "by_source": outcome_counts(st.triplets, S.TRIPLET_SOURCE),
+                         "filter": st.counts.to_pylist()},
             "images": {"requested_per_generator": 3 * units.num_rows, "rows": images.num_rows,
                        "generation_status": outcome_counts(images, GENERATION_STATUS)},
             "results": {"disparities": M.summary(disparities),
                         **({"objects": object_summary(objects)} if objects is not None else {})},
-            "objects": ({k: v for k, v in st["objects"].items() if k != "vocabulary"}
-                        | {"vocabulary_size": len(st["objects"]["vocabulary"])}),
+            "objects": st.objects.record() | {"vocabulary_size": len(st.objects.vocabulary)},
             "error_budgets": [b.as_dict() for b in budgets],
         }
         return Outcome(metrics, summary_rows, {"images": images, "disparities": disparities, "table3": table3,
@@ -472,8 +572,8 @@ class ExposedStudy(StudyBase):
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "standin": bool(run.args.standin_models),
-                "models": run.generator_models, "triplets": st["triplets"].num_rows, "units": st["units"].num_rows,
-                "spaces": list(st["disparity"]["spaces"]),
+                "models": run.generator_models, "triplets": st.triplets.num_rows, "units": st.units.num_rows,
+                "spaces": list(st.disparity.spaces),
                 "images_dir": f"{rd.uri}/{FILES['images_dir']}" if d["save_images"] else None}
         extra = None
         if d["objects"] is not None:
@@ -486,13 +586,15 @@ class ExposedStudy(StudyBase):
                 with rd.fs.open_input_file(path) as f:
                     return np.asarray(Image.open(f).convert("RGB"))
 
-            def extra(sink):
+            def objects_section(sink):
                 return objects_report.render_html(d["objects"], d["images"].to_pandas(), sink,
-                                                  top=int(st["objects"].get("top_objects", 10)),
-                                                  examples=int(st["report"].get("object_examples", 1)),
+                                                  top=int(st.objects.top_objects),
+                                                  examples=int(st.report.get("object_examples", 1)),
                                                   load_image=load_image)
-        html = exposed_report.render_html(meta, d, st["counts"], run.models, figures=FigureDir(rd.fs, rd.path),
-                                          examples=int(st["report"].get("examples", 3)), extra=extra)
+
+            extra = objects_section
+        html = exposed_report.render_html(meta, d, st.counts, run.models, figures=FigureDir(rd.fs, rd.path),
+                                          examples=int(st.report.get("examples", 3)), extra=extra)
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
         print(exposed_report.format_results(d["table3"], d["direction"]))
         if d["objects"] is not None:
@@ -510,13 +612,14 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def generation_plan(st: dict, units: pa.Table, save_images: bool) -> GenerationPlan:
+def generation_plan(st: ExposedSettings, units: pa.Table, save_images: bool) -> GenerationPlan:
     """Sections 3-4: each unit's three images in one call, the disparity heads (and with objects the
     dependency analysis) on the generator's device, the images saved as <image id>.png."""
-    return GenerationPlan(units, S.EXPOSED_IMAGES, heads=head_stages(st), operator=TripletGenerator,
-                          operator_kwargs={"dependency": dependency_stage(st)}, key=S.IMAGE_ID,
+    return GenerationPlan(units, S.EXPOSED_IMAGES, heads=head_stages(st.disparity), operator=TripletGenerator,
+                          operator_kwargs={"dependency": dependency_stage(st.objects)}, key=S.IMAGE_ID,
                           request_key=S.UNIT_ID, per_request=3, save_images=save_images,
-                          images_dir=FILES["images_dir"], budgets_of=lambda model: error_budgets(st, model),
+                          images_dir=FILES["images_dir"],
+                          budgets_of=lambda model: error_budgets(st.execution, st.objects.enabled, model),
                           what="generating and measuring")
 
 
@@ -527,19 +630,19 @@ OBJECT_FILES = ("object_counts", "object_chi2", "cooccurrence_similarity", "bias
                 "top_objects", "group_chi2", "group_images", "group_objects", "group_intersections", "group_bias_scores")
 
 
-def error_budgets(st: dict, model: str) -> list:
-    """Generation failures, and (with objects) failed analyses, each against --max-error-rate."""
+def error_budgets(execution: Mapping, objects: bool, model: str) -> list:
+    """Generation failures, and (with ``objects``) failed analyses, each against --max-error-rate."""
     from pipelines.engine.progress import ErrorBudget
 
-    ex = st["execution"]
+    ex = execution
     out = [generation_budget(ex, model)]
-    if st["objects"]["enabled"]:
+    if objects:
         out.append(ErrorBudget(f"object detection ({model})", {S.DETECTION_STATUS: (S.DetectionStatus.ERROR,)},
                                float(ex["max_error_rate"]), int(ex["error_budget_min_rows"])))
     return out
 
 
-def object_tables(st: dict, images: pa.Table) -> dict:
+def object_tables(o: ObjectSettings, images: pa.Table) -> dict:
     """Sections 5-7 from the per-image rows: the object table and every statistic of Tables 4,
     S4-S6, S8-S10 and Figures 2/5 (see FILES)."""
     objects = O.object_rows(images)
@@ -549,13 +652,13 @@ def object_tables(st: dict, images: pa.Table) -> dict:
     counts = O.cooccurrence(found)
     sizes = O.prompt_set_sizes(imgs)
     # individuals (person, woman, man, ...): see LEAVE_OUT_INDIVIDUALS
-    mode = st["objects"].get("leave_out_individuals", "group_tests")
+    mode = o.leave_out_individuals
     no_people = objs[~objs[S.OBJECT].isin(S.INDIVIDUALS)]
     object_rows = no_people if mode == "all_tests" else objs
     group_rows = objs if mode == "none" else no_people
     object_found = O.detected(object_rows)
     object_counts = O.cooccurrence(object_found)
-    floors = min_counts(st["objects"], sorted(set(imgs[S.TRIPLET_SOURCE])))
+    floors = min_counts(o, sorted(set(imgs[S.TRIPLET_SOURCE])))
     bias = O.bias_scores(counts, sizes, floors)
     bias["individual"] = bias[S.OBJECT].isin(S.INDIVIDUALS)
     group_bias = O.group_bias_scores(objs, sizes, floors)
@@ -567,8 +670,8 @@ def object_tables(st: dict, images: pa.Table) -> dict:
             "object_chi2": O.chi_square_tests(object_counts),
             "cooccurrence_similarity": O.cooccurrence_similarity(object_found, imgs),
             "bias_scores": bias, "group_counts": group_counts,
-            "top_objects": O.top_objects_per_group(group_counts, int(st["objects"].get("top_objects", O.FIGURE4_TOP))),
-            "group_chi2": O.group_chi_square_tests(group_rows, int(st["objects"].get("min_group_objects", 0))),
+            "top_objects": O.top_objects_per_group(group_counts, int(o.top_objects)),
+            "group_chi2": O.group_chi_square_tests(group_rows, int(o.min_group_objects)),
             "group_images": O.images_with_group(objs, imgs), "group_objects": O.group_object_counts(vocab),
             "group_intersections": O.group_intersections(vocab), "group_bias_scores": group_bias,
             "min_count": floors}
@@ -584,14 +687,14 @@ def object_summary(t: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------ accounting
-def run_summary_rows(st: dict, images: pa.Table, units: int, phases: dict) -> list[dict]:
+def run_summary_rows(st: ExposedSettings, images: pa.Table, units: int, phases: dict) -> list[dict]:
     """Per caption source: captions read, triplets kept and rejected per reason, the ones over
     --max-triplets, units (x seeds); per generator: images and complete units."""
     rows = []
-    counts = st["counts"].to_pandas()
+    counts = st.counts.to_pandas()
     per_outcome = counts[counts[S.HUMAN_WORD].isna()]
-    chosen = outcome_counts(st["triplets"], S.TRIPLET_SOURCE)
-    unit_sources = st["units"].column(S.TRIPLET_SOURCE)
+    chosen = outcome_counts(st.triplets, S.TRIPLET_SOURCE)
+    unit_sources = st.units.column(S.TRIPLET_SOURCE)
     for source, g in per_outcome.groupby(S.TRIPLET_SOURCE, sort=False):
         by = dict(zip(g[S.TRIPLET_STATUS], g[S.COUNT].astype(int)))
         kept = by.pop(S.TripletOutcome.KEPT, 0)
@@ -614,7 +717,7 @@ def run_summary_rows(st: dict, images: pa.Table, units: int, phases: dict) -> li
         complete = unit_status.get(GenerationStatus.OK, 0)
         rows.append(stage_row(phase, branch, "disparities (units)", units, complete,
                               {k: v for k, v in unit_status.items() if k != GenerationStatus.OK}, round(units * share)))
-        if st["objects"]["enabled"]:
+        if st.objects.enabled:
             detection = outcome_counts(mine.filter(pc.equal(mine.column(GENERATION_STATUS), GenerationStatus.OK)),
                                        S.DETECTION_STATUS)
             done = detection.get(S.DetectionStatus.OK, 0)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import io as _io
 import json
 import time
-from dataclasses import asdict
+import dataclasses
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -37,10 +39,10 @@ from pipelines.studies.gep import report as gep_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine import generation
-from pipelines.engine.generation import GenerationPlan, generation_settings
+from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_settings
 from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.checkpoint import model_dir
-from pipelines.engine.models import build_standin_clip, clip_record, clip_settings
+from pipelines.engine.models import ModelSpec, clip_record, clip_settings, standin_clip
 from pipelines.engine.progress import Phase, outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import gep as S
@@ -66,7 +68,28 @@ SCORE_BLOCK = 4096
 
 
 # ------------------------------------------------------------------------------------ settings
-def settings(args) -> dict:
+@dataclass(frozen=True)
+class GepSettings:
+    """The effective GEP study (preset < --config file < flags), built once; ``requests`` and
+    ``annotations`` are the inputs read from it (bad input fails when they are built)."""
+
+    label: str
+    genders: dict                      # label -> text in the prompt (section 3)
+    comparisons: list                  # (first, second) group pairs: v_j = f_first - f_second
+    attributes: list                   # Attribute (Table 1)
+    contexts: list                     # Table 2
+    settings: list                     # neutral / explicit
+    templates: dict
+    generation: GenerationSettings
+    clip: ModelSpec                    # section 6: CLIP ViT-L/14
+    reference: str
+    classifier: dict                   # ClassifierSettings, resolved
+    execution: dict
+    requests: pa.Table | None = None
+    annotations: Any = None            # pandas DataFrame of human annotations (--annotations)
+
+
+def settings(args) -> GepSettings:
     """The effective study: configs/gep.yaml, the --config file, then command-line overrides."""
     cfg = study_config.load_config(args.config, preset=PRESET, replace=REPLACED)
     genders = parse_genders(cfg["genders"])
@@ -90,32 +113,31 @@ def settings(args) -> dict:
     # and metrics.json records the values the scorer trains with
     classifier = asdict(ClassifierSettings(**classifier))
     ex = study_config.execution_settings(cfg["execution"], args)
-    return {"label": str(cfg.get("name") or "gep"), "genders": genders, "comparisons": comparisons,
-            "attributes": attributes, "contexts": contexts, "settings": setting_list,
-            "templates": dict(cfg["templates"]), "generation": gen, "clip": clip,
-            "reference": cfg["reference"] if getattr(args, "reference", None) is None else args.reference,
-            "classifier": classifier,
-            "execution": ex}
+    return GepSettings(label=str(cfg.get("name") or "gep"), genders=genders, comparisons=comparisons,
+                       attributes=attributes, contexts=contexts, settings=setting_list,
+                       templates=dict(cfg["templates"]), generation=gen, clip=clip,
+                       reference=cfg["reference"] if getattr(args, "reference", None) is None else args.reference,
+                       classifier=classifier, execution=ex)
 
 
-def requests_of(st: dict) -> pa.Table:
-    gen = st["generation"]
-    return gep_requests(st["genders"], st["attributes"], st["contexts"], st["settings"], st["templates"],
+def requests_of(st: GepSettings) -> pa.Table:
+    gen = st.generation
+    return gep_requests(st.genders, st.attributes, st.contexts, st.settings, st.templates,
                         gen.images_per_prompt, gen.seed)
 
 
-def image_job(st: dict, args) -> dict:
+def image_job(st: GepSettings, args) -> dict:
     """What the images depend on: its fingerprint names the run."""
-    return {"study": "paper001-gep", "genders": st["genders"], "settings": st["settings"],
-            "attributes": [{"name": a.name, "phrase": a.phrase} for a in st["attributes"]],
-            "contexts": st["contexts"], "templates": {k: st["templates"][k] for k in st["settings"]},
-            "generation": st["generation"].job(), "plan": generation.plan_job(generation_plan(st, st.get("requests"), True)),
-            "clip": st["clip"], "standin_models": bool(args.standin_models)}
+    return {"study": "paper001-gep", "genders": st.genders, "settings": st.settings,
+            "attributes": [{"name": a.name, "phrase": a.phrase} for a in st.attributes],
+            "contexts": st.contexts, "templates": {k: st.templates[k] for k in st.settings},
+            "generation": st.generation.job(), "plan": generation.plan_job(generation_plan(st, st.requests, True)),
+            "clip": st.clip, "standin_models": bool(args.standin_models)}
 
 
-def scoring_config(st: dict) -> dict:
-    return {"comparisons": [list(c) for c in st["comparisons"]], "reference": st["reference"],
-            "attributes": [asdict(a) for a in st["attributes"]], "classifier": st["classifier"]}
+def scoring_config(st: GepSettings) -> dict:
+    return {"comparisons": [list(c) for c in st.comparisons], "reference": st.reference,
+            "attributes": [asdict(a) for a in st.attributes], "classifier": st.classifier}
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -124,42 +146,42 @@ class GepStudy(StudyBase):
 
     name = "paper001-gep"
 
-    def settings(self, args) -> dict:
+    def settings(self, args) -> GepSettings:
         st = settings(args)
-        st["requests"] = requests_of(st)
-        st["annotations"] = read_annotations(args.annotations) if args.annotations else None  # bad input fails now
-        return st
+        return dataclasses.replace(st, requests=requests_of(st),  # bad input fails now
+                                   annotations=read_annotations(args.annotations) if args.annotations else None)
 
-    def job(self, args, st: dict) -> dict:
+    def job(self, args, st: GepSettings) -> dict:
         return image_job(st, args)
 
-    def announce(self, args, st: dict) -> None:
-        print(f"GEP study: {len(st['genders'])} groups, {len(st['attributes'])} attributes, {len(st['contexts'])} "
-              f"contexts, settings {', '.join(st['settings'])}: {st['requests'].num_rows:,} images per generator")
+    def announce(self, args, st: GepSettings) -> None:
+        print(f"GEP study: {len(st.genders)} groups, {len(st.attributes)} attributes, {len(st.contexts)} "
+              f"contexts, settings {', '.join(st.settings)}: {st.requests.num_rows:,} images per generator")
 
-    def actor_cpus(self, args, st: dict) -> float:
+    def actor_cpus(self, args, st: GepSettings) -> float:
         return args.gen_actors + 1
 
-    def use_standins(self, args, st: dict, root: str) -> None:
-        st["clip"] = {"model": build_standin_clip(root), "pretrained": None}
+    def use_standins(self, args, st: GepSettings, root: str) -> GepSettings:
+        return dataclasses.replace(st, clip=standin_clip(st.clip, root))
 
-    def load_models(self, args, st: dict, gpu) -> list[dict]:
-        return [clip_record(st["clip"], args.standin_models, "CLIP (embeddings, estimators)")]
+    def load_models(self, args, st: GepSettings, gpu) -> list[dict]:
+        return [clip_record(st.clip, args.standin_models, "CLIP (embeddings, estimators)")]
 
     def execute(self, run: Run) -> Outcome:
         args, st, rd = run.args, run.st, run.rd
-        requests, per_actor = st["requests"], run.gpu.per_actor
+        requests, per_actor = st.requests, run.gpu.per_actor
         models = run.generator_models
         plan = generation_plan(st, requests, bool(args.save_images))
         generated = generation.generate(run, plan)
         images, phases, budgets = generated.images, generated.phases, generated.budgets
 
-        print(f"scoring {len(st['attributes'])} attributes with C-f, CC-f and CLS-f "
-              f"(ensembles of {st['classifier']['ensemble']}) ...")
+        print(f"scoring {len(st.attributes)} attributes with C-f, CC-f and CLS-f "
+              f"(ensembles of {st.classifier['ensemble']}) ...")
         scores, scorer_record, score_phase = score(run.ray, images, st, per_actor, run.gpu.device)
-        results = analyse(scores, st)
-        annotations = st["annotations"]
-        evaluation = evaluate(images, scores, results, annotations, st) if annotations is not None else None
+        results = analyse(scores, st.comparisons)
+        annotations = st.annotations
+        evaluation = (evaluate(images, scores, results, annotations, st.attributes, st.comparisons)
+                      if annotations is not None else None)
 
         out_fs, out = rd.fs, rd.path
         io.write_table(images, out_fs, f"{out}/{FILES['images']}")
@@ -167,7 +189,7 @@ class GepStudy(StudyBase):
         io.write_table_and_csv(results["frequencies"], out_fs, f"{out}/{FILES['frequencies']}")
         io.write_table_and_csv(results["vectors"], out_fs, f"{out}/{FILES['vectors']}")
         io.write_table_and_csv(results["gep"], out_fs, f"{out}/{FILES['gep']}")
-        names = [a.name for a in st["attributes"]]
+        names = [a.name for a in st.attributes]
         shown = gep_report.with_human(results, evaluation)
         tables = gep_report.paper_tables(shown, names)
         for name, table in tables.items():
@@ -180,9 +202,9 @@ class GepStudy(StudyBase):
 
         summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows, plan.heads)
         metrics = {
-            "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st["execution"],
+            "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st.execution,
                        "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
-                       "clip_loaded": st["clip"], "save_images": save_images},
+                       "clip_loaded": st.clip, "save_images": save_images},
             "models": run.models, "scorer": scorer_record,
             "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
                        "status": outcome_counts(images, GENERATION_STATUS),
@@ -199,9 +221,9 @@ class GepStudy(StudyBase):
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
-                "models": run.generator_models, "standin": bool(run.args.standin_models), "settings": st["settings"],
-                "reference": st["reference"], "ensemble": st["classifier"]["ensemble"],
-                "attributes": [a.name for a in st["attributes"]]}
+                "models": run.generator_models, "standin": bool(run.args.standin_models), "settings": st.settings,
+                "reference": st.reference, "ensemble": st.classifier["ensemble"],
+                "attributes": [a.name for a in st.attributes]}
         io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models,
                                                figures=FigureDir(rd.fs, rd.path)),
                       rd.fs, f"{rd.path}/{FILES['report']}")
@@ -217,10 +239,10 @@ def run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ generation
-def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> GenerationPlan:
+def generation_plan(st: GepSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
     """Section 3: one image per prompt and seed; section 4: its L2-normalised CLIP image embedding,
     computed on the generator's device; the image saved for annotators (section 5)."""
-    clip = st["clip"]
+    clip = st.clip
     embed = Stage(ClipImageEmbedder, {"model": clip["model"], "pretrained": clip.get("pretrained"),
                                       "revision": clip.get("revision")})
     return GenerationPlan(requests, S.GEP_IMAGES, heads=[embed], key=S.IMAGE_ID, save_images=save_images,
@@ -228,12 +250,12 @@ def generation_plan(st: dict, requests: pa.Table, save_images: bool) -> Generati
 
 
 # ------------------------------------------------------------------------------------ scoring
-def scorer_kwargs(st: dict, device: str = "auto") -> dict:
-    return {"attributes": [asdict(a) for a in st["attributes"]], "clip": st["clip"], "reference": st["reference"],
-            "classifier": st["classifier"], "device": device}
+def scorer_kwargs(st: GepSettings, device: str = "auto") -> dict:
+    return {"attributes": [asdict(a) for a in st.attributes], "clip": st.clip.record(), "reference": st.reference,
+            "classifier": st.classifier, "device": device}
 
 
-def score(ray, images: pa.Table, st: dict, per_actor: float, device: str = "auto"):
+def score(ray, images: pa.Table, st: GepSettings, per_actor: float, device: str = "auto"):
     """Per-(image, attribute) scores from one scorer actor (CLIP text side + classifier ensembles)."""
     from operators.image_attribute_scores import AttributeScorer
 
@@ -271,9 +293,9 @@ def frequencies(scores: pa.Table) -> pa.Table:
     return conform(pa.concat_tables(parts), S.GEP_FREQUENCIES) if parts else S.GEP_FREQUENCIES.empty_table()
 
 
-def analyse(scores: pa.Table, st: dict) -> dict:
+def analyse(scores: pa.Table, comparisons: list) -> dict:
     freq = frequencies(scores)
-    vectors = M.gep_vectors(freq.to_pandas(), pairs=st["comparisons"])
+    vectors = M.gep_vectors(freq.to_pandas(), pairs=comparisons)
     return {"frequencies": freq, "vectors": vectors, "gep": M.gep_scores(vectors)}
 
 
@@ -333,9 +355,10 @@ def human_labels(images: pa.Table, ann: pd.DataFrame, attributes: list[str]) -> 
     return joined[scored].drop(columns="prompt_attribute").reset_index(drop=True), counts
 
 
-def evaluate(images: pa.Table, scores: pa.Table, results: dict, ann: pd.DataFrame, st: dict) -> dict:
+def evaluate(images: pa.Table, scores: pa.Table, results: dict, ann: pd.DataFrame, attributes: list,
+             comparisons: list) -> dict:
     """GEP_human from the annotations, and each estimator against it (section 6)."""
-    names = [a.name for a in st["attributes"]]
+    names = [a.name for a in attributes]
     labels, counts = human_labels(images, ann, names)
     keys = [MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE]
     hf = labels.groupby(keys, sort=False).agg(**{S.FREQUENCY: (S.PRESENT, "mean"), S.IMAGES: (S.PRESENT, "size")})
@@ -344,7 +367,7 @@ def evaluate(images: pa.Table, scores: pa.Table, results: dict, ann: pd.DataFram
     hf = hf.sort_values([MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE], key=lambda s: s.map(order) if s.name == S.ATTRIBUTE
                         else s, kind="stable").reset_index(drop=True)
     auto_vectors = results["vectors"]
-    human_vectors = M.gep_vectors(hf, pairs=st["comparisons"])
+    human_vectors = M.gep_vectors(hf, pairs=comparisons)
     human_gep = M.gep_scores(human_vectors)
     # per-vector agreement (Table 4): only the attributes both sides have
     table4 = M.compare_vectors(auto_vectors, human_vectors)
@@ -386,16 +409,16 @@ def evaluate_run(args) -> dict:
             raise io.InputError(f"{args.run}: no {name}; is this a finished `gep.py run` directory?")
     record = json.loads(io.read_text(f"{args.run.rstrip('/')}/{FILES['metrics']}"))
     scoring = record["config"]["scoring"]
-    st = {"attributes": parse_attributes({a["name"]: {"phrase": a["phrase"], "text": a["text"]}
-                                          for a in scoring["attributes"]}),
-          "comparisons": [tuple(c) for c in scoring["comparisons"]]}
+    attributes = parse_attributes({a["name"]: {"phrase": a["phrase"], "text": a["text"]}
+                                   for a in scoring["attributes"]})
+    comparisons = [tuple(c) for c in scoring["comparisons"]]
     with fs.open_input_file(f"{path}/{FILES['images']}") as fh:
         images = pq.read_table(fh)
     with fs.open_input_file(f"{path}/{FILES['scores']}.parquet") as fh:
         scores = pq.read_table(fh)
     ann = read_annotations(args.annotations)
-    results = analyse(scores, st)
-    ev = evaluate(images, scores, results, ann, st)
+    results = analyse(scores, comparisons)
+    ev = evaluate(images, scores, results, ann, attributes, comparisons)
     write_evaluation(ev, fs, path)
     print(gep_report.format_scores(gep_report.with_human(results, ev), ev))
     print(f"\nwrote {args.run}/{FILES['evaluation']} and the human_*.csv, vector_agreement.csv, roc.csv tables")
@@ -403,10 +426,10 @@ def evaluate_run(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------ accounting
-def annotation_tasks(images: pa.Table, st: dict, rd=None) -> pd.DataFrame:
+def annotation_tasks(images: pa.Table, st: GepSettings, rd=None) -> pd.DataFrame:
     """The (image, attribute) pairs of section 5 for people to annotate, with the question asked
     ("Do you see a person in a dress?") and the image file; ``present`` is left for the answer."""
-    phrase = {a.name: a.phrase for a in st["attributes"]}
+    phrase = {a.name: a.phrase for a in st.attributes}
     df = images.select([MODEL, S.IMAGE_ID, S.SETTING, S.GENDER, "prompt", S.ATTRIBUTE, GENERATION_STATUS]).to_pandas()
     df = df[df[GENERATION_STATUS] == GenerationStatus.OK].drop(columns=GENERATION_STATUS)
     neutral = df[df[S.SETTING] == S.Setting.NEUTRAL].drop(columns=S.ATTRIBUTE)

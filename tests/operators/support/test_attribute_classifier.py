@@ -210,7 +210,7 @@ def test_reading_from_the_study_file_reaches_the_scorer_and_its_record(tmp_path)
         if text is not None:
             (tmp_path / "study.yaml").write_text(text)
             extra = ["--config", str(tmp_path / "study.yaml")]
-        return gep_study.settings(build_parser().parse_args(["run", "--output", "unused", *extra]))["classifier"]
+        return gep_study.settings(build_parser().parse_args(["run", "--output", "unused", *extra])).classifier
 
     default = classifier()
     assert (default["sgd"], default["schedule"], default["tol"]) == ("max-iter", "constant", None)

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -90,7 +89,7 @@ attempt("clip_tag", lambda: load_clip("Tiny-Hub-ViT", "openai_like", device="cpu
 attempt("clip_tag_pinned", lambda: load_clip("Tiny-Hub-ViT", "openai_like", device="cpu", revision=PINNED).record)
 
 sbert = lambda revision: captions.caption_records(captions.load_caption_models(
-    SimpleNamespace(no_names=True), {"models": {"sbert": "org/minilm", "sbert_revision": revision}}))["sbert"]
+    SimpleNamespace(no_names=True), SimpleNamespace(sbert=models.ModelSpec("org/minilm", revision))))["sbert"]
 attempt("sbert", lambda: sbert(None))
 attempt("sbert_pinned", lambda: sbert(PINNED))
 
@@ -257,7 +256,7 @@ def test_revision_options_reach_the_study_settings():
     args = gep.build_parser().parse_args(["run", "--output", "x", "--generators", "org/a", "org/b",
                                           "--generator-revision", f"org/b={pin}", "--clip-revision", pin])
     st = gep_study.settings(args)
-    assert [g.revision for g in st["generation"].generators] == [None, pin] and st["clip"]["revision"] == pin
+    assert [g.revision for g in st.generation.generators] == [None, pin] and st.clip["revision"] == pin
     base = gep_study.image_job(gep_study.settings(gep.build_parser().parse_args(
         ["run", "--output", "x", "--generators", "org/a", "org/b"])), args)
     assert gep_study.image_job(st, args) != base  # another revision is another run
@@ -266,8 +265,8 @@ def test_revision_options_reach_the_study_settings():
                                                "--generator-revision", pin, "--blip2-revision", pin,
                                                "--clip-revision", pin])
     st = dalleval_study.settings(args)
-    assert [g.revision for g in st["generation"].generators] == [pin]
-    assert st["blip2"]["revision"] == pin and st["clip"]["revision"] == pin
+    assert [g.revision for g in st.generation.generators] == [pin]
+    assert st.blip2["revision"] == pin and st.clip["revision"] == pin
     assert dalleval_study.detector_kwargs(st)["revision"] == pin
 
     with pytest.raises(ValueError, match="org/c"):
@@ -287,7 +286,7 @@ def test_amplification_image_settings_carry_the_revisions():
         ["run", "--output", "x", "--generators", "org/a", "--generator-revision", pin, "--clip-revision", pin])
     from pipelines.studies.amplification import captions
 
-    settings, recorded = study.image_settings(args, captions.settings(args)["config"])
+    settings, recorded = study.image_settings(args, captions.settings(args).config)
     assert [g.revision for g in settings.generators] == [pin] and settings.clip["revision"] == pin
     assert [g["revision"] for g in recorded["generation"]["generators"]] == [pin]
-    assert SimpleNamespace(**settings.clip).revision == recorded["gender_classifier"]["revision"]
+    assert settings.clip.revision == recorded["gender_classifier"]["revision"]

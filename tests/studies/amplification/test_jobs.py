@@ -108,17 +108,17 @@ def test_paper_preset_reads_the_paper_and_each_other_reading_is_one_flag():
     occupation (Table 4), SBERT in fp32; plurals of gender words, occupation forms and fp16 SBERT
     are options, and each option names another run."""
     st = _caption_settings()
-    gi = st["gender_indicators"]
+    gi = st.gender_indicators
     assert sorted(gi["male_words"]) == ["boy", "gent", "gentleman", "male", "man"]
     assert sorted(gi["female_words"]) == ["female", "girl", "lady", "woman"]
-    assert st["occupation_forms"] == "plural" and st["models"]["sbert_precision"] == "fp32"
-    hair = [o for o in st["occupations"] if o.name == "hairdresser"]
+    assert st.occupation_forms == "plural" and st.models["sbert_precision"] == "fp32"
+    hair = [o for o in st.occupations if o.name == "hairdresser"]
     assert len(hair) == 1 and hair[0].terms == ("hairdresser",)
 
     opt = _caption_settings("--gender-word-plurals", "--occupation-forms", "singular", "--sbert-precision", "fp16")
-    assert {"men", "boys", "gentlemen"} <= set(opt["gender_indicators"]["male_words"])
-    assert {"women", "ladies", "girls"} <= set(opt["gender_indicators"]["female_words"])
-    assert opt["occupation_forms"] == "singular" and opt["models"]["sbert_precision"] == "fp16"
+    assert {"men", "boys", "gentlemen"} <= set(opt.gender_indicators["male_words"])
+    assert {"women", "ladies", "girls"} <= set(opt.gender_indicators["female_words"])
+    assert opt.occupation_forms == "singular" and opt.models["sbert_precision"] == "fp16"
     base = _run_id("--occupations", "astronaut,plumber")
     for flags in (["--gender-word-plurals"], ["--occupation-forms", "singular"], ["--sbert-precision", "fp16"]):
         assert _run_id("--occupations", "astronaut,plumber", *flags) != base, flags

@@ -3,6 +3,7 @@ of crashed workers, on a local Ray instance (tiny random CLIP / SD stand-ins, lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -44,10 +45,23 @@ def settings(standins, server, extra=()):
         ["run", "--output", "unused", "--steps", "2", "--images-per-prompt", "3", "--caption-images", "0",
          "--allow-local-urls", "--url-rewrite", f"{PREFIX}={server.base_url}/", *extra])
     st, _ = study.image_settings(args, load_config())
-    st.clip["model"], st.generators = standins[0], [g for g in standins[1]]
-    st.clip["pretrained"] = None
-    st.fetch_block_rows = 4
-    return st
+    return dataclasses.replace(st, clip=st.clip.standin_at(standins[0], pretrained=None),
+                               generators=list(standins[1]), fetch_block_rows=4)
+
+
+def generate(ray, requests, spec, st, rd):
+    """The run's generation of ``requests`` with ``spec``, through the engine (as the study does):
+    the rows in the study's order and the Phase; and the stage list it ran."""
+    from types import SimpleNamespace
+
+    from pipelines.engine import generation
+
+    args = amplification.build_parser().parse_args(["run", "--output", "unused"])
+    run = SimpleNamespace(args=args, gpu=None, rd=rd, ray=ray, st=st, generators=[spec], echo=lambda *a, **k: None)
+    plan = image_side.generation_plan(st, requests)
+    out = generation.generate(run, plan)
+    return out.images.sort_by(image_side.RESULT_ORDER), out.phases[spec.model], \
+        generation.generator_pipeline(run, plan, spec)
 
 
 def open_run(tmp_path, name="r") -> rundir.RunDir:
@@ -92,14 +106,14 @@ def test_generated_images_resume_by_model_prompt_and_seed(ray_local, standins, t
     assert requests.num_rows == 6
     model = st.generators[0]
     rd = open_run(tmp_path)
-    part, p1 = image_side.generated_images(ray_local, requests.slice(0, 4), model, st, run=rd)
+    part, p1, _ = generate(ray_local, requests.slice(0, 4), model, st, rd)
     assert p1.processed == 4 and part.num_rows == 4
-    done, p2 = image_side.generated_images(ray_local, requests, model, st, run=rd)
+    done, p2, stage_list = generate(ray_local, requests, model, st, rd)
     assert (p2.reused, p2.processed, done.num_rows) == (4, 2, 6)
     # another model shares nothing with the first one's checkpoint
-    _, p3 = image_side.generated_images(ray_local, requests.slice(0, 2), st.generators[1], st, run=rd)
+    _, p3, _ = generate(ray_local, requests.slice(0, 2), st.generators[1], st, rd)
     assert (p3.reused, p3.processed) == (0, 2)
-    fresh = run_stages_here(requests, image_side.generation_stages(st, model))   # uninterrupted, in this process
+    fresh = run_stages_here(requests, stage_list)   # uninterrupted, in this process
     cols = [I.MODEL, PROMPT, I.SEED, I.GENERATION_STATUS, I.FACE_STATUS, I.GENDER]
     assert _key_columns(done, cols) == _key_columns(fresh, cols)
     order = [(PROMPT, "ascending"), (I.SEED, "ascending")]
@@ -107,7 +121,7 @@ def test_generated_images_resume_by_model_prompt_and_seed(ray_local, standins, t
     assert pc.max(pc.abs(pc.subtract(a[I.P_FEMALE], b[I.P_FEMALE]))).as_py() < 1e-4
 
 
-def test_a_caption_in_two_occupations_is_generated_once_and_counted_in_each(ray_local, standins):
+def test_a_caption_in_two_occupations_is_generated_once_and_counted_in_each(ray_local, standins, tmp_path):
     """Section 6: a caption naming two occupations is a prompt of both with the same seed: one
     image, one row per request (the run checks rows out == requests)."""
     from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION
@@ -119,7 +133,7 @@ def test_a_caption_in_two_occupations_is_generated_once_and_counted_in_each(ray_
          CAPTION_GENDER: "none", URL: f"{PREFIX}x.jpg", I.COUNTED: True} for occ in ("nurse", "teacher")])
     requests = image_side.generation_requests({}, training, st, caption_prompts=True)
     assert requests.num_rows == 2 and len(set(requests[I.SEED].to_pylist())) == 1
-    gen, phase = image_side.generated_images(ray_local, requests, st.generators[0], st)
+    gen, phase, _ = generate(ray_local, requests, st.generators[0], st, open_run(tmp_path))
     assert phase.total == 1 and gen.num_rows == 2
     assert sorted(gen[OCCUPATION].to_pylist()) == ["nurse", "teacher"]
     assert len(set(gen[I.P_FEMALE].to_pylist())) == 1 and gen[I.GENERATION_STATUS].to_pylist() == ["ok", "ok"]
@@ -473,7 +487,7 @@ def test_training_walk_reaches_exactly_k_counted_images_in_order_under_any_batch
                                                **quiet)) for f in (1.0, 2.0, 4.0)]
         # and the real image side on Ray in blocks of 3 URLs, resumed over a killed attempt's
         # checkpoint (17 URLs, not a prefix of the walk), re-selecting from a pool of k
-        st.fetch_block_rows = 3
+        st = dataclasses.replace(st, fetch_block_rows=3)
         rd = open_run(tmp_path, "resumed")
         image_side.training_images(ray_local, full.take(pa.array(range(3, 20))), st, run=rd)
         hits = sum(server.hits.values())

@@ -2,6 +2,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from types import SimpleNamespace
 
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k
@@ -207,6 +208,7 @@ def test_a_walk_limit_below_k_is_refused():
     cfg = SelectionConfig(sample_size=5, nn_k=5, n_prompts=2, training_sample="counted_images")
     with pytest.raises(ValueError, match="max_walk_factor"):
         walk_training(None, None, TRAINING_SUBSETS.empty_table(), cfg, None, [], None, max_walk_factor=0.5)
-    st = {"selection": {"sample_size": 5, "nn_k": 5, "no_indicator_mode": "split", "max_walk_factor": 0}, "prompts": [1]}
+    st = SimpleNamespace(selection={"sample_size": 5, "nn_k": 5, "no_indicator_mode": "split", "max_walk_factor": 0},
+                         prompts=[1])
     with pytest.raises(ValueError, match="max_walk_factor"):
         selection_config(st)

@@ -119,6 +119,5 @@ def test_pairing_by_image_id_one_image_per_id_then_at_most_n(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"image": [b"x"]}), tmp_path / "ref.parquet")
-    st = {"reference": {"images": str(tmp_path / "ref.parquet"), "pairing": "captions"}, "caption_groups": {"1": "a"}}
     with pytest.raises(AS.InputError, match="id_column"):
-        AS.reference_captions(st)
+        AS.reference_captions({"images": str(tmp_path / "ref.parquet"), "pairing": "captions"}, {"1": "a"})

@@ -201,9 +201,9 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     # reference features equals FID against the features
     mu, sigma = AM.statistics(_vectors(refs[A.FID_FEATURES]))
     np.savez(tmp_path / "stats.npz", mu=mu, sigma=sigma)
-    st = {"reference": {"statistics": str(tmp_path / "stats.npz"), "pairing": "all"}, "clip_score": {"w": 2.5},
-          "r_precision": {"negatives": 99, "r": 1, "seed": 0, "reading": "project", "repeats": 5},
-          "fid": {"extractor": "torchvision"}}
+    st = AS.settings(dalleval.build_parser().parse_args(   # the preset's measures (project reading, torchvision)
+        ["alignment", "--output", "unused", "--reference-statistics", str(tmp_path / "stats.npz"),
+         "--reference-pairing", "all"]))
     with_stats = AS.measures(pq.read_table(run / "images.parquet"), A.REFERENCE_FEATURES.empty_table(), st).iloc[0]
     assert with_stats["fid"] == pytest.approx(gen["fid"], rel=1e-6) and with_stats["fid_n_reference"] is None
     assert AS.pairing_record(st, A.REFERENCE_FEATURES.empty_table())["comparable_with_table19_fid"] is True

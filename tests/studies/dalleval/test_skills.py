@@ -263,7 +263,7 @@ def test_skills_preset_scores_by_the_papers_formulas_and_the_released_rules_are_
 
     def det(*flags):
         args = dalleval.build_parser().parse_args(["skills", "--output", "unused", *flags])
-        return skills_study.settings(args)["detector"]
+        return skills_study.settings(args).detector
 
     d = det()
     assert (d["object_rule"], d["count_rule"], d["threshold"]) == ("paper", "paper", 0.7)

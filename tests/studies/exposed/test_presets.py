@@ -11,12 +11,12 @@ def test_intra_prompt_preset_is_one_caption_on_1000_seeds_with_sd_2_0():
     args = exposed.build_parser().parse_args(["run", "--output", "unused", "--config",
                                               str(REPO_ROOT / "configs" / "exposed_intra_prompt.yaml")])
     st = study.ExposedStudy().settings(args)
-    assert st["generation"].models == ["stabilityai/stable-diffusion-2-base"]
-    assert st["objects"]["min_group_objects"] == 5 and not st["professions"]["enabled"]
-    assert [(t["neutral"], t["feminine"], t["masculine"]) for t in st["triplets"].to_pylist()] == [
+    assert st.generation.models == ["stabilityai/stable-diffusion-2-base"]
+    assert st.objects.min_group_objects == 5 and not st.professions["enabled"]
+    assert [(t["neutral"], t["feminine"], t["masculine"]) for t in st.triplets.to_pylist()] == [
         ("person looks at the falling balloons at the conclusion",
          "woman looks at the falling balloons at the conclusion",
          "man looks at the falling balloons at the conclusion")]
-    units = st["units"]
+    units = st.units
     assert units.num_rows == 1000 and len(set(units.column("seed").to_pylist())) == 1000
     assert set(units.column("triplet_source").to_pylist()) == {"intra_prompt"}

@@ -246,12 +246,12 @@ def test_detection_errors_count_against_their_own_error_budget():
     from pipelines.engine.progress import ErrorBudgetExceeded
     from pipelines.studies.exposed.study import error_budgets
 
-    st = {"execution": {"max_error_rate": 0.1, "error_budget_min_rows": 5}, "objects": {"enabled": True}}
-    generation, detection = error_budgets(st, "m")
+    execution = {"max_error_rate": 0.1, "error_budget_min_rows": 5}
+    generation, detection = error_budgets(execution, True, "m")
     batch = pa.table({"generation_status": ["ok"] * 10, "detection_status": ["ok"] * 8 + ["error"] * 2})
     for b in (generation, detection):
         b.add(batch)
     generation.check(final=True)
     with pytest.raises(ErrorBudgetExceeded, match="error=2"):
         detection.check(final=True)
-    assert len(error_budgets({**st, "objects": {"enabled": False}}, "m")) == 1
+    assert len(error_budgets(execution, False, "m")) == 1

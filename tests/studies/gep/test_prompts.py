@@ -99,4 +99,4 @@ def test_reference_string_of_cc_f_is_taken_as_given_even_when_empty(given, expec
     from pipelines.studies.gep import study as gep_study
 
     argv = ["run", "--output", "unused"] + ([] if given is None else ["--reference", given])
-    assert gep_study.settings(gep.build_parser().parse_args(argv))["reference"] == expected
+    assert gep_study.settings(gep.build_parser().parse_args(argv)).reference == expected

@@ -60,10 +60,10 @@ def test_lawyer_case_study_job(tmp_path):
     assert sorted(set(req.column("prompt").to_pylist())) == [
         "A photo of a female lawyer.", "A photo of a lawyer.", "A photo of a male lawyer."]
     assert req.num_rows == 3 * 20 and set(req.column("setting").to_pylist()) == {"neutral"}
-    assert [a.name for a in st["attributes"]] == ["suit", "shirt", "tie", "glasses"]
-    assert st["comparisons"] == [("female lawyer", "lawyer"), ("male lawyer", "lawyer")]
-    assert st["classifier"]["genders"] == ["A female lawyer", "A male lawyer", "A lawyer"]
-    assert len(st["classifier"]["contexts"]) == 16          # Table 2: the study itself has no contexts
+    assert [a.name for a in st.attributes] == ["suit", "shirt", "tie", "glasses"]
+    assert st.comparisons == [("female lawyer", "lawyer"), ("male lawyer", "lawyer")]
+    assert st.classifier["genders"] == ["A female lawyer", "A male lawyer", "A lawyer"]
+    assert len(st.classifier["contexts"]) == 16          # Table 2: the study itself has no contexts
 
 
 def gep_study_args(extra):
