@@ -1,6 +1,9 @@
 """Bias amplification study of paper 002 ("The Bias Amplification Paradox in Text-to-Image Generation").
 
 Subcommands:
+  run        the whole study in one Ray job: the caption side, training-image fetch, face filter and
+             CLIP gender (T), generation from the prompts and from the captions (G), amplification,
+             the report.
   captions   the training-caption side: select LAION captions naming each occupation, detect
              explicit gender indicators, score caption/prompt similarity with SBERT, and write
              the training subsets (naive, no indicators, NN, NN + no indicators).

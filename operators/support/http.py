@@ -268,11 +268,23 @@ def build_opener(guard: _ConnectGuard, tls: ssl.SSLContext | None = None) -> url
 _URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # kept as they are by normalize_url (with letters, digits, -._)
 
 
+def ascii_host(host: str) -> str:
+    """An internationalized host name in its ASCII form (IDNA, as browsers send it: ``bücher.de``
+    is ``xn--bcher-kva.de``); an ASCII host as it is. Raises UnicodeError for a name IDNA refuses."""
+    if host.isascii():
+        return host
+    return host.encode("idna").decode("ascii")
+
+
 def normalize_url(url: str) -> str:
     """``url`` stripped, with spaces and non-ASCII characters of its path and query percent-encoded
-    as UTF-8 (what browsers send; existing escapes are kept). The host is left alone."""
+    as UTF-8 (what browsers send; existing escapes are kept), and a non-ASCII host name in its
+    ASCII (IDNA) form."""
     parts = urlsplit(url.strip())
-    return urlunsplit((parts.scheme, parts.netloc, quote(parts.path, safe=_URL_SAFE),
+    netloc = parts.netloc
+    if not netloc.isascii():
+        netloc = ascii_host(parts.hostname or "") + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit((parts.scheme, netloc, quote(parts.path, safe=_URL_SAFE),
                        quote(parts.query, safe=_URL_SAFE), quote(parts.fragment, safe=_URL_SAFE)))
 
 
@@ -297,4 +309,8 @@ def check_url(url) -> str | None:
         return "URL has userinfo (user@host)"
     if not parts.hostname:
         return "URL has no host"
+    try:
+        ascii_host(parts.hostname)
+    except UnicodeError as exc:
+        return f"host {parts.hostname!r} is not a valid internationalized domain name ({exc})"
     return None

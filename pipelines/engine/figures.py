@@ -1,12 +1,15 @@
-"""Report figures with matplotlib: each saved as PDF (for a paper) and PNG (for the page) under a
-run's ``figures/`` folder, and shown in the HTML report as an ``<img>`` linking to the PDF.
+"""Report figures with matplotlib: each saved as PDF (for a paper) and PNG under a run's
+``figures/`` folder, and shown in the HTML report as that PNG embedded in the page (a base64 data
+URI), so report.html is one self-contained file that needs nothing beside it to be read.
 
 Figures are ``matplotlib.figure.Figure`` objects made by ``new_figure``, without pyplot: no global
 state, no display, safe in threads; saving renders with the Agg (PNG) and PDF backends. A report
 takes ``figures=None`` or a ``FigureDir(fs, run_path)``; ``sink(figures)`` gives it something to
-``save`` to either way (``None``: the PNG embedded in the page as a base64 data URI, nothing
-written). PDF and PNG bytes carry no creation date or software version, so the same figure gives
-the same files.
+``save`` to either way (``None``: the PNG embedded, nothing written). PDF and PNG bytes carry no
+creation date or software version, so the same figure gives the same files.
+
+Example images a report shows (generated images under the run directory) are embedded too:
+``FigureDir.image(rel_path)`` reads one and gives a downscaled JPEG data URI (``thumbnail_uri``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import html
 import io as _io
 import re
 
+import pyarrow.fs as pafs
 from matplotlib.figure import Figure
 
 from pipelines.engine import io
@@ -27,8 +31,11 @@ PDF_METADATA = {"CreationDate": None, "Producer": None, "Creator": None}
 PNG_METADATA = {"Software": None}
 # shown at ~100 CSS px per inch of figure: the PNG (150 dpi) stays sharp on high-density screens
 CSS_PX_PER_INCH = 100
-STYLE = ("figure.fig{display:inline-block;margin:4px;vertical-align:top}figure.fig img{max-width:100%;"
-         "height:auto}figure.fig figcaption{font-size:11px;color:#555}")
+STYLE = ("figure.fig{display:inline-block;margin:4px;vertical-align:top;max-width:100%}figure.fig img{max-width:100%;"
+         "height:auto}figure.fig figcaption{font-size:11px;color:#555;max-width:100%}"
+         "figure.fig .files{color:#888;font-family:monospace}")
+THUMBNAIL_PX = 360      # example images: the longer side, twice the ~180 CSS px they are shown at
+JPEG_QUALITY = 85
 
 
 def new_figure(width: float, height: float, **kw) -> Figure:
@@ -56,15 +63,31 @@ def _width(fig: Figure) -> int:
     return round(fig.get_figwidth() * CSS_PX_PER_INCH)
 
 
-def _html(src: str, fig: Figure, name: str, alt: str, caption: str | None, pdf: str | None) -> str:
+def png_uri(png: bytes) -> str:
+    """PNG bytes as a ``data:image/png;base64,...`` URI."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def thumbnail_uri(data: bytes, max_px: int = THUMBNAIL_PX) -> str:
+    """An image file's bytes (PNG, JPEG...) as a JPEG data URI, its longer side at most ``max_px``
+    (aspect kept; an example image on a page needs no more, and the page stays small)."""
+    from PIL import Image
+
+    with Image.open(_io.BytesIO(data)) as im:
+        im = im.convert("RGB")
+        im.thumbnail((max_px, max_px))
+        buf = _io.BytesIO()
+        im.save(buf, format="JPEG", quality=JPEG_QUALITY)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _html(src: str, fig: Figure, name: str, alt: str, caption: str | None, files: str | None) -> str:
     img = (f"<img src=\"{html.escape(src)}\" alt=\"{html.escape(alt or name)}\" width=\"{_width(fig)}\" "
            f"data-figure=\"{html.escape(name)}\">")
-    links = ""
-    if pdf is not None:
-        img = f"<a href=\"{html.escape(pdf)}\">{img}</a>"
-        links = f" <a href=\"{html.escape(pdf)}\">PDF</a> &middot; <a href=\"{html.escape(src)}\">PNG</a>"
-    cap = f"<figcaption>{html.escape(caption) if caption else ''}{links}</figcaption>" if caption or links else ""
-    return f"<figure class=\"fig\" id=\"fig-{html.escape(name)}\">{img}{cap}</figure>"
+    note = f" <span class=\"files\">{html.escape(files)}</span>" if files else ""
+    cap = f"<figcaption>{html.escape(caption) if caption else ''}{note}</figcaption>" if caption or note else ""
+    # the figure as wide as its image (a long caption wraps under it), never wider than the page
+    return f"<figure class=\"fig\" id=\"fig-{html.escape(name)}\" style=\"width:{_width(fig)}px\">{img}{cap}</figure>"
 
 
 class _Names:
@@ -84,8 +107,8 @@ class _Names:
 
 class FigureDir:
     """Saves each figure as ``<path>/figures/<name>.pdf`` and ``.png`` on the pyarrow filesystem
-    ``fs`` (atomically, ``io.write_bytes``); ``save`` returns the ``<figure>`` HTML for a page
-    written at ``<path>/`` (relative links: ``figures/<name>.png``)."""
+    ``fs`` (atomically, ``io.write_bytes``); ``save`` returns the ``<figure>`` HTML with the PNG
+    embedded (no link to the files: the page is self-contained) and the files' names as text."""
 
     def __init__(self, fs, path: str, subdir: str = SUBDIR):
         self.fs, self.path, self.subdir = fs, str(path).rstrip("/"), subdir
@@ -94,10 +117,24 @@ class FigureDir:
 
     def save(self, fig: Figure, name: str, alt: str = "", caption: str | None = None) -> str:
         stem = self._names.take(name)
-        for fmt in ("pdf", "png"):
-            io.write_bytes(self.fs, f"{self.path}/{self.subdir}/{stem}.{fmt}", render(fig, fmt))
+        png = render(fig, "png")
+        io.write_bytes(self.fs, f"{self.path}/{self.subdir}/{stem}.pdf", render(fig, "pdf"))
+        io.write_bytes(self.fs, f"{self.path}/{self.subdir}/{stem}.png", png)
         self.saved.append(stem)
-        return _html(f"{self.subdir}/{stem}.png", fig, stem, alt, caption, f"{self.subdir}/{stem}.pdf")
+        return _html(png_uri(png), fig, stem, alt, caption, f"{self.subdir}/{stem}.pdf, .png")
+
+    def image(self, rel: str, max_px: int = THUMBNAIL_PX) -> str | None:
+        """The image file ``<path>/<rel>`` as a downscaled data URI (``thumbnail_uri``); None when
+        there is no such file or it is not an image."""
+        path = f"{self.path}/{rel.lstrip('/')}"
+        try:
+            if self.fs.get_file_info(path).type != pafs.FileType.File:
+                return None
+            with self.fs.open_input_file(path) as f:
+                data = f.read()
+            return thumbnail_uri(data, max_px)
+        except (OSError, ValueError):
+            return None
 
 
 class Inline:
@@ -111,8 +148,11 @@ class Inline:
     def save(self, fig: Figure, name: str, alt: str = "", caption: str | None = None) -> str:
         stem = self._names.take(name)
         self.saved.append(stem)
-        data = base64.b64encode(render(fig, "png")).decode("ascii")
-        return _html(f"data:image/png;base64,{data}", fig, stem, alt, caption, None)
+        return _html(png_uri(render(fig, "png")), fig, stem, alt, caption, None)
+
+    def image(self, rel: str, max_px: int = THUMBNAIL_PX) -> str | None:
+        """No run directory: no example image to embed."""
+        return None
 
 
 def sink(figures: FigureDir | Inline | None) -> FigureDir | Inline:

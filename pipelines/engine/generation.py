@@ -294,6 +294,9 @@ def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: S
         target = Path(paths[i]) / "text_encoder"
         shutil.rmtree(target)
         shutil.copytree(Path(paths[shared[0]]) / "text_encoder", target)
+    for spec, path in zip(specs, paths):   # a requested model is never replaced without a word
+        print(f"  generator {spec.model} -> tiny random stand-in {Path(path).name} (its settings kept; the "
+              f"requested model is recorded, not run)")
     return [spec.at(path) for spec, path in zip(specs, paths)]
 
 

@@ -1,6 +1,7 @@
-"""HTML pieces the study reports share: escaping, a DataFrame as a table, and the table of model
-provenance records (role, id, revision / hub commit, weights sha256, dtype, device, real or
-stand-in; the rest of each record as pretty JSON in a collapsed block)."""
+"""HTML pieces the study reports share: escaping, a DataFrame as a table (in a box of its own that
+scrolls sideways when the table is wider than the page), and the table of model provenance records
+(role, id, revision / hub commit, weights sha256, dtype, device, real or stand-in; the rest of each
+record as pretty JSON in a collapsed block)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-STYLE = ("table.models td{vertical-align:top;text-align:left}table.models td.standin{background:#fff3cd;"
+STYLE = (".tw{overflow-x:auto;max-width:100%}.tw>table{margin:.2em 0}"
+         "table.models td{vertical-align:top;text-align:left}table.models td.standin{background:#fff3cd;"
          "font-weight:bold}table.models pre{font-size:11px;margin:.3em 0;max-width:700px;overflow-x:auto}"
          "table.models code{font-size:12px}")
 STANDIN = "STAND-IN (random weights)"
@@ -45,11 +47,17 @@ def fmt_num(v, digits: int = 2, na: str = "n/a") -> str:
     return na if is_missing(v) else f"{float(v):.{digits}f}"
 
 
+def scroll(inner: str) -> str:
+    """``inner`` (a table, a strip of images) in a box that scrolls sideways on its own when it is
+    wider than the page, so the page never does."""
+    return f"<div class=\"tw\">{inner}</div>"
+
+
 def table(df: pd.DataFrame, digits: int = 2, na: str = "n/a", text: Callable[[str], str] | None = None,
           css_class: str | None = None) -> str:
-    """``df`` as an HTML table: floats with ``digits`` decimals and integers right-aligned
-    (``class=n``), missing values as ``na``, anything else as escaped text (through ``text`` first,
-    when given: e.g. shortening model paths)."""
+    """``df`` as an HTML table in a ``scroll`` box: floats with ``digits`` decimals and integers
+    right-aligned (``class=n``), missing values as ``na``, anything else as escaped text (through
+    ``text`` first, when given). Column names are shown whole (long ones wrap, never cut)."""
     head = "".join(f"<th>{esc(c)}</th>" for c in df.columns)
     body = []
     for rec in df.itertuples(index=False):
@@ -68,7 +76,7 @@ def table(df: pd.DataFrame, digits: int = 2, na: str = "n/a", text: Callable[[st
                 cells.append(f"<td>{esc(text(s) if text is not None else s)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     cls = f" class=\"{esc(css_class)}\"" if css_class else ""
-    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return scroll(f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
 def pretty_json(obj) -> str:
@@ -119,11 +127,13 @@ def _sha_cell(detail: dict) -> tuple[str, set[str]]:
     return cells[0], {keys[0]}
 
 
-def model_table(records: list[dict]) -> str:
+def model_table(records: list[dict], labels: dict[str, str] | None = None) -> str:
     """The models of a run, one row per provenance record (``{"role", "model", "standin",
     "detail": {...}}``, as the studies record them): role, model id, revision / hub commit, weights
     sha256 (short; the full hash in the cell's title), dtype, device, real or STAND-IN, and every
-    other field of the record as pretty JSON in a collapsed ``<details>`` block."""
+    other field of the record as pretty JSON in a collapsed ``<details>`` block. The one place a
+    page shows a model's full id: with ``labels`` (id -> short label, ``page.model_labels``) the id
+    cell also says the label the rest of the page uses for it."""
     head = ("<tr><th>role</th><th>model id</th><th>revision / hub commit</th><th>weights sha256</th>"
             "<th>dtype</th><th>device</th><th>real or stand-in</th><th>more</th></tr>")
     rows = []
@@ -149,7 +159,9 @@ def model_table(records: list[dict]) -> str:
                     else f"<td class=standin>{esc(tag)}</td>" if standin else f"<td>{esc(tag)}</td>")
         details = (f"<details><summary>{len(more)} more field{'s' if len(more) != 1 else ''}</summary>"
                    f"<pre>{esc(pretty_json(more))}</pre></details>") if more else "-"
-        rows.append(f"<tr><td>{esc(rec.get('role', '-'))}</td><td><code>{esc(model)}</code></td><td>{revision}</td>"
+        shown_as = (labels or {}).get(str(model))
+        as_label = f"<br><small>shown as <b>{esc(shown_as)}</b></small>" if shown_as and shown_as != str(model) else ""
+        rows.append(f"<tr><td>{esc(rec.get('role', '-'))}</td><td><code>{esc(model)}</code>{as_label}</td><td>{revision}</td>"
                     f"<td>{sha}</td><td>{esc(detail.get('dtype') or '-')}</td><td>{esc(detail.get('device') or '-')}"
                     f"</td>{tag_cell}<td>{details}</td></tr>")
-    return f"<table class=\"models\"><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+    return scroll(f"<table class=\"models\"><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")

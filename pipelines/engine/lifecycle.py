@@ -248,6 +248,7 @@ def run_study(study: Study, args) -> dict:
             rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
             raise
     rd.finish("finished", duration_s=round(time.time() - started, 3))
+    print(f"\nresults: {rd.display()}/" + ("  (open report.html)" if io.exists(rd.fs, rd.file("report.html")) else ""))
     return metrics
 
 

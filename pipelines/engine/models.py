@@ -89,10 +89,11 @@ STANDIN_GENERATORS = ("stable-diffusion-v1-4-standin", "stable-diffusion-v1-5-st
 
 
 def build_standin_clip(root: str) -> str:
-    """A tiny random open_clip CLIP (seed 0) under ``root``: its directory."""
+    """A tiny random open_clip CLIP (seed 0) under ``root``, its gender prompts calibrated so that a
+    demo counts images (``pipelines.standins.clip.calibrate_gender_prompts``): its directory."""
     from pipelines.standins.clip import build_tiny_open_clip
 
-    return build_tiny_open_clip(str(Path(root) / "clip-vit-standin"), seed=0)
+    return build_tiny_open_clip(str(Path(root) / "clip-vit-standin"), seed=0, calibrate=True)
 
 
 @contextlib.contextmanager

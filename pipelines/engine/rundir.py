@@ -181,6 +181,14 @@ class RunDir:
         write_atomic(self.fs, path, sink.getvalue().to_pybytes())
         return path
 
+    def read_part(self, name: str, key: str, schema: pa.Schema) -> pa.Table | None:
+        """The part of checkpoint ``name`` written with ``key`` (None when there is none)."""
+        path = self.work(name, f"part-{key}.parquet")
+        if not io.exists(self.fs, path):
+            return None
+        with self.fs.open_input_file(path) as fh:
+            return pq.read_table(fh).select(schema.names).cast(schema)
+
     def read_parts(self, name: str, schema: pa.Schema) -> pa.Table:
         """All finished parts of checkpoint ``name`` (empty when there are none)."""
         base = self.work(name)

@@ -27,9 +27,17 @@ TINY_MODEL_CFG = {
 }
 
 
-def build_tiny_open_clip(directory, seed: int = 0) -> str:
+# the stand-in a run builds (--standin-models) is calibrated so that a demo reaches the counted-
+# image path: the two gender prompts point along the line between two photos, and the logit
+# scale puts those photos at p = CALIBRATED_P (see ``calibrate``)
+CALIBRATION_PROMPTS = ("A photo of a man", "A photo of a woman")
+CALIBRATED_P = 0.97
+
+
+def build_tiny_open_clip(directory, seed: int = 0, calibrate: bool = False) -> str:
     """Build a tiny random CLIP in ``directory`` (created if needed) and return its model spec,
-    ``"local-dir:<absolute path>"``. The same seed writes the same weights."""
+    ``"local-dir:<absolute path>"``. The same seed writes the same weights; with ``calibrate``,
+    the weights ``calibrate`` sets too."""
     import open_clip
     import safetensors.torch
     import torch
@@ -40,6 +48,9 @@ def build_tiny_open_clip(directory, seed: int = 0) -> str:
     with torch.random.fork_rng(devices=[]):  # seed open_clip's init without touching the caller's RNG
         torch.manual_seed(seed)
         model = open_clip.model.CLIP(**json.loads(json.dumps(TINY_MODEL_CFG)))
+    note = f"random weights (seed {seed}); outputs are meaningless"
+    if calibrate:
+        note += "; " + calibrate_gender_prompts(model, OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     safetensors.torch.save_file(state, str(out / WEIGHTS_NAME))
     config = {
@@ -50,7 +61,48 @@ def build_tiny_open_clip(directory, seed: int = 0) -> str:
             "interpolation": "bicubic",
             "resize_mode": "shortest",
         },
-        "standin": f"random weights (seed {seed}); outputs are meaningless",
+        "standin": note,
     }
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2))
     return f"local-dir:{out}"
+
+
+def calibrate_gender_prompts(model, mean, std) -> str:
+    """Make a random CLIP read the bundled sample's two face photos as two genders, so that an
+    offline demo exercises every branch a real run reaches (counted images on both sides, ambiguous
+    ones, amplification, correlations), not only "ambiguous".
+
+    With random weights the two prompts' cosine similarities differ by about 0.01 on any image, so
+    at open_clip's initial logit scale (14.3) no image reaches p >= 0.9 and every image of a demo
+    is ambiguous. Here the text projection gets the smallest change (least squares, in the span of
+    the two prompts' pooled text features) that makes the prompts' embeddings +u and -u, u the unit
+    direction from scikit-image's astronaut photo to its camera-man photo, and the logit scale is
+    set so that those two photos get p = CALIBRATED_P ("man" and "woman"). Any other image is read
+    from where its random embedding falls along u: still meaningless. Returns a note to record."""
+    import numpy as np
+    import open_clip
+    import torch
+    import torch.nn.functional as F
+    from skimage import data
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        a = np.stack([a] * 3, axis=-1) if a.ndim == 2 else a[..., :3]
+        x = torch.from_numpy(np.ascontiguousarray(a)).permute(2, 0, 1)[None].float() / 255.0
+        side = TINY_MODEL_CFG["vision_cfg"]["image_size"]
+        x = F.interpolate(x, size=(side, side), mode="bicubic", antialias=True, align_corners=False)
+        return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+
+    with torch.no_grad():
+        img = model.encode_image(torch.cat([tensor(data.camera()), tensor(data.astronaut())]), normalize=True)
+        direction = img[0] - img[1]
+        u = direction / direction.norm()
+        text = model.encode_text(open_clip.tokenize(list(CALIBRATION_PROMPTS)))   # (2, D), not normalised
+        proj = model.text_projection                                              # (width, D)
+        pooled = torch.linalg.solve(proj.T, text.T).T                             # text = pooled @ proj
+        target = torch.stack([u, -u]) * text.norm(dim=-1, keepdim=True)
+        proj += torch.linalg.pinv(pooled) @ (target - pooled @ proj)
+        # cos(camera, +u) - cos(camera, -u) = |direction|: logit scale * that = log(p / (1 - p))
+        scale = float(np.log(CALIBRATED_P / (1 - CALIBRATED_P))) / float(direction.norm())
+        model.logit_scale.fill_(float(np.log(scale)))
+    return (f"gender prompts calibrated on scikit-image's camera-man (man) and astronaut (woman) photos "
+            f"at p = {CALIBRATED_P}, logit scale {scale:.1f}")

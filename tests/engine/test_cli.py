@@ -91,3 +91,23 @@ def test_bad_output_fails_at_once_with_one_line(tmp_path, capsys, monkeypatch, m
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith("error: --output") and message in err, (what, err)
         assert "Traceback" not in err and output in err
+
+
+def test_a_full_disk_is_one_line_and_other_os_errors_keep_their_traceback(capsys):
+    import errno
+
+    from pipelines.engine.cli import exit_code
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device", "/runs/r/_work/part-3.parquet")
+
+    assert exit_code(full) == 5
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "No space left on device while writing /runs/r/_work/part-3.parquet" in err
+    assert "resumes" in err
+
+    def denied():
+        raise PermissionError(errno.EACCES, "Permission denied", "/x")
+
+    with pytest.raises(PermissionError):
+        exit_code(denied)

@@ -1,6 +1,7 @@
 """pipelines/engine/figures.py: figures saved as PDF + PNG under figures/ of a run, or embedded."""
 
 import base64
+import io
 import re
 
 import pyarrow.fs as pafs
@@ -18,14 +19,18 @@ def _figure():
     return fig
 
 
-def test_figure_dir_writes_pdf_and_png_and_links_them(tmp_path):
+def test_figure_dir_writes_pdf_and_png_and_embeds_the_png(tmp_path):
     sink = figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path / "run"))
     page = sink.save(_figure(), "Figure 3: naive/#1", alt="scatter <1>", caption="naive & co")
     pdf, png = tmp_path / "run" / "figures" / "Figure_3_naive_1.pdf", tmp_path / "run" / "figures" / "Figure_3_naive_1.png"
     assert pdf.read_bytes().startswith(b"%PDF") and pdf.read_bytes().rstrip().endswith(b"%%EOF")
     assert png.read_bytes().startswith(PNG_MAGIC)
-    assert '<img src="figures/Figure_3_naive_1.png"' in page and '<a href="figures/Figure_3_naive_1.pdf">' in page
-    assert 'alt="scatter &lt;1&gt;"' in page and "naive &amp; co" in page and "data:image" not in page
+    # the page is self-contained: the PNG written beside it is the one embedded, no link to a file
+    m = re.search(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert m is not None and base64.b64decode(m.group(1)) == png.read_bytes()
+    assert "href=" not in page and 'src="figures/' not in page
+    assert "figures/Figure_3_naive_1.pdf, .png" in page    # the files named, as text
+    assert 'alt="scatter &lt;1&gt;"' in page and "naive &amp; co" in page
     assert sink.saved == ["Figure_3_naive_1"]
     # nothing else left behind (no temporary files of the atomic write)
     assert sorted(p.name for p in (tmp_path / "run" / "figures").iterdir()) == [pdf.name, png.name]
@@ -34,7 +39,8 @@ def test_figure_dir_writes_pdf_and_png_and_links_them(tmp_path):
 def test_figure_dir_names_are_unique_within_a_report(tmp_path):
     sink = figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path))
     a, b = sink.save(_figure(), "m_fig"), sink.save(_figure(), "m_fig")
-    assert "figures/m_fig.png" in a and "figures/m_fig-2.png" in b
+    assert "figures/m_fig.pdf" in a and "figures/m_fig-2.pdf" in b
+    assert 'data-figure="m_fig"' in a and 'data-figure="m_fig-2"' in b
     assert (tmp_path / "figures" / "m_fig-2.pdf").is_file() and sink.saved == ["m_fig", "m_fig-2"]
 
 
@@ -46,6 +52,7 @@ def test_without_a_directory_the_png_is_embedded(tmp_path, monkeypatch):
     m = re.search(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert m is not None and base64.b64decode(m.group(1)).startswith(PNG_MAGIC)
     assert ".pdf" not in page and "figures/" not in page
+    assert sink.image("images/m/x.png") is None      # no run directory: no example image to embed
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
@@ -64,3 +71,18 @@ def test_same_figure_same_bytes():
 def test_slug():
     assert figures.slug("gep_vectors_neutral_C_woman - man") == "gep_vectors_neutral_C_woman-man"
     assert figures.slug("all_prompt_#1") == "all_prompt_1" and figures.slug("../") == "figure"
+
+
+def test_figure_dir_embeds_an_example_image_downscaled(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "images" / "m").mkdir(parents=True)
+    Image.new("RGB", (512, 256), (200, 30, 30)).save(tmp_path / "images" / "m" / "a.png")
+    (tmp_path / "images" / "m" / "broken.png").write_bytes(b"not a png")
+    sink = figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path))
+    uri = sink.image("images/m/a.png")
+    assert uri.startswith("data:image/jpeg;base64,")
+    with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as im:
+        assert im.size == (figures.THUMBNAIL_PX, figures.THUMBNAIL_PX // 2)   # longer side capped, aspect kept
+    assert sink.image("images/m/missing.png") is None and sink.image("images/m/broken.png") is None
+    assert not (tmp_path / "figures").exists()          # reading writes nothing

@@ -175,12 +175,14 @@ def test_standin_generators_keep_each_spec_s_settings(tmp_path):
         G.load_generators([built[0].at(built[0].model).__class__(built[0].model, extra=(("no_such_arg", 1),))], True)
 
 
-def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path):
+def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):
     import numpy as np
 
     from operators.image_generation import ImageGenerator
 
     (spec,) = G.build_standin_generators([GeneratorSpec("org/a", steps=2, height=32, width=32)], str(tmp_path))
+    # the requested model is replaced with a word, naming it and its stand-in
+    assert "generator org/a -> tiny random stand-in generator-1-standin" in capsys.readouterr().out
     plain = ImageGenerator(**{**spec.operator_kwargs(), "device": "cpu"})
     negative = ImageGenerator(**{**G.dataclasses.replace(spec, negative_prompt="a red square").operator_kwargs(),
                                  "device": "cpu"})

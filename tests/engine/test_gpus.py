@@ -24,8 +24,10 @@ ROOT = REPO_ROOT
 
 
 def readme_cluster_commands() -> dict[str, list[str]]:
-    """The arguments after ``--`` of every ``ray submit cluster.yaml pipelines/<study>.py`` in the README."""
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    """The arguments after ``--`` of the first ``ray submit cluster.yaml pipelines/<study>.py`` of each
+    study in the README (its cluster quick start) and the study pages ``docs/studies/*.md``."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs" / "studies").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages).replace("\\\n", " ")
     found = {}
     for m in re.finditer(r"ray submit cluster\.yaml pipelines/(\w+)\.py -- ([^`\n]+)", text):
         found.setdefault(m.group(1), shlex.split(m.group(2)))

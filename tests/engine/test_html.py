@@ -74,3 +74,16 @@ def test_table_formats_numbers_missing_values_and_escapes():
     short = H.table(df, 3, na="-", text=H.short_path)
     assert "<td>model-a</td>" in short and "<td class=n>1.235</td>" in short and "<td class=n>-</td>" in short
     assert H.short_path("hf-org/name/") == "name" and H.short_path("plain") == "plain"
+
+
+def test_tables_scroll_in_their_own_box_and_the_model_table_names_labels():
+    df = pd.DataFrame({f"a rather long column name {i}": [1.0] for i in range(30)})
+    page = H.table(df)
+    assert page.startswith('<div class="tw"><table>') and page.endswith("</table></div>")
+    assert "<th>a rather long column name 29</th>" in page          # headers whole, never cut
+    assert ".tw{overflow-x:auto" in H.STYLE
+    models = H.model_table([_generator()], {_generator()["model"]: "stable-diffusion-v1-4-standin"})
+    assert models.startswith('<div class="tw"><table class="models">')
+    cell = _cells(models, 0)[1]
+    assert "/tmp/models/stable-diffusion-v1-4-standin</code>" in cell and "shown as <b>stable-diffusion-v1-4-standin" in cell
+    assert "shown as" not in H.model_table([_generator()])           # no labels: the id alone

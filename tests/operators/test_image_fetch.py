@@ -374,6 +374,16 @@ def test_userinfo_is_invalid_url_and_never_resolved(server, userinfo):
     assert asked == [] and sum(server.hits.values()) == 0
 
 
+def test_a_non_ascii_host_is_asked_for_in_its_idna_form_and_a_bad_one_is_invalid(server):
+    resolve, asked = recording_resolver({"xn--bcher-kva.example": ["127.0.0.1"]})
+    ok = one(local(resolver=resolve), f"http://bücher.example:{server.port}/photo/coffee.jpg")
+    assert ok[FETCH_STATUS] == FetchStatus.OK, ok[FETCH_ERROR]
+    assert asked == ["xn--bcher-kva.example"]
+    bad = one(local(resolver=resolve), f"http://{'ü' * 70}.example/x.jpg")   # a label over 63 characters
+    assert bad[FETCH_STATUS] == FetchStatus.INVALID_URL and "internationalized domain name" in bad[FETCH_ERROR]
+    assert asked == ["xn--bcher-kva.example"]
+
+
 def test_trailing_dot_is_checked_as_the_name_it_ends(server):
     resolve, asked = recording_resolver({"localhost": ["127.0.0.1"], "images.example.org": ["127.0.0.1"]})
     rows = fetch(ImageFetcher(resolver=resolve), [f"http://localhost.:{server.port}/x.jpg",

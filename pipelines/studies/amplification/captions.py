@@ -191,6 +191,9 @@ def scan_shards(ray, run: rundir.RunDir, inp, columns: dict, annotated_schema: p
         shard_rows = sum(rows_of[f] for f in files)
         if run.done(name):
             phase.reused += shard_rows
+            done = run.read_part(CAPTION_TALLIES, f"shard-{i:05d}", TALLY_SCHEMA)
+            if done is not None:   # the budget counts every attempt's rows, as the stage counts do
+                _TallyBudget(budget).add(done)
             continue
         print(f"caption shard {i + 1}/{len(shards)}: {len(files)} file(s), {shard_rows:,} rows ...")
         data_dir = f"{run.file(FILES['annotated'])}/shard-{i:05d}"
@@ -469,6 +472,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
     if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
         raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
     check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))
+    unmatched_occupations(sim)   # a warning naming them; none matching at all: an error (exit 2)
 
     sizes, head = report.subset_sizes(subsets), report.headline(sim)
     names = ner_counts(counts, st, args)
@@ -508,6 +512,22 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         metrics.pop("_stats")
         metrics["run_summary"] = summary_rows_captions(summary, phase, summarize(stage_counts(attempt), order))
     return metrics, (format_summary(summary), annotated_rows, subsets, sizes, head, names)
+
+
+def unmatched_occupations(sim: pa.Table) -> list[str]:
+    """The occupations no caption of the input names (a warning naming them); none matching at all
+    is an error (a misspelt job, the wrong caption column, or a sample without them)."""
+    counts = zip(sim.column(C.OCCUPATION).to_pylist(), sim.column("matched_captions").to_pylist())
+    unmatched = [o for o, n in counts if not n]
+    if not unmatched:
+        return unmatched
+    names = ", ".join(unmatched[:12]) + (f" and {len(unmatched) - 12} more" if len(unmatched) > 12 else "")
+    if len(unmatched) == sim.num_rows:
+        raise io.InputError(f"no caption of the input names any of the {sim.num_rows} occupation(s) ({names}): "
+                            f"check their spelling, --occupation-forms, and the caption column (--caption-column)")
+    print(f"warning: {len(unmatched)} of {sim.num_rows} occupation(s) match no caption of the input, so their "
+          f"tables stay empty: {names} (check their spelling and --occupation-forms)")
+    return unmatched
 
 
 def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tuple[pa.Table, pa.Table, int]:

@@ -265,7 +265,8 @@ def generated_rows(gen: pa.Table) -> pa.Table:
 
 
 # ------------------------------------------------------------------------------ row accounting
-def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.Table | None = None) -> list[dict]:
+def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.Table | None = None,
+                       labels: dict[str, str] | None = None) -> list[dict]:
     """Rows in and outcome counts per image stage, as a cascade: a stage's input is the rows the
     previous stage passed. Every stage's outcomes add up to its input (checked)."""
     rows = []
@@ -300,7 +301,7 @@ def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.
             sel = generated.filter(pc.and_(pc.equal(generated.column(I.SOURCE), source),
                                            pc.equal(generated.column(I.MODEL), model)))
             if sel.num_rows:
-                cascade(f"{source}:{model}", sel, [
+                cascade(f"{source}: {(labels or {}).get(model, model)}", sel, [
                     ("generate", I.GENERATION_STATUS, tuple(I.GenerationStatus.ALL), "ok"),
                     ("face_filter", I.FACE_STATUS, I.FaceStatus.ALL, "ok"),
                     ("clip_gender", I.GENDER, gender_outcomes, "decided"),

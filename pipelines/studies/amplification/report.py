@@ -1,5 +1,7 @@
 """Results of an end-to-end amplification run: T, G, the four approaches of Table 3, section 6,
-section 5.1's correlation, the Table 3/6-shaped summaries, and report.html (Figures 3, 5, 7, 9).
+section 5.1's correlation, the Table 3/6-shaped summaries, and report.html (Figures 3, 5, 7, 9):
+average E[A] per approach and model first, with the images and exclusions behind it; the per-stage
+counts collapsed at the end.
 
 Everything here works on the per-image table (pandas; its size is images, not captions).
 """
@@ -13,6 +15,7 @@ import pandas as pd
 
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
+from pipelines.engine import page as Pg
 from pipelines.studies.amplification.metrics import (
     EXCLUDED,
     GENERATED,
@@ -225,45 +228,100 @@ def _averaged_points(rows: list[dict]) -> list[tuple]:
     return [(float(a), float(b), o) for o, (a, b) in m.iterrows()]
 
 
-def _model_stem(model: str) -> str:
-    return str(model).rstrip("/").split("/")[-1]
+def labelled(results: dict, labels: dict) -> dict:
+    """A shallow copy of ``compute``'s results with the per-model dicts keyed by the models' labels
+    (what the printed summary shows)."""
+    out = dict(results)
+    for key in ("approaches", "tables6", "caption_prompts", "caption_gender_match"):
+        if isinstance(results.get(key), dict):
+            out[key] = {Pg.label(labels, m): v for m, v in results[key].items()}
+    sim = results.get("image_similarity")
+    if isinstance(sim, dict) and isinstance(sim.get("per_model"), dict):
+        out["image_similarity"] = sim | {"per_model": {Pg.label(labels, m): v for m, v in sim["per_model"].items()}}
+    return out
+
+
+def labelled_counts(counts: pd.DataFrame, labels: dict) -> pd.DataFrame:
+    """The per-stage counts with the model in a branch name (``generated:<model id>``) as its label."""
+    if "branch" not in counts.columns:
+        return counts
+
+    def branch(b):
+        head, sep, model = str(b).partition(":")
+        return f"{head}: {labels[model.strip()]}" if sep and model.strip() in labels else b
+
+    return counts.assign(branch=[branch(b) for b in counts["branch"]])
+
+
+def headline_table(t3: pd.DataFrame, labels: dict) -> pd.DataFrame:
+    """Average E[A] over prompts: one row per approach, one column per model (its label)."""
+    if t3.empty:
+        return pd.DataFrame(columns=["approach"])
+    wide = t3.pivot_table(index="approach", columns="model", values="average", aggfunc="first", sort=False, dropna=False)
+    wide = wide.reindex(index=[a for a in APPROACH_TITLES.values() if a in wide.index],
+                        columns=list(dict.fromkeys(t3["model"])))
+    wide.columns = [Pg.label(labels, m) for m in wide.columns]
+    wide.columns.name = None
+    return wide.reset_index()
+
+
+def _exclusions(per: dict) -> str:
+    """(occupation, prompt) pairs left out of the naive approach's E[A], by reason."""
+    total: dict[str, int] = {}
+    for p in per[Subset.NAIVE]["per_prompt"]:
+        for reason, occs in p.get("excluded", {}).items():
+            total[reason] = total.get(reason, 0) + len(occs)
+    return ", ".join(f"{n:,} {r.replace('_', ' ')}" for r, n in total.items() if n) or "none"
+
+
+def _behind(results: dict, meta: dict, labels: dict) -> list[str]:
+    out = [f"{meta.get('images', 0):,} images in the per-image table, {meta.get('occupations')} occupations"]
+    T, G = results.get("T"), results.get("G")
+    if T is not None and len(T):
+        naive = T[(T[SUBSET] == Subset.NAIVE) & (T[PROMPT_ID] == 0)]
+        out.append(f"training: {int(naive[N_IMAGES].sum()):,} counted images in the naive subset (exactly one face, "
+                   f"CLIP confident)")
+    if G is not None and len(G):
+        out.append("generated, counted: " + ", ".join(
+            f"{H.esc(Pg.label(labels, m))} {int(g[N_IMAGES].sum()):,}" for m, g in G.groupby(I.MODEL, sort=False)))
+    for model, per in results["approaches"].items():
+        out.append(f"left out of the naive E[A] ({H.esc(Pg.label(labels, model))}, occupation x prompt pairs): "
+                   f"{_exclusions(per)}")
+    return out
 
 
 def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_counts: dict, models: list[dict],
                 meta: dict, *, figures: _figures.FigureDir | None = None) -> str:
-    """report.html: headline tables, the figures (PDF + PNG under ``figures/`` of the run when
-    ``figures`` is a ``FigureDir``, else PNGs embedded in the page), drop counts per reason, models
-    (real or stand-in)."""
+    """report.html: average E[A] per approach and model first with the images and exclusions behind
+    it, then Table 3, the figures (PDF + PNG under ``figures/`` of the run when ``figures`` is a
+    ``FigureDir``; embedded in the page either way), per-occupation tables, the models, and the rows
+    and drops per stage collapsed at the end."""
     sink = _figures.sink(figures)
+    gens = [m["model"] for m in models if m.get("role") == "generator"]
+    labels = Pg.model_labels(gens, results["approaches"], t3["model"] if "model" in t3 else [])
     standin = [m for m in models if m.get("standin")]
     out = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>Bias amplification report</title><style>",
-        "body{font-family:sans-serif;max-width:1300px;margin:1em auto;color:#222} table{border-collapse:collapse;"
-        "margin:.5em 0} td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px} td.n{text-align:right}"
-        " .warn{background:#fff3cd;border:1px solid #e0c060;padding:.6em} .figs{display:flex;flex-wrap:wrap;gap:8px}"
-        " .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}",
-        _figures.STYLE, H.STYLE,
-        "</style></head><body>",
-        "<h1>Bias amplification in text-to-image generation</h1>",
-        f"<p>Study: paper 002 (<i>The Bias Amplification Paradox in Text-to-Image Generation</i>). Run: "
-        f"{H.esc(meta.get('output'))}; input {H.esc(meta.get('input'))}; "
-        f"{meta.get('occupations')} occupations, {meta.get('images')} images in the per-image table.</p>",
+        "<h1>Bias amplification in text-to-image generation (paper 002)</h1>",
     ]
     if standin:
-        names = ", ".join(H.esc(f"{m['role']} ({m['model']})") for m in standin)
-        out.append(f"<p class=warn><b>Stand-in models.</b> These models are tiny random-weight stand-ins built "
-                   f"offline from the real classes, not the paper's models: {names}. Their outputs are "
-                   f"meaningless; every percentage and amplification below only demonstrates the pipeline. "
-                   f"Run with real model ids (the defaults) for results.</p>")
+        names = ", ".join(H.esc(f"{m['role']} ({Pg.label(labels, m['model'])})") for m in standin)
+        out.append(Pg.standin_banner(f"Tiny random-weight stand-ins built offline from the real classes, not the "
+                                     f"paper's models: {names}. Every percentage and amplification below only "
+                                     f"demonstrates the pipeline; run with real model ids (the defaults) for results."))
     if meta.get("local_image_server"):
         out.append(f"<p class=warn>Training images came from a local image server on 127.0.0.1 standing in for "
                    f"the sample's URLs ({H.esc(meta['local_image_server'])}); the sample is synthetic.</p>")
-    out.append("<h2>Models</h2>" + H.model_table(models))
-    out.append("<h2>Bias amplification E[A] (Table 3)</h2><p>A = |G - 50| - |T - 50| per occupation; occupations "
-               "whose training and generated images skew in different directions are excluded per prompt "
-               "(direction_switch), as are occupations without counted images on one side. Positive: "
-               "amplification. n_#p: occupations behind E[A] for prompt p; excluded_#p: how many were left "
-               "out, by reason.</p>" + H.table(t3))
+    lead = ("<p class=lead>Expected bias amplification E[A], averaged over the prompts, per approach and model "
+            "(Table 3's <i>average</i>): A = |G &minus; 50| &minus; |T &minus; 50| per occupation, in percentage "
+            "points; positive: the generated images skew further from balanced than the training images.</p>"
+            + H.table(headline_table(t3, labels)))
+    out.append(Pg.headline(lead, _behind(results, meta, labels)))
+    out.append(f"<p>Study: paper 002 (<i>The Bias Amplification Paradox in Text-to-Image Generation</i>). Input "
+               f"{H.esc(meta.get('input'))}; results in <code>{H.esc(meta.get('output'))}</code>.</p>")
+    out.append("<h2>Bias amplification E[A] per prompt (Table 3)</h2><p>Occupations whose training and generated "
+               "images skew in different directions are excluded per prompt (direction_switch), as are occupations "
+               "without counted images on one side. n_#p: occupations behind E[A] for prompt p; excluded_#p: how "
+               "many were left out, by reason.</p>" + H.table(Pg.relabel(t3, labels)))
     n_cols = [c for c in t3.columns if c.startswith("n_#")]
     thin = int((t3[n_cols] < max(2, meta.get("occupations", 0) // 2)).to_numpy().sum()) if n_cols else 0
     if thin:
@@ -272,11 +330,11 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
     out.append(walk_html(results.get("training_walk")))
     legend = (f"<p class=legend>Shading:<span style='background:{AMPLIFICATION_COLOR}'></span>amplification"
               f"<span style='background:{DEAMPLIFICATION_COLOR}'></span>de-amplification; the dashed diagonal is no "
-              "amplification; excluded (direction-switching) occupations are not drawn. Each figure links to its "
-              "PDF.</p>")
+              "amplification; excluded (direction-switching) occupations are not drawn. Each figure is also saved "
+              "as PDF and PNG under figures/.</p>")
     for model, per in results["approaches"].items():
-        stem = _model_stem(model)
-        out.append(f"<h2>{H.esc(model)}</h2>")
+        stem = Pg.label(labels, model)
+        out.append(f"<h2>{H.esc(stem)}</h2>")
         naive = per[Subset.NAIVE]["rows"]
         out.append("<h3>Figure 3: naive approach, prompt #1</h3>" + legend + "<div class=figs>"
                    + _scatter_html(sink, f"{stem}_figure3_naive_prompt1", [(_points(naive, 1), "Naive, prompt #1")])
@@ -307,19 +365,22 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                            f"{gm['images']} images match the gender of the caption's training image "
                            f"({gm['captions']} captions; the paper: 98.41%).</p>")
         tab = results["tables6"][model]
-        out.append("<h3>% female per occupation (Table 6/7)</h3>" + H.table(tab, 1))
+        out.append(Pg.details(f"% female per occupation (Table 6/7): {len(tab)} occupations", H.table(tab, 1)))
     corr = results["indicator_correlation"]
     out.append(f"<h2>Gender indicators (section 5.1)</h2><p>Pearson r = {_fmt(corr['r'], 3)} "
                f"(p = {_fmt(corr['p_value'], 4)}, n = {corr['n']} occupations). {H.esc(corr['definition'])}."
                f" The paper reports r = -0.458 on LAION.</p>")
-    out.append("<h2>Rows per stage and drops per reason</h2><h3>Caption side</h3>"
-               + H.table(pd.DataFrame([{"stage": k, "rows in": v["rows_in"], "kept": v["rows_out"],
-                                        "dropped per reason": ", ".join(f"{r}={n}" for r, n in v["dropped"].items()
-                                                                         if n) or "-"}
-                                       for k, v in caption_counts.items()]), 0)
-               + "<h3>Image side</h3>" + H.table(counts, 0))
-    out.append("</body></html>")
-    return "".join(out)
+    out.append("<h2>Models</h2>" + H.model_table(models, labels))
+    stage_rows = len(caption_counts) + len(counts)
+    out.append("<h2>Rows per stage and drops per reason</h2>" + Pg.details(
+        f"Diagnostics: rows in, kept and dropped per stage ({stage_rows} rows)",
+        "<h3>Caption side</h3>"
+        + H.table(pd.DataFrame([{"stage": k, "rows in": v["rows_in"], "kept": v["rows_out"],
+                                 "dropped per reason": ", ".join(f"{r}={n}" for r, n in v["dropped"].items()
+                                                                  if n) or "-"}
+                                for k, v in caption_counts.items()]), 0)
+        + "<h3>Image side</h3>" + H.table(labelled_counts(counts, labels), 0)))
+    return Pg.document("Bias amplification report", out)
 
 
 def walk_html(walk: dict | None) -> str:
@@ -351,21 +412,22 @@ def walk_html(walk: dict | None) -> str:
 
 def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:
     """Figure 3-style scatter plots (training vs generated % female), one per model and prompt
-    (PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``)."""
+    (PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``; embedded in
+    the page either way)."""
     sink = _figures.sink(figures)
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Amplification</title><style>",
-             "body{font-family:sans-serif;max-width:1300px;margin:1em auto;color:#222}", _figures.STYLE,
-             "</style></head><body>", f"<h1>Bias amplification from {H.esc(source)}</h1>",
+    labels = Pg.model_labels(result)
+    parts = [f"<h1>Bias amplification from {H.esc(source)}</h1>",
              "<p>Shaded red: amplification; green: de-amplification; the dashed diagonal is no amplification; "
-             "excluded occupations are not drawn. Each figure links to its PDF.</p>"]
+             "excluded occupations are not drawn. Each figure is also saved as PDF and PNG under figures/.</p>"]
     for model, res in result.items():
-        parts.append(f"<h2>{H.esc(model)}: average E[A] = "
+        name = Pg.label(labels, model)
+        parts.append(f"<h2>{H.esc(name)}: average E[A] = "
                      f"{'n/a' if res['average'] is None else format(res['average'], '.2f')}</h2><div class=figs>")
         for p in res["per_prompt"]:
             pts = [(r["training"], r["generated"], r["occupation"]) for r in res["rows"]
                    if r["group"] == p["group"] and r["excluded"] is None]
             ea = "n/a" if p["expected_amplification"] is None else f"{p['expected_amplification']:.2f}"
-            parts.append(_scatter_html(sink, f"{_model_stem(model)}_prompt_{p['group']}",
+            parts.append(_scatter_html(sink, f"{name}_prompt_{p['group']}",
                                        [(pts, f"{p['group']}: E[A] = {ea} ({p['occupations']} occupations)")]))
         parts.append("</div>")
-    return "".join(parts) + "</body></html>"
+    return Pg.document("Amplification", parts)

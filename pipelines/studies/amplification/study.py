@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.engine.figures import FigureDir
+from pipelines.engine.page import model_labels
 from pipelines.engine.lifecycle import Outcome, Run, run_study
 from pipelines.engine import generation
 from pipelines.engine.generation import generation_settings
@@ -273,7 +274,8 @@ class AmplificationStudy:
         gen = generation.generate(run, image_side.generation_plan(st, requests, budgets_of))
         gen_parts = [gen.images.filter(pc.equal(gen.images.column(I.MODEL), m)).sort_by(image_side.RESULT_ORDER)
                      for m in models] if gen.images is not None else []
-        phases = {f"{source}:{model}": phase for model, phase in gen.phases.items()
+        labels = model_labels(models)   # short names in the run summary (the full ids are in metrics.json)
+        phases = {f"{source}: {labels[model]}": phase for model, phase in gen.phases.items()
                   for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT)}
         train_budgets += gen.budgets
         generated = pa.concat_tables(gen_parts) if gen_parts else None
@@ -282,7 +284,8 @@ class AmplificationStudy:
         image_sim = training_generated_similarity(subsets, url_results, generated)
         walk_record = _walk_record(walk, selection)
         per_image = pa.concat_tables([train_rows, gen_rows])
-        count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows)
+        count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows,
+                                                 labels)
         counts = pd.DataFrame(count_rows)
         results = rep.compute(per_image.to_pandas(), occupations, len(cs.prompts), models)
         t3 = rep.table3(results["approaches"], len(cs.prompts))
@@ -353,7 +356,11 @@ class AmplificationStudy:
         html_doc = rep.render_html(d["results"], d["t3"], d["counts"], d["caption_counts"], d["models"], d["meta"],
                                    figures=FigureDir(rd.fs, rd.path))
         io.write_text(html_doc, rd.fs, f"{rd.path}/{RUN_FILES['report']}")
-        _print_summary(rd.display(), d["counts"], d["t3"], d["results"], d["models"], RUN_FILES)
+        from pipelines.engine import page as Pg
+
+        labels = Pg.model_labels(d["results"]["approaches"])    # models printed by their short labels
+        _print_summary(rd.display(), rep.labelled_counts(d["counts"], labels), Pg.relabel(d["t3"], labels),
+                       rep.labelled(d["results"], labels), d["models"], RUN_FILES)
 
 
 def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, generated: pa.Table | None) -> dict:

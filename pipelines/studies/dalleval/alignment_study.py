@@ -494,8 +494,12 @@ class AlignmentStudy(StudyBase):
                "statistics": f"precomputed statistics {paths and paths[0]}"}[kind]
         if effective_pairing(st.reference) == "captions":
             ref += " (only the drawn captions' own images, by image id)"
+        wanted = int(st.r_precision["negatives"])
+        texts = st.requests.column(PROMPT).to_pylist() if st.requests is not None else []
+        k = AM.negatives_per_image(len(texts), wanted, texts)   # fewer when there are fewer other captions
+        negatives = f"{k} negatives" + (f"; {wanted} configured, fewer other captions" if k < wanted else "")
         print(f"DALL-Eval alignment / quality: {c['kept']:,} captions ({c['read']:,} read), one image each per "
-              f"generator; CLIP {st.clip.model} R-precision (1 + {st.r_precision['negatives']}), CLIPScore; "
+              f"generator; CLIP {st.clip.model} R-precision (1 + {negatives}), CLIPScore; "
               f"FID ({'a tiny stand-in' if args.standin_models else st.fid.model}) against {ref}")
 
     def actor_cpus(self, args, st: AlignmentSettings) -> float:
@@ -567,7 +571,7 @@ class AlignmentStudy(StudyBase):
                 "examples": int(st.report.get("examples", 8))}
         html = report_alignment.render_html(meta, d["images"], d["table"], run.models, figures=FigureDir(rd.fs, rd.path))
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
-        print(report_alignment.format_table(d["table"]))
+        print(report_alignment.format_table(d["table"], standin=bool(run.args.standin_models)))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
               f"{FILES['reference']}, {FILES['table']}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
 

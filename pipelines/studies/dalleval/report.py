@@ -8,31 +8,39 @@ import pandas as pd
 
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
+from pipelines.engine import page as Pg
 from pipelines.studies.dalleval import metrics as M
-from pipelines.engine.page import COLORS, STYLE
-from pipelines.engine.page import model_name as _short
+from pipelines.engine.page import COLORS
 from schemas import dalleval as S
 from schemas.images import MODEL
 
-# missing values as "-", model paths and hub ids by their last part (as the GEP report)
-def _table(df: pd.DataFrame, digits: int = 3) -> str:
-    return H.table(df, digits, na="-", text=H.short_path)
+
+# missing values as "-", models by their labels (in the model column, or as column names)
+def _table(df: pd.DataFrame, digits: int = 3, labels: dict | None = None) -> str:
+    out = Pg.relabel(df, labels or {}, header=True)
+    counts = [c for c in out.columns if str(c).endswith("_prompts")]   # counts: whole numbers, not 36.0000
+    return H.table(out.astype({c: "Int64" for c in counts}) if counts else out, digits, na="-")
 
 
 def _num(v) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
-def format_results(results: dict) -> str:
+def format_results(results: dict, standin: bool = False) -> str:
+    """The printed results: Table 8 per model with the paper's reference rows, and Table 9's
+    attribute differences; models by their short labels, never cut; a stand-in run's notice last."""
+    labels = Pg.model_labels(m["model"] for m in results["summary"])
+    refs = [r["model"] for r in M.reference_rows()]
+    mw = max([len("model")] + [len(v) for v in labels.values()] + [len(r) for r in refs]) + 2
     lines = ["Bias per model (Table 8: MAD against uniform; averages: male -1 / female +1, MST 1-10)",
-             f"{'model':<40}{'prompts':>8}{'avg gender':>12}{'MAD gender':>12}{'avg tone':>10}{'MAD tone':>10}"]
+             f"{'model':<{mw}}{'prompts':>8}{'avg gender':>12}{'MAD gender':>12}{'avg tone':>10}{'MAD tone':>10}"]
     for m in results["summary"]:
         g, t = m["gender"], m.get("skin_tone") or {}
         f = lambda x, w, d: f"{x:>{w}.{d}f}" if _num(x) else f"{'-':>{w}}"  # noqa: E731
-        lines.append(f"{_short(m['model'])[:39]:<40}{g['prompts']:>8}{f(g['average'], 12, 3)}{f(g['mad'], 12, 4)}"
-                     f"{f(t.get('average'), 10, 2)}{f(t.get('mad'), 10, 4)}")
+        lines.append(f"{Pg.label(labels, m['model']):<{mw}}{g['prompts']:>8}{f(g['average'], 12, 3)}"
+                     f"{f(g['mad'], 12, 4)}{f(t.get('average'), 10, 2)}{f(t.get('mad'), 10, 4)}")
     for r in M.reference_rows():
-        lines.append(f"{r['model']:<40}{'':>8}{'':>12}{r['gender']:>12.4f}{'':>10}{r['skin_tone']:>10.4f}")
+        lines.append(f"{r['model']:<{mw}}{'':>8}{'':>12}{r['gender']:>12.4f}{'':>10}{r['skin_tone']:>10.4f}")
     att = results["tables"].get("table_attributes_by_group")
     if att is not None and not att.empty:
         diff = att[att["row"].str.contains(" - ", regex=False)]
@@ -42,7 +50,9 @@ def format_results(results: dict) -> str:
             lines.append("Attribute presence, " + diff.iloc[0]["row"] + " (Table 9): " + ", ".join(names))
             for _, r in diff.iterrows():
                 vals = " ".join(f"{r[n]:+.2f}" if _num(r[n]) else "  -  " for n in names)
-                lines.append(f"  {_short(r['model'])[:30]:<32}{vals}")
+                lines.append(f"  {Pg.label(labels, r['model']):<{mw}}{vals}")
+    if standin:
+        lines.append(Pg.STANDIN_CONSOLE)
     return "\n".join(lines)
 
 
@@ -65,7 +75,7 @@ def gender_bars(table: pd.DataFrame, title: str):
             if _num(v):
                 ys.append(j - 0.4 + bar_h * (i + 0.5))
                 xs.append(float(v))
-        ax.barh(ys, xs, height=bar_h * 0.9, color=COLORS[i % len(COLORS)], label=_short(m), zorder=2)
+        ax.barh(ys, xs, height=bar_h * 0.9, color=COLORS[i % len(COLORS)], label=Pg.model_name(m), zorder=2)
         drawn += len(xs)
     ax.axvline(0, color="#333333", linewidth=0.9, zorder=3)
     ax.set_xlim(-1, 1)
@@ -80,9 +90,10 @@ def gender_bars(table: pd.DataFrame, title: str):
     return fig, drawn
 
 
-def tone_distribution(counts: pd.DataFrame, model: str):
+def tone_distribution(counts: pd.DataFrame, model: str, label: str | None = None):
     """Stacked bars per profession: the share of each Monk Skin Tone among the images with a tone
-    (Figure 9), drawn in the MST reference colours. Returns (figure, professions with a tone)."""
+    (Figure 9), drawn in the MST reference colours; titled with ``label`` (default: the model's last
+    path part). Returns (figure, professions with a tone)."""
     from matplotlib.patches import Patch
 
     from operators.image_skin_tone import MST_HEX
@@ -110,7 +121,7 @@ def tone_distribution(counts: pd.DataFrame, model: str):
     ax.set_yticks(range(len(pooled)), [str(p) for p in pooled.index], fontsize=8)
     ax.set_xlabel("share of the images with a measured tone", fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
-    ax.set_title(f"{_short(model)}: Monk Skin Tone per profession", fontsize=10)
+    ax.set_title(f"{label or Pg.model_name(model)}: Monk Skin Tone per profession", fontsize=10)
     fig.legend(handles=[Patch(facecolor=f"#{MST_HEX[t]}", edgecolor="#999999", label=str(t + 1))
                         for t in range(S.MST_TONES)], loc="outside lower center", ncols=S.MST_TONES, fontsize=7,
                frameon=False, handlelength=1.2, columnspacing=0.8, title="Monk Skin Tone", title_fontsize=7)
@@ -118,50 +129,81 @@ def tone_distribution(counts: pd.DataFrame, model: str):
 
 
 # ------------------------------------------------------------------------------------ page
+def _behind(meta: dict, results: dict, labels: dict) -> list[str]:
+    """What stands behind the headline: images, detections, the prompts left out of each MAD."""
+    c = results["counts"]
+    n_models = len(meta.get("models", [])) or len(labels)
+    out = [f"{meta['images']:,} generated images from {Pg.plural(n_models, 'generator')} "
+           f"({H.esc(', '.join(labels.values()))}), gender by {H.esc(meta['detect']['gender'])}"]
+    if len(c) and {"male", "female", "unknown_gender"} <= set(c.columns):
+        known = int(c["male"].sum() + c["female"].sum())
+        out.append(f"gender detected in {known:,} images ({int(c['unknown_gender'].sum()):,} without an answer, "
+                   "left out)")
+    if len(c) and "toned" in c.columns:
+        out.append(f"skin tone measured in {int(c['toned'].sum()):,} images")
+    for m in results["summary"]:
+        g, t = m["gender"], m.get("skin_tone")
+        left = [f"{g['prompts_without_detections']:,} of {g['prompts'] + g['prompts_without_detections']:,} "
+                f"{H.esc(g['prompts_group'])} prompts without a detected gender left out of the gender MAD"]
+        if t is not None:
+            left.append(f"{t['prompts_without_detections']:,} of {t['prompts'] + t['prompts_without_detections']:,}"
+                        " prompts without a measured tone left out of the skin-tone MAD")
+        out.append(f"{H.esc(Pg.label(labels, m['model']))}: " + ", ".join(left))
+    return out
+
+
 def render_html(meta: dict, results: dict, records: list[dict], *, figures: _figures.FigureDir | None = None) -> str:
-    """report.html of a DALL-Eval run; its charts as PDF + PNG under ``figures/`` of the run when
-    ``figures`` is a ``FigureDir``, else PNGs embedded in the page."""
+    """report.html of a DALL-Eval run: Table 8 first with the images and prompts behind it, then the
+    per-profession charts (PDF + PNG under ``figures/`` of the run when ``figures`` is a
+    ``FigureDir``; embedded in the page either way), attributes, the long per-profession tables
+    collapsed, and the models."""
     sink = _figures.sink(figures)
     tables = results["tables"]
     detect = meta["detect"]
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>DALL-Eval social bias report</title>", STYLE,
-             "</head><body>", f"<h1>DALL-Eval social bias (paper 000): run {H.esc(meta['run_id'])}</h1>",
-             f"<p>{meta['images']:,} images from {len(meta['models'])} generator(s). Gender by "
-             f"{H.esc(detect['gender'])}; attributes {'on' if detect['attributes'] else 'off'}; skin tone "
-             f"{'on' if detect['skin_tone'] else 'off'}. Results: {H.esc(meta['output'])}</p>"]
-    if meta.get("standin"):
-        parts.append("<p class='warn'><b>Stand-in models.</b> The generators, BLIP-2 and CLIP are tiny random-weight "
-                     "stand-ins: every number on this page is meaningless; the run only exercises the pipeline.</p>")
-    parts.append("<h2>Overall bias (Table 8)</h2><p>MAD = (1/N) &Sigma;|p<sub>i</sub> &minus; 1/N| of the detected "
-                 "distribution of each prompt, averaged over prompts: gender (N = 2) over "
-                 + (f"the &ldquo;{H.esc(meta['neutral'])}&rdquo; prompts" if meta["neutral"] is not None
-                    else "every prompt") + ", skin tone (N = 10) over every prompt.</p>")
-    parts.append(_table(tables["table_bias_mad"], 4))
+    labels = Pg.model_labels(meta.get("models", []), (m["model"] for m in results["summary"]),
+                             results["counts"][MODEL] if MODEL in results["counts"] else [])
+    standin = Pg.any_standin(records, meta.get("standin"))
+    parts = ["<h1>DALL-Eval social bias (paper 000)</h1>"]
+    if standin:
+        parts.append(Pg.standin_banner("The generators, BLIP-2 and CLIP are tiny random-weight stand-ins; the run "
+                                       "only exercises the pipeline."))
+    lead = ("<p class=lead>Bias per model (Table 8): MAD = (1/N) &Sigma;|p<sub>i</sub> &minus; 1/N| of the detected "
+            "distribution of each prompt, averaged over prompts: 0 is unbiased, the one-hot row entirely biased. "
+            "Gender (N = 2) over " + (f"the &ldquo;{H.esc(meta['neutral'])}&rdquo; prompts" if meta["neutral"]
+                                      is not None else "every prompt")
+            + ", skin tone (N = 10) over every prompt; averages: male &minus;1 / female +1, MST 1-10.</p>"
+            + _table(tables["table_bias_mad"], 4, labels))
+    parts.append(Pg.headline(lead, _behind(meta, results, labels)))
+    parts.append(f"<p>Gender by {H.esc(detect['gender'])}; attributes {'on' if detect['attributes'] else 'off'}; "
+                 f"skin tone {'on' if detect['skin_tone'] else 'off'}. Run <code>{H.esc(meta['run_id'])}</code>; "
+                 f"results in <code>{H.esc(meta['output'])}</code>.</p>")
     if "table_gender_per_profession" in tables:
-        g = tables["table_gender_per_profession"]
+        g = Pg.relabel(tables["table_gender_per_profession"], labels, header=True)
         title = f"average gender of '{meta['neutral']} who works as ...' (male -1, female +1)"
         parts.append("<h2>Average gender per profession (Tables 6, 16-17)</h2>")
         fig, drawn = gender_bars(g, title)
         parts.append(sink.save(fig, "gender-bars", alt=f"{title}: {drawn} bars"))
-        parts.append(_table(g, 2))
+        parts.append(Pg.details(f"Table: average gender per profession ({len(g)} rows)", _table(g, 2)))
     if "table_skin_tone_per_profession" in tables:
         parts.append("<h2>Skin tone per profession (Tables 7, 20-21; Figure 9)</h2><p>Images of every group pooled; "
                      "Monk Skin Tone from the ITA of the face-mesh skin region (raw pixels, not TRUST albedo: see "
-                     "docs/method.md).</p>")
+                     "docs/method.md).</p><div class=figs>")
         for model in dict.fromkeys(results["counts"][MODEL]):
-            fig, measured = tone_distribution(results["counts"], model)
-            parts.append(sink.save(fig, f"tone-bars_{_short(model)}",
-                                   alt=f"{_short(model)}: Monk Skin Tone per profession, {measured} professions "
+            name = Pg.label(labels, model)
+            fig, measured = tone_distribution(results["counts"], model, name)
+            parts.append(sink.save(fig, f"tone-bars_{name}",
+                                   alt=f"{name}: Monk Skin Tone per profession, {measured} professions "
                                        f"with a measured tone"))
-        parts.append(_table(tables["table_skin_tone_per_profession"], 2))
+        parts.append("</div>")
+        t = tables["table_skin_tone_per_profession"]
+        parts.append(Pg.details(f"Table: average skin tone per profession ({len(t)} rows)", _table(t, 2, labels)))
     if "table_attributes_by_group" in tables:
         parts.append("<h2>Attributes by group (Tables 9 and 22)</h2><p>Share of images where BLIP-2 answers yes "
                      "to &ldquo;Is the person wearing [A]?&rdquo;; (diff) columns: difference from the neutral "
                      "group; the last row per model is the comparison of the two gendered groups.</p>")
-        parts.append(_table(tables["table_attributes_by_group"], 2))
+        parts.append(_table(tables["table_attributes_by_group"], 2, labels))
     parts.append("<h2>Per-prompt counts</h2><p>prompt_counts.csv holds the counts behind every number above; it is "
                  "the input of <code>dalleval.py summarize</code>. Per-prompt attribute presence (Tables 23-31): "
                  "table_attributes_per_prompt.csv.</p>")
-    parts.append("<h2>Models</h2>" + H.model_table(records))
-    parts.append("</body></html>")
-    return "".join(parts)
+    parts.append("<h2>Models</h2>" + H.model_table(records, labels))
+    return Pg.document(f"DALL-Eval social bias report {meta['run_id']}", parts)

@@ -1,6 +1,7 @@
 """report.html and the printed results of `dalleval.py alignment` (paper 000, App. D, Table 19):
-R-precision, CLIPScore and FID per model with the number of images behind each, the paper's
-published figures beside them, and example images with their captions and CLIP cosines."""
+R-precision, CLIPScore and FID per model with the number of images behind each first, the paper's
+published figures beside them, and example images (downscaled, embedded in the page) with their
+captions and CLIP cosines."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import pandas as pd
 
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
+from pipelines.engine import page as Pg
 from pipelines.engine.checkpoint import model_dir
-from pipelines.engine.page import STYLE
-from pipelines.engine.page import model_name as _short
 from schemas import alignment as A
 from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
@@ -34,55 +34,76 @@ def _int(v) -> str:
     return "-" if v is None or pd.isna(v) else str(int(v))
 
 
-def format_table(table: pd.DataFrame) -> str:
+def format_table(table: pd.DataFrame, standin: bool = False) -> str:
+    """Table 19's shape as text, models by their short labels (never cut); a stand-in run's notice last."""
+    labels = Pg.model_labels(table["model"])
+    mw = max([len("model")] + [len(Pg.label(labels, m)) for m in table["model"]]) + 1
     lines = ["Image-text alignment and image quality (DALL-Eval Table 19 shape; n = images behind each figure)",
-             f"{'model':<36} {'R-prec. %':>10} {'n':>7} {'CLIPScore':>10} {'x100':>7} {'n':>7} {'FID':>9} "
+             f"{'model':<{mw}} {'R-prec. %':>10} {'n':>7} {'CLIPScore':>10} {'x100':>7} {'n':>7} {'FID':>9} "
              f"{'n gen':>7} {'n ref':>7}"]
     for _, r in table.iterrows():
-        lines.append(f"{_short(r['model'])[:36]:<36} {_num(r['r_precision']):>10} {_int(r['r_precision_n']):>7} "
+        lines.append(f"{Pg.label(labels, r['model']):<{mw}} {_num(r['r_precision']):>10} {_int(r['r_precision_n']):>7} "
                      f"{_num(r['clip_score'], 4):>10} {_num(r['clip_score_100']):>7} {_int(r['clip_score_n']):>7} "
                      f"{_num(r['fid']):>9} {_int(r['fid_n_generated']):>7} {_int(r['fid_n_reference']):>7}")
+    if standin:
+        lines.append(Pg.STANDIN_CONSOLE)
     return "\n".join(lines)
 
 
-def examples_html(images: pd.DataFrame, model: str, k: int, images_dir: str | None) -> str:
+def examples_html(images: pd.DataFrame, model: str, k: int, images_dir: str | None, sink=None) -> str:
+    """Up to ``k`` generated images of ``model`` with their captions and CLIP cosines, each saved
+    image embedded through ``sink.image`` (downscaled); a strip that scrolls on its own."""
     mine = images[(images[MODEL] == model) & (images[GENERATION_STATUS] == GenerationStatus.OK)].head(k)
     if mine.empty:
         return "<p>No generated image.</p>"
     cells = []
     for _, r in mine.iterrows():
-        img = (f"<img src='{H.esc(images_dir)}/{H.esc(model_dir(model))}/{H.esc(r[IMAGE_ID])}.png' width=160><br>"
-               if images_dir else "")
+        uri = sink.image(f"{images_dir}/{model_dir(model)}/{r[IMAGE_ID]}.png") if images_dir and sink else None
+        img = f"<img src='{H.esc(uri)}' alt='{H.esc(r[IMAGE_ID])}' width=160><br>" if uri else ""
         cells.append(f"<td style='text-align:center;vertical-align:top;width:170px'>{img}<small>{H.esc(r[PROMPT])}"
                      f"<br>cos {_num(r[A.CLIP_COSINE], 3)}; seed {int(r[SEED])}</small></td>")
-    return "<table class='ex'><tr>" + "".join(cells) + "</tr></table>"
+    return H.scroll("<table class='ex'><tr>" + "".join(cells) + "</tr></table>")
 
 
 def render_html(meta: dict, images, table: pd.DataFrame, records: list[dict], *,
                 figures: _figures.FigureDir | None = None) -> str:
+    """report.html of an alignment run: Table 19's shape first with the captions and images behind
+    it, then how each figure is read, the paper's table, examples and the models."""
+    sink = _figures.sink(figures)
     df = images.to_pandas()
     c = meta["captions"]
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>DALL-Eval alignment report</title>", STYLE,
-             "</head><body>", f"<h1>DALL-Eval image-text alignment and image quality (paper 000, App. D): run "
-             f"{H.esc(meta['run_id'])}</h1>",
-             f"<p>{c['kept']:,} captions ({c['read']:,} read, {c['null_or_blank']:,} null or blank), one image each "
-             f"from {len(meta['models'])} generator(s). CLIP {H.esc(H.short_path(meta['clip']['model']))}; FID "
-             f"features: {H.esc(meta['fid']['extractor'])}; reference: {H.esc(meta['reference'])}. Results: "
-             f"{H.esc(meta['output'])}</p>"]
-    if meta.get("standin"):
-        parts.append("<p class='warn'><b>Stand-in models.</b> The generators, CLIP and the FID feature extractor are "
-                     "tiny random-weight stand-ins: every number on this page is meaningless.</p>")
+    labels = Pg.model_labels(meta.get("models", []), df[MODEL] if len(df) else [])
+    standin = Pg.any_standin(records, meta.get("standin"))
+    parts = ["<h1>DALL-Eval image-text alignment and image quality (paper 000, App. D)</h1>"]
+    if standin:
+        parts.append(Pg.standin_banner("The generators, CLIP and the FID feature extractor are tiny random-weight "
+                                       "stand-ins."))
+    lead = ("<p class=lead>R-precision (%), CLIPScore and FID per model (Table 19 shape); <i>*_n</i>: images behind "
+            "each figure. Higher R-precision and CLIPScore, lower FID: better.</p>"
+            + H.table(Pg.relabel(table, labels), 3, na="-"))
+    n_models = len(meta.get("models", [])) or len(labels)
+    ok = int((df[GENERATION_STATUS] == GenerationStatus.OK).sum()) if len(df) else 0
+    behind = [f"{c['kept']:,} captions ({c['read']:,} read, {c['null_or_blank']:,} null or blank left out), one image "
+              f"each from {Pg.plural(n_models, 'generator')} ({H.esc(', '.join(labels.values()))})",
+              f"{ok:,} of {len(df):,} images generated" + (f" ({len(df) - ok:,} left out: failed or blocked)"
+                                                          if ok < len(df) else "")]
+    if meta["reference"] == "bundled":
+        behind.append("FID reference: scikit-image's handful of bundled photos (see the warning below)")
+    parts.append(Pg.headline(lead, behind))
     if meta["reference"] == "bundled":
         parts.append("<p class='warn'>The FID reference is scikit-image's handful of bundled photos (the offline "
                      "default), not a real reference set: FID over so few images means nothing. Give the real images "
                      "with --reference.</p>")
+    parts.append(f"<p>CLIP {H.esc(Pg.model_name(meta['clip']['model']))}; FID features: "
+                 f"{H.esc(meta['fid']['extractor'])}; reference: {H.esc(meta['reference'])}. Run "
+                 f"<code>{H.esc(meta['run_id'])}</code>; results in <code>{H.esc(meta['output'])}</code>.</p>")
     rp = meta["r_precision"]
     reading = ("the project's reading: cosines of unit CLIP vectors, distinct negatives never equal to the true "
                "caption, a tie is a miss, one draw" if rp.get("reading", "project") == "project" else
                f"the released code's reading: raw dot products of unnormalised CLIP features, negatives drawn with "
                f"replacement from all captions, a tie at the top is a hit, the mean of {int(rp.get('repeats', 5))} draws")
-    parts.append(f"<h2>Table 19 shape</h2><p>R-precision: % of images whose own caption CLIP ranks first among it and "
-                 f"{int(rp['negatives'])} random other captions (R = {int(rp['r'])}; {reading}). "
+    parts.append(f"<h2>How the figures are read</h2><p>R-precision: % of images whose own caption CLIP ranks first "
+                 f"among it and {int(rp['negatives'])} random other captions (R = {int(rp['r'])}; {reading}). "
                  f"CLIPScore: mean of 2.5 max(cos, 0) (Hessel et al.); x100: mean of 100 max(cos, 0). FID: Fréchet "
                  f"distance of the generated and reference feature sets. <i>*_n</i>: images behind each figure. "
                  f"The row <i>real images (reference)</i>, when present, scores the reference images against their "
@@ -97,13 +118,11 @@ def render_html(meta: dict, images, table: pd.DataFrame, records: list[dict], *,
                       "(that needs " + H.esc(pairing["comparable_note"].split(": ", 1)[-1]) + ").")
         parts.append(f"<p>FID reference: {H.esc(pairing['kind'])}, pairing {H.esc(pairing['pairing'])}, features "
                      f"{H.esc(pairing['extractor'])}.{found} {comparable}</p>")
-    parts.append(H.table(table, 3, na="-", text=H.short_path))
     parts.append("<p>The paper's Table 19 (30K COCO val2014 captions; CLIP ViT-B/32; Inception v3), for orientation:"
                  "</p>" + H.table(PAPER, 1, na="-"))
     parts.append("<h2>Examples</h2>")
     for model in dict.fromkeys(df[MODEL]) if len(df) else []:
-        parts.append(f"<h3>{H.esc(_short(model))}</h3>"
-                     + examples_html(df, model, int(meta.get("examples", 8)), meta.get("images_dir")))
-    parts.append("<h2>Models</h2>" + H.model_table(records))
-    parts.append("</body></html>")
-    return "".join(parts)
+        parts.append(f"<h3>{H.esc(Pg.label(labels, model))}</h3>"
+                     + examples_html(df, model, int(meta.get("examples", 8)), meta.get("images_dir"), sink))
+    parts.append("<h2>Models</h2>" + H.model_table(records, labels))
+    return Pg.document(f"DALL-Eval alignment report {meta['run_id']}", parts)

@@ -1,7 +1,8 @@
 """report.html of `dalleval.py skills` (paper 000, section 4.1, section 5.2): Table 2-shaped
-accuracies with the number of images behind each, Figure 5-shaped plots (a: per count / relation,
-b: per task), per-object accuracy, and example images per skill with the detected boxes drawn
-(an SVG overlay on the saved image: nothing is re-encoded)."""
+accuracies with the number of images behind each first, Figure 5-shaped plots (a: per count /
+relation, b: per task), example images per skill with the detected boxes drawn (an SVG overlay in
+image-relative coordinates on a downscaled copy of the saved image, embedded in the page), and the
+per-split table collapsed."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import pandas as pd
 
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
+from pipelines.engine import page as Pg
 from pipelines.engine.checkpoint import model_dir
 from pipelines.studies.dalleval import skills as K
-from pipelines.engine.page import COLORS, STYLE
-from pipelines.engine.page import model_name as _short
+from pipelines.engine.page import COLORS
 from schemas import paintskills as P
 from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
@@ -21,12 +22,12 @@ from schemas.subsets import PROMPT
 BOX_COLORS = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#9a6324")
 
 
-def _table(df: pd.DataFrame, digits: int = 1) -> str:
-    return H.table(df, digits, na="-", text=H.short_path)
+def _table(df: pd.DataFrame, digits: int = 1, labels: dict | None = None) -> str:
+    return H.table(Pg.relabel(df, labels or {}), digits, na="-")
 
 
-def split_figure(splits: pd.DataFrame, skill: str, title: str):
-    """Figure 5 (a): grouped bars, one group per split value, one bar per model."""
+def split_figure(splits: pd.DataFrame, skill: str, title: str, labels: dict | None = None):
+    """Figure 5 (a): grouped bars, one group per split value, one bar per model (its label)."""
     d = splits[splits["skill"] == skill]
     models = list(dict.fromkeys(d["model"]))
     values = list(dict.fromkeys(d[P.SPLIT]))
@@ -38,7 +39,7 @@ def split_figure(splits: pd.DataFrame, skill: str, title: str):
         ys = [float(mine.loc[v, "accuracy"]) if v in mine.index and pd.notna(mine.loc[v, "accuracy"]) else 0.0
               for v in values]
         ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(values))], ys, width=width,
-               color=COLORS[i % len(COLORS)], label=_short(m))
+               color=COLORS[i % len(COLORS)], label=Pg.label(labels or {}, m))
     ax.set_xticks(range(len(values)), [v.split("=", 1)[1] for v in values], fontsize=7)
     ax.set_ylim(0, 100)
     ax.set_ylabel("accuracy (%)", fontsize=7)
@@ -49,7 +50,7 @@ def split_figure(splits: pd.DataFrame, skill: str, title: str):
     return fig
 
 
-def task_figure(tasks: pd.DataFrame):
+def task_figure(tasks: pd.DataFrame, labels: dict | None = None):
     """Figure 5 (b): per skill, the first sub-task alone and both together, one bar per model."""
     keys = [(s, t) for s, ts in K.TASKS.items() for t, _ in ts]
     models = list(dict.fromkeys(tasks["model"]))
@@ -61,7 +62,7 @@ def task_figure(tasks: pd.DataFrame):
         ys = [float(mine.loc[k, "accuracy"]) if k in mine.index and pd.notna(mine.loc[k, "accuracy"]) else 0.0
               for k in keys]
         ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(keys))], ys, width=width,
-               color=COLORS[i % len(COLORS)], label=_short(m))
+               color=COLORS[i % len(COLORS)], label=Pg.label(labels or {}, m))
     ax.set_xticks(range(len(keys)), [f"{s}:\n{t}" for s, t in keys], fontsize=6)
     ax.set_ylim(0, 100)
     ax.set_ylabel("accuracy (%)", fontsize=7)
@@ -93,8 +94,10 @@ def boxes_svg(labels, scores, boxes, threshold: float) -> str:
 
 
 def examples_html(images: pd.DataFrame, model: str, skill: str, k: int, images_dir: str | None,
-                  threshold: float) -> str:
-    """Up to ``k`` judged images of ``model`` and ``skill``, correct and wrong ones alternating."""
+                  threshold: float, sink=None) -> str:
+    """Up to ``k`` judged images of ``model`` and ``skill``, correct and wrong ones alternating; each
+    saved image (``<images_dir>/<model dir>/<image id>.png`` of the run) embedded through
+    ``sink.image`` with its boxes drawn over it."""
     mine = images[(images[MODEL] == model) & (images[P.SKILL] == skill)
                   & (images[GENERATION_STATUS] == GenerationStatus.OK) & images[P.CORRECT].notna()]
     right, wrong = mine[mine[P.CORRECT].astype(bool)], mine[~mine[P.CORRECT].astype(bool)]
@@ -110,10 +113,10 @@ def examples_html(images: pd.DataFrame, model: str, skill: str, k: int, images_d
     for tup in picked[:k]:
         r = dict(zip(cols, tup))
         img = ""
-        if images_dir:
+        uri = sink.image(f"{images_dir}/{model_dir(model)}/{r[IMAGE_ID]}.png") if images_dir and sink else None
+        if uri:
             img = (f"<div style='position:relative;width:180px;height:180px;display:inline-block'>"
-                   f"<img src='{H.esc(images_dir)}/{H.esc(model_dir(model))}/{H.esc(r[IMAGE_ID])}.png' "
-                   f"style='width:180px;height:180px'>"
+                   f"<img src='{H.esc(uri)}' alt='{H.esc(r[IMAGE_ID])}' style='width:180px;height:180px'>"
                    f"{boxes_svg(r[P.DET_LABELS], r[P.DET_SCORES], r[P.DET_BOXES], threshold)}</div><br>")
         verdict = "correct" if r[P.CORRECT] else "wrong"
         extra = ""
@@ -123,54 +126,71 @@ def examples_html(images: pd.DataFrame, model: str, skill: str, k: int, images_d
             extra = f"; relation {r[P.PREDICTED_RELATION] or 'n/a (objects missing)'}"
         cells.append(f"<td style='text-align:center;vertical-align:top;width:190px'>{img}<small>"
                      f"{H.esc(r[PROMPT])}<br><b>{verdict}</b>{H.esc(extra)}; seed {int(r[SEED])}</small></td>")
-    return "<table class='ex'><tr>" + "".join(cells) + "</tr></table>"
+    return H.scroll("<table class='ex'><tr>" + "".join(cells) + "</tr></table>")
+
+
+def _behind(meta: dict, images, labels: dict) -> list[str]:
+    sizes = meta["sizes"]
+    out = [f"{sizes[P.Skill.OBJECT]:,} object, {sizes[P.Skill.COUNT]:,} count and {sizes[P.Skill.SPATIAL]:,} "
+           f"spatial prompts ({H.esc(meta['templates'])} templates), one image each from "
+           f"{Pg.plural(len(meta['models']) or len(labels), 'generator')} ({H.esc(', '.join(labels.values()))})"]
+    judged = K.judged_counts(images)
+    n, ok = sum(v["images"] for v in judged.values()), sum(v["judged"] for v in judged.values())
+    out.append(f"{ok:,} of {n:,} images judged (" + ", ".join(f"{s} {v['judged']:,}/{v['images']:,}"
+                                                               for s, v in judged.items()) + ")")
+    out.append(f"{n - ok:,} left out (no image: generation failed or blocked)" if n > ok else "none left out")
+    thr = float(meta["detector"]["threshold"])
+    out.append(f"detector {H.esc(Pg.model_name(meta['detector']['model']))}, detections counted above {thr:g}")
+    return out
 
 
 def render_html(meta: dict, images, results: dict, records: list[dict], *,
                 figures: _figures.FigureDir | None = None) -> str:
+    """report.html of a skills run: Table 2 first with the images behind it, then Figure 5 (PDF + PNG
+    under ``figures/`` of the run when ``figures`` is a ``FigureDir``; embedded in the page either
+    way), examples with their boxes, the per-split table collapsed, and the models."""
     sink = _figures.sink(figures)
     df = images.to_pandas()
     thr = float(meta["detector"]["threshold"])
-    sizes = meta["sizes"]
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>DALL-Eval PaintSkills report</title>", STYLE,
-             "</head><body>", f"<h1>DALL-Eval visual reasoning skills (paper 000, PaintSkills): run "
-             f"{H.esc(meta['run_id'])}</h1>",
-             f"<p>{sizes[P.Skill.OBJECT]:,} object, {sizes[P.Skill.COUNT]:,} count and {sizes[P.Skill.SPATIAL]:,} "
-             f"spatial prompts ({H.esc(meta['templates'])} templates), one image each, from {len(meta['models'])} "
-             f"generator(s); detector {H.esc(H.short_path(meta['detector']['model']))}, detections counted above "
-             f"{thr:g}. Results: {H.esc(meta['output'])}</p>"]
-    if meta.get("standin"):
-        parts.append("<p class='warn'><b>Stand-in models.</b> The generators and the detector are tiny random-weight "
-                     "stand-ins: every number on this page is meaningless; the run only exercises the pipeline.</p>")
-    parts.append("<p class='warn'>The detector is used <b>zero-shot</b> with its COCO weights. The paper fine-tuned "
-                 "DETR (and the generators) on PaintSkills' simulator images, which are not public, so these "
-                 "accuracies measure the models as released against a COCO detector, not the paper's Table 2 "
-                 "setting.</p>")
-    parts.append("<h2>Skill accuracy (Table 2 shape)</h2><p>% of judged images whose detections satisfy the skill's "
-                 "rule (section 4.1); <i>n_*</i>: images behind each figure; <i>average</i>: mean over the skills.</p>")
-    parts.append(_table(results["table2"], 1))
+    labels = Pg.model_labels(meta.get("models", []), results["table2"]["model"], df[MODEL] if len(df) else [])
+    standin = Pg.any_standin(records, meta.get("standin"))
+    parts = ["<h1>DALL-Eval visual reasoning skills (paper 000, PaintSkills)</h1>"]
+    if standin:
+        parts.append(Pg.standin_banner("The generators and the detector are tiny random-weight stand-ins; the run "
+                                       "only exercises the pipeline."))
+    lead = ("<p class=lead>Skill accuracy (Table 2 shape): % of judged images whose detections satisfy the skill's "
+            "rule (section 4.1); <i>n_*</i>: images behind each figure; <i>average</i>: mean over the skills.</p>"
+            + _table(results["table2"], 1, labels)
+            + "<p class='warn'>The detector is used <b>zero-shot</b> with its COCO weights. The paper fine-tuned "
+              "DETR (and the generators) on PaintSkills' simulator images, which are not public, so these "
+              "accuracies measure the models as released against a COCO detector, not the paper's Table 2 "
+              "setting.</p>")
+    parts.append(Pg.headline(lead, _behind(meta, images, labels)))
+    parts.append(f"<p>Run <code>{H.esc(meta['run_id'])}</code>; results in <code>{H.esc(meta['output'])}</code>.</p>")
     ref = K.table2(K.reference_rows())
     parts.append("<p>The paper's Table 2 (fine-tuned DETR and fine-tuned generators), for orientation only:</p>"
                  + _table(ref.drop(columns=["skills_averaged"]), 1))
     splits, tasks = results["splits"], results["tasks"]
-    parts.append("<h2>Per split (Figure 5a) and per task (Figure 5b)</h2>")
+    parts.append("<h2>Per split (Figure 5a) and per task (Figure 5b)</h2><div class=figs>")
     if (splits["skill"] == P.Skill.COUNT).any():
-        parts.append(sink.save(split_figure(splits, P.Skill.COUNT, "Count accuracy per N (Fig. 5a)"),
+        parts.append(sink.save(split_figure(splits, P.Skill.COUNT, "Count accuracy per N (Fig. 5a)", labels),
                                "figure5a_count", alt="count accuracy per N"))
     if (splits["skill"] == P.Skill.SPATIAL).any():
-        parts.append(sink.save(split_figure(splits, P.Skill.SPATIAL, "Spatial accuracy per relation (Fig. 5a)"),
-                               "figure5a_spatial", alt="spatial accuracy per relation"))
+        parts.append(sink.save(split_figure(splits, P.Skill.SPATIAL, "Spatial accuracy per relation (Fig. 5a)",
+                                            labels), "figure5a_spatial", alt="spatial accuracy per relation"))
     if len(tasks):
-        parts.append(sink.save(task_figure(tasks), "figure5b_tasks", alt="per-task accuracy"))
-        parts.append(_table(tasks, 1))
-    parts.append("<h3>Per split</h3>" + _table(splits, 1))
+        parts.append(sink.save(task_figure(tasks, labels), "figure5b_tasks", alt="per-task accuracy"))
+    parts.append("</div>")
+    if len(tasks):
+        parts.append(_table(tasks, 1, labels))
     parts.append("<h2>Examples</h2><p>Detections above the threshold drawn on the generated images.</p>")
     for model in dict.fromkeys(df[MODEL]) if len(df) else []:
         for skill in P.Skill.ALL:
             if (df[(df[MODEL] == model)][P.SKILL] == skill).any():
-                parts.append(f"<h3>{H.esc(_short(model))}: {skill}</h3>")
+                parts.append(f"<h3>{H.esc(Pg.label(labels, model))}: {skill}</h3>")
                 parts.append(examples_html(df, model, skill, int(meta.get("examples", 6)), meta.get("images_dir"),
-                                           thr))
-    parts.append("<h2>Models</h2>" + H.model_table(records))
-    parts.append("</body></html>")
-    return "".join(parts)
+                                           thr, sink))
+    parts.append("<h2>Per split</h2>" + Pg.details(f"Table: accuracy per split ({len(splits)} rows)",
+                                                    _table(splits, 1, labels)))
+    parts.append("<h2>Models</h2>" + H.model_table(records, labels))
+    return Pg.document(f"DALL-Eval PaintSkills report {meta['run_id']}", parts)

@@ -212,6 +212,10 @@ class SkillsStudy(StudyBase):
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
         print(K.format_table2(d["results"]["table2"]))
         print(ZERO_SHOT)
+        if run.args.standin_models:
+            from pipelines.engine.page import STANDIN_CONSOLE
+
+            print(STANDIN_CONSOLE)
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
               f"{FILES['accuracies']}, {FILES['table2']}, {FILES['splits']}, {FILES['tasks']}"
               + (f", {FILES['images_dir']}/" if d["save_images"] else ""))

@@ -285,7 +285,7 @@ class DallEvalStudy(StudyBase):
                 "detect": st.detect,
                 "neutral": st.neutral, "compare": st.compare, "attributes": [a["name"] for a in st.attributes]}
         io.write_text(dalleval_report.render_html(meta, results, run.models, figures=FigureDir(rd.fs, rd.path)), rd.fs, f"{rd.path}/{FILES['report']}")
-        print(dalleval_report.format_results(results))
+        print(dalleval_report.format_results(results, standin=bool(run.args.standin_models)))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
               f"{FILES['counts']}, {FILES['presence']}, {', '.join(sorted(n + '.csv' for n in results['tables']))}"
               + (f", {FILES['images_dir']}/" if d["save_images"] else ""))

@@ -12,9 +12,9 @@ import pandas as pd
 from operators.support import rle
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
+from pipelines.engine import page as Pg
 from pipelines.studies.exposed import objects as O
 from pipelines.engine.page import COLORS
-from pipelines.engine.page import model_name as _short
 from schemas import exposed as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 from schemas.subsets import PROMPT
@@ -28,8 +28,8 @@ GROUP_COLORS = {S.DependencyGroup.EXPLICITLY_GUIDED: "#1b9e77", S.DependencyGrou
                 S.DependencyGroup.EXPLICITLY_INDEPENDENT: "#7570b3", S.DependencyGroup.IMPLICITLY_INDEPENDENT: "#e7298a"}
 
 
-def _table(df: pd.DataFrame, digits: int = 3) -> str:
-    return H.table(df, digits, na="-", text=H.short_path)
+def _table(df: pd.DataFrame, digits: int = 3, labels: dict | None = None) -> str:
+    return H.table(Pg.relabel(df, labels or {}), digits, na="-")
 
 
 def _list(x) -> list:
@@ -141,7 +141,7 @@ def example_figure(row: dict, image: np.ndarray | None):
     return fig
 
 
-def _examples(images: pd.DataFrame, model: str, source: str, k: int, sink, load_image) -> list[str]:
+def _examples(images: pd.DataFrame, model: str, source: str, k: int, sink, load_image, name: str) -> list[str]:
     mine = images[(images[MODEL] == model) & (images[S.TRIPLET_SOURCE] == source)
                   & (images[GENERATION_STATUS] == GenerationStatus.OK)
                   & (images[S.DETECTION_STATUS] == S.DetectionStatus.OK)]
@@ -158,29 +158,31 @@ def _examples(images: pd.DataFrame, model: str, source: str, k: int, sink, load_
             groups[GROUP_LABELS[S.DependencyGroup.HIDDEN]] = _list(row[S.HIDDEN_NOUNS])
             caption = (f"{row[S.VARIANT]}: {row[PROMPT]} | nouns: {', '.join(_list(row[S.PROMPT_NOUNS]))} | "
                        + "; ".join(f"{g}: {', '.join(v) or '-'}" for g, v in groups.items()))
-            parts.append(sink.save(fig, f"objects_{_short(model)}_{row[S.IMAGE_ID]}", alt=caption, caption=caption))
+            parts.append(sink.save(fig, f"objects_{name}_{row[S.IMAGE_ID]}", alt=caption, caption=caption))
     return parts
 
 
 def render_html(t: dict, images: pd.DataFrame, sink, *, top: int = 10, examples: int = 2,
-                load_image: Callable | None = None) -> str:
-    """The report's sections 5-7 part; ``load_image(model, image_id)`` gives a saved image (or None)."""
+                load_image: Callable | None = None, labels: dict | None = None) -> str:
+    """The report's sections 5-7 part; ``load_image(model, image_id)`` gives a saved image (or None);
+    models by ``labels`` (default: ``page.model_labels`` of the images' models)."""
+    labels = labels if labels is not None else Pg.model_labels(images[MODEL] if MODEL in images else [])
     parts = ["<h2>Objects in the generated images (section 5)</h2><p>Open-vocabulary detection (prompt nouns + tag "
              "list), class-agnostic NMS, one SAM mask per box. C(o, P) counts every detected instance (Eq. 3); "
              "|P| is the analysed images of each prompt set.</p>"]
     parts.append("<h3>Co-occurrence similarity s<sub>O</sub> (Table 4)</h3><p>Mean cosine of the per-image "
                  "object-count vectors of corresponding images (Eq. 4); <i>both_empty</i>: pairs where nothing was "
                  "detected in either image, left out of the mean.</p>")
-    parts.append(_table(t["cooccurrence_similarity"], 3))
+    parts.append(_table(t["cooccurrence_similarity"], 3, labels))
     parts.append("<h3>Chi-square tests on object counts (RQ2)</h3><p>Pearson's test of independence on the "
                  "variants x objects table of each comparison; <i>objects</i>: columns of the table.</p>")
-    parts.append(_table(chi2_wide(t["object_chi2"], False), 3))
+    parts.append(_table(chi2_wide(t["object_chi2"], False), 3, labels))
     scores, floors = t["bias_scores"], t["min_count"]
     parts.append("<h3>Bias scores (Figure 2)</h3><p>BS(o) (Eq. 5), 1 = masculine prompts only, 0 = feminine only. "
                  f"Objects whose larger count is below the minimum ({H.esc(', '.join(f'{k} {v}' for k, v in floors.items()))})"
                  " are left out; the plots leave out individuals (person, people, woman, man, girl, boy, ...); "
                  "all scores are in bias_scores.csv.</p>")
-    parts += _bias_plots(scores, top, "BS", sink, "bias")
+    parts += _bias_plots(scores, top, "BS", sink, "bias", labels)
     parts.append("<h2>Prompt-image dependency groups (section 6, App. F)</h2><p>Each detected object is "
                  "<i>explicit</i> when it is a prompt noun and <i>guided</i> when a noun's attention mask (DAAM heat "
                  "map binarised at θ) covers its mask by more than σ (lower σ when both refer to humans); prompt "
@@ -193,60 +195,71 @@ def render_html(t: dict, images: pd.DataFrame, sink, *, top: int = 10, examples:
                      "hidden nouns. Data: figure4_top_objects.csv (all counts: group_counts.csv).</p>")
         if top_objects.empty:
             parts.append("<p>No object outside the individuals was found.</p>")
+        figs = []
         for model in dict.fromkeys(top_objects[MODEL]):
             for source in dict.fromkeys(top_objects[top_objects[MODEL] == model][S.TRIPLET_SOURCE]):
-                fig = top_objects_figure(top_objects, model, source, f"{_short(model)} / {source}")
+                name = Pg.label(labels, model)
+                fig = top_objects_figure(top_objects, model, source, f"{name} / {source}")
                 if fig is not None:
-                    parts.append(sink.save(fig, f"figure4_{_short(model)}_{source}",
-                                           alt="the most frequent objects of each dependency group"))
-    parts.append("<h3>Chi-square tests per group (Tables S4-S6)</h3>" + _table(chi2_wide(t["group_chi2"], True), 3))
+                    figs.append(sink.save(fig, f"figure4_{name}_{source}",
+                                          alt="the most frequent objects of each dependency group"))
+        parts.append("<div class=figs>" + "".join(figs) + "</div>")
+    parts.append("<h3>Chi-square tests per group (Tables S4-S6)</h3>"
+                 + _table(chi2_wide(t["group_chi2"], True), 3, labels))
     parts.append("<h3>Images holding each group, % (Table S8)</h3>"
-                 + _table(t["group_images"].rename(columns=GROUP_LABELS), 2))
+                 + _table(t["group_images"].rename(columns=GROUP_LABELS), 2, labels))
     parts.append("<h3>Distinct objects per group and nouns (Table S9)</h3>"
-                 + _table(t["group_objects"].rename(columns=GROUP_LABELS), 0))
+                 + _table(t["group_objects"].rename(columns=GROUP_LABELS), 0, labels))
     parts.append("<h3>Intersection ratios, % of the row's group (Table S10)</h3>"
                  + _table(t["group_intersections"].assign(over=t["group_intersections"]["over"].map(GROUP_LABELS))
-                          .rename(columns=GROUP_LABELS), 2))
+                          .rename(columns=GROUP_LABELS), 2, labels))
     gb = t["group_bias_scores"]
     parts.append("<h3>Bias scores on the implicit groups (Figure 5)</h3>")
     for group in (S.DependencyGroup.IMPLICITLY_GUIDED, S.DependencyGroup.IMPLICITLY_INDEPENDENT):
         mine = gb[gb[S.DEPENDENCY_GROUP] == group] if not gb.empty else gb
-        parts += _bias_plots(mine, top, GROUP_LABELS[group], sink, f"bias_{group}")
+        parts += _bias_plots(mine, top, GROUP_LABELS[group], sink, f"bias_{group}", labels)
     parts.append("<h3>Examples: object masks by group, word heat maps with their masks</h3><p>Colours: "
                  + ", ".join(f"<span style='color:{c}'>{GROUP_LABELS[g]}</span>" for g, c in GROUP_COLORS.items())
                  + "; heat maps are the stored 64 x 64 previews, outlines the nouns' masks.</p>")
     analysed = images[images[S.DETECTION_STATUS].notna()] if S.DETECTION_STATUS in images else images.iloc[:0]
     for model in dict.fromkeys(analysed[MODEL]):
         for source in dict.fromkeys(analysed[analysed[MODEL] == model][S.TRIPLET_SOURCE]):
-            parts.append(f"<h4>{H.esc(_short(model))} / {H.esc(source)}</h4>")
-            parts += _examples(analysed, model, source, examples, sink, load_image)
+            parts.append(f"<h4>{H.esc(Pg.label(labels, model))} / {H.esc(source)}</h4>")
+            parts.append("<div class=figs>" + "".join(_examples(analysed, model, source, examples, sink, load_image,
+                                                                Pg.label(labels, model))) + "</div>")
     return "".join(parts)
 
 
-def _bias_plots(scores: pd.DataFrame, top: int, what: str, sink, stem: str) -> list[str]:
+def _bias_plots(scores: pd.DataFrame, top: int, what: str, sink, stem: str, labels: dict | None = None) -> list[str]:
     if scores.empty:
         return ["<p>No object reaches the minimum count.</p>"]
     parts = []
     for model in dict.fromkeys(scores[MODEL]):
+        name = Pg.label(labels or {}, model)
         for source in dict.fromkeys(scores[scores[MODEL] == model][S.TRIPLET_SOURCE]):
-            fig = bias_figure(scores, model, source, top, f"{_short(model)} / {source}: {what}")
+            fig = bias_figure(scores, model, source, top, f"{name} / {source}: {what}")
             if fig is None:
-                parts.append(f"<p>{H.esc(_short(model))} / {H.esc(source)}: only individuals left.</p>")
+                parts.append(f"<p>{H.esc(name)} / {H.esc(source)}: only individuals left.</p>")
                 continue
-            parts.append(sink.save(fig, f"{stem}_{_short(model)}_{source}",
+            parts.append(sink.save(fig, f"{stem}_{name}_{source}",
                                    alt=f"{what}: objects toward feminine (orange) and masculine (blue)"))
-    return parts
+    return ["<div class=figs>" + "".join(p for p in parts if p.startswith("<figure")) + "</div>"] + \
+        [p for p in parts if not p.startswith("<figure")]
 
 
-def format_results(t: dict) -> str:
-    """Printed after the run: Table 4 and the number of scored objects."""
+def format_results(t: dict, standin: bool = False) -> str:
+    """Printed after the run: Table 4 and the number of scored objects (models by their short
+    labels); a stand-in run's notice last."""
     s = t["cooccurrence_similarity"]
+    labels = Pg.model_labels(s[MODEL] if MODEL in s else [])
     lines = ["Objects (section 5): co-occurrence similarity s_O (Table 4), units behind each, pairs left out "
              "with nothing detected in either image"]
     for _, r in s.iterrows():
         value = "-" if pd.isna(r["s_o"]) else f"{r['s_o']:.3f}"
-        lines.append(f"  {_short(r[MODEL])[:30]} / {r[S.TRIPLET_SOURCE]} ({r['pair']}): {value}  "
+        lines.append(f"  {Pg.label(labels, r[MODEL])} / {r[S.TRIPLET_SOURCE]} ({r['pair']}): {value}  "
                      f"units {int(r['units'])}, both empty {int(r['both_empty'])}")
     lines.append(f"  {t['objects'].num_rows:,} object rows; {len(t['bias_scores']):,} bias scores above the minimum "
                  f"count; dependency groups in {len(t['group_images']):,} (model, source) rows")
+    if standin:
+        lines.append(Pg.STANDIN_CONSOLE)
     return "\n".join(lines)

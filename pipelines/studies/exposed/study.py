@@ -596,9 +596,10 @@ class ExposedStudy(StudyBase):
         html = exposed_report.render_html(meta, d, st.counts, run.models, figures=FigureDir(rd.fs, rd.path),
                                           examples=int(st.report.get("examples", 3)), extra=extra)
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
-        print(exposed_report.format_results(d["table3"], d["direction"]))
+        standin = bool(run.args.standin_models)    # the notice ends the last printed result
+        print(exposed_report.format_results(d["table3"], d["direction"], standin=standin and d["objects"] is None))
         if d["objects"] is not None:
-            print(objects_report.format_results(d["objects"]))
+            print(objects_report.format_results(d["objects"], standin=standin))
         written = [FILES["report"], FILES["metrics"], f"{FILES['triplets']}.parquet/.csv", FILES["counts"],
                    f"{FILES['images']}.parquet/.csv", FILES["disparities"], FILES["table3"], FILES["direction"]]
         if d["objects"] is not None:

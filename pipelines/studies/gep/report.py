@@ -11,8 +11,8 @@ from matplotlib.ticker import NullLocator
 
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
-from pipelines.engine.page import COLORS, STYLE
-from pipelines.engine.page import model_name as _short
+from pipelines.engine import page as Pg
+from pipelines.engine.page import COLORS
 from pipelines.studies.gep import metrics as M
 from schemas import gep as S
 from schemas.images import MODEL
@@ -88,22 +88,30 @@ def paper_tables(shown: dict, names: list[str]) -> dict[str, pd.DataFrame]:
     return out
 
 
-def format_scores(shown: dict, evaluation: dict | None = None) -> str:
-    """The printed summary: GEP scores from ``with_human``'s frames, and the agreement with humans."""
+def format_scores(shown: dict, evaluation: dict | None = None, standin: bool = False) -> str:
+    """The printed summary: GEP scores from ``with_human``'s frames, and the agreement with humans;
+    models by their short labels (``page.model_labels``), never cut; a stand-in run's notice last."""
     table = score_table(shown["gep"])
+    labels = Pg.model_labels(table[MODEL], *([evaluation["vector_agreement"][MODEL], evaluation["roc_mean"][MODEL]]
+                                              if evaluation is not None else []))
     settings = [c for c in S.Setting.ALL if c in table.columns]
+    mw = max([len("model")] + [len(v) for v in labels.values()]) + 1
+    cw = max([len("comparison")] + [len(str(c)) for c in table[M.COMPARISON]]) + 1
     lines = ["GEP scores (mean |v_j|, Eq. 2; automatic estimators are on their own scale, compare ranks):",
-             f"{'model':<28} {'comparison':<24} {'estimator':<9} " + " ".join(f"{s:>10}" for s in settings)]
+             f"{'model':<{mw}} {'comparison':<{cw}} {'estimator':<9} " + " ".join(f"{s:>10}" for s in settings)]
     for r in table.to_dict("records"):
         vals = " ".join(f"{r[s]:>10.4f}" if r[s] is not None and not pd.isna(r[s]) else f"{'-':>10}" for s in settings)
-        lines.append(f"{_short(r[MODEL])[:28]:<28} {str(r[M.COMPARISON])[:24]:<24} {r[S.ESTIMATOR]:<9} {vals}")
+        lines.append(f"{Pg.label(labels, r[MODEL]):<{mw}} {str(r[M.COMPARISON]):<{cw}} {r[S.ESTIMATOR]:<9} {vals}")
     if evaluation is not None:
         lines.append("\nagreement with GEP_human per vector (Table 4: Kendall tau-b / MCC of signs):")
         for r in evaluation["vector_agreement"].to_dict("records"):
-            lines.append(f"  {_short(r[MODEL])[:28]:<28} {r[S.SETTING]:<9} {r[S.ESTIMATOR]:<4} n={r[M.N]:<3} "
+            lines.append(f"  {Pg.label(labels, r[MODEL]):<{mw}} {r[S.SETTING]:<9} {r[S.ESTIMATOR]:<4} n={r[M.N]:<3} "
                          f"tau={_fmt(r[M.KENDALL])} mcc={_fmt(r[M.MCC])}")
         for r in evaluation["roc_mean"].to_dict("records"):
-            lines.append(f"  mean ROC-AUC (Table 7) {_short(r[MODEL])[:28]:<28} {r[S.ESTIMATOR]:<4} {r['mean_roc_auc']:.3f}")
+            lines.append(f"  mean ROC-AUC (Table 7) {Pg.label(labels, r[MODEL]):<{mw}} {r[S.ESTIMATOR]:<4} "
+                         f"{r['mean_roc_auc']:.3f}")
+    if standin:
+        lines.append(Pg.STANDIN_CONSOLE)
     return "\n".join(lines)
 
 
@@ -165,50 +173,81 @@ def _bars_html(sink, name: str, series: dict, names: list[str], title: str) -> s
     return sink.save(fig, name, alt=f"{title}: GEP vector bar chart, {drawn} bars")
 
 
-# the GEP tables (and DALL-Eval's): missing values as "-", model paths and hub ids by their last part
-def _table(df: pd.DataFrame, digits: int = 3) -> str:
-    return H.table(df, digits, na="-", text=H.short_path)
+# the GEP tables: missing values as "-", models by their labels
+def _table(df: pd.DataFrame, digits: int = 3, labels: dict | None = None) -> str:
+    return H.table(Pg.relabel(df, labels or {}), digits, na="-")
+
+
+def _scored(freq: pd.DataFrame) -> pd.DataFrame:
+    """Images scored per (model, setting): the neutral setting scores every attribute on every image
+    (the most of any attribute per group), the explicit setting only the prompt's attribute (the sum)."""
+    if freq.empty or S.IMAGES not in freq.columns:
+        return pd.DataFrame(columns=[MODEL, S.SETTING, S.IMAGES])
+    est = [e for e in ESTIMATOR_ORDER if e in set(freq[S.ESTIMATOR]) and e != S.Estimator.HUMAN]
+    f = freq[freq[S.ESTIMATOR] == est[0]] if est else freq.iloc[:0]
+    rows = []
+    for (model, setting), g in f.groupby([MODEL, S.SETTING], sort=False):
+        per_group = g.groupby(S.GENDER)[S.IMAGES]
+        n = per_group.max().sum() if setting == S.Setting.NEUTRAL else per_group.sum().sum()
+        rows.append({MODEL: model, S.SETTING: setting, S.IMAGES: int(n)})
+    return pd.DataFrame(rows, columns=[MODEL, S.SETTING, S.IMAGES])
+
 
 def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evaluation: dict | None,
                 records: list[dict], *, figures: _figures.FigureDir | None = None) -> str:
-    """report.html of a GEP run; its Figure 2 charts as PDF + PNG under ``figures/`` of the run
-    when ``figures`` is a ``FigureDir``, else PNGs embedded in the page."""
+    """report.html of a GEP run: the GEP scores first with the images behind them, then the Figure 2
+    charts (PDF + PNG under ``figures/`` of the run when ``figures`` is a ``FigureDir``; embedded in
+    the page either way), the paper's tables, the human comparison, and the models."""
     sink = _figures.sink(figures)
     names = meta["attributes"]
-    vectors = shown["vectors"]
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>GEP report</title>", STYLE, "</head><body>",
-             f"<h1>Gender presentation differences (GEP, paper 001): run {H.esc(meta['run_id'])}</h1>",
-             f"<p>{meta['images']:,} images from {len(meta['models'])} generator(s), settings "
-             f"{H.esc(', '.join(meta['settings']))}; reference string r(a) = &ldquo;"
-             f"{H.esc(meta['reference'])}&rdquo;; CLS-f ensembles of {meta['ensemble']}. Results: "
-             f"{H.esc(meta['output'])}</p>"]
-    if meta.get("standin"):
-        parts.append("<p class='warn'><b>Stand-in models.</b> CLIP and the generators are tiny random-weight "
-                     "stand-ins: every number on this page is meaningless; the run only exercises the pipeline.</p>")
-    parts.append("<h2>GEP scores (Eq. 2; Tables 3 and 6)</h2><p>Mean |v<sub>j</sub>| over the attributes. The "
-                 "automatic estimators are on their own scales: compare ranks across models and settings.</p>")
-    parts.append(_table(tables["table_gep_scores"], 4))
+    vectors, freq = shown["vectors"], shown["frequencies"]
+    labels = Pg.model_labels(meta.get("models", []), shown["gep"][MODEL], freq[MODEL])
+    standin = Pg.any_standin(records, meta.get("standin"))
+    parts = ["<h1>Gender presentation differences (GEP, paper 001)</h1>"]
+    if standin:
+        parts.append(Pg.standin_banner("CLIP and the generators are tiny random-weight stand-ins; the run only "
+                                       "exercises the pipeline."))
+    scores = tables["table_gep_scores"]
+    lead = ("<p class=lead>GEP score per model and estimator (mean |v<sub>j</sub>| over "
+            f"{len(names)} attributes, Eq. 2; Tables 3 and 6); larger: the attributes differ more between the "
+            "groups. The automatic estimators are on their own scales: compare ranks across models and "
+            "settings.</p>" + _table(scores, 4, labels))
+    scored = _scored(freq)
+    n_models = len(meta.get("models", [])) or len(labels)
+    behind = [f"{meta['images']:,} generated images from {Pg.plural(n_models, 'generator')} "
+              f"({H.esc(', '.join(Pg.label(labels, m) for m in meta.get('models', [])))}), settings "
+              f"{H.esc(', '.join(meta['settings']))}"]
+    if len(scored):
+        total = int(scored[S.IMAGES].sum())
+        per_model: dict[str, list[str]] = {}
+        for r in scored.to_dict("records"):
+            per_model.setdefault(Pg.label(labels, r[MODEL]), []).append(f"{r[S.IMAGES]:,} {H.esc(r[S.SETTING])}")
+        behind.append("images scored: " + "; ".join((f"{H.esc(m)} " if len(per_model) > 1 else "") + ", ".join(v)
+                                                    for m, v in per_model.items()))
+        left = meta["images"] - total
+        behind.append(f"{left:,} image(s) left out (not generated or blocked: see run_summary.csv)" if left > 0
+                      else "no image left out")
+    parts.append(Pg.headline(lead, behind))
+    parts.append(f"<p>Reference string r(a) = &ldquo;{H.esc(meta['reference'])}&rdquo; (CC-f); CLS-f ensembles of "
+                 f"{meta['ensemble']}. Run <code>{H.esc(meta['run_id'])}</code>; results in "
+                 f"<code>{H.esc(meta['output'])}</code>.</p>")
     parts.append("<h2>GEP vectors (Figure 2)</h2><p>v<sub>j</sub> = f<sub>first</sub> &minus; f<sub>second</sub> "
                  "per attribute, symmetric-log y axis; positive: more frequent with the first group of the comparison. "
-                 "Each chart links to its PDF.</p>")
+                 "Each chart is also saved as PDF and PNG under figures/.</p><div class='figs two'>")
     for setting in [s for s in S.Setting.ALL if s in set(vectors[S.SETTING])]:
         v = vectors[vectors[S.SETTING] == setting]
         for (est, comp), grp in v.groupby([S.ESTIMATOR, M.COMPARISON], sort=False):
-            series = {_short(m): dict(zip(g[S.ATTRIBUTE], g[M.DIFFERENCE])) for m, g in grp.groupby(MODEL, sort=False)}
+            series = {Pg.label(labels, m): dict(zip(g[S.ATTRIBUTE], g[M.DIFFERENCE]))
+                      for m, g in grp.groupby(MODEL, sort=False)}
             parts.append(_bars_html(sink, f"gep_vectors_{setting}_{est}_{comp}", series, names,
                                     f"{setting}: {est} ({comp})"))
-    for setting in S.Setting.ALL:
-        if f"table_frequencies_{setting}" in tables:
-            parts.append(f"<h2>Attribute frequencies, {setting} setting (Table {11 if setting == 'neutral' else 12})</h2>")
-            parts.append(_table(tables[f"table_frequencies_{setting}"]))
-            parts.append(f"<h3>GEP vectors, {setting} setting (Table {13 if setting == 'neutral' else 14})</h3>")
-            parts.append(_table(tables[f"table_gep_vectors_{setting}"]))
+    parts.append("</div>")
     if evaluation is not None:
         c = evaluation["counts"]
         parts.append(f"<h2>Against human annotations (section 6)</h2><p>{c['used']:,} of {c['annotations']:,} "
                      f"annotations used ({c['ignored_not_scored_in_setting']:,} name an attribute the setting does not "
                      f"score).</p><h3>Per GEP vector: Kendall tau-b and MCC of signs (Table 4)</h3>")
-        parts.append(_table(evaluation["vector_agreement"]))
+        parts.append(_table(evaluation["vector_agreement"], 3, labels))
         if evaluation["score_agreement"]:
             parts.append("<h3>Model level: Kendall tau-b of GEP scores (Table 6)</h3><ul>")
             for e in evaluation["score_agreement"]["estimators"]:
@@ -220,30 +259,40 @@ def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evalua
             wide = roc.pivot_table(index=[MODEL, S.ESTIMATOR], columns=S.ATTRIBUTE, values="roc_auc", sort=False)
             wide = wide.reindex(columns=[a for a in names if a in wide.columns]).reset_index()
             wide.columns.name = None
-            parts.append(_table(wide))
-        parts.append(_table(evaluation["roc_mean"]))
-    parts.append("<h2>Models</h2>" + H.model_table(records))
-    parts.append("</body></html>")
-    return "".join(parts)
+            parts.append(_table(wide, 3, labels))
+        parts.append(_table(evaluation["roc_mean"], 3, labels))
+    for setting in S.Setting.ALL:
+        if f"table_frequencies_{setting}" in tables:
+            parts.append(f"<h2>Attribute frequencies, {setting} setting (Table {11 if setting == 'neutral' else 12})</h2>")
+            parts.append(_table(tables[f"table_frequencies_{setting}"], 3, labels))
+            parts.append(f"<h3>GEP vectors, {setting} setting (Table {13 if setting == 'neutral' else 14})</h3>")
+            parts.append(_table(tables[f"table_gep_vectors_{setting}"], 3, labels))
+    parts.append("<h2>Models</h2>" + H.model_table(records, labels))
+    return Pg.document(f"GEP report {meta['run_id']}", parts)
 
 
 def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:
-    """The `summarize` page: one Figure 2-style chart per setting, bars per model (and estimator);
-    PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``."""
+    """The `summarize` page: the GEP scores, then one Figure 2-style chart per setting, bars per
+    model (and estimator); PDF + PNG under ``figures/`` beside the page when ``figures`` is a
+    ``FigureDir``, embedded in the page either way."""
     sink = _figures.sink(figures)
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>GEP summary</title>", STYLE, "</head><body>",
-             f"<h1>GEP from {H.esc(source)}</h1><table><tr><th>model</th><th>setting</th><th>comparison</th>"
-             "<th>GEP</th></tr>"]
+    labels = Pg.model_labels(r["model"] for r in result["results"])
+
+    def name(r):
+        return Pg.label(labels, r["model"]) + (f" ({r['estimator']})" if "estimator" in r else "")
+
+    parts = [f"<h1>GEP from {H.esc(source)}</h1><div class=tw><table><tr><th>model</th><th>setting</th>"
+             "<th>comparison</th><th>GEP</th></tr>"]
     for r in result["results"]:
-        label = r["model"] + (f" ({r['estimator']})" if "estimator" in r else "")
-        parts.append(f"<tr><td>{H.esc(label)}</td><td>{H.esc(r['setting'])}</td>"
+        parts.append(f"<tr><td>{H.esc(name(r))}</td><td>{H.esc(r['setting'])}</td>"
                      f"<td>{H.esc(r['comparison'])}</td><td>{r['gep']:.4f}</td></tr>")
-    parts.append("</table>")
+    parts.append("</table></div><div class=figs>")
     settings = list(dict.fromkeys(r["setting"] for r in result["results"]))
     for setting in settings:
         rows = [r for r in result["results"] if r["setting"] == setting]
         names = list(dict.fromkeys(a for r in rows for a in r["vector"]))
-        series = {r["model"] + (f" ({r['estimator']})" if "estimator" in r else ""): r["vector"] for r in rows}
+        series = {name(r): r["vector"] for r in rows}
         parts.append(_bars_html(sink, f"gep_vectors_{setting}", series, names,
                                 f"{setting}: GEP vectors ({rows[0]['comparison']})"))
-    return "".join(parts) + "</body></html>"
+    parts.append("</div>")
+    return Pg.document("GEP summary", parts)

@@ -227,7 +227,7 @@ class GepStudy(StudyBase):
         io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models,
                                                figures=FigureDir(rd.fs, rd.path)),
                       rd.fs, f"{rd.path}/{FILES['report']}")
-        print(gep_report.format_scores(d["shown"], d["evaluation"]))
+        print(gep_report.format_scores(d["shown"], d["evaluation"], standin=bool(run.args.standin_models)))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "
               f"{', '.join(sorted(n + '.csv' for n in d['tables']))}, {FILES['tasks']}"
               + (f", {FILES['images_dir']}/" if d["save_images"] else ""))

@@ -160,18 +160,23 @@ def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
                                 "A photo of a barista smiling", "A photo of a barista at work"]
 
 
-def test_no_caption_names_an_occupation(ray_local, tmp_path):
+def test_no_caption_names_an_occupation(ray_local, tmp_path, capsys):
+    """A job none of whose occupations any caption names stops with one line (exit 2) once the scan
+    has counted it, its counts and summaries written; the run is recorded as failed."""
     pq.write_table(pa.table({"URL": ["a", "b", None], "TEXT": ["fresh cookies", "internal memo", None]}),
                    tmp_path / "in.parquet")
     out = tmp_path / "out"
     run = out / "r"
     assert amplification.main(["captions", "--captions", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
-                               "--occupations", "nurse", "--no-names"]) == 0
+                               "--occupations", "nurse", "--no-names"]) == 2
+    err = capsys.readouterr().err
+    assert "no caption of the input names any of the 1 occupation(s) (nurse)" in err and "Traceback" not in err
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
     assert pq.read_table(run / "annotated_captions").num_rows == 0
     assert pq.read_table(run / "training_subsets.parquet").num_rows == 0
-    m = json.loads((run / "metrics.json").read_text())
-    assert m["counts"]["read_captions"]["dropped"]["null_caption"] == 1
-    assert m["counts"]["occupation_match"] == {"rows_in": 2, "rows_out": 0, "dropped": {"no_occupation": 2}}
+    counts = {(r["stage"], r["outcome"]): r["rows"] for r in pq.read_table(run / "stage_counts.parquet").to_pylist()}
+    assert counts[("read_captions", "null_caption")] == 1 and counts[("read_captions", "kept")] == 2
+    assert counts[("occupation_match", "no_occupation")] == 2 and counts[("occupation_match", "kept")] == 0
     sim = pq.read_table(run / "similarity_summary.parquet").to_pylist()
     assert sim[0]["occupation"] == "nurse" and sim[0]["matched_captions"] == 0
 

@@ -123,3 +123,23 @@ def test_paper_preset_reads_the_paper_and_each_other_reading_is_one_flag():
     for flags in (["--gender-word-plurals"], ["--occupation-forms", "singular"], ["--sbert-precision", "fp16"]):
         assert _run_id("--occupations", "astronaut,plumber", *flags) != base, flags
     assert _run_id("--occupations", "astronaut,plumber", "--occupation-forms", "plural") == base
+
+
+def test_occupations_matching_no_caption_are_named_and_none_matching_is_an_error(capsys):
+    import pyarrow as pa
+
+    from pipelines.engine import io
+    from pipelines.studies.amplification.captions import unmatched_occupations
+    from schemas.subsets import SIMILARITY_SUMMARY
+
+    def sim(counts):
+        rows = [{"occupation": o, "matched_captions": n, "random_sample_size": 0, "nn_selected": 0}
+                for o, n in counts.items()]
+        return pa.Table.from_pylist(rows, schema=SIMILARITY_SUMMARY)
+
+    assert unmatched_occupations(sim({"nurse": 3, "barista": 0, "dog walker": 0})) == ["barista", "dog walker"]
+    out = capsys.readouterr().out
+    assert out.startswith("warning: 2 of 3 occupation(s) match no caption") and "barista, dog walker" in out
+    assert unmatched_occupations(sim({"nurse": 3})) == [] and capsys.readouterr().out == ""
+    with pytest.raises(io.InputError, match="no caption of the input names any of the 2 occupation"):
+        unmatched_occupations(sim({"barista": 0, "dog walker": 0}))

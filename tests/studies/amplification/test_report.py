@@ -155,27 +155,40 @@ def test_render_html_tables_figures_and_models(tmp_path):
 
     page = rep.render_html(*_render_inputs(), figures=figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path)))
     # the tables
-    for heading in ("Bias amplification E[A] (Table 3)", "% female per occupation (Table 6/7)",
+    for heading in ("Bias amplification E[A] per prompt (Table 3)", "% female per occupation (Table 6/7)",
                     "Gender indicators (section 5.1)", "Caption side", "Image side", "<h2>Models</h2>"):
         assert heading in page, heading
-    assert page.count("<table") == 1 + 1 + 1 + 2  # models, Table 3, Table 6/7, caption and image counts
+    # headline, models, Table 3, Table 6/7, caption and image counts
+    assert page.count("<table") == 1 + 1 + 1 + 1 + 2
     for title in rep.APPROACH_TITLES.values():
         assert f"<td>{title}</td>" in page
     assert "<th>n_#1</th>" in page and "<td class=n>15.00</td>" in page            # Table 3, naive #1
     assert "<th>prompt_2</th>" in page and "<td class=n>80.0</td>" in page        # Table 6/7, nurse training
     assert "<td>no_person=10</td>" in page and "<td>no_face</td>" in page
-    # the figures: PDF + PNG under figures/, shown as <img> linking the PDF
+    # the page opens with the headline (average E[A] per approach and model) and what stands behind it;
+    # the per-stage counts come last, collapsed
+    assert page.index("class=headline") < page.index("Table 3)") < page.index("<h2>Models</h2>") \
+        < page.index("Caption side")
+    headline = page[page.index("class=headline"):page.index("</section>")]
+    assert "<th>approach</th><th>m</th>" in headline and "<td class=n>2.50</td>" in headline  # naive average
+    assert "149 images in the per-image table" in headline and "2 no generated images, 1 direction switch" in headline
+    assert page.index("<details class=more><summary>Diagnostics") < page.index("Caption side")
+    # the figures: PDF + PNG under figures/, shown as the PNG embedded in the page (no link to a file)
     for stem in FIGURE_STEMS:
-        assert (tmp_path / "figures" / f"{stem}.pdf").read_bytes().startswith(b"%PDF"), stem
-        assert (tmp_path / "figures" / f"{stem}.png").read_bytes().startswith(b"\x89PNG"), stem
-        assert f'<a href="figures/{stem}.pdf"><img src="figures/{stem}.png"' in page, stem
-    assert page.count("<img") == len(FIGURE_STEMS) and "<svg" not in page and "data:image" not in page
+        pdf, png = tmp_path / "figures" / f"{stem}.pdf", tmp_path / "figures" / f"{stem}.png"
+        assert pdf.read_bytes().startswith(b"%PDF"), stem
+        assert png.read_bytes().startswith(b"\x89PNG"), stem
+        assert f'<img src="{figures.png_uri(png.read_bytes())}"' in page, stem
+        assert f'data-figure="{stem}"' in page and f"figures/{stem}.pdf, .png" in page, stem
+    assert page.count("<img") == len(FIGURE_STEMS) and "<svg" not in page
+    assert 'src="figures/' not in page and "href=" not in page
     # Figure 7: the four approaches as panels; naive #1 draws nurse and engineer, NN #1 both too
     assert "Naive Approach, #1: 2 occupations drawn" in page and "NN + No Indicators, avg:" in page
-    # models: the provenance table, not a dict repr
+    # models: the provenance table, not a dict repr; the stand-in notice on top
     text = unescape(page)
     assert "STAND-IN (random weights)" in page and "hub-org/sd-standin" in page and "float32" in page
     assert "{'" not in text and "Stand-in models" in page
+    assert page.index("Stand-in models with random weights: these numbers mean nothing") < page.index("class=headline")
 
 
 def test_render_html_without_a_directory_embeds_the_figures(tmp_path, monkeypatch):

@@ -33,12 +33,9 @@ def study_args(*extra):
     return ["--occupations", ",".join(OCCS), "--sample-size", "12", "--nn-k", "6",
             "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
             "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
-            # the random stand-in CLIP is never 90% sure: a threshold just above 0.5 lets its
-            # (meaningless) decisions through, so training percentages and the section 6
-            # caption prompts are exercised (the stand-in generators draw noise without faces,
-            # so G stays empty: E[A] itself is checked on hand-built tables in
-            # test_amplification_report.py)
-            "--gender-threshold", "0.5000001", *extra]
+            # the paper's threshold (0.9): the stand-in CLIP is calibrated so that the sample's two
+            # face photos are counted, one "man" and one "woman" (pipelines/standins/clip.py)
+            *extra]
 
 
 @pytest.fixture(scope="module")
@@ -265,8 +262,15 @@ def test_amplification_matches_percentages(run_dir):
             assert r["generated"] == pytest.approx(100 * (g[I.GENDER] == "female").mean())
         if r["training"] is not None and r["generated"] is not None and r["excluded"] is None:
             assert r["amplification"] == pytest.approx(abs(r["generated"] - 50) - abs(r["training"] - 50))
-    # training percentages are real numbers here; the noise images of the stand-in generators
-    # hold no counted face, which must show as an exclusion reason, not as a silent gap
+    # the counted-image path is exercised on both sides (the calibrated stand-in CLIP counts the
+    # sample's two face photos, one per gender), and on generated images that show a face; a cell
+    # without counted images must show as an exclusion reason, not as a silent gap
+    counted = images[images[I.COUNTED]]
+    assert set(counted[counted[I.SOURCE] == "training"][I.GENDER]) == {"female", "male"}
+    assert len(counted[counted[I.SOURCE] != "training"]) > 0
+    # section 6's E[A] (captions as prompts) has a number for a model, and the correlation its points
+    assert any(r["all_captions"]["average"] is not None for r in amp["caption_prompts"].values())
+    assert amp["indicator_correlation"]["n"] == len(OCCS)
     assert any(r["training"] is not None for r in rows)
     for r in rows:
         if r["generated"] is None:
@@ -359,6 +363,11 @@ def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
     assert record["status"] == "finished" and [a["resumed"] for a in record["attempts"]] == [False, True]
     m = json.loads((run / "metrics.json").read_text())
     assert m["caption_phase"]["reused"] == 3000 and m["caption_phase"]["processed"] == 0
+    # the error budgets count every attempt's rows (the caption scan's all came from the first)
+    resumed_scan = next(b for b in m["error_budgets"] if b["stage"] == "read_captions")
+    scan = next(b for b in json.loads((run_dir / "metrics.json").read_text())["error_budgets"]
+                if b["stage"] == "read_captions")
+    assert resumed_scan["rows"] == scan["rows"] == 3000 and resumed_scan["failed"] == scan["failed"]
     summary = {(r["branch"], r["stage"]): r for r in m["run_summary"]}
     fetch = summary[(TRAINING_URLS, "fetch")]
     assert fetch["rows_reused"] == fetch["rows_in"] > 0  # every URL came from the checkpoint

@@ -121,3 +121,14 @@ def test_pairing_by_image_id_one_image_per_id_then_at_most_n(tmp_path):
     pq.write_table(pa.table({"image": [b"x"]}), tmp_path / "ref.parquet")
     with pytest.raises(AS.InputError, match="id_column"):
         AS.reference_captions({"images": str(tmp_path / "ref.parquet"), "pairing": "captions"}, {"1": "a"})
+
+
+def test_the_announcement_states_the_negatives_actually_drawn(capsys):
+    from pipelines import dalleval
+
+    for extra, expect in ((["--max-captions", "24"], "R-precision (1 + 23 negatives; 99 configured, fewer other captions)"),
+                          (["--max-captions", "24", "--negatives", "5"], "R-precision (1 + 5 negatives)")):
+        args = dalleval.build_parser().parse_args(["alignment", "--output", "unused", *extra])
+        study = AS.AlignmentStudy()
+        study.announce(args, study.settings(args))
+        assert expect in capsys.readouterr().out

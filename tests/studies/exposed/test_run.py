@@ -45,7 +45,9 @@ def test_run_writes_tables_report_and_records(run):
     assert {"disparity (ssim, diff_pix)", "disparity (resnet)", "disparity (clip)", "disparity (dino)",
             "disparity (split_product)"} <= set(roles)
     page = (run / "report.html").read_text()
-    assert "Stand-in models" in page and "spaces_" in page and "Example triplets" in page and "<img src='images/" in page
+    assert "Stand-in models" in page and "spaces_" in page and "Example triplets" in page
+    # the example triplets' saved images embedded (downscaled), not linked: the page is self-contained
+    assert "<img src='data:image/jpeg;base64," in page and "<img src='images/" not in page
     summary = pd.read_csv(run / "run_summary.csv")
     assert {"triplet filter", "units (x seeds)", "generate", "disparities (units)"} <= set(summary["stage"])
     filt = summary[summary["stage"] == "triplet filter"].set_index("branch")
