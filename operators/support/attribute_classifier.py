@@ -143,6 +143,20 @@ def sgd_classifier():
     return SGD
 
 
+def check_validation_split(n: int, st: ClassifierSettings, attribute: str = "") -> None:
+    """Early stopping holds out ``validation_fraction`` of the ``n`` training sentences, stratified:
+    both the held-out and the training part need at least one sentence per class (two classes).
+    Too few sentences (e.g. one context) is a clear error, not scikit-learn's inside a worker."""
+    import math
+
+    held = math.ceil(st.validation_fraction * n)
+    if held < 2 or n - held < 2:
+        raise ValueError(f"classifier {attribute!r}: {n} training sentences per attribute leave {held} for early "
+                         f"stopping's validation split (validation_fraction {st.validation_fraction}), fewer than "
+                         f"its two classes need: give the classifier more contexts (classifier.contexts) or a "
+                         f"larger validation_fraction")
+
+
 def fit_ensemble(x: np.ndarray, y: np.ndarray, st: ClassifierSettings, attribute: str = "") -> Ensemble:
     """Train ``st.ensemble`` logistic regressions by SGD on (x, y), seeds st.seed + k."""
     SGD = sgd_classifier()
@@ -150,6 +164,7 @@ def fit_ensemble(x: np.ndarray, y: np.ndarray, st: ClassifierSettings, attribute
     y = np.asarray(y, np.int64)
     if len(np.unique(y)) != 2:
         raise ValueError(f"classifier {attribute!r}: training texts need positives and negatives")
+    check_validation_split(len(y), st, attribute)
     weights, intercepts, iters, train_acc = [], [], [], []
     for k in range(st.ensemble):
         clf = SGD(loss="log_loss", learning_rate=st.schedule, eta0=st.learning_rate, alpha=st.alpha,

@@ -463,7 +463,7 @@ def generate(run, plan: GenerationPlan) -> Generated:
         key = list(plan.share_key)
         requests = checkpoint.first_per_key(requests, key)
     for spec in run.generators:
-        print(f"{plan.what} {plan.requests.num_rows * plan.per_request:,} images with {spec.model} ...")
+        print(f"{plan.what} {plan.requests.num_rows * plan.per_request:,} images with {spec.name} ...")
         mine = plan.budgets_of(spec.model) if plan.budgets_of else [generation_budget(execution, spec.model)]
         images, phase = checkpoint.generate(run.ray, run.rd, requests, spec.model,
                                             generator_pipeline(run, plan, spec), plan.schema, key, batch, mine,

@@ -88,6 +88,7 @@ class Study(Protocol):
     #   standin_generator_names: tuple[str, ...]   directory names of the generator stand-ins
     #   standin_shared_text_encoder: tuple[int, ...]  stand-ins sharing one text encoder
     #   check_generator(pipe, spec) -> None        a study's own check of a loaded generator
+    #   printed_summary(rows) -> (rows, note)      the run summary rows printed at the end (and a note)
 
     def execute(self, run: "Run") -> "Outcome":
         """The streams and the tables: everything the run computes and writes besides the report."""
@@ -148,7 +149,7 @@ class Run:
 
     @property
     def echo(self) -> Callable:
-        return (lambda *a, **k: None) if getattr(self.args, "no_progress", False) else print
+        return runtime.progress_echo(bool(getattr(self.args, "no_progress", False)))
 
     def path(self, name: str) -> str:
         return self.rd.file(name)
@@ -279,6 +280,9 @@ def finish(run: Run, study: Study, outcome: Outcome) -> dict:
     io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), run.rd.fs,
                   run.rd.file(METRICS))
     if outcome.summary_rows is not None:
+        rows, note = outcome.summary_rows, None
+        if hasattr(study, "printed_summary"):   # a study may print a shorter one (the files hold all rows)
+            rows, note = study.printed_summary(rows)
         print()
-        print(format_run_summary(outcome.summary_rows))
+        print(format_run_summary(rows) + (f"\n{note}" if note else ""))
     return metrics

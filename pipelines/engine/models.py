@@ -97,6 +97,32 @@ def build_standin_clip(root: str) -> str:
 
 
 @contextlib.contextmanager
+def native_stderr_silenced(enabled: bool = True):
+    """Silence what native libraries write straight to file descriptor 2 while a model loads on the
+    driver (MediaPipe's TensorFlow Lite and absl lines: "Created TensorFlow Lite XNNPACK delegate",
+    "All log messages before absl::InitializeLog()", a feedback-manager warning), which read like
+    errors and are none. Python exceptions still propagate and are reported; --verbose keeps it all."""
+    import os
+    import sys
+
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+@contextlib.contextmanager
 def standin_hint(standin: bool):
     """A model that cannot load, outside a stand-in run, also says how to run without it."""
     from operators.support.models import ModelLoadError

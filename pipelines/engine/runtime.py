@@ -24,6 +24,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
     """
     import ray
 
+    if quiet:
+        quiet_ray_logs()
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
         if address and address != "local":
@@ -41,10 +43,55 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=not quiet)
     from ray.data import DataContext
 
+    if quiet:   # again: Ray Data sets up its own log handlers when it is imported
+        quiet_ray_logs()
     ctx = DataContext.get_current()
-    ctx.enable_progress_bars = progress
+    # Ray Data's progress bars on a terminal; off one (a log file, CI) its logged progress is a
+    # block of lines per operator, so the study's own line per phase every 10 s stands in (drain)
+    ctx.enable_progress_bars = progress and on_terminal()
     ctx.print_on_execution_start = not quiet
     return ray
+
+
+def on_terminal() -> bool:
+    """Whether progress goes to a terminal (stderr is a tty), where progress bars draw."""
+    import sys
+
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def progress_echo(no_progress: bool):
+    """Where a study's own progress lines go: nowhere with --no-progress or on a terminal (Ray
+    Data's progress bars are there), else print (one line per phase every few seconds)."""
+    return (lambda *a, **k: None) if no_progress or on_terminal() else print
+
+
+# Ray's log lines a study's console leaves out unless --verbose: informational lines that read like
+# warnings (a local instance's token note, "progress bars disabled" under --no-progress) and the
+# per-dataset "execution finished" lines (the study prints its own phase lines and run summary)
+QUIET_MESSAGES = ("Token authentication is enabled", "Progress bars disabled", "execution finished in")
+
+
+class _QuietFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(m in message for m in QUIET_MESSAGES)
+
+
+def quiet_ray_logs() -> None:
+    """Drop ``QUIET_MESSAGES`` from Ray's Python loggers (their handlers, so records passed on from
+    child loggers are filtered too). Warnings and errors of any other kind still show."""
+    quiet = _QuietFilter()
+    for name in ("ray", "ray.data", "ray.data._internal.execution.streaming_executor"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietFilter) for f in logger.filters):
+            logger.addFilter(quiet)
+        for handler in logger.handlers:
+            if not any(isinstance(f, _QuietFilter) for f in handler.filters):
+                handler.addFilter(quiet)
 
 
 def is_local_instance() -> bool:

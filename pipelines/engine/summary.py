@@ -131,14 +131,17 @@ def stage_row(phase, branch: str, stage: str, rows_in: int, kept: int, dropped: 
 
 
 def format_run_summary(rows: list[dict]) -> str:
+    # branches and stages shown whole (two generators' branches must stay apart), at least as wide as before
+    wb = max([34] + [len(r["branch"]) for r in rows])
+    ws = max([20] + [len(r["stage"]) for r in rows])
     lines = ["run summary: rows in, kept, dropped per reason, and throughput per stage (this attempt; "
              "the stages of one phase stream concurrently)",
-             f"{'branch':<34} {'stage':<20} {'rows in':>10} {'kept':>10} {'dropped':>9}  {'rows/s':>9} "
+             f"{'branch':<{wb}} {'stage':<{ws}} {'rows in':>10} {'kept':>10} {'dropped':>9}  {'rows/s':>9} "
              f"{'reused':>9}  reasons"]
     for r in rows:
         rate = "-" if r["rows_per_s"] is None else f"{r['rows_per_s']:,.1f}"
         reasons = ", ".join(f"{k}={v:,}" for k, v in r["dropped_by_reason"].items()) or "-"
-        lines.append(f"{r['branch'][:34]:<34} {r['stage'][:20]:<20} {r['rows_in']:>10,} {r['kept']:>10,} "
+        lines.append(f"{r['branch']:<{wb}} {r['stage']:<{ws}} {r['rows_in']:>10,} {r['kept']:>10,} "
                      f"{r['dropped']:>9,}  {rate:>9} {r['rows_reused']:>9,}  {reasons}")
     return "\n".join(lines)
 

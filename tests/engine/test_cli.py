@@ -111,3 +111,19 @@ def test_a_full_disk_is_one_line_and_other_os_errors_keep_their_traceback(capsys
 
     with pytest.raises(PermissionError):
         exit_code(denied)
+
+
+def test_native_stderr_lines_of_a_model_load_are_silenced_and_errors_still_raise(capfd):
+    import os
+
+    from pipelines.engine.models import native_stderr_silenced
+
+    with native_stderr_silenced():
+        os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"
+    with pytest.raises(RuntimeError, match="cannot load"):
+        with native_stderr_silenced():
+            raise RuntimeError("cannot load")
+    os.write(2, b"restored\n")
+    assert capfd.readouterr().err == "restored\n"

@@ -56,4 +56,9 @@ def test_run_summary_rows_count_kept_dropped_reused_and_throughput():
     assert (clip["kept"], clip["dropped_by_reason"]) == (5, {"ambiguous": 2})
     text = format_run_summary([fetch, clip])
     assert "timeout=3" in text and "ambiguous=2" in text
+    # long branches (two generators' stand-ins) are printed whole, so they stay apart
+    long = [dict(fetch, branch=f"caption_prompt: stable-diffusion-v1-{v}-standin") for v in (4, 5)]
+    lines = format_run_summary(long).splitlines()[2:]
+    assert "stable-diffusion-v1-4-standin" in lines[0] and "stable-diffusion-v1-5-standin" in lines[1]
+    assert len({len(line.split("  ")[0]) for line in lines}) == 1   # one column width
     assert "dropped_by_reason" in run_summary_csv([fetch]).splitlines()[0] and "timeout=3" in run_summary_csv([fetch])

@@ -103,14 +103,22 @@ def headline(sim: pa.Table) -> dict:
 
 
 def print_caption_report(summary_text: str, output: str, annotated_rows: int, subsets: pa.Table,
-                         sizes: dict, head: dict, files: dict) -> None:
-    print(summary_text)
-    print()
-    print(f"annotated captions : {annotated_rows:,} rows (one per caption and occupation) -> {output}/{files['annotated']}/")
-    print(f"training subsets   : {subsets.num_rows:,} rows -> {output}/{files['subsets']}")
-    for s, n in sizes.items():
-        print(f"    {s:<18} {n:>8,}")
+                         sizes: dict, head: dict, files: dict, brief: bool = False) -> None:
+    """The caption side's console result; ``brief`` (inside `run`, whose run summary at the end
+    has the stage counts): the subsets and the SBERT contrast only."""
+    if brief:
+        print(f"training subsets: {subsets.num_rows:,} rows (" + ", ".join(f"{s} {n:,}" for s, n in sizes.items())
+              + f") of {annotated_rows:,} annotated captions")
+    else:
+        print(summary_text)
+        print()
+        print(f"annotated captions : {annotated_rows:,} rows (one per caption and occupation) -> "
+              f"{output}/{files['annotated']}/")
+        print(f"training subsets   : {subsets.num_rows:,} rows -> {output}/{files['subsets']}")
+        for s, n in sizes.items():
+            print(f"    {s:<18} {n:>8,}")
     if head["random_mean_cosine"] is not None:
         print(f"caption-prompt SBERT cosine, mean over occupations: random sample {head['random_mean_cosine']:.3f}, "
               f"nearest neighbours {head['nn_mean_cosine']:.3f} (paper 002 on LAION: 0.385 vs 0.704)")
-    print(f"metrics and configuration -> {output}/{files['metrics']}")
+    if not brief:
+        print(f"metrics and configuration -> {output}/{files['metrics']}")

@@ -257,7 +257,7 @@ def committed_parts(run: rundir.RunDir, shards: int) -> list[str]:
 
 
 def _echo(args):
-    return (lambda *a, **k: None) if args.no_progress else print
+    return runtime.progress_echo(bool(args.no_progress))
 
 
 def _phase_record(phase: Phase) -> dict:
@@ -565,9 +565,9 @@ def ner_counts(counts: pa.Table, st: CaptionSettings, args) -> dict | None:
             "share_ner_run": round(ran / captions, 6) if captions else None}
 
 
-def print_caption_side(rd, shown: tuple) -> None:
+def print_caption_side(rd, shown: tuple, brief: bool = False) -> None:
     summary_text, annotated_rows, subsets, sizes, head, names = shown
-    report.print_caption_report(summary_text, rd.display(), annotated_rows, subsets, sizes, head, FILES)
+    report.print_caption_report(summary_text, rd.display(), annotated_rows, subsets, sizes, head, FILES, brief)
     if names and names["captions"]:
         how = ("only where a word is a first name gender-guesser knows; person_names is null elsewhere"
                if names["prefilter"] else "on every caption (--ner-all)")

@@ -70,6 +70,7 @@ FETCH_URL = "_fetch_url"  # transient: the URL the fetcher requests (after --url
 
 
 TRAINING_CHECKPOINT = "training_images"
+TRAINING_ROWS = "training rows: "   # the run summary's branch of one training subset (+ its name)
 
 
 def training_stages(st: ImageSettings) -> list[Stage]:
@@ -294,7 +295,7 @@ def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.
     cascade(TRAINING_URLS, url_results, training_steps)
     if training is not None:  # the same per subset row (a URL in several subsets counts in each)
         for subset in sorted(set(training.column(SUBSET).to_pylist())):
-            cascade(f"training rows: {subset}", training.filter(pc.equal(training.column(SUBSET), subset)),
+            cascade(f"{TRAINING_ROWS}{subset}", training.filter(pc.equal(training.column(SUBSET), subset)),
                     training_steps)
     for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT):
         for model in sorted(set(generated.column(I.MODEL).to_pylist()) - {None}) if generated.num_rows else []:

@@ -30,6 +30,7 @@ from pipelines.engine.models import (
     ModelSpec,
     clip_record,
     clip_revision,
+    native_stderr_silenced,
     standin_clip,
     standin_hint,
 )
@@ -118,10 +119,11 @@ def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
     from operators.image_face_filter import FaceFilter
 
     with standin_hint(standin):
-        face = FaceFilter(**st.face)
+        with native_stderr_silenced():   # MediaPipe's TF Lite / absl lines, which read like errors
+            face = FaceFilter(**st.face)
+            face.close()
         records = [{"role": "face detector", "model": f"MediaPipe BlazeFace ({face.record.get('model_range')})",
                     "standin": False, "detail": face.record}]
-        face.close()
         return records + [clip_record(st.clip, standin, "gender classifier (CLIP)")]
 
 
@@ -191,6 +193,13 @@ class AmplificationStudy:
 
     standin_generator_names = STANDIN_GENERATORS
 
+    def printed_summary(self, rows: list[dict]) -> tuple[list[dict], str]:
+        """The run summary printed at the end: the training subsets' rows (views of the distinct
+        URLs' images) stay in run_summary.csv and image_stage_counts.csv."""
+        shown = [r for r in rows if not r["branch"].startswith(image_side.TRAINING_ROWS)]
+        return shown, (f"(per training subset, and every outcome per stage: {RUN_FILES['image_counts']}.csv, "
+                       f"run_summary.csv)")
+
     def generators(self, st: AmplificationSettings) -> list:
         return list(st.image.generators)
 
@@ -228,7 +237,7 @@ class AmplificationStudy:
 
         caption_metrics, shown = captions.caption_side(run, cs, own_run=False)
         caption_stats = caption_metrics.pop("_stats")
-        captions.print_caption_side(rd, shown)
+        captions.print_caption_side(rd, shown, brief=True)   # the run summary at the end has its stage counts
         subsets = pq.read_table(out_fs.open_input_file(f"{out}/{captions.FILES['subsets']}"))
         occupation_list = cs.occupations
         occupations = [o.name for o in occupation_list]
@@ -313,7 +322,7 @@ class AmplificationStudy:
                                              caption_metrics["attempt_summary"])
         phases[image_side.TRAINING_URLS] = train_phase
         for subset in sorted(set(train_rows.column("subset").to_pylist())):
-            phases[f"training rows: {subset}"] = train_phase
+            phases[f"{image_side.TRAINING_ROWS}{subset}"] = train_phase
         summary_rows += summary_rows_images(count_rows, phases)
         stats = [f"===== {p.name} =====\n{p.ray_stats}" for p in {id(p): p for p in phases.values()}.values()
                  if p.ray_stats]
@@ -426,10 +435,6 @@ def _caption_models(caption_metrics: dict) -> list[dict]:
 
 def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results: dict, models: list[dict],
                    run_files: dict) -> None:
-    print("\nimage side: rows in, outcome counts per stage")
-    for (branch, stage), part in counts.groupby(["branch", "stage"], sort=False):
-        outcomes = ", ".join(f"{o}={c}" for o, c in zip(part["outcome"], part["count"]) if c)
-        print(f"  {branch:<48} {stage:<12} in {int(part['rows_in'].iloc[0]):>8,}  {outcomes}")
     print("\nbias amplification E[A] (Table 3):")
     print(t3.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a"))
     for model, cp in results["caption_prompts"].items():

@@ -40,7 +40,7 @@ from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
 from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import ModelSpec, clip_record, clip_settings, standin_clip
+from pipelines.engine.models import ModelSpec, clip_record, clip_settings, native_stderr_silenced, standin_clip
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
@@ -199,9 +199,10 @@ def load_models(st: DallEvalSettings, standin: bool) -> list[dict]:
         records.append({"role": "BLIP-2 (gender / attributes)", "model": st.blip2.model, "standin": standin,
                         "detail": check_blip2(st.blip2.model, st.blip2.revision)})
     if st.detect["skin_tone"]:
-        with SkinToneDetector(**st.skin_tone) as det:
-            records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh",
-                            "standin": False, "detail": det.record})
+        with native_stderr_silenced(), SkinToneDetector(**st.skin_tone) as det:   # MediaPipe's native lines
+            record = det.record
+        records.append({"role": "skin tone (face mesh + ITA)", "model": "MediaPipe Face Mesh", "standin": False,
+                        "detail": record})
     return records
 
 

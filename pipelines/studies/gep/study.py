@@ -32,7 +32,12 @@ import pyarrow.parquet as pq
 from pipelines.studies.gep import metrics as M
 from operators.base import Stage, conform
 from operators.image_clip_embedding import ClipImageEmbedder
-from operators.support.attribute_classifier import TABLE2_CONTEXTS, ClassifierSettings
+from operators.support.attribute_classifier import (
+    TABLE2_CONTEXTS,
+    ClassifierSettings,
+    check_validation_split,
+    classifier_sentences,
+)
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
 from pipelines.engine import io, runtime
 from pipelines.studies.gep import report as gep_report
@@ -111,7 +116,12 @@ def settings(args) -> GepSettings:
         classifier["ensemble"] = args.ensemble
     # resolved here (the named SGD reading -> schedule, tol): a bad setting fails before any model loads,
     # and metrics.json records the values the scorer trains with
-    classifier = asdict(ClassifierSettings(**classifier))
+    resolved = ClassifierSettings(**classifier)
+    classifier = asdict(resolved)
+    if attributes:   # too few training sentences for early stopping fails now, not inside the scorer
+        check_validation_split(len(classifier_sentences(attributes[0], resolved.genders, resolved.contexts,
+                                                        resolved.positive, resolved.negative)[0]), resolved,
+                               attributes[0].name)
     ex = study_config.execution_settings(cfg["execution"], args)
     return GepSettings(label=str(cfg.get("name") or "gep"), genders=genders, comparisons=comparisons,
                        attributes=attributes, contexts=contexts, settings=setting_list,

@@ -232,3 +232,18 @@ def test_reading_from_the_study_file_reaches_the_scorer_and_its_record(tmp_path)
     rec = scorer.describe()["classifier"]
     assert (rec["sgd"], rec["schedule"], rec["tol"]) == ("tol-1e-3", "constant", 1e-3)
     assert all(n <= 10 for c in scorer.describe()["classifiers"] for n in c["iterations"])
+
+
+def test_too_few_sentences_for_the_validation_split_fail_before_any_model_loads():
+    """One context gives 6 sentences per attribute: early stopping's stratified 10% split would
+    hold out 1, fewer than the two classes (scikit-learn's error inside the scorer actor before)."""
+    from pipelines.gep import build_parser
+    from pipelines.studies.gep import study as gep_study
+
+    with pytest.raises(ValueError, match="6 training sentences per attribute leave 1 for early stopping"):
+        gep_study.settings(build_parser().parse_args(["run", "--output", "unused", "--max-contexts", "1"]))
+    assert len(gep_study.settings(build_parser().parse_args(
+        ["run", "--output", "unused", "--max-contexts", "2"])).classifier["contexts"]) == 2
+    x, y = np.eye(6), np.array([1, 0, 1, 0, 1, 0])
+    with pytest.raises(ValueError, match="leave 1 for early stopping"):
+        fit_ensemble(x, y, ClassifierSettings(genders=["a"], contexts=["c"]), "boots")
