@@ -22,6 +22,7 @@ from operators.image_fetch import ImageFetcher
 from operators.image_sink import ImageSink
 from operators.support.seeds import image_seeds
 from pipelines.engine import stages
+from pipelines.engine.checkpoint import first_per_key
 from pipelines.engine.generation import GenerationPlan
 from pipelines.engine.models import ModelSpec
 from pipelines.engine import runtime
@@ -125,7 +126,7 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
     """
     urls = unique_urls(subsets, st.url_rewrite)
     out_schema = TRAINING_RESULT_SCHEMA
-    done = _dedupe(run.read_parts(TRAINING_CHECKPOINT, out_schema), [URL]) if run else out_schema.empty_table()
+    done = first_per_key(run.read_parts(TRAINING_CHECKPOINT, out_schema), URL) if run else out_schema.empty_table()
     done = done.filter(pc.is_in(done.column(URL), urls.column(URL)))
     todo = urls.filter(pc.invert(pc.is_in(urls.column(URL), done.column(URL))))
     phase = Phase("training images", "URLs", urls.num_rows, reused=done.num_rows)
@@ -142,7 +143,7 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
         for b in budgets:
             b.check(final=True)
     if run:
-        results = _dedupe(run.read_parts(TRAINING_CHECKPOINT, out_schema), [URL])
+        results = first_per_key(run.read_parts(TRAINING_CHECKPOINT, out_schema), URL)
         results = results.filter(pc.is_in(results.column(URL), urls.column(URL)))
     else:
         results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
@@ -156,16 +157,6 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
 
 TRAINING_RESULT_SCHEMA = pa.schema([pa.field(URL, pa.string())] + [f for f in I.FETCH_COLUMNS if f.name not in PAYLOAD]
                                    + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS) + list(I.EMBEDDING_COLUMNS))
-
-
-def _dedupe(table: pa.Table, keys: list[str]) -> pa.Table:
-    """The first row per key, in the table's order (a batch checkpointed twice by two attempts
-    counts once; the rows are taken through a row index, so list columns come along)."""
-    if table.num_rows == 0:
-        return table
-    idx = table.select(keys).append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
-    first = idx.group_by(keys, use_threads=False).aggregate([("_row", "min")]).column("_row_min").to_numpy()
-    return table.take(pa.array(np.sort(first), pa.int64()))
 
 
 class _FetchRewritten:

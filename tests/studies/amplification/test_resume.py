@@ -517,6 +517,8 @@ def test_a_checkpoint_written_twice_counts_each_key_once_with_its_first_row():
     the wrong rows when a key repeated)."""
     t = pa.table({URL: ["a", "a", "b", "c", "b"], "v": [1, 2, 3, 4, 5],
                   "emb": pa.array([[0.0], [1.0], [2.0], [3.0], [4.0]], pa.list_(pa.float32()))})
-    out = image_side._dedupe(t, [URL])
+    from pipelines.engine.checkpoint import first_per_key   # the training images' checkpoint reader
+
+    out = first_per_key(t, [URL])
     assert out[URL].to_pylist() == ["a", "b", "c"] and out["v"].to_pylist() == [1, 3, 4]
     assert out["emb"].to_pylist() == [[0.0], [2.0], [3.0]]
