@@ -53,11 +53,13 @@ TRAINING_SUBSETS = pa.schema(
     ]
 )
 
+MATCHED_CAPTIONS = "matched_captions"   # captions naming the occupation (0: none in the input)
+
 # Per-occupation text similarity report (section 5.2: 0.385 random vs 0.704 NN on LAION).
 SIMILARITY_SUMMARY = pa.schema(
     [
         pa.field(OCCUPATION, pa.string(), nullable=False),
-        pa.field("matched_captions", pa.int64(), nullable=False),
+        pa.field(MATCHED_CAPTIONS, pa.int64(), nullable=False),
         pa.field("random_sample_size", pa.int64(), nullable=False),
         pa.field("random_mean_cosine", pa.float64()),
         pa.field("nn_selected", pa.int64(), nullable=False),
@@ -94,7 +96,7 @@ SELECTION_CANDIDATES = pa.schema(
 OCCUPATION_STATS = pa.schema(
     [
         pa.field(OCCUPATION, pa.string()),
-        pa.field("matched_captions", pa.int64()),
+        pa.field(MATCHED_CAPTIONS, pa.int64()),
         pa.field("female_indicator_captions", pa.int64()),
         pa.field("male_indicator_captions", pa.int64()),
         pa.field("any_indicator_captions", pa.int64()),

@@ -13,6 +13,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from pipelines.engine.io import spec_record
+
 STYLE = (".tw{overflow-x:auto;max-width:100%}.tw>table{margin:.2em 0}"
          "table.models td{vertical-align:top;text-align:left}table.models td.standin{background:#fff3cd;"
          "font-weight:bold}table.models pre{font-size:11px;margin:.3em 0;max-width:700px;overflow-x:auto}"
@@ -95,8 +97,8 @@ def _jsonable(obj):
         return None if not math.isfinite(float(obj)) else float(obj)
     if isinstance(obj, np.bool_):
         return bool(obj)
-    if callable(getattr(obj, "record", None)) and not isinstance(obj, type):  # a spec: its record
-        return _jsonable(obj.record())
+    if (record := spec_record(obj)) is not None:
+        return _jsonable(record)
     return obj
 
 

@@ -408,6 +408,13 @@ def check_output(uri: str, flag: str = "--output") -> None:
             pass
 
 
+def spec_record(obj) -> dict | None:
+    """A spec's record (``GeneratorSpec``, ``ModelSpec``: an instance with a ``record()`` method) as
+    runs write and fingerprint it; None for anything else."""
+    record = getattr(obj, "record", None)
+    return record() if callable(record) and not isinstance(obj, type) else None
+
+
 def clean_json(obj):
     """``obj`` with NaN / inf floats and pandas' missing values as None and numpy scalars as Python
     ones: strict JSON (metrics.json and every other JSON a run writes)."""
@@ -418,8 +425,8 @@ def clean_json(obj):
 
     if isinstance(obj, dict):
         return {str(k): clean_json(v) for k, v in obj.items()}
-    if callable(getattr(obj, "record", None)) and not isinstance(obj, type):  # a spec: its record
-        return clean_json(obj.record())
+    if (record := spec_record(obj)) is not None:
+        return clean_json(record)
     if isinstance(obj, (list, tuple)):
         return [clean_json(v) for v in obj]
     if isinstance(obj, (np.integer,)):

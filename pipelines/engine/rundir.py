@@ -43,8 +43,8 @@ TMP_SUFFIX = io.TMP_SUFFIX
 
 def _plain(obj):
     """A value JSON cannot write, as a fingerprint sees it: a spec by its record, else its str."""
-    record = getattr(obj, "record", None)
-    return record() if callable(record) and not isinstance(obj, type) else str(obj)
+    record = io.spec_record(obj)
+    return str(obj) if record is None else record
 
 
 def plain(config):
@@ -184,10 +184,7 @@ class RunDir:
     def read_part(self, name: str, key: str, schema: pa.Schema) -> pa.Table | None:
         """The part of checkpoint ``name`` written with ``key`` (None when there is none)."""
         path = self.work(name, f"part-{key}.parquet")
-        if not io.exists(self.fs, path):
-            return None
-        with self.fs.open_input_file(path) as fh:
-            return pq.read_table(fh).select(schema.names).cast(schema)
+        return self._read_part_file(path, schema) if io.exists(self.fs, path) else None
 
     def read_parts(self, name: str, schema: pa.Schema) -> pa.Table:
         """All finished parts of checkpoint ``name`` (empty when there are none)."""
@@ -196,16 +193,17 @@ class RunDir:
             return schema.empty_table()
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False))
         files = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
-        parts = []
-        for f in files:
-            with self.fs.open_input_file(f) as fh:
-                part = pq.read_table(fh)
-            # a column added to the schema since the part was written reads as nulls
-            missing = [c for c in schema.names if c not in part.column_names]
-            for c in missing:
-                part = part.append_column(c, pa.nulls(part.num_rows, schema.field(c).type))
-            parts.append(part.select(schema.names).cast(schema))
+        parts = [self._read_part_file(f, schema) for f in files]
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def _read_part_file(self, path: str, schema: pa.Schema) -> pa.Table:
+        """One part file in ``schema`` (a column added to the schema since it was written reads as nulls)."""
+        with self.fs.open_input_file(path) as fh:
+            part = pq.read_table(fh)
+        for c in schema.names:
+            if c not in part.column_names:
+                part = part.append_column(c, pa.nulls(part.num_rows, schema.field(c).type))
+        return part.select(schema.names).cast(schema)
 
     def clear(self, path: str) -> None:
         io.clear_dir(self.fs, path)

@@ -7,6 +7,7 @@ import pyarrow.compute as pc
 
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
 from schemas.subsets import (
+    MATCHED_CAPTIONS,
     OCCUPATION_STATS,
     SIMILARITY,
     SIMILARITY_SUMMARY,
@@ -23,7 +24,7 @@ def partial_occupation_stats(batch: pa.Table) -> pa.Table:
     one = pa.scalar(1, pa.int64())
     zero = pa.scalar(0, pa.int64())
     flags = {
-        "matched_captions": pa.array([1] * batch.num_rows, pa.int64()) if batch.num_rows else pa.array([], pa.int64()),
+        MATCHED_CAPTIONS: pa.array([1] * batch.num_rows, pa.int64()) if batch.num_rows else pa.array([], pa.int64()),
         "female_indicator_captions": pc.if_else(pc.is_in(g, pa.array([CaptionGender.FEMALE, CaptionGender.BOTH])), one, zero),
         "male_indicator_captions": pc.if_else(pc.is_in(g, pa.array([CaptionGender.MALE, CaptionGender.BOTH])), one, zero),
         "any_indicator_captions": pc.if_else(pc.not_equal(g, CaptionGender.NONE), one, zero),
@@ -62,12 +63,12 @@ def similarity_summary(stats: pa.Table | None, subsets: pa.Table, occupations) -
     rows = []
     for o in occupations:
         st = by_occ.get(o.name, {})
-        n = st.get("matched_captions", 0)
+        n = st.get(MATCHED_CAPTIONS, 0)
         rnd, nn = sims.get((o.name, Subset.NAIVE), []), sims.get((o.name, Subset.NN), [])
         rows.append(
             {
                 OCCUPATION: o.name,
-                "matched_captions": n,
+                MATCHED_CAPTIONS: n,
                 "random_sample_size": len(rnd),
                 "random_mean_cosine": sum(rnd) / len(rnd) if rnd else None,
                 "nn_selected": len(nn),
@@ -94,7 +95,7 @@ def headline(sim: pa.Table) -> dict:
         return None if v is None else round(v, 4)
 
     return {
-        "occupations_with_captions": int(pc.sum(pc.greater(sim.column("matched_captions"), 0)).as_py() or 0),
+        "occupations_with_captions": int(pc.sum(pc.greater(sim.column(MATCHED_CAPTIONS), 0)).as_py() or 0),
         "random_mean_cosine": mean("random_mean_cosine"),
         "nn_mean_cosine": mean("nn_mean_cosine"),
         "female_indicator_share_mean": mean("female_indicator_share"),

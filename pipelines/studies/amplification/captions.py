@@ -43,7 +43,7 @@ from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, partial_top_k, pool as selection_pool, walk
 from schemas import captions as C
 from schemas.occupations import OCCUPATION_FORMS
-from schemas.subsets import TRAINING_SUBSETS
+from schemas.subsets import MATCHED_CAPTIONS, TRAINING_SUBSETS
 
 # the installed project, also when `ray submit` runs a copy of this script outside the repository
 REPO = Path(study_config.__file__).resolve().parents[2]
@@ -517,7 +517,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
 def unmatched_occupations(sim: pa.Table) -> list[str]:
     """The occupations no caption of the input names (a warning naming them); none matching at all
     is an error (a misspelt job, the wrong caption column, or a sample without them)."""
-    counts = zip(sim.column(C.OCCUPATION).to_pylist(), sim.column("matched_captions").to_pylist())
+    counts = zip(sim.column(C.OCCUPATION).to_pylist(), sim.column(MATCHED_CAPTIONS).to_pylist())
     unmatched = [o for o, n in counts if not n]
     if not unmatched:
         return unmatched
