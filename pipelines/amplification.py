@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "as JSON. Example: the paper's Table 6 gives Table 3's naive row for SD 1.4.",
     )
     q.add_argument("--percentages", required=True, metavar="CSV", help="CSV file (local path or fsspec URI)")
-    q.add_argument("--output", metavar="DIR", help="write amplification_summary.json and amplification_rows.csv here")
+    q.add_argument("--output", metavar="DIR", help="write amplification_summary.json, .csv, .html and figures/ here")
     q.add_argument("--training-group", default="training", help="group value of the training rows (default training)")
     return ap
 

@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "over the skills")
     q.add_argument("--group", metavar="LABEL",
                    help="gender metrics over this group's prompts only (needs a group column; default: every prompt)")
-    q.add_argument("--output", metavar="DIR", help="write dalleval_summary.json (or dalleval_skills_summary.json) here")
+    q.add_argument("--output", metavar="DIR", help="write dalleval_summary.json, .csv, .html and figures/ here "
+                                                   "(with --skills: dalleval_skills_summary.*)")
     return p
 
 

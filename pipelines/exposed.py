@@ -5,7 +5,8 @@ Subcommands:
   triplets   captions (parquet, text or CSV: COCO, Flickr30k, TextCaps, GCC, LAION) -> neutral captions
              with person/people and no other word of Table S1 -> (neutral, feminine, masculine) triplets
              (person -> woman / man, people -> women / men), or the Profession set of Table S2
-             (female / male before the profession); writes triplets.parquet and the filter's counts.
+             (female / male before the profession); writes triplets.parquet and the filter's counts
+             into a run directory DIR/exposed-triplets-<8 hex digits>/ with run.json.
   run        triplets -> units (triplet x seeds, one recorded seed shared by the three prompts) ->
              generation with any diffusers model (the unit's three images in one call), and on the
              generator's device: prompt-space and denoising-space cosines, SSIM, Diff. Pix., ResNet-50,
@@ -63,8 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(--professions: deprecated spelling; DALL-Eval's --professions names a list)")
     t.add_argument("--per-topic", type=int, metavar="N",
                    help="triplets per topic (default all: 20 professions x 3 templates)")
-    t.add_argument("--output", required=True, metavar="DIR",
-                   help="writes DIR/triplets.parquet, DIR/triplet_counts.csv and .json")
+    arguments.add_output(t)
+    # the two run controls of arguments.add_run_control that apply to a command without Ray
+    t.add_argument("--run-id", metavar="ID",
+                   help="name of this run's directory under --output (default: exposed-triplets-<8 hex digits of "
+                        "the configuration fingerprint>, so the same command finds the same directory and a "
+                        "different input or setting never overwrites it)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="discard this run's directory and make the triplets again instead of reusing a finished run")
 
     r = sub.add_parser("run", help="triplets, generation and representational disparities (one Ray job)")
     arguments.add_output(r)

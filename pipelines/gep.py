@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="columns model,setting,gender,attribute,frequency (gender woman/man)")
     q.add_argument("--first", default="woman", help="first group of v_j = f_first - f_second (default woman)")
     q.add_argument("--second", default="man", help="second group (default man)")
-    q.add_argument("--output", metavar="DIR", help="write gep_summary.json and gep_summary.html here")
+    q.add_argument("--output", metavar="DIR", help="write gep_summary.json, .csv, .html and figures/ here")
     return p
 
 

@@ -278,8 +278,8 @@ def _revisions(models: list[str], args) -> dict:
 # ------------------------------------------------------------------------------ models
 def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: Sequence[str] | None = None,
                              shared_text_encoder: Sequence[int] = ()) -> list[GeneratorSpec]:
-    """Tiny random generators under ``root`` (seed i for the i-th), the specs pointed at them with
-    their settings kept. ``shared_text_encoder``: indices whose text encoder is copied from the
+    """Tiny random generators under ``root`` (seed i for the i-th; each draws faces, see
+    ``pipelines.standins.face_decoder``), the specs pointed at them with their settings kept. ``shared_text_encoder``: indices whose text encoder is copied from the
     first of them (models that share one, as SD v2.0 and v2.1 share OpenCLIP-H)."""
     import shutil
 
@@ -288,7 +288,8 @@ def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: S
     names = list(names or [f"generator-{i + 1}-standin" for i in range(len(specs))])
     if len(names) < len(specs):
         names += [f"generator-{i + 1}-standin" for i in range(len(names), len(specs))]
-    paths = [build_tiny_stable_diffusion(str(Path(root) / names[i]), seed=i) for i in range(len(specs))]
+    # faces: the fitted face decoder, so that the studies' face steps find faces (standins/face_decoder.py)
+    paths = [build_tiny_stable_diffusion(str(Path(root) / names[i]), seed=i, faces=True) for i in range(len(specs))]
     shared = [i for i in shared_text_encoder if i < len(paths)]
     for i in shared[1:]:
         target = Path(paths[i]) / "text_encoder"

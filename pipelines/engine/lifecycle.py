@@ -37,8 +37,8 @@ from typing import Any, Callable, Protocol
 from pipelines.engine import generation, gpus, io, rundir, runtime
 from pipelines.engine.io import clean_json
 from pipelines.engine import config as study_config
-from pipelines.engine.models import print_models, quiet_model_libraries, standin_hint
-from pipelines.engine.summary import format_run_summary, run_summary_csv
+from pipelines.engine.models import hub_offline_if_unreachable, print_models, quiet_model_libraries, standin_hint
+from pipelines.engine.summary import format_branch_summary, format_run_summary, run_summary_csv
 
 STANDINS_DIR = "standin_models"
 RUN_SUMMARY = "run_summary"
@@ -222,9 +222,12 @@ def run_study(study: Study, args) -> dict:
     with contextlib.ExitStack() as stack:
         # Ray first: a run whose real models could get no GPU stops here, before any model loads
         ray, gp = start_ray(args, ex, study.actor_cpus(args, st), standin, study.gpu_models(args, st))
+        if not getattr(args, "verbose", False):
+            stack.enter_context(runtime.native_stderr_filtered())
         models = None
         specs = list(study.generators(st)) if hasattr(study, "generators") else []
         if not standin:  # every real model loads before the run starts: a failure leaves nothing behind
+            stack.enter_context(hub_offline_if_unreachable())
             with standin_hint(False):
                 models = study.load_models(args, st, gp) + _load_generators(study, specs, False)
         open_run(args, rd)
@@ -284,5 +287,6 @@ def finish(run: Run, study: Study, outcome: Outcome) -> dict:
         if hasattr(study, "printed_summary"):   # a study may print a shorter one (the files hold all rows)
             rows, note = study.printed_summary(rows)
         print()
-        print(format_run_summary(rows) + (f"\n{note}" if note else ""))
+        table = format_run_summary(rows) if getattr(run.args, "verbose", False) else format_branch_summary(rows)
+        print(table + (f"\n{note}" if note else ""))
     return metrics

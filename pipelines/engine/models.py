@@ -96,6 +96,67 @@ def build_standin_clip(root: str) -> str:
     return build_tiny_open_clip(str(Path(root) / "clip-vit-standin"), seed=0, calibrate=True)
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def hub_endpoint() -> str:
+    """The Hugging Face hub the model loaders talk to (``HF_ENDPOINT``, default huggingface.co)."""
+    import os
+
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """One HEAD request to the hub: (True, "") when it answers with any HTTP status, else (False, why)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(hub_endpoint(), method="HEAD"), timeout=timeout).close()
+        return True, ""
+    except urllib.error.HTTPError:   # the hub answered (a status is an answer)
+        return True, ""
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return False, str(getattr(exc, "reason", exc))
+
+
+@contextlib.contextmanager
+def hub_offline_if_unreachable(timeout: float = HUB_PROBE_TIMEOUT_S):
+    """Inside the block (a run that loads real models), the hub is in offline mode if one request
+    to it before the models load gets no answer.
+
+    Without an answer (no route, DNS failure, a firewall that drops packets), the model loaders
+    would spend their own timeouts and retries on every file of every model (over a minute for a
+    model id that is not in the cache) before failing. In offline mode (``HF_HUB_OFFLINE=1``, read
+    by huggingface_hub, transformers and diffusers at each call) models in the local cache load at
+    once and any other fails at once with its loader's message; one line says why. A run that set
+    HF_HUB_OFFLINE itself is left as it is; the previous state is restored at the end."""
+    import os
+
+    import huggingface_hub.constants as hub
+
+    if hub.HF_HUB_OFFLINE:
+        yield
+        return
+    ok, why = hub_reachable(timeout)
+    if ok:
+        yield
+        return
+    before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    hub.HF_HUB_OFFLINE = True
+    print(f"the Hugging Face hub at {hub_endpoint()} cannot be reached ({why}): models load from the local cache "
+          f"only (HF_HUB_OFFLINE=1); one missing there fails at once")
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = False
+        if before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+
+
 @contextlib.contextmanager
 def native_stderr_silenced(enabled: bool = True):
     """Silence what native libraries write straight to file descriptor 2 while a model loads on the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -92,6 +93,67 @@ def quiet_ray_logs() -> None:
         for handler in logger.handlers:
             if not any(isinstance(f, _QuietFilter) for f in handler.filters):
                 handler.addFilter(quiet)
+
+
+# Lines the Ray driver's C++ core worker writes straight to the process's stderr that a study's
+# console leaves out unless --verbose. Ray Data always hands an actor pool's map function to its
+# actors as an object-store reference (ActorPoolMapOperator._map_transformer_ref) and makes those
+# actors restartable (max_restarts=-1); Ray then logs, at error level, that a restarted actor could
+# lose its constructor arguments (ray-project/ray#53727). Ray Data holds the reference for the
+# pool's lifetime, so a restart finds it; giving up restarts to silence the line would cost the
+# fault tolerance a cluster run needs. Nothing else is filtered.
+NATIVE_QUIET_MESSAGES = ("has constructor arguments in the object store and max_restarts > 0",)
+
+
+@contextlib.contextmanager
+def native_stderr_filtered(messages: tuple[str, ...] = NATIVE_QUIET_MESSAGES):
+    """Inside the block, lines written to file descriptor 2 (by Python or native code) that contain
+    one of ``messages`` are dropped; all others pass through unchanged. Enter it after Ray has
+    started its processes (they keep the real stderr). A no-op where stderr has no descriptor."""
+    import sys
+    import threading
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    needles = [m.encode() for m in messages]
+
+    def pump() -> None:
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+            pending = b""
+            while True:
+                try:
+                    chunk = pipe.read(65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                out = b"".join(line + b"\n" for line in lines if not any(n in line for n in needles))
+                if out:
+                    os.write(saved, out)
+            if pending and not any(n in pending for n in needles):
+                os.write(saved, pending)
+
+    thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 2)        # the pipe's last writer is gone: the pump reads to its end and stops
+        thread.join(timeout=5)
+        os.close(saved)
 
 
 def is_local_instance() -> bool:

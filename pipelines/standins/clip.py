@@ -68,41 +68,57 @@ def build_tiny_open_clip(directory, seed: int = 0, calibrate: bool = False) -> s
 
 
 def calibrate_gender_prompts(model, mean, std) -> str:
-    """Make a random CLIP read the bundled sample's two face photos as two genders, so that an
-    offline demo exercises every branch a real run reaches (counted images on both sides, ambiguous
-    ones, amplification, correlations), not only "ambiguous".
+    """Make a random CLIP read the bundled sample's two face photos, and the faces the stand-in
+    generators draw from them, as two genders, so that an offline demo exercises every branch a real
+    run reaches (counted images on both sides, ambiguous ones, amplification, correlations), not
+    only "ambiguous".
 
     With random weights the two prompts' cosine similarities differ by about 0.01 on any image, so
     at open_clip's initial logit scale (14.3) no image reaches p >= 0.9 and every image of a demo
-    is ambiguous. Here the text projection gets the smallest change (least squares, in the span of
-    the two prompts' pooled text features) that makes the prompts' embeddings +u and -u, u the unit
-    direction from scikit-image's astronaut photo to its camera-man photo, and the logit scale is
-    set so that those two photos get p = CALIBRATED_P ("man" and "woman"). Any other image is read
-    from where its random embedding falls along u: still meaningless. Returns a note to record."""
+    is ambiguous. Here the calibration images are scikit-image's camera-man and astronaut photos,
+    whole and as the 64 px face crops of ``standins.face_decoder.face_templates``; u is the unit
+    vector with x.u equal for the "man" images and opposite for the "woman" ones (the minimum-norm
+    solution of X u = y, y = +1 / -1, normalised). The text projection gets the smallest change
+    (least squares, in the span of the two prompts' pooled text features) that makes the prompts'
+    embeddings +u and -u, and the logit scale is set so that every calibration image gets
+    p = CALIBRATED_P for its gender. Any other image is read from where its random embedding falls
+    along u: still meaningless. Returns a note to record."""
     import numpy as np
     import open_clip
     import torch
     import torch.nn.functional as F
     from skimage import data
 
-    def tensor(a: np.ndarray) -> torch.Tensor:
-        a = np.stack([a] * 3, axis=-1) if a.ndim == 2 else a[..., :3]
-        x = torch.from_numpy(np.ascontiguousarray(a)).permute(2, 0, 1)[None].float() / 255.0
-        side = TINY_MODEL_CFG["vision_cfg"]["image_size"]
+    from pipelines.standins.face_decoder import TINT, face_templates
+
+    side = TINY_MODEL_CFG["vision_cfg"]["image_size"]
+
+    def prepared(x: torch.Tensor) -> torch.Tensor:   # (1, 3, h, w) in [0, 1]
         x = F.interpolate(x, size=(side, side), mode="bicubic", antialias=True, align_corners=False)
         return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
 
+    def photo(a: np.ndarray) -> torch.Tensor:
+        a = np.stack([a] * 3, axis=-1) if a.ndim == 2 else a[..., :3]
+        return prepared(torch.from_numpy(np.ascontiguousarray(a)).permute(2, 0, 1)[None].float() / 255.0)
+
+    woman_face, man_face = face_templates()
+    # the faces as the stand-in generators draw them: as is, and darkened as their latents darken them
+    shades = [1.0 - d for d in np.linspace(0.0, TINT, 3)]
+    images = [photo(data.camera())] + [prepared((man_face[None] + 1) / 2 * k) for k in shades]
+    images += [photo(data.astronaut())] + [prepared((woman_face[None] + 1) / 2 * k) for k in shades]
+    y = torch.tensor([1.0] * (1 + len(shades)) + [-1.0] * (1 + len(shades)))
     with torch.no_grad():
-        img = model.encode_image(torch.cat([tensor(data.camera()), tensor(data.astronaut())]), normalize=True)
-        direction = img[0] - img[1]
-        u = direction / direction.norm()
+        x = model.encode_image(torch.cat(images), normalize=True)               # (4, D)
+        u = torch.linalg.pinv(x) @ y                                             # x @ u = y
+        margin = 1.0 / float(u.norm())                                           # x.u / |u| = +-margin
+        u = u / u.norm()
         text = model.encode_text(open_clip.tokenize(list(CALIBRATION_PROMPTS)))   # (2, D), not normalised
         proj = model.text_projection                                              # (width, D)
         pooled = torch.linalg.solve(proj.T, text.T).T                             # text = pooled @ proj
         target = torch.stack([u, -u]) * text.norm(dim=-1, keepdim=True)
         proj += torch.linalg.pinv(pooled) @ (target - pooled @ proj)
-        # cos(camera, +u) - cos(camera, -u) = |direction|: logit scale * that = log(p / (1 - p))
-        scale = float(np.log(CALIBRATED_P / (1 - CALIBRATED_P))) / float(direction.norm())
+        # logit(man) - logit(woman) = scale * (x.u - x.(-u)) = +-2 * scale * margin = log(p / (1 - p))
+        scale = float(np.log(CALIBRATED_P / (1 - CALIBRATED_P))) / (2 * margin)
         model.logit_scale.fill_(float(np.log(scale)))
-    return (f"gender prompts calibrated on scikit-image's camera-man (man) and astronaut (woman) photos "
-            f"at p = {CALIBRATED_P}, logit scale {scale:.1f}")
+    return (f"gender prompts calibrated on scikit-image's camera-man (man) and astronaut (woman) photos, whole and "
+            f"as the stand-in generators' face crops, at p = {CALIBRATED_P}, logit scale {scale:.1f}")

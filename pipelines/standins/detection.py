@@ -36,6 +36,7 @@ change with the image. ``logit_gain=1.0`` keeps the (larger-init) head as initia
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -45,6 +46,7 @@ TINY_HIDDEN = 32
 TINY_INIT_STD = 0.2
 QUERY_SPREAD = 3.0
 LOGIT_GAIN = 4.0
+FAVOUR_BOOST = 4.0
 
 # The id2label of the facebook/detr-resnet-* checkpoints: COCO's 91 category ids (0 and the ids
 # COCO 2017 does not use are "N/A"), 80 object classes.
@@ -80,13 +82,15 @@ def detr_image_processor(shortest_edge: int, longest_edge: int):
 
 
 def build_tiny_detr(directory, seed: int = 0, timm_backbone: str | None = None, dilation: bool = True,
-                    logit_gain: float = LOGIT_GAIN) -> str:
+                    logit_gain: float = LOGIT_GAIN, favour: Sequence[str] = (), favour_boost: float = FAVOUR_BOOST) -> str:
     """Build a tiny random DETR object detector and its image processor in ``directory`` (created if
     needed); return the absolute directory path. The same arguments write the same weights.
 
     ``timm_backbone``: None for a tiny transformers ResNet backbone, else a timm model name (e.g.
     "resnet18") used as the real checkpoint uses its timm resnet101, with ``dilation`` (DC5).
-    ``logit_gain``: the factor on the class head (module docstring)."""
+    ``logit_gain``: the factor on the class head (module docstring). ``favour``: labels whose class
+    logits get ``favour_boost`` added (the objects a run's prompts name), so that the stand-in's
+    detections are mostly of those labels, still chosen by random weights."""
     import torch
     from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
@@ -111,6 +115,12 @@ def build_tiny_detr(directory, seed: int = 0, timm_backbone: str | None = None, 
             model.model.query_position_embeddings.weight.normal_(0.0, QUERY_SPREAD)
             model.class_labels_classifier.weight.mul_(float(logit_gain))
             model.class_labels_classifier.bias.mul_(float(logit_gain))
+            unknown = sorted(set(favour) - set(id2label.values()))
+            if unknown:
+                raise ValueError(f"favour: {unknown} are not COCO labels of DETR")
+            for i, name in id2label.items():
+                if name in set(favour):
+                    model.class_labels_classifier.bias[i] += float(favour_boost)
     model.eval()
     model.save_pretrained(out)
     size = TINY_SIZE
@@ -119,7 +129,9 @@ def build_tiny_detr(directory, seed: int = 0, timm_backbone: str | None = None, 
         else "transformers ResNet (tiny)"
     (out / "STANDIN.txt").write_text(
         f"Tiny DETR stand-in: random weights (seed {seed}), {backbone_note} backbone, {TINY_QUERIES} queries, "
-        f"COCO labels, class head x{float(logit_gain):g}; its detections are meaningless.\n")
+        f"COCO labels, class head x{float(logit_gain):g}"
+        + (f", +{float(favour_boost):g} on the logits of {', '.join(sorted(set(favour)))}" if favour else "")
+        + "; its detections are meaningless.\n")
     return str(out)
 
 

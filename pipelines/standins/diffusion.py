@@ -88,7 +88,28 @@ def build_clip_tokenizer():
     return tok
 
 
-def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, with_safety_checker: bool = False) -> str:
+def build_tiny_vae(seed: int = 0):
+    """The stand-in's ``AutoencoderKL``: SD's 8x down-scaling, 4 latent channels, tiny widths."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(8, 8, 16, 16),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=8,
+            sample_size=64,
+        )
+
+
+def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, with_safety_checker: bool = False,
+                                faces: bool = False) -> str:
     """Build and save a tiny random-weight SD 1.x pipeline into ``directory``; return the directory.
 
     RANDOM STAND-IN, OUTPUTS MEANINGLESS. Same classes and file layout as a real SD 1.x checkpoint
@@ -96,11 +117,12 @@ def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, wit
     real 8x down-scaling (so images are 64x64 px), PNDM scheduler with the SD v1 settings, CLIP text
     encoder (hidden size 32, the real 49408-token vocabulary and tokenizer) and, with
     ``with_safety_checker``, a tiny ``StableDiffusionSafetyChecker`` plus its ``CLIPImageProcessor``.
-    The same ``seed`` gives the same weights.
+    The same ``seed`` gives the same weights. With ``faces``, the VAE decoder's weights are the
+    fitted ones of ``pipelines.standins.face_decoder`` (every image is one of two faces, blended and
+    darkened by the latent; still meaningless), so that the face steps of the studies find faces.
     """
     import torch
     from diffusers import (
-        AutoencoderKL,
         PNDMScheduler,
         StableDiffusionPipeline,
         UNet2DConditionModel,
@@ -127,18 +149,11 @@ def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, wit
             attention_head_dim=8,
             norm_num_groups=32,
         )
-        torch.manual_seed(seed + 1)
-        vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 8, 16, 16),
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=8,
-            sample_size=64,
-        )
+        vae = build_tiny_vae(seed + 1)
+        if faces:
+            from pipelines.standins.face_decoder import load_face_decoder
+
+            load_face_decoder(vae)
         torch.manual_seed(seed + 2)
         text_encoder = CLIPTextModel(
             CLIPTextConfig(

@@ -62,3 +62,22 @@ def test_run_summary_rows_count_kept_dropped_reused_and_throughput():
     assert "stable-diffusion-v1-4-standin" in lines[0] and "stable-diffusion-v1-5-standin" in lines[1]
     assert len({len(line.split("  ")[0]) for line in lines}) == 1   # one column width
     assert "dropped_by_reason" in run_summary_csv([fetch]).splitlines()[0] and "timeout=3" in run_summary_csv([fetch])
+
+
+def test_the_printed_summary_is_one_line_per_branch_with_every_drop():
+    from pipelines.engine.progress import Phase
+    from pipelines.engine.summary import format_branch_summary, summary_rows_images
+
+    phase = Phase("generate x", "images", total=10, reused=0, processed=10, seconds=4.0)
+    counts = [{"branch": "generated: x", "stage": "fetch", "rows_in": 10, "outcome": o, "count": n}
+              for o, n in (("ok", 7), ("timeout", 3))]
+    counts += [{"branch": "generated: x", "stage": "clip_gender", "rows_in": 7, "outcome": o, "count": n}
+               for o, n in (("male", 3), ("female", 2), ("ambiguous", 2))]
+    counts += [{"branch": "generated: y", "stage": "fetch", "rows_in": 5, "outcome": "ok", "count": 5}]
+    rows = summary_rows_images(counts, {"generated: x": phase})
+    lines = format_branch_summary(rows).splitlines()
+    assert len(lines) == 2 + 2          # title, header, one line per branch
+    x = next(ln for ln in lines if ln.startswith("generated: x"))
+    assert x.split()[2:5] == ["10", "5", "4"] and "timeout=3, ambiguous=2" in x
+    y = next(ln for ln in lines if ln.startswith("generated: y"))
+    assert y.split()[2:5] == ["5", "0", "-"] and y.rstrip().endswith("-")

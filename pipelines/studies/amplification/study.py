@@ -197,8 +197,7 @@ class AmplificationStudy:
         """The run summary printed at the end: the training subsets' rows (views of the distinct
         URLs' images) stay in run_summary.csv and image_stage_counts.csv."""
         shown = [r for r in rows if not r["branch"].startswith(image_side.TRAINING_ROWS)]
-        return shown, (f"(per training subset, and every outcome per stage: {RUN_FILES['image_counts']}.csv, "
-                       f"run_summary.csv)")
+        return shown, f"(per training subset, and every outcome per stage: {RUN_FILES['image_counts']}.csv)"
 
     def generators(self, st: AmplificationSettings) -> list:
         return list(st.image.generators)
@@ -435,8 +434,10 @@ def _caption_models(caption_metrics: dict) -> list[dict]:
 
 def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results: dict, models: list[dict],
                    run_files: dict) -> None:
-    print("\nbias amplification E[A] (Table 3):")
-    print(t3.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a"))
+    print(f"\nbias amplification E[A] (Table 3; the images behind each cell, and why a cell is n/a: "
+          f"{run_files['table3']}.csv)")
+    shown = t3[[c for c in t3.columns if not c.startswith(("n_", "excluded_"))]]
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a"))
     for model, cp in results["caption_prompts"].items():
         print(f"captions as prompts ({model}): " + ", ".join(
             f"{k}: E[A] = {rep._fmt(v['average'])}" for k, v in cp.items()))
@@ -444,12 +445,13 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
         if gm:
             print(f"  captions with male/female indicators: {rep._fmt(gm['percent'])}% of {gm['images']} images "
                   f"match their training image's gender (paper: 98.41%)")
-    for model, sim in results.get("image_similarity", {}).get("per_model", {}).items():
-        print(f"CLIP image similarity of training and generated images ({model}): naive {rep._fmt(sim['naive'], 3)}, "
-              f"NN {rep._fmt(sim['nn'], 3)}, change {rep._fmt(sim['nn_change_percent'])}% over {sim['pairs']} "
-              f"(occupation, prompt) pairs (the paper: +13%)")
+    sims = results.get("image_similarity", {}).get("per_model", {})
+    if sims:
+        print("CLIP image similarity of training and generated images, naive -> NN (the paper: +13%): " + "; ".join(
+            f"{model} {rep._fmt(sim['naive'], 3)} -> {rep._fmt(sim['nn'], 3)} ({rep._fmt(sim['nn_change_percent'])}%, "
+            f"{sim['pairs']} pairs)" for model, sim in sims.items()))
     corr = results["indicator_correlation"]
     print(f"Pearson r(% female training, % captions with female indicators) = {rep._fmt(corr['r'], 3)} (n = {corr['n']})")
     if any(m["standin"] for m in models):
         print("NOTE: CLIP and the generators were tiny random stand-ins: the numbers above are meaningless.")
-    print(f"\nper-image table -> {output}/{run_files['images']}; report -> {output}/{run_files['report']}")
+    print(f"per-image table: {run_files['images']}; report: {run_files['report']} (in the results folder below)")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
-from pipelines.engine import figures, io
+from pipelines.engine import io
+from pipelines.engine.summary_files import write_summary_files, wrote_line
 from pipelines.engine.table_cells import read_cells
 from pipelines.studies.amplification import report
 from pipelines.studies.amplification.metrics import format_results, summarize_percentages
@@ -25,11 +24,9 @@ def run(args) -> dict:
         print(format_results(title, res["per_prompt"], res["average"]))
     if args.output:
         out_fs, out = io.output_fs(args.output)
-        io.write_text(json.dumps({"input": args.percentages, "results": result}, indent=2, default=str), out_fs,
-                      f"{out}/amplification_summary.json")
         rows = pd.concat([pd.DataFrame(r["rows"]).assign(model=m) for m, r in result.items()], ignore_index=True)
-        io.write_text(rows.to_csv(index=False), out_fs, f"{out}/amplification_rows.csv")
-        io.write_text(report.summary_html(args.percentages, result, figures=figures.FigureDir(out_fs, out)),
-                      out_fs, f"{out}/amplification.html")
-        print(f"wrote {args.output}/amplification_summary.json, amplification_rows.csv and amplification.html")
+        names = write_summary_files(out_fs, out, "amplification_summary",
+                                    {"input": args.percentages, "results": result}, rows,
+                                    lambda figs: report.summary_html(args.percentages, result, figures=figs))
+        print(wrote_line(args.output, names))
     return result

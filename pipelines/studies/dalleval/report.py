@@ -207,3 +207,90 @@ def render_html(meta: dict, results: dict, records: list[dict], *, figures: _fig
                  "table_attributes_per_prompt.csv.</p>")
     parts.append("<h2>Models</h2>" + H.model_table(records, labels))
     return Pg.document(f"DALL-Eval social bias report {meta['run_id']}", parts)
+
+
+# ------------------------------------------------------------------------------------ summarize
+SUMMARY_METRICS = (("gender", "Gender"), ("skin_tone", "Skin tone"))
+SUMMARY_COLUMNS = ("model", "metric", "group", "prompts", "prompts_without_detections", "average", "mad")
+
+
+def summary_table(result: dict) -> pd.DataFrame:
+    """dalleval_summary.csv of `summarize --counts`: one row per model and metric (gender, then skin
+    tone where the counts have tones) of ``summarize_counts``' per-model results: the prompts it is
+    over (``group``: the gender metrics' group, ``all`` for every prompt; skin tone is always over
+    every prompt), those without a detection, the average (gender: male -1 / female +1; tone: MST
+    1-10) and the MAD (Table 8)."""
+    rows = []
+    for m in result["models"]:
+        for key, _ in SUMMARY_METRICS:
+            st = m.get(key)
+            if st is None:
+                continue
+            rows.append({"model": m["model"], "metric": key, "group": st.get("prompts_group", "all"),
+                         "prompts": st["prompts"], "prompts_without_detections": st["prompts_without_detections"],
+                         "average": st["average"], "mad": st["mad"]})
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def model_bars(values: list[tuple[str, float | None]], title: str, ylabel: str,
+               ylim: tuple[float, float] | None = None, refs: list[tuple[str, float]] = ()):
+    """One bar per model (``values``: label, value; a missing value is drawn as no bar), with
+    dashed horizontal reference lines (``refs``: label, value). Returns (figure, bars drawn)."""
+    fig = _figures.new_figure(max(3.4, 0.55 * len(values) + 1.6), 2.8)
+    ax = fig.add_subplot()
+    drawn = 0
+    for i, (name, v) in enumerate(values):
+        if _num(v):
+            ax.bar(i, float(v), width=0.7, color=COLORS[i % len(COLORS)], zorder=2)
+            ax.annotate(f"{float(v):.3g}", (i, float(v)), textcoords="offset points",
+                        xytext=(0, 2 if v >= 0 else -9), ha="center", fontsize=7)
+            drawn += 1
+    for j, (name, v) in enumerate(refs):
+        ax.axhline(v, color="#888888", linestyle=(0, (4, 2 + j)), linewidth=0.9, zorder=1, label=name)
+    if ylim is not None:  # room above the top for a value's label
+        ax.set_ylim(ylim[0], ylim[1] + 0.07 * (ylim[1] - ylim[0]))
+    if ylim is None or ylim[0] <= 0 <= ylim[1]:
+        ax.axhline(0, color="#333333", linewidth=0.8, zorder=3)
+    ax.set_xticks(range(len(values)), [n for n, _ in values], rotation=30 if len(values) > 3 else 0,
+                  ha="right" if len(values) > 3 else "center", rotation_mode="anchor", fontsize=7)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.grid(axis="y", color="#dddddd", linewidth=0.8, zorder=0)
+    ax.set_title(title, fontsize=9)
+    if refs:
+        fig.legend(loc="outside lower center", ncols=min(len(refs), 2), fontsize=6, frameon=False)
+    return fig, drawn
+
+
+def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:
+    """The `summarize --counts` page: the per-model table (gender and skin tone: prompts, average,
+    MAD) with Table 8's reference rows, then a bar chart per metric across models (MAD with the
+    uniform / one-hot references, and the average); PDF + PNG under ``figures/`` beside the page when
+    ``figures`` is a ``FigureDir``, embedded in the page either way."""
+    sink = _figures.sink(figures)
+    labels = Pg.model_labels(m["model"] for m in result["models"])
+    table = summary_table(result)
+    parts = [f"<h1>DALL-Eval social bias from {H.esc(source)}</h1>",
+             "<p>Per model (Table 8): MAD = (1/N) &Sigma;|p<sub>i</sub> &minus; 1/N| of each prompt's detected "
+             "distribution, averaged over the prompts: 0 is unbiased, the one-hot row entirely biased. Gender "
+             "(N = 2): average male &minus;1 / female +1, over the prompts of <i>group</i>; skin tone (N = 10): "
+             "Monk Skin Tone 1-10, over every prompt. Each chart is also saved as PDF and PNG under figures/.</p>",
+             _table(table, 4, labels),
+             "<p>Table 8's reference rows (MAD):</p>",
+             _table(pd.DataFrame(result["reference"]), 4),
+             "<div class=figs>"]
+    refs = {key: [(r["model"], r[key]) for r in result["reference"]] for key, _ in SUMMARY_METRICS}
+    for key, name in SUMMARY_METRICS:
+        rows = [m for m in result["models"] if m.get(key) is not None]
+        if not rows:
+            continue
+        mads = [(Pg.label(labels, m["model"]), m[key]["mad"]) for m in rows]
+        fig, drawn = model_bars(mads, f"{name} MAD per model (Table 8)", "MAD", refs=refs[key])
+        parts.append(sink.save(fig, f"{key}_mad", alt=f"{name} MAD per model: {drawn} bars"))
+        avgs = [(Pg.label(labels, m["model"]), m[key]["average"]) for m in rows]
+        ylabel, ylim = ("average gender (male -1, female +1)", (-1, 1)) if key == "gender" \
+            else ("average Monk Skin Tone", (1, 10))
+        fig, drawn = model_bars(avgs, f"{name}: average per model", ylabel, ylim=ylim)
+        parts.append(sink.save(fig, f"{key}_average", alt=f"{name} average per model: {drawn} bars"))
+    parts.append("</div>")
+    return Pg.document("DALL-Eval social bias summary", parts)

@@ -194,3 +194,28 @@ def render_html(meta: dict, images, results: dict, records: list[dict], *,
                                                     _table(splits, 1, labels)))
     parts.append("<h2>Models</h2>" + H.model_table(records, labels))
     return Pg.document(f"DALL-Eval PaintSkills report {meta['run_id']}", parts)
+
+
+def summary_html(source: str, table: pd.DataFrame, *, figures: _figures.FigureDir | None = None) -> str:
+    """The `summarize --skills` page: Table 2 (``skills.table2``: accuracy per skill, their average,
+    images behind each where known), then a bar chart per skill and for the average, one bar per
+    model; PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``, embedded
+    in the page either way."""
+    from pipelines.studies.dalleval.report import model_bars
+
+    sink = _figures.sink(figures)
+    labels = Pg.model_labels(table["model"])
+    parts = [f"<h1>DALL-Eval visual reasoning skills (Table 2) from {H.esc(source)}</h1>",
+             "<p>Accuracy (%) per skill (section 4.1) and their <i>average</i> over the skills each model has "
+             "(<i>skills_averaged</i>); <i>n_*</i>: images behind each figure, where given. Each chart is also "
+             "saved as PDF and PNG under figures/.</p>",
+             _table(table, 1, labels), "<div class=figs>"]
+    for skill in [*P.Skill.ALL, "average"]:
+        if skill not in table.columns or table[skill].isna().all():
+            continue
+        values = [(Pg.label(labels, m), v) for m, v in zip(table["model"], table[skill])]
+        fig, drawn = model_bars(values, f"{skill} accuracy per model" if skill != "average"
+                                else "average accuracy over the skills", "accuracy (%)", ylim=(0, 100))
+        parts.append(sink.save(fig, f"skill_{skill}", alt=f"{skill} accuracy per model: {drawn} bars"))
+    parts.append("</div>")
+    return Pg.document("DALL-Eval skills summary", parts)

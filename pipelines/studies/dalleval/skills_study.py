@@ -157,7 +157,7 @@ class SkillsStudy(StudyBase):
         from pipelines.standins.detection import build_tiny_detr
 
         return dataclasses.replace(st, detector=st.detector.standin_at(
-            build_tiny_detr(str(Path(root) / "detr-standin"), seed=0)))
+            build_tiny_detr(str(Path(root) / "detr-standin"), seed=0, favour=st.prompts["objects"])))
 
     def load_models(self, args, st: SkillsSettings, gpu) -> list[dict]:
         from operators.image_object_detection import load_object_detector

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from pipelines.engine import io
+from pipelines.engine.summary_files import write_summary_files, wrote_line
 from pipelines.engine.table_cells import read_cells
 from pipelines.studies.dalleval.metrics import format_summary, summarize_counts
 
@@ -23,10 +22,13 @@ def run(args) -> dict:
         raise io.InputError(f"{args.counts}: {exc}") from None
     print(format_summary(result))
     if args.output:
+        from pipelines.studies.dalleval import report
+
         out_fs, out = io.output_fs(args.output)
-        io.write_text(json.dumps({"input": args.counts, **result}, indent=2, allow_nan=False), out_fs,
-                      f"{out}/dalleval_summary.json")
-        print(f"wrote {args.output}/dalleval_summary.json")
+        names = write_summary_files(out_fs, out, "dalleval_summary", {"input": args.counts, **result},
+                                    report.summary_table(result),
+                                    lambda figs: report.summary_html(args.counts, result, figures=figs))
+        print(wrote_line(args.output, names))
     return result
 
 
@@ -42,8 +44,10 @@ def run_skills(args) -> dict:
     print(format_table2(table))
     result = {"input": args.skills, "table2": table.to_dict("records")}
     if args.output:
+        from pipelines.studies.dalleval import report_skills
+
         out_fs, out = io.output_fs(args.output)
-        io.write_text(json.dumps(io.clean_json(result), indent=2, allow_nan=False), out_fs,
-                      f"{out}/dalleval_skills_summary.json")
-        print(f"wrote {args.output}/dalleval_skills_summary.json")
+        names = write_summary_files(out_fs, out, "dalleval_skills_summary", result, table,
+                                    lambda figs: report_skills.summary_html(args.skills, table, figures=figs))
+        print(wrote_line(args.output, names))
     return result

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import string
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
@@ -559,27 +560,12 @@ def write_triplets(triplets: pa.Table, counts: pa.Table, output_dir: str | Path)
 # ---------------------------------------------------------------------------------------------
 # the command (pipelines/exposed.py triplets)
 
-
-def write_config(args, triplets: pa.Table) -> str:
-    """``triplets_config.json`` beside the tables: what they were built from and with (the input
-    and its size, the rules' word lists, templates, package versions)."""
-    from pipelines.engine import config as study_config
-    from schemas.exposed import HUMAN_WORDS, PERSON_WORDS
-
-    fs, root = io.output_fs(str(args.output))
-    inp = getattr(args, "captions", None)
-    record = {"command": "exposed.py triplets", "input": inp,
-              "input_bytes": Path(inp).stat().st_size if inp and Path(inp).is_file() else None,
-              "column": getattr(args, "caption_column", None), "source": getattr(args, "source", None),
-              "professions": bool(getattr(args, "profession_set", False)), "per_topic": getattr(args, "per_topic", None),
-              "triplets": triplets.num_rows, "human_words": {k: list(v) for k, v in HUMAN_WORDS.items()},
-              "person_words": {k: list(v) for k, v in PERSON_WORDS.items()},
-              "templates": ({k: list(v) for k, v in DEFAULT_TEMPLATES.items()}
-                            if getattr(args, "profession_set", False) and not inp else None),
-              "environment": study_config.environment()}
-    path = f"{root}/triplets_config.json"
-    io.write_text(json.dumps(io.clean_json(record), indent=1, default=str) + "\n", fs, path)
-    return path
+# The command writes, like every command of the project, into a run folder under --output:
+# ``<output>/exposed-triplets-<8 hex digits of the configuration fingerprint>/`` (or --run-id),
+# with run.json holding that configuration (pipelines/engine/rundir.py). The same command finds
+# its folder again; another input, column, source or per-topic count gets a folder of its own.
+RUN_LABEL = "exposed-triplets"
+CONFIG_FILE = "triplets_config.json"
 
 
 def default_source(path: str | Path) -> str:
@@ -588,31 +574,169 @@ def default_source(path: str | Path) -> str:
     return name or "custom"
 
 
-def run_command(args) -> dict:
-    """``exposed.py triplets``: captions (``--captions``, ``--caption-column``, ``--source``) or the
-    Profession set (``--profession-set``: the built-in templates, ``--per-topic``; or sentences from
-    ``--captions``) -> ``write_triplets`` into ``--output``. Prints the counts; returns the paths and
-    the counts."""
+def command_settings(args) -> dict:
+    """What ``exposed.py triplets`` builds its triplets from: mode, input, column, source and
+    per-topic count, checked (bad flags fail before anything is written)."""
     inp = getattr(args, "captions", None)
     column = getattr(args, "caption_column", None) or LAION_TEXT
     per_topic = getattr(args, "per_topic", None)
     if getattr(args, "profession_set", False):
         if inp and per_topic is not None:
             raise ValueError("--per-topic applies to the built-in templates, not to sentences given with --captions")
-        triplets, counts = sentence_triplets(inp, column=column) if inp else profession_triplets(per_topic=per_topic)
+        mode = "profession_sentences" if inp else "profession_templates"
     elif inp:
         if per_topic is not None:
             raise ValueError("--per-topic applies to the Profession set (--profession-set)")
-        triplets, counts = caption_triplets(inp, getattr(args, "source", None) or default_source(inp), column=column)
+        mode = "captions"
     else:
         raise ValueError("give --captions (a caption file) or --profession-set (the Profession set of Table S2)")
-    paths = write_triplets(triplets, counts, args.output)
-    paths["config"] = write_config(args, triplets)
-    rows = counts.to_pylist()
+    if per_topic is not None and per_topic < 1:
+        raise ValueError(f"--per-topic must be >= 1, not {per_topic}")
+    source = _check_source(getattr(args, "source", None) or default_source(inp)) if mode == "captions" \
+        else PROFESSION_SOURCE
+    return {"mode": mode, "input": str(inp) if inp else None, "column": column if inp else None,
+            "source": source, "per_topic": per_topic}
+
+
+def input_identity(path: str) -> dict[str, str]:
+    """{file: what identifies its data} of a caption input, each file as an absolute path or URI:
+    parquet files (local or any fsspec URI) as the engine identifies them (size, modification time
+    or ETag, footer hash), a text or CSV file by its size and modification time. A missing input
+    fails here, before the run starts."""
+    if "://" not in path and not Path(path).exists():
+        raise ValueError(f"caption input {path} does not exist")
+    if "://" in path or Path(path).is_dir() or path.lower().endswith(".parquet"):
+        return io.resolve_parquet_inputs(path).data_identity()
+    st = Path(path).stat()
+    return {str(Path(path).resolve()): f"size={st.st_size} modified={st.st_mtime_ns}"}
+
+
+def triplets_job(s: dict) -> dict:
+    """Everything the triplets depend on (``command_settings``' result): its fingerprint names the
+    run folder, and run.json records it."""
+    from schemas.exposed import HUMAN_WORDS, PERSON_WORDS
+
+    job = {"study": "paper004-exposed", "command": "triplets", "mode": s["mode"], "source": s["source"]}
+    if s["input"]:
+        # what identifies the input's data, not only its name: a file rewritten in place gets a
+        # run folder of its own (or, under the same --run-id, a refusal), never the old triplets
+        data = input_identity(s["input"])
+        job["input"] = {"files": list(data), "data": data}
+        job["column"] = s["column"]
+    if s["mode"] == "captions":
+        job["filter"] = {"human_words": {k: list(v) for k, v in HUMAN_WORDS.items()},
+                         "person_words": {k: list(v) for k, v in PERSON_WORDS.items()}}
+    else:
+        job["professions"] = {k: list(v) for k, v in PROFESSIONS.items()}
+        job["gender_words"] = list(GENDER_WORDS)
+    if s["mode"] == "profession_templates":
+        job["templates"] = {k: list(v) for k, v in DEFAULT_TEMPLATES.items()}
+        job["per_topic"] = s["per_topic"]
+    return job
+
+
+class TripletsCommand:
+    """``exposed.py triplets`` as the engine's run planner sees it (``lifecycle.plan_run``): its
+    label and its job."""
+
+    name = "paper004-exposed"
+
+    def label(self, s: dict) -> str:
+        return RUN_LABEL
+
+    def job(self, args, s: dict) -> dict:
+        return triplets_job(s)
+
+
+def check_input(s: dict) -> None:
+    """Read the first batch of the input: a wrong caption column or an unreadable file fails
+    before the run folder is written."""
+    if s["input"]:
+        next(read_captions(s["input"], s["column"]), None)
+
+
+def build(s: dict) -> tuple[pa.Table, pa.Table]:
+    """(triplets, counts) of ``command_settings``' result."""
+    if s["mode"] == "captions":
+        return caption_triplets(s["input"], s["source"], column=s["column"])
+    if s["mode"] == "profession_sentences":
+        return sentence_triplets(s["input"], column=s["column"])
+    return profession_triplets(per_topic=s["per_topic"])
+
+
+def write_config(rd, s: dict, triplets: pa.Table, counts: pa.Table) -> str:
+    """``triplets_config.json`` beside the tables: the run's configuration (as run.json records
+    it), the input's size, the triplets and counts made, package versions."""
+    from pipelines.engine import config as study_config
+
+    inp = s["input"]
+    record = {"command": "exposed.py triplets", "run_id": rd.run_id, "output": rd.display(), "input_path": inp,
+              **rd.job,
+              "input_bytes": Path(inp).stat().st_size if inp and Path(inp).is_file() else None,
+              "triplets": triplets.num_rows, "counts": counts.to_pylist(),
+              "environment": study_config.environment()}
+    io.write_text(json.dumps(io.clean_json(record), indent=1, default=str) + "\n", rd.fs, rd.file(CONFIG_FILE))
+    return rd.file(CONFIG_FILE)
+
+
+def output_paths(rd) -> dict[str, str]:
+    """The files a triplets run writes in its folder (as ``write_triplets`` and ``write_config`` name them)."""
+    return {"triplets": rd.file(TRIPLETS_FILE), "counts_csv": rd.file(COUNTS_CSV),
+            "counts_json": rd.file(COUNTS_JSON), "config": rd.file(CONFIG_FILE)}
+
+
+def _finished_before(rd) -> bool:
+    """Whether the run just opened was finished by an earlier attempt and still holds every file."""
+    attempts = rd.record.get("attempts", [])[:-1]
+    return (rd.resumed and bool(attempts) and attempts[-1].get("status") == "finished"
+            and all(io.exists(rd.fs, p) for p in output_paths(rd).values()))
+
+
+def _print_counts(n: int, rows: list[dict]) -> None:
     source = rows[0][TRIPLET_SOURCE] if rows else None
-    print(f"{triplets.num_rows:,} triplets from {source}")
+    print(f"{n:,} triplets from {source}")
     for r in rows:
         label = r[TRIPLET_STATUS] + (f" ({r[HUMAN_WORD]})" if r[HUMAN_WORD] is not None else "")
         print(f"  {label:<32} {r[COUNT]:>12,}")
-    print("wrote " + ", ".join(paths.values()))
-    return {"paths": paths, "triplets": triplets.num_rows, "counts": rows}
+
+
+def run_command(args) -> dict:
+    """``exposed.py triplets``: captions (``--captions``, ``--caption-column``, ``--source``) or the
+    Profession set (``--profession-set``: the built-in templates, ``--per-topic``; or sentences from
+    ``--captions``) -> ``write_triplets`` into the run folder ``<--output>/<run id>/`` with run.json
+    (``--run-id``, ``--overwrite`` as for every command). The same command again finds the folder
+    and, when that run finished, reuses its files. Prints the run id first, the counts, and the
+    results path last; returns the run id, the paths and the counts."""
+    from types import SimpleNamespace
+
+    from pipelines.engine import lifecycle
+
+    started = time.time()
+    s = command_settings(args)
+    plan_args = SimpleNamespace(output=str(args.output), run_id=getattr(args, "run_id", None))
+    rd = lifecycle.plan_run(plan_args, TripletsCommand(), s)   # the input is identified here: a missing one fails
+    check_input(s)
+    if getattr(args, "overwrite", False):
+        io.clear_dir(rd.fs, rd.path)
+    lifecycle.open_run(plan_args, rd)   # a folder of another configuration is refused, naming what differs
+    try:
+        paths = output_paths(rd)
+        reuse = _finished_before(rd)
+        if reuse:
+            with rd.fs.open_input_stream(paths["counts_json"]) as fh:
+                rows = json.loads(fh.read().decode("utf-8"))
+            with rd.fs.open_input_file(paths["triplets"]) as fh:
+                n = pq.read_metadata(fh).num_rows
+            print(f"run {rd.run_id} finished earlier: its triplets are reused (--overwrite makes them again)")
+        else:
+            triplets, counts = build(s)
+            paths = write_triplets(triplets, counts, rd.uri) | {"config": write_config(rd, s, triplets, counts)}
+            rows, n = counts.to_pylist(), triplets.num_rows
+    except BaseException as exc:
+        rd.finish("failed", error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+        raise
+    rd.finish("finished", duration_s=round(time.time() - started, 3), reused=reuse)
+    _print_counts(n, rows)
+    print(f"\nresults: {rd.display()}/")
+    return {"run_id": rd.run_id, "output": rd.display(), "reused": reuse, "paths": paths, "triplets": n,
+            "counts": rows}

@@ -271,6 +271,22 @@ def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evalua
     return Pg.document(f"GEP report {meta['run_id']}", parts)
 
 
+def summary_table(result: dict) -> pd.DataFrame:
+    """gep_summary.csv of `summarize`: ``summarize_frequencies``' results in long form, one row per
+    (model, setting[, estimator], comparison) and attribute: the cell's GEP score (Eq. 2; the same on
+    each of its rows) and the attribute's v_j = f_first - f_second (Eq. 1), attributes in the vector's
+    order."""
+    est = any("estimator" in r for r in result["results"])
+    cols = [MODEL, S.SETTING, *([S.ESTIMATOR] if est else []), M.COMPARISON, "attributes", M.GEP,
+            S.ATTRIBUTE, M.DIFFERENCE]
+    rows = []
+    for r in result["results"]:
+        cell = {MODEL: r["model"], S.SETTING: r["setting"], **({S.ESTIMATOR: r.get("estimator")} if est else {}),
+                M.COMPARISON: r["comparison"], "attributes": r["attributes"], M.GEP: r["gep"]}
+        rows += [{**cell, S.ATTRIBUTE: a, M.DIFFERENCE: v} for a, v in r["vector"].items()]
+    return pd.DataFrame(rows, columns=cols)
+
+
 def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | None = None) -> str:
     """The `summarize` page: the GEP scores, then one Figure 2-style chart per setting, bars per
     model (and estimator); PDF + PNG under ``figures/`` beside the page when ``figures`` is a

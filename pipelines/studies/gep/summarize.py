@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
-from pipelines.engine import figures, io
+from pipelines.engine import io
+from pipelines.engine.summary_files import write_summary_files, wrote_line
 from pipelines.engine.table_cells import read_cells
 from pipelines.studies.gep import report as gep_report
 from pipelines.studies.gep.metrics import format_summary, summarize_frequencies
@@ -20,8 +19,8 @@ def run(args) -> dict:
     print(format_summary(result))
     if args.output:
         out_fs, out = io.output_fs(args.output)
-        io.write_text(json.dumps({"input": args.frequencies, **result}, indent=2), out_fs, f"{out}/gep_summary.json")
-        io.write_text(gep_report.summary_html(args.frequencies, result, figures=figures.FigureDir(out_fs, out)),
-                      out_fs, f"{out}/gep_summary.html")
-        print(f"wrote {args.output}/gep_summary.json and gep_summary.html")
+        names = write_summary_files(out_fs, out, "gep_summary", {"input": args.frequencies, **result},
+                                    gep_report.summary_table(result),
+                                    lambda figs: gep_report.summary_html(args.frequencies, result, figures=figs))
+        print(wrote_line(args.output, names))
     return result

@@ -2,6 +2,10 @@
 
 from helpers import REPO_ROOT, run_study_main, run_study_script
 import json
+import re
+
+import numpy as np
+import pandas as pd
 
 ROOT = REPO_ROOT
 DATA = ROOT / "tests" / "data"
@@ -25,11 +29,26 @@ def test_summarize_table6_prints_and_writes_table3(tmp_path):
     per = doc["results"]["all"]["per_prompt"]
     assert [round(p["expected_amplification"], 2) for p in per] == [10.24, 17.57, 10.77, 11.68]
     assert "supervisor" in per[0]["excluded"]["direction_switch"]
-    page = (tmp_path / "out" / "amplification.html").read_text()
+    out = tmp_path / "out"
+    assert f"wrote {out}/: amplification_summary.json, amplification_summary.csv, amplification_summary.html, " \
+           "figures/" in res.stdout
+    page = (out / "amplification_summary.html").read_text()
     assert page.count("<img") == 4 and [page.count(f": {n} occupations drawn") for n in (48, 46, 42)] == [1, 2, 1]
-    assert len(list((tmp_path / "out" / "figures").glob("all_prompt_*.p[dn][fg]"))) == 4 * 2  # PDF + PNG
-    rows = (tmp_path / "out" / "amplification_rows.csv").read_text().splitlines()
-    assert len(rows) == 1 + 62 * 4
+    # the figures embedded in the page (no file beside it needed), and kept as PDF + PNG
+    assert page.count('src="data:image/png;base64,') == 4 and not re.search(r"(src|href)=[\"']?figures/", page)
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(
+        f"all_prompt_{i}.{ext}" for i in range(1, 5) for ext in ("pdf", "png"))
+    # the CSV: every row of the JSON's per-occupation table, with its model
+    rows = pd.read_csv(out / "amplification_summary.csv", keep_default_na=False, na_values=[""])
+    want = pd.DataFrame([{**r, "model": m} for m, res_ in doc["results"].items() for r in res_["rows"]])
+    assert list(rows.columns) == list(want.columns) == ["occupation", "group", "generated", "training",
+                                                        "amplification", "excluded", "model"]
+    assert len(rows) == len(want) == 62 * 4
+    keys = ["occupation", "group", "model"]
+    assert rows[keys].values.tolist() == want[keys].values.tolist()
+    for col in ("generated", "training", "amplification"):
+        assert np.allclose(rows[col].astype(float), want[col].astype(float), equal_nan=True), col
+    assert rows["excluded"].fillna("").tolist() == want["excluded"].fillna("").tolist()
 
 
 def test_summarize_errors_are_clean(tmp_path):

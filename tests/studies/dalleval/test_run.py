@@ -38,6 +38,10 @@ def test_run_writes_tables_report_and_records(run):
     assert m["images"]["generation_status"] == {"ok": N_IMAGES}
     assert sum(m["images"]["detected_gender"].values()) == N_IMAGES
     assert sum(m["images"]["skin_status"].values()) == N_IMAGES
+    # the stand-in generators draw faces (standins/face_decoder.py): the skin-tone branch is reached
+    assert m["images"]["skin_status"].get("ok", 0) >= N_IMAGES // 2, m["images"]["skin_status"]
+    tones = pd.read_csv(run / "table_skin_tone_per_profession.csv")
+    assert tones.select_dtypes("number").notna().any().any(), "no skin tone measured"
     roles = {r["role"] for r in m["models"]}
     assert {"BLIP-2 (gender / attributes)", "skin tone (face mesh + ITA)", "generator"} <= roles
     blip = next(r for r in m["models"] if r["role"].startswith("BLIP-2"))

@@ -13,8 +13,11 @@ the mean of the per-prompt MADs over the gender-neutral prompts, which are those
 from helpers import REPO_ROOT, run_study_main, run_study_script
 import csv
 import json
+import re
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 ROOT = REPO_ROOT
@@ -78,6 +81,28 @@ def test_tables_16_17_give_table_8(tmp_path):
     # the printed table: one line per model, then the reference rows
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("minDALL-E", "Karlo", "Stable"))]
     assert len(lines) == 3 and all(ln.split()[-3] == "83" for ln in lines)
+    # the CSV, the page and its figures, as every study's summarize writes them
+    out = tmp_path / "out"
+    assert f"wrote {out}/: dalleval_summary.json, dalleval_summary.csv, dalleval_summary.html, figures/" in res.stdout
+    table = pd.read_csv(out / "dalleval_summary.csv", keep_default_na=False, na_values=[""])
+    assert list(table.columns) == ["model", "metric", "group", "prompts", "prompts_without_detections", "average",
+                                   "mad"]
+    assert table[["model", "metric", "group"]].values.tolist() == [[m["model"], "gender", "all"] for m in doc["models"]]
+    assert table["prompts"].tolist() == [m["gender"]["prompts"] for m in doc["models"]]
+    assert np.allclose(table["average"], [m["gender"]["average"] for m in doc["models"]])
+    assert np.allclose(table["mad"], [m["gender"]["mad"] for m in doc["models"]])
+    page = (out / "dalleval_summary.html").read_text()
+    _embedded(page, out, ["gender_average", "gender_mad"])
+    assert "Table 8" in page and all(m in page for m in TABLE8_GENDER)
+
+
+def _embedded(page: str, out: Path, stems: list[str]) -> None:
+    """The page shows each figure as an embedded PNG (no file beside it needed) and each is kept as
+    PDF + PNG under figures/."""
+    assert page.count('src="data:image/png;base64,') == len(stems)
+    assert not re.search(r"(src|href)=[\"']?figures/", page)
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(f"{s}.{e}" for s in stems
+                                                                          for e in ("pdf", "png"))
 
 
 def test_skin_tone_columns_and_group_filter(tmp_path):
@@ -107,6 +132,33 @@ def test_skin_tone_columns_and_group_filter(tmp_path):
     assert doc["models"][0]["gender"]["prompts"] == 4 and doc["models"][0]["gender"]["average"] == -1.0
     assert doc["models"][0]["gender"]["mad"] == 0.5
     assert doc["models"][0]["skin_tone"]["prompts"] == 5   # skin tone: every prompt
+    # the CSV: a gender row over the group's prompts and a skin-tone row over every prompt
+    table = pd.read_csv(tmp_path / "out2" / "dalleval_summary.csv")
+    assert table[["model", "metric", "group", "prompts"]].values.tolist() == [["m", "gender", "person", 4],
+                                                                              ["m", "skin_tone", "all", 5]]
+    m = doc["models"][0]
+    assert table["mad"].tolist() == pytest.approx([m["gender"]["mad"], m["skin_tone"]["mad"]])
+    _embedded((tmp_path / "out2" / "dalleval_summary.html").read_text(), tmp_path / "out2",
+              ["gender_average", "gender_mad", "skin_tone_average", "skin_tone_mad"])
+
+
+def test_skills_table2_writes_json_csv_and_page(tmp_path):
+    res = run_script("--skills", str(DATA / "paper000_table2_skills.csv"), "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "out"
+    assert (f"wrote {out}/: dalleval_skills_summary.json, dalleval_skills_summary.csv, dalleval_skills_summary.html, "
+            "figures/") in res.stdout
+    doc = json.loads((out / "dalleval_skills_summary.json").read_text())
+    assert [round(r["average"], 1) for r in doc["table2"]] == [98.0, 2.8, 26.0, 62.7, 47.3]   # Table 2's Avg.
+    table = pd.read_csv(out / "dalleval_skills_summary.csv")
+    assert list(table.columns) == list(doc["table2"][0]) == ["model", "object", "count", "spatial", "average",
+                                                              "skills_averaged"]
+    assert table["model"].tolist() == [r["model"] for r in doc["table2"]]
+    for col in ("object", "count", "spatial", "average", "skills_averaged"):
+        assert np.allclose(table[col], [r[col] for r in doc["table2"]]), col
+    page = (out / "dalleval_skills_summary.html").read_text()
+    _embedded(page, out, ["skill_object", "skill_count", "skill_spatial", "skill_average"])
+    assert all(r["model"] in page for r in doc["table2"])
 
 
 def test_summarize_errors_are_clean(tmp_path):

@@ -397,25 +397,135 @@ def test_write_triplets(tmp_path, caption_file):
     assert sorted(p.name for p in out.iterdir()) == ["triplet_counts.csv", "triplet_counts.json", "triplets.parquet"]
 
 
+def _runs(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir())
+
+
+OUTPUTS = ["run.json", "triplet_counts.csv", "triplet_counts.json", "triplets.parquet", "triplets_config.json"]
+
+
 def test_run_command(tmp_path, caption_file, capsys):
+    """The command writes into a run folder <output>/exposed-triplets-<8 hex>/ with run.json holding
+    its configuration; it prints the run id first and the results path last."""
     from types import SimpleNamespace
 
     from pipelines.studies.exposed.triplets import run_command
 
     out = run_command(SimpleNamespace(captions=str(caption_file), caption_column="TEXT", source=None,
                                       profession_set=False, per_topic=None, output=str(tmp_path / "c")))
-    assert out["triplets"] == 3
-    table = pq.read_table(out["paths"]["triplets"])
+    run = tmp_path / "c" / out["run_id"]
+    assert re.fullmatch(r"exposed-triplets-[0-9a-f]{8}", out["run_id"]) and _runs(tmp_path / "c") == [run]
+    assert sorted(p.name for p in run.iterdir()) == OUTPUTS
+    assert out["triplets"] == 3 and not out["reused"]
+    assert {k: Path(v).parent for k, v in out["paths"].items()} == dict.fromkeys(out["paths"], run)
+    table = pq.read_table(run / "triplets.parquet")
     assert table[TRIPLET_ID].to_pylist()[0] == "captions-0000000"  # the source defaults to the file name
-    assert "human_word (man)" in capsys.readouterr().out
-    config = json.loads(Path(out["paths"]["config"]).read_text())
-    assert config["input"] == str(caption_file) and config["triplets"] == 3
-    assert "bridemaid" in config["human_words"]["others"] and config["environment"]["packages"]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"run {out['run_id']}: results -> {run}"
+    assert "  human_word (man)" in "\n".join(lines) and lines[-1] == f"results: {run}/"
+    record = json.loads((run / "run.json").read_text())
+    assert record["run_id"] == out["run_id"] and record["status"] == "finished"
+    assert record["fingerprint"].startswith(out["run_id"][-8:])
+    config = record["config"]
+    assert config["mode"] == "captions" and config["source"] == "captions" and config["column"] == "TEXT"
+    assert config["input"]["files"] == [str(caption_file.resolve())]
+    assert config["input"]["data"][str(caption_file.resolve())].startswith(f"size={caption_file.stat().st_size} ")
+    assert "bridemaid" in config["filter"]["human_words"]["others"]
+    assert config["filter"]["person_words"]["person"] == ["woman", "man"]
+    details = json.loads((run / "triplets_config.json").read_text())
+    assert details["input_path"] == str(caption_file) and details["triplets"] == 3
+    assert details["run_id"] == out["run_id"] and details["input"] == config["input"]
+    assert details["environment"]["packages"] and sum(r[COUNT] for r in details["counts"]) > len(CAPTIONS)
+
     out = run_command(SimpleNamespace(captions=None, caption_column="TEXT", source=None, profession_set=True,
                                       per_topic=1, output=str(tmp_path / "p")))
     assert out["triplets"] == 16
+    config = json.loads((tmp_path / "p" / out["run_id"] / "run.json").read_text())["config"]
+    assert config["mode"] == "profession_templates" and config["per_topic"] == 1 and "input" not in config
+    assert config["templates"]["Science"] == list(DEFAULT_TEMPLATES["Science"]) and len(config["professions"]) == 16
     with pytest.raises(ValueError, match="--captions"):
         run_command(SimpleNamespace(captions=None, profession_set=False, output=str(tmp_path / "x")))
+
+
+def test_the_same_command_finds_its_run_folder_again(tmp_path, caption_file, capsys):
+    from pipelines import exposed
+
+    argv = ["triplets", "--captions", str(caption_file), "--output", str(tmp_path)]
+    assert exposed.main(argv) == 0
+    [run] = _runs(tmp_path)
+    first = (run / "triplets.parquet").read_bytes()
+    capsys.readouterr()
+    assert exposed.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert _runs(tmp_path) == [run]
+    assert lines[0] == f"run {run.name}: resuming in {run}" and "its triplets are reused" in lines[1]
+    assert "3 triplets from captions" in lines and lines[-1] == f"results: {run}/"
+    assert (run / "triplets.parquet").read_bytes() == first
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "finished"
+    assert [(a["resumed"], a["reused"], a["status"]) for a in record["attempts"]] == [
+        (False, False, "finished"), (True, True, "finished")]
+    # an unfinished run (a killed attempt) is made again in the same folder
+    (run / "triplets.parquet").unlink()
+    assert exposed.main(argv) == 0
+    assert _runs(tmp_path) == [run] and pq.read_table(run / "triplets.parquet").num_rows == 3
+    assert json.loads((run / "run.json").read_text())["attempts"][-1]["reused"] is False
+    # --overwrite discards the folder and starts again
+    assert exposed.main([*argv, "--overwrite"]) == 0
+    record = json.loads((run / "run.json").read_text())
+    assert len(record["attempts"]) == 1 and record["attempts"][0]["reused"] is False
+
+
+def test_another_configuration_gets_another_run_folder(tmp_path, caption_file):
+    from pipelines import exposed
+
+    base = ["triplets", "--output", str(tmp_path)]
+    variants = [
+        ["--captions", str(caption_file)],
+        ["--captions", str(caption_file), "--source", "coco"],
+        ["--profession-set"],
+        ["--profession-set", "--per-topic", "1"],
+        ["--profession-set", "--per-topic", "2"],
+        ["--profession-set", "--captions", str(caption_file)],
+    ]
+    for v in variants:
+        assert exposed.main([*base, *v]) == 0, v
+    runs = _runs(tmp_path)
+    assert len(runs) == len(variants) and all(r.name.startswith("exposed-triplets-") for r in runs)
+    for r in runs:
+        assert sorted(p.name for p in r.iterdir()) == OUTPUTS
+    # the input rewritten in place (same name): a run of its own, never the old triplets
+    caption_file.write_text("A person reads.\n", encoding="utf-8")
+    assert exposed.main([*base, *variants[0]]) == 0
+    new = sorted(set(_runs(tmp_path)) - set(runs))
+    assert len(new) == 1 and pq.read_table(new[0] / "triplets.parquet").num_rows == 1
+
+
+def test_run_id_and_refusals(tmp_path, caption_file, capsys):
+    from pipelines import exposed
+
+    base = ["triplets", "--output", str(tmp_path), "--run-id", "mine"]
+    assert exposed.main([*base, "--profession-set", "--per-topic", "1"]) == 0
+    assert _runs(tmp_path) == [tmp_path / "mine"]
+    assert json.loads((tmp_path / "mine" / "run.json").read_text())["run_id"] == "mine"
+    capsys.readouterr()
+    # another configuration under the same --run-id: refused, naming what differs, nothing changed
+    assert exposed.main([*base, "--profession-set", "--per-topic", "2"]) == 2
+    assert "differs in: per_topic" in capsys.readouterr().err
+    assert pq.read_table(tmp_path / "mine" / "triplets.parquet").num_rows == 16
+    # ... unless --overwrite
+    assert exposed.main([*base, "--profession-set", "--per-topic", "2", "--overwrite"]) == 0
+    assert pq.read_table(tmp_path / "mine" / "triplets.parquet").num_rows == 32
+    # bad inputs fail before a run folder is written
+    empty = tmp_path / "empty"
+    assert exposed.main(["triplets", "--output", str(empty), "--captions", str(tmp_path / "missing.txt")]) == 2
+    csv = tmp_path / "c.csv"
+    csv.write_text("caption\nA person\n", encoding="utf-8")
+    assert exposed.main(["triplets", "--output", str(empty), "--captions", str(csv)]) == 2
+    assert "'TEXT' not found" in capsys.readouterr().err
+    assert not empty.exists() or not any(empty.iterdir())
+    assert exposed.main(["triplets", "--output", str(empty), "--captions", str(csv), "--caption-column",
+                         "caption"]) == 0
 
 
 def test_parquet_captions_from_an_fsspec_uri(tmp_path):

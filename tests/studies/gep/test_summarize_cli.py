@@ -3,7 +3,10 @@ occupation case study of section 7 as a job file."""
 
 from helpers import REPO_ROOT, run_study_main, run_study_script
 import json
+import re
 
+import numpy as np
+import pandas as pd
 import pytest
 
 ROOT = REPO_ROOT
@@ -34,9 +37,26 @@ def test_tables_11_12_give_table_3(tmp_path):
                    ("CogView2", "explicit"): 0.18, ("DALLE-2", "explicit"): 0.12, ("Stable Diffusion", "explicit"): 0.14}
     sd = next(r for r in doc["results"] if r["model"] == "Stable Diffusion" and r["setting"] == "explicit")
     assert abs(sd["vector"]["tie"] - (-0.35)) < 1e-9 and len(sd["vector"]) == 15      # Table 14
-    page = (tmp_path / "out" / "gep_summary.html").read_text()
+    out = tmp_path / "out"
+    assert f"wrote {out}/: gep_summary.json, gep_summary.csv, gep_summary.html, figures/" in res.stdout
+    page = (out / "gep_summary.html").read_text()
     assert page.count("<img") == 2 and page.count(": GEP vector bar chart, 45 bars") == 2  # 3 models x 15
-    assert len(list((tmp_path / "out" / "figures").glob("gep_vectors_*.p[dn][fg]"))) == 2 * 2  # PDF + PNG
+    # the figures embedded in the page (no file beside it needed), and kept as PDF + PNG
+    assert page.count('src="data:image/png;base64,') == 2 and not re.search(r"(src|href)=[\"']?figures/", page)
+    assert sorted(p.name for p in (out / "figures").iterdir()) == [
+        "gep_vectors_explicit.pdf", "gep_vectors_explicit.png", "gep_vectors_neutral.pdf", "gep_vectors_neutral.png"]
+    # the CSV in long form: one row per (model, setting, comparison) and attribute, the cell's GEP and v_j
+    table = pd.read_csv(out / "gep_summary.csv")
+    assert list(table.columns) == ["model", "setting", "comparison", "attributes", "gep", "attribute", "difference"]
+    want = [(r["model"], r["setting"], r["comparison"], r["attributes"], r["gep"], a, v)
+            for r in doc["results"] for a, v in r["vector"].items()]
+    assert len(table) == len(want) == 3 * 2 * 15
+    got = list(table.itertuples(index=False, name=None))
+    assert [g[:4] + (g[5],) for g in got] == [w[:4] + (w[5],) for w in want]
+    assert np.allclose([g[4] for g in got], [w[4] for w in want]) and np.allclose([g[6] for g in got],
+                                                                                  [w[6] for w in want])
+    per_cell = table.drop_duplicates(["model", "setting", "comparison"])
+    assert len(per_cell) == len(doc["results"]) == 6
 
 
 def test_summarize_errors_are_clean(tmp_path):
