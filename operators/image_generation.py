@@ -25,7 +25,10 @@ images' prompts, as ``classify_tensor(images, prompts=...)``), then the images m
 (``operators.support.codec.pack_rgb8``).
 
 Rows whose prompt is null or blank are not generated: they get GENERATION_STATUS
-``invalid_prompt`` and a null payload. Where the pipeline's safety checker flags an image it
+``invalid_prompt`` and a null payload. An image with NaN or infinite values (a float16 overflow:
+FLUX in float16 decodes to NaN) or all black without the checker having blanked it gets
+``invalid_image`` with the reason in GENERATION_DETAIL and a null payload: it is never classified or
+measured, and counts against the generation error budget. Where the pipeline's safety checker flags an image it
 blanks it; that row gets ``nsfw_blocked`` and NSFW true (and no gender). NSFW is null when no
 checker ran (none shipped, or ``safety_checker="off"``).
 
@@ -74,6 +77,7 @@ from operators.support.diffusion import (
     _to_uint8,
     _valid_prompt,
     apply_speed_options,
+    invalid_images,
     load_text2image,
     set_vae_slicing,
 )
@@ -119,24 +123,28 @@ class ImageGenerator:
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 8,
                  noise_device: str = "cpu", scheduler: str | None = None, channels_last: bool = False,
-                 compile_unet: bool | str = False, vae_slicing: bool | str = False, call_kwargs: dict | None = None):
+                 compile_unet: bool | str = False, vae_slicing: bool | str = False, call_kwargs: dict | None = None,
+                 cuda_dtype: str = "float16"):
         """The speed options ``channels_last``, ``compile_unet`` and ``vae_slicing`` are described in
         the module docstring; all are off by default. ``call_kwargs``: further pipeline call
-        arguments of the generator's spec (a negative prompt, ``max_sequence_length``, ...)."""
+        arguments of the generator's spec (a negative prompt, ``max_sequence_length``, ...).
+        ``steps`` / ``guidance_scale`` None: the pipeline's own defaults. ``cuda_dtype``: the dtype
+        ``dtype="auto"`` means on a GPU (the family's)."""
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         compile_mode = _compile_mode(compile_unet)
         if not (vae_slicing is False or vae_slicing is True or vae_slicing == "auto"):
             raise ValueError(f"vae_slicing must be False, True or 'auto', got {vae_slicing!r}")
         self.model = model
-        self.steps = int(steps)
-        self.guidance_scale = float(guidance_scale)
+        self.steps = None if steps is None else int(steps)
+        self.guidance_scale = None if guidance_scale is None else float(guidance_scale)
         self.height = height
         self.width = width
         self.micro_batch = int(micro_batch)
         self.safety_checker = safety_checker
         self.call_kwargs = dict(call_kwargs or {})
-        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler)
+        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler,
+                                                 cuda_dtype=cuda_dtype)
         self.device = load_record["device"]
         # noise on the CPU by default: the same seed gives the same initial noise on any device
         self.noise_device = pick_device(noise_device)
@@ -187,15 +195,18 @@ class ImageGenerator:
         return _to_uint8(images)[0].cpu().numpy()
 
     def _micro_batch(self, rows: list[int], prompts: list, seeds: list):
-        """Generate ``rows`` in one call and run the heads on the unblocked images: (uint8 images,
-        blocked flags, checker flags or None, {column: (row indices, values)})."""
+        """Generate ``rows`` in one call and run the heads on the unblocked, valid images: (uint8
+        images, blocked flags, checker flags or None, {column: (row indices, values)}, why each
+        image is invalid or None)."""
         import torch
 
         images, flags = self._generate([prompts[i] for i in rows], [seeds[i] for i in rows])
         blocked = np.zeros(len(rows), bool) if flags is None else np.asarray(flags, bool)
+        invalid = invalid_images(images, blocked)
+        unusable = blocked | np.asarray([w is not None for w in invalid], bool)
         heads = {}
-        if self.heads and not blocked.all():
-            keep = np.flatnonzero(~blocked)
+        if self.heads and not unusable.all():
+            keep = np.flatnonzero(~unusable)
             sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
             idx = np.asarray(rows)[keep]
             for head in self.heads:
@@ -203,7 +214,7 @@ class ImageGenerator:
                 kw = {"prompts": [prompts[i] for i in idx]} if getattr(head, "takes_prompts", False) else {}
                 for name, values in head.classify_tensor(sub, **kw).items():
                     heads[name] = (idx, values)
-        return _to_uint8(images), blocked, flags, heads
+        return _to_uint8(torch.nan_to_num(images, nan=0.0)), blocked, flags, heads, invalid
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
@@ -231,7 +242,7 @@ class ImageGenerator:
                 rows = pending.pop(0)
                 failure = None
                 try:
-                    images, blocked, flags, heads = self._micro_batch(rows, prompts, seeds)
+                    images, blocked, flags, heads, invalid = self._micro_batch(rows, prompts, seeds)
                 except Exception as exc:
                     if not _out_of_memory(exc):
                         raise
@@ -249,6 +260,8 @@ class ImageGenerator:
                 for j, i in enumerate(rows):
                     status[i] = GenerationStatus.NSFW_BLOCKED if blocked[j] else GenerationStatus.OK
                     nsfw[i] = None if flags is None else bool(blocked[j])
+                    if invalid[j] is not None:   # never classified, measured or saved as an image
+                        status[i], detail[i] = GenerationStatus.INVALID_IMAGE, invalid[j]
                 for name, (idx, values) in heads.items():
                     column = outputs[name]
                     for j, i in enumerate(idx):
@@ -262,6 +275,7 @@ class ImageGenerator:
         # scatter the generated rows' payload back to all rows (null where nothing was generated)
         where = np.full(n, -1, np.int64)
         where[generated] = np.arange(len(generated))
+        where[status == GenerationStatus.INVALID_IMAGE] = -1
         take = pa.array(where, mask=where < 0)
         out = batch
         for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):

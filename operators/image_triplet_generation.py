@@ -50,8 +50,10 @@ from operators.support.diffusion import (
     _to_uint8,
     _valid_prompt,
     image_tensor,
-    per_prompt,
+    invalid_images,
     load_text2image,
+    per_prompt,
+    sampling,
 )
 from operators.image_prompt_dependency import no_image
 from operators.support.codec import pack_rgb8
@@ -141,7 +143,7 @@ def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int],
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds for _ in range(3)]
     capture = _Capture()
     with attention if attention is not None else contextlib.nullcontext():
-        out = pipe(prompt=prompts, num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
+        out = pipe(prompt=prompts, **sampling(steps, guidance_scale),
                    height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
                    callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs,
                    **per_prompt(call_kwargs, len(prompts)))
@@ -167,16 +169,18 @@ class TripletGenerator:
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 2,
                  noise_device: str = "cpu", scheduler: str | None = None, dependency=None,
-                 call_kwargs: dict | None = None):
+                 call_kwargs: dict | None = None, cuda_dtype: str = "float16"):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1 unit, got {micro_batch}")
         self.model = model
-        self.steps, self.guidance_scale = int(steps), float(guidance_scale)
+        self.steps = None if steps is None else int(steps)
+        self.guidance_scale = None if guidance_scale is None else float(guidance_scale)
         self.height, self.width = height, width
         self.micro_batch = int(micro_batch)
         self.safety_checker = safety_checker
         self.call_kwargs = dict(call_kwargs or {})
-        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler)
+        self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler,
+                                                 cuda_dtype=cuda_dtype)
         self.device = load_record["device"]
         check_capture(self.pipe, model)
         self.noise_device = pick_device(noise_device)
@@ -203,18 +207,24 @@ class TripletGenerator:
 
     def _guidance(self) -> bool:
         """Whether the pipeline runs classifier-free guidance (a conditional and an unconditional half)."""
-        return self.guidance_scale > 1 and getattr(self.pipe.unet.config, "time_cond_proj_dim", None) is None
+        unet_config = getattr(getattr(self.pipe, "unet", None), "config", None)
+        return (self.guidance_scale is None or self.guidance_scale > 1) and \
+            getattr(unet_config, "time_cond_proj_dim", None) is None
 
     def _units(self, units: list[int], triplets, seeds, professions=None):
         """Generate ``units`` in one call and measure them: (uint8 images (U*3, H, W, 3), blocked
         (U, 3), flags or None, {space: (U, 3)} with NaN rows for units with a blocked image,
-        {dependency column: list of U*3} or None)."""
+        {dependency column: list of U*3} or None, why each image is invalid or None (U, 3))."""
+        import torch
+
         chosen = [triplets[u] for u in units]
         attention = self.dependency.capture(self.pipe, self._guidance()) if self.dependency is not None else None
         images, embeds, latents, flags = generate_units(self.pipe, chosen, [seeds[u] for u in units], self.steps,
                                                         self.guidance_scale, self.height, self.width,
                                                         self.noise_device, attention, self.call_kwargs)
         blocked = np.zeros((len(units), 3), bool) if flags is None else flags
+        flat = images.reshape(-1, *images.shape[2:])
+        invalid = np.asarray(invalid_images(flat, blocked.reshape(-1)), dtype=object).reshape(len(units), 3)
         sims = {Space.PROMPT: pair_cosines(embeds), Space.DENOISING: pair_cosines(latents)}
         for head in self.heads:
             for space, values in head.triplet_similarities(images).items():
@@ -223,10 +233,11 @@ class TripletGenerator:
         objects = None
         if self.dependency is not None:
             prof = None if professions is None else [professions[u] for u in units for _ in range(3)]
+            unusable = blocked.reshape(-1) | np.asarray([w is not None for w in invalid.reshape(-1)], bool)
             objects = self.dependency.analyse(flat_images, [p for t in chosen for p in t], attention,
-                                              self.pipe.tokenizer, tuple(latents.shape[-2:]), blocked.reshape(-1),
+                                              self.pipe.tokenizer, tuple(latents.shape[-2:]), unusable,
                                               unit_size=3, professions=prof)
-        return _to_uint8(flat_images), blocked, flags, sims, objects
+        return _to_uint8(torch.nan_to_num(flat_images, nan=0.0)), blocked, flags, sims, objects, invalid
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
@@ -258,7 +269,7 @@ class TripletGenerator:
                 units = pending.pop(0)
                 failure = None
                 try:
-                    images, blocked, flags, measured, found = self._units(units, triplets, seeds, professions)
+                    images, blocked, flags, measured, found, invalid = self._units(units, triplets, seeds, professions)
                 except Exception as exc:
                     if not _out_of_memory(exc):
                         raise
@@ -277,7 +288,10 @@ class TripletGenerator:
                     status[u] = np.where(blocked[j], GenerationStatus.NSFW_BLOCKED, GenerationStatus.OK)
                     if flags is not None:
                         nsfw[u] = blocked[j].tolist()
-                    if not blocked[j].any():
+                    bad = [v for v in range(3) if invalid[j][v] is not None]
+                    for v in bad:   # never measured: the unit's disparities stay NaN
+                        status[u][v], detail[u][v] = GenerationStatus.INVALID_IMAGE, invalid[j][v]
+                    if not blocked[j].any() and not bad:
                         for space in self.spaces:
                             sims[space][u] = measured[space][j]
                     if found is not None:

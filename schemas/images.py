@@ -73,8 +73,9 @@ class GenerationStatus:
     NSFW_BLOCKED = "nsfw_blocked"      # blanked by the safety checker: no usable image
     INVALID_PROMPT = "invalid_prompt"  # null or blank prompt: nothing generated
     ERROR = "generation_error"         # generation failed (out of memory even alone): nothing generated
-    ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT, ERROR)
-    FAILURES = (INVALID_PROMPT, ERROR)  # counted by the error budget (a blocked image is a measurement)
+    INVALID_IMAGE = "invalid_image"    # NaN/inf values or all black (a float16 overflow): no usable image
+    ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT, ERROR, INVALID_IMAGE)
+    FAILURES = (INVALID_PROMPT, ERROR, INVALID_IMAGE)  # counted by the error budget (a blocked image is a measurement)
 
 
 # --- face filter (section 2.2) ------------------------------------------------------------------------

@@ -45,13 +45,15 @@ def _package_version(name: str) -> str | None:
 
 
 def load_text2image(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto",
-                    safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, scheduler: str | None = None):
+                    safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, scheduler: str | None = None,
+                    cuda_dtype: str = "float16"):
     """Load a diffusers text-to-image pipeline; return ``(pipe, record)``.
 
     ``model`` is a hub id (pinned to ``revision``: a commit, branch or tag) or a local directory
     written by ``save_pretrained``. A hub id is loaded from the cache snapshot it resolves to, so
     the record names that commit and the sha256 of each weight file the pipeline read.
-    ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``: float16 on CUDA, float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
+    ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``: ``cuda_dtype`` on CUDA (the
+    family's: bfloat16 for FLUX and SD 3, which overflow in float16), float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
     ships (if any), "off" loads it without one. ``scheduler``: None keeps the model's sampler, a
     diffusers scheduler class name (``LMSDiscreteScheduler``, the k-LMS sampler of paper 001 App. A)
     replaces it, built from the model's scheduler config. ``record`` is the provenance of what was loaded.
@@ -59,7 +61,7 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if safety_checker not in SafetyCheckerPolicy.ALL:
         raise ValueError(f"safety_checker must be one of {SafetyCheckerPolicy.ALL}, got {safety_checker!r}")
     device = pick_device(device)
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, cuda_auto=cuda_dtype)
     kwargs = {_dtype_keyword(): torch_dtype, "revision": revision}
     if safety_checker == SafetyCheckerPolicy.OFF:
         kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument
@@ -72,6 +74,9 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         pipe = AutoPipelineForText2Image.from_pretrained(source, **kwargs)
         pipe = pipe.to(device)
     except Exception as exc:  # OSError, ValueError, EnvironmentError, HTTP errors, CUDA errors...
+        gated = _gated_message(model, exc)
+        if gated:
+            raise ModelLoadError(gated) from exc
         raise ModelLoadError(
             f"cannot load text-to-image model {model!r} (revision {revision!r}): {type(exc).__name__}: {str(exc).rstrip('. ')}. "
             f"Provide it as a local directory written by DiffusionPipeline.save_pretrained() (with "
@@ -84,11 +89,14 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if scheduler:
         pipe.scheduler = _scheduler(scheduler, pipe)
     pipe.set_progress_bar_config(disable=True)
+    from operators.support.families import family_of_pipeline
+
     record = {
         "model": model,
         "revision": revision,
         "source": "directory" if os.path.isdir(model) else "hub",
         "pipeline_class": type(pipe).__name__,
+        "family": family_of_pipeline(type(pipe).__name__).name,
         "scheduler_class": type(pipe.scheduler).__name__ if getattr(pipe, "scheduler", None) is not None else None,
         "dtype": str(torch_dtype).replace("torch.", ""),
         "device": device,
@@ -102,6 +110,27 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         **weights_provenance(_loaded_files(pipe, source), source),
     }
     return pipe, record
+
+
+def _gated_message(model: str, exc: BaseException) -> str | None:
+    """One line for a repository this machine may not read: gated (huggingface_hub's GatedRepoError)
+    or private / not there (RepositoryNotFoundError: the hub answers 401 to both without a token),
+    anywhere in the exception's chain; None for any other failure."""
+    chain, e = [], exc
+    while e is not None and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    names = {type(c).__name__ for c in chain}
+    token = ("give a token: export HF_TOKEN=... (on a cluster on every node, e.g. in cluster.yaml's setup) "
+             "or run `huggingface-cli login`")
+    if "GatedRepoError" in names or any("gated repo" in str(c).lower() for c in chain):
+        return (f"cannot load text-to-image model {model!r}: its Hugging Face repository is gated. Accept its licence "
+                f"at https://huggingface.co/{model} with your account, then {token}.")
+    if "RepositoryNotFoundError" in names:
+        return (f"cannot load text-to-image model {model!r}: the Hugging Face hub has no repository by that name that "
+                f"this machine may read. Check the id; if it is private or gated, accept its licence at "
+                f"https://huggingface.co/{model} with your account, then {token}.")
+    return None
 
 
 def _loaded_files(pipe, root: str) -> list:
@@ -133,11 +162,43 @@ def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_s
     import torch
 
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
-    out = pipe(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance_scale),
-               height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
-               **per_prompt(call_kwargs, len(prompts)))
+    out = pipe(prompt=list(prompts), height=height, width=width, generator=generators, num_images_per_prompt=1,
+               output_type="pt", **sampling(steps, guidance_scale), **per_prompt(call_kwargs, len(prompts)))
     flags = getattr(out, "nsfw_content_detected", None)
     return image_tensor(out.images), (None if flags is None else [bool(f) for f in flags])
+
+
+def sampling(steps: int | None, guidance_scale: float | None) -> dict:
+    """num_inference_steps and guidance_scale as call arguments, left out where None (the
+    pipeline's own default: a model of no known family)."""
+    out = {}
+    if steps is not None:
+        out["num_inference_steps"] = int(steps)
+    if guidance_scale is not None:
+        out["guidance_scale"] = float(guidance_scale)
+    return out
+
+
+def invalid_images(images, blocked=None) -> list[str | None]:
+    """Per image of a (B, 3, H, W) float batch, why it is not a usable image, or None: non-finite
+    values (a NaN/inf decode: float16 overflow), or all black without the safety checker having
+    blanked it (``blocked``), which is what a NaN decode becomes once clamped and cast."""
+    import torch
+
+    flat = images.detach().flatten(1)
+    finite = torch.isfinite(flat)
+    bad = (~finite).sum(dim=1).tolist()
+    peak = torch.where(finite, flat, torch.zeros((), dtype=flat.dtype, device=flat.device)).amax(dim=1).tolist()
+    out: list[str | None] = []
+    for i, (n_bad, top) in enumerate(zip(bad, peak)):
+        if n_bad:
+            out.append(f"{n_bad} of {flat.shape[1]} values are NaN or infinite (a float16 overflow decodes to "
+                       f"NaN: run the model in bfloat16 or float32)")
+        elif top <= 0 and not (blocked is not None and bool(blocked[i])):
+            out.append("all black (a NaN decode clamped to 0, or a blank output)")
+        else:
+            out.append(None)
+    return out
 
 
 def per_prompt(call_kwargs: dict | None, n: int) -> dict:
@@ -210,8 +271,12 @@ def apply_speed_options(pipe, channels_last: bool, compile_mode: str | None, vae
 
     unet = getattr(pipe, "unet", None)
     vae = getattr(pipe, "vae", None)
-    if (channels_last or compile_mode) and not isinstance(unet, torch.nn.Module):
-        raise ValueError(f"channels_last / compile_unet need a pipeline with a UNet; {type(pipe).__name__} has none")
+    denoiser = unet if isinstance(unet, torch.nn.Module) else getattr(pipe, "transformer", None)
+    if channels_last and not isinstance(unet, torch.nn.Module):
+        raise ValueError(f"channels_last is for a UNet's convolutions; {type(pipe).__name__} denoises with a "
+                         f"transformer (leave it off)")
+    if compile_mode and not isinstance(denoiser, torch.nn.Module):
+        raise ValueError(f"compile_unet needs a denoiser (UNet or transformer); {type(pipe).__name__} has none")
     if vae_slicing is not False and not hasattr(vae, "use_slicing"):
         raise ValueError(f"vae_slicing needs a VAE that decodes in slices; {type(pipe).__name__}'s "
                          f"{type(vae).__name__} does not")
@@ -225,8 +290,8 @@ def apply_speed_options(pipe, channels_last: bool, compile_mode: str | None, vae
                 module.to(memory_format=torch.channels_last)
                 converted.append(name)
     if compile_mode:
-        # in place: pipe.unet stays the UNet (its config, processors and hooks as before)
-        unet.compile(mode=None if compile_mode == "default" else compile_mode)
+        # in place: pipe.unet / pipe.transformer stays itself (its config, processors and hooks as before)
+        denoiser.compile(mode=None if compile_mode == "default" else compile_mode)
     record.update({
         "channels_last": converted if channels_last else False,
         "compile_unet": compile_mode or False,

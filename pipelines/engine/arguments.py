@@ -55,9 +55,10 @@ def add_generation(group, generators: str, scheduler: str = "each model's own", 
                             f"negative_prompt, scheduler, safety_checker, dtype, revision; any other key is a pipeline "
                             f"call argument (e.g. max_sequence_length=256), checked against the pipeline before the run "
                             f"starts. Example: --generator stabilityai/sdxl-turbo:steps=1,guidance_scale=0")
-    group.add_argument("--generators", nargs="+", metavar="MODEL",
-                       help="diffusers models (hub ids or directories) with the study's settings; --generator gives "
-                            "a model its own")
+    group.add_argument("--generators", nargs="+", metavar="MODEL", type=_model_list, action=_Extend,
+                       help="diffusers models (hub ids or directories), separated by spaces or commas, each at its "
+                            "defaults (the study's settings for the study's models and their family, its model "
+                            "card's otherwise); --generator gives a model settings of its own")
     group.add_argument("--generator-revision", action="append", default=[], metavar="MODEL=REVISION",
                        help="hub revision (commit, branch or tag) to pin a hub generator to; repeat per generator "
                             "(a bare REVISION with one generator). The commit each loads is recorded either way")
@@ -123,3 +124,18 @@ def add_generation_execution(group, label: str, batch: int = 8, unit: str = "ima
         gpus.add_generation_options(group)
     group.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     add_save_images(group, True, save)
+
+
+def _model_list(text: str) -> list[str]:
+    """One --generators word: models separated by commas (a path may not hold one)."""
+    models = [m.strip() for m in str(text).split(",")]
+    if not all(models):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty model name between commas")
+    return models
+
+
+class _Extend(argparse.Action):
+    """--generators A,B C: the flat list [A, B, C]."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [m for group in values for m in group])

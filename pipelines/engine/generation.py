@@ -11,10 +11,13 @@ that run on the generator's device, the stages after the generator, and the imag
 engine (``generate``) runs it for every spec: builds the generator stage, applies the resource
 overrides, checkpoints, counts failures against the error budget, and returns the rows.
 
-Precedence of a generator's settings, lowest first: the study's preset ``generation:`` block, the
---config file's block, the per-model entry of the file, the command line's global flags
-(--steps, --guidance-scale, ...: they apply to every generator, as a smoke run needs), the
-per-model ``--generator`` settings.
+Precedence of a generator's settings, lowest first: the model's own defaults (its model card's
+values where the card gives them, else its family's pipeline defaults: ``operators.support.families``),
+the study's preset ``generation:`` block and the --config file's block (these two only for the
+models the study file lists and others of their family: the paper's settings are the paper's
+protocol for its kind of model; a model of another family runs at its card's defaults), the per-model entry of the file, the command line's global flags (--steps,
+--guidance-scale, ...: they apply to every generator, as a smoke run needs), the per-model
+``--generator`` settings. The resolved values are what the spec holds, records and fingerprints.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from operators.base import Stage, conform
 # the spec's own keys (with the spelling a user may type for some); anything else is an extra
 # pipeline argument, checked against the loaded pipeline's signature on the driver
 SPEC_KEYS = ("revision", "dtype", "steps", "guidance_scale", "height", "width", "negative_prompt", "scheduler",
-             "safety_checker")
+             "safety_checker", "family", "cuda_dtype")
 KEY_ALIASES = {"guidance": "guidance_scale", "num_inference_steps": "steps", "cfg": "guidance_scale"}
 SAFETY_POLICIES = ("model-default", "off")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -48,15 +51,19 @@ class GeneratorSpec:
 
     model: str
     revision: str | None = None
-    dtype: str = "auto"                 # auto: float16 on CUDA, float32 on a CPU
-    steps: int = 50
-    guidance_scale: float = 7.5
+    dtype: str = "auto"                 # auto: cuda_dtype on CUDA, float32 on a CPU
+    steps: int | None = 50              # None: the pipeline's own default (a model of no known family)
+    guidance_scale: float | None = 7.5
     height: int | None = None           # None: the model's own size
     width: int | None = None
     negative_prompt: str | None = None
     scheduler: str | None = None        # None: the model's own sampler; else a diffusers class name
     safety_checker: str = "model-default"
     extra: tuple[tuple[str, Any], ...] = ()   # further pipeline call arguments, sorted by name
+    family: str | None = None           # sd, sdxl, sd3, flux, pixart-alpha, pixart-sigma, unknown
+    cuda_dtype: str = "float16"         # dtype "auto" on a GPU (bfloat16 for families that overflow in float16)
+    # where the settings not given came from (a card, a family, a study file): recorded, not compared
+    defaults_from: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if not str(self.model or "").strip():
@@ -66,8 +73,11 @@ class GeneratorSpec:
         if self.safety_checker not in SAFETY_POLICIES:
             raise ValueError(f"generator {self.model}: safety_checker must be one of {SAFETY_POLICIES}, "
                              f"got {self.safety_checker!r}")
-        if int(self.steps) < 1:
+        if self.steps is not None and int(self.steps) < 1:
             raise ValueError(f"generator {self.model}: steps must be >= 1, got {self.steps}")
+        if self.cuda_dtype not in ("float16", "bfloat16", "float32"):
+            raise ValueError(f"generator {self.model}: cuda_dtype must be float16, bfloat16 or float32, "
+                             f"got {self.cuda_dtype!r}")
         for side in ("height", "width"):
             v = getattr(self, side)
             if v is not None and (int(v) < 8 or int(v) % 8):
@@ -90,13 +100,16 @@ class GeneratorSpec:
         """The spec as JSON (fingerprint, metrics.json, the report)."""
         d = dataclasses.asdict(self)
         d["extra"] = dict(self.extra)
+        d.pop("defaults_from")   # how the defaults were found is recorded with the model, not fingerprinted
         return d
 
     def operator_kwargs(self) -> dict:
         """The keyword arguments of a generator operator (ImageGenerator, TripletGenerator)."""
-        return {"model": self.model, "revision": self.revision, "dtype": self.dtype, "steps": int(self.steps),
-                "guidance_scale": float(self.guidance_scale), "height": self.height, "width": self.width,
-                "safety_checker": self.safety_checker, "scheduler": self.scheduler, "call_kwargs": self.call_kwargs}
+        return {"model": self.model, "revision": self.revision, "dtype": self.dtype,
+                "steps": None if self.steps is None else int(self.steps),
+                "guidance_scale": None if self.guidance_scale is None else float(self.guidance_scale),
+                "height": self.height, "width": self.width, "safety_checker": self.safety_checker,
+                "scheduler": self.scheduler, "call_kwargs": self.call_kwargs, "cuda_dtype": self.cuda_dtype}
 
     def at(self, model: str) -> "GeneratorSpec":
         """The same settings for another copy of the model (a stand-in directory): no hub revision."""
@@ -138,9 +151,9 @@ def _coerce(key: str, value: Any, where: str) -> Any:
             return None if value is None else int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{where}: {key}={value!r} is not a number") from None
-    if key in ("revision", "scheduler", "negative_prompt") and value is not None:
+    if key in ("revision", "scheduler", "negative_prompt", "family") and value is not None:
         return str(value)
-    if key == "dtype":
+    if key in ("dtype", "cuda_dtype"):
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(str(value), str(value))
     return value
 
@@ -227,6 +240,8 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
         # a model the file configures keeps its file settings; the command line picks which run
         entries = [(m, by_model.get(m, {}), {}) for m in flag_models] + \
                   [(m, by_model.get(m, {}), s) for m, s in flag_specs]
+    file_models = {str(e["model"]) if isinstance(e, Mapping) else str(e) for e in block.get("models") or []}
+    file_families = {model_defaults(m)["spec"]["family"] for m in file_models}
     models = [m for m, _, _ in entries]
     dupes = sorted({m for m in models if models.count(m) > 1})
     if dupes:
@@ -247,9 +262,15 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
         # revision: the file's revisions map, its per-model entry, --generator-revision, --generator's own
         pins = {"revision": file_revisions[model]} if model in file_revisions else {}
         flag_pin = {"revision": flag_revisions[model]} if model in flag_revisions else {}
-        values = {**defaults, **pins, **own_file, **globals_, **flag_pin, **own_cli}
-        extra = {**default_extra, **extra_file, **extra_cli}
-        specs.append(GeneratorSpec(model=model, **values, extra=tuple(sorted(extra.items()))))
+        picked = {**pins, **own_file, **globals_, **flag_pin, **own_cli}
+        own = model_defaults(model, picked.get("revision"), picked.get("family") or defaults.get("family"))
+        # the study file's settings are the paper's protocol: for its models and their family's
+        in_file = model in file_models or own["spec"]["family"] in file_families
+        given = {**(defaults if in_file else {}), **picked}
+        values = {**own["spec"], **given}
+        extra = {**own["extra"], **(default_extra if in_file else {}), **extra_file, **extra_cli}
+        from_ = own["defaults_from"] if not in_file else f"the study file's generation block, then {own['defaults_from']}"
+        specs.append(GeneratorSpec(model=model, **values, extra=tuple(sorted(extra.items())), defaults_from=from_))
     seed = getattr(args, "generation_seed", None) if args is not None else None
     ipp = getattr(args, "images_per_prompt", None) if args is not None else None
     cap = getattr(args, "caption_images", None) if args is not None else None
@@ -275,30 +296,69 @@ def _revisions(models: list[str], args) -> dict:
     return revisions
 
 
+def model_defaults(model: str, revision: str | None = None, family: str | None = None) -> dict:
+    """A model's own defaults as spec values and extra call arguments: {"spec": {...}, "extra":
+    {max_sequence_length}, "defaults_from": text} (``operators.support.families.defaults``)."""
+    from operators.support import families
+
+    d = families.defaults(model, revision, family)
+    spec = {"family": d["family"], "steps": d["steps"], "guidance_scale": d["guidance_scale"],
+            "height": d["height"], "width": d["width"], "cuda_dtype": d["cuda_dtype"]}
+    extra = {} if d["max_sequence_length"] is None else {"max_sequence_length": int(d["max_sequence_length"])}
+    return {"spec": spec, "extra": extra, "defaults_from": f"{d['defaults_from']} (family {d['family']}: {d['family_from']})"}
+
+
 # ------------------------------------------------------------------------------ models
 def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: Sequence[str] | None = None,
                              shared_text_encoder: Sequence[int] = ()) -> list[GeneratorSpec]:
-    """Tiny random generators under ``root`` (seed i for the i-th; each draws faces, see
-    ``pipelines.standins.face_decoder``), the specs pointed at them with their settings kept. ``shared_text_encoder``: indices whose text encoder is copied from the
-    first of them (models that share one, as SD v2.0 and v2.1 share OpenCLIP-H)."""
+    """Tiny random generators under ``root`` (seed i for the i-th), each of its spec's family
+    (SD 1.x draws faces, see ``pipelines.standins.face_decoder``; SDXL, SD3, FLUX and PixArt are
+    ``pipelines.standins.families``), the specs pointed at them with their settings kept, except a
+    size larger than the stand-in's (its own is used). ``shared_text_encoder``: indices whose text
+    encoder is copied from the first of them (models that share one, as SD v2.0 and v2.1 share
+    OpenCLIP-H)."""
     import shutil
 
     from pipelines.standins.diffusion import build_tiny_stable_diffusion
+    from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
 
-    names = list(names or [f"generator-{i + 1}-standin" for i in range(len(specs))])
+    own = [f"{spec.name}-standin" for spec in specs]   # the requested model's name, when the names are unique
+    if len(set(own)) < len(own):
+        own = [f"generator-{i + 1}-standin" for i in range(len(specs))]
+    names = list(names or own)
     if len(names) < len(specs):
-        names += [f"generator-{i + 1}-standin" for i in range(len(names), len(specs))]
-    # faces: the fitted face decoder, so that the studies' face steps find faces (standins/face_decoder.py)
-    paths = [build_tiny_stable_diffusion(str(Path(root) / names[i]), seed=i, faces=True) for i in range(len(specs))]
-    shared = [i for i in shared_text_encoder if i < len(paths)]
+        names += own[len(names):]
+    paths, out = [], []
+    for i, spec in enumerate(specs):
+        family = standin_family(spec.family)
+        target = str(Path(root) / names[i])
+        if family == "sd":   # faces: the fitted face decoder, so that the studies' face steps find faces
+            paths.append(build_tiny_stable_diffusion(target, seed=i, faces=True))
+        elif family == "flux":   # FLUX.1-dev is guidance-distilled (a guidance embedding), schnell is not
+            from pipelines.standins.families import build_tiny_flux
+
+            paths.append(build_tiny_flux(target, seed=i, guidance_embeds=bool(spec.guidance_scale)))
+        else:
+            paths.append(build_tiny_pipeline(family, target, seed=i))
+        size = STANDIN_SIZE.get(family, 64)
+        fit = {side: None if family == "sd" else size for side in ("height", "width")
+               if getattr(spec, side) is None or getattr(spec, side) > size}
+        out.append(dataclasses.replace(spec.at(paths[-1]), **fit))
+    shared = [i for i in shared_text_encoder if i < len(paths) and standin_family(specs[i].family) == "sd"]
     for i in shared[1:]:
         target = Path(paths[i]) / "text_encoder"
         shutil.rmtree(target)
         shutil.copytree(Path(paths[shared[0]]) / "text_encoder", target)
     for spec, path in zip(specs, paths):   # a requested model is never replaced without a word
-        print(f"  generator {spec.model} -> tiny random stand-in {Path(path).name} (its settings kept; the "
-              f"requested model is recorded, not run)")
-    return [spec.at(path) for spec, path in zip(specs, paths)]
+        print(f"  generator {spec.model} -> tiny random {standin_family(spec.family)} stand-in {Path(path).name} "
+              f"(its settings kept; the requested model is recorded, not run)")
+    return out
+
+
+def standin_family(family: str | None) -> str:
+    """The tiny stand-in family for a spec's family (SD 1.x for unknown ones)."""
+    return {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart"}.get(
+        family or "", "sd")
 
 
 def check_call_arguments(pipe, spec: GeneratorSpec) -> None:
@@ -332,7 +392,7 @@ def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
         if check is not None:
             check(pipe, spec)
         records.append({"role": "generator", "model": spec.model, "standin": standin,
-                        "detail": {**rec, "spec": spec.record()}})
+                        "detail": {**rec, "spec": spec.record(), "defaults_from": spec.defaults_from}})
         del pipe
         gc.collect()
     return records

@@ -148,24 +148,22 @@ def format_run_summary(rows: list[dict]) -> str:
 
 def format_branch_summary(rows: list[dict]) -> str:
     """The run summary as printed at the end of a run: one line per branch with its first stage's
-    rows in, the rows its stages dropped (all stages, by reason) and its phase's time. The per-stage
-    rows, with what each kept and its throughput, are in run_summary.csv and the report."""
+    rows in, its phase's time and what its stages dropped, by stage and reason (a branch's stages
+    may be a chain or parallel measurements of the same rows, so their drops are not summed). The
+    per-stage rows, with what each kept and its throughput, are in run_summary.csv and the report."""
     branches: "OrderedDict[str, list[dict]]" = OrderedDict()
     for r in rows:
         branches.setdefault(r["branch"], []).append(r)
     wb = max([8] + [len(b) for b in branches])
-    lines = ["run summary: rows in and dropped per reason, per branch (per stage, with rows kept and rows/s: "
+    lines = ["run summary: rows in per branch and what each stage dropped (per stage, with rows kept and rows/s: "
              "run_summary.csv)",
-             f"{'branch':<{wb}} {'rows in':>10} {'dropped':>10} {'seconds':>8}  reasons"]
+             f"{'branch':<{wb}} {'rows in':>10} {'seconds':>8}  dropped"]
     for branch, stages in branches.items():
-        drops: dict[str, int] = {}
-        for r in stages:
-            for k, v in r["dropped_by_reason"].items():
-                drops[k] = drops.get(k, 0) + v
         seconds = sorted({r["phase_seconds"] for r in stages if r["phase_seconds"] is not None})
         secs = f"{sum(seconds):,.0f}" if seconds else "-"
-        reasons = ", ".join(f"{k}={v:,}" for k, v in drops.items()) or "-"
-        lines.append(f"{branch:<{wb}} {stages[0]['rows_in']:>10,} {sum(drops.values()):>10,} {secs:>8}  {reasons}")
+        drops = "; ".join(f"{r['stage']}: " + ", ".join(f"{k}={v:,}" for k, v in r["dropped_by_reason"].items())
+                          for r in stages if r["dropped_by_reason"]) or "-"
+        lines.append(f"{branch:<{wb}} {stages[0]['rows_in']:>10,} {secs:>8}  {drops}")
     return "\n".join(lines)
 
 

@@ -35,7 +35,7 @@ def test_the_study_defaults_apply_to_every_generator():
     gs = generation_settings(BLOCK, args_of([]))
     (spec,) = gs.generators
     assert spec == GeneratorSpec("org/sd15", steps=50, guidance_scale=7.5, scheduler="LMSDiscreteScheduler",
-                                 safety_checker="off")
+                                 safety_checker="off", family="unknown")
     assert (gs.seed, gs.images_per_prompt) == (0, 5)
 
 
@@ -95,7 +95,12 @@ def test_the_run_id_follows_the_spec_of_each_model():
     assert job(["--generator", "org/a", "--generator", "org/b:steps=4"]) != base
     assert job(["--generator", "org/a", "--generator", "org/b:negative_prompt=blurry"]) != base
     rec = base["generation"]["generators"][1]
-    assert rec["model"] == "org/b" and rec["steps"] == 50 and rec["scheduler"] == "LMSDiscreteScheduler"
+    # org/b is of no family known before loading, unlike the study file's SD models: the pipeline's
+    # own defaults, not the paper's protocol (GEP's 50 k-LMS steps), unless it is said to be SD
+    assert rec["model"] == "org/b" and rec["family"] == "unknown"
+    assert rec["steps"] is None and rec["guidance_scale"] is None and rec["scheduler"] is None
+    sd = job(["--generator", "org/a", "--generator", "org/b:family=sd"])["generation"]["generators"][1]
+    assert (sd["family"], sd["steps"], sd["guidance_scale"], sd["scheduler"]) == ("sd", 50, 7.5, "LMSDiscreteScheduler")
 
 
 def test_every_image_study_reads_the_same_generator_flags():
@@ -182,7 +187,7 @@ def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):
 
     (spec,) = G.build_standin_generators([GeneratorSpec("org/a", steps=2, height=32, width=32)], str(tmp_path))
     # the requested model is replaced with a word, naming it and its stand-in
-    assert "generator org/a -> tiny random stand-in generator-1-standin" in capsys.readouterr().out
+    assert "generator org/a -> tiny random sd stand-in generator-1-standin" in capsys.readouterr().out
     plain = ImageGenerator(**{**spec.operator_kwargs(), "device": "cpu"})
     negative = ImageGenerator(**{**G.dataclasses.replace(spec, negative_prompt="a red square").operator_kwargs(),
                                  "device": "cpu"})

@@ -237,11 +237,33 @@ def settings(args) -> ExposedSettings:
     gen = generation_settings(cfg["generation"], args)
     disp = disparity_settings(cfg["disparity"], args)
     objects = object_settings(cfg.get("objects") or {}, args)
+    check_families(gen.generators, objects.enabled)
     ex = study_config.execution_settings(cfg["execution"], args)
     return ExposedSettings(label=str(cfg.get("name") or "exposed"), captions=captions, professions=prof,
                            seeds_per_triplet=seeds, default_seeds_per_triplet=default_seeds, max_triplets=max_triplets,
                            generation=gen, disparity=disp, objects=objects, report=dict(cfg.get("report") or {}),
                            execution=ex)
+
+
+def check_families(generators, objects: bool) -> None:
+    """Refuse, before any work, a generator whose family cannot give what the study measures:
+    PixArt pipelines hand no latents or prompt embeddings to a step callback (no prompt or
+    denoising space); sections 5-7 read word heat maps from a UNet's cross-attention (DAAM), which a
+    transformer denoiser (SD 3, FLUX: joint attention inside MMDiT blocks) does not have here."""
+    from operators.support.families import FAMILIES
+
+    no_callback = [g.model for g in generators if g.family in ("pixart-alpha", "pixart-sigma")]
+    if no_callback:
+        raise ValueError(f"{', '.join(no_callback)}: PixArt pipelines pass no latents or prompt embeddings to "
+                         f"callback_on_step_end, so the prompt and denoising spaces cannot be measured; leave them out "
+                         f"of this study (the other studies run them)")
+    other = [(g.model, g.family) for g in generators
+             if g.family in FAMILIES and FAMILIES[g.family].denoiser != "unet"]
+    if objects and other:
+        names = ", ".join(f"{m} ({f})" for m, f in other)
+        raise ValueError(f"sections 5-7 (objects and word heat maps) read a UNet's cross-attention; {names} "
+                         f"denoise with a transformer, whose attention this project does not map yet: run them "
+                         f"with --no-objects (sections 3-4: prompt, denoising and image spaces), or leave them out")
 
 
 def disparity_settings(cfg: Mapping, args) -> DisparitySettings:

@@ -1,0 +1,149 @@
+"""Text-to-image model families and the defaults each runs with unless a study or the user sets them.
+
+A generator's settings come, per setting, from the first of: the user's per-model settings
+(``--generator MODEL:key=value``, a ``models:`` entry of a study file), the global flags
+(``--steps``, ...), the study file's generation block (only for the models that file lists: the
+paper's models with the paper's settings), and finally the defaults here, by model: the values its
+model card recommends (``CARDS``, quoted with their sources in docs/method.md, "Model families"),
+else its family's pipeline defaults (``FAMILIES``: what the diffusers pipeline's ``__call__`` uses
+when the argument is not given). A model of no known family loads through
+``AutoPipelineForText2Image`` with the library's own defaults (nothing is passed), and its record
+says so.
+
+The family of a model is found without the network: a local directory's ``model_index.json``
+(its pipeline class), else a hub id known here (``KNOWN_IDS``), else the hub cache's copy of its
+``model_index.json``; otherwise it is unknown until it loads (the loaded pipeline's class is
+recorded either way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family of diffusers text-to-image pipelines and its pipeline defaults."""
+
+    name: str
+    pipelines: tuple[str, ...]      # diffusers pipeline class names
+    steps: int | None               # None: not passed (the library's default)
+    guidance_scale: float | None
+    size: int | None                # None: the model's own (its denoiser's sample size x the VAE's factor)
+    max_sequence_length: int | None  # the T5 prompt length (None: no T5 encoder)
+    cuda_dtype: str                 # dtype "auto" on a GPU: float16, or bfloat16 where float16 fails
+    denoiser: str                   # "unet" or "transformer"
+    safety_checker: bool            # ships the Stable Diffusion safety checker
+    negative_prompt: bool           # the pipeline takes a negative prompt
+    pooled: bool                    # the denoiser also receives a pooled text embedding
+    source: str
+
+
+FAMILIES = {
+    f.name: f for f in (
+        Family("sd", ("StableDiffusionPipeline",), 50, 7.5, None, None, "float16", "unet", True, True, False,
+               "StableDiffusionPipeline.__call__ defaults (the SD 1.x/2.x cards give no steps or guidance)"),
+        Family("sdxl", ("StableDiffusionXLPipeline",), 50, 5.0, None, None, "float16", "unet", False, True, True,
+               "StableDiffusionXLPipeline.__call__ defaults; the VAE runs in float32 (force_upcast) as the "
+               "SDXL VAE overflows in float16"),
+        Family("sd3", ("StableDiffusion3Pipeline",), 28, 7.0, None, 256, "bfloat16", "transformer", False, True,
+               True, "StableDiffusion3Pipeline.__call__ defaults; bfloat16 as in the SD 3.5 cards"),
+        Family("flux", ("FluxPipeline",), 28, 3.5, 1024, 512, "bfloat16", "transformer", False, False, True,
+               "FluxPipeline.__call__ defaults; bfloat16: FLUX overflows in float16 (black or NaN images)"),
+        Family("pixart-alpha", ("PixArtAlphaPipeline",), 20, 4.5, None, 120, "float16", "transformer", False, True,
+               False, "PixArtAlphaPipeline.__call__ defaults"),
+        Family("pixart-sigma", ("PixArtSigmaPipeline",), 20, 4.5, None, 300, "float16", "transformer", False, True,
+               False, "PixArtSigmaPipeline.__call__ defaults"),
+    )
+}
+UNKNOWN = Family("unknown", (), None, None, None, None, "float16", "unknown", False, True, False,
+                 "AutoPipelineForText2Image with the library's defaults (a family this project does not know)")
+
+# What the model cards recommend where they say (docs/method.md quotes each): steps, guidance,
+# size, max_sequence_length, dtype on a GPU. Keys: hub ids, lower case.
+CARDS: dict[str, dict] = {
+    "black-forest-labs/flux.1-schnell": {"steps": 4, "guidance_scale": 0.0, "max_sequence_length": 256},
+    "black-forest-labs/flux.1-dev": {"steps": 50, "guidance_scale": 3.5, "max_sequence_length": 512, "size": 1024},
+    "stabilityai/stable-diffusion-3-medium-diffusers": {"steps": 28, "guidance_scale": 7.0, "cuda_dtype": "float16"},
+    "stabilityai/stable-diffusion-3.5-medium": {"steps": 40, "guidance_scale": 4.5},
+    "stabilityai/stable-diffusion-3.5-large": {"steps": 28, "guidance_scale": 3.5},
+    "stabilityai/stable-diffusion-3.5-large-turbo": {"steps": 4, "guidance_scale": 0.0},
+    "playgroundai/playground-v2.5-1024px-aesthetic": {"steps": 50, "guidance_scale": 3.0},
+    "stabilityai/sd-turbo": {"steps": 1, "guidance_scale": 0.0, "size": 512},
+    "stabilityai/sdxl-turbo": {"steps": 1, "guidance_scale": 0.0, "size": 512},
+}
+
+# hub ids whose family is known without reading their model_index.json (regular expressions on the
+# lower-case id)
+KNOWN_IDS: tuple[tuple[str, str], ...] = (
+    (r"^stabilityai/sdxl-turbo$", "sdxl"),
+    (r"^stabilityai/sd-turbo$", "sd"),
+    (r"stable-diffusion-xl|^playgroundai/playground-v2", "sdxl"),
+    (r"stable-diffusion-3", "sd3"),
+    (r"^black-forest-labs/flux\.1", "flux"),
+    (r"^pixart-alpha/pixart-sigma", "pixart-sigma"),
+    (r"^pixart-alpha/pixart-xl", "pixart-alpha"),
+    (r"stable-diffusion-v1|stable-diffusion-2|^compvis/stable-diffusion", "sd"),
+)
+
+SETTING_KEYS = ("steps", "guidance_scale", "size", "max_sequence_length", "cuda_dtype")
+
+
+def family_of_pipeline(class_name: str | None) -> Family:
+    for f in FAMILIES.values():
+        if class_name in f.pipelines:
+            return f
+    return UNKNOWN
+
+
+def _index_class(path: str | os.PathLike) -> str | None:
+    try:
+        return json.loads(Path(path).read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def detect(model: str, revision: str | None = None) -> tuple[Family, str]:
+    """(family, how it was found) for a hub id or a local directory, without the network."""
+    if os.path.isdir(model):
+        cls = _index_class(Path(model) / "model_index.json")
+        return family_of_pipeline(cls), f"model_index.json ({cls})" if cls else "no model_index.json"
+    key = model.strip().lower()
+    for pattern, name in KNOWN_IDS:
+        if re.search(pattern, key):
+            return FAMILIES[name], "known hub id"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "model_index.json", revision=revision)
+        if isinstance(cached, str):
+            cls = _index_class(cached)
+            return family_of_pipeline(cls), f"cached model_index.json ({cls})"
+    except Exception:  # noqa: BLE001 -- an id that is not a repo name: unknown until it loads
+        pass
+    return UNKNOWN, "not known before loading"
+
+
+def defaults(model: str, revision: str | None = None, family: str | None = None) -> dict:
+    """The default settings of ``model``: its card's where it gives them, else its family's.
+    Returns {family, family_from, defaults_from, steps, guidance_scale, height, width,
+    max_sequence_length, cuda_dtype} (None where the library decides)."""
+    if family:
+        if family not in FAMILIES and family != UNKNOWN.name:
+            raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+        fam, how = FAMILIES.get(family, UNKNOWN), "set by the user"
+    else:
+        fam, how = detect(model, revision)
+    values = {"steps": fam.steps, "guidance_scale": fam.guidance_scale, "size": fam.size,
+              "max_sequence_length": fam.max_sequence_length, "cuda_dtype": fam.cuda_dtype}
+    card = CARDS.get(model.strip().lower())
+    if card:
+        values.update(card)
+    size = values.pop("size")
+    return {"family": fam.name, "family_from": how,
+            "defaults_from": f"model card of {model}" if card else fam.source,
+            **values, "height": size, "width": size}

@@ -1,0 +1,208 @@
+"""Tiny random-weight pipelines of today's text-to-image families, built from the real classes.
+
+RANDOM STAND-INS, OUTPUTS MEANINGLESS. Like ``standins.diffusion`` for SD 1.x, each builder writes a
+directory with ``save_pretrained`` that ``AutoPipelineForText2Image.from_pretrained`` loads through
+the production loader (``operators.support.diffusion.load_text2image``), with the real component
+classes and file layout of the family and tiny sizes:
+
+- ``sdxl``: ``StableDiffusionXLPipeline`` (two CLIP text encoders, the second with projection, a UNet
+  with ``text_time`` added conditions: the pooled embedding and the size/crop ids);
+- ``sd3``: ``StableDiffusion3Pipeline`` (MMDiT ``SD3Transformer2DModel``, two CLIP encoders with
+  projection and a T5 encoder, flow-matching Euler scheduler, 16-channel VAE);
+- ``flux``: ``FluxPipeline`` (``FluxTransformer2DModel`` with double- and single-stream blocks, a CLIP
+  encoder for the pooled embedding, a T5 encoder for the sequence; ``guidance_embeds`` for a
+  dev-like model);
+- ``pixart``: ``PixArtSigmaPipeline`` (``PixArtTransformer2DModel``, T5 only, DPM-Solver++).
+
+The CLIP tokenizer is the real one (``standins.diffusion.build_clip_tokenizer``); the T5 tokenizer
+is a tiny SentencePiece-style (Unigram) tokenizer over the bytes and a few hundred words, built with
+the ``tokenizers`` library, because T5's vocabulary does not ship with any package here. Images are
+64x64 (latents 8x8; PixArt 256x256). SDXL and PixArt decode with the fitted face decoder of the SD
+stand-ins (``standins.face_decoder``); SD 3 and FLUX paint noise. The same seed writes the same
+weights.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+FAMILIES = ("sdxl", "sd3", "flux", "pixart")
+# the stand-ins' image size: 64 px, PixArt 256 px (its resolution binning knows no smaller size)
+STANDIN_SIZE = {"pixart": 256}
+TINY = 32
+T5_VOCAB = 400
+
+
+def build_tiny_t5_tokenizer():
+    """A T5 tokenizer (``T5TokenizerFast`` / transformers 5's ``T5Tokenizer``) over a tiny Unigram
+    vocabulary: "<pad>" 0, "</s>" 1, "<unk>" 2, the printable ASCII characters and common words."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import T5TokenizerFast
+
+    words = ("a photo of the an person man woman who works as doctor nurse ceo pilot chef teacher lawyer "
+             "farmer engineer scientist cat dog on in with and is at to").split()
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [("\u2581" + w, -2.0) for w in words] + [("\u2581", -3.0)]
+    pieces += [(c, -5.0) for c in string.ascii_letters + string.digits + string.punctuation]
+    model = models.Unigram(pieces, unk_id=2, byte_fallback=False)
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.Sequence([normalizers.Replace(r"\s+", " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    from tokenizers.processors import TemplateProcessing
+
+    tok.post_processor = TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)])
+    return T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                           extra_ids=0, model_max_length=512)
+
+
+def _t5_encoder(seed: int):
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    return T5EncoderModel(T5Config(vocab_size=T5_VOCAB, d_model=TINY, d_kv=8, d_ff=37, num_layers=1, num_heads=4,
+                                   relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0,
+                                   eos_token_id=1))
+
+
+def _clip_encoder(seed: int, projection: bool, hidden: int = TINY):
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    from pipelines.standins.diffusion import CLIP_VOCAB_SIZE
+
+    torch.manual_seed(seed)
+    cfg = CLIPTextConfig(vocab_size=CLIP_VOCAB_SIZE, hidden_size=hidden, intermediate_size=37, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=77, projection_dim=hidden,
+                         bos_token_id=CLIP_VOCAB_SIZE - 2, eos_token_id=CLIP_VOCAB_SIZE - 1,
+                         pad_token_id=CLIP_VOCAB_SIZE - 1, hidden_act="gelu")
+    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg)
+
+
+def _vae(seed: int, latent_channels: int = 4, flow: bool = False):
+    """The stand-in VAE. SD's 4-channel VAE (SDXL, PixArt) gets the fitted face decoder of
+    ``standins.face_decoder`` (its images are faces, so the face steps of the studies find some);
+    the flow models' VAEs (SD 3: 16 channels, FLUX: no quant convs) stay random."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    if latent_channels == 4 and not flow:
+        from pipelines.standins.diffusion import build_tiny_vae
+        from pipelines.standins.face_decoder import load_face_decoder
+
+        vae = build_tiny_vae(seed)
+        load_face_decoder(vae)
+        return vae
+    torch.manual_seed(seed)
+    extra = {"shift_factor": 0.0609, "scaling_factor": 1.5035, "use_quant_conv": False,
+             "use_post_quant_conv": False} if flow else {}
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+                         up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 8, 16, 16),
+                         layers_per_block=1, latent_channels=latent_channels, norm_num_groups=8, sample_size=64,
+                         **extra)
+
+
+def build_tiny_sdxl(directory, seed: int = 0) -> str:
+    import torch
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+
+    from pipelines.standins.diffusion import build_clip_tokenizer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        unet = UNet2DConditionModel(
+            sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=2 * TINY, attention_head_dim=(2, 4), use_linear_projection=True,
+            addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=TINY + 6 * 8,
+            transformer_layers_per_block=(1, 1), norm_num_groups=32)
+        pipe = StableDiffusionXLPipeline(
+            vae=_vae(seed + 1), text_encoder=_clip_encoder(seed + 2, False), text_encoder_2=_clip_encoder(seed + 3, True),
+            tokenizer=build_clip_tokenizer(), tokenizer_2=build_clip_tokenizer(), unet=unet,
+            scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                             timestep_spacing="leading", steps_offset=1))
+    return _save(pipe, directory, "sdxl", seed)
+
+
+def build_tiny_sd3(directory, seed: int = 0) -> str:
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    from pipelines.standins.diffusion import build_clip_tokenizer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=16, num_layers=2,
+                                            attention_head_dim=8, num_attention_heads=4, joint_attention_dim=TINY,
+                                            caption_projection_dim=TINY, pooled_projection_dim=2 * TINY,
+                                            out_channels=16, pos_embed_max_size=16)
+        pipe = StableDiffusion3Pipeline(
+            transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+            vae=_vae(seed + 1, latent_channels=16, flow=True),
+            text_encoder=_clip_encoder(seed + 2, True), tokenizer=build_clip_tokenizer(),
+            text_encoder_2=_clip_encoder(seed + 3, True), tokenizer_2=build_clip_tokenizer(),
+            text_encoder_3=_t5_encoder(seed + 4), tokenizer_3=build_tiny_t5_tokenizer())
+    return _save(pipe, directory, "sd3", seed)
+
+
+def build_tiny_flux(directory, seed: int = 0, guidance_embeds: bool = False) -> str:
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    from pipelines.standins.diffusion import build_clip_tokenizer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=TINY,
+                                             pooled_projection_dim=TINY, guidance_embeds=guidance_embeds,
+                                             axes_dims_rope=(4, 6, 6))
+        pipe = FluxPipeline(
+            transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+            vae=_vae(seed + 1, latent_channels=4, flow=True),
+            text_encoder=_clip_encoder(seed + 2, False), tokenizer=build_clip_tokenizer(),
+            text_encoder_2=_t5_encoder(seed + 3), tokenizer_2=build_tiny_t5_tokenizer())
+    return _save(pipe, directory, "flux", seed)
+
+
+def build_tiny_pixart(directory, seed: int = 0) -> str:
+    import torch
+    from diffusers import DPMSolverMultistepScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = PixArtTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                               out_channels=8, num_layers=2, cross_attention_dim=TINY,
+                                               sample_size=32, patch_size=2, caption_channels=TINY,
+                                               norm_num_groups=32)
+        pipe = PixArtSigmaPipeline(tokenizer=build_tiny_t5_tokenizer(), text_encoder=_t5_encoder(seed + 2),
+                                   vae=_vae(seed + 1), transformer=transformer,
+                                   scheduler=DPMSolverMultistepScheduler())
+    return _save(pipe, directory, "pixart", seed)
+
+
+BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart}
+
+
+def build_tiny_pipeline(family: str, directory, seed: int = 0) -> str:
+    """A tiny random pipeline of ``family`` (``FAMILIES``, or ``sd`` for SD 1.x) in ``directory``."""
+    if family == "sd":
+        from pipelines.standins.diffusion import build_tiny_stable_diffusion
+
+        return build_tiny_stable_diffusion(directory, seed=seed)
+    if family not in BUILDERS:
+        raise ValueError(f"no tiny stand-in for the family {family!r} (have: sd, {', '.join(FAMILIES)})")
+    return BUILDERS[family](directory, seed=seed)
+
+
+def _save(pipe, directory, family: str, seed: int) -> str:
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    pipe.save_pretrained(str(out))
+    (out / "STANDIN.txt").write_text(f"Tiny {family} stand-in ({type(pipe).__name__}): random weights (seed {seed}), "
+                                     f"64x64 images; its outputs are meaningless.\n")
+    return os.fspath(out)

@@ -1,0 +1,229 @@
+"""Today's model families (issue 30): each family's defaults (card, else pipeline), tiny random SDXL,
+SD 3, FLUX and PixArt pipelines built offline and loaded through the production loader, the
+per-model settings reaching the pipeline call, NaN images as ``invalid_image``, the denoiser's speed
+options, and the one-line error of a gated repository."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from operators.image_generation import ImageGenerator
+from operators.support import families as F
+from operators.support.codec import batch_images
+from pipelines.standins.families import FAMILIES as STANDIN_FAMILIES, STANDIN_SIZE, build_tiny_pipeline
+from schemas.images import GENDER, GENDER_COLUMNS, GENERATION_DETAIL, GENERATION_STATUS, IMAGE, P_FEMALE, P_MALE, \
+    SEED, GenerationStatus
+from schemas.subsets import PROMPT, PROMPT_ID
+
+PIPELINE = {"sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline",
+            "pixart": "PixArtSigmaPipeline"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {f: build_tiny_pipeline(f, root / f, seed=0) for f in STANDIN_FAMILIES}
+
+
+def rows(prompts, seeds) -> pa.Table:
+    return pa.table({PROMPT_ID: [f"p{i}" for i in range(len(prompts))], PROMPT: prompts,
+                     SEED: pa.array(seeds, pa.int64())})
+
+
+class MeanHead:
+    """A device head that reads each image's mean (it must never see an invalid image)."""
+
+    stage_name = "mean_head"
+    output_fields = GENDER_COLUMNS
+
+    def __init__(self):
+        self.seen = 0
+
+    def classify_tensor(self, images):
+        assert torch.isfinite(images).all(), "an invalid image reached a head"
+        self.seen += len(images)
+        m = images.float().mean(dim=(1, 2, 3)).cpu().numpy().astype(np.float32)
+        return {GENDER: np.array(["female"] * len(m)), P_MALE: m, P_FEMALE: 1 - m}
+
+
+# -- defaults ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, family, steps, guidance, size, seq, dtype, source", [
+    ("black-forest-labs/FLUX.1-schnell", "flux", 4, 0.0, 1024, 256, "bfloat16", "card"),
+    ("black-forest-labs/FLUX.1-dev", "flux", 50, 3.5, 1024, 512, "bfloat16", "card"),
+    ("stabilityai/stable-diffusion-3.5-medium", "sd3", 40, 4.5, None, 256, "bfloat16", "card"),
+    ("stabilityai/stable-diffusion-3.5-large-turbo", "sd3", 4, 0.0, None, 256, "bfloat16", "card"),
+    ("stabilityai/stable-diffusion-3-medium-diffusers", "sd3", 28, 7.0, None, 256, "float16", "card"),
+    ("stabilityai/stable-diffusion-xl-base-1.0", "sdxl", 50, 5.0, None, None, "float16", "family"),
+    ("playgroundai/playground-v2.5-1024px-aesthetic", "sdxl", 50, 3.0, None, None, "float16", "card"),
+    ("stabilityai/sdxl-turbo", "sdxl", 1, 0.0, 512, None, "float16", "card"),
+    ("stabilityai/sd-turbo", "sd", 1, 0.0, 512, None, "float16", "card"),
+    ("CompVis/stable-diffusion-v1-4", "sd", 50, 7.5, None, None, "float16", "family"),
+    ("PixArt-alpha/PixArt-XL-2-1024-MS", "pixart-alpha", 20, 4.5, None, 120, "float16", "family"),
+    ("PixArt-alpha/PixArt-Sigma-XL-2-1024-MS", "pixart-sigma", 20, 4.5, None, 300, "float16", "family"),
+    ("someone/a-model-nobody-knows", "unknown", None, None, None, None, "float16", "unknown"),
+])
+def test_each_model_gets_its_cards_or_its_familys_defaults(model, family, steps, guidance, size, seq, dtype, source):
+    d = F.defaults(model)
+    assert (d["family"], d["steps"], d["guidance_scale"], d["height"], d["width"], d["max_sequence_length"],
+            d["cuda_dtype"]) == (family, steps, guidance, size, size, seq, dtype)
+    expected = {"card": f"model card of {model}", "family": F.FAMILIES.get(family, F.UNKNOWN).source,
+                "unknown": F.UNKNOWN.source}[source]
+    assert d["defaults_from"] == expected
+
+
+def test_a_local_directory_is_known_by_its_pipeline_class_and_a_family_can_be_named(tiny, tmp_path):
+    for fam, path in tiny.items():
+        found, how = F.detect(path)
+        assert found.pipelines and PIPELINE[fam] in found.pipelines and PIPELINE[fam] in how
+    assert F.detect(str(tmp_path))[0] is F.UNKNOWN
+    assert F.defaults("someone/my-sd15-finetune", family="sd")["steps"] == 50
+    with pytest.raises(ValueError, match="unknown family"):
+        F.defaults("x/y", family="dalle")
+
+
+def test_in_a_study_the_papers_settings_go_to_its_family_and_card_defaults_to_the_others():
+    from pipelines import amplification
+    from pipelines.studies.amplification.study import AmplificationStudy
+
+    study = AmplificationStudy()
+    args = amplification.build_parser().parse_args(
+        ["run", "--output", "x", "--generators", "CompVis/stable-diffusion-v1-4,black-forest-labs/FLUX.1-schnell",
+         "stabilityai/stable-diffusion-xl-base-1.0"])
+    sd, flux, sdxl = study.settings(args).image.generators
+    assert (sd.family, sd.steps, sd.guidance_scale, sd.cuda_dtype) == ("sd", 50, 7.5, "float16")
+    assert "study file" in sd.defaults_from
+    assert (flux.family, flux.steps, flux.guidance_scale, flux.height, flux.cuda_dtype) == ("flux", 4, 0.0, 1024,
+                                                                                          "bfloat16")
+    assert dict(flux.extra) == {"max_sequence_length": 256} and "model card" in flux.defaults_from
+    assert (sdxl.family, sdxl.steps, sdxl.guidance_scale) == ("sdxl", 50, 5.0)
+    # a flag and a per-model setting still win over the card
+    args = amplification.build_parser().parse_args(
+        ["run", "--output", "x", "--generator", "black-forest-labs/FLUX.1-schnell:steps=2,max_sequence_length=64",
+         "--guidance-scale", "1.5"])
+    (flux,) = study.settings(args).image.generators
+    assert (flux.steps, flux.guidance_scale, dict(flux.extra)) == (2, 1.5, {"max_sequence_length": 64})
+    assert flux.record()["family"] == "flux" and "defaults_from" not in flux.record()
+
+
+# -- the tiny pipelines through the production loader ---------------------------------------------------
+
+
+@pytest.mark.parametrize("family", STANDIN_FAMILIES)
+def test_each_family_generates_through_the_loader_with_its_settings_in_the_call(tiny, family, monkeypatch):
+    from operators.support import families
+
+    fam = families.family_of_pipeline(PIPELINE[family])
+    extra = {"max_sequence_length": 16} if fam.max_sequence_length else {}
+    size = STANDIN_SIZE.get(family, 64)
+    gen = ImageGenerator(tiny[family], steps=2, guidance_scale=3.0, height=size, width=size, device="cpu",
+                         micro_batch=2, heads=[MeanHead()], call_kwargs=extra, cuda_dtype=fam.cuda_dtype)
+    assert gen.record["pipeline_class"] == PIPELINE[family] and gen.record["family"] == fam.name
+    calls = []
+    real = type(gen.pipe).__call__
+
+    def spy(pipe, *a, **kw):
+        calls.append(kw)
+        return real(pipe, *a, **kw)
+
+    monkeypatch.setattr(type(gen.pipe), "__call__", spy)
+    out = gen(rows(["a photo of a nurse", "a photo of a pilot", "a photo of a chef"], [1, 2, 3]))
+    assert out.column(GENERATION_STATUS).to_pylist() == ["ok"] * 3
+    assert [img.shape for img in batch_images(out)] == [(size, size, 3)] * 3
+    assert [c["num_inference_steps"] for c in calls] == [2, 2] and {c["guidance_scale"] for c in calls} == {3.0}
+    for key, value in extra.items():
+        assert all(c[key] == value for c in calls)
+    assert gen.heads[0].seen == 3
+
+
+def test_unknown_settings_are_left_to_the_pipeline(tiny, monkeypatch):
+    gen = ImageGenerator(tiny["flux"], steps=None, guidance_scale=None, height=64, width=64, device="cpu")
+    seen = []
+    real = type(gen.pipe).__call__
+    monkeypatch.setattr(type(gen.pipe), "__call__", lambda pipe, *a, **kw: seen.append(kw) or real(
+        pipe, *a, **{**kw, "num_inference_steps": 1}))
+    gen(rows(["a cat"], [0]))
+    assert "guidance_scale" not in seen[0] and "num_inference_steps" not in seen[0]
+    assert gen.record["steps"] is None and gen.record["guidance_scale"] is None
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_nan_latents_give_invalid_image_never_measured_nor_saved(tiny, family):
+    size = 64
+    head = MeanHead()
+    gen = ImageGenerator(tiny[family], steps=2, guidance_scale=0.0, height=size, width=size, device="cpu",
+                         micro_batch=3, heads=[head])
+
+    def poison(module, args, output):   # NaN into the second image's latents, inside the real denoiser
+        sample = output[0] if isinstance(output, tuple) else output.sample
+        sample[1] = float("nan")
+        return output
+
+    hook = gen.pipe.transformer.register_forward_hook(poison)
+    try:
+        out = gen(rows(["a photo of a nurse", "a photo of a pilot", "a photo of a chef"], [1, 2, 3]))
+    finally:
+        hook.remove()
+    status = out.column(GENERATION_STATUS).to_pylist()
+    assert status == ["ok", GenerationStatus.INVALID_IMAGE, "ok"]
+    assert "NaN" in out.column(GENERATION_DETAIL)[1].as_py()
+    assert out.column(IMAGE)[1].as_py() is None and out.column(GENDER)[1].as_py() is None
+    assert out.column(GENDER)[0].as_py() == "female" and head.seen == 2
+    assert GenerationStatus.INVALID_IMAGE in GenerationStatus.FAILURES   # counts against the error budget
+
+
+def test_an_all_black_image_is_invalid_unless_the_checker_blanked_it():
+    from operators.support.diffusion import invalid_images
+
+    images = torch.rand(3, 3, 8, 8)
+    images[1] = 0.0
+    images[2] = 0.0
+    assert invalid_images(images) == [None, invalid_images(images)[1], invalid_images(images)[2]]
+    assert "all black" in invalid_images(images)[1]
+    assert invalid_images(images, blocked=[False, False, True])[2] is None
+
+
+def test_the_denoiser_compiles_whatever_it_is_and_channels_last_is_refused_for_a_transformer(tiny):
+    from operators.support.diffusion import apply_speed_options, load_text2image
+
+    pipe, _ = load_text2image(tiny["flux"], device="cpu", dtype="float32")
+    rec = apply_speed_options(pipe, False, "default", False)
+    assert rec["compile_unet"] == "default" and getattr(pipe.transformer, "_compiled_call_impl", None) is not None
+    with pytest.raises(ValueError, match="transformer"):
+        apply_speed_options(pipe, True, None, False)
+
+
+def test_a_gated_or_missing_repository_is_one_line_naming_the_licence_page_and_the_token(monkeypatch):
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    from operators.support import diffusion
+    from operators.support.models import ModelLoadError
+
+    def fails(error):
+        def download(*a, **k):
+            exc = error.__new__(error)           # as huggingface_hub raises it, without an HTTP response
+            Exception.__init__(exc, "401 Client Error: Unauthorized")
+            raise OSError("could not download") from exc
+        return download
+
+    import diffusers
+
+    for error, words in ((GatedRepoError, "is gated"), (RepositoryNotFoundError, "no repository")):
+        monkeypatch.setattr(diffusers.DiffusionPipeline, "download", staticmethod(fails(error)))
+        with pytest.raises(ModelLoadError) as info:
+            diffusion.load_text2image("black-forest-labs/FLUX.1-dev", device="cpu")
+        text = str(info.value)
+        assert words in text and "https://huggingface.co/black-forest-labs/FLUX.1-dev" in text
+        assert "HF_TOKEN" in text and "huggingface-cli login" in text and "\n" not in text

@@ -1,0 +1,110 @@
+"""Today's model families in every study, end to end on a local Ray instance: `--standin-models`
+with SDXL, SD 3.5, FLUX.1 and PixArt hub ids builds a tiny random pipeline of each family, runs it
+at that model's defaults (its card's, recorded), and measures its images like SD's (issue 30)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import amplification, dalleval, exposed, gep, synthetic_laion
+from pipelines.studies.amplification.sample_server import LocalImageServer
+from schemas import images as I
+
+pytestmark = pytest.mark.ray
+
+SDXL, SD35, FLUX, PIXART = ("stabilityai/stable-diffusion-xl-base-1.0", "stabilityai/stable-diffusion-3.5-medium",
+                            "black-forest-labs/FLUX.1-schnell", "PixArt-alpha/PixArt-Sigma-XL-2-1024-MS")
+FAMILY = {SDXL: ("sdxl", "StableDiffusionXLPipeline"), SD35: ("sd3", "StableDiffusion3Pipeline"),
+          FLUX: ("flux", "FluxPipeline"), PIXART: ("pixart-sigma", "PixArtSigmaPipeline")}
+
+
+def generator_records(run_dir) -> dict:
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    models = metrics.get("image_models") or metrics["models"]   # amplification: caption models under "models"
+    return {r["model"]: r["detail"] for r in models if r["role"] == "generator"}
+
+
+def check_records(run_dir, models, steps=2):
+    """Each requested model ran as a stand-in of its own family (one family per model here), with
+    that model's defaults recorded; returns the generator records by requested model."""
+    recs = generator_records(run_dir)
+    by_family = {FAMILY[m][0]: m for m in models}
+    by_requested = {}
+    for detail in recs.values():
+        model = by_family[detail["family"]]
+        assert (detail["pipeline_class"], detail["spec"]["family"]) == (FAMILY[model][1], FAMILY[model][0])
+        by_requested[model] = detail
+    assert set(by_requested) == set(models)
+    for model, detail in by_requested.items():
+        spec = detail["spec"]
+        assert spec["steps"] == steps                      # the global flag wins over every card
+        if model == FLUX:                                  # the card: guidance 0, T5 length 256, bfloat16
+            assert (spec["guidance_scale"], spec["extra"], spec["cuda_dtype"]) == (0.0, {"max_sequence_length": 256},
+                                                                                  "bfloat16")
+            assert detail["defaults_from"].startswith(f"model card of {FLUX}")
+        if model == SD35:
+            assert (spec["guidance_scale"], spec["cuda_dtype"]) == (4.5, "bfloat16")
+        if model == SDXL:
+            assert spec["guidance_scale"] == 5.0 and "StableDiffusionXLPipeline" in detail["defaults_from"]
+    return by_requested
+
+
+def test_gep_runs_all_four_families(tmp_path, ray_local):
+    models = [SDXL, SD35, FLUX, PIXART]
+    argv = ["run", "--output", str(tmp_path), "--run-id", "g", "--standin-models", "--images-per-prompt", "1",
+            "--steps", "2", "--max-contexts", "2", "--no-progress", "--generators", ",".join(models)]
+    assert gep.main(argv) == 0
+    check_records(tmp_path / "g", models)
+    scores = (tmp_path / "g" / "table_gep_scores.csv").read_text()
+    for model in models:
+        assert f"{model.split('/')[1]}-standin" in scores
+
+
+def test_dalleval_measures_flux_and_pixart_images(tmp_path, ray_local):
+    models = [FLUX, PIXART]
+    argv = ["run", "--output", str(tmp_path), "--run-id", "d", "--standin-models", "--images-per-prompt", "1",
+            "--steps", "2", "--max-professions", "1", "--no-progress", "--generators", *models]
+    assert dalleval.main(argv) == 0
+    check_records(tmp_path / "d", models)
+    images = pq.read_table(tmp_path / "d" / "images.parquet").to_pandas()
+    assert set(images[I.GENERATION_STATUS]) == {"ok"} and images["model"].nunique() == 2
+    assert images["skin_status"].notna().all()
+
+
+def test_exposed_sections_3_4_on_sd3_and_flux_and_refusals_before_any_work(tmp_path, ray_local, capsys):
+    models = [SD35, FLUX]
+    argv = ["run", "--output", str(tmp_path), "--run-id", "e", "--standin-models", "--max-triplets", "1",
+            "--per-topic", "1", "--steps", "2", "--no-objects", "--no-progress", "--generators", *models]
+    assert exposed.main(argv) == 0
+    check_records(tmp_path / "e", models)
+    images = pq.read_table(tmp_path / "e" / "images.parquet").to_pandas()
+    assert set(images[I.GENERATION_STATUS]) == {"ok"}
+    capsys.readouterr()
+    for extra, words in (([], "--no-objects"), (["--no-objects", "--generators", PIXART], "PixArt")):
+        argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators", FLUX, *extra]
+        assert exposed.main(argv) == 2
+        assert words in capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()      # refused at settings time: nothing written
+
+
+def test_amplification_counts_sdxl_and_flux_images_through_the_face_filter_and_clip(tmp_path, ray_local):
+    models = [SDXL, FLUX]
+    synthetic_laion.write(synthetic_laion.generate(3000, seed=1), tmp_path / "input.parquet")
+    with LocalImageServer() as server:
+        argv = ["run", "--captions", str(tmp_path / "input.parquet"), "--output", str(tmp_path / "out"),
+                "--run-id", "a", "--occupations", "nurse", "--sample-size", "4", "--nn-k", "4",
+                "--images-per-prompt", "1", "--caption-images", "1", "--steps", "2", "--standin-models",
+                "--allow-local-urls", "--no-progress", "--url-rewrite", f"https://images.example.org/={server.base_url}/",
+                "--generators", ",".join(models)]
+        assert amplification.main(argv) == 0
+    run_dir = tmp_path / "out" / "a"
+    check_records(run_dir, models)
+    images = pq.read_table(run_dir / "images.parquet").to_pandas()
+    generated = images[images[I.GENERATION_STATUS].notna()]
+    assert set(generated[I.GENERATION_STATUS]) == {"ok"} and generated["model"].nunique() == 2
+    assert generated[I.FACE_STATUS].notna().all()            # every family's images go through the face filter
+    faces = generated[generated[I.FACE_STATUS] == "ok"]        # the SDXL stand-in draws faces (FLUX's: noise)
+    assert len(faces) and faces[I.GENDER].isin(["male", "female", "ambiguous"]).all()   # and those through CLIP
