@@ -124,7 +124,7 @@ class ImageGenerator:
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 8,
                  noise_device: str = "cpu", scheduler: str | None = None, channels_last: bool = False,
                  compile_unet: bool | str = False, vae_slicing: bool | str = False, call_kwargs: dict | None = None,
-                 cuda_dtype: str = "float16"):
+                 cuda_dtype: str = "float16", variant: str | None = None):
         """The speed options ``channels_last``, ``compile_unet`` and ``vae_slicing`` are described in
         the module docstring; all are off by default. ``call_kwargs``: further pipeline call
         arguments of the generator's spec (a negative prompt, ``max_sequence_length``, ...).
@@ -144,7 +144,7 @@ class ImageGenerator:
         self.safety_checker = safety_checker
         self.call_kwargs = dict(call_kwargs or {})
         self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler,
-                                                 cuda_dtype=cuda_dtype)
+                                                 cuda_dtype=cuda_dtype, variant=variant)
         self.device = load_record["device"]
         # noise on the CPU by default: the same seed gives the same initial noise on any device
         self.noise_device = pick_device(noise_device)

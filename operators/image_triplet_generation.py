@@ -169,7 +169,7 @@ class TripletGenerator:
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 2,
                  noise_device: str = "cpu", scheduler: str | None = None, dependency=None,
-                 call_kwargs: dict | None = None, cuda_dtype: str = "float16"):
+                 call_kwargs: dict | None = None, cuda_dtype: str = "float16", variant: str | None = None):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1 unit, got {micro_batch}")
         self.model = model
@@ -180,7 +180,7 @@ class TripletGenerator:
         self.safety_checker = safety_checker
         self.call_kwargs = dict(call_kwargs or {})
         self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler,
-                                                 cuda_dtype=cuda_dtype)
+                                                 cuda_dtype=cuda_dtype, variant=variant)
         self.device = load_record["device"]
         check_capture(self.pipe, model)
         self.noise_device = pick_device(noise_device)

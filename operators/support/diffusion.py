@@ -9,7 +9,9 @@ single-image generator (``operators.image_generation``) and the triplet generato
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+from pathlib import Path
 import numpy as np
 
 from operators.support.codec import rgb_levels
@@ -46,14 +48,16 @@ def _package_version(name: str) -> str | None:
 
 def load_text2image(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto",
                     safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, scheduler: str | None = None,
-                    cuda_dtype: str = "float16"):
+                    cuda_dtype: str = "float16", variant: str | None = None):
     """Load a diffusers text-to-image pipeline; return ``(pipe, record)``.
 
     ``model`` is a hub id (pinned to ``revision``: a commit, branch or tag) or a local directory
     written by ``save_pretrained``. A hub id is loaded from the cache snapshot it resolves to, so
     the record names that commit and the sha256 of each weight file the pipeline read.
     ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``: ``cuda_dtype`` on CUDA (the
-    family's: bfloat16 for FLUX and SD 3, which overflow in float16), float32 on CPU. ``safety_checker``: "model-default" keeps the checker the model
+    family's: bfloat16 for FLUX and SD 3, which overflow in float16), float32 on CPU. ``variant``
+    ("fp16"): a hub repository's float16 weight files, used only when the model runs in float16
+    (otherwise the full-precision files are read); recorded. ``safety_checker``: "model-default" keeps the checker the model
     ships (if any), "off" loads it without one. ``scheduler``: None keeps the model's sampler, a
     diffusers scheduler class name (``LMSDiscreteScheduler``, the k-LMS sampler of paper 001 App. A)
     replaces it, built from the model's scheduler config. ``record`` is the provenance of what was loaded.
@@ -63,6 +67,11 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     device = pick_device(device)
     torch_dtype = resolve_dtype(dtype, device, cuda_auto=cuda_dtype)
     kwargs = {_dtype_keyword(): torch_dtype, "revision": revision}
+    import torch
+
+    used_variant = variant if (variant and torch_dtype == torch.float16 and not os.path.isdir(model)) else None
+    if used_variant:
+        kwargs["variant"] = used_variant
     if safety_checker == SafetyCheckerPolicy.OFF:
         kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument
     try:
@@ -71,8 +80,11 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         # a hub id: fetch (or find in the cache) the files this pipeline loads, at ``revision``, and
         # load from that snapshot directory: its name is the commit, its files the weights recorded
         source = model if os.path.isdir(model) else str(DiffusionPipeline.download(model, **kwargs))
+        check_fits(model, source, torch_dtype, device)
         pipe = AutoPipelineForText2Image.from_pretrained(source, **kwargs)
         pipe = pipe.to(device)
+    except ModelLoadError:
+        raise
     except Exception as exc:  # OSError, ValueError, EnvironmentError, HTTP errors, CUDA errors...
         gated = _gated_message(model, exc)
         if gated:
@@ -99,6 +111,7 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         "family": family_of_pipeline(type(pipe).__name__).name,
         "scheduler_class": type(pipe.scheduler).__name__ if getattr(pipe, "scheduler", None) is not None else None,
         "dtype": str(torch_dtype).replace("torch.", ""),
+        "variant": used_variant,
         "device": device,
         "safety_checker_policy": safety_checker,
         "safety_checker_present": getattr(pipe, "safety_checker", None) is not None,
@@ -110,6 +123,62 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         **weights_provenance(_loaded_files(pipe, source), source),
     }
     return pipe, record
+
+
+# room a generator needs beyond its weights on the GPU (activations, the VAE decode, CUDA context)
+MEMORY_HEADROOM = 1.25
+
+
+def pipeline_parameters(source: str) -> int | None:
+    """The number of parameters in a pipeline directory's model components, read from their
+    safetensors headers (no weights are loaded); None where a component's files are not
+    safetensors (their size says nothing certain)."""
+    import struct
+
+    total = 0
+    root = Path(source)
+    try:
+        components = [k for k, v in json.loads((root / "model_index.json").read_text()).items()
+                      if not k.startswith("_") and isinstance(v, list) and v[0] is not None]
+    except (OSError, ValueError):
+        return None
+    for name in components:
+        for f in loaded_weight_files(root / name):
+            if f.suffix != ".safetensors":
+                return None
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            for key, info in header.items():
+                if key != "__metadata__":
+                    count = 1
+                    for d in info["shape"]:
+                        count *= int(d)
+                    total += count
+    return total
+
+
+def check_fits(model: str, source: str, torch_dtype, device: str, total_bytes: int | None = None) -> None:
+    """Before loading onto a GPU: refuse, in one line with the options, a pipeline whose weights in
+    ``torch_dtype`` (times MEMORY_HEADROOM) exceed the card's memory. ``total_bytes``: the card's
+    memory (default: what torch reports for ``device``)."""
+    import torch
+
+    if not str(device).startswith("cuda") and total_bytes is None:
+        return
+    params = pipeline_parameters(source)
+    if not params:
+        return
+    if total_bytes is None:
+        total_bytes = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    need = params * torch.tensor([], dtype=torch_dtype).element_size() * MEMORY_HEADROOM
+    if need > total_bytes:
+        dtype = str(torch_dtype).replace("torch.", "")
+        raise ModelLoadError(
+            f"text-to-image model {model!r} has {params / 1e9:.1f} B parameters: about {need / 2**30:.0f} GiB in "
+            f"{dtype} with activations, more than this GPU's {total_bytes / 2**30:.0f} GiB. Run it on a larger GPU "
+            f"(cluster.yaml: a gpu_worker instance type with more memory, e.g. g6e (L40S 48 GB) or p4d/p5 "
+            f"(A100/H100 80 GB)), or, where the card allows it, a smaller dtype (dtype=float16/bfloat16 instead of float32).")
 
 
 def _gated_message(model: str, exc: BaseException) -> str | None:

@@ -37,7 +37,7 @@ from operators.base import Stage, conform
 # the spec's own keys (with the spelling a user may type for some); anything else is an extra
 # pipeline argument, checked against the loaded pipeline's signature on the driver
 SPEC_KEYS = ("revision", "dtype", "steps", "guidance_scale", "height", "width", "negative_prompt", "scheduler",
-             "safety_checker", "family", "cuda_dtype")
+             "safety_checker", "family", "cuda_dtype", "variant")
 KEY_ALIASES = {"guidance": "guidance_scale", "num_inference_steps": "steps", "cfg": "guidance_scale"}
 SAFETY_POLICIES = ("model-default", "off")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -62,6 +62,7 @@ class GeneratorSpec:
     extra: tuple[tuple[str, Any], ...] = ()   # further pipeline call arguments, sorted by name
     family: str | None = None           # sd, sdxl, sd3, flux, pixart-alpha, pixart-sigma, unknown
     cuda_dtype: str = "float16"         # dtype "auto" on a GPU (bfloat16 for families that overflow in float16)
+    variant: str | None = None          # "fp16": the repository's float16 weight files, when running in float16
     # where the settings not given came from (a card, a family, a study file): recorded, not compared
     defaults_from: str | None = field(default=None, compare=False)
 
@@ -109,11 +110,13 @@ class GeneratorSpec:
                 "steps": None if self.steps is None else int(self.steps),
                 "guidance_scale": None if self.guidance_scale is None else float(self.guidance_scale),
                 "height": self.height, "width": self.width, "safety_checker": self.safety_checker,
-                "scheduler": self.scheduler, "call_kwargs": self.call_kwargs, "cuda_dtype": self.cuda_dtype}
+                "scheduler": self.scheduler, "call_kwargs": self.call_kwargs, "cuda_dtype": self.cuda_dtype,
+                "variant": self.variant}
 
     def at(self, model: str) -> "GeneratorSpec":
-        """The same settings for another copy of the model (a stand-in directory): no hub revision."""
-        return dataclasses.replace(self, model=model, revision=None)
+        """The same settings for another copy of the model (a stand-in directory): no hub revision
+        and no weight variant (a directory holds the files it holds)."""
+        return dataclasses.replace(self, model=model, revision=None, variant=None)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
             return None if value is None else int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{where}: {key}={value!r} is not a number") from None
-    if key in ("revision", "scheduler", "negative_prompt", "family") and value is not None:
+    if key in ("revision", "scheduler", "negative_prompt", "family", "variant") and value is not None:
         return str(value)
     if key in ("dtype", "cuda_dtype"):
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(str(value), str(value))
@@ -303,7 +306,7 @@ def model_defaults(model: str, revision: str | None = None, family: str | None =
 
     d = families.defaults(model, revision, family)
     spec = {"family": d["family"], "steps": d["steps"], "guidance_scale": d["guidance_scale"],
-            "height": d["height"], "width": d["width"], "cuda_dtype": d["cuda_dtype"]}
+            "height": d["height"], "width": d["width"], "cuda_dtype": d["cuda_dtype"], "variant": d["variant"]}
     extra = {} if d["max_sequence_length"] is None else {"max_sequence_length": int(d["max_sequence_length"])}
     return {"spec": spec, "extra": extra, "defaults_from": f"{d['defaults_from']} (family {d['family']}: {d['family_from']})"}
 

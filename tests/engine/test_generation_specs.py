@@ -1,6 +1,7 @@
 """Generator specs: each model with its own settings, from the study file and the command line, in
 the order the module documents; what is fingerprinted; the plan's stage list."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -169,13 +170,16 @@ def test_the_plan_builds_the_generator_stage_from_the_spec():
 def test_standin_generators_keep_each_spec_s_settings(tmp_path):
     specs = [GeneratorSpec("org/a", revision="r1", steps=3), GeneratorSpec("org/b", negative_prompt="x")]
     built = G.build_standin_generators(specs, str(tmp_path), shared_text_encoder=(0, 1))
-    assert [s.model for s in built] == [str(tmp_path / "generator-1-standin"), str(tmp_path / "generator-2-standin")]
+    # named after the requested models (generator-N-standin only when two would share a name)
+    assert [s.model for s in built] == [str(tmp_path / "a-standin"), str(tmp_path / "b-standin")]
     assert (built[0].steps, built[0].revision, built[1].negative_prompt) == (3, None, "x")
     enc = [sorted(p.read_bytes() for p in (tmp_path / n / "text_encoder").iterdir())
-           for n in ("generator-1-standin", "generator-2-standin")]
+           for n in ("a-standin", "b-standin")]
     assert enc[0] == enc[1]    # one text encoder, copied
     records = G.load_generators(built, True)
     assert [r["detail"]["spec"]["steps"] for r in records] == [3, 50]
+    same = G.build_standin_generators([GeneratorSpec("x/sd"), GeneratorSpec("y/sd")], str(tmp_path / "same"))
+    assert [Path(s.model).name for s in same] == ["generator-1-standin", "generator-2-standin"]
     with pytest.raises(ValueError, match="takes no"):
         G.load_generators([built[0].at(built[0].model).__class__(built[0].model, extra=(("no_such_arg", 1),))], True)
 
@@ -187,7 +191,7 @@ def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):
 
     (spec,) = G.build_standin_generators([GeneratorSpec("org/a", steps=2, height=32, width=32)], str(tmp_path))
     # the requested model is replaced with a word, naming it and its stand-in
-    assert "generator org/a -> tiny random sd stand-in generator-1-standin" in capsys.readouterr().out
+    assert "generator org/a -> tiny random sd stand-in a-standin" in capsys.readouterr().out
     plain = ImageGenerator(**{**spec.operator_kwargs(), "device": "cpu"})
     negative = ImageGenerator(**{**G.dataclasses.replace(spec, negative_prompt="a red square").operator_kwargs(),
                                  "device": "cpu"})

@@ -1,29 +1,11 @@
 """A hub that does not answer: one probe, then offline mode, so a model that is not in the cache
 fails at once instead of after the loaders' own timeouts and retries (models.hub_offline_if_unreachable)."""
 
+import os
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 
 import pytest
-
-CODE = textwrap.dedent("""
-    import os, sys
-    import huggingface_hub.constants as hub
-    from pipelines.engine.models import hub_offline_if_unreachable
-    from operators.support.diffusion import load_text2image
-    from operators.support.models import ModelLoadError
-    with hub_offline_if_unreachable(timeout=float(sys.argv[1])):
-        print("offline inside:", hub.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE"))
-        try:
-            load_text2image("nobody-here/no-such-model", device="cpu", dtype="float32")
-        except ModelLoadError as exc:
-            print("error:", str(exc).splitlines()[0])
-    print("offline after:", hub.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE"))
-""")
-
 
 class SilentServer:
     """Accepts TCP connections on 127.0.0.1 and never answers: a hub behind a black hole."""
@@ -58,27 +40,46 @@ def silent_hub():
     server.close()
 
 
-def _run(env_endpoint, tmp_path, extra_env=None):
-    import os
+def _run(endpoint, tmp_path, monkeypatch, user_offline=False):
+    """Inside hub_offline_if_unreachable (in this process; it restores what it changes): the
+    offline state it set and the one-line error of a model that is in no cache."""
+    import huggingface_hub.constants as hub
 
-    env = dict(os.environ, HF_ENDPOINT=env_endpoint, HF_HOME=str(tmp_path / "hf"), **(extra_env or {}))
-    env.pop("HF_HUB_OFFLINE", None)
-    env.pop("TRANSFORMERS_OFFLINE", None)
-    env.update(extra_env or {})
-    return subprocess.run([sys.executable, "-c", CODE, "1"], capture_output=True, text=True, timeout=120, env=env)
+    from operators.support.diffusion import load_text2image
+    from operators.support.models import ModelLoadError
+    from pipelines.engine.models import hub_offline_if_unreachable
+
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    if user_offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    out = {}
+    with hub_offline_if_unreachable(timeout=1):
+        out["inside"] = (hub.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE"))
+        try:
+            load_text2image("nobody-here/no-such-model", device="cpu", dtype="float32")
+        except ModelLoadError as exc:
+            out["error"] = str(exc).splitlines()[0]
+    out["after"] = (hub.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE"))
+    return out
 
 
-def test_a_silent_hub_gets_one_probe_then_the_missing_model_fails_offline(silent_hub, tmp_path):
-    res = _run(f"http://127.0.0.1:{silent_hub.port}", tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert f"hub at http://127.0.0.1:{silent_hub.port} cannot be reached" in res.stdout
-    assert "offline inside: True 1" in res.stdout
-    assert "error:" in res.stdout and "nobody-here/no-such-model" in res.stdout
-    assert "offline after: False None" in res.stdout           # restored after the block
+def test_a_silent_hub_gets_one_probe_then_the_missing_model_fails_offline(silent_hub, tmp_path, monkeypatch, capsys):
+    out = _run(f"http://127.0.0.1:{silent_hub.port}", tmp_path, monkeypatch)
+    assert f"hub at http://127.0.0.1:{silent_hub.port} cannot be reached" in capsys.readouterr().out
+    assert out["inside"] == (True, "1")
+    assert "nobody-here/no-such-model" in out["error"]
+    assert out["after"] == (False, None)                       # restored after the block
     assert len(silent_hub.connections) == 1                    # the probe; the loader never asked the hub
 
 
-def test_a_hub_that_answers_is_left_online(tmp_path):
+def test_a_hub_that_answers_is_left_online(tmp_path, monkeypatch, capsys):
     import http.server
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -92,13 +93,17 @@ def test_a_hub_that_answers_is_left_online(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        res = _run(f"http://127.0.0.1:{server.server_address[1]}", tmp_path)
+        with monkeypatch.context() as m:   # the loader's own requests would go to this server: no load here
+            import operators.support.diffusion as D
+
+            m.setattr(D, "load_text2image", lambda *a, **k: None)
+            out = _run(f"http://127.0.0.1:{server.server_address[1]}", tmp_path, monkeypatch)
     finally:
         server.shutdown()
-    assert "cannot be reached" not in res.stdout and "offline inside: False None" in res.stdout, res.stdout + res.stderr
+    assert "cannot be reached" not in capsys.readouterr().out and out["inside"] == (False, None)
 
 
-def test_offline_set_by_the_user_is_kept_and_nothing_is_probed(silent_hub, tmp_path):
-    res = _run(f"http://127.0.0.1:{silent_hub.port}", tmp_path, {"HF_HUB_OFFLINE": "1"})
-    assert "cannot be reached" not in res.stdout and "offline inside: True 1" in res.stdout, res.stdout + res.stderr
+def test_offline_set_by_the_user_is_kept_and_nothing_is_probed(silent_hub, tmp_path, monkeypatch, capsys):
+    out = _run(f"http://127.0.0.1:{silent_hub.port}", tmp_path, monkeypatch, user_offline=True)
+    assert "cannot be reached" not in capsys.readouterr().out and out["inside"] == (True, "1")
     assert silent_hub.connections == []

@@ -5,6 +5,8 @@ options, and the one-line error of a gated repository."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -227,3 +229,47 @@ def test_a_gated_or_missing_repository_is_one_line_naming_the_licence_page_and_t
         text = str(info.value)
         assert words in text and "https://huggingface.co/black-forest-labs/FLUX.1-dev" in text
         assert "HF_TOKEN" in text and "huggingface-cli login" in text and "\n" not in text
+
+
+def test_the_fp16_weight_files_are_asked_for_only_when_the_model_runs_in_float16(monkeypatch):
+    import diffusers
+
+    from operators.support import diffusion
+    from operators.support.models import ModelLoadError
+
+    asked = []
+
+    def download(model, **kwargs):
+        asked.append(kwargs.get("variant"))
+        raise OSError("offline")
+
+    monkeypatch.setattr(diffusers.DiffusionPipeline, "download", staticmethod(download))
+    for dtype in ("float16", "float32"):
+        with pytest.raises(ModelLoadError):
+            diffusion.load_text2image("stabilityai/stable-diffusion-xl-base-1.0", device="cpu", dtype=dtype,
+                                      variant="fp16")
+    assert asked == ["fp16", None]
+    assert F.defaults("stabilityai/stable-diffusion-xl-base-1.0")["variant"] == "fp16"
+    assert F.defaults("black-forest-labs/FLUX.1-schnell")["variant"] is None
+
+
+def test_a_model_too_large_for_the_card_is_refused_before_loading_with_the_options(tiny):
+    from operators.support.diffusion import MEMORY_HEADROOM, check_fits, pipeline_parameters
+    from safetensors import safe_open
+
+    from operators.support.models import ModelLoadError
+
+    params = pipeline_parameters(tiny["flux"])
+    counted = 0
+    for comp in ("transformer", "text_encoder", "text_encoder_2", "vae"):
+        for f in (Path(tiny["flux"]) / comp).glob("*.safetensors"):
+            with safe_open(str(f), "pt") as fh:
+                counted += sum(fh.get_tensor(k).numel() for k in fh.keys())
+    assert params == counted > 0
+    need = params * 2 * MEMORY_HEADROOM
+    check_fits("x/flux", tiny["flux"], torch.bfloat16, "cuda", total_bytes=int(need) + 1)   # fits
+    with pytest.raises(ModelLoadError) as info:
+        check_fits("x/flux", tiny["flux"], torch.bfloat16, "cuda", total_bytes=int(need) - 1)
+    text = str(info.value)
+    assert "x/flux" in text and "bfloat16" in text and "cluster.yaml" in text and "\n" not in text
+    check_fits("x/flux", tiny["flux"], torch.float32, "cpu")   # nothing to check on a CPU
