@@ -55,6 +55,19 @@ def minilm():
     return load_sentence_transformer("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For a module of tiny stand-in models (``pytestmark = pytest.mark.usefixtures(...)``): they
+    gain nothing from intra-op threads, and on a busy 2-core machine their spin-waiting makes each
+    call several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 RAY_LOCAL_CPUS = 4
 
 

@@ -70,14 +70,7 @@ class FakeClassifier:
         return {GENDER: np.where(m >= np.median(m), "female", "male").astype(str), P_MALE: m, P_FEMALE: 1 - m}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model gains nothing from intra-op threads, and on a busy 2-core machine their
-    spin-waiting makes each call several times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,7 @@ def rows(prompts, seeds) -> pa.Table:
     })
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """As in test_image_generation: intra-op threads only slow the tiny model down on 2 busy cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

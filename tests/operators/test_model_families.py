@@ -24,12 +24,7 @@ PIPELINE = {"sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipelin
             "pixart": "PixArtSigmaPipeline"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
