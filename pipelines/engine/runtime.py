@@ -71,9 +71,11 @@ def progress_echo(no_progress: bool):
 
 
 # Ray's log lines a study's console leaves out unless --verbose: informational lines that read like
-# warnings (a local instance's token note, "progress bars disabled" under --no-progress) and the
-# per-dataset "execution finished" lines (the study prints its own phase lines and run summary)
-QUIET_MESSAGES = ("Token authentication is enabled", "Progress bars disabled", "execution finished in")
+# warnings (a local instance's token note, "progress bars disabled" under --no-progress), the
+# per-dataset "execution finished" lines (the study prints its own phase lines and run summary) and
+# "Started a local Ray instance" (the study's next line says where its model actors run)
+QUIET_MESSAGES = ("Token authentication is enabled", "Progress bars disabled", "execution finished in",
+                  "Started a local Ray instance")
 
 
 class _QuietFilter(logging.Filter):

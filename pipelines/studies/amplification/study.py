@@ -197,7 +197,7 @@ class AmplificationStudy:
         """The run summary printed at the end: the training subsets' rows (views of the distinct
         URLs' images) stay in run_summary.csv and image_stage_counts.csv."""
         shown = [r for r in rows if not r["branch"].startswith(image_side.TRAINING_ROWS)]
-        return shown, f"(per training subset, and every outcome per stage: {RUN_FILES['image_counts']}.csv)"
+        return shown, None   # per training subset and every outcome per stage: image_stage_counts.csv
 
     def generators(self, st: AmplificationSettings) -> list:
         return list(st.image.generators)
@@ -439,12 +439,11 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
     shown = t3[[c for c in t3.columns if not c.startswith(("n_", "excluded_"))]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a"))
     for model, cp in results["caption_prompts"].items():
-        print(f"captions as prompts ({model}): " + ", ".join(
-            f"{k}: E[A] = {rep._fmt(v['average'])}" for k, v in cp.items()))
         gm = results.get("caption_gender_match", {}).get(model)
-        if gm:
-            print(f"  captions with male/female indicators: {rep._fmt(gm['percent'])}% of {gm['images']} images "
-                  f"match their training image's gender (paper: 98.41%)")
+        match = (f"; gender of the training image matched for {rep._fmt(gm['percent'])}% of {gm['images']} images "
+                 f"from captions with indicators (paper: 98.41%)") if gm else ""
+        print(f"captions as prompts ({model}): " + ", ".join(
+            f"{k}: E[A] = {rep._fmt(v['average'])}" for k, v in cp.items()) + match)
     sims = results.get("image_similarity", {}).get("per_model", {})
     if sims:
         print("CLIP image similarity of training and generated images, naive -> NN (the paper: +13%): " + "; ".join(
@@ -454,4 +453,3 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
     print(f"Pearson r(% female training, % captions with female indicators) = {rep._fmt(corr['r'], 3)} (n = {corr['n']})")
     if any(m["standin"] for m in models):
         print("NOTE: CLIP and the generators were tiny random stand-ins: the numbers above are meaningless.")
-    print(f"per-image table: {run_files['images']}; report: {run_files['report']} (in the results folder below)")
