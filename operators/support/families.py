@@ -143,11 +143,10 @@ def defaults(model: str, revision: str | None = None, family: str | None = None)
         fam, how = detect(model, revision)
     values = {"steps": fam.steps, "guidance_scale": fam.guidance_scale, "size": fam.size,
               "max_sequence_length": fam.max_sequence_length, "cuda_dtype": fam.cuda_dtype, "variant": None}
-    card = CARDS.get(model.strip().lower())
-    if card:
-        values.update(card)
-        card = {k for k in card if k != "variant"}   # a variant alone is no card default
+    card = CARDS.get(model.strip().lower(), {})
+    values.update(card)
+    from_card = bool(set(card) - {"variant"})   # a weight variant alone is no card default
     size = values.pop("size")
     return {"family": fam.name, "family_from": how,
-            "defaults_from": f"model card of {model}" if card else fam.source,
+            "defaults_from": f"model card of {model}" if from_card else fam.source,
             **values, "height": size, "width": size}

@@ -322,7 +322,6 @@ def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: S
     OpenCLIP-H)."""
     import shutil
 
-    from pipelines.standins.diffusion import build_tiny_stable_diffusion
     from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
 
     own = [f"{spec.name}-standin" for spec in specs]   # the requested model's name, when the names are unique
@@ -335,14 +334,10 @@ def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: S
     for i, spec in enumerate(specs):
         family = standin_family(spec.family)
         target = str(Path(root) / names[i])
-        if family == "sd":   # faces: the fitted face decoder, so that the studies' face steps find faces
-            paths.append(build_tiny_stable_diffusion(target, seed=i, faces=True))
-        elif family == "flux":   # FLUX.1-dev is guidance-distilled (a guidance embedding), schnell is not
-            from pipelines.standins.families import build_tiny_flux
-
-            paths.append(build_tiny_flux(target, seed=i, guidance_embeds=bool(spec.guidance_scale)))
-        else:
-            paths.append(build_tiny_pipeline(family, target, seed=i))
+        # sd: the fitted face decoder, so that the studies' face steps find faces; flux: FLUX.1-dev is
+        # guidance-distilled (a guidance embedding), schnell is not
+        options = {"sd": {"faces": True}, "flux": {"guidance_embeds": bool(spec.guidance_scale)}}.get(family, {})
+        paths.append(build_tiny_pipeline(family, target, seed=i, **options))
         size = STANDIN_SIZE.get(family, 64)
         fit = {side: None if family == "sd" else size for side in ("height", "width")
                if getattr(spec, side) is None or getattr(spec, side) > size}

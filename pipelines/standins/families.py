@@ -188,15 +188,16 @@ def build_tiny_pixart(directory, seed: int = 0) -> str:
 BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart}
 
 
-def build_tiny_pipeline(family: str, directory, seed: int = 0) -> str:
-    """A tiny random pipeline of ``family`` (``FAMILIES``, or ``sd`` for SD 1.x) in ``directory``."""
+def build_tiny_pipeline(family: str, directory, seed: int = 0, **options) -> str:
+    """A tiny random pipeline of ``family`` (``FAMILIES``, or ``sd`` for SD 1.x) in ``directory``;
+    ``options``: the builder's own (``faces`` for sd, ``guidance_embeds`` for flux)."""
     if family == "sd":
         from pipelines.standins.diffusion import build_tiny_stable_diffusion
 
-        return build_tiny_stable_diffusion(directory, seed=seed)
+        return build_tiny_stable_diffusion(directory, seed=seed, **options)
     if family not in BUILDERS:
         raise ValueError(f"no tiny stand-in for the family {family!r} (have: sd, {', '.join(FAMILIES)})")
-    return BUILDERS[family](directory, seed=seed)
+    return BUILDERS[family](directory, seed=seed, **options)
 
 
 def _save(pipe, directory, family: str, seed: int) -> str:
