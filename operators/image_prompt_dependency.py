@@ -52,6 +52,7 @@ from operators.image_grounded_segmentation import (
 )
 from operators.support import rle
 from operators.support.cross_attention import CrossAttentionCapture
+from operators.support.joint_attention import capture_for
 from operators.support.dependency import (
     SIGMA,
     SIGMA_HUMAN,
@@ -82,6 +83,10 @@ from schemas.exposed import (
 log = logging.getLogger(__name__)
 
 STAGE_PROMPT_DEPENDENCY = "prompt_dependency"
+
+
+# prompt tokens a transformer's joint-attention recorder keeps (see PromptDependency.capture)
+JOINT_ATTENTION_TOKENS = 128
 
 
 def no_image() -> dict:
@@ -157,9 +162,15 @@ class PromptDependency:
 
     # -- generation side ----------------------------------------------------------------------------
 
-    def capture(self, pipe, guidance: bool) -> CrossAttentionCapture:
-        """The recorder to wrap the pipeline call in (``with``)."""
-        return CrossAttentionCapture(pipe.unet, guidance=guidance, layers=self.attention_layers)
+    def capture(self, pipe, guidance: bool):
+        """The recorder to wrap the pipeline call in (``with``): a UNet's cross-attention (DAAM), or
+        the joint attention of an SD 3 / FLUX transformer (``operators.support.joint_attention``),
+        with the tokenizer of the tokens it records (``capture.tokenizer``). A transformer records
+        the first JOINT_ATTENTION_TOKENS tokens of its T5 segment (project choice: the heat maps of
+        all 256-512 T5 positions of FLUX at 1024 px would take gigabytes; prompts longer than that
+        get no maps for their later words)."""
+        return capture_for(pipe, guidance, layers=self.attention_layers,
+                           tokens=None if getattr(pipe, "unet", None) is not None else JOINT_ATTENTION_TOKENS)
 
     # -- analysis ------------------------------------------------------------------------------------
 
@@ -292,7 +303,7 @@ class PromptDependency:
         height, width = int(images.shape[-2]), int(images.shape[-1])
         positions = []
         for i in todo:
-            per_form = CrossAttentionCapture.word_positions(tokenizer, prompts[i],
+            per_form = capture.word_positions(tokenizer, prompts[i],
                                                             [w for fs in forms[i].values() for w in fs])
             positions.append({lemma: sorted({p for w in fs for p in per_form.get(w, ())})
                               for lemma, fs in forms[i].items()})
@@ -302,7 +313,7 @@ class PromptDependency:
         detected = GroundedSegmenter.columns(found)
         # the full-size maps only now, for the prompts' own tokens: the encoder reads BOS + at most
         # model_max_length - 2 prompt tokens + EOS, so later positions were never seen
-        seen = max(1, int(getattr(tokenizer, "model_max_length", 77)) - 2)
+        seen = getattr(capture, "prompt_tokens", None) or max(1, int(getattr(tokenizer, "model_max_length", 77)) - 2)
         longest = min(seen, max((p for ps in positions for v in ps.values() for p in v), default=-1) + 1)
         maps = capture.heat_maps(latent_hw, (height, width), tokens=longest) if longest > 0 else None
         for k, i in enumerate(todo):

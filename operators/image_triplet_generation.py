@@ -28,7 +28,9 @@ prompt, seed and GENERATION_STATUS, and the unit's pair similarities in the ``si
 columns (list of three values in ``schemas.exposed.PAIRS`` order, the same on the unit's three
 rows). UNIT_STATUS is ``ok`` when all three images are; otherwise the disparities are null (a
 blanked NSFW image or a failed one would make them meaningless) and UNIT_STATUS is the first
-non-ok image status.
+non-ok image status. With ``nsfw_check`` (the run's one NSFW check: ``operators.image_nsfw_check``)
+NSFW is its flag per valid image; with ``exclude_nsfw`` a flagged image gets ``nsfw_excluded`` and
+its unit no disparities (as a blanked one).
 
 A unit with a null or blank prompt is not generated (``invalid_prompt`` on its three rows). Out of
 memory halves the micro-batch down to one unit (three images: a unit is never split); a unit
@@ -42,7 +44,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from operators.base import DisparityHead, Resources, Stage, declares
+from operators.base import DeviceHead, DisparityHead, Resources, Stage, declares
 from operators.support.diffusion import (
     SafetyCheckerPolicy,
     _free_device_memory,
@@ -102,19 +104,58 @@ class _Capture:
     left as they are: the images are exactly those generated without it."""
 
     tensor_inputs = ["latents", "prompt_embeds"]
+    # the pooled prompt embedding the denoiser receives, where the pipeline hands it to the callback
+    # (SDXL: add_text_embeds, SD 3: pooled_prompt_embeds; FLUX hands none: see pooled_embeddings)
+    POOLED = ("add_text_embeds", "pooled_prompt_embeds")
 
-    def __init__(self):
+    def __init__(self, pipe=None):
         self.prompt_embeds = None
+        self.pooled = None
         self.latents = None
+        offered = set(getattr(pipe, "_callback_tensor_inputs", None) or ())
+        self.pooled_name = next((n for n in self.POOLED if n in offered), None)
+        self.inputs = self.tensor_inputs + ([self.pooled_name] if self.pooled_name else [])
 
     def __call__(self, pipe, step, timestep, kwargs):
         if self.prompt_embeds is None:
+            cfg = getattr(pipe, "do_classifier_free_guidance", False)
             embeds = kwargs["prompt_embeds"]
-            if getattr(pipe, "do_classifier_free_guidance", False):
-                embeds = embeds[embeds.shape[0] // 2:]   # [unconditional, conditional]
-            self.prompt_embeds = embeds
+            self.prompt_embeds = embeds[embeds.shape[0] // 2:] if cfg else embeds   # [unconditional, conditional]
+            if self.pooled_name:
+                pooled = kwargs[self.pooled_name]
+                self.pooled = pooled[pooled.shape[0] // 2:] if cfg else pooled
         self.latents = kwargs["latents"]
         return {}
+
+
+def pooled_space_text(pipe) -> str:
+    """What the pooled prompt space of ``pipe`` is (the generator's record)."""
+    offered = set(getattr(pipe, "_callback_tensor_inputs", None) or ())
+    if "add_text_embeds" in offered:
+        return "SDXL: the pooled text embedding of the second text encoder (add_text_embeds), conditional half"
+    if "pooled_prompt_embeds" in offered:
+        return "SD 3: the pooled CLIP-L and CLIP-G embeddings, concatenated (pooled_prompt_embeds), conditional half"
+    if type(pipe).__name__.startswith("Flux"):
+        return "FLUX: CLIP-L's pooled embedding (the pipeline's encode_prompt), which the transformer receives"
+    return ("the text encoder's pooled output (final-layer end-of-text token after the final layer norm); this "
+            "denoiser does not receive it")
+
+
+def pooled_embeddings(pipe, prompts: list[str], call_kwargs: dict | None = None):
+    """(N, d) pooled prompt embeddings of a pipeline that does not hand them to the step callback:
+    FLUX's CLIP pooled embedding (the pipeline's own ``encode_prompt``, as its call computes it),
+    or, for a UNet pipeline (SD 1.x/2.x, whose UNet receives no pooled embedding), the text
+    encoder's pooled output (CLIP's final-layer end-of-text token, after the final layer norm)."""
+    import torch
+
+    device = getattr(pipe, "_execution_device", None) or pipe.device
+    if type(pipe).__name__.startswith("Flux"):
+        kw = {k: v for k, v in (call_kwargs or {}).items() if k == "max_sequence_length"}
+        return pipe.encode_prompt(prompt=prompts, prompt_2=None, device=device, **kw)[1]
+    tok = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length, truncation=True,
+                         return_tensors="pt")
+    with torch.inference_mode():
+        return pipe.text_encoder(tok.input_ids.to(device)).pooler_output
 
 
 def check_capture(pipe, model: str) -> None:
@@ -141,12 +182,13 @@ def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int],
 
     prompts = [p for t in triplets for p in t]
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds for _ in range(3)]
-    capture = _Capture()
+    capture = _Capture(pipe)
     with attention if attention is not None else contextlib.nullcontext():
         out = pipe(prompt=prompts, **sampling(steps, guidance_scale),
                    height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
-                   callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.tensor_inputs,
+                   callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.inputs,
                    **per_prompt(call_kwargs, len(prompts)))
+    pooled = capture.pooled if capture.pooled is not None else pooled_embeddings(pipe, prompts, call_kwargs)
     images = image_tensor(out.images)
     if capture.latents is None or capture.prompt_embeds is None:
         raise RuntimeError(f"{type(pipe).__name__} did not call callback_on_step_end with latents and prompt_embeds: "
@@ -155,7 +197,7 @@ def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int],
     flags = getattr(out, "nsfw_content_detected", None)
     flags = None if flags is None else np.asarray([bool(f) for f in flags], bool).reshape(u, 3)
     return (images.reshape(u, 3, *images.shape[1:]), capture.prompt_embeds.reshape(u, 3, *capture.prompt_embeds.shape[1:]),
-            capture.latents.reshape(u, 3, *capture.latents.shape[1:]), flags)
+            capture.latents.reshape(u, 3, *capture.latents.shape[1:]), flags, pooled.reshape(u, 3, *pooled.shape[1:]))
 
 
 class TripletGenerator:
@@ -169,9 +211,13 @@ class TripletGenerator:
                  height: int | None = None, width: int | None = None, device: str = "auto", dtype: str = "auto",
                  safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, heads: Sequence = (), micro_batch: int = 2,
                  noise_device: str = "cpu", scheduler: str | None = None, dependency=None,
-                 call_kwargs: dict | None = None, cuda_dtype: str = "float16", variant: str | None = None):
+                 call_kwargs: dict | None = None, cuda_dtype: str = "float16", variant: str | None = None,
+                 nsfw_check=None, exclude_nsfw: bool = False,
+                 cpu_offload: bool = False):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1 unit, got {micro_batch}")
+        if exclude_nsfw and nsfw_check is None:
+            raise ValueError("exclude_nsfw needs an nsfw_check to flag images")
         self.model = model
         self.steps = None if steps is None else int(steps)
         self.guidance_scale = None if guidance_scale is None else float(guidance_scale)
@@ -180,12 +226,18 @@ class TripletGenerator:
         self.safety_checker = safety_checker
         self.call_kwargs = dict(call_kwargs or {})
         self.pipe, load_record = load_text2image(model, revision, device, dtype, safety_checker, scheduler,
-                                                 cuda_dtype=cuda_dtype, variant=variant)
+                                                 cuda_dtype=cuda_dtype, variant=variant,
+                                                 cpu_offload=cpu_offload)
         self.device = load_record["device"]
         check_capture(self.pipe, model)
         self.noise_device = pick_device(noise_device)
         self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
-        spaces = [Space.PROMPT, Space.DENOISING]
+        self.nsfw_check = nsfw_check.build(device=self.device) if isinstance(nsfw_check, Stage) else nsfw_check
+        self.exclude_nsfw = bool(exclude_nsfw)
+        if self.nsfw_check is not None and not isinstance(self.nsfw_check, DeviceHead):
+            raise TypeError(f"nsfw_check {type(self.nsfw_check).__name__} lacks "
+                            f"{declares(type(self.nsfw_check), DeviceHead)} of the DeviceHead contract")
+        spaces = list(Space.GENERATOR)
         for h in self.heads:
             if not isinstance(h, DisparityHead):
                 raise TypeError(f"head {type(h).__name__} lacks {declares(type(h), DisparityHead)} of the DisparityHead "
@@ -197,13 +249,19 @@ class TripletGenerator:
         self.spaces = tuple(spaces)
         # sections 5-6: objects and dependency groups of the images while they are on the device
         self.dependency = dependency.build(device=self.device) if isinstance(dependency, Stage) else dependency
+        if self.dependency is not None:   # a family without word heat maps fails here, in one line, not mid-run
+            self.dependency.capture(self.pipe, self._guidance())
         self.record = {**load_record, "steps": self.steps, "guidance_scale": self.guidance_scale, "height": height,
                        "width": width, "call_kwargs": self.call_kwargs, "micro_batch_units": self.micro_batch, "noise_device": self.noise_device,
-                       "prompt_space": "text encoder output sequence fed to the UNet (conditional half), flattened",
+                       "prompt_space": "the text encoder output sequence the denoiser attends to (conditional half), "
+                                       "flattened",
+                       "prompt_pooled_space": pooled_space_text(self.pipe),
                        "denoising_space": "latents after the last denoising step, before the VAE, flattened",
                        # by the spaces each head measures (two heads may share one operator class)
                        "heads": {"+".join(h.spaces): getattr(h, "record", None) for h in self.heads},
-                       "dependency": getattr(self.dependency, "record", None)}
+                       "dependency": getattr(self.dependency, "record", None),
+                       "nsfw_check": None if self.nsfw_check is None else getattr(self.nsfw_check, "record", None),
+                       "exclude_nsfw": self.exclude_nsfw}
 
     def _guidance(self) -> bool:
         """Whether the pipeline runs classifier-free guidance (a conditional and an unconditional half)."""
@@ -214,18 +272,28 @@ class TripletGenerator:
     def _units(self, units: list[int], triplets, seeds, professions=None):
         """Generate ``units`` in one call and measure them: (uint8 images (U*3, H, W, 3), blocked
         (U, 3), flags or None, {space: (U, 3)} with NaN rows for units with a blocked image,
-        {dependency column: list of U*3} or None, why each image is invalid or None (U, 3))."""
+        {dependency column: list of U*3} or None, why each image is invalid or None (U, 3), the
+        NSFW check's flags (U, 3), None where it did not run)."""
         import torch
 
         chosen = [triplets[u] for u in units]
         attention = self.dependency.capture(self.pipe, self._guidance()) if self.dependency is not None else None
-        images, embeds, latents, flags = generate_units(self.pipe, chosen, [seeds[u] for u in units], self.steps,
+        images, embeds, latents, flags, pooled = generate_units(self.pipe, chosen, [seeds[u] for u in units], self.steps,
                                                         self.guidance_scale, self.height, self.width,
                                                         self.noise_device, attention, self.call_kwargs)
         blocked = np.zeros((len(units), 3), bool) if flags is None else flags
         flat = images.reshape(-1, *images.shape[2:])
         invalid = np.asarray(invalid_images(flat, blocked.reshape(-1)), dtype=object).reshape(len(units), 3)
-        sims = {Space.PROMPT: pair_cosines(embeds), Space.DENOISING: pair_cosines(latents)}
+        unusable = blocked.reshape(-1) | np.asarray([w is not None for w in invalid.reshape(-1)], bool)
+        checked = np.full(3 * len(units), None, dtype=object)
+        if self.nsfw_check is not None and not unusable.all():
+            keep = np.flatnonzero(~unusable)
+            for k, f in zip(keep, self.nsfw_check.classify_tensor(flat[torch.as_tensor(keep, device=flat.device)])[NSFW]):
+                checked[k] = bool(f)
+            if self.exclude_nsfw:
+                unusable = unusable | np.asarray([c is True for c in checked], bool)
+        sims = {Space.PROMPT: pair_cosines(embeds), Space.PROMPT_POOLED: pair_cosines(pooled),
+                Space.DENOISING: pair_cosines(latents)}
         for head in self.heads:
             for space, values in head.triplet_similarities(images).items():
                 sims[space] = np.asarray(values, np.float64)
@@ -233,11 +301,14 @@ class TripletGenerator:
         objects = None
         if self.dependency is not None:
             prof = None if professions is None else [professions[u] for u in units for _ in range(3)]
-            unusable = blocked.reshape(-1) | np.asarray([w is not None for w in invalid.reshape(-1)], bool)
+            # the latent grid of (U, 3, C, H, W) latents (UNet, SD 3); FLUX's are packed (U, 3, seq, 64):
+            # its recorder reads the token grid from the transformer's call instead
+            latent_hw = tuple(latents.shape[-2:]) if latents.ndim == 5 else None
             objects = self.dependency.analyse(flat_images, [p for t in chosen for p in t], attention,
-                                              self.pipe.tokenizer, tuple(latents.shape[-2:]), unusable,
+                                              attention.tokenizer, latent_hw, unusable,
                                               unit_size=3, professions=prof)
-        return _to_uint8(torch.nan_to_num(flat_images, nan=0.0)), blocked, flags, sims, objects, invalid
+        return (_to_uint8(torch.nan_to_num(flat_images, nan=0.0)), blocked, flags, sims, objects, invalid,
+                checked.reshape(len(units), 3))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import torch
@@ -269,7 +340,8 @@ class TripletGenerator:
                 units = pending.pop(0)
                 failure = None
                 try:
-                    images, blocked, flags, measured, found, invalid = self._units(units, triplets, seeds, professions)
+                    images, blocked, flags, measured, found, invalid, checked = self._units(units, triplets, seeds,
+                                                                                            professions)
                 except Exception as exc:
                     if not _out_of_memory(exc):
                         raise
@@ -289,8 +361,15 @@ class TripletGenerator:
                     if flags is not None:
                         nsfw[u] = blocked[j].tolist()
                     bad = [v for v in range(3) if invalid[j][v] is not None]
+                    if self.nsfw_check is not None:
+                        nsfw[u] = checked[j].tolist()
+                        if self.exclude_nsfw:
+                            flagged = [v for v in range(3) if checked[j][v] is True]
+                            status[u][flagged] = GenerationStatus.NSFW_EXCLUDED
+                            bad += flagged
                     for v in bad:   # never measured: the unit's disparities stay NaN
-                        status[u][v], detail[u][v] = GenerationStatus.INVALID_IMAGE, invalid[j][v]
+                        if invalid[j][v] is not None:
+                            status[u][v], detail[u][v] = GenerationStatus.INVALID_IMAGE, invalid[j][v]
                     if not blocked[j].any() and not bad:
                         for space in self.spaces:
                             sims[space][u] = measured[space][j]

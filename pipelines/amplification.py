@@ -164,7 +164,7 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
 def _image_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation (paper 002, section 3.1, section 6, App. A.3)")
     arguments.add_generation(g, "CompVis/stable-diffusion-v1-4 stable-diffusion-v1-5/stable-diffusion-v1-5",
-                             safety="model-default", images_per_prompt="images per occupation and prompt (default 500)")
+                             safety="check-all, flagged images left out", images_per_prompt="images per occupation and prompt (default 500)")
     g.add_argument("--caption-images", type=int, help="images per training caption used as the prompt, section 6 "
                                                       "(default 10; 0 turns caption-as-prompt off)")
     c = p.add_argument_group("face filter and gender classifier (paper 002, section 2.2, App. A.4)")
@@ -199,6 +199,7 @@ def _image_args(p: argparse.ArgumentParser) -> None:
     k.add_argument("--gen-batch-size", type=int, default=8, help="images per generator call (default 8); 1 makes every image bit-exactly "
                         "reproducible from its seed alone (larger batches round differently, ~1 level)")
     gpus.add_generation_options(k)
+    gpus.add_offload(k)
     k.add_argument("--gpus-per-actor", type=float,
                    help="GPUs per generator / CLIP actor (default: execution.gpus_per_model_actor of the config, 1; "
                         "asked for even when no GPU is up yet, so the autoscaler starts GPU nodes)")

@@ -42,7 +42,7 @@ from pipelines.engine import arguments, cli  # noqa: E402
 
 def _generation_args(p) -> None:
     g = p.add_argument_group("generation")
-    arguments.add_generation(g, "CompVis/stable-diffusion-v1-4")
+    arguments.add_generation(g, "CompVis/stable-diffusion-v1-4", safety="check-all, flagged images kept")
     return g
 
 

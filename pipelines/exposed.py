@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script (python pipelines/exposed.py, r
 
 from pipelines.engine import arguments, cli  # noqa: E402
 
-SPACES = ("prompt", "denoising", "ssim", "diff_pix", "resnet", "clip", "dino", "split_product")
+SPACES = ("prompt", "prompt_pooled", "denoising", "ssim", "diff_pix", "resnet", "clip", "dino", "split_product")
 
 
 def _add_triplet_sources(g, run: bool) -> None:
@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seeds-per-triplet", action="append", metavar="SOURCE=N",
                    help="seeds per triplet of a source (default gcc=5, profession=5, others 1); repeat per source")
     g = r.add_argument_group("generation (section 3)")
-    arguments.add_generation(g, "SD v1.4, v2.0-base, v2.1-base", safety="model-default: SD v1.4's checker blanks "
-                             "flagged images, whose units are counted, not measured", seed_unit="unit")
+    arguments.add_generation(g, "SD v1.4, v2.0-base, v2.1-base", safety="check-all: units with a flagged image "
+                             "are counted, not measured", seed_unit="unit")
     d = r.add_argument_group("representational disparities (section 4, App. A)")
     d.add_argument("--spaces", nargs="+", choices=SPACES,
                    help="spaces to measure (default all; prompt and denoising are always measured)")

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-contexts", type=int, metavar="N", help="only the first N contexts (quick runs)")
     g = r.add_argument_group("generation (section 5, App. A)")
     arguments.add_generation(g, "stable-diffusion-v1-5/stable-diffusion-v1-5", scheduler="LMSDiscreteScheduler, App. A",
-                             safety="off, App. A", images_per_prompt="images per prompt (default 5)")
+                             safety="check-all, flagged images kept (App. A ran no checker)", images_per_prompt="images per prompt (default 5)")
     e = r.add_argument_group("estimators (section 4)")
     arguments.add_clip(e, "the estimators", "ViT-L-14")
     e.add_argument("--reference", help="reference string r(a) of CC-f (default 'an object'; Table 8 also uses '' and 'clothes': "

@@ -105,6 +105,9 @@ class Space:
     except Diff. Pix., a percentage of differing pixels: lower = closer)."""
 
     PROMPT = "prompt"                # cos of the text encoder's prompt embeddings t (Eq. 1)
+    # cos of the pooled prompt embedding the denoiser receives beside t (SDXL, SD 3, FLUX); SD 1.x/2.x:
+    # the text encoder's pooled output, which their UNet does not receive
+    PROMPT_POOLED = "prompt_pooled"
     DENOISING = "denoising"          # cos of the final latents z_0 before decoding (Eq. 2)
     SSIM = "ssim"                    # mean of the SSIM map
     DIFF_PIX = "diff_pix"            # % of pixels inside the contours of the SSIM difference map
@@ -112,7 +115,8 @@ class Space:
     CLIP = "clip"                    # cos of CLIP ViT-B/32 image features
     DINO = "dino"                    # cos of DINO ViT-S/16's last-layer class token
     SPLIT_PRODUCT = "split_product"  # max cos over corresponding patch chunks of DINO ViT-B/8
-    ALL = (PROMPT, DENOISING, SSIM, DIFF_PIX, RESNET, CLIP, DINO, SPLIT_PRODUCT)
+    ALL = (PROMPT, PROMPT_POOLED, DENOISING, SSIM, DIFF_PIX, RESNET, CLIP, DINO, SPLIT_PRODUCT)
+    GENERATOR = (PROMPT, PROMPT_POOLED, DENOISING)   # measured by the generator itself, always
     LOWER_IS_CLOSER = (DIFF_PIX,)
 
 

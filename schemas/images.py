@@ -29,7 +29,7 @@ MODEL = "model"              # generator model id / directory (null for training
 IMAGE_ID = "image_id"  # the stable id of one generated image (each study builds it: GEP from setting, gender, attribute, context, index; Exposed "<unit id>-<variant>")
 SEED = "seed"                # int64 seed of the generator's initial noise: regenerates the image exactly
 IMAGE_INDEX = "image_index"  # 0-based index of the image among those of its prompt
-SAFETY_CHECKER = "safety_checker"  # safety-checker policy in force for this image
+SAFETY_CHECKER = "safety_checker"  # the run's safety policy for this image: check-all, model-default or off
 
 # --- image payload (transient: never written to the per-image table) ------------------------------
 IMAGE = "image"                    # binary: encoded image (jpeg/png/webp) or raw RGB8 pixels
@@ -65,7 +65,9 @@ class FetchStatus:
 # --- generation ---------------------------------------------------------------------------------------
 GENERATION_STATUS = "generation_status"
 GENERATION_DETAIL = "generation_detail"  # human-readable detail for non-ok statuses (the error message)
-NSFW = "nsfw"                      # bool: the safety checker flagged (and blanked) the image; null: no checker
+# bool: the run's safety check flagged the image (policy check-all: the NSFW check head, the same on
+# every model's images; model-default: the model's own checker, which blanked it); null: no check ran
+NSFW = "nsfw"
 
 
 class GenerationStatus:
@@ -74,7 +76,9 @@ class GenerationStatus:
     INVALID_PROMPT = "invalid_prompt"  # null or blank prompt: nothing generated
     ERROR = "generation_error"         # generation failed (out of memory even alone): nothing generated
     INVALID_IMAGE = "invalid_image"    # NaN/inf values or all black (a float16 overflow): no usable image
-    ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT, ERROR, INVALID_IMAGE)
+    # flagged by the run's NSFW check with generation.nsfw_check.exclude on: kept as generated, not measured
+    NSFW_EXCLUDED = "nsfw_excluded"
+    ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT, ERROR, INVALID_IMAGE, NSFW_EXCLUDED)
     FAILURES = (INVALID_PROMPT, ERROR, INVALID_IMAGE)  # counted by the error budget (a blocked image is a measurement)
 
 

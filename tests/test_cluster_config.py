@@ -31,7 +31,14 @@ KNOWN_INSTANCES = {
     "m6i.2xlarge": (8, 0), "m6i.4xlarge": (16, 0), "m6i.8xlarge": (32, 0), "m6i.16xlarge": (64, 0),
     "c6i.8xlarge": (32, 0), "m5.large": (2, 0),
     "g5.xlarge": (4, 1), "g5.2xlarge": (8, 1), "g5.4xlarge": (16, 1), "g5.12xlarge": (48, 4),
-    "g6.2xlarge": (8, 1), "g6e.2xlarge": (8, 1), "p4d.24xlarge": (96, 8),
+    "g6.2xlarge": (8, 1), "g6e.2xlarge": (8, 1), "p4d.24xlarge": (96, 8), "p4de.24xlarge": (96, 8),
+    "p5.48xlarge": (192, 8),
+}
+# GPU instance types -> (memory of one GPU in GB, host memory in GiB), AWS's published figures.
+GPU_INSTANCES = {
+    "g5.xlarge": (24, 16), "g5.2xlarge": (24, 32), "g5.4xlarge": (24, 64), "g5.12xlarge": (24, 192),
+    "g6.2xlarge": (24, 32), "g6e.2xlarge": (48, 64), "p4d.24xlarge": (40, 1152), "p4de.24xlarge": (80, 1152),
+    "p5.48xlarge": (80, 2048),
 }
 
 
@@ -160,6 +167,82 @@ def test_declared_resources_match_the_instance_types(config):
         vcpus, gpus = KNOWN_INSTANCES[itype]
         assert t["resources"].get("CPU") == vcpus, (name, itype)
         assert t["resources"].get("GPU", 0) == gpus, (name, itype)
+
+
+# --- the node type of the big text-to-image models (issue 30, item 7) ------------------------------
+
+def _big_models():
+    """(model, bytes it needs on a GPU in its card's dtype) of every known model that
+    pipelines/engine/gpus.py routes to the large GPU node type."""
+    from operators.support.families import defaults
+    from pipelines.engine import gpus
+    from pipelines.engine.generation import GeneratorSpec
+
+    out = []
+    for model in gpus.PIPELINE_PARAMETERS:
+        d = defaults(model)
+        spec = GeneratorSpec(model=model, family=d["family"], cuda_dtype=d["cuda_dtype"])
+        if gpus.needs_large_gpu(spec):
+            out.append((model, gpus.memory_needed(spec)))
+    return out
+
+
+def test_big_models_are_known():
+    big = dict(_big_models())
+    assert {"black-forest-labs/flux.1-dev", "black-forest-labs/flux.1-schnell",
+            "stabilityai/stable-diffusion-3.5-large"} <= set(big), big
+
+
+def test_large_gpu_worker_type(config):
+    from pipelines.engine import gpus
+
+    large = {k: v for k, v in worker_types(config).items() if gpus.LARGE_GPU_RESOURCE in v["resources"]}
+    assert set(large) == {"gpu_worker_large"}, large
+    t = large["gpu_worker_large"]
+    assert t["node_config"]["InstanceType"] == "g6e.2xlarge"
+    assert t["resources"] == {"CPU": 8, "GPU": 1, gpus.LARGE_GPU_RESOURCE: 1}
+    assert t.get("min_workers", 0) == 0 and 1 <= t["max_workers"] <= config["max_workers"]
+    gpu_gb, host_gib = GPU_INSTANCES[t["node_config"]["InstanceType"]]
+    assert gpu_gb * 10**9 >= gpus.LARGE_GPU_WORKER_MEMORY
+    for model, need in _big_models():   # each big model fits the large card, and its host memory
+        assert need <= gpu_gb * 10**9, (model, need / 2**30)
+        assert need <= host_gib * 2**30, (model, need / 2**30)
+
+
+def test_only_the_large_type_declares_the_large_resource(config):
+    """The ordinary GPU type never gets a big-model actor: it does not declare the resource, and
+    its card holds what gpus.GPU_WORKER_MEMORY says (so the routing threshold is not too high)."""
+    from pipelines.engine import gpus
+
+    types = node_types(config)
+    assert gpus.LARGE_GPU_RESOURCE not in types["gpu_worker"]["resources"]
+    assert gpus.LARGE_GPU_RESOURCE not in types[config["head_node_type"]]["resources"]
+    for name, t in worker_types(config).items():
+        itype = t["node_config"]["InstanceType"]
+        if t["resources"].get("GPU") and gpus.LARGE_GPU_RESOURCE not in t["resources"]:
+            assert GPU_INSTANCES[itype][0] * 10**9 >= gpus.GPU_WORKER_MEMORY, (name, itype)
+        if gpus.LARGE_GPU_RESOURCE in t["resources"]:
+            assert t["resources"][gpus.LARGE_GPU_RESOURCE] == t["resources"]["GPU"], name
+
+
+ALTERNATIVE = re.compile(r"^\s*#\s+([a-z0-9]+\.[a-z0-9]+)\s+(\d+) x ([\w-]+) (\d+)GB,\s+(\d+) vCPU\s+->\s+(\{[^}]*\})",
+                         re.M)
+
+
+def test_commented_alternatives_match_the_instances(text):
+    """The alternatives suggested in comments (``<type>  N x CARD MEMGB, V vCPU -> {resources}``)
+    declare what their instance has; a large-GPU alternative holds the big models."""
+    from pipelines.engine import gpus
+
+    found = ALTERNATIVE.findall(text)
+    assert {m[0] for m in found} >= {"g6e.2xlarge", "p4de.24xlarge", "p5.48xlarge"}, found
+    for itype, count, _card, mem, vcpus, resources in found:
+        res = yaml.safe_load(resources)
+        assert (res["CPU"], res.get("GPU", 0)) == KNOWN_INSTANCES[itype] == (int(vcpus), int(count)), itype
+        assert int(mem) == GPU_INSTANCES[itype][0], itype
+        if gpus.LARGE_GPU_RESOURCE in res:
+            assert res[gpus.LARGE_GPU_RESOURCE] == res["GPU"], itype
+            assert all(need <= int(mem) * 10**9 for _, need in _big_models()), itype
 
 
 def test_every_node_runs_the_same_image(config):

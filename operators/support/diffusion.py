@@ -48,7 +48,7 @@ def _package_version(name: str) -> str | None:
 
 def load_text2image(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto",
                     safety_checker: str = SafetyCheckerPolicy.MODEL_DEFAULT, scheduler: str | None = None,
-                    cuda_dtype: str = "float16", variant: str | None = None):
+                    cuda_dtype: str = "float16", variant: str | None = None, cpu_offload: bool = False):
     """Load a diffusers text-to-image pipeline; return ``(pipe, record)``.
 
     ``model`` is a hub id (pinned to ``revision``: a commit, branch or tag) or a local directory
@@ -60,11 +60,17 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     (otherwise the full-precision files are read); recorded. ``safety_checker``: "model-default" keeps the checker the model
     ships (if any), "off" loads it without one. ``scheduler``: None keeps the model's sampler, a
     diffusers scheduler class name (``LMSDiscreteScheduler``, the k-LMS sampler of paper 001 App. A)
-    replaces it, built from the model's scheduler config. ``record`` is the provenance of what was loaded.
+    replaces it, built from the model's scheduler config. ``cpu_offload``: the components stay in host
+    memory and each moves to the GPU while it runs (diffusers' ``enable_model_cpu_offload``, through
+    accelerate): a model larger than the card runs if its largest component fits (``check_fits``),
+    slower by the transfers; a GPU only. ``record`` is the provenance of what was loaded.
     """
     if safety_checker not in SafetyCheckerPolicy.ALL:
         raise ValueError(f"safety_checker must be one of {SafetyCheckerPolicy.ALL}, got {safety_checker!r}")
     device = pick_device(device)
+    if cpu_offload and not str(device).startswith("cuda"):
+        raise ValueError(f"cpu_offload moves a generator's components between host memory and a GPU; {model} runs on "
+                         f"{device} (leave cpu_offload off, or run on a GPU)")
     torch_dtype = resolve_dtype(dtype, device, cuda_auto=cuda_dtype)
     kwargs = {_dtype_keyword(): torch_dtype, "revision": revision}
     import torch
@@ -80,9 +86,12 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         # a hub id: fetch (or find in the cache) the files this pipeline loads, at ``revision``, and
         # load from that snapshot directory: its name is the commit, its files the weights recorded
         source = model if os.path.isdir(model) else str(DiffusionPipeline.download(model, **kwargs))
-        check_fits(model, source, torch_dtype, device)
+        check_fits(model, source, torch_dtype, device, offload=cpu_offload)
         pipe = AutoPipelineForText2Image.from_pretrained(source, **kwargs)
-        pipe = pipe.to(device)
+        if cpu_offload:
+            pipe.enable_model_cpu_offload(device=device)
+        else:
+            pipe = pipe.to(device)
     except ModelLoadError:
         raise
     except Exception as exc:  # OSError, ValueError, EnvironmentError, HTTP errors, CUDA errors...
@@ -113,6 +122,7 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         "dtype": str(torch_dtype).replace("torch.", ""),
         "variant": used_variant,
         "device": device,
+        "cpu_offload": bool(cpu_offload),
         "safety_checker_policy": safety_checker,
         "safety_checker_present": getattr(pipe, "safety_checker", None) is not None,
         "diffusers_version": _package_version("diffusers"),
@@ -133,9 +143,15 @@ def pipeline_parameters(source: str) -> int | None:
     """The number of parameters in a pipeline directory's model components, read from their
     safetensors headers (no weights are loaded); None where a component's files are not
     safetensors (their size says nothing certain)."""
+    counts = component_parameters(source)
+    return None if counts is None else sum(counts.values())
+
+
+def component_parameters(source: str) -> dict[str, int] | None:
+    """{component: parameters} of a pipeline directory (``pipeline_parameters``)."""
     import struct
 
-    total = 0
+    out: dict[str, int] = {}
     root = Path(source)
     try:
         components = [k for k, v in json.loads((root / "model_index.json").read_text()).items()
@@ -143,6 +159,7 @@ def pipeline_parameters(source: str) -> int | None:
     except (OSError, ValueError):
         return None
     for name in components:
+        total = 0
         for f in loaded_weight_files(root / name):
             if f.suffix != ".safetensors":
                 return None
@@ -155,30 +172,38 @@ def pipeline_parameters(source: str) -> int | None:
                     for d in info["shape"]:
                         count *= int(d)
                     total += count
-    return total
+        if total:
+            out[name] = total
+    return out
 
 
-def check_fits(model: str, source: str, torch_dtype, device: str, total_bytes: int | None = None) -> None:
+def check_fits(model: str, source: str, torch_dtype, device: str, total_bytes: int | None = None,
+               offload: bool = False) -> None:
     """Before loading onto a GPU: refuse, in one line with the options, a pipeline whose weights in
-    ``torch_dtype`` (times MEMORY_HEADROOM) exceed the card's memory. ``total_bytes``: the card's
-    memory (default: what torch reports for ``device``)."""
+    ``torch_dtype`` (times MEMORY_HEADROOM) exceed the card's memory; with ``offload`` (one component
+    on the GPU at a time), one whose largest component does. ``total_bytes``: the card's memory
+    (default: what torch reports for ``device``)."""
     import torch
 
     if not str(device).startswith("cuda") and total_bytes is None:
         return
-    params = pipeline_parameters(source)
-    if not params:
+    counts = component_parameters(source)
+    if not counts:
         return
+    params = max(counts.values()) if offload else sum(counts.values())
     if total_bytes is None:
         total_bytes = torch.cuda.get_device_properties(torch.device(device)).total_memory
     need = params * torch.tensor([], dtype=torch_dtype).element_size() * MEMORY_HEADROOM
     if need > total_bytes:
         dtype = str(torch_dtype).replace("torch.", "")
         raise ModelLoadError(
-            f"text-to-image model {model!r} has {params / 1e9:.1f} B parameters: about {need / 2**30:.0f} GiB in "
-            f"{dtype} with activations, more than this GPU's {total_bytes / 2**30:.0f} GiB. Run it on a larger GPU "
-            f"(cluster.yaml: a gpu_worker instance type with more memory, e.g. g6e (L40S 48 GB) or p4d/p5 "
-            f"(A100/H100 80 GB)), or, where the card allows it, a smaller dtype (dtype=float16/bfloat16 instead of float32).")
+            f"text-to-image model {model!r} has {params / 1e9:.1f} B parameters"
+            + (" in its largest component (CPU offload)" if offload else "")
+            + f": about {need / 2**30:.0f} GiB in {dtype} with activations, more than this GPU's "
+            f"{total_bytes / 2**30:.0f} GiB. Run it on a larger GPU (cluster.yaml: gpu_worker_large, L40S 48 GB; or "
+            f"p4d/p5, A100/H100 80 GB)"
+            + ("" if offload else ", or with --gen-cpu-offload (one component on the GPU at a time, slower)")
+            + ", or, where the card allows it, a smaller dtype (dtype=float16/bfloat16 instead of float32).")
 
 
 def _gated_message(model: str, exc: BaseException) -> str | None:

@@ -44,7 +44,7 @@ def add_clip(group, what: str, default: str) -> None:
                                                "commit is recorded)")
 
 
-def add_generation(group, generators: str, scheduler: str = "each model's own", safety: str = "off",
+def add_generation(group, generators: str, scheduler: str = "each model's own", safety: str = "check-all",
                    images_per_prompt: str | None = None, seed_unit: str = "image") -> None:
     """The generator options every image study shares (pipelines/engine/generation.py): which
     models, each with its own settings (--generator MODEL:key=value,...), and the global settings
@@ -52,7 +52,7 @@ def add_generation(group, generators: str, scheduler: str = "each model's own", 
     group.add_argument("--generator", action="append", metavar="MODEL[:KEY=VALUE,...]",
                        help=f"a diffusers text-to-image model (hub id or directory) with its own settings; repeat per "
                             f"model (default: {generators}). Keys: steps, guidance_scale, height, width, "
-                            f"negative_prompt, scheduler, safety_checker, dtype, revision; any other key is a pipeline "
+                            f"negative_prompt, scheduler, dtype, revision; any other key is a pipeline "
                             f"call argument (e.g. max_sequence_length=256), checked against the pipeline before the run "
                             f"starts. Example: --generator stabilityai/sdxl-turbo:steps=1,guidance_scale=0")
     group.add_argument("--generators", nargs="+", metavar="MODEL", type=_model_list, action=_Extend,
@@ -75,9 +75,18 @@ def add_generation(group, generators: str, scheduler: str = "each model's own", 
                        help="weights' dtype on the device (default auto: float16 on CUDA, float32 on a CPU)")
     group.add_argument("--generation-seed", type=int,
                        help=f"base seed; each {seed_unit}'s seed derives from it and is recorded (default 0)")
-    group.add_argument("--safety-checker", choices=["model-default", "off"],
-                       help=f"keep a model's safety checker (flagged images are counted as nsfw_blocked) or turn it "
-                            f"off (default {safety})")
+    group.add_argument("--safety-checker", choices=["check-all", "model-default", "off"],
+                       help=f"the run's one safety policy, the same for every model: check-all (no model's own "
+                            f"checker; the NSFW check of --nsfw-check runs on every model's images and is recorded per "
+                            f"image), model-default (each model's own checker as shipped: SD 1.x blanks what it flags "
+                            f"(nsfw_blocked), SDXL, SD 3, FLUX and PixArt ship none), off (default {safety})")
+    group.add_argument("--nsfw-check", metavar="MODEL",
+                       help="the NSFW check of check-all: a Stable Diffusion pipeline with a safety_checker folder or a "
+                            "StableDiffusionSafetyChecker (hub id or directory; default CompVis/stable-diffusion-v1-4, "
+                            "SD 1.4's own checker)")
+    group.add_argument("--exclude-nsfw", action=argparse.BooleanOptionalAction, default=None,
+                       help="leave the images the NSFW check flags out of every measurement (nsfw_excluded), for every "
+                            "model alike (default: the study file's generation.nsfw_check.exclude)")
 
 
 # ------------------------------------------------------------------------------ one vocabulary
@@ -122,6 +131,7 @@ def add_generation_execution(group, label: str, batch: int = 8, unit: str = "ima
     gpus.add_arguments(group, label)
     if speed:
         gpus.add_generation_options(group)
+    gpus.add_offload(group)
     group.add_argument("--max-error-rate", type=float, help="stop when more images than this share fail (default 0.05)")
     add_save_images(group, True, save)
 

@@ -39,10 +39,15 @@ from operators.base import Stage, conform
 SPEC_KEYS = ("revision", "dtype", "steps", "guidance_scale", "height", "width", "negative_prompt", "scheduler",
              "safety_checker", "family", "cuda_dtype", "variant")
 KEY_ALIASES = {"guidance": "guidance_scale", "num_inference_steps": "steps", "cfg": "guidance_scale"}
-SAFETY_POLICIES = ("model-default", "off")
+# one safety policy per run, the same for every model (operators.image_nsfw_check):
+# check-all: no model's own checker; the run's NSFW check runs on every model's images alike
+# model-default: each model's own checker as it ships (SD 1.x blanks what it flags; SDXL, SD 3,
+#   FLUX and PixArt ship none): paper 002's protocol read literally
+# off: no checker and no check
+SAFETY_POLICIES = ("check-all", "model-default", "off")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # generation-block keys of a study file that are not generator settings
-PLAN_KEYS = ("models", "revisions", "images_per_prompt", "caption_images", "seed", "extra")
+PLAN_KEYS = ("models", "revisions", "images_per_prompt", "caption_images", "seed", "extra", "nsfw_check")
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class GeneratorSpec:
     width: int | None = None
     negative_prompt: str | None = None
     scheduler: str | None = None        # None: the model's own sampler; else a diffusers class name
-    safety_checker: str = "model-default"
+    safety_checker: str = "check-all"  # the run's policy (SAFETY_POLICIES), the same for every generator
     extra: tuple[tuple[str, Any], ...] = ()   # further pipeline call arguments, sorted by name
     family: str | None = None           # sd, sdxl, sd3, flux, pixart-alpha, pixart-sigma, unknown
     cuda_dtype: str = "float16"         # dtype "auto" on a GPU (bfloat16 for families that overflow in float16)
@@ -109,7 +114,9 @@ class GeneratorSpec:
         return {"model": self.model, "revision": self.revision, "dtype": self.dtype,
                 "steps": None if self.steps is None else int(self.steps),
                 "guidance_scale": None if self.guidance_scale is None else float(self.guidance_scale),
-                "height": self.height, "width": self.width, "safety_checker": self.safety_checker,
+                "height": self.height, "width": self.width,
+                # check-all: the model's own checker is not loaded (the run's NSFW check runs instead)
+                "safety_checker": "model-default" if self.safety_checker == "model-default" else "off",
                 "scheduler": self.scheduler, "call_kwargs": self.call_kwargs, "cuda_dtype": self.cuda_dtype,
                 "variant": self.variant}
 
@@ -117,6 +124,46 @@ class GeneratorSpec:
         """The same settings for another copy of the model (a stand-in directory): no hub revision
         and no weight variant (a directory holds the files it holds)."""
         return dataclasses.replace(self, model=model, revision=None, variant=None)
+
+
+DEFAULT_NSFW_CHECK = "CompVis/stable-diffusion-v1-4"   # its safety_checker folder: SD 1.4's own checker
+
+
+@dataclass(frozen=True)
+class SafetySettings:
+    """The run's one safety policy (SAFETY_POLICIES): under ``check-all``, the NSFW check (a Stable
+    Diffusion safety checker: ``operators.image_nsfw_check``) and whether its flagged images are
+    left out of every measurement (``exclude``), the same for every model."""
+
+    policy: str = "check-all"
+    model: str = DEFAULT_NSFW_CHECK
+    revision: str | None = None
+    exclude: bool = False
+
+    def __post_init__(self):
+        if self.policy not in SAFETY_POLICIES:
+            raise ValueError(f"generation.safety_checker must be one of {SAFETY_POLICIES}, got {self.policy!r}")
+        if not str(self.model or "").strip():
+            raise ValueError("generation.nsfw_check.model: a safety checker (hub id or directory) is needed")
+
+    @property
+    def checks(self) -> bool:
+        return self.policy == "check-all"
+
+    def job(self) -> dict:
+        """What the images' NSFW flags and statuses depend on (part of the run's fingerprint)."""
+        if not self.checks:
+            return {"policy": self.policy}
+        return {"policy": self.policy, "model": self.model, "revision": self.revision, "exclude": bool(self.exclude)}
+
+    def operator_kwargs(self) -> dict:
+        """The generator operators' ``nsfw_check`` and ``exclude_nsfw``."""
+        if not self.checks:
+            return {}
+        from operators.image_nsfw_check import NsfwCheck
+
+        return {"nsfw_check": Stage(NsfwCheck, {"model": self.model, "revision": self.revision}),
+                "exclude_nsfw": bool(self.exclude)}
 
 
 @dataclass(frozen=True)
@@ -127,6 +174,7 @@ class GenerationSettings:
     seed: int = 0
     images_per_prompt: int = 1
     caption_images: int = 0             # amplification, section 6
+    safety: SafetySettings = field(default_factory=SafetySettings)
 
     @property
     def models(self) -> list[str]:
@@ -135,7 +183,8 @@ class GenerationSettings:
     def job(self) -> dict:
         """What generated images depend on: part of a run's fingerprint (one definition for every study)."""
         return {"generators": [g.record() for g in self.generators], "seed": int(self.seed),
-                "images_per_prompt": int(self.images_per_prompt), "caption_images": int(self.caption_images)}
+                "images_per_prompt": int(self.images_per_prompt), "caption_images": int(self.caption_images),
+                "safety": self.safety.job()}
 
 
 # ------------------------------------------------------------------------------ settings
@@ -258,10 +307,11 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
             globals_[key] = _coerce(key, value, f"--{attr.replace('_', '-')}")
     file_revisions = {str(k): str(v) for k, v in dict(block.get("revisions") or {}).items() if v}
     flag_revisions = _revisions(models, args)
-    specs = []
+    specs, per_model_policy = [], []
     for model, file_settings, cli_settings in entries:
         own_file, extra_file = _split_settings(file_settings, f"{where}.models[{model}]")
         own_cli, extra_cli = _split_settings(cli_settings, f"--generator {model}")
+        per_model_policy.append("safety_checker" in own_file or "safety_checker" in own_cli)
         # revision: the file's revisions map, its per-model entry, --generator-revision, --generator's own
         pins = {"revision": file_revisions[model]} if model in file_revisions else {}
         flag_pin = {"revision": flag_revisions[model]} if model in flag_revisions else {}
@@ -274,12 +324,35 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
         extra = {**own["extra"], **(default_extra if in_file else {}), **extra_file, **extra_cli}
         from_ = own["defaults_from"] if not in_file else f"the study file's generation block, then {own['defaults_from']}"
         specs.append(GeneratorSpec(model=model, **values, extra=tuple(sorted(extra.items())), defaults_from=from_))
+    safety = safety_settings(block, globals_.get("safety_checker", defaults.get("safety_checker")), args)
+    own_policy = [s.model for s, m in zip(specs, per_model_policy) if m and s.safety_checker != safety.policy]
+    if own_policy:
+        raise ValueError(f"generators {own_policy}: safety_checker is one setting for the whole run (every model's "
+                         f"images are checked alike): set generation.safety_checker or --safety-checker, not per model")
+    specs = [dataclasses.replace(s, safety_checker=safety.policy) for s in specs]
     seed = getattr(args, "generation_seed", None) if args is not None else None
     ipp = getattr(args, "images_per_prompt", None) if args is not None else None
     cap = getattr(args, "caption_images", None) if args is not None else None
     return GenerationSettings(tuple(specs), int(block.get("seed", 0) if seed is None else seed),
                               int(block.get("images_per_prompt", 1) if ipp is None else ipp),
-                              int(block.get("caption_images", 0) if cap is None else cap))
+                              int(block.get("caption_images", 0) if cap is None else cap), safety)
+
+
+def safety_settings(block: Mapping, policy: str | None, args=None) -> SafetySettings:
+    """The run's safety policy: ``generation.safety_checker`` (or --safety-checker) and the
+    ``generation.nsfw_check`` block (model, revision, exclude; --nsfw-check, --exclude-nsfw)."""
+    check = block.get("nsfw_check") or {}
+    if not isinstance(check, Mapping):
+        raise ValueError(f"generation.nsfw_check must be a mapping (model, revision, exclude), got {check!r}")
+    unknown = sorted(set(check) - {"model", "revision", "exclude"})
+    if unknown:
+        raise ValueError(f"generation.nsfw_check: unknown keys {unknown} (model, revision, exclude)")
+    model = getattr(args, "nsfw_check", None) or check.get("model") or DEFAULT_NSFW_CHECK
+    revision = None if getattr(args, "nsfw_check", None) else check.get("revision")
+    exclude = getattr(args, "exclude_nsfw", None)
+    exclude = bool(check.get("exclude", False)) if exclude is None else bool(exclude)
+    return SafetySettings(policy=str(policy or "check-all"), model=str(model),
+                          revision=None if revision is None else str(revision), exclude=exclude)
 
 
 def _revisions(models: list[str], args) -> dict:
@@ -385,7 +458,7 @@ def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
     records = []
     for spec in specs:
         pipe, rec = load_text2image(spec.model, spec.revision, device="cpu", dtype="float32",
-                                    safety_checker=spec.safety_checker, scheduler=spec.scheduler)
+                                    safety_checker=spec.operator_kwargs()["safety_checker"], scheduler=spec.scheduler)
         check_call_arguments(pipe, spec)
         if check is not None:
             check(pipe, spec)
@@ -486,13 +559,21 @@ def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[S
     op = plan.operator or ImageGenerator
     batch = max(1, int(getattr(args, "gen_batch_size", 1) or 1))
     speed = gpus.generation_options(args) if op is ImageGenerator else {}
+    # the run's policy (run_study sets it from the settings); a run built by hand without one: the spec's
+    safety = getattr(run, "safety", None) or getattr(getattr(run.st, "generation", None), "safety", None) \
+        or SafetySettings(policy=spec.safety_checker)
+    offload = bool(getattr(args, "gen_cpu_offload", False))
     gen = Stage(op, {**spec.operator_kwargs(), "micro_batch": batch, "device": run.gpu.device if run.gpu else "auto",
-                     "heads": list(plan.heads), **speed, **dict(plan.operator_kwargs)})
+                     "heads": list(plan.heads), **safety.operator_kwargs(), **speed,
+                     **({"cpu_offload": True} if offload else {}), **dict(plan.operator_kwargs)})
     sink = [Stage(ImageSink, {"uri": f"{run.rd.uri}/{plan.images_dir}/{model_dir(spec.model)}", "keys": [],
                               "name_column": plan.key})] if plan.save_images else []
     pipeline = [gen, *plan.after, *sink]
     name = op.stage_name
     values = {name: {"num_gpus": run.gpu.per_actor if run.gpu else 0.0, "batch_size": batch}}
+    extra = gpus.actor_resources(spec, run.gpu, offload=offload) if run.gpu else {}
+    if extra:   # too large for gpu_worker's card: only cluster.yaml's gpu_worker_large declares it
+        values[name]["resources"] = extra
     for stage, v in plan.overrides.items():
         values[stage] = {**values.get(stage, {}), **dict(v(batch) if callable(v) else v)}
     flags = {"gen_actors": [(name, "actors")], **dict(plan.resource_flags)}
@@ -536,7 +617,92 @@ def generate(run, plan: GenerationPlan) -> Generated:
         parts.append(images)
         phases[spec.model] = phase
         budgets += mine
+        record_safety(run, spec.model, images)
     return Generated(pa.concat_tables(parts) if parts else None, phases, budgets)
+
+
+def safety_counts(images: pa.Table) -> dict:
+    """One model's images under the run's safety policy: generated, checked (NSFW not null),
+    flagged, left out by the run's NSFW check (nsfw_excluded), blanked by the model's own checker."""
+    import pyarrow.compute as pc
+
+    from schemas.images import GENERATION_STATUS, NSFW, GenerationStatus
+
+    def count(mask) -> int:
+        return int(pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0) if images.num_rows else 0
+
+    status = images.column(GENERATION_STATUS)
+    nsfw = images.column(NSFW) if NSFW in images.column_names else pa.nulls(images.num_rows, pa.bool_())
+    return {"images": images.num_rows, "checked": count(pc.is_valid(nsfw)), "flagged": count(nsfw),
+            "excluded": count(pc.equal(status, GenerationStatus.NSFW_EXCLUDED)),
+            "blocked": count(pc.equal(status, GenerationStatus.NSFW_BLOCKED))}
+
+
+def record_safety(run, model: str, images: pa.Table) -> None:
+    """Count ``model``'s images under the run's safety policy into ``run.safety_counts`` and onto
+    its generator record (the report's model table shows it; metrics.json's "safety" holds it)."""
+    safety = getattr(run, "safety", None)
+    if safety is None or not hasattr(run, "safety_counts"):
+        return
+    counts = safety_counts(images)
+    run.safety_counts[model] = counts
+    for rec in run.models or []:
+        if rec.get("role") == "generator" and rec.get("model") == model:
+            rec["nsfw"] = safety_text(safety.policy, counts, safety.exclude)
+
+
+def safety_text(policy: str, counts: Mapping, exclude: bool) -> str:
+    """One model's NSFW counts as the report's model table shows them."""
+    if policy == "off":
+        return "no check (safety_checker off)"
+    if policy == "model-default":
+        return (f"model's own checker: {counts['blocked']:,} of {counts['images']:,} blanked (left out)"
+                if counts["checked"] else "model's own checker: none shipped, nothing checked")
+    return (f"{counts['flagged']:,} of {counts['checked']:,} checked flagged; "
+            + (f"{counts['excluded']:,} left out" if exclude else "kept in (exclude off)"))
+
+
+CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of a nurse", "a photo of a chef")
+
+
+def build_standin_checker(safety: SafetySettings, root: str, generators: Sequence[GeneratorSpec] = ()
+                          ) -> SafetySettings:
+    """A tiny random safety checker under ``root`` for a stand-in run (its settings kept), calibrated
+    on a few images of each stand-in generator at its settings, so that it flags some of what
+    the run generates (meaninglessly) and the demo reaches every branch (flagged, left out)."""
+    if not safety.checks:
+        return safety
+    import torch
+
+    from operators.support.diffusion import _generate, load_text2image
+    from pipelines.standins.diffusion import build_tiny_safety_checker
+
+    images = []
+    for spec in generators:
+        pipe, _ = load_text2image(spec.model, device="cpu", dtype="float32", safety_checker="off",
+                                  scheduler=spec.scheduler)
+        with torch.inference_mode():
+            out, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
+                               spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
+        images.append(torch.nn.functional.interpolate(out.float(), size=(64, 64), mode="area"))
+        del pipe
+    path = build_tiny_safety_checker(str(Path(root) / "nsfw-check-standin"),
+                                     images=torch.cat(images) if images else None)
+    print(f"  NSFW check {safety.model} -> tiny random stand-in {Path(path).name} (flags meaninglessly)")
+    return dataclasses.replace(safety, model=path, revision=None)
+
+
+def load_nsfw_check(safety: SafetySettings | None, standin: bool) -> list[dict]:
+    """The provenance record of the run's NSFW check, loaded once on the driver ([] without one)."""
+    if safety is None or not safety.checks:
+        return []
+    from operators.image_nsfw_check import load_safety_checker
+
+    checker, _, rec = load_safety_checker(safety.model, safety.revision, device="cpu", dtype="float32")
+    del checker
+    gc.collect()
+    return [{"role": "NSFW check (every model's images)", "model": safety.model, "standin": standin,
+             "detail": {**rec, "policy": safety.policy, "exclude_flagged": safety.exclude}}]
 
 
 def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=None, heads: Sequence[Stage] = ()
@@ -572,5 +738,5 @@ def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=No
     return rows
 
 
-__all__ = ["GeneratorSpec", "GenerationSettings", "GenerationPlan", "Generated", "generation_settings",
+__all__ = ["GeneratorSpec", "GenerationSettings", "SafetySettings", "GenerationPlan", "Generated", "generation_settings",
            "parse_generator", "build_standin_generators", "load_generators", "generate", "generation_rows"]

@@ -136,8 +136,10 @@ def model_table(records: list[dict], labels: dict[str, str] | None = None) -> st
     other field of the record as pretty JSON in a collapsed ``<details>`` block. The one place a
     page shows a model's full id: with ``labels`` (id -> short label, ``page.model_labels``) the id
     cell also says the label the rest of the page uses for it."""
+    nsfw = any("nsfw" in rec for rec in records)   # a generating run: the NSFW counts per generator
     head = ("<tr><th>role</th><th>model id</th><th>revision / hub commit</th><th>weights sha256</th>"
-            "<th>dtype</th><th>device</th><th>real or stand-in</th><th>more</th></tr>")
+            "<th>dtype</th><th>device</th><th>real or stand-in</th>"
+            + ("<th>NSFW (the run's one safety policy)</th>" if nsfw else "") + "<th>more</th></tr>")
     rows = []
     for rec in records:
         detail = rec.get("detail") if isinstance(rec.get("detail"), dict) else {}
@@ -152,7 +154,7 @@ def model_table(records: list[dict], labels: dict[str, str] | None = None) -> st
         if note is not None and standin:
             shown.add("standin")
         rest = {k: v for k, v in detail.items() if k not in shown}
-        extra = {k: v for k, v in rec.items() if k not in {"role", "model", "standin", "detail"}}
+        extra = {k: v for k, v in rec.items() if k not in {"role", "model", "standin", "detail", "nsfw"}}
         if "detail" in rec and not isinstance(rec.get("detail"), dict) and rec.get("detail") not in (None, ""):
             extra["detail"] = rec["detail"]
         more = {**extra, **rest}
@@ -165,5 +167,6 @@ def model_table(records: list[dict], labels: dict[str, str] | None = None) -> st
         as_label = f"<br><small>shown as <b>{esc(shown_as)}</b></small>" if shown_as and shown_as != str(model) else ""
         rows.append(f"<tr><td>{esc(rec.get('role', '-'))}</td><td><code>{esc(model)}</code>{as_label}</td><td>{revision}</td>"
                     f"<td>{sha}</td><td>{esc(detail.get('dtype') or '-')}</td><td>{esc(detail.get('device') or '-')}"
-                    f"</td>{tag_cell}<td>{details}</td></tr>")
+                    f"</td>{tag_cell}" + (f"<td>{esc(rec.get('nsfw') or '-')}</td>" if nsfw else "")
+                    + f"<td>{details}</td></tr>")
     return scroll(f"<table class=\"models\"><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")

@@ -85,6 +85,7 @@ class Study(Protocol):
     # optional, for a study that generates images:
     #   generators(st) -> list[GeneratorSpec]      the run's generators (the engine builds their
     #                                               stand-ins, loads them and puts them in run.generators)
+    #   safety(st) -> SafetySettings               the run's safety policy (default st.generation.safety)
     #   standin_generator_names: tuple[str, ...]   directory names of the generator stand-ins
     #   standin_shared_text_encoder: tuple[int, ...]  stand-ins sharing one text encoder
     #   check_generator(pipe, spec) -> None        a study's own check of a loaded generator
@@ -141,6 +142,10 @@ class Run:
     stack: contextlib.ExitStack
     # what the run learned: the generators it runs (stand-in directories with --standin-models)
     generators: list = field(default_factory=list)
+    # the run's one safety policy (generation.SafetySettings; its NSFW check a stand-in with
+    # --standin-models) and, per generator, its images' NSFW counts (generation.safety_counts)
+    safety: Any = None
+    safety_counts: dict = field(default_factory=dict)
 
     @property
     def generator_models(self) -> list[str]:
@@ -181,7 +186,7 @@ def open_run(args, rd: rundir.RunDir, overwrite: bool = False) -> rundir.RunDir:
     return rd
 
 
-def start_ray(args, execution: dict, actor_cpus: float, standin: bool, gpu_models: bool = True):
+def start_ray(args, execution: dict, actor_cpus: float, standin: bool, gpu_models: bool = True, specs=()):
     """The Ray instance of a study's run (local or the cluster's) and, for a study with model
     actors, their GPU plan: GPUs asked for from the configuration, held against what this Ray
     instance can provide before any model loads or data is read (pipelines/engine/gpus.py)."""
@@ -190,7 +195,9 @@ def start_ray(args, execution: dict, actor_cpus: float, standin: bool, gpu_model
                            actor_cpus=actor_cpus)
     runtime.configure(execution["max_retries"])
     if gp is not None:
-        gp = gpus.check_cluster(ray, gp, standin, local=runtime.is_local_instance())
+        # the run's real generators: one too large for gpu_worker's card needs gpu_worker_large's resource
+        gp = gpus.check_cluster(ray, gp, standin, local=runtime.is_local_instance(), specs=specs,
+                                offload=bool(getattr(args, "gen_cpu_offload", False)))
         print(f"model actors: {gp.per_actor:g} GPU(s) each ({gp.source}), models on {gp.device}"
               + (f"; {gp.note}" if gp.note else ""))
     return ray, gp
@@ -220,16 +227,19 @@ def run_study(study: Study, args) -> dict:
     study.announce(args, st)
     ex = st.execution
     with contextlib.ExitStack() as stack:
+        specs = list(study.generators(st)) if hasattr(study, "generators") else []
         # Ray first: a run whose real models could get no GPU stops here, before any model loads
-        ray, gp = start_ray(args, ex, study.actor_cpus(args, st), standin, study.gpu_models(args, st))
+        ray, gp = start_ray(args, ex, study.actor_cpus(args, st), standin, study.gpu_models(args, st), specs)
         if not getattr(args, "verbose", False):
             stack.enter_context(runtime.native_stderr_filtered())
         models = None
-        specs = list(study.generators(st)) if hasattr(study, "generators") else []
+        safety = (study.safety(st) if hasattr(study, "safety") else
+                  getattr(getattr(st, "generation", None), "safety", None)) if specs else None
         if not standin:  # every real model loads before the run starts: a failure leaves nothing behind
             stack.enter_context(hub_offline_if_unreachable())
             with standin_hint(False):
-                models = study.load_models(args, st, gp) + _load_generators(study, specs, False)
+                models = (study.load_models(args, st, gp) + _load_generators(study, specs, False)
+                          + generation.load_nsfw_check(safety, False))
         open_run(args, rd)
         try:
             if standin:  # written into the run directory, so only once it is open (and checked)
@@ -242,10 +252,13 @@ def run_study(study: Study, args) -> dict:
                     specs = generation.build_standin_generators(
                         specs, root, getattr(study, "standin_generator_names", None),
                         getattr(study, "standin_shared_text_encoder", ()))
+                if safety is not None:
+                    safety = generation.build_standin_checker(safety, root, specs)
                 with standin_hint(True):
-                    models = study.load_models(args, st, gp) + _load_generators(study, specs, True)
+                    models = (study.load_models(args, st, gp) + _load_generators(study, specs, True)
+                              + generation.load_nsfw_check(safety, True))
             print_models(models)
-            run = Run(args, st, rd, ray, gp, models, started, stack, generators=specs)
+            run = Run(args, st, rd, ray, gp, models, started, stack, generators=specs, safety=safety)
             outcome = study.execute(run)
             metrics = finish(run, study, outcome)
         except BaseException as exc:
@@ -277,6 +290,8 @@ def finish(run: Run, study: Study, outcome: Outcome) -> dict:
     metrics = {"study": study.name, "run_id": run.rd.run_id, "started_unix": run.started,
                "duration_s": round(time.time() - run.started, 3), **outcome.metrics}
     metrics.setdefault("models", run.models)
+    if run.safety is not None:
+        metrics["safety"] = {**run.safety.job(), "per_model": run.safety_counts}
     if outcome.summary_rows is not None:
         metrics["run_summary"] = outcome.summary_rows
     metrics["environment"] = study_config.environment()

@@ -13,6 +13,24 @@ from operators.base import Resources, StreamStage
 log = logging.getLogger(__name__)
 
 
+def local_large_gpus() -> dict:
+    """``resources={"large_gpu": n}`` for a local Ray instance on a machine whose n GPUs each hold a
+    model too large for the cluster's ordinary GPU node (gpus.LARGE_GPU_WORKER_MEMORY or more: an
+    80 GB workstation runs FLUX.1 locally); {} otherwise."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        from pipelines.engine.gpus import LARGE_GPU_RESOURCE, LARGE_GPU_WORKER_MEMORY
+
+        big = sum(torch.cuda.get_device_properties(i).total_memory >= 0.9 * LARGE_GPU_WORKER_MEMORY
+                  for i in range(torch.cuda.device_count()))
+        return {"resources": {LARGE_GPU_RESOURCE: float(big)}} if big else {}
+    except Exception:  # noqa: BLE001 -- no usable CUDA: no large GPU
+        return {}
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: bool = True, actor_cpus: float = 0,
              progress: bool = True):
     """Connect to a running cluster (``--ray-address``, ``RAY_ADDRESS``, or the one ``ray submit``
@@ -41,7 +59,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, quiet: boo
             except ConnectionError:
                 if num_cpus is None:
                     num_cpus = max(os.cpu_count() or 1, int(actor_cpus + 0.999) + 2)
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=not quiet)
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=not quiet,
+                         **local_large_gpus())
     from ray.data import DataContext
 
     if quiet:   # again: Ray Data sets up its own log handlers when it is imported
@@ -238,6 +257,8 @@ def stage(ds, factory, kwargs: dict, schema: pa.Schema, resources: Resources | N
     )
     if res.num_gpus:
         common["num_gpus"] = res.num_gpus
+    if res.resources:   # custom Ray resources, e.g. {"large_gpu": 1} (pipelines/engine/gpus.py)
+        common["resources"] = dict(res.resources)
     if res.actors:
         from ray.data import ActorPoolStrategy
 
@@ -261,6 +282,8 @@ def map_stage(ds, factory, kwargs: dict, resources: Resources | None = None):
     common = dict(batch_format="pyarrow", batch_size=res.batch_size, num_cpus=res.num_cpus, zero_copy_batch=True)
     if res.num_gpus:
         common["num_gpus"] = res.num_gpus
+    if res.resources:   # custom Ray resources, e.g. {"large_gpu": 1} (pipelines/engine/gpus.py)
+        common["resources"] = dict(res.resources)
     if res.actors:
         from ray.data import ActorPoolStrategy
 

@@ -4,8 +4,9 @@ resources), and this module runs it.
 Resources are declared once, on the operator (``resources``) or on the Stage where a study needs
 something else; the only other place that changes them is ``configure``, which applies the
 overrides of a run: the configuration's ``execution.stages`` mapping ({stage name: {actors,
-num_gpus, num_cpus, batch_size}}) first, then the command-line flags a study maps onto stages
-(``--ner-actors`` -> names.actors, ``--gpus-per-actor`` -> the model actors' num_gpus, ...).
+num_gpus, num_cpus, batch_size, resources}}; ``resources``: custom Ray resources, e.g. {large_gpu: 1})
+first, then the command-line flags a study maps onto stages (``--ner-actors`` -> names.actors,
+``--gpus-per-actor`` -> the model actors' num_gpus, ...).
 ``run`` then turns every Stage into one Ray Data ``map_batches`` with exactly those resources.
 """
 
@@ -30,6 +31,8 @@ def overrides(execution: Mapping | None, args=None, flags: Mapping[str, Iterable
     def put(stage: str, key: str, value, where: str) -> None:
         if key not in FIELDS:
             raise ValueError(f"{where}: {stage}.{key} is not a stage resource (one of {', '.join(FIELDS)})")
+        if key == "resources" and value is not None:
+            value = custom_resources(value, f"{where}: {stage}.resources")
         out.setdefault(stage, {})[key] = value
 
     for stage, fields in ((execution or {}).get("stages") or {}).items():
@@ -45,6 +48,18 @@ def overrides(execution: Mapping | None, args=None, flags: Mapping[str, Iterable
     for stage, fields in (values or {}).items():
         for key, value in fields.items():
             put(stage, key, value, "run")
+    return out
+
+
+def custom_resources(value, where: str = "resources") -> dict[str, float]:
+    """A stage's custom Ray resources as {name: amount}: a mapping of names to non-negative numbers."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected a mapping of custom Ray resources to amounts, got {value!r}")
+    out = {}
+    for name, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ValueError(f"{where}: {name} = {amount!r}: expected a number >= 0")
+        out[str(name)] = float(amount)
     return out
 
 

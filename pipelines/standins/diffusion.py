@@ -108,6 +108,73 @@ def build_tiny_vae(seed: int = 0):
         )
 
 
+def tiny_safety_checker(seed: int = 0):
+    """A tiny random ``StableDiffusionSafetyChecker`` (its thresholds as initialised: 1, so it
+    flags nothing) and its ``CLIPImageProcessor`` (32 px)."""
+    import torch
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPConfig, CLIPImageProcessor
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        checker = StableDiffusionSafetyChecker(
+            CLIPConfig(
+                text_config={"vocab_size": CLIP_VOCAB_SIZE, "hidden_size": TINY_HIDDEN, "intermediate_size": 37,
+                             "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 77},
+                vision_config={"hidden_size": TINY_HIDDEN, "intermediate_size": 37, "num_hidden_layers": 1,
+                               "num_attention_heads": 4, "image_size": 32, "patch_size": 8},
+                projection_dim=TINY_HIDDEN,
+            )
+        )
+    return checker, CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+
+
+def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagged_share: float = 0.2,
+                              images=None) -> str:
+    """Save a tiny random standalone safety checker (``config.json`` and
+    ``preprocessor_config.json`` at the root, as ``CompVis/stable-diffusion-safety-checker``) into
+    ``directory``; return it. RANDOM STAND-IN: what it flags means nothing. Calibrated so that it
+    flags some images: its first concept embedding is the calibration embeddings' first principal
+    direction, whose threshold is the
+    ``1 - flagged_share`` quantile of the cosines of calibration images; the other concepts never
+    fire. ``images``: the calibration images, (N, 3, H, W) floats in [0, 1] (best: images of the
+    stand-in generators the check will see, which differ from each other only a little); default
+    the stand-in face decoder's targets at random latents and noise images."""
+    import numpy as np
+    import torch
+
+    from pipelines.standins.face_decoder import LATENT_MEAN_STD, LATENT_PIXEL_STD, face_templates, target_images
+
+    checker, processor = tiny_safety_checker(seed)
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(64, 4, 1, 1, generator=g) * LATENT_MEAN_STD + torch.randn(64, 4, 8, 8, generator=g) * (
+        LATENT_PIXEL_STD / 10)
+    if images is None:
+        woman, man = face_templates()
+        faces = (target_images(z, woman, man) + 1) / 2
+        images = torch.cat([faces, torch.rand(32, 3, 64, 64, generator=g)])
+    levels = images.detach().float().cpu().mul(255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    pixels = processor(list(levels), return_tensors="pt").pixel_values
+    with torch.no_grad():
+        embeds = checker.visual_projection(checker.vision_model(pixels)[1])
+        # the direction along which the calibration images differ most (random embeddings share a
+        # large common part: a random direction would flag all of them or none)
+        centred = embeds - embeds.mean(dim=0)
+        direction = torch.linalg.svd(centred, full_matrices=False).Vh[0]
+        cos = torch.nn.functional.normalize(embeds, dim=1) @ direction
+        checker.concept_embeds[0] = direction
+        checker.concept_embeds_weights.fill_(2.0)
+        checker.concept_embeds_weights[0] = float(np.quantile(cos.numpy(), 1 - flagged_share))
+        checker.special_care_embeds_weights.fill_(2.0)
+    directory = str(directory)
+    checker.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    Path(directory, "STANDIN.txt").write_text(
+        "tiny random StableDiffusionSafetyChecker (NOT a real NSFW check): flags about "
+        f"{flagged_share:.0%} of its calibration images, meaninglessly\n")
+    return directory
+
+
 def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, with_safety_checker: bool = False,
                                 faces: bool = False) -> str:
     """Build and save a tiny random-weight SD 1.x pipeline into ``directory``; return the directory.
@@ -127,12 +194,7 @@ def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, wit
         StableDiffusionPipeline,
         UNet2DConditionModel,
     )
-    from transformers import (
-        CLIPConfig,
-        CLIPImageProcessor,
-        CLIPTextConfig,
-        CLIPTextModel,
-    )
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     directory = str(directory)
     with torch.random.fork_rng(devices=[]):
@@ -171,21 +233,7 @@ def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, wit
         )
         safety_checker = feature_extractor = None
         if with_safety_checker:
-            from diffusers.pipelines.stable_diffusion.safety_checker import (
-                StableDiffusionSafetyChecker,
-            )
-
-            torch.manual_seed(seed + 3)
-            safety_checker = StableDiffusionSafetyChecker(
-                CLIPConfig(
-                    text_config={"vocab_size": CLIP_VOCAB_SIZE, "hidden_size": TINY_HIDDEN, "intermediate_size": 37,
-                                 "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 77},
-                    vision_config={"hidden_size": TINY_HIDDEN, "intermediate_size": 37, "num_hidden_layers": 1,
-                                   "num_attention_heads": 4, "image_size": 32, "patch_size": 8},
-                    projection_dim=TINY_HIDDEN,
-                )
-            )
-            feature_extractor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+            safety_checker, feature_extractor = tiny_safety_checker(seed + 3)
     pipe = StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,

@@ -89,9 +89,13 @@ def test_smoke_generation_and_clip(tmp_path):
 @pytest.mark.slow
 def test_smoke_every_stage(tmp_path):
     """Every stage of the command, as `python benchmarks/gpu.py --smoke` runs it."""
-    _, written = run_smoke(tmp_path, ",".join(("generation", "clip", "sbert", "blip2", "detr", "grounding")),
+    _, written = run_smoke(tmp_path, ",".join(("generation", "families", "clip", "sbert", "blip2", "detr", "grounding")),
                            "--no-channels-last", "--no-vae-slicing")
-    rows = check_rows(written, ["generation", "clip", "sbert", "blip2", "detr", "grounding"])
+    rows = check_rows(written, ["generation", "families", "clip", "sbert", "blip2", "detr", "grounding"])
+    # today's families at their cards' defaults: each model, batch 1 and 2, every image ok
+    families = [r for r in rows if r["stage"] == "families"]
+    assert len(families) == 2 * 5 and not any(r["notes"] for r in families)
+    assert any("FLUX.1-dev" in r["model / config"] and "guidance 3.5" in r["model / config"] for r in families)
     assert {r["dtype"] for r in rows if r["stage"] == "sbert"} == {"float32", "float16"}
     assert "answers/s" in next(r for r in rows if r["stage"] == "blip2")["throughput"]
     assert len([r for r in rows if r["stage"] == "grounding"]) == 2   # GroundingDINO boxes, SAM masks

@@ -228,3 +228,319 @@ def test_generation_speed_flags_map_to_generator_options():
     from operators.image_generation import ImageGenerator
 
     assert set(got) <= set(inspect.signature(ImageGenerator).parameters)
+
+
+# --- generators too large for the ordinary GPU node (issue 30, item 7) ------------------------
+
+def _spec(model, dtype="auto", **kw):
+    """The spec the study drivers build for ``model``: its family and card dtype from families.py."""
+    from operators.support.families import defaults
+    from pipelines.engine.generation import GeneratorSpec
+
+    d = defaults(model)
+    return GeneratorSpec(model=model, dtype=dtype, family=d["family"], cuda_dtype=d["cuda_dtype"], **kw)
+
+
+@pytest.mark.parametrize("model,dtype,large", [
+    ("black-forest-labs/FLUX.1-dev", "auto", True),                       # 16.9B in bf16: ~39 GiB
+    ("black-forest-labs/FLUX.1-schnell", "auto", True),
+    ("black-forest-labs/FLUX.1-schnell", "bfloat16", True),
+    ("stabilityai/stable-diffusion-3.5-large", "auto", True),             # 13.7B in bf16: ~32 GiB
+    ("stabilityai/stable-diffusion-3.5-large-turbo", "auto", True),
+    ("stabilityai/stable-diffusion-3.5-medium", "auto", False),           # 7.9B in bf16: ~18 GiB
+    ("stabilityai/stable-diffusion-3-medium-diffusers", "auto", False),   # 7.7B in fp16: ~18 GiB
+    ("stabilityai/stable-diffusion-xl-base-1.0", "auto", False),          # 3.5B in fp16: ~8 GiB
+    ("stabilityai/stable-diffusion-xl-base-1.0", "float32", False),       # 3.5B x 4 x 1.25 = 17 GB
+    ("stabilityai/stable-diffusion-3-medium-diffusers", "float32", True),  # 7.7B x 4 x 1.25 = 38 GB
+    ("stabilityai/stable-diffusion-3.5-medium", "float32", True),
+    ("runwayml/stable-diffusion-v1-5", "auto", False),                    # size unknown here: not routed
+    ("CompVis/stable-diffusion-v1-4", "float32", False),
+    ("black-forest-labs/FLUX.1-Krea-dev", "auto", True),                  # another FLUX.1: by its family
+    ("someone/some-model", "float32", False),                             # unknown: trusted to fit
+])
+def test_needs_large_gpu(model, dtype, large):
+    spec = _spec(model, dtype)
+    assert gpus.needs_large_gpu(spec) is large
+    assert gpus.actor_resources(spec) == ({gpus.LARGE_GPU_RESOURCE: 1.0} if large else {})
+
+
+def test_memory_needed_is_parameters_times_dtype_times_headroom():
+    from operators.support.diffusion import MEMORY_HEADROOM
+
+    flux = _spec("black-forest-labs/FLUX.1-dev")
+    assert gpus.spec_dtype(flux) == "bfloat16"
+    assert gpus.memory_needed(flux) == int(16_870_600_467 * 2 * MEMORY_HEADROOM)
+    assert 39 <= gpus.memory_needed(flux) / 2**30 < 40                     # docs/benchmarks.md: 39.3 GiB
+    gib = lambda model: gpus.memory_needed(_spec(model)) / 2**30  # noqa: E731
+    assert gib("stabilityai/stable-diffusion-3.5-large") == pytest.approx(31.9, abs=0.05)   # docs/benchmarks.md
+    assert gib("stabilityai/stable-diffusion-xl-base-1.0") == pytest.approx(8.1, abs=0.05)
+    assert gpus.memory_needed(_spec("runwayml/stable-diffusion-v1-5")) is None
+    # the threshold is the ordinary node's card: a smaller one routes SDXL too
+    assert gpus.GPU_WORKER_MEMORY == 24 * 10**9
+
+
+def test_a_spec_without_family_is_detected_offline():
+    from pipelines.engine.generation import GeneratorSpec
+
+    assert gpus.needs_large_gpu(GeneratorSpec(model="black-forest-labs/FLUX.1-Krea-dev", cuda_dtype="bfloat16"))
+    assert not gpus.needs_large_gpu(GeneratorSpec(model="someone/some-model", cuda_dtype="float32"))
+
+
+def test_cpu_offload_needs_only_the_largest_component(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    sd35, flux = _spec("stabilityai/stable-diffusion-3.5-large"), _spec("black-forest-labs/FLUX.1-dev")
+    assert gpus.needs_large_gpu(sd35) and not gpus.needs_large_gpu(sd35, offload=True)   # 8.06B x 2 x 1.25: 19 GiB
+    assert gpus.needs_large_gpu(flux, offload=True)                                      # 11.9B x 2 x 1.25: 28 GiB
+    assert gpus.memory_needed(flux, offload=True) == int(11_901_408_320 * 2 * 1.25)
+    assert gpus.actor_resources(sd35, offload=True) == {}
+    # a spec that carries its own cpu_offload
+    own = SimpleNamespace(model=sd35.model, dtype="auto", cuda_dtype="bfloat16", family="sd3", cpu_offload=True)
+    assert not gpus.needs_large_gpu(own) and gpus.needs_large_gpu(own, offload=False)
+    # on a local instance: SD 3.5 large offloaded passes, FLUX does not, and the refusal says why
+    monkeypatch.setenv("HOME", str(tmp_path))
+    real = lambda: gpus.plan({}, None, "auto", standin=False)  # noqa: E731
+    assert gpus.check_cluster(_ClusterWith(1), real(), standin=False, local=True, specs=[sd35],
+                              offload=True).per_actor == 1.0
+    with pytest.raises(ModelLoadError, match="largest component with CPU offload") as err:
+        gpus.check_cluster(_ClusterWith(1), real(), standin=False, local=True, specs=[sd35, flux], offload=True)
+    assert "stable-diffusion-3.5-large" not in str(err.value)
+    # without offload, the refusal offers it for the model it would help (SD 3.5 large), not FLUX
+    with pytest.raises(ModelLoadError, match="run stabilityai/stable-diffusion-3.5-large with CPU offload"):
+        gpus.check_cluster(_ClusterWith(1), real(), standin=False, local=True, specs=[sd35, flux])
+
+
+def _header_only_pipeline(root, shape):
+    """A pipeline directory whose one component's safetensors header declares a tensor of
+    ``shape`` (no data: pipeline_parameters reads headers only)."""
+    import struct
+
+    (root / "transformer").mkdir(parents=True)
+    (root / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline",
+                                                       "transformer": ["diffusers", "FluxTransformer2DModel"]}))
+    header = json.dumps({"w": {"dtype": "BF16", "shape": list(shape), "data_offsets": [0, 0]}}).encode()
+    (root / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return str(root)
+
+
+def test_a_local_directory_is_sized_from_its_safetensors_headers(tmp_path, monkeypatch):
+    from pipelines.engine.generation import GeneratorSpec
+
+    big = _header_only_pipeline(tmp_path / "big", (100_000, 100_000))   # 10B parameters: 25 GB in bf16
+    small = _header_only_pipeline(tmp_path / "small", (10_000, 10_000))
+    for family in ("flux", None):   # the directory's own count wins over its family's
+        assert gpus.needs_large_gpu(GeneratorSpec(model=big, family=family, cuda_dtype="bfloat16"))
+        assert not gpus.needs_large_gpu(GeneratorSpec(model=small, family=family, cuda_dtype="bfloat16"))
+    assert gpus.memory_needed(GeneratorSpec(model=big, cuda_dtype="bfloat16")) == int(10**10 * 2 * 1.25)
+    from operators.support import diffusion
+
+    if not hasattr(diffusion, "component_parameters"):
+        pytest.skip("no per-component counts in operators.support.diffusion: offload sizes the whole pipeline")
+    # with CPU offload, only the largest component counts: two 6B components need 15 GB at a time
+    two = tmp_path / "two"
+    _header_only_pipeline(two, (60_000, 100_000))
+    (two / "text_encoder").mkdir()
+    (two / "text_encoder" / "model.safetensors").write_bytes(
+        (two / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes())
+    index = json.loads((two / "model_index.json").read_text())
+    (two / "model_index.json").write_text(json.dumps({**index, "text_encoder": ["transformers", "T5EncoderModel"]}))
+    spec = GeneratorSpec(model=str(two), cuda_dtype="bfloat16")
+    assert gpus.needs_large_gpu(spec) and not gpus.needs_large_gpu(spec, offload=True)
+
+
+def test_tiny_standins_are_never_large(tmp_path, monkeypatch):
+    import shutil
+
+    from pipelines.engine.generation import GeneratorSpec
+    from pipelines.standins.families import build_tiny_sdxl
+
+    tiny = build_tiny_sdxl(tmp_path / "sdxl")
+    spec = GeneratorSpec(model=tiny, family="sdxl", dtype="float32")
+    assert not gpus.needs_large_gpu(spec) and gpus.actor_resources(spec) == {}
+    # without its STANDIN.txt it is sized like any directory; with a tiny threshold it would route
+    bare = shutil.copytree(tiny, tmp_path / "bare")
+    (bare / "STANDIN.txt").unlink()
+    monkeypatch.setattr(gpus, "GPU_WORKER_MEMORY", 1)
+    assert gpus.needs_large_gpu(GeneratorSpec(model=str(bare), family="sdxl", dtype="float32"))
+    assert not gpus.needs_large_gpu(spec)                  # the stand-in still is not
+
+
+def test_actors_asking_no_gpu_ask_no_large_gpu():
+    flux = _spec("black-forest-labs/FLUX.1-schnell")
+    assert gpus.actor_resources(flux, gpus.plan({}, None, "auto", standin=False)) == {gpus.LARGE_GPU_RESOURCE: 1.0}
+    assert gpus.actor_resources(flux, gpus.plan({}, None, "cpu", standin=False)) == {}
+
+
+class _FakeGroup:
+    def __init__(self, name, resources):
+        self.name, self.resources = name, resources
+
+
+def _fake_autoscaler(monkeypatch, groups):
+    """The cluster config the autoscaler publishes to the GCS (ray._private.state), faked."""
+    from types import SimpleNamespace
+
+    from ray._private import state
+
+    cfg = None if groups is None else SimpleNamespace(node_group_configs=[_FakeGroup(n, r) for n, r in groups.items()])
+    monkeypatch.setattr(state.state, "get_cluster_config", lambda: cfg)
+
+
+class _ClusterWith(_Cluster):
+    def __init__(self, gpu: float, large: float = 0):
+        super().__init__(gpu)
+        self.large = large
+
+    def cluster_resources(self):
+        out = super().cluster_resources()
+        return {**out, gpus.LARGE_GPU_RESOURCE: self.large} if self.large else out
+
+
+def test_check_cluster_refuses_big_models_without_the_large_resource(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))   # no ~/ray_bootstrap_config.yaml
+    real = lambda: gpus.plan({}, None, "auto", standin=False)  # noqa: E731
+    flux, sdxl = _spec("black-forest-labs/FLUX.1-dev"), _spec("stabilityai/stable-diffusion-xl-base-1.0")
+    # a local instance with a GPU but no large_gpu: refused in one line naming model, memory, remedy
+    with pytest.raises(ModelLoadError) as err:
+        gpus.check_cluster(_ClusterWith(1), real(), standin=False, local=True, specs=[sdxl, flux])
+    msg = str(err.value)
+    assert "\n" not in msg and "FLUX.1-dev" in msg and "39 GiB" in msg and "stable-diffusion-xl" not in msg
+    assert "gpu_worker_large" in msg and "local Ray instance" in msg
+    # small models only, no specs, stand-ins, or a CPU run: nothing asked
+    assert gpus.check_cluster(_ClusterWith(1), real(), standin=False, local=True, specs=[sdxl]).per_actor == 1.0
+    assert gpus.check_cluster(_ClusterWith(1), real(), standin=False, local=True).per_actor == 1.0
+    standin = gpus.plan({}, None, "auto", standin=True)
+    assert gpus.check_cluster(_ClusterWith(1), standin, standin=True, local=True, specs=[flux]).per_actor == 1.0
+    cpu = gpus.plan({}, None, "cpu", standin=False)
+    assert gpus.check_cluster(_ClusterWith(0), cpu, standin=False, local=True, specs=[flux]).per_actor == 0.0
+    # a large GPU up (a node, or `ray start --resources`): accepted, and said so
+    gp = gpus.check_cluster(_ClusterWith(1, large=1), real(), standin=False, local=True, specs=[flux])
+    assert gpus.LARGE_GPU_RESOURCE in gp.note and "FLUX.1-dev" in gp.note
+
+
+def test_check_cluster_reads_the_autoscalers_node_types(monkeypatch, tmp_path):
+    import yaml
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    real = lambda: gpus.plan({}, None, "auto", standin=False)  # noqa: E731
+    flux = _spec("stabilityai/stable-diffusion-3.5-large")
+    ordinary = {"head": {"CPU": 0}, "cpu_worker": {"CPU": 32}, "gpu_worker": {"CPU": 8, "GPU": 1}}
+    # published to the GCS without the large type: refused (nothing up yet)
+    _fake_autoscaler(monkeypatch, ordinary)
+    with pytest.raises(ModelLoadError, match="autoscaler has no node type with the custom resource large_gpu"):
+        gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[flux])
+    # with it: the actors wait for the autoscaler to start it
+    _fake_autoscaler(monkeypatch, {**ordinary, "gpu_worker_large": {"CPU": 8, "GPU": 1, "large_gpu": 1}})
+    gp = gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[flux])
+    assert "gpu_worker_large" in gp.note and "autoscaler" in gp.note
+    # a large type with fewer GPUs than an actor asks for cannot hold it (the 4-GPU type has no large_gpu)
+    _fake_autoscaler(monkeypatch, {**ordinary, "gpu_x4": {"CPU": 48, "GPU": 4},
+                                   "gpu_worker_large": {"CPU": 8, "GPU": 1, "large_gpu": 1}})
+    assert gpus.check_cluster(_ClusterWith(0), gpus.plan({}, 2, "auto", standin=False), standin=False,
+                              local=False).per_actor == 2.0
+    with pytest.raises(ModelLoadError, match="large_gpu and 2 GPU"):
+        gpus.check_cluster(_ClusterWith(0), gpus.plan({}, 2, "auto", standin=False), standin=False, local=False,
+                           specs=[flux])
+    # nothing published: ~/ray_bootstrap_config.yaml, here this repository's cluster.yaml
+    _fake_autoscaler(monkeypatch, None)
+    config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    (tmp_path / "ray_bootstrap_config.yaml").write_text(yaml.safe_dump(config))
+    assert gpus.autoscaler_node_types(None)["gpu_worker_large"] == {"CPU": 8.0, "GPU": 1.0, "large_gpu": 1.0}
+    assert gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[flux]).per_actor == 1.0
+    del config["available_node_types"]["gpu_worker_large"]
+    (tmp_path / "ray_bootstrap_config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ModelLoadError, match="stable-diffusion-3.5-large"):
+        gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[flux])
+    assert gpus.autoscaler_max_gpus(None) == 1.0   # the GPU check reads the same config
+    # no config at all: trusted, as for GPUs
+    (tmp_path / "ray_bootstrap_config.yaml").unlink()
+    assert gpus.autoscaler_node_types(None) is None
+    assert gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[flux]).per_actor == 1.0
+
+
+class _RecordingDataset:
+    """Stands in for a Ray dataset: records the keyword arguments of each ``map_batches``."""
+
+    def __init__(self, calls=None):
+        self.calls = [] if calls is None else calls
+
+    def map_batches(self, fn, **kwargs):
+        self.calls.append(kwargs)
+        return _RecordingDataset(self.calls)
+
+
+def test_custom_resources_reach_map_batches_only_when_set():
+    import pyarrow as pa
+
+    from operators.base import Resources, Stage
+    from pipelines.engine import stages
+
+    class Op:
+        stage_name = "op"
+        resources = Resources()
+
+        def __init__(self, **_):
+            pass
+
+        def __call__(self, batch):
+            return batch
+
+    schema = pa.schema([pa.field("x", pa.int64())])
+    for res in (Resources(num_gpus=1, actors=2), Resources(), Resources(resources={})):
+        for sch in (None, schema):
+            ds = _RecordingDataset()
+            stages.run(ds, [Stage(Op, {}, res)], sch)
+            assert "resources" not in ds.calls[0], (res, sch)
+    for res in (Resources(num_gpus=1, actors=2, resources={"large_gpu": 1}), Resources(resources={"large_gpu": 1})):
+        for sch in (None, schema):
+            ds = _RecordingDataset()
+            stages.run(ds, [Stage(Op, {}, res)], sch)
+            assert ds.calls[0]["resources"] == {"large_gpu": 1}, (res, sch)
+            assert ds.calls[0].get("num_gpus") == (res.num_gpus or None)
+
+
+def test_resources_override_like_num_gpus():
+    from operators.base import Resources, Stage
+    from pipelines.engine import stages
+
+    class Gen:
+        stage_name = "generate"
+        resources = Resources(num_gpus=1, actors=1)
+
+    gen = Stage(Gen, {})
+    changes = stages.overrides({"stages": {"generate": {"resources": {"large_gpu": 1}}}})
+    (out,) = stages.configure([gen], changes)
+    assert out.declared() == Resources(num_gpus=1, actors=1, resources={"large_gpu": 1.0})
+    # the run's value (values=, as generator_pipeline passes num_gpus) wins over the file's
+    changes = stages.overrides({"stages": {"generate": {"resources": {"large_gpu": 1}}}},
+                               values={"generate": {"num_gpus": 1.0, "resources": {"big": 2}}})
+    assert stages.configure([gen], changes)[0].declared().resources == {"big": 2.0}
+    assert stages.configure([gen], stages.overrides({}))[0].declared().resources is None
+    for bad in ("large_gpu", {"large_gpu": -1}, {"large_gpu": "one"}):
+        with pytest.raises(ValueError, match="generate.resources"):
+            stages.overrides({"stages": {"generate": {"resources": bad}}})
+
+
+def test_stage_custom_resources_reach_ray_data(ray_local):
+    """Ray Data accepts them: they end up in the operator's remote arguments, next to the GPUs."""
+    import pyarrow as pa
+
+    from operators.base import Resources, Stage
+    from pipelines.engine import stages
+
+    class Op:
+        stage_name = "op"
+        resources = Resources()
+
+        def __init__(self, **_):
+            pass
+
+        def __call__(self, batch):
+            return batch
+
+    ds = ray_local.data.from_arrow(pa.table({"x": [1, 2]}))
+    big = stages.run(ds, [Stage(Op, {}, Resources(num_gpus=1, batch_size=2, actors=1, resources={"large_gpu": 1}))])
+    assert big._logical_plan.dag.ray_remote_args["resources"] == {"large_gpu": 1}
+    assert big._logical_plan.dag.ray_remote_args["num_gpus"] == 1
+    small = stages.run(ds, [Stage(Op, {}, Resources(num_gpus=1, batch_size=2, actors=1))])
+    assert "resources" not in small._logical_plan.dag.ray_remote_args

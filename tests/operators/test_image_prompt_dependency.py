@@ -224,7 +224,7 @@ def test_word_masks_are_the_binarised_heat_maps(models):
     capture = dep.capture(gen.pipe, True)
     from operators.image_triplet_generation import generate_units
 
-    images, _, latents, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
+    images, _, latents, _, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
     flat = images.reshape(3, *images.shape[2:])
     sums = {k: v.clone() for k, v in capture.sums.items()}
     out = dep.analyse(flat, list(TRIPLETS[0]), capture, gen.pipe.tokenizer, tuple(latents.shape[-2:]))
@@ -254,7 +254,7 @@ def test_blocked_images_and_failures_are_recorded(models):
     from operators.support.cross_attention import CrossAttentionCapture
     from operators.support.dependency import attention_mask
 
-    images, _, latents, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
+    images, _, latents, _, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=capture)
     flat = images.reshape(3, *images.shape[2:])
     sums = {k: v.clone() for k, v in capture.sums.items()}
     out = dep.analyse(flat, list(TRIPLETS[0]), capture, gen.pipe.tokenizer, tuple(latents.shape[-2:]),
@@ -297,7 +297,7 @@ def test_heat_maps_of_the_first_tokens_only(models):
     from operators.support.cross_attention import CrossAttentionCapture
 
     cap = CrossAttentionCapture(gen.pipe.unet)
-    _, _, latents, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=cap)
+    _, _, latents, _, _ = generate_units(gen.pipe, [TRIPLETS[0]], [1], STEPS, 7.5, attention=cap)
     sums = {k: v.clone() for k, v in cap.sums.items()}
     few = cap.heat_maps(tuple(latents.shape[-2:]), (64, 64), tokens=5)
     cap.sums.update(sums)
@@ -317,7 +317,7 @@ def test_nouns_past_the_encoders_tokens_get_no_mask(models):
     triplet = (long, long.replace("A person", "A woman"), long.replace("A person", "A man"))
     assert len(gen.pipe.tokenizer(long, add_special_tokens=False).input_ids) > 77
     capture = dep.capture(gen.pipe, True)
-    images, _, latents, _ = generate_units(gen.pipe, [triplet], [2], STEPS, 7.5, attention=capture)
+    images, _, latents, _, _ = generate_units(gen.pipe, [triplet], [2], STEPS, 7.5, attention=capture)
     out = dep.analyse(images.reshape(3, *images.shape[2:]), list(triplet), capture, gen.pipe.tokenizer,
                       tuple(latents.shape[-2:]))
     assert out[PROMPT_NOUNS][0] == ["person", "dog", "tree"]

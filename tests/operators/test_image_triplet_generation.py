@@ -103,7 +103,7 @@ def test_a_negative_prompt_reaches_every_image_of_a_unit(sd_dirs):
 
 def test_capture_changes_nothing_and_embeddings_are_the_conditional_sequence(sd_dirs):
     pipe, _ = load_text2image(sd_dirs[0], device="cpu", dtype="float32")
-    images, embeds, latents, flags = generate_units(pipe, [TRIPLETS[0]], [7], STEPS, 7.5)
+    images, embeds, latents, flags, pooled = generate_units(pipe, [TRIPLETS[0]], [7], STEPS, 7.5)
     gens = [torch.Generator("cpu").manual_seed(7) for _ in range(3)]
     plain = pipe(prompt=list(TRIPLETS[0]), num_inference_steps=STEPS, guidance_scale=7.5, generator=gens,
                  output_type="pt").images

@@ -268,3 +268,64 @@ def test_a_model_too_large_for_the_card_is_refused_before_loading_with_the_optio
     text = str(info.value)
     assert "x/flux" in text and "bfloat16" in text and "cluster.yaml" in text and "\n" not in text
     check_fits("x/flux", tiny["flux"], torch.float32, "cpu")   # nothing to check on a CPU
+
+
+def test_cpu_offload_needs_only_the_largest_component_to_fit_and_a_gpu(tiny, monkeypatch):
+    """--gen-cpu-offload: the card must hold the largest component, not the whole pipeline; on a CPU
+    it is refused in one line; on a GPU the pipeline is offloaded (enable_model_cpu_offload), never
+    moved whole (.to)."""
+    import diffusers
+
+    from operators.support import diffusion
+    from operators.support.diffusion import MEMORY_HEADROOM, check_fits, component_parameters, load_text2image
+    from operators.support.models import ModelLoadError
+
+    counts = component_parameters(tiny["flux"])
+    assert set(counts) >= {"transformer", "text_encoder", "text_encoder_2", "vae"}
+    largest, total = max(counts.values()), sum(counts.values())
+    card = int((largest + total) / 2 * 2 * MEMORY_HEADROOM)        # between the two needs, in bfloat16
+    check_fits("x/flux", tiny["flux"], torch.bfloat16, "cuda", total_bytes=card, offload=True)
+    with pytest.raises(ModelLoadError, match="--gen-cpu-offload"):
+        check_fits("x/flux", tiny["flux"], torch.bfloat16, "cuda", total_bytes=card)
+    with pytest.raises(ModelLoadError, match="largest component"):
+        check_fits("x/flux", tiny["flux"], torch.bfloat16, "cuda", total_bytes=int(largest * 2), offload=True)
+    with pytest.raises(ValueError, match="cpu_offload moves .* runs on cpu"):
+        load_text2image(tiny["sdxl"], device="cpu", cpu_offload=True)
+    # on a GPU (faked: the device check and the hooks are CUDA's), the offload call, not .to(device)
+    calls = []
+    monkeypatch.setattr(diffusion, "pick_device", lambda d: "cuda:0")
+    monkeypatch.setattr(diffusion, "resolve_dtype", lambda *a, **k: torch.float32)
+    monkeypatch.setattr(diffusion, "check_fits", lambda *a, **k: calls.append(("fits", k.get("offload"))))
+    monkeypatch.setattr(diffusers.DiffusionPipeline, "enable_model_cpu_offload",
+                        lambda self, gpu_id=None, device=None: calls.append(("offload", str(device))))
+    monkeypatch.setattr(diffusers.DiffusionPipeline, "to", lambda self, *a, **k: calls.append(("to", a)) or self)
+    _, rec = load_text2image(tiny["sdxl"], device="cuda", cpu_offload=True)
+    assert calls == [("fits", True), ("offload", "cuda:0")] and rec["cpu_offload"] is True
+
+
+@pytest.mark.parametrize("family", ["sdxl", "sd3", "flux"])
+def test_the_pooled_prompt_space_is_what_the_denoiser_receives(tiny, family):
+    """Exposed's pooled prompt space: SDXL's add_text_embeds and SD 3's pooled_prompt_embeds from the
+    step callback, FLUX's from its own encode_prompt; the conditional half, one per image; the
+    images are those of a plain call."""
+    from operators.image_triplet_generation import generate_units, pooled_space_text
+    from operators.support.diffusion import load_text2image
+
+    pipe, _ = load_text2image(tiny[family], device="cpu", dtype="float32")
+    triplet = ("a photo of a person", "a photo of a woman", "a photo of a man")
+    size = STANDIN_SIZE.get(family, 64)
+    guidance = 0.0 if family == "flux" else 5.0
+    images, embeds, _, _, pooled = generate_units(pipe, [triplet], [5], 2, guidance, size, size)
+    gens = [torch.Generator("cpu").manual_seed(5) for _ in range(3)]
+    plain = pipe(prompt=list(triplet), num_inference_steps=2, guidance_scale=guidance, height=size, width=size,
+                 generator=gens, output_type="pt").images
+    assert torch.equal(images.reshape(3, *images.shape[2:]), plain)
+    if family == "flux":
+        expected = pipe.encode_prompt(prompt=list(triplet), prompt_2=None, device="cpu")[1]
+    elif family == "sdxl":
+        expected = pipe.encode_prompt(list(triplet), device="cpu", do_classifier_free_guidance=True)[2]
+    else:
+        expected = pipe.encode_prompt(list(triplet), None, None, device="cpu", do_classifier_free_guidance=True)[2]
+    assert pooled.shape == (1, 3, expected.shape[-1]) and embeds.ndim == 4   # pooled: one vector per image
+    assert torch.allclose(pooled.reshape(3, -1), expected, atol=1e-5)
+    assert pooled_space_text(pipe).startswith({"sdxl": "SDXL:", "sd3": "SD 3:", "flux": "FLUX:"}[family])

@@ -67,20 +67,26 @@ def test_dalleval_measures_sd3_and_pixart_images(tmp_path, ray_local):
     assert images["skin_status"].notna().all()
 
 
-def test_exposed_sections_3_4_on_flux_and_refusals_before_any_work(tmp_path, ray_local, capsys):
-    models = [FLUX]
+def test_exposed_sections_3_to_7_on_flux_and_sd3_and_pixart_refused_before_any_work(tmp_path, ray_local, capsys):
+    """SD 3 and FLUX through every section: their word heat maps come from the MMDiT joint attention."""
+    models = [FLUX, SD35]
     argv = ["run", "--output", str(tmp_path), "--run-id", "e", "--standin-models", "--max-triplets", "1",
-            "--per-topic", "1", "--steps", "2", "--no-objects", "--no-progress", "--generators", *models]
+            "--per-topic", "1", "--steps", "2", "--no-progress", "--generators", *models]
     assert exposed.main(argv) == 0
     check_records(tmp_path / "e", models)
     images = pq.read_table(tmp_path / "e" / "images.parquet").to_pandas()
-    assert set(images[I.GENERATION_STATUS]) == {"ok"}
+    assert set(images[I.GENERATION_STATUS]) <= {"ok", "nsfw_excluded"} and images[I.NSFW].notna().all()
+    ok = images[images[I.GENERATION_STATUS] == "ok"]
+    assert set(ok["model"].map(lambda m: m.rsplit("/", 1)[-1])) == {"FLUX.1-schnell-standin",
+                                                                    "stable-diffusion-3.5-medium-standin"}
+    # every measured image of both families has word maps (one per prompt noun the T5 tokens hold)
+    assert ok["attention_words"].map(len).gt(0).all()
+    assert (ok["attention_maps"].map(len) == ok["attention_words"].map(len)).all()
     capsys.readouterr()
-    for extra, words in (([], "--no-objects"), (["--no-objects", "--generators", PIXART], "PixArt")):
-        argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators", SD35, *extra]
-        assert exposed.main(argv) == 2
-        assert words in capsys.readouterr().err
-        assert not (tmp_path / "refused").exists()      # refused at settings time: nothing written
+    argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators", SD35, PIXART]
+    assert exposed.main(argv) == 2
+    assert "PixArt" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()      # refused at settings time: nothing written
 
 
 def test_amplification_counts_sdxl_and_flux_images_through_the_face_filter_and_clip(tmp_path, ray_local):
@@ -97,7 +103,8 @@ def test_amplification_counts_sdxl_and_flux_images_through_the_face_filter_and_c
     check_records(run_dir, models)
     images = pq.read_table(run_dir / "images.parquet").to_pandas()
     generated = images[images[I.GENERATION_STATUS].notna()]
-    assert set(generated[I.GENERATION_STATUS]) == {"ok"} and generated["model"].nunique() == 2
+    assert set(generated[I.GENERATION_STATUS]) <= {"ok", "nsfw_excluded"} and generated["model"].nunique() == 2
+    assert generated[I.NSFW].notna().all()                     # one check on both families' images
     assert generated[I.FACE_STATUS].notna().all()            # every family's images go through the face filter
     faces = generated[generated[I.FACE_STATUS] == "ok"]        # the SDXL stand-in draws faces (FLUX's: noise)
     assert len(faces) and faces[I.GENDER].isin(["male", "female", "ambiguous"]).all()   # and those through CLIP

@@ -8,6 +8,8 @@ stream. Rows out of every stream equal rows in, which the run checks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import re
 from dataclasses import dataclass, field
 
@@ -54,6 +56,7 @@ class ImageSettings:
     clip_gpus: float = 0.0
     save_images: str | None = None     # URI: save fetched and generated images there (parquet)
     execution: dict = field(default_factory=dict)  # the study's execution settings (execution.stages)
+    safety: Any = None                 # the run's safety policy (generation.SafetySettings)
 
 
 # ------------------------------------------------------------------------------------ training

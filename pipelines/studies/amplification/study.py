@@ -108,6 +108,7 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         generators=list(gen.generators), images_per_prompt=gen.images_per_prompt,
         caption_images=gen.caption_images, seed=gen.seed, url_rewrite=rewrite,
         face_actors=args.face_actors, clip_actors=args.clip_actors, execution=dict(cfg["execution"]),
+        safety=gen.safety,
     )
     return settings, {"generation": gen.job(), "face_filter": face, "gender_classifier": clip, "fetch": fetch}
 
@@ -201,6 +202,9 @@ class AmplificationStudy:
 
     def generators(self, st: AmplificationSettings) -> list:
         return list(st.image.generators)
+
+    def safety(self, st: AmplificationSettings):
+        return st.image.safety
 
     def use_standins(self, args, st: AmplificationSettings, root: str) -> AmplificationSettings:
         return dataclasses.replace(st, image=dataclasses.replace(st.image, clip=standin_clip(st.image.clip, root)))

@@ -19,7 +19,7 @@ from schemas import exposed as S
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
 
-SPACE_LABELS = {S.Space.PROMPT: "prompt (t)", S.Space.DENOISING: "denoising (z\u2080)", S.Space.SSIM: "SSIM",
+SPACE_LABELS = {S.Space.PROMPT: "prompt (t)", S.Space.PROMPT_POOLED: "pooled prompt", S.Space.DENOISING: "denoising (z\u2080)", S.Space.SSIM: "SSIM",
                 S.Space.DIFF_PIX: "Diff. Pix. (%)", S.Space.RESNET: "ResNet", S.Space.CLIP: "CLIP",
                 S.Space.DINO: "DINO", S.Space.SPLIT_PRODUCT: "split-product"}
 

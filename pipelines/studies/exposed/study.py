@@ -248,22 +248,14 @@ def settings(args) -> ExposedSettings:
 def check_families(generators, objects: bool) -> None:
     """Refuse, before any work, a generator whose family cannot give what the study measures:
     PixArt pipelines hand no latents or prompt embeddings to a step callback (no prompt or
-    denoising space); sections 5-7 read word heat maps from a UNet's cross-attention (DAAM), which a
-    transformer denoiser (SD 3, FLUX: joint attention inside MMDiT blocks) does not have here."""
-    from operators.support.families import FAMILIES
-
+    denoising space). Sections 5-7 read word heat maps from a UNet's cross-attention (DAAM) or from
+    the joint attention of SD 3 / FLUX's MMDiT blocks (``operators.support.joint_attention``); an
+    unknown family's pipeline is checked when it loads (``capture_for`` names what to run instead)."""
     no_callback = [g.model for g in generators if g.family in ("pixart-alpha", "pixart-sigma")]
     if no_callback:
         raise ValueError(f"{', '.join(no_callback)}: PixArt pipelines pass no latents or prompt embeddings to "
                          f"callback_on_step_end, so the prompt and denoising spaces cannot be measured; leave them out "
                          f"of this study (the other studies run them)")
-    other = [(g.model, g.family) for g in generators
-             if g.family in FAMILIES and FAMILIES[g.family].denoiser != "unet"]
-    if objects and other:
-        names = ", ".join(f"{m} ({f})" for m, f in other)
-        raise ValueError(f"sections 5-7 (objects and word heat maps) read a UNet's cross-attention; {names} "
-                         f"denoise with a transformer, whose attention this project does not map yet: run them "
-                         f"with --no-objects (sections 3-4: prompt, denoising and image spaces), or leave them out")
 
 
 def disparity_settings(cfg: Mapping, args) -> DisparitySettings:
@@ -272,7 +264,7 @@ def disparity_settings(cfg: Mapping, args) -> DisparitySettings:
     unknown = sorted(set(spaces) - set(S.Space.ALL))
     if unknown:
         raise ValueError(f"disparity.spaces: unknown {unknown}; known: {list(S.Space.ALL)}")
-    for key in (S.Space.PROMPT, S.Space.DENOISING):
+    for key in reversed(S.Space.GENERATOR):
         if key not in spaces:
             spaces = [key, *spaces]   # measured by the generator itself, always
     models = {}
