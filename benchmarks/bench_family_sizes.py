@@ -6,7 +6,8 @@ each component, the memory its weights take in the dtype its family runs in on a
 (``operators.support.families``: bfloat16 for FLUX and SD 3.5, float16 otherwise), that times the
 loader's headroom (``operators.support.diffusion.MEMORY_HEADROOM``, what ``check_fits`` asks of a
 card), the smallest common card that holds it, and the shape the denoiser returns for one 1024 px
-image (a forward pass on meta tensors: shapes only, no arithmetic).
+image (a forward pass on meta tensors: shapes only, no arithmetic), and what the VAE decodes it to: the
+image every study's heads receive (the heads at that size: ``bench_fullsize_smoke.py --size 1024``).
 
 Configurations: FLUX.1's transformer is the diffusers class's defaults (its checkpoint's config);
 the SD 3 / 3.5 transformers, SDXL's UNet, T5-XXL's encoder and the CLIP text towers are written out
@@ -122,13 +123,18 @@ def main() -> None:
                 total += n
                 print(f"{model:<48} {name:<26} {n / 1e9:>7.2f}B")
             out = forward(built[denoiser])
+            # the latents the VAE decodes (FLUX's packed 2 x 2 patches unpacked) and the image every
+            # study's heads receive
+            latents = out.reshape(1, 64, 64, 16, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(1, 16, 128, 128) \
+                if out.ndim == 3 else out
+            image = built["vae"].decode(latents, return_dict=False)[0]
         dtype = defaults(model)["cuda_dtype"]
         size = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
         need = total * size * MEMORY_HEADROOM / 2**30
         card = next((label for gb, label in CARDS_GB if gb >= need), "more than 80 GB: several GPUs or offload")
         print(f"{model:<48} {'total':<26} {total / 1e9:>7.2f}B  {dtype}: weights {total * size / 2**30:.1f} GiB, "
-              f"x{MEMORY_HEADROOM} = {need:.1f} GiB -> {card}; {denoiser} output {tuple(out.shape)} for 1024 px "
-              f"({time.time() - t0:.1f} s on meta)")
+              f"x{MEMORY_HEADROOM} = {need:.1f} GiB -> {card}; {denoiser} output {tuple(out.shape)} for 1024 px, "
+              f"VAE decode {tuple(latents.shape)} -> image {tuple(image.shape)} ({time.time() - t0:.1f} s on meta)")
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ measured, and counts against the generation error budget. Where the pipeline's s
 blanks it; that row gets ``nsfw_blocked`` and NSFW true (and no gender). With ``nsfw_check`` (the
 run's one NSFW check, ``operators.image_nsfw_check``: policy ``check-all``, the model's own checker
 off) NSFW is that head's flag, computed on every valid image before the other heads; with
-``exclude_nsfw`` a flagged image gets ``nsfw_excluded`` (its payload kept, no other head run on
-it). NSFW is null when no check ran (none shipped, or ``safety_checker="off"``).
+``exclude_nsfw`` a flagged image gets ``nsfw_excluded``: no other head runs on it and its payload
+is null (never stored, measured or passed on; its recorded seed regenerates it). NSFW is null when no check ran (none shipped, or ``safety_checker="off"``).
 
 Out of memory (``torch.cuda.OutOfMemoryError``, or a RuntimeError saying "out of memory") does not
 end the job: the micro-batch is retried in halves, down to one image, with the allocator's cache
@@ -300,7 +300,7 @@ class ImageGenerator:
         # scatter the generated rows' payload back to all rows (null where nothing was generated)
         where = np.full(n, -1, np.int64)
         where[generated] = np.arange(len(generated))
-        where[status == GenerationStatus.INVALID_IMAGE] = -1
+        where[(status == GenerationStatus.INVALID_IMAGE) | (status == GenerationStatus.NSFW_EXCLUDED)] = -1
         take = pa.array(where, mask=where < 0)
         out = batch
         for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):

@@ -30,7 +30,7 @@ rows). UNIT_STATUS is ``ok`` when all three images are; otherwise the disparitie
 blanked NSFW image or a failed one would make them meaningless) and UNIT_STATUS is the first
 non-ok image status. With ``nsfw_check`` (the run's one NSFW check: ``operators.image_nsfw_check``)
 NSFW is its flag per valid image; with ``exclude_nsfw`` a flagged image gets ``nsfw_excluded`` and
-its unit no disparities (as a blanked one).
+its unit no disparities (as a blanked one); like an invalid image, it is not stored (null payload).
 
 A unit with a null or blank prompt is not generated (``invalid_prompt`` on its three rows). Out of
 memory halves the micro-batch down to one unit (three images: a unit is never split); a unit
@@ -400,6 +400,9 @@ class TripletGenerator:
         where = np.full(3 * n, -1, np.int64)
         for k, u in enumerate(generated):
             where[3 * u:3 * u + 3] = np.arange(3 * k, 3 * k + 3)
+        # an invalid or excluded image is never stored (its recorded seed regenerates it)
+        flat_status = status.reshape(-1)
+        where[(flat_status == GenerationStatus.INVALID_IMAGE) | (flat_status == GenerationStatus.NSFW_EXCLUDED)] = -1
         payload = pack_rgb8(arrays)
         take = pa.array(where, mask=where < 0)
         for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):

@@ -560,8 +560,8 @@ def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[S
     batch = max(1, int(getattr(args, "gen_batch_size", 1) or 1))
     speed = gpus.generation_options(args) if op is ImageGenerator else {}
     # the run's policy (run_study sets it from the settings); a run built by hand without one: the spec's
-    safety = getattr(run, "safety", None) or getattr(getattr(run.st, "generation", None), "safety", None) \
-        or SafetySettings(policy=spec.safety_checker)
+    safety = getattr(run, "safety", None) or getattr(run.st, "safety", None) \
+        or getattr(getattr(run.st, "generation", None), "safety", None) or SafetySettings(policy=spec.safety_checker)
     offload = bool(getattr(args, "gen_cpu_offload", False))
     gen = Stage(op, {**spec.operator_kwargs(), "micro_batch": batch, "device": run.gpu.device if run.gpu else "auto",
                      "heads": list(plan.heads), **safety.operator_kwargs(), **speed,
@@ -662,7 +662,8 @@ def safety_text(policy: str, counts: Mapping, exclude: bool) -> str:
             + (f"{counts['excluded']:,} left out" if exclude else "kept in (exclude off)"))
 
 
-CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of a nurse", "a photo of a chef")
+CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of a nurse", "a photo of a chef",
+                       "a photo of a pilot", "a photo of a baker", "a photo of a judge", "a photo of a farmer")
 
 
 def build_standin_checker(safety: SafetySettings, root: str, generators: Sequence[GeneratorSpec] = ()
@@ -684,10 +685,9 @@ def build_standin_checker(safety: SafetySettings, root: str, generators: Sequenc
         with torch.inference_mode():
             out, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
                                spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
-        images.append(torch.nn.functional.interpolate(out.float(), size=(64, 64), mode="area"))
+        images.append(out.float())
         del pipe
-    path = build_tiny_safety_checker(str(Path(root) / "nsfw-check-standin"),
-                                     images=torch.cat(images) if images else None)
+    path = build_tiny_safety_checker(str(Path(root) / "nsfw-check-standin"), images=images or None)
     print(f"  NSFW check {safety.model} -> tiny random stand-in {Path(path).name} (flags meaninglessly)")
     return dataclasses.replace(safety, model=path, revision=None)
 

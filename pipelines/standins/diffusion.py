@@ -137,9 +137,11 @@ def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagg
     flags some images: its first concept embedding is the calibration embeddings' first principal
     direction, whose threshold is the
     ``1 - flagged_share`` quantile of the cosines of calibration images; the other concepts never
-    fire. ``images``: the calibration images, (N, 3, H, W) floats in [0, 1] (best: images of the
-    stand-in generators the check will see, which differ from each other only a little); default
-    the stand-in face decoder's targets at random latents and noise images."""
+    fire. ``images``: the calibration images, (N, 3, H, W) floats in [0, 1], or a list of such
+    batches, one per stand-in generator the check will see: the direction is then the main one
+    *within* the generators, orthogonal to the differences between their mean embeddings, so that
+    each generator gets flagged images, not one generator all of them. Default: the stand-in face
+    decoder's targets at random latents and noise images."""
     import numpy as np
     import torch
 
@@ -147,21 +149,28 @@ def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagg
 
     checker, processor = tiny_safety_checker(seed)
     g = torch.Generator().manual_seed(seed)
-    z = torch.randn(64, 4, 1, 1, generator=g) * LATENT_MEAN_STD + torch.randn(64, 4, 8, 8, generator=g) * (
-        LATENT_PIXEL_STD / 10)
     if images is None:
+        z = torch.randn(64, 4, 1, 1, generator=g) * LATENT_MEAN_STD + torch.randn(64, 4, 8, 8, generator=g) * (
+            LATENT_PIXEL_STD / 10)
         woman, man = face_templates()
-        faces = (target_images(z, woman, man) + 1) / 2
-        images = torch.cat([faces, torch.rand(32, 3, 64, 64, generator=g)])
-    levels = images.detach().float().cpu().mul(255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
-    pixels = processor(list(levels), return_tensors="pt").pixel_values
+        images = [(target_images(z, woman, man) + 1) / 2, torch.rand(32, 3, 64, 64, generator=g)]
+    groups = list(images) if isinstance(images, (list, tuple)) else [images]
+    embeds = []
+    for batch in groups:
+        levels = batch.detach().float().cpu().mul(255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        pixels = processor(list(levels.numpy()), return_tensors="pt").pixel_values
+        with torch.no_grad():
+            embeds.append(checker.visual_projection(checker.vision_model(pixels)[1]))
     with torch.no_grad():
-        embeds = checker.visual_projection(checker.vision_model(pixels)[1])
-        # the direction along which the calibration images differ most (random embeddings share a
-        # large common part: a random direction would flag all of them or none)
-        centred = embeds - embeds.mean(dim=0)
-        direction = torch.linalg.svd(centred, full_matrices=False).Vh[0]
-        cos = torch.nn.functional.normalize(embeds, dim=1) @ direction
+        unit = [torch.nn.functional.normalize(e, dim=1) for e in embeds]
+        means = torch.stack([u.mean(dim=0) for u in unit])
+        within = torch.cat([u - u.mean(dim=0) for u in unit])
+        if len(unit) > 1:   # leave out the directions that tell the generators apart
+            basis = torch.linalg.svd(means - means.mean(dim=0), full_matrices=False).Vh[:len(unit) - 1]
+            within = within - (within @ basis.T) @ basis
+        # random embeddings share a large common part: a random direction would flag all or none
+        direction = torch.linalg.svd(within, full_matrices=False).Vh[0]
+        cos = torch.cat(unit) @ direction
         checker.concept_embeds[0] = direction
         checker.concept_embeds_weights.fill_(2.0)
         checker.concept_embeds_weights[0] = float(np.quantile(cos.numpy(), 1 - flagged_share))

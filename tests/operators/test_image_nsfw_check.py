@@ -133,7 +133,7 @@ def test_exclusion_leaves_flagged_images_out_of_every_head(sd_with_checker, chec
     assert counting.seen == flags.count(False) and 0 < counting.seen < len(flags)
     genders = out.column(GENDER).to_pylist()
     assert [g is None for g in genders] == flags
-    assert out.column("image").null_count == 0       # an excluded image is kept as generated
+    assert [v is None for v in out.column("image").to_pylist()] == flags   # never stored: its seed regenerates it
     assert gen.record["exclude_nsfw"] is True and gen.record["nsfw_check"]["model"] == checker_dir
     counts = safety_counts(out)
     assert counts == {"images": 8, "checked": 8, "flagged": sum(flags), "excluded": sum(flags), "blocked": 0}
@@ -187,3 +187,34 @@ def test_the_policy_is_one_setting_for_the_run():
         generation_settings({"models": ["org/a"], "nsfw_check": {"threshold": 0.5}})
     with pytest.raises(ValueError, match="safety_checker must be one of"):
         generation_settings({"models": ["org/a"], "safety_checker": "strict"})
+
+
+def test_a_triplet_unit_with_a_flagged_image_is_counted_not_measured(sd_with_checker, checker_dir):
+    """Exposed: the check runs on the unit's three images; with exclusion a flagged image is
+    nsfw_excluded, never stored, and its unit has no disparities in any space (as a blanked one);
+    without, every unit is measured and the flags recorded."""
+    from operators.image_triplet_generation import TripletGenerator
+    from schemas.exposed import FEMININE, MASCULINE, NEUTRAL, UNIT_ID, UNIT_STATUS, Space, disparity_column
+
+    triplets = [(f"A person {w}.", f"A woman {w}.", f"A man {w}.") for w in
+                ("rides a bike", "walks on a beach", "reads a book", "cooks dinner")]
+    batch = pa.table({UNIT_ID: [f"u{i}" for i in range(4)], NEUTRAL: [t[0] for t in triplets],
+                      FEMININE: [t[1] for t in triplets], MASCULINE: [t[2] for t in triplets],
+                      SEED: pa.array([3, 4, 5, 6], pa.int64())})
+    head = NsfwCheck(checker_dir, device="cpu")
+    out = TripletGenerator(sd_with_checker, steps=STEPS, device="cpu", safety_checker="off", nsfw_check=head,
+                           exclude_nsfw=True)(batch)
+    flags = out.column(NSFW).to_pylist()
+    assert None not in flags and 0 < sum(flags) < len(flags), flags
+    status = out.column(GENERATION_STATUS).to_pylist()
+    assert status == [GenerationStatus.NSFW_EXCLUDED if f else GenerationStatus.OK for f in flags]
+    assert [v is None for v in out.column("image").to_pylist()] == flags
+    for u in range(4):
+        unit_flagged = any(flags[3 * u:3 * u + 3])
+        assert out.column(UNIT_STATUS)[3 * u].as_py() == (GenerationStatus.NSFW_EXCLUDED if unit_flagged else "ok")
+        for space in Space.GENERATOR:
+            assert (out.column(disparity_column(space))[3 * u].as_py() is None) == unit_flagged
+    kept = TripletGenerator(sd_with_checker, steps=STEPS, device="cpu", safety_checker="off", nsfw_check=head)(batch)
+    assert kept.column(NSFW).to_pylist() == flags                    # the same check, recorded
+    assert set(kept.column(GENERATION_STATUS).to_pylist()) == {"ok"}
+    assert kept.column(disparity_column(Space.PROMPT_POOLED)).null_count == 0

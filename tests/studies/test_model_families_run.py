@@ -105,6 +105,9 @@ def test_amplification_counts_sdxl_and_flux_images_through_the_face_filter_and_c
     generated = images[images[I.GENERATION_STATUS].notna()]
     assert set(generated[I.GENERATION_STATUS]) <= {"ok", "nsfw_excluded"} and generated["model"].nunique() == 2
     assert generated[I.NSFW].notna().all()                     # one check on both families' images
-    assert generated[I.FACE_STATUS].notna().all()            # every family's images go through the face filter
-    faces = generated[generated[I.FACE_STATUS] == "ok"]        # the SDXL stand-in draws faces (FLUX's: noise)
+    excluded = generated[generated[I.GENERATION_STATUS] == "nsfw_excluded"]
+    assert excluded[I.NSFW].all() and excluded[I.FACE_STATUS].isna().all()   # never stored, never measured
+    ok = generated[generated[I.GENERATION_STATUS] == "ok"]
+    assert ok[I.FACE_STATUS].notna().all()                     # every family's images go through the face filter
+    faces = ok[ok[I.FACE_STATUS] == "ok"]                      # the SDXL stand-in draws faces (FLUX's: noise)
     assert len(faces) and faces[I.GENDER].isin(["male", "female", "ambiguous"]).all()   # and those through CLIP

@@ -14,6 +14,7 @@ import pytest
 from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 
 from operators.base import Resources
+from pipelines.engine.generation import SafetySettings
 from pipelines import amplification
 from pipelines.engine import rundir, runtime
 from pipelines.studies.amplification import images as image_side
@@ -45,8 +46,9 @@ def settings(standins, server, extra=()):
         ["run", "--output", "unused", "--steps", "2", "--images-per-prompt", "3", "--caption-images", "0",
          "--allow-local-urls", "--url-rewrite", f"{PREFIX}={server.base_url}/", *extra])
     st, _ = study.image_settings(args, load_config())
+    # no NSFW check (its model is a hub download): what is resumed here does not depend on it
     return dataclasses.replace(st, clip=st.clip.standin_at(standins[0], pretrained=None),
-                               generators=list(standins[1]), fetch_block_rows=4)
+                               generators=list(standins[1]), fetch_block_rows=4, safety=SafetySettings(policy="off"))
 
 
 def generate(ray, requests, spec, st, rd):

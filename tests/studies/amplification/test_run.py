@@ -164,7 +164,8 @@ def test_recorded_seed_regenerates_the_image(run_dir):
 
     images = pq.read_table(run_dir / "images.parquet")
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    gen = images.filter(pc.equal(images.column(I.SOURCE), I.Source.GENERATED)).slice(5, 1)
+    gen = images.filter(pc.and_(pc.equal(images.column(I.SOURCE), I.Source.GENERATED),
+                                pc.equal(images.column(I.GENERATION_STATUS), "ok"))).slice(5, 1)
     from operators.base import Stage
     from operators.image_clip_gender import ClipGenderClassifier
 
@@ -184,7 +185,10 @@ def test_saved_images(run_dir):
                      if r["branch"] == TRAINING_URLS and r["stage"] == "fetch" and r["outcome"] == "ok")
     assert saved_training.num_rows == fetched_ok
     gen = images.filter(pc.is_in(images.column(I.SOURCE), pa.array([I.Source.GENERATED, I.Source.CAPTION_PROMPT])))
-    assert saved_generated.num_rows == gen.num_rows
+    # every generated image is saved, except those left out (flagged by the NSFW check, or invalid): never stored
+    left_out = pc.is_in(gen.column(I.GENERATION_STATUS), pa.array([I.GenerationStatus.NSFW_EXCLUDED,
+                                                                   I.GenerationStatus.INVALID_IMAGE]))
+    assert saved_generated.num_rows == gen.num_rows - pc.sum(left_out.cast(pa.int64())).as_py()
     # a saved generated image is found by its (model, seed) and decodes to an image
     import io
 
