@@ -1,10 +1,11 @@
 """Today's model families in every study, end to end on a local Ray instance: `--standin-models`
 with SDXL, SD 3.5, FLUX.1 and PixArt hub ids builds a tiny random pipeline of each family, runs it
-at that model's defaults (its card's, recorded), and measures its images like SD's (issue 30).
-SDXL and FLUX run in amplification (face filter and CLIP on their images), SD 3.5 and PixArt in
-DALL-Eval (BLIP-2 and skin tone), FLUX in Exposed (sections 3-4; the refusals of SD 3.5 with
-objects and of PixArt); GEP's generation is the engine's same path. Every family is loaded and
-generated through the production loader in tests/operators/test_model_families.py."""
+at that model's defaults (its card's, recorded), checks every model's images with the run's one
+NSFW check, and measures them like SD's (issue 30): SDXL and FLUX in amplification (face filter and
+CLIP), SD 3.5 and PixArt in DALL-Eval (BLIP-2 and skin tone) and its alignment part, SDXL and FLUX
+in PaintSkills, all four in GEP, FLUX and SD 3.5 in Exposed (sections 3-7: word maps from their
+joint attention; PixArt refused before any work). Every family is loaded and generated through
+the production loader in tests/operators/test_model_families.py."""
 
 from __future__ import annotations
 
@@ -111,3 +112,39 @@ def test_amplification_counts_sdxl_and_flux_images_through_the_face_filter_and_c
     assert ok[I.FACE_STATUS].notna().all()                     # every family's images go through the face filter
     faces = ok[ok[I.FACE_STATUS] == "ok"]                      # the SDXL stand-in draws faces (FLUX's: noise)
     assert len(faces) and faces[I.GENDER].isin(["male", "female", "ambiguous"]).all()   # and those through CLIP
+
+
+def test_gep_runs_all_four_families_each_at_its_defaults(tmp_path, ray_local):
+    """GEP (paper 001): the k-LMS sampler of the study file is SD's protocol; the other families keep
+    their own samplers and card defaults, and every image of every family is embedded and checked."""
+    from pipelines import gep
+
+    models = [SDXL, SD35, FLUX, PIXART]
+    argv = ["run", "--output", str(tmp_path), "--run-id", "g", "--standin-models", "--images-per-prompt", "1",
+            "--steps", "2", "--max-contexts", "2", "--attributes", "dress,suit", "--ensemble", "1", "--no-progress",
+            "--generators", ",".join(models)]
+    assert gep.main(argv) == 0
+    recs = check_records(tmp_path / "g", models)
+    assert {m: r["scheduler_class"] for m, r in recs.items()}[PIXART] != "LMSDiscreteScheduler"
+    images = pq.read_table(tmp_path / "g" / "images.parquet").to_pandas()
+    assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}   # exclude off: all kept
+    assert images[I.NSFW].notna().all() and images["clip_embedding"].notna().all()
+
+
+def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local):
+    """DALL-Eval's other two parts: PaintSkills (the detector on SDXL's and FLUX's images) and
+    image-text alignment (CLIP on SD 3.5's and PixArt's images)."""
+    models = [SDXL, FLUX]
+    argv = ["skills", "--output", str(tmp_path), "--run-id", "s", "--standin-models", "--prompts-per-skill", "1",
+            "--steps", "2", "--no-progress", "--generators", ",".join(models)]
+    assert dalleval.main(argv) == 0
+    check_records(tmp_path / "s", models)
+    images = pq.read_table(tmp_path / "s" / "images.parquet").to_pandas()
+    assert images["model"].nunique() == 2 and set(images[I.GENERATION_STATUS]) == {"ok"}
+    models = [SD35, PIXART]
+    argv = ["alignment", "--output", str(tmp_path), "--run-id", "a", "--standin-models", "--max-captions", "3",
+            "--steps", "2", "--no-progress", "--generators", ",".join(models)]
+    assert dalleval.main(argv) == 0
+    check_records(tmp_path / "a", models)
+    images = pq.read_table(tmp_path / "a" / "images.parquet").to_pandas()
+    assert images["model"].nunique() == 2 and set(images[I.GENERATION_STATUS]) == {"ok"}
