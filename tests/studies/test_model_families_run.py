@@ -1,11 +1,11 @@
 """Today's model families in every study, end to end on a local Ray instance: `--standin-models`
 with SDXL, SD 3.5, FLUX.1 and PixArt hub ids builds a tiny random pipeline of each family, runs it
 at that model's defaults (its card's, recorded), checks every model's images with the run's one
-NSFW check, and measures them like SD's (issue 30): SDXL and FLUX in amplification (face filter and
-CLIP), SD 3.5 and PixArt in DALL-Eval (BLIP-2 and skin tone) and its alignment part, SDXL and FLUX
-in PaintSkills, all four in GEP, FLUX and SD 3.5 in Exposed (sections 3-7: word maps from their
-joint attention; PixArt refused before any work). Every family is loaded and generated through
-the production loader in tests/operators/test_model_families.py."""
+NSFW check, and measures them like SD's (issue 30): all four in amplification (face filter and
+CLIP), DALL-Eval (BLIP-2 and skin tone, PaintSkills, alignment) and GEP; SDXL, FLUX and SD 3.5 in
+Exposed, sections 3-7 (word maps from SDXL's cross-attention and from SD 3's and FLUX's joint
+attention; PixArt refused before any work). Every family is loaded and generated through the
+production loader in tests/operators/test_model_families.py."""
 
 from __future__ import annotations
 
@@ -57,30 +57,33 @@ def check_records(run_dir, models, steps=2):
     return by_requested
 
 
-def test_dalleval_measures_sd3_and_pixart_images(tmp_path, ray_local):
-    models = [SD35, PIXART]
+def test_dalleval_measures_every_family_s_images(tmp_path, ray_local):
+    models = [SDXL, SD35, FLUX, PIXART]
     argv = ["run", "--output", str(tmp_path), "--run-id", "d", "--standin-models", "--images-per-prompt", "1",
             "--steps", "2", "--max-professions", "1", "--no-progress", "--generators", *models]
     assert dalleval.main(argv) == 0
     check_records(tmp_path / "d", models)
     images = pq.read_table(tmp_path / "d" / "images.parquet").to_pandas()
-    assert set(images[I.GENERATION_STATUS]) == {"ok"} and images["model"].nunique() == 2
+    assert set(images[I.GENERATION_STATUS]) == {"ok"} and images["model"].nunique() == 4
     assert images["skin_status"].notna().all()
 
 
-def test_exposed_sections_3_to_7_on_flux_and_sd3_and_pixart_refused_before_any_work(tmp_path, ray_local, capsys):
-    """SD 3 and FLUX through every section: their word heat maps come from the MMDiT joint attention."""
-    models = [FLUX, SD35]
+def test_exposed_sections_3_to_7_on_sdxl_flux_and_sd3_and_pixart_refused_before_any_work(tmp_path, ray_local,
+                                                                                            capsys):
+    """SDXL, SD 3 and FLUX through every section: SDXL's word heat maps come from its UNet's
+    cross-attention, SD 3's and FLUX's from the MMDiT joint attention; both prompt spaces measured."""
+    models = [SDXL, FLUX, SD35]
     argv = ["run", "--output", str(tmp_path), "--run-id", "e", "--standin-models", "--max-triplets", "1",
-            "--per-topic", "1", "--steps", "2", "--no-progress", "--generators", *models]
+            "--per-topic", "1", "--steps", "2", "--no-progress", "--no-exclude-nsfw", "--generators", *models]
     assert exposed.main(argv) == 0
     check_records(tmp_path / "e", models)
     images = pq.read_table(tmp_path / "e" / "images.parquet").to_pandas()
-    assert set(images[I.GENERATION_STATUS]) <= {"ok", "nsfw_excluded"} and images[I.NSFW].notna().all()
-    ok = images[images[I.GENERATION_STATUS] == "ok"]
-    assert set(ok["model"].map(lambda m: m.rsplit("/", 1)[-1])) == {"FLUX.1-schnell-standin",
-                                                                    "stable-diffusion-3.5-medium-standin"}
-    # every measured image of both families has word maps (one per prompt noun the T5 tokens hold)
+    assert set(images[I.GENERATION_STATUS]) == {"ok"} and images[I.NSFW].notna().all()
+    ok = images
+    assert set(ok["model"].map(lambda m: m.rsplit("/", 1)[-1])) == {
+        "stable-diffusion-xl-base-1.0-standin", "FLUX.1-schnell-standin", "stable-diffusion-3.5-medium-standin"}
+    assert ok["sim_prompt"].notna().all() and ok["sim_prompt_pooled"].notna().all()
+    # every measured image of every family has word maps (one per prompt noun its tokens hold)
     assert ok["attention_words"].map(len).gt(0).all()
     assert (ok["attention_maps"].map(len) == ok["attention_words"].map(len)).all()
     capsys.readouterr()
@@ -90,8 +93,8 @@ def test_exposed_sections_3_to_7_on_flux_and_sd3_and_pixart_refused_before_any_w
     assert not (tmp_path / "refused").exists()      # refused at settings time: nothing written
 
 
-def test_amplification_counts_sdxl_and_flux_images_through_the_face_filter_and_clip(tmp_path, ray_local):
-    models = [SDXL, FLUX]
+def test_amplification_counts_every_family_s_images_through_the_face_filter_and_clip(tmp_path, ray_local):
+    models = [SDXL, SD35, FLUX, PIXART]
     synthetic_laion.write(synthetic_laion.generate(600, seed=1), tmp_path / "input.parquet")
     with LocalImageServer() as server:
         argv = ["run", "--captions", str(tmp_path / "input.parquet"), "--output", str(tmp_path / "out"),
@@ -104,7 +107,7 @@ def test_amplification_counts_sdxl_and_flux_images_through_the_face_filter_and_c
     check_records(run_dir, models)
     images = pq.read_table(run_dir / "images.parquet").to_pandas()
     generated = images[images[I.GENERATION_STATUS].notna()]
-    assert set(generated[I.GENERATION_STATUS]) <= {"ok", "nsfw_excluded"} and generated["model"].nunique() == 2
+    assert set(generated[I.GENERATION_STATUS]) <= {"ok", "nsfw_excluded"} and generated["model"].nunique() == 4
     assert generated[I.NSFW].notna().all()                     # one check on both families' images
     excluded = generated[generated[I.GENERATION_STATUS] == "nsfw_excluded"]
     assert excluded[I.NSFW].all() and excluded[I.FACE_STATUS].isna().all()   # never stored, never measured
@@ -132,19 +135,18 @@ def test_gep_runs_all_four_families_each_at_its_defaults(tmp_path, ray_local):
 
 
 def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local):
-    """DALL-Eval's other two parts: PaintSkills (the detector on SDXL's and FLUX's images) and
-    image-text alignment (CLIP on SD 3.5's and PixArt's images)."""
-    models = [SDXL, FLUX]
+    """DALL-Eval's other two parts, each with every family: PaintSkills (the detector) and
+    image-text alignment (CLIP)."""
+    models = [SDXL, SD35, FLUX, PIXART]
     argv = ["skills", "--output", str(tmp_path), "--run-id", "s", "--standin-models", "--prompts-per-skill", "1",
             "--steps", "2", "--no-progress", "--generators", ",".join(models)]
     assert dalleval.main(argv) == 0
     check_records(tmp_path / "s", models)
     images = pq.read_table(tmp_path / "s" / "images.parquet").to_pandas()
-    assert images["model"].nunique() == 2 and set(images[I.GENERATION_STATUS]) == {"ok"}
-    models = [SD35, PIXART]
+    assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}
     argv = ["alignment", "--output", str(tmp_path), "--run-id", "a", "--standin-models", "--max-captions", "3",
             "--steps", "2", "--no-progress", "--generators", ",".join(models)]
     assert dalleval.main(argv) == 0
     check_records(tmp_path / "a", models)
     images = pq.read_table(tmp_path / "a" / "images.parquet").to_pandas()
-    assert images["model"].nunique() == 2 and set(images[I.GENERATION_STATUS]) == {"ok"}
+    assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}
