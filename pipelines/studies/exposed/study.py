@@ -237,7 +237,7 @@ def settings(args) -> ExposedSettings:
     gen = generation_settings(cfg["generation"], args)
     disp = disparity_settings(cfg["disparity"], args)
     objects = object_settings(cfg.get("objects") or {}, args)
-    check_families(gen.generators, objects.enabled)
+    check_families(gen.generators)
     ex = study_config.execution_settings(cfg["execution"], args)
     return ExposedSettings(label=str(cfg.get("name") or "exposed"), captions=captions, professions=prof,
                            seeds_per_triplet=seeds, default_seeds_per_triplet=default_seeds, max_triplets=max_triplets,
@@ -245,7 +245,7 @@ def settings(args) -> ExposedSettings:
                            execution=ex)
 
 
-def check_families(generators, objects: bool) -> None:
+def check_families(generators) -> None:
     """Refuse, before any work, a generator whose family cannot give what the study measures:
     PixArt pipelines hand no latents or prompt embeddings to a step callback (no prompt or
     denoising space). Sections 5-7 read word heat maps from a UNet's cross-attention (DAAM) or from
