@@ -202,10 +202,16 @@ class CrossAttentionCapture:
         """{word: (H, W) float32}: for each word of ``prompt`` (or of ``words``), the mean of the maps
         of its tokens, over every occurrence. ``maps``: (tokens, H, W) of one image, token 0 = the
         first token after BOS."""
-        arr = maps.detach().float().cpu().numpy() if hasattr(maps, "detach") else np.asarray(maps, np.float32)
-        out = {}
-        for word, positions in CrossAttentionCapture.word_positions(tokenizer, prompt, words).items():
-            positions = [p for p in positions if p < arr.shape[0]]
-            if positions:
-                out[word] = arr[positions].mean(axis=0)
-        return out
+        return word_maps(CrossAttentionCapture.word_positions(tokenizer, prompt, words), maps)
+
+
+def word_maps(positions: dict[str, list[int]], maps) -> dict[str, np.ndarray]:
+    """{word: (H, W) float32}: the mean of the maps at each word's token ``positions`` (those
+    beyond ``maps``' tokens left out; a word with none left gets no map). ``maps``: (tokens, H, W)."""
+    arr = maps.detach().float().cpu().numpy() if hasattr(maps, "detach") else np.asarray(maps, np.float32)
+    out = {}
+    for word, found in positions.items():
+        found = [p for p in found if p < arr.shape[0]]
+        if found:
+            out[word] = arr[found].mean(axis=0)
+    return out

@@ -90,7 +90,7 @@ import inspect
 
 import numpy as np
 
-from operators.support.cross_attention import WORD, CrossAttentionCapture
+from operators.support.cross_attention import WORD, CrossAttentionCapture, word_maps
 
 CHUNK_BYTES = 1 << 28          # at most this many bytes of float32 scores at once (per chunk of queries)
 
@@ -423,13 +423,7 @@ class JointAttentionCapture:
         """{word: (H, W) float32}: for each word of ``prompt`` (or of ``words``), the mean of the maps
         of its tokens, over every occurrence. ``maps``: (tokens, H, W) of one image, token 0 = the
         segment's first token."""
-        arr = maps.detach().float().cpu().numpy() if hasattr(maps, "detach") else np.asarray(maps, np.float32)
-        out = {}
-        for word, positions in JointAttentionCapture.word_positions(tokenizer, prompt, words).items():
-            positions = [p for p in positions if p < arr.shape[0]]
-            if positions:
-                out[word] = arr[positions].mean(axis=0)
-        return out
+        return word_maps(JointAttentionCapture.word_positions(tokenizer, prompt, words), maps)
 
 
 def _heads(x, heads: int, norm):

@@ -469,32 +469,34 @@ class _RecordingDataset:
         return _RecordingDataset(self.calls)
 
 
+class _PassThrough:
+    """A stage that returns its batch (its resources come from the Stage)."""
+
+    stage_name = "op"
+
+    def __init__(self, **_):
+        pass
+
+    def __call__(self, batch):
+        return batch
+
+
 def test_custom_resources_reach_map_batches_only_when_set():
     import pyarrow as pa
 
     from operators.base import Resources, Stage
     from pipelines.engine import stages
 
-    class Op:
-        stage_name = "op"
-        resources = Resources()
-
-        def __init__(self, **_):
-            pass
-
-        def __call__(self, batch):
-            return batch
-
     schema = pa.schema([pa.field("x", pa.int64())])
     for res in (Resources(num_gpus=1, actors=2), Resources(), Resources(resources={})):
         for sch in (None, schema):
             ds = _RecordingDataset()
-            stages.run(ds, [Stage(Op, {}, res)], sch)
+            stages.run(ds, [Stage(_PassThrough, {}, res)], sch)
             assert "resources" not in ds.calls[0], (res, sch)
     for res in (Resources(num_gpus=1, actors=2, resources={"large_gpu": 1}), Resources(resources={"large_gpu": 1})):
         for sch in (None, schema):
             ds = _RecordingDataset()
-            stages.run(ds, [Stage(Op, {}, res)], sch)
+            stages.run(ds, [Stage(_PassThrough, {}, res)], sch)
             assert ds.calls[0]["resources"] == {"large_gpu": 1}, (res, sch)
             assert ds.calls[0].get("num_gpus") == (res.num_gpus or None)
 
@@ -528,19 +530,9 @@ def test_stage_custom_resources_reach_ray_data(ray_local):
     from operators.base import Resources, Stage
     from pipelines.engine import stages
 
-    class Op:
-        stage_name = "op"
-        resources = Resources()
-
-        def __init__(self, **_):
-            pass
-
-        def __call__(self, batch):
-            return batch
-
     ds = ray_local.data.from_arrow(pa.table({"x": [1, 2]}))
-    big = stages.run(ds, [Stage(Op, {}, Resources(num_gpus=1, batch_size=2, actors=1, resources={"large_gpu": 1}))])
+    big = stages.run(ds, [Stage(_PassThrough, {}, Resources(num_gpus=1, batch_size=2, actors=1, resources={"large_gpu": 1}))])
     assert big._logical_plan.dag.ray_remote_args["resources"] == {"large_gpu": 1}
     assert big._logical_plan.dag.ray_remote_args["num_gpus"] == 1
-    small = stages.run(ds, [Stage(Op, {}, Resources(num_gpus=1, batch_size=2, actors=1))])
+    small = stages.run(ds, [Stage(_PassThrough, {}, Resources(num_gpus=1, batch_size=2, actors=1))])
     assert "resources" not in small._logical_plan.dag.ray_remote_args
