@@ -68,6 +68,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.base import DeviceHead, Resources, Stage, declares, with_column
+from operators.image_nsfw_check import check_generated, generator_head, not_stored
 from operators.support.codec import pack_rgb8
 from operators.support.models import pick_device
 from operators.support.diffusion import (
@@ -136,8 +137,6 @@ class ImageGenerator:
         ``dtype="auto"`` means on a GPU (the family's). ``nsfw_check``: the run's NSFW check head
         (a Stage or built ``NsfwCheck``), run first on every valid image; ``exclude_nsfw``: its
         flagged images are left out (module docstring)."""
-        if exclude_nsfw and nsfw_check is None:
-            raise ValueError("exclude_nsfw needs an nsfw_check to flag images")
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
         compile_mode = _compile_mode(compile_unet)
@@ -165,9 +164,9 @@ class ImageGenerator:
         # embedding, BLIP-2 questions): Stage specs built here, on this device, or built operators;
         # each has ``classify_tensor`` returning the columns of its ``output_fields``
         self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
-        self.nsfw_check = nsfw_check.build(device=self.device) if isinstance(nsfw_check, Stage) else nsfw_check
+        self.nsfw_check = generator_head(nsfw_check, exclude_nsfw, self.device)
         self.exclude_nsfw = bool(exclude_nsfw)
-        for h in self.heads + ([self.nsfw_check] if self.nsfw_check is not None else []):
+        for h in self.heads:
             if not isinstance(h, DeviceHead):
                 raise TypeError(f"head {type(h).__name__} lacks {declares(type(h), DeviceHead)} of the DeviceHead "
                                 f"contract (operators/base.py): it cannot run on the generator's device tensor")
@@ -217,14 +216,7 @@ class ImageGenerator:
         blocked = np.zeros(len(rows), bool) if flags is None else np.asarray(flags, bool)
         invalid = invalid_images(images, blocked)
         unusable = blocked | np.asarray([w is not None for w in invalid], bool)
-        checked: list[bool | None] = [None] * len(rows)
-        if self.nsfw_check is not None and not unusable.all():
-            keep = np.flatnonzero(~unusable)
-            sub = images if len(keep) == len(rows) else images[torch.as_tensor(keep, device=images.device)]
-            for j, f in zip(keep, self.nsfw_check.classify_tensor(sub)[NSFW]):
-                checked[j] = bool(f)
-            if self.exclude_nsfw:
-                unusable = unusable | np.asarray([c is True for c in checked], bool)
+        checked, unusable = check_generated(self.nsfw_check, images, unusable, self.exclude_nsfw)
         heads = {}
         if self.heads and not unusable.all():
             keep = np.flatnonzero(~unusable)
@@ -300,7 +292,7 @@ class ImageGenerator:
         # scatter the generated rows' payload back to all rows (null where nothing was generated)
         where = np.full(n, -1, np.int64)
         where[generated] = np.arange(len(generated))
-        where[(status == GenerationStatus.INVALID_IMAGE) | (status == GenerationStatus.NSFW_EXCLUDED)] = -1
+        where[not_stored(status)] = -1
         take = pa.array(where, mask=where < 0)
         out = batch
         for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from operators.base import Resources
+from operators.base import DeviceHead, Resources, Stage, declares
 from operators.support.codec import rgb_levels
 from operators.support.models import (
     ModelLoadError,
@@ -41,7 +41,7 @@ from operators.support.models import (
     resolve_dtype,
     weights_provenance,
 )
-from schemas.images import NSFW
+from schemas.images import NSFW, GenerationStatus
 
 STAGE_NSFW_CHECK = "nsfw_check"
 DEFAULT_CHECKER = "CompVis/stable-diffusion-v1-4"   # SD 1.4's own checker (paper 002's first model)
@@ -127,3 +127,38 @@ class NsfwCheck:
 
     def classify_tensor(self, images, **_) -> dict:
         return {NSFW: self.flags(images)}
+
+
+def generator_head(nsfw_check, exclude: bool, device: str):
+    """A generator's NSFW check (a Stage, built here on ``device``, or a built head; None: no check),
+    checked against the DeviceHead contract; ``exclude`` needs one."""
+    if exclude and nsfw_check is None:
+        raise ValueError("exclude_nsfw needs an nsfw_check to flag images")
+    head = nsfw_check.build(device=device) if isinstance(nsfw_check, Stage) else nsfw_check
+    if head is not None and not isinstance(head, DeviceHead):
+        raise TypeError(f"nsfw_check {type(head).__name__} lacks {declares(type(head), DeviceHead)} of the "
+                        f"DeviceHead contract")
+    return head
+
+
+def check_generated(head, images, unusable, exclude: bool):
+    """Run a generator's NSFW check ``head`` (or nothing, when None) on the usable images of a
+    (B, 3, H, W) batch: (per image its flag or None where it was not checked, ``unusable`` with
+    the flagged images added when ``exclude``)."""
+    import torch
+
+    checked = np.full(len(unusable), None, dtype=object)
+    if head is None or unusable.all():
+        return checked, unusable
+    keep = np.flatnonzero(~unusable)
+    sub = images if len(keep) == len(unusable) else images[torch.as_tensor(keep, device=images.device)]
+    for k, f in zip(keep, head.classify_tensor(sub)[NSFW]):
+        checked[k] = bool(f)
+    if exclude:
+        unusable = unusable | (checked == True)  # noqa: E712 -- None (unchecked) is not flagged
+    return checked, unusable
+
+
+def not_stored(status) -> np.ndarray:
+    """Per row of a status array: its image is never stored (GenerationStatus.NOT_STORED)."""
+    return np.isin(np.asarray(status, dtype=object), GenerationStatus.NOT_STORED)

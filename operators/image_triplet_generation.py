@@ -44,7 +44,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from operators.base import DeviceHead, DisparityHead, Resources, Stage, declares
+from operators.base import DisparityHead, Resources, Stage, declares
+from operators.image_nsfw_check import check_generated, generator_head, not_stored
 from operators.support.diffusion import (
     SafetyCheckerPolicy,
     _free_device_memory,
@@ -130,10 +131,10 @@ class _Capture:
 
 def pooled_space_text(pipe) -> str:
     """What the pooled prompt space of ``pipe`` is (the generator's record)."""
-    offered = set(getattr(pipe, "_callback_tensor_inputs", None) or ())
-    if "add_text_embeds" in offered:
+    offered = _Capture(pipe).pooled_name
+    if offered == "add_text_embeds":
         return "SDXL: the pooled text embedding of the second text encoder (add_text_embeds), conditional half"
-    if "pooled_prompt_embeds" in offered:
+    if offered == "pooled_prompt_embeds":
         return "SD 3: the pooled CLIP-L and CLIP-G embeddings, concatenated (pooled_prompt_embeds), conditional half"
     if type(pipe).__name__.startswith("Flux"):
         return "FLUX: CLIP-L's pooled embedding (the pipeline's encode_prompt), which the transformer receives"
@@ -216,8 +217,6 @@ class TripletGenerator:
                  cpu_offload: bool = False):
         if micro_batch < 1:
             raise ValueError(f"micro_batch must be >= 1 unit, got {micro_batch}")
-        if exclude_nsfw and nsfw_check is None:
-            raise ValueError("exclude_nsfw needs an nsfw_check to flag images")
         self.model = model
         self.steps = None if steps is None else int(steps)
         self.guidance_scale = None if guidance_scale is None else float(guidance_scale)
@@ -232,11 +231,8 @@ class TripletGenerator:
         check_capture(self.pipe, model)
         self.noise_device = pick_device(noise_device)
         self.heads = [h.build(device=self.device) if isinstance(h, Stage) else h for h in heads]
-        self.nsfw_check = nsfw_check.build(device=self.device) if isinstance(nsfw_check, Stage) else nsfw_check
+        self.nsfw_check = generator_head(nsfw_check, exclude_nsfw, self.device)
         self.exclude_nsfw = bool(exclude_nsfw)
-        if self.nsfw_check is not None and not isinstance(self.nsfw_check, DeviceHead):
-            raise TypeError(f"nsfw_check {type(self.nsfw_check).__name__} lacks "
-                            f"{declares(type(self.nsfw_check), DeviceHead)} of the DeviceHead contract")
         spaces = list(Space.GENERATOR)
         for h in self.heads:
             if not isinstance(h, DisparityHead):
@@ -285,13 +281,7 @@ class TripletGenerator:
         flat = images.reshape(-1, *images.shape[2:])
         invalid = np.asarray(invalid_images(flat, blocked.reshape(-1)), dtype=object).reshape(len(units), 3)
         unusable = blocked.reshape(-1) | np.asarray([w is not None for w in invalid.reshape(-1)], bool)
-        checked = np.full(3 * len(units), None, dtype=object)
-        if self.nsfw_check is not None and not unusable.all():
-            keep = np.flatnonzero(~unusable)
-            for k, f in zip(keep, self.nsfw_check.classify_tensor(flat[torch.as_tensor(keep, device=flat.device)])[NSFW]):
-                checked[k] = bool(f)
-            if self.exclude_nsfw:
-                unusable = unusable | np.asarray([c is True for c in checked], bool)
+        checked, unusable = check_generated(self.nsfw_check, flat, unusable, self.exclude_nsfw)
         sims = {Space.PROMPT: pair_cosines(embeds), Space.PROMPT_POOLED: pair_cosines(pooled),
                 Space.DENOISING: pair_cosines(latents)}
         for head in self.heads:
@@ -401,8 +391,7 @@ class TripletGenerator:
         for k, u in enumerate(generated):
             where[3 * u:3 * u + 3] = np.arange(3 * k, 3 * k + 3)
         # an invalid or excluded image is never stored (its recorded seed regenerates it)
-        flat_status = status.reshape(-1)
-        where[(flat_status == GenerationStatus.INVALID_IMAGE) | (flat_status == GenerationStatus.NSFW_EXCLUDED)] = -1
+        where[not_stored(status.reshape(-1))] = -1
         payload = pack_rgb8(arrays)
         take = pa.array(where, mask=where < 0)
         for name in (IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH):

@@ -79,6 +79,7 @@ class GenerationStatus:
     # flagged by the run's NSFW check with generation.nsfw_check.exclude on: kept as generated, not measured
     NSFW_EXCLUDED = "nsfw_excluded"
     ALL = (OK, NSFW_BLOCKED, INVALID_PROMPT, ERROR, INVALID_IMAGE, NSFW_EXCLUDED)
+    NOT_STORED = (INVALID_IMAGE, NSFW_EXCLUDED)       # generated, but no payload: the seed regenerates it
     FAILURES = (INVALID_PROMPT, ERROR, INVALID_IMAGE)  # counted by the error budget (a blocked image is a measurement)
 
 

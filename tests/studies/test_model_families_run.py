@@ -138,15 +138,10 @@ def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local)
     """DALL-Eval's other two parts, each with every family: PaintSkills (the detector) and
     image-text alignment (CLIP)."""
     models = [SDXL, SD35, FLUX, PIXART]
-    argv = ["skills", "--output", str(tmp_path), "--run-id", "s", "--standin-models", "--prompts-per-skill", "1",
-            "--steps", "2", "--no-progress", "--generators", ",".join(models)]
-    assert dalleval.main(argv) == 0
-    check_records(tmp_path / "s", models)
-    images = pq.read_table(tmp_path / "s" / "images.parquet").to_pandas()
-    assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}
-    argv = ["alignment", "--output", str(tmp_path), "--run-id", "a", "--standin-models", "--max-captions", "3",
-            "--steps", "2", "--no-progress", "--generators", ",".join(models)]
-    assert dalleval.main(argv) == 0
-    check_records(tmp_path / "a", models)
-    images = pq.read_table(tmp_path / "a" / "images.parquet").to_pandas()
-    assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}
+    for part, run_id, size in (("skills", "s", ["--prompts-per-skill", "1"]), ("alignment", "a", ["--max-captions", "3"])):
+        argv = [part, "--output", str(tmp_path), "--run-id", run_id, "--standin-models", *size, "--steps", "2",
+                "--no-progress", "--generators", ",".join(models)]
+        assert dalleval.main(argv) == 0, part
+        check_records(tmp_path / run_id, models)
+        images = pq.read_table(tmp_path / run_id / "images.parquet").to_pandas()
+        assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}, part
