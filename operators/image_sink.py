@@ -77,7 +77,7 @@ class ImageSink:
         name = hashlib.sha256(json.dumps(keys.to_pylist(), default=str).encode()).hexdigest()[:32] \
             if keys.num_columns else uuid.uuid4().hex
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
+        pq.write_table(table, sink, write_page_checksum=True)   # verified when read back
         _put(self.fs, posixpath.join(self.root, f"part-{name}.parquet"), sink.getvalue().to_pybytes())
         return batch
 

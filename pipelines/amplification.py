@@ -25,7 +25,6 @@ if __package__ in (None, ""):  # run as a script (python pipelines/amplification
 
 from pipelines.engine import arguments, cli, gpus  # noqa: E402
 from pipelines.studies.amplification.captions import SAMPLE_INPUT  # noqa: E402
-from schemas import captions as C  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -107,9 +106,7 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                    help="LAION metadata parquet: files, directories, globs or fsspec URIs (s3://, gs://, "
                         "file://); default: the bundled synthetic sample (--input: deprecated spelling)")
     arguments.add_output(i)
-    arguments.add_caption_column(i, C.LAION_TEXT, ("--text-column",), "caption column ('text' also accepted)")
-    i.add_argument("--url-column", default=C.LAION_URL,
-                   help="image URL column (default URL; 'url' also accepted); 'none' if the data has no URLs")
+    arguments.add_dataset_columns(i, ("--text-column",))
     i.add_argument("--keep-columns", nargs="*", default=[], metavar="COL",
                    help="extra input columns carried into the annotated captions (e.g. WIDTH HEIGHT similarity)")
     s = p.add_argument_group("selection (paper 002, sections 4 and 5)")
@@ -187,6 +184,13 @@ def _image_args(p: argparse.ArgumentParser) -> None:
     f.add_argument("--allow-local-urls", action="store_true",
                    help="fetch URLs resolving to loopback/private/link-local addresses (tests, local mirrors); "
                         "refused by default, since dataset URLs are untrusted input")
+    f.add_argument("--training-images", metavar="DIR_OR_URI",
+                   help="read the training images from img2dataset's output folder (webdataset .tar, parquet or files "
+                        "shards, each with its NNNNN.parquet metadata; local or any fsspec URI) instead of fetching "
+                        "them: joined by URL; a URL in no shard gets not_in_shards, a download img2dataset "
+                        "recorded as failed shard_failed")
+    f.add_argument("--fetch-missing", action="store_true",
+                   help="with --training-images: fetch live the images the shards lack (not_in_shards, shard_failed)")
     f.add_argument("--url-rewrite", action="append", default=[], metavar="FROM=TO",
                    help="fetch URLs starting with FROM from TO instead (e.g. a local mirror); repeatable")
     arguments.add_save_images(f, False, "every fetched image (as resized, JPEG) and generated image (PNG) as parquet "

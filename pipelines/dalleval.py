@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval_alignment.yaml")
     s.add_argument("--captions", metavar="FILE", help="captions: parquet, CSV or text (one per line); default: the "
                                                       "bundled 24-caption sample")
-    s.add_argument("--caption-column", metavar="COL", help="caption column of parquet / CSV input (default caption)")
+    s.add_argument("--caption-column", metavar="COL", help="caption column of parquet / CSV input (default: recognised from the columns: "
+                        "COCO's and Re-LAION's caption, LAION's TEXT, COYO's and DataComp's text, else the one "
+                        "caption-like column)")
     s.add_argument("--caption-id-column", metavar="COL", help="caption id column (default: the row number)")
     s.add_argument("--caption-group-column", metavar="COL",
                    help="one caption drawn per value of this column (e.g. image_id: COCO has five per image)")

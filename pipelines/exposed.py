@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--captions", "--input", dest="captions", metavar="PATH",
                    action=arguments.deprecated_alias(argparse._StoreAction, ("--input",)),
                    help="captions: parquet file or folder, text file or CSV (--input: deprecated spelling)")
-    arguments.add_caption_column(t, "TEXT", ("--column",), "caption column (as in LAION)")
+    arguments.add_dataset_columns(t, ("--column",), url=False)
     t.add_argument("--source", help="name of the caption set, used in triplet ids (default: the input's file name)")
     t.add_argument("--profession-set", "--professions", dest="profession_set",
                    action=arguments.deprecated_alias(argparse._StoreTrueAction, ("--professions",)),
@@ -79,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", metavar="YAML", help="study file overriding configs/exposed.yaml")
     _add_triplet_sources(s, run=True)
     s.add_argument("--no-captions", action="store_true", help="no caption sets: the Profession set only")
-    arguments.add_caption_column(s, "TEXT", (), "caption column of a --captions set without :COLUMN (as in LAION)")
+    arguments.add_caption_column(s, None, (), "caption column of a --captions set without :COLUMN (default: "
+                                 "recognised from its columns: LAION's TEXT, Re-LAION's caption, COYO's and DataComp's "
+                                 "text, else its one caption-like column; a text file's lines)")
+    s.add_argument("--dataset-name", metavar="NAME", help="which dataset the --captions sets are (default: recognised "
+                   "from their columns and paths)")
     s.add_argument("--seeds-per-triplet", action="append", metavar="SOURCE=N",
                    help="seeds per triplet of a source (default gcc=5, profession=5, others 1); repeat per source")
     g = r.add_argument_group("generation (section 3)")

@@ -45,6 +45,12 @@ FETCH_ERROR = "fetch_error"        # human-readable detail for non-ok statuses
 HTTP_STATUS = "http_status"        # int32 HTTP status code when a response arrived
 ORIGINAL_HEIGHT = "original_height"
 ORIGINAL_WIDTH = "original_width"
+IMAGE_ORIGIN = "image_origin"      # training images: "fetched" (live) or "shards" (--training-images); null: none
+
+
+class ImageOrigin:
+    FETCHED = "fetched"
+    SHARDS = "shards"
 
 
 class FetchStatus:
@@ -57,7 +63,12 @@ class FetchStatus:
     NETWORK_ERROR = "network_error"    # DNS failure, connection refused/reset, TLS error
     INVALID_URL = "invalid_url"        # null, not http(s), no host
     DISALLOWED = "disallowed"          # the site opted out (X-Robots-Tag noai/noimageai/...), as img2dataset honours
-    ALL = (OK, HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL, DISALLOWED)
+    # --training-images (img2dataset's shards instead of a live fetch, issue 31)
+    NOT_IN_SHARDS = "not_in_shards"    # the URL is in no shard's metadata
+    SHARD_FAILED = "shard_failed"      # img2dataset recorded a failed download or resize (its error kept)
+    ALL = (OK, HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL, DISALLOWED,
+           NOT_IN_SHARDS, SHARD_FAILED)
+    SHARDS = (NOT_IN_SHARDS, SHARD_FAILED)
     # what the download error budget counts (an opt-out is the site's choice, not a failure)
     FAILURES = (HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL)
 
@@ -139,6 +150,7 @@ IMAGE_RESULTS = pa.schema(
         pa.field(FETCH_STATUS, pa.string()),
         pa.field(FETCH_ERROR, pa.string()),
         pa.field(HTTP_STATUS, pa.int32()),
+        pa.field(IMAGE_ORIGIN, pa.string()),
         pa.field(ORIGINAL_HEIGHT, pa.int32()),
         pa.field(ORIGINAL_WIDTH, pa.int32()),
         pa.field(GENERATION_STATUS, pa.string()),

@@ -109,8 +109,34 @@ def add_caption_column(group, default: str | None, old: tuple[str, ...] = (), wh
     """--caption-column (every study that reads captions); ``old``: earlier spellings, deprecated."""
     group.add_argument("--caption-column", *old, dest="caption_column", default=default, metavar="COL",
                        action=deprecated_alias(argparse._StoreAction, old),
-                       help=f"{what} (default {default or 'caption'}; matched case-insensitively)"
+                       help=f"{what}{f' (default {default})' if default else ''}; matched case-insensitively"
                             + (f"; {', '.join(old)}: deprecated spelling" if old else ""))
+
+
+def add_dataset_columns(group, old: tuple[str, ...] = (), url: bool = True) -> None:
+    """--caption-column, --url-column, --dataset-name and --input-identity of a study that reads a
+    caption dataset (pipelines/engine/datasets.py: known layouts are recognised without flags)."""
+    from pipelines.engine.io import IDENTITIES
+    from schemas.datasets import LAYOUTS
+
+    known = "; ".join(f"{lay.title}: {lay.caption}/{lay.url}" for lay in LAYOUTS)
+    group.add_argument("--caption-column", *old, dest="caption_column", default=None, metavar="COL",
+                       action=deprecated_alias(argparse._StoreAction, old),
+                       help=f"caption column (default: the dataset's, recognised from its columns ({known}), else the "
+                            f"one caption-like column; matched case-insensitively)"
+                            + (f"; {', '.join(old)}: deprecated spelling" if old else ""))
+    if url:
+        group.add_argument("--url-column", default=None, metavar="COL",
+                           help="image URL column (default: the dataset's, recognised like the caption column); "
+                                "'none' if the data has no URLs")
+    group.add_argument("--dataset-name", metavar="NAME",
+                       help=f"which dataset the input is: {', '.join(lay.key for lay in LAYOUTS)}, a variant as its "
+                            f"path names it (relaion2B-en-research-safe, ...) or any name to record (default: "
+                            f"recognised from the columns and the path)")
+    group.add_argument("--input-identity", choices=IDENTITIES, default="footer",
+                       help="how a run identifies its input files' data: footer (size, ETag or modification time "
+                            "and a hash of the parquet footer; the default) or full (also a SHA-256 of every byte, "
+                            "read once: catches a rewrite that kept size, footer and time)")
 
 
 def add_save_images(group, default: bool, what: str) -> None:

@@ -71,6 +71,33 @@ class ParquetInput:
         return list(groups.values())
 
 
+def _list_input(fs, path: str, spec: str) -> list[str]:
+    if fsspec.core.has_magic(path):
+        matched = sorted(fs.glob(path))
+        if not matched:
+            raise InputError(f"no files match {spec!r}")
+        return [f for m in matched for f in _expand(fs, m)]
+    if fs.isdir(path):
+        found = _expand(fs, path)
+        if not found:
+            raise InputError(f"no .parquet files under directory {spec!r}")
+        return found
+    if fs.exists(path):
+        return [path]
+    raise InputError(f"input {spec!r} does not exist")
+
+
+def listing_error(spec: str, exc: BaseException) -> str:
+    """One line for a failure to list or open ``spec`` on its filesystem."""
+    first = (plain(str(exc)).strip().splitlines() or [""])[0]
+    text = f"{type(exc).__name__} {first}"
+    hint = ""
+    if spec.startswith("hf://") and any(k in text for k in ("Gated", "401", "403", "Unauthorized", "gated")):
+        hint = (" (a gated or private Hub dataset: accept its terms on its Hub page with the account whose token "
+                "is in HF_TOKEN, or run `hf auth login`)")
+    return f"cannot read {spec}: {type(exc).__name__}: {first}{hint}"
+
+
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
@@ -86,8 +113,18 @@ def _to_pyarrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 
-def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
-    """Expand files, directories (recursively, ``*.parquet``) and globs on one filesystem."""
+IDENTITIES = ("footer", "full")
+
+
+def resolve_parquet_inputs(paths: list[str] | str, identity: str = "footer") -> ParquetInput:
+    """Expand files, directories (recursively, ``*.parquet``) and globs on one filesystem.
+
+    ``identity``: how each file's data is identified (``file_identity``): "footer" (the default:
+    size, ETag/version or modification time, and a hash of the parquet footer, read anyway) or
+    "full" (also a SHA-256 of the file's every byte, read once, in parallel: a rewrite that kept
+    size, footer and time is caught too)."""
+    if identity not in IDENTITIES:
+        raise InputError(f"--input-identity {identity!r}: expected one of {', '.join(IDENTITIES)}")
     if isinstance(paths, str):
         paths = [paths]
     files: list[str] = []
@@ -99,26 +136,18 @@ def resolve_parquet_inputs(paths: list[str] | str) -> ParquetInput:
             fs.invalidate_cache()  # a listing cached earlier in this process may predate a rewrite
         elif type(fs) is not type(fs0):
             raise InputError(f"all inputs must be on one filesystem; {spec!r} is not on {fs0.protocol}")
-        if fsspec.core.has_magic(path):
-            matched = sorted(fs.glob(path))
-            if not matched:
-                raise InputError(f"no files match {spec!r}")
-            for m in matched:
-                files += _expand(fs, m)
-        elif fs.isdir(path):
-            found = _expand(fs, path)
-            if not found:
-                raise InputError(f"no .parquet files under directory {spec!r}")
-            files += found
-        elif fs.exists(path):
-            files.append(path)
-        else:
-            raise InputError(f"input {spec!r} does not exist")
+        try:
+            files += _list_input(fs, path, spec)
+        except InputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- a store's own error (permissions, a gated Hub dataset)
+            raise InputError(listing_error(spec, exc)) from None
     protocol = _protocol(fs0)
     pyfs = _to_pyarrow_fs(fs0)
     metas = _read_footers(pyfs, files, protocol)
     with ThreadPoolExecutor(max_workers=16) as pool:
-        idents = list(pool.map(lambda fm: file_identity(fs0, fm[0], fm[1], protocol), zip(files, metas)))
+        idents = list(pool.map(lambda fm: file_identity(fs0, fm[0], fm[1], protocol, full=identity == "full"),
+                               zip(files, metas)))
     return ParquetInput(files, pyfs, protocol, [m.schema.to_arrow_schema() for m in metas],
                         sum(m.num_rows for m in metas), [m.num_rows for m in metas], idents,
                         [[m.row_group(i).num_rows for i in range(m.num_row_groups)] for m in metas])
@@ -133,7 +162,8 @@ _VERSION_KEYS = ("VersionId", "generation", "version_id")
 _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
 
 
-def file_identity(fs: fsspec.AbstractFileSystem, path: str, meta: pq.FileMetaData, protocol: str = "file") -> str:
+def file_identity(fs: fsspec.AbstractFileSystem, path: str, meta: pq.FileMetaData, protocol: str = "file",
+                  full: bool = False) -> str:
     try:
         info = fs.info(path)
     except Exception as exc:
@@ -150,12 +180,55 @@ def file_identity(fs: fsspec.AbstractFileSystem, path: str, meta: pq.FileMetaDat
     footer = pa.BufferOutputStream()
     meta.write_metadata_file(footer)
     parts.append(f"footer={hashlib.sha256(footer.getvalue().to_pybytes()).hexdigest()[:16]}")
+    if full:
+        parts.append(f"sha256={content_sha256(fs, path, protocol)}")
     return " ".join(parts)
+
+
+def content_sha256(fs: fsspec.AbstractFileSystem, path: str, protocol: str = "file", chunk: int = 8 << 20) -> str:
+    """SHA-256 of every byte of ``path``, streamed in ``chunk``-byte reads."""
+    digest = hashlib.sha256()
+    try:
+        with fs.open(path, "rb") as fh:
+            while block := fh.read(chunk):
+                digest.update(block)
+    except OSError as exc:
+        raise InputError(f"cannot read {_display(protocol, path)}: {exc}") from exc
+    return digest.hexdigest()
+
+
+def choose_input_columns(inp: ParquetInput, caption_flag: str | None, url_flag: str | None,
+                         dataset_name: str | None = None, url: bool = True, paths: list[str] | None = None):
+    """The caption and URL columns of ``inp`` and the dataset it is (``pipelines.engine.datasets``),
+    from the footers' schemas; a one-line InputError when they cannot be chosen."""
+    from pipelines.engine.datasets import ColumnError, choose_columns
+
+    try:
+        return choose_columns([(inp.display(f), s.names) for f, s in zip(inp.files, inp.schemas)], caption_flag,
+                              url_flag, dataset_name, url=url, paths=[str(p) for p in paths or []])
+    except ColumnError as exc:
+        raise InputError(str(exc)) from None
+
+
+# Hugging Face Hub datasets (hf://datasets/ORG/NAME/PATH) are read through huggingface_hub's fsspec
+# filesystem; the token comes from HF_TOKEN (or the login cache `hf auth login` writes): gated
+# datasets (Re-LAION, ...) need one whose account accepted the dataset's terms.
+HF_TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def storage_options(uri: str) -> dict:
+    """What a filesystem needs beyond the URI: for hf:// the Hub token of the environment."""
+    import os
+
+    if uri.startswith("hf://"):
+        token = next((os.environ[v] for v in HF_TOKEN_VARS if os.environ.get(v)), None)
+        return {"token": token} if token else {}
+    return {}
 
 
 def _url_to_fs(uri: str):
     try:
-        return fsspec.core.url_to_fs(uri)
+        return fsspec.core.url_to_fs(uri, **storage_options(uri))
     except ImportError as exc:  # e.g. s3:// without s3fs
         raise InputError(
             f"cannot open {uri!r}: {exc}. Install the filesystem driver, e.g. pip install -e '.[cloud]' "
@@ -203,7 +276,7 @@ def unreadable_input(exc: BaseException, inp: ParquetInput, columns: list[str]) 
     for path in sorted(inp.files, key=lambda f: f not in said):  # a file the error names first
         try:
             with inp.filesystem.open_input_file(path) as fh:
-                pf = pq.ParquetFile(fh)
+                pf = pq.ParquetFile(fh, **READ_OPTIONS)
                 for i in range(pf.num_row_groups):
                     pf.read_row_group(i, columns=columns)
         except Exception as err:  # noqa: BLE001 (any failure to decode the data names the file)
@@ -247,11 +320,28 @@ def output_fs(uri: str) -> tuple[pafs.FileSystem, str]:
     return _to_pyarrow_fs(fs), path.rstrip("/")
 
 
-def write_table(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
-    """``table`` as parquet at ``path``, atomically (see ``write_bytes``)."""
+# Every parquet file the project writes carries a CRC-32 per data page, and every read of one (and
+# of an input file that has them) verifies it: a bit flipped on disk or in transit is an error
+# naming the file, never a changed number. Files without checksums read as before.
+WRITE_OPTIONS = {"write_page_checksum": True}
+READ_OPTIONS = {"page_checksum_verification": True}
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """``table`` as the bytes of a parquet file with page checksums."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    write_bytes(fs, path, sink.getvalue().to_pybytes())
+    pq.write_table(table, sink, **WRITE_OPTIONS)
+    return sink.getvalue().to_pybytes()
+
+
+def read_parquet(source, **kwargs) -> pa.Table:
+    """``pq.read_table`` with page checksums verified."""
+    return pq.read_table(source, **READ_OPTIONS, **kwargs)
+
+
+def write_table(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
+    """``table`` as parquet (with page checksums) at ``path``, atomically (see ``write_bytes``)."""
+    write_bytes(fs, path, parquet_bytes(table))
 
 
 def write_table_and_csv(data, fs: pafs.FileSystem, stem: str, csv_without=()) -> None:
@@ -334,7 +424,7 @@ def read_parquet_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema)
     """The rows of ``files`` as one table of ``schema`` (read in parallel threads)."""
     def one(path: str) -> pa.Table:
         with fs.open_input_file(path) as fh:
-            return pq.read_table(fh, schema=schema)
+            return read_parquet(fh, schema=schema)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         tables = list(pool.map(one, files))

@@ -31,7 +31,6 @@ import uuid
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from pipelines.engine import io
 
@@ -176,9 +175,7 @@ class RunDir:
         With ``key`` the part is ``part-<key>.parquet``, and writing the same key again replaces it:
         a step redone after a crash leaves one part, not two."""
         path = self.work(name, f"part-{key or f'{time.time_ns():020d}-{uuid.uuid4().hex[:8]}'}.parquet")
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        write_atomic(self.fs, path, sink.getvalue().to_pybytes())
+        write_atomic(self.fs, path, io.parquet_bytes(table))
         return path
 
     def read_part(self, name: str, key: str, schema: pa.Schema) -> pa.Table | None:
@@ -199,7 +196,7 @@ class RunDir:
     def _read_part_file(self, path: str, schema: pa.Schema) -> pa.Table:
         """One part file in ``schema`` (a column added to the schema since it was written reads as nulls)."""
         with self.fs.open_input_file(path) as fh:
-            part = pq.read_table(fh)
+            part = io.read_parquet(fh)
         for c in schema.names:
             if c not in part.column_names:
                 part = part.append_column(c, pa.nulls(part.num_rows, schema.field(c).type))

@@ -86,7 +86,7 @@ class FragmentScan:
         """The fragment's ``columns`` as tables of at most ``batch_rows`` rows."""
         try:
             with self.filesystem.open_input_file(path) as fh:
-                pf = pq.ParquetFile(fh)
+                pf = pq.ParquetFile(fh, page_checksum_verification=True)   # where the file has checksums
                 groups = list(range(pf.num_row_groups)) if row_groups is None else list(row_groups)
                 if not groups:  # no rows: still one (empty) batch, so the stages see the file's schema
                     yield pf.schema_arrow.empty_table().select(self.columns)

@@ -384,18 +384,21 @@ def partial_occupation_stats(data):
 
 
 def validate_input(args, st: CaptionSettings | None = None):
-    inp = io.resolve_parquet_inputs(args.captions)
-    text_col = io.resolve_column(inp, args.caption_column, "caption")
+    inp = io.resolve_parquet_inputs(args.captions, getattr(args, "input_identity", "footer"))
+    choice = io.choose_input_columns(inp, args.caption_column, args.url_column,
+                                     getattr(args, "dataset_name", None), paths=list(args.captions))
+    print(f"  {choice.line()}")
+    text_col = choice.caption
     _check_text_type(inp, text_col, (st or settings(args)).execution)
     if inp.num_rows == 0:
         print(f"warning: the input holds no rows ({len(inp.files)} file(s), per their parquet footers): every "
               f"count, subset and table of this run will be empty", file=sys.stderr)
-    url_col = None if args.url_column.lower() == "none" else io.resolve_column(inp, args.url_column, "url")
+    url_col = choice.url
     extras = [io.resolve_column(inp, c, "keep") for c in args.keep_columns]
     clash = [c for c in extras if c in set(C.stream_schema().names)]
     if clash:
         raise io.InputError(f"--keep-columns {clash} clash with columns this pipeline writes")
-    columns = {"text_column": text_col, "url_column": url_col, "kept_columns": extras}
+    columns = {"text_column": text_col, "url_column": url_col, "kept_columns": extras, "dataset": choice.record()}
     return inp, columns, [inp.schemas[0].field(c) for c in extras]
 
 

@@ -21,6 +21,7 @@ from operators.base import Resources, Stage, conform
 from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_face_filter import FaceFilter
 from operators.image_fetch import ImageFetcher
+from operators.image_shard_reader import ShardImageReader
 from operators.image_sink import ImageSink
 from operators.support.seeds import image_seeds
 from pipelines.engine import stages
@@ -31,6 +32,7 @@ from pipelines.engine import runtime
 from pipelines.engine.progress import Phase, drain
 from schemas import images as I
 from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
+from schemas.datasets import SHARD, SHARD_FORMAT, SHARD_KEY, SHARD_ORDER
 from schemas.subsets import PROMPT, PROMPT_ID, SUBSET, Subset
 
 PAYLOAD = I.PAYLOAD
@@ -57,6 +59,8 @@ class ImageSettings:
     save_images: str | None = None     # URI: save fetched and generated images there (parquet)
     execution: dict = field(default_factory=dict)  # the study's execution settings (execution.stages)
     safety: Any = None                 # the run's safety policy (generation.SafetySettings)
+    shards: Any = None                 # --training-images: the img2dataset output (training_shards.ShardSource)
+    fetch_missing: bool = False        # --fetch-missing: fetch live what the shards lack
 
 
 # ------------------------------------------------------------------------------------ training
@@ -77,11 +81,14 @@ TRAINING_CHECKPOINT = "training_images"
 TRAINING_ROWS = "training rows: "   # the run summary's branch of one training subset (+ its name)
 
 
-def training_stages(st: ImageSettings) -> list[Stage]:
-    """The training images of every subset (section 3.2, App. A.2; section 2.2, App. A.4)."""
+def training_stages(st: ImageSettings, from_shards: bool = False) -> list[Stage]:
+    """The training images of every subset (section 3.2, App. A.2; section 2.2, App. A.4): fetched
+    live, or (``from_shards``) read from img2dataset's shards (``training_shards``)."""
+    source = Stage(ShardImageReader, {}, Resources(num_cpus=1, batch_size=st.fetch_block_rows)) if from_shards else \
+        Stage(_FetchRewritten, {"kwargs": st.fetch}, Resources(num_cpus=1, batch_size=st.fetch_block_rows))
     return configure(st, [
-        # img2dataset's fetch and resize, one status per URL
-        Stage(_FetchRewritten, {"kwargs": st.fetch}, Resources(num_cpus=1, batch_size=st.fetch_block_rows)),
+        # img2dataset's fetch and resize (or the bytes img2dataset stored), one status per URL
+        source,
         *([Stage(ImageSink, {"uri": f"{st.save_images}/training", "keys": [URL]})] if st.save_images else []),
         # exactly one face (MediaPipe BlazeFace)
         Stage(FaceFilter, st.face),
@@ -137,6 +144,8 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
         b.add(done)
     new_parts: list[pa.Table] = []
     sink = (lambda t: run.write_part(TRAINING_CHECKPOINT, conform(t, out_schema))) if run else new_parts.append
+    if todo.num_rows and st.shards is not None:
+        todo = _from_shards(ray, todo, st, sink, phase, budgets, echo)
     if todo.num_rows:
         ds = runtime.from_table(ray, todo, st.fetch_block_rows)
         ds = stages.run(ds, training_stages(st))
@@ -158,7 +167,39 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
     return results.sort_by(URL), phase
 
 
+def _from_shards(ray, todo: pa.Table, st: ImageSettings, sink, phase, budgets, echo) -> pa.Table:
+    """The ``todo`` URLs' images from the shards (index, then read, face filter and CLIP), results
+    to ``sink``; returns the URLs left to fetch live (with --fetch-missing those the shards lack,
+    else none: they are written as not_in_shards / shard_failed)."""
+    from pipelines.studies.amplification import training_shards
+
+    urls = todo.column(URL)
+    found = training_shards.index(ray, st.shards, urls)
+    stored = found.filter(pc.equal(found.column(I.FETCH_STATUS), I.FetchStatus.OK))
+    failed = found.filter(pc.not_equal(found.column(I.FETCH_STATUS), I.FetchStatus.OK))
+    failed = failed.append_column(I.IMAGE_ORIGIN, pa.array([I.ImageOrigin.SHARDS] * failed.num_rows, pa.string()))
+    lacking = pa.concat_tables([conform(failed, TRAINING_RESULT_SCHEMA),
+                                conform(training_shards.absent_rows(urls, found), TRAINING_RESULT_SCHEMA)])
+    print(f"  training images from {st.shards.format} shards ({len(st.shards.shards)}): {stored.num_rows:,} of "
+         f"{todo.num_rows:,} URLs stored, {lacking.num_rows:,} not "
+         + ("(fetched live: --fetch-missing)" if st.fetch_missing else "(not_in_shards / shard_failed; --fetch-missing "
+                                                                        "fetches them live)"))
+    if stored.num_rows:
+        ds = runtime.from_table(ray, stored.sort_by([(SHARD_ORDER, "ascending"), (SHARD_KEY, "ascending")]),
+                                st.fetch_block_rows)
+        ds = stages.run(ds, training_stages(st, from_shards=True))
+        ds = ds.drop_columns([c for c in PAYLOAD + [SHARD, SHARD_FORMAT, SHARD_ORDER, SHARD_KEY]])
+        drain(ds, sink, phase, budgets=budgets, flush_rows=st.fetch_block_rows, echo=echo)
+    if st.fetch_missing:
+        return todo.filter(pc.is_in(urls, lacking.column(URL)))
+    if lacking.num_rows:
+        sink(lacking)
+        phase.processed += lacking.num_rows
+    return todo.slice(0, 0)
+
+
 TRAINING_RESULT_SCHEMA = pa.schema([pa.field(URL, pa.string())] + [f for f in I.FETCH_COLUMNS if f.name not in PAYLOAD]
+                                   + [I.IMAGE_RESULTS.field(I.IMAGE_ORIGIN)]
                                    + list(I.FACE_COLUMNS) + list(I.GENDER_COLUMNS) + list(I.EMBEDDING_COLUMNS))
 
 
@@ -171,6 +212,7 @@ class _FetchRewritten:
     def __call__(self, batch: pa.Table) -> pa.Table:
         original = batch.column(URL)
         out = self.fetcher(batch.set_column(batch.schema.get_field_index(URL), URL, batch.column(FETCH_URL)))
+        out = out.append_column(I.IMAGE_ORIGIN, pa.array([I.ImageOrigin.FETCHED] * out.num_rows, pa.string()))
         return out.set_column(out.schema.get_field_index(URL), URL, original)
 
 

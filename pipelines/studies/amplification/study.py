@@ -18,7 +18,6 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.page import model_labels
@@ -34,7 +33,7 @@ from pipelines.engine.models import (
     standin_clip,
     standin_hint,
 )
-from pipelines.studies.amplification import caption_report, captions
+from pipelines.studies.amplification import caption_report, captions, training_shards
 from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
@@ -97,6 +96,9 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
             raise ValueError(f"--url-rewrite {spec!r}: expected FROM=TO")
         a, b = spec.split("=", 1)
         rewrite.append((a, b))
+    if args.fetch_missing and not args.training_images:
+        raise ValueError("--fetch-missing needs --training-images (without it every image is fetched live)")
+    shards = training_shards.discover(args.training_images) if args.training_images else None
     settings = ImageSettings(
         fetch=fetch,
         face={"model_selection": face["model_selection"], "min_confidence": face["min_confidence"],
@@ -108,9 +110,12 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         generators=list(gen.generators), images_per_prompt=gen.images_per_prompt,
         caption_images=gen.caption_images, seed=gen.seed, url_rewrite=rewrite,
         face_actors=args.face_actors, clip_actors=args.clip_actors, execution=dict(cfg["execution"]),
-        safety=gen.safety,
+        safety=gen.safety, shards=shards, fetch_missing=bool(args.fetch_missing),
     )
-    return settings, {"generation": gen.job(), "face_filter": face, "gender_classifier": clip, "fetch": fetch}
+    recorded = {"generation": gen.job(), "face_filter": face, "gender_classifier": clip, "fetch": fetch}
+    if shards is not None:
+        recorded["training_images"] = shards.record() | {"fetch_missing": bool(args.fetch_missing)}
+    return settings, recorded
 
 
 def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
@@ -134,6 +139,7 @@ def image_job(args, recorded: dict) -> dict:
     fetch = {k: v for k, v in recorded["fetch"].items() if k != "threads"}
     return {"generation": recorded["generation"], "face_filter": recorded["face_filter"],
             "gender_classifier": recorded["gender_classifier"], "fetch": fetch,
+            **({"training_images": recorded["training_images"]} if "training_images" in recorded else {}),
             "height": args.height, "width": args.width, "standin_models": bool(args.standin_models),
             "local_image_server": not args.no_local_image_server, "save_images": bool(args.save_images)}
     # --url-rewrite names a mirror of the same images (recorded in metrics.json): moving the mirror
@@ -241,7 +247,7 @@ class AmplificationStudy:
         caption_metrics, shown = captions.caption_side(run, cs, own_run=False)
         caption_stats = caption_metrics.pop("_stats")
         captions.print_caption_side(rd, shown, brief=True)   # the run summary at the end has its stage counts
-        subsets = pq.read_table(out_fs.open_input_file(f"{out}/{captions.FILES['subsets']}"))
+        subsets = io.read_parquet(out_fs.open_input_file(f"{out}/{captions.FILES['subsets']}"))
         occupation_list = cs.occupations
         occupations = [o.name for o in occupation_list]
         prompts = prompt_table(occupation_list, cs.prompts)
@@ -250,7 +256,7 @@ class AmplificationStudy:
 
         walk = None
         if selection.walks:
-            pool = pq.read_table(out_fs.open_input_file(f"{out}/{captions.FILES['pool']}"))
+            pool = io.read_parquet(out_fs.open_input_file(f"{out}/{captions.FILES['pool']}"))
             print(f"\ntraining images: walking each group's captions until k counted images (k = "
                   f"{selection.sample_size} random, {selection.nn_k} NN; {pool.num_rows:,} candidates) ...")
             walk = walk_training(ray, rd, pool, selection, st, train_budgets,

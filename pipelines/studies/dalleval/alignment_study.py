@@ -84,7 +84,17 @@ def read_captions(cap: dict) -> tuple[pa.Table, dict]:
                 import pyarrow.parquet as pq
 
                 frame = pq.read_table(path).to_pandas()
-            col = cap.get("column") or "caption"
+            col = cap.get("column")
+            if not col:   # recognised from the columns (pipelines/engine/datasets.py)
+                from pipelines.engine.datasets import ColumnError, choose_columns
+
+                try:
+                    choice = choose_columns([(path, [str(c) for c in frame.columns])], None, None,
+                                            cap.get("dataset_name"), url=False, paths=[path])
+                except ColumnError as exc:
+                    raise InputError(f"captions {path}: {exc}; set captions.column / --caption-column") from None
+                col = choice.caption
+                print(f"  captions: {choice.line()}")
             if col not in frame.columns:
                 raise InputError(f"captions {path}: no column {col!r} (columns: {list(frame.columns)}); "
                                  f"set captions.column / --caption-column")
@@ -359,10 +369,8 @@ def pairing_record(st: "AlignmentSettings", reference: pa.Table) -> dict:
 
 
 def _read_parquet(fs, path: str) -> pa.Table:
-    import pyarrow.parquet as pq
-
     with fs.open_input_file(path) as fh:
-        return pq.read_table(fh)
+        return io.read_parquet(fh)
 
 
 # ------------------------------------------------------------------------------------ settings

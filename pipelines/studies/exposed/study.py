@@ -100,7 +100,7 @@ def _caption_spec(spec: str, column: str | None = None) -> dict:
         source, rest = "", spec
     if (eq and not source.strip()) or not rest.strip():
         raise ValueError(f"--captions {spec!r}: expected [SOURCE=]PATH[:COLUMN] (e.g. coco=/data/coco.parquet:caption)")
-    path, column = rest, column or "TEXT"
+    path, column = rest, column or None    # None: recognised from the file's columns (T.caption_column)
     head, colon, tail = rest.rpartition(":")
     if colon and head and "/" not in tail and not Path(rest).exists():
         path, column = head, tail
@@ -218,8 +218,11 @@ def settings(args) -> ExposedSettings:
         if not c.get("source") or not c.get("path"):
             raise ValueError(f"captions: every entry needs source and path, got {c}")
         c["source"] = str(c["source"]).lower()
-        c.setdefault("column", "TEXT")
         c["path"] = _input_path(str(c["path"]))
+        if not c.get("column"):
+            c["column"], choice = T.caption_column(c["path"], None, getattr(args, "dataset_name", None))
+            if choice is not None:
+                print(f"  {c['source']}: {choice.line()}")
     prof = dict(cfg["professions"])
     if getattr(args, "no_professions", False):
         prof["enabled"] = False

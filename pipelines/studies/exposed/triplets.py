@@ -93,7 +93,7 @@ def _remote_parquet(uri: str, column: str, batch_rows: int) -> Iterator[pa.Table
     a folder read recursively in sorted order), streamed in batches of ``column`` only."""
     import fsspec
 
-    fs, root = fsspec.core.url_to_fs(uri)
+    fs, root = fsspec.core.url_to_fs(uri, **io.storage_options(uri))
     if not fs.exists(root):
         raise ValueError(f"caption input {uri} does not exist")
     if fs.isdir(root):
@@ -574,11 +574,42 @@ def default_source(path: str | Path) -> str:
     return name or "custom"
 
 
+def caption_column(path: str, flag: str | None = None, dataset_name: str | None = None,
+                   identity: str = "footer"):
+    """(column, ColumnChoice or None) of a caption input: a parquet file, folder or URI and a CSV
+    are recognised from their columns (``pipelines.engine.datasets``: LAION's TEXT, Re-LAION's
+    caption, COYO's and DataComp's text; else the one caption-like column), ``flag`` winning; a
+    text file's one column is named ``flag`` or TEXT."""
+    path = str(path)
+    suffix = Path(path).suffix.lower()
+    if suffix == ".txt":
+        return flag or LAION_TEXT, None
+    if suffix in (".csv", ".tsv") and "://" not in path:
+        from pipelines.engine.datasets import ColumnError, choose_columns
+
+        if not Path(path).exists():
+            raise ValueError(f"caption input {path} does not exist")
+        parse = pacsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ",",
+                                   quote_char=False if suffix == ".tsv" else '"')
+        with pacsv.open_csv(path, parse_options=parse) as reader:
+            names = reader.schema.names
+        try:
+            choice = choose_columns([(path, names)], flag, None, dataset_name, url=False, paths=[path])
+        except ColumnError as exc:
+            raise ValueError(str(exc)) from None
+        return choice.caption, choice
+    if "://" not in path and not Path(path).exists():
+        raise ValueError(f"caption input {path} does not exist")
+    inp = io.resolve_parquet_inputs(path, identity)
+    choice = io.choose_input_columns(inp, flag, None, dataset_name, url=False, paths=[path])
+    return choice.caption, choice
+
+
 def command_settings(args) -> dict:
     """What ``exposed.py triplets`` builds its triplets from: mode, input, column, source and
     per-topic count, checked (bad flags fail before anything is written)."""
     inp = getattr(args, "captions", None)
-    column = getattr(args, "caption_column", None) or LAION_TEXT
+    column, choice = getattr(args, "caption_column", None), None
     per_topic = getattr(args, "per_topic", None)
     if getattr(args, "profession_set", False):
         if inp and per_topic is not None:
@@ -594,11 +625,17 @@ def command_settings(args) -> dict:
         raise ValueError(f"--per-topic must be >= 1, not {per_topic}")
     source = _check_source(getattr(args, "source", None) or default_source(inp)) if mode == "captions" \
         else PROFESSION_SOURCE
+    identity = getattr(args, "input_identity", None) or "footer"
+    if inp:
+        column, choice = caption_column(str(inp), column, getattr(args, "dataset_name", None), identity)
+        if choice is not None:
+            print(f"  {choice.line()}")
     return {"mode": mode, "input": str(inp) if inp else None, "column": column if inp else None,
-            "source": source, "per_topic": per_topic}
+            "source": source, "per_topic": per_topic, "dataset": choice.record() if choice else None,
+            "identity": identity}
 
 
-def input_identity(path: str) -> dict[str, str]:
+def input_identity(path: str, identity: str = "footer") -> dict[str, str]:
     """{file: what identifies its data} of a caption input, each file as an absolute path or URI:
     parquet files (local or any fsspec URI) as the engine identifies them (size, modification time
     or ETag, footer hash), a text or CSV file by its size and modification time. A missing input
@@ -606,7 +643,7 @@ def input_identity(path: str) -> dict[str, str]:
     if "://" not in path and not Path(path).exists():
         raise ValueError(f"caption input {path} does not exist")
     if "://" in path or Path(path).is_dir() or path.lower().endswith(".parquet"):
-        return io.resolve_parquet_inputs(path).data_identity()
+        return io.resolve_parquet_inputs(path, identity).data_identity()
     st = Path(path).stat()
     return {str(Path(path).resolve()): f"size={st.st_size} modified={st.st_mtime_ns}"}
 
@@ -620,9 +657,11 @@ def triplets_job(s: dict) -> dict:
     if s["input"]:
         # what identifies the input's data, not only its name: a file rewritten in place gets a
         # run folder of its own (or, under the same --run-id, a refusal), never the old triplets
-        data = input_identity(s["input"])
+        data = input_identity(s["input"], s.get("identity") or "footer")
         job["input"] = {"files": list(data), "data": data}
         job["column"] = s["column"]
+        if s.get("dataset"):
+            job["dataset"] = s["dataset"]
     if s["mode"] == "captions":
         job["filter"] = {"human_words": {k: list(v) for k, v in HUMAN_WORDS.items()},
                          "person_words": {k: list(v) for k, v in PERSON_WORDS.items()}}

@@ -27,7 +27,6 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipelines.studies.gep import metrics as M
 from operators.base import Stage, conform
@@ -423,9 +422,9 @@ def evaluate_run(args) -> dict:
                                    for a in scoring["attributes"]})
     comparisons = [tuple(c) for c in scoring["comparisons"]]
     with fs.open_input_file(f"{path}/{FILES['images']}") as fh:
-        images = pq.read_table(fh)
+        images = io.read_parquet(fh)
     with fs.open_input_file(f"{path}/{FILES['scores']}.parquet") as fh:
-        scores = pq.read_table(fh)
+        scores = io.read_parquet(fh)
     ann = read_annotations(args.annotations)
     results = analyse(scores, comparisons)
     ev = evaluate(images, scores, results, ann, attributes, comparisons)
