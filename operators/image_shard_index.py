@@ -65,7 +65,7 @@ class ShardIndex:
         col = lambda c, t: table.column(c).cast(t) if c in table.column_names else pa.nulls(n, t)  # noqa: E731
         ok = pc.equal(pc.fill_null(col(I2D_STATUS, pa.string()), ""), I2D_SUCCESS)
         error = pc.if_else(ok, pa.scalar(None, pa.string()),
-                           pc.binary_join_element_wise(pa.scalar("img2dataset: "),
+                           pc.binary_join_element_wise(pa.scalar("img2dataset:"),
                                                        pc.fill_null(col(I2D_STATUS, pa.string()), "no status"),
                                                        pc.fill_null(col(I2D_ERROR, pa.string()), ""), " "))
         return pa.table({

@@ -124,6 +124,10 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--nn-sample", choices=["captions", "counted_images"],
                    help="captions: the top --nn-k neighbour captions per prompt (section 5.2, default); "
                         "counted_images: walk the neighbours in similarity order until --nn-k counted images")
+    s.add_argument("--duplicate-rows", choices=["fold", "keep"],
+                   help="fold: within each subset group select a URL once, its best row (repeated rows and the same "
+                        "URL under other captions counted as duplicate_row / duplicate_url; default); keep: select "
+                        "every row, an image counted once per row")
     s.add_argument("--occupation-forms", choices=["plural", "singular"],
                    help="how a caption names an occupation: plural (each term of Table 4, its regular plural and "
                         "extra forms; default) or singular (the terms exactly as listed: the strictest reading of "

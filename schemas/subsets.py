@@ -87,10 +87,15 @@ SELECTION_CANDIDATES = pa.schema(
         pa.field(PROMPT_ID, pa.int32()),  # 0 for prompt-free subsets while selecting
         pa.field(ORDER_KEY, pa.float64()),
         pa.field(CAPTION_ID, pa.int64()),
+        pa.field(URL, pa.string()),       # one row per URL and group (selection.DUPLICATES "fold")
         pa.field(SIMILARITY, pa.float32()),
         pa.field(SOURCE_ROW, pa.int64()),
     ]
 )
+
+# What the selection folds (selection.DUPLICATES): the run summary's outcomes of the selection.
+DUPLICATE_ROW = "duplicate_row"   # the same URL and caption as a selected row (the same caption_id)
+DUPLICATE_URL = "duplicate_url"   # the URL of a selected row with another caption (same occupation)
 
 # Caption and indicator counts per occupation (feeds SIMILARITY_SUMMARY).
 OCCUPATION_STATS = pa.schema(

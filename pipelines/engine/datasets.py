@@ -141,6 +141,7 @@ def choose_columns(files: list[tuple[str, list[str]]], caption_flag: str | None 
             raise ColumnError(f"the input files have different column layouts: {shown}; read one dataset per run, or "
                               f"name the columns with --caption-column and --url-column")
         layout = per_file[0]
+    if variant is None:
         variant = variant_of(layout, (paths or []) + [w for w, _ in files])
     caption, why_caption = _choose(files, "caption", caption_flag, layout.caption if layout else None,
                                    CAPTION_NAMES, layout)

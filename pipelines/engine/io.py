@@ -247,8 +247,8 @@ def _read_footers(fs: pafs.FileSystem, files: list[str], protocol: str) -> list[
         try:
             with fs.open_input_file(path) as fh:
                 return pq.read_metadata(fh)
-        except Exception as exc:  # ArrowInvalid (not parquet), OSError (permissions), ...
-            raise InputError(f"cannot read parquet file {_display(protocol, path)}: {exc}") from exc
+        except Exception as exc:  # ArrowInvalid (not parquet), OSError (permissions), a gated Hub dataset ...
+            raise InputError(listing_error(_display(protocol, path), exc).replace("cannot read ", "cannot read parquet file ", 1)) from None
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         return list(pool.map(one, files))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import numpy as np
 import pyarrow.compute as pc
 
 from operators.base import Stage, conform
@@ -43,7 +44,7 @@ from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, partial_top_k, pool as selection_pool, walk
 from schemas import captions as C
 from schemas.occupations import OCCUPATION_FORMS
-from schemas.subsets import MATCHED_CAPTIONS, TRAINING_SUBSETS
+from schemas.subsets import DUPLICATE_ROW, DUPLICATE_URL, MATCHED_CAPTIONS, TRAINING_SUBSETS
 
 # the installed project, also when `ray submit` runs a copy of this script outside the repository
 REPO = Path(study_config.__file__).resolve().parents[2]
@@ -94,7 +95,8 @@ def settings(args) -> CaptionSettings:
     for key, value in (("sample_size", args.sample_size), ("nn_k", args.nn_k), ("seed", args.seed),
                        ("no_indicator_mode", args.no_indicator_mode),
                        ("training_sample", getattr(args, "training_sample", None)),
-                       ("nn_sample", getattr(args, "nn_sample", None))):
+                       ("nn_sample", getattr(args, "nn_sample", None)),
+                       ("duplicates", getattr(args, "duplicate_rows", None))):
         if value is not None:
             sel[key] = value
     if args.spacy_model:
@@ -326,7 +328,8 @@ def selection_config(st: CaptionSettings) -> SelectionConfig:
         raise ValueError(f"selection.max_walk_factor must be >= 1, not {sel.get('max_walk_factor')!r}")
     return SelectionConfig(sel["sample_size"], sel["nn_k"], len(st.prompts), sel["no_indicator_mode"],
                            training_sample=sel.get("training_sample", "captions"),
-                           nn_sample=sel.get("nn_sample", "captions"), pool_factor=float(sel.get("pool_factor", 1)))
+                           nn_sample=sel.get("nn_sample", "captions"), pool_factor=float(sel.get("pool_factor", 1)),
+                           duplicates=sel.get("duplicates", "fold"))
 
 
 def select_subsets(ray, data, annotated_rows: int, selection: SelectionConfig, prompts: dict, n_occupations: int):
@@ -461,6 +464,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
                                          st, args)
     tallies = rd.read_parts(CAPTION_TALLIES, TALLY_SCHEMA)
     pool, stats, annotated_rows = select_pool(run, st, selection.pool())
+    folded = duplicate_counts(run, st, pool, selection)
     subsets = walk(pool, selection)[0]   # the first k captions; `run` walks the pool to k counted images
     io.write_table(subsets, rd.fs, rd.file(FILES["subsets"]))
     if selection.walks:
@@ -475,6 +479,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
     if summary[C.STAGE_CAPTIONS]["rows_in"] != inp.num_rows:
         raise CountMismatch(f"read {summary[C.STAGE_CAPTIONS]['rows_in']} rows, the files hold {inp.num_rows}")
     check_chain(summary, final_rows=annotated_rows, expansions=(C.STAGE_EXPLODE,))
+    summary[STAGE_DUPLICATES] = folded   # after the chain: the selection's folded rows, per reason
     unmatched_occupations(sim)   # a warning naming them; none matching at all: an error (exit 2)
 
     sizes, head = report.subset_sizes(subsets), report.headline(sim)
@@ -531,6 +536,50 @@ def unmatched_occupations(sim: pa.Table) -> list[str]:
     print(f"warning: {len(unmatched)} of {sim.num_rows} occupation(s) match no caption of the input, so their "
           f"tables stay empty: {names} (check their spelling and --occupation-forms)")
     return unmatched
+
+
+STAGE_DUPLICATES = "select_subsets"
+
+
+def _url_rows(batch: pa.Table, keys: pa.Array) -> pa.Table:
+    """The (occupation, url, caption_id) of the annotated rows whose occupation and URL are in
+    ``keys`` (occupation and URL joined by U+001F)."""
+    key = pc.binary_join_element_wise(batch.column(C.OCCUPATION), batch.column(C.URL), "\x1f")
+    hit = pc.fill_null(pc.is_in(key, keys), False)
+    return batch.filter(hit).select([C.OCCUPATION, C.URL, C.CAPTION_ID])
+
+
+def duplicate_counts(run: Run, st: CaptionSettings, pool: pa.Table, selection: SelectionConfig) -> dict:
+    """What folding repeated rows left out (``selection.DUPLICATES``), as a run-summary stage: of
+    the annotated rows of an occupation whose URL is a selected row's, the rows beyond that one
+    with the same caption (``duplicate_row``: same URL and caption, the same caption_id) and with
+    another caption (``duplicate_url``). Exact: one pass over the annotated captions, keeping only
+    the selected URLs' rows (a few per selected row). With ``keep`` nothing is folded."""
+    keys = selected_keys(pool)
+    if selection.duplicates != "fold" or not len(keys):
+        return {"rows_in": len(keys), "rows_out": len(keys), "dropped": {DUPLICATE_ROW: 0, DUPLICATE_URL: 0}}
+    rd = run.rd
+    parts = committed_parts(rd, len(caption_shards(rd, st.input[0], st.execution["files_per_shard"])))
+    schema = pa.schema([C.annotated_schema(st.input[2]).field(c) for c in (C.OCCUPATION, C.URL, C.CAPTION_ID)])
+    return fold_counts([_url_rows(io.read_parquet_files(rd.fs, [p], schema), keys) for p in parts], schema)
+
+
+def selected_keys(pool: pa.Table) -> pa.Array:
+    """The distinct (occupation, URL) of a pool's rows with a URL, joined by U+001F."""
+    pairs = pool.filter(pc.is_valid(pool.column(C.URL))).select([C.OCCUPATION, C.URL])
+    return pc.unique(pc.binary_join_element_wise(pairs.column(C.OCCUPATION), pairs.column(C.URL), "\x1f"))
+
+
+def fold_counts(tables: list[pa.Table], schema: pa.Schema) -> dict:
+    """The run-summary stage of ``duplicate_counts`` from the selected URLs' annotated rows."""
+    rows = pa.concat_tables([schema.empty_table()] + [t.select(schema.names) for t in tables])
+    out = {"rows_in": 0, "rows_out": 0, "dropped": {DUPLICATE_ROW: 0, DUPLICATE_URL: 0}}
+    per = rows.group_by([C.OCCUPATION, C.URL], use_threads=False).aggregate(
+        [(C.CAPTION_ID, "count"), (C.CAPTION_ID, "count_distinct")])
+    n, distinct = (np.asarray(per.column(f"{C.CAPTION_ID}_{a}").to_numpy(), np.int64) for a in ("count", "count_distinct"))
+    out["dropped"] = {DUPLICATE_ROW: int((n - distinct).sum()), DUPLICATE_URL: int((distinct - 1).sum())}
+    out["rows_in"], out["rows_out"] = int(n.sum()), per.num_rows
+    return out
 
 
 def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tuple[pa.Table, pa.Table, int]:

@@ -328,6 +328,7 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
         out.append(f"<p class=warn>{thin} of the E[A] values above rest on fewer than half of the occupations "
                    f"(or on none: n/a). Read them with their n_# and excluded_# columns.</p>")
     out.append(walk_html(results.get("training_walk")))
+    out.append(link_rot_html(results.get("link_rot")))
     legend = (f"<p class=legend>Shading:<span style='background:{AMPLIFICATION_COLOR}'></span>amplification"
               f"<span style='background:{DEAMPLIFICATION_COLOR}'></span>de-amplification; the dashed diagonal is no "
               "amplification; excluded (direction-switching) occupations are not drawn. Each figure is also saved "
@@ -381,6 +382,44 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                                 for k, v in caption_counts.items()]), 0)
         + "<h3>Image side</h3>" + H.table(labelled_counts(counts, labels), 0)))
     return Pg.document("Bias amplification report", out)
+
+
+def link_rot_html(rot: dict | None) -> str:
+    """Beside T: the share of each occupation's captions whose image could not be obtained (dead
+    links; with --training-images also not in the shards), and whether those captions differ from
+    the kept ones in their gender indicators (pipelines/studies/amplification/link_rot.py)."""
+    if not rot:
+        return ""
+    table, summary = rot["table"], rot["summary"]
+    if table is None or not len(table):
+        return ""
+    lines = []
+    for subset, causes in summary.get("subsets", {}).items():
+        for cause, s in causes.items():
+            what = "dead links" if cause == "link" else "not in the shards"
+            lines.append(f"{APPROACH_TITLES.get(subset, subset)}: {_fmt(100 * (s.get('lost_share') or 0), 1)}% of "
+                         f"{s['captions']:,} captions lost to {what}; {s['occupations_tested']} occupation(s) tested, "
+                         f"{s['occupations_differing']} with lost captions whose gender indicators differ "
+                         f"(q &lt; {summary.get('alpha')})")
+    shown = table.copy()
+    for side in ("lost", "kept"):
+        total = shown[[f"{side}_{c}" for c in ("male", "female", "both", "none")]].sum(axis=1)
+        shown[f"% female indicators, {side}"] = (100 * shown[f"{side}_female"] / total.where(total > 0)).round(1)
+    shown["% lost"] = (100 * shown["lost_share"]).round(1)
+    cols = ["occupation", "subset", "cause", "captions", "lost", "% lost", "% female indicators, lost",
+            "% female indicators, kept", "method", "p_value", "q_value", "differs"]
+    flagged = shown[shown["differs"].eq(True)]
+    head = ("<h2>Images T could not see (link rot)</h2><p>T is over the training images that could be obtained. "
+            "Per occupation and approach: the share of walked captions whose image could not be obtained (a dead "
+            "link, a timeout, an opt-out; with --training-images also a URL the shards lack), and a test of whether "
+            "those captions differ from the kept ones in their gender indicators (chi-squared, or its Monte Carlo "
+            f"permutation version on small counts; {H.esc(summary.get('correction'))} across occupations, "
+            f"alpha {summary.get('alpha')}). A flagged occupation's T may be biased by what was lost. All rows in "
+            "link_rot.csv.</p><ul>" + "".join(f"<li>{line}</li>" for line in lines) + "</ul>")
+    if len(flagged):
+        head += (f"<p class=warn>{len(flagged)} (occupation, approach) group(s) lost captions whose gender "
+                 f"indicators differ from the kept ones'.</p>" + H.table(flagged[cols], 3))
+    return head + Pg.details(f"Lost captions per occupation and approach ({len(shown)} rows)", H.table(shown[cols], 3))
 
 
 def walk_html(walk: dict | None) -> str:

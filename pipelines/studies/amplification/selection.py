@@ -61,6 +61,10 @@ MODES = ("split", "resample")
 
 
 SAMPLE_UNITS = ("counted_images", "captions")
+# Rows of one URL within one selection group (LAION and its successors repeat rows): "fold" keeps
+# the group's best row of each URL, so no image is counted twice in one T (project choice: the
+# paper is silent); "keep" selects them all, the image counted once per row.
+DUPLICATES = ("fold", "keep")
 
 
 class SelectionConfig:
@@ -69,7 +73,8 @@ class SelectionConfig:
     (walk until k counted images) or "captions" (the first k captions)."""
 
     def __init__(self, sample_size: int = 500, nn_k: int = 500, n_prompts: int = 4, mode: str = "split",
-                 training_sample: str = "captions", nn_sample: str = "captions", pool_factor: float = 1.0):
+                 training_sample: str = "captions", nn_sample: str = "captions", pool_factor: float = 1.0,
+                 duplicates: str = "fold"):
         if mode not in MODES:
             raise ValueError(f"no_indicator_mode must be one of {MODES}, not {mode!r}")
         if sample_size < 0 or nn_k < 0:
@@ -77,6 +82,9 @@ class SelectionConfig:
         for name, value in (("training_sample", training_sample), ("nn_sample", nn_sample)):
             if value not in SAMPLE_UNITS:
                 raise ValueError(f"{name} must be one of {SAMPLE_UNITS}, not {value!r}")
+        if duplicates not in DUPLICATES:
+            raise ValueError(f"duplicates must be one of {DUPLICATES}, not {duplicates!r}")
+        self.duplicates = duplicates
         if not pool_factor >= 1:
             raise ValueError(f"pool_factor must be >= 1, not {pool_factor!r}")
         self.sample_size, self.nn_k, self.n_prompts, self.mode = int(sample_size), int(nn_k), int(n_prompts), mode
@@ -85,7 +93,7 @@ class SelectionConfig:
     def as_dict(self) -> dict:
         return {"sample_size": self.sample_size, "nn_k": self.nn_k, "n_prompts": self.n_prompts,
                 "no_indicator_mode": self.mode, "training_sample": self.training_sample,
-                "nn_sample": self.nn_sample}
+                "nn_sample": self.nn_sample, "duplicates": self.duplicates}
 
     def walked(self, subset: str) -> bool:
         """Whether ``subset``'s groups are walked to k counted images (else: the first k rows)."""
@@ -103,7 +111,8 @@ class SelectionConfig:
         f = self.pool_factor if factor is None else float(factor)
         size = int(np.ceil(self.sample_size * f)) if self.walked(Subset.NAIVE) else self.sample_size
         nn = int(np.ceil(self.nn_k * f)) if self.walked(Subset.NN) else self.nn_k
-        return SelectionConfig(size, nn, self.n_prompts, self.mode, self.training_sample, self.nn_sample)
+        return SelectionConfig(size, nn, self.n_prompts, self.mode, self.training_sample, self.nn_sample,
+                               duplicates=self.duplicates)
 
     def k(self, subset: str) -> int:
         return self.nn_k if subset in Subset.PER_PROMPT else self.sample_size
@@ -119,6 +128,7 @@ def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, simil
             PROMPT_ID: pa.array(np.full(n, prompt_id, np.int32)),
             ORDER_KEY: pa.array(order, pa.float64()),
             CAPTION_ID: rows.column(CAPTION_ID),
+            URL: rows.column(URL),
             SIMILARITY: pa.array(similarity, pa.float32()),
             SOURCE_ROW: pa.array(source, pa.int64()),
         },
@@ -129,7 +139,7 @@ def _block(rows: pa.Table, subset: str, prompt_id: int, order: np.ndarray, simil
 def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
     """Every (group, row) pair a batch of annotated captions contributes, with its order key and
     the row it came from."""
-    batch = batch.select([OCCUPATION, CAPTION_ID, CAPTION_GENDER, PROMPT_SIMILARITY, SAMPLE_KEY])
+    batch = batch.select([OCCUPATION, CAPTION_ID, URL, CAPTION_GENDER, PROMPT_SIMILARITY, SAMPLE_KEY])
     sims = batch.column(PROMPT_SIMILARITY).combine_chunks()
     if len(sims):
         lengths = pc.min_max(pc.list_value_length(sims))
@@ -160,10 +170,31 @@ def _ranked(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     return table, _rank_in_group(table)
 
 
+def first_per_url(table: pa.Table) -> pa.Table:
+    """The rows of a ranked candidates table (``_ranked``) that are the first of their URL in their
+    group; rows without a URL are all kept. Folding before the top-k selects the k best distinct
+    URLs, and it commutes with the reduction tree (a URL's best row in a batch that is not in the
+    batch's top k has k better distinct URLs, so its best row overall is not selected either)."""
+    if table.num_rows < 2:
+        return table
+    start, group_id = _group_starts(table)
+    url = table.column(URL)
+    idx = pa.table({"g": pa.array(group_id, pa.int64()), "u": url, "i": pa.array(np.arange(table.num_rows))})
+    have = idx.filter(pc.is_valid(url))
+    first = have.group_by(["g", "u"], use_threads=False).aggregate([("i", "min")]).column("i_min").to_numpy()
+    keep = np.zeros(table.num_rows, bool)
+    keep[first] = True
+    keep |= ~np.asarray(pc.is_valid(url).to_numpy(zero_copy_only=False), bool)
+    return table.filter(pa.array(keep))
+
+
 def top_k(table: pa.Table, cfg: SelectionConfig) -> pa.Table:
     """The best rows per (occupation, subset, prompt_id) of a candidates table: ``nn_k`` for the
     per-prompt subsets, ``sample_size`` for the others."""
     table, rank = _ranked(table)
+    if cfg.duplicates == "fold":
+        table = first_per_url(table)
+        rank = _rank_in_group(table)
     per_prompt = pc.is_in(table.column(SUBSET), value_set=pa.array(Subset.PER_PROMPT)).to_numpy(zero_copy_only=False)
     return table.filter(pa.array(rank < np.where(per_prompt, cfg.nn_k, cfg.sample_size)))
 
@@ -194,7 +225,7 @@ def pool(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) ->
     no_indicators, nn_no_indicators, each with up to ``cfg``'s k rows, ranked 1.. in their order."""
     rows = conform(rows, SELECTION_INPUT)
     best = top_k(candidates(rows, cfg), cfg)
-    payload = rows.take(best.column(SOURCE_ROW)).select([URL, CAPTION, CAPTION_GENDER, SAMPLE_KEY])
+    payload = rows.take(best.column(SOURCE_ROW)).select([CAPTION, CAPTION_GENDER, SAMPLE_KEY])   # (URL: in best)
     best = pa.Table.from_arrays(best.columns + payload.columns, names=best.column_names + payload.column_names)
     best, rank = _ranked(best)
     pid = best.column(PROMPT_ID).to_numpy()

@@ -33,7 +33,7 @@ from pipelines.engine.models import (
     standin_clip,
     standin_hint,
 )
-from pipelines.studies.amplification import caption_report, captions, training_shards
+from pipelines.studies.amplification import caption_report, captions, link_rot, training_shards
 from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
@@ -66,6 +66,7 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
     "ray_stats": "ray_data_stats.txt",
     "image_similarity": "image_similarity",   # section 5.2: CLIP image similarity, naive vs NN
     "walk": "training_walk",                   # section 4: captions walked per group to k counted images
+    "link_rot": "link_rot",                    # images that could not be obtained, and whether their captions differ
 }
 
 
@@ -312,6 +313,9 @@ class AmplificationStudy:
         T = results["T"].assign(**{"prompt_id": results["T"]["prompt_id"].astype("Int64").replace(0, pd.NA)})
         io.write_table_and_csv(T, out_fs, f"{out}/{run_files['training']}")
         io.write_table_and_csv(results["G"], out_fs, f"{out}/{run_files['generated']}")
+        rot = link_rot.link_rot_table(train_rows, seed=st.seed)   # is T biased by the images it could not see?
+        io.write_table_and_csv(rot, out_fs, f"{out}/{run_files['link_rot']}")
+        results["link_rot"] = {"table": rot.to_pandas(), "summary": link_rot.link_rot_summary(rot)}
         io.write_table_and_csv(t3, out_fs, f"{out}/{run_files['table3']}")
         io.write_table_and_csv(counts, out_fs, f"{out}/{run_files['image_counts']}")
         io.write_table_and_csv(pd.DataFrame(image_sim["rows"], columns=SIMILARITY_COLUMNS), out_fs,
@@ -358,6 +362,7 @@ class AmplificationStudy:
                 "caption_gender_match": results["caption_gender_match"],
                 "image_similarity": {"per_model": image_sim["per_model"], "definition": image_sim["definition"]},
                 "indicator_correlation": results["indicator_correlation"],
+                "link_rot": results["link_rot"]["summary"],
             },
             "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
         }

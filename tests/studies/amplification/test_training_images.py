@@ -1,0 +1,156 @@
+"""Training images already downloaded (issue 31): img2dataset's own output in each of its three
+formats, written by img2dataset from the local HTTP server, read back by the shard operators with
+the very bytes a live fetch gives; and paper 002 end to end on a Re-LAION-layout caption file
+without column flags, live against --training-images (with and without --fetch-missing): the same
+T, every lost caption counted (not_in_shards), link rot reported beside T."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from operators.image_fetch import ImageFetcher
+from operators.image_shard_index import ShardIndex
+from operators.image_shard_reader import ShardImageReader
+from pipelines import synthetic_laion
+from pipelines.engine import io
+from pipelines.studies.amplification import training_shards
+from pipelines.studies.amplification.sample_server import LocalImageServer
+from schemas import images as I
+from schemas.captions import URL
+
+# img2dataset's settings equal to this project's fetch defaults (operators/image_fetch.py)
+I2D_ARGS = dict(image_size=512, resize_mode="keep_ratio", resize_only_if_bigger=True, encode_quality=95,
+                processes_count=1, thread_count=8, distributor="multiprocessing", disallowed_header_directives=[])
+
+
+def _download(args: dict) -> None:
+    from img2dataset import download
+
+    download(**args)
+
+
+def img2dataset(url_list: str, out: str, fmt: str, per_shard: int = 200) -> None:
+    """img2dataset itself, in a fresh process (it starts its own pool, which needs a __main__ guard)."""
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_download, args=(dict(url_list=url_list, input_format="parquet", url_col="url",
+                                                 caption_col="caption", output_format=fmt, output_folder=out,
+                                                 number_sample_per_shard=per_shard, **I2D_ARGS),))
+    p.start()
+    p.join(300)
+    assert p.exitcode == 0, f"img2dataset {fmt} failed"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A Re-LAION-layout caption file whose URLs point at the local server, and img2dataset's
+    output of it in each format (the parquet one of every other row only: a partial download)."""
+    base = tmp_path_factory.mktemp("shards")
+    with LocalImageServer() as server:
+        t = synthetic_laion.generate(600, seed=1)
+        urls = pc.replace_substring(t.column("URL"), "https://images.example.org/", server.base_url + "/")
+        captions = pa.table({"url": urls, "caption": t.column("TEXT"), "similarity": pa.array([0.3] * t.num_rows)})
+        path = base / "relaion2B-en-research" / "part-00000.parquet"
+        path.parent.mkdir()
+        pq.write_table(captions, path)
+        pq.write_table(captions.take(list(range(0, captions.num_rows, 2))), base / "half.parquet")
+        for fmt in ("webdataset", "files"):
+            img2dataset(str(path), str(base / fmt), fmt)
+        img2dataset(str(base / "half.parquet"), str(base / "parquet"), "parquet")
+        yield {"base": base, "captions": path, "urls": urls, "server": server}
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet", "files"])
+def test_each_img2dataset_format_gives_the_bytes_a_live_fetch_gives(data, fmt):
+    source = training_shards.discover(str(data["base"] / fmt))
+    assert source.format == fmt and len(source.shards) >= 1
+    wanted = data["urls"].to_pylist()[:60] + ["http://nowhere.invalid/x.jpg"]
+    index = pa.concat_tables([ShardIndex(wanted)(source.table().slice(i, 1)) for i in range(len(source.shards))])
+    assert set(index.column(URL).to_pylist()) <= set(wanted)
+    statuses = dict(zip(index.column(URL).to_pylist(), index.column(I.FETCH_STATUS).to_pylist()))
+    live = ImageFetcher(allow_local=True)(pa.table({URL: pa.array(wanted[:60], pa.string())}))
+    live_status = dict(zip(live.column(URL).to_pylist(), live.column(I.FETCH_STATUS).to_pylist()))
+    live_bytes = dict(zip(live.column(URL).to_pylist(), live.column(I.IMAGE).to_pylist()))
+    stored = index.filter(pc.equal(index.column(I.FETCH_STATUS), "ok"))
+    read = ShardImageReader()(stored)
+    assert read.num_rows == stored.num_rows and set(read.column(I.IMAGE_ORIGIN).to_pylist()) == {"shards"}
+    got = dict(zip(read.column(URL).to_pylist(), read.column(I.IMAGE).to_pylist()))
+    assert got and all(got[u] == live_bytes[u] for u in got)          # the same bytes: the same T
+    assert all(live_status[u] == "ok" for u in got)
+    # every URL the live fetch could not get is shard_failed (img2dataset's own error kept) or absent
+    for u, s in live_status.items():
+        if s != "ok":
+            assert statuses.get(u, "absent") in ("shard_failed", "absent")
+    failed = index.filter(pc.equal(index.column(I.FETCH_STATUS), "shard_failed"))
+    assert all(e.startswith("img2dataset: failed_to_") for e in failed.column(I.FETCH_ERROR).to_pylist())
+    absent = training_shards.absent_rows(pa.array(wanted, pa.string()), index)
+    assert "http://nowhere.invalid/x.jpg" in absent.column(URL).to_pylist()
+    assert set(absent.column(I.FETCH_STATUS).to_pylist()) == {"not_in_shards"}
+    if fmt == "parquet":   # the partial download: every other row only
+        assert absent.num_rows > 20
+    else:
+        assert absent.num_rows == 1
+
+
+def test_not_img2dataset_output_is_one_line(tmp_path):
+    with pytest.raises(io.InputError, match="no img2dataset output"):
+        training_shards.discover(str(tmp_path))
+    (tmp_path / "00000.tar").write_bytes(b"")
+    with pytest.raises(io.InputError, match="without img2dataset's metadata"):
+        training_shards.discover(str(tmp_path))
+    with pytest.raises(io.InputError, match="not a folder"):
+        training_shards.discover(str(tmp_path / "00000.tar"))
+
+
+@pytest.mark.ray
+def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(data, tmp_path, ray_local, capsys):
+    from pipelines import amplification
+
+    common = ["run", "--captions", str(data["captions"]), "--occupations", "nurse", "--sample-size", "4",
+              "--nn-k", "4", "--images-per-prompt", "1", "--caption-images", "0", "--steps", "2", "--standin-models",
+              "--allow-local-urls", "--no-progress", "--generators", "CompVis/stable-diffusion-v1-4",
+              "--output", str(tmp_path)]
+    # (every format's bytes equal a live fetch's: the test above; here the stream end to end, half the
+    # images from the shards and half fetched live, against all fetched live)
+    runs = {"live": [], "partial": ["--training-images", str(data["base"] / "parquet")],
+            "partial_fetched": ["--training-images", str(data["base"] / "parquet"), "--fetch-missing"]}
+    for run_id, extra in runs.items():
+        assert amplification.main(common + ["--run-id", run_id] + extra) == 0, run_id
+    out = capsys.readouterr().out
+    assert "input columns: caption 'caption', URL 'url' (the Re-LAION-5B layout" in out
+    assert "dataset: Re-LAION-2B-en research (from the path)" in out
+    rows = {r: pq.read_table(tmp_path / r / "images.parquet").to_pandas() for r in runs}
+    train = {r: t[t[I.SOURCE] == "training"].reset_index(drop=True) for r, t in rows.items()}
+    cols = ["subset", "caption_id", "face_status", "gender", "counted"]
+    # the same images, so the same faces, genders and counted images: the same T (CLIP's
+    # probabilities agree to float rounding: its batches hold other images when some were fetched)
+    for r in ("partial_fetched",):
+        assert train[r][cols].equals(train["live"][cols]), r
+        assert np.allclose(train[r]["p_female"], train["live"]["p_female"], atol=1e-5, equal_nan=True), r
+    t_live = pq.read_table(tmp_path / "live" / "training_percentages.parquet").to_pandas()
+    for r in ("partial_fetched",):
+        t = pq.read_table(tmp_path / r / "training_percentages.parquet").to_pandas()
+        assert t.drop(columns=["percent_female"]).equals(t_live.drop(columns=["percent_female"])), r
+        assert np.allclose(t["percent_female"], t_live["percent_female"], equal_nan=True), r
+    assert set(train["partial_fetched"][I.IMAGE_ORIGIN]) == {"shards", "fetched"}
+    # without --fetch-missing the captions the shards lack are counted, never dropped
+    partial = train["partial"]
+    assert len(partial) >= len(train["live"]) and (partial[I.FETCH_STATUS] == "not_in_shards").any()
+    summary = (tmp_path / "partial" / "run_summary.csv").read_text()
+    metrics = json.loads((tmp_path / "partial" / "metrics.json").read_text())
+    assert metrics["image_config"]["training_images"]["format"] == "parquet"
+    rot = metrics["results"]["link_rot"]["subsets"]
+    assert "not_in_shards" in rot["naive"] and rot["naive"]["not_in_shards"]["lost"] > 0
+    assert "link" in json.loads((tmp_path / "live" / "metrics.json").read_text())["results"]["link_rot"]["subsets"]["naive"]
+    assert "Images T could not see" in (tmp_path / "partial" / "report.html").read_text()
+    assert (tmp_path / "partial" / "link_rot.csv").exists()
+    assert "not_in_shards" in summary and "not_in_shards" in out           # counted in the run summary
+    # the dataset is part of the record
+    job = json.loads((tmp_path / "live" / "run.json").read_text())
+    assert "Re-LAION" in json.dumps(job)
