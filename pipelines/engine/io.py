@@ -166,8 +166,8 @@ def file_identity(fs: fsspec.AbstractFileSystem, path: str, meta: pq.FileMetaDat
                   full: bool = False) -> str:
     try:
         info = fs.info(path)
-    except Exception as exc:
-        raise InputError(f"cannot read parquet file {_display(protocol, path)}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 -- one line, with the gated-dataset hint on hf://
+        raise InputError(listing_error(_display(protocol, path), exc).replace("cannot read ", "cannot read parquet file ", 1)) from None
     parts = [f"size={info.get('size')}"]
     etag = next((info[k] for k in _ETAG_KEYS if info.get(k)), None)
     version = next((info[k] for k in _VERSION_KEYS if info.get(k)), None)

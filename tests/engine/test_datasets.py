@@ -574,10 +574,6 @@ def test_hf_gated_dataset_error_has_the_hint(hf_fake, tmp_path, capsys, cls):
     assert len(err.splitlines()) == 1 and "gated or private Hub dataset" in err and "Traceback" not in err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "production bug: pipelines/engine/io.py _read_footers (and file_identity) wrap a store's error as "
-    "'cannot read parquet file ...: {exc}' without listing_error: a gated hf:// file whose listing works but "
-    "whose read is refused gives a multi-line message without the gated-dataset hint"))
 def test_hf_gated_error_when_reading_the_footer_has_the_hint(hf_fake, tmp_path, capsys):
     hf_fake(GatedOnOpenHfFileSystem)
     with pytest.raises(io.InputError) as err:
