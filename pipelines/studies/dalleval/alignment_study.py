@@ -81,9 +81,7 @@ def read_captions(cap: dict) -> tuple[pa.Table, dict]:
             if path.endswith(".csv"):
                 frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
             else:
-                import pyarrow.parquet as pq
-
-                frame = pq.read_table(path).to_pandas()
+                frame = io.read_parquet(path).to_pandas()   # page checksums verified where present
             col = cap.get("column")
             if not col:   # recognised from the columns (pipelines/engine/datasets.py)
                 from pipelines.engine.datasets import ColumnError, choose_columns

@@ -112,7 +112,7 @@ def _remote_parquet(uri: str, column: str, batch_rows: int) -> Iterator[pa.Table
     def tables():
         for f in files:
             with fs.open(f, "rb") as fh:
-                for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=[column]):
+                for batch in pq.ParquetFile(fh, page_checksum_verification=True).iter_batches(batch_size=batch_rows, columns=[column]):
                     yield pa.Table.from_batches([batch])
 
     return _numbered(tables(), column)
@@ -189,7 +189,7 @@ def read_captions(path: str | Path, column: str = LAION_TEXT, batch_rows: int = 
 
         def tables():
             for f in files:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=[column]):
+                for batch in pq.ParquetFile(f, page_checksum_verification=True).iter_batches(batch_size=batch_rows, columns=[column]):
                     yield pa.Table.from_batches([batch])
 
         return _numbered(tables(), column)
