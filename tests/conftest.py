@@ -94,9 +94,22 @@ SLOW_NODE_PREFIXES = (
     # Builds a Hugging Face cache of tiny random models (SD, BLIP-2, CLIP, SBERT) and loads them all
     # through the production loaders in a subprocess: about 30 s before its first test runs.
     "operators/support/test_model_provenance.py",
+    # img2dataset writes its three output formats in spawned processes (about 30 s) before the
+    # first test of the file runs
+    "studies/amplification/test_training_images.py",
 )
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_configure(config):
+    # pytest-xdist 3.7+ reorders --dist loadfile's files by their number of tests, most first
+    # (--loadscope-reorder, on by default), which throws away the order set below: the family
+    # matrix (5 tests, ~300 s) and `ray job submit` (2 tests, ~90 s) then started last, and one
+    # process ran about 170 s longer than the other (docs/testing.md). Keep the order below;
+    # on older xdist versions the option does not exist and the order was kept anyway.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -99,7 +99,10 @@ if __name__ != "__main__":   # as a plugin (``-p tests.timing``): before any tes
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _current[0] = item.nodeid
+    rec = _per_test[item.nodeid]
+    rec["start"] = time.time()   # wall clock: which process ran what when (the report's per-process table)
     yield
+    rec["end"] = time.time()
     _current[0] = None
 
 
@@ -166,6 +169,16 @@ def report(path: str, top: int = 20) -> str:
         f[2] += r["ray"]
         f[3] += r["subprocess"]
         f[4] += r["standins"]
+    spans: dict[str, list] = defaultdict(list)
+    for r in data.values():
+        if "start" in r:
+            spans[r.get("worker", "main")].append(r)
+    if spans:   # how evenly the processes (xdist workers) were loaded, and when each ran out of work
+        t0 = min(r["start"] for rs in spans.values() for r in rs)
+        lines += ["", "| process | tests | sum of test times | last test ended (s after the first began) |",
+                  "| --- | ---: | ---: | ---: |"]
+        for w, rs in sorted(spans.items()):
+            lines.append(f"| {w} | {len(rs)} | {sum(map(_total, rs)):.0f} | {max(r['end'] for r in rs) - t0:.0f} |")
     lines += ["", "| file | tests | seconds | Ray | subprocess | stand-ins |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, (n, t, ray, sub, st) in sorted(files.items(), key=lambda kv: -kv[1][1])[:top]:
         lines.append(f"| `{name}` | {n} | {t:.1f} | {ray:.1f} | {sub:.1f} | {st:.1f} |")

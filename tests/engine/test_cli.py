@@ -16,10 +16,16 @@ def test_every_option_is_explained():
 
 def test_missing_text_column_fails_at_once(tmp_path, capsys):
     bad = tmp_path / "bad.parquet"
-    pq.write_table(pa.table({"URL": ["u"], "caption": ["a nurse"]}), bad)
+    pq.write_table(pa.table({"URL": ["u"], "title": ["a nurse"]}), bad)   # no caption-like column
     assert amplification.main(["captions", "--captions", str(bad), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert str(bad) in err and "'TEXT'" in err
+    assert str(bad) in err and "no caption column" in err and "--caption-column" in err
+    assert not (tmp_path / "out").exists()
+    # a column named explicitly must exist
+    assert amplification.main(["captions", "--captions", str(bad), "--output", str(tmp_path / "out"),
+                               "--caption-column", "TEXT"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "'TEXT'" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 

@@ -108,7 +108,7 @@ def test_metrics_record_configuration(run):
     _, out = run
     m = json.loads((out / "metrics.json").read_text())
     assert m["config"]["selection"] == {"sample_size": K_SAMPLE, "nn_k": K_NN, "n_prompts": 4,
-                                        "no_indicator_mode": "split", "seed": 0,
+                                        "no_indicator_mode": "split", "seed": 0, "duplicates": "fold",
                                         # section 4: `run` walks to k counted images (the pool is written)
                                         "training_sample": "counted_images", "nn_sample": "captions"}
     assert (out / "training_pool.parquet").exists()

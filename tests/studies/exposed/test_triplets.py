@@ -520,12 +520,15 @@ def test_run_id_and_refusals(tmp_path, caption_file, capsys):
     empty = tmp_path / "empty"
     assert exposed.main(["triplets", "--output", str(empty), "--captions", str(tmp_path / "missing.txt")]) == 2
     csv = tmp_path / "c.csv"
-    csv.write_text("caption\nA person\n", encoding="utf-8")
+    csv.write_text("title\nA person\n", encoding="utf-8")   # no caption-like column
     assert exposed.main(["triplets", "--output", str(empty), "--captions", str(csv)]) == 2
-    assert "'TEXT' not found" in capsys.readouterr().err
+    assert "no caption column" in capsys.readouterr().err
     assert not empty.exists() or not any(empty.iterdir())
     assert exposed.main(["triplets", "--output", str(empty), "--captions", str(csv), "--caption-column",
-                         "caption"]) == 0
+                         "title"]) == 0
+    named = tmp_path / "n.csv"                                  # a caption column is recognised
+    named.write_text("caption\nA person\n", encoding="utf-8")
+    assert exposed.main(["triplets", "--output", str(tmp_path / "named"), "--captions", str(named)]) == 0
 
 
 def test_parquet_captions_from_an_fsspec_uri(tmp_path):
