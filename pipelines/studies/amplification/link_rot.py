@@ -46,36 +46,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy import stats
 
-from schemas.captions import CAPTION_GENDER, CAPTION_ID, OCCUPATION, CaptionGender
+from schemas.captions import CAPTION_GENDER, CAPTION_ID, OCCUPATION
 from schemas.images import FETCH_STATUS, SOURCE, FetchStatus, Source
 from schemas.subsets import SUBSET
 
-# --- columns of the link-rot table -----------------------------------------------------------------
-CAUSE = "cause"
-CAPTIONS = "captions"        # distinct captions walked in (occupation, subset)
-LOST = "lost"                # of them, lost to this cause
-KEPT = "kept"                # of them, with an image (fetch status ok)
-LOST_SHARE = "lost_share"    # lost / captions
-STATISTIC = "statistic"      # Pearson's chi-squared of the 2 x K table (null: no test)
-P_VALUE = "p_value"
-METHOD = "method"            # which test ran, or "not applicable: <reason>"
-Q_VALUE = "q_value"          # Benjamini-Hochberg across occupations within (subset, cause)
-DIFFERS = "differs"          # q_value < alpha (null: no test)
-
-CLASSES = CaptionGender.ALL  # male, female, both, none
-LOST_CLASS = {c: f"lost_{c}" for c in CLASSES}
-KEPT_CLASS = {c: f"kept_{c}" for c in CLASSES}
-
-
-class Cause:
-    LINK = "link"                    # the URL did not give an image (or there was none)
-    NOT_IN_SHARDS = "not_in_shards"  # the image was not in (or could not be read from) the shards
-    ALL = (LINK, NOT_IN_SHARDS)
-
-
-SHARD_STATUSES = (
-    getattr(FetchStatus, "NOT_IN_SHARDS", "not_in_shards"),
-    getattr(FetchStatus, "SHARD_FAILED", "shard_failed"),
+from schemas.link_rot import (
+    CAUSE,
+    CAPTIONS,
+    LOST,
+    KEPT,
+    LOST_SHARE,
+    STATISTIC,
+    P_VALUE,
+    METHOD,
+    Q_VALUE,
+    DIFFERS,
+    CLASSES,
+    LOST_CLASS,
+    KEPT_CLASS,
+    Cause,
+    SHARD_STATUSES,
+    LINK_ROT_COLUMNS,
+    LINK_ROT_SCHEMA,
 )
 
 MIN_EXPECTED = 5.0  # project choice (Cochran's rule): below it, the permutation null replaces chi2's
@@ -88,28 +80,6 @@ NA_NO_KEPT = f"{NOT_APPLICABLE}: no kept captions"
 NA_NO_LOST_CLASS = f"{NOT_APPLICABLE}: no lost caption with an indicator class"
 NA_NO_KEPT_CLASS = f"{NOT_APPLICABLE}: no kept caption with an indicator class"
 NA_ONE_CLASS = f"{NOT_APPLICABLE}: one indicator class"
-
-_COUNT_COLUMNS = [LOST_CLASS[c] for c in CLASSES] + [KEPT_CLASS[c] for c in CLASSES]
-LINK_ROT_COLUMNS = [OCCUPATION, SUBSET, CAUSE, CAPTIONS, LOST, KEPT, LOST_SHARE, *_COUNT_COLUMNS,
-                    STATISTIC, P_VALUE, METHOD, Q_VALUE, DIFFERS]
-LINK_ROT_SCHEMA = pa.schema(
-    [
-        pa.field(OCCUPATION, pa.string()),
-        pa.field(SUBSET, pa.string()),
-        pa.field(CAUSE, pa.string(), nullable=False),
-        pa.field(CAPTIONS, pa.int64(), nullable=False),
-        pa.field(LOST, pa.int64(), nullable=False),
-        pa.field(KEPT, pa.int64(), nullable=False),
-        pa.field(LOST_SHARE, pa.float64(), nullable=False),
-        *[pa.field(n, pa.int64(), nullable=False) for n in _COUNT_COLUMNS],
-        pa.field(STATISTIC, pa.float64()),
-        pa.field(P_VALUE, pa.float64()),
-        pa.field(METHOD, pa.string(), nullable=False),
-        pa.field(Q_VALUE, pa.float64()),
-        pa.field(DIFFERS, pa.bool_()),
-    ]
-)
-assert LINK_ROT_SCHEMA.names == LINK_ROT_COLUMNS
 
 METADATA_KEY = b"link_rot"   # schema metadata of a link-rot table: its alpha, seed and resamples
 

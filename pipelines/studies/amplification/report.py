@@ -31,6 +31,7 @@ from pipelines.studies.amplification.metrics import (
     result_dict,
 )
 from schemas import images as I
+from schemas import link_rot as LR
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
 from schemas.subsets import PROMPT_ID, SUBSET, Subset
 
@@ -402,13 +403,13 @@ def link_rot_html(rot: dict | None) -> str:
                          f"{s['occupations_differing']} with lost captions whose gender indicators differ "
                          f"(q &lt; {summary.get('alpha')})")
     shown = table.copy()
-    for side in ("lost", "kept"):
-        total = shown[[f"{side}_{c}" for c in ("male", "female", "both", "none")]].sum(axis=1)
-        shown[f"% female indicators, {side}"] = (100 * shown[f"{side}_female"] / total.where(total > 0)).round(1)
-    shown["% lost"] = (100 * shown["lost_share"]).round(1)
-    cols = ["occupation", "subset", "cause", "captions", "lost", "% lost", "% female indicators, lost",
-            "% female indicators, kept", "method", "p_value", "q_value", "differs"]
-    flagged = shown[shown["differs"].eq(True)]
+    for side, cols in (("lost", LR.LOST_CLASS), ("kept", LR.KEPT_CLASS)):
+        total = shown[list(cols.values())].sum(axis=1)
+        shown[f"% female indicators, {side}"] = (100 * shown[cols[CaptionGender.FEMALE]] / total.where(total > 0)).round(1)
+    shown["% lost"] = (100 * shown[LR.LOST_SHARE]).round(1)
+    cols = [OCCUPATION, SUBSET, LR.CAUSE, LR.CAPTIONS, LR.LOST, "% lost", "% female indicators, lost",
+            "% female indicators, kept", LR.METHOD, LR.P_VALUE, LR.Q_VALUE, LR.DIFFERS]
+    flagged = shown[shown[LR.DIFFERS].eq(True)]
     head = ("<h2>Images T could not see (link rot)</h2><p>T is over the training images that could be obtained. "
             "Per occupation and approach: the share of walked captions whose image could not be obtained (a dead "
             "link, a timeout, an opt-out; with --training-images also a URL the shards lack), and a test of whether "
