@@ -414,7 +414,7 @@ def link_rot_html(rot: dict | None) -> str:
             "Per occupation and approach: the share of walked captions whose image could not be obtained (a dead "
             "link, a timeout, an opt-out; with --training-images also a URL the shards lack), and a test of whether "
             "those captions differ from the kept ones in their gender indicators (chi-squared, or its Monte Carlo "
-            f"permutation version on small counts; {H.esc(summary.get('correction'))} across occupations, "
+            f"permutation version on small counts; {H.esc(summary.get('correction'))}, "
             f"alpha {summary.get('alpha')}). A flagged occupation's T may be biased by what was lost. All rows in "
             "link_rot.csv.</p><ul>" + "".join(f"<li>{line}</li>" for line in lines) + "</ul>")
     if len(flagged):
