@@ -64,7 +64,8 @@ class ColumnChoice:
                 "extra_columns": list(self.extras), "variant_from": self.variant_from or None}
 
 
-def _flag_match(names: list[str], wanted: str) -> str | None:
+def match_name(names: list[str], wanted: str) -> str | None:
+    """``wanted`` among ``names``: its exact spelling, else its one case-insensitive match (TEXT/text)."""
     if wanted in names:
         return wanted
     ci = [n for n in names if n.lower() == wanted.lower()]
@@ -136,7 +137,9 @@ def choose_columns(files: list[tuple[str, list[str]]], caption_flag: str | None 
     if layout is None:
         kinds = {lay.key if lay else None for lay in per_file}
         if len(kinds) > 1:
-            first = {k: where for (where, _), lay in zip(files, per_file) for k in [lay.key if lay else None]}
+            first: dict = {}   # one file named per layout (its last)
+            for (where, _), lay in zip(files, per_file):
+                first[lay.key if lay else None] = where
             shown = ", ".join(f"{where} ({BY_KEY[k].title if k else 'unrecognised'})" for k, where in first.items())
             raise ColumnError(f"the input files have different column layouts: {shown}; read one dataset per run, or "
                               f"name the columns with --caption-column and --url-column")
@@ -161,7 +164,7 @@ def _choose(files, role: str, flag: str | None, from_layout: str | None, known: 
     chosen, why = None, ""
     for where, names in files:
         if flag:
-            name = _flag_match(names, flag)
+            name = match_name(names, flag)
             if name is None:
                 raise ColumnError(f"{where} has no {role} column {flag!r} (--{role}-column; columns: {', '.join(names)})")
             reason = f"--{role}-column"

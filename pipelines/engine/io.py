@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipelines.engine.datasets import match_name
+
 
 class InputError(ValueError):
     """Bad input detected before the run starts: the message names the file and the column."""
@@ -87,15 +89,15 @@ def _list_input(fs, path: str, spec: str) -> list[str]:
     raise InputError(f"input {spec!r} does not exist")
 
 
-def listing_error(spec: str, exc: BaseException) -> str:
-    """One line for a failure to list or open ``spec`` on its filesystem."""
+def listing_error(spec: str, exc: BaseException, what: str = "") -> str:
+    """One line for a failure to list or open ``spec`` (a ``what``, e.g. "parquet file ") on its filesystem."""
     first = (plain(str(exc)).strip().splitlines() or [""])[0]
     text = f"{type(exc).__name__} {first}"
     hint = ""
     if spec.startswith("hf://") and any(k in text for k in ("Gated", "401", "403", "Unauthorized", "gated")):
         hint = (" (a gated or private Hub dataset: accept its terms on its Hub page with the account whose token "
                 "is in HF_TOKEN, or run `hf auth login`)")
-    return f"cannot read {spec}: {type(exc).__name__}: {first}{hint}"
+    return f"cannot read {what}{spec}: {type(exc).__name__}: {first}{hint}"
 
 
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:
@@ -167,7 +169,7 @@ def file_identity(fs: fsspec.AbstractFileSystem, path: str, meta: pq.FileMetaDat
     try:
         info = fs.info(path)
     except Exception as exc:  # noqa: BLE001 -- one line, with the gated-dataset hint on hf://
-        raise InputError(listing_error(_display(protocol, path), exc).replace("cannot read ", "cannot read parquet file ", 1)) from None
+        raise InputError(listing_error(_display(protocol, path), exc, "parquet file ")) from None
     parts = [f"size={info.get('size')}"]
     etag = next((info[k] for k in _ETAG_KEYS if info.get(k)), None)
     version = next((info[k] for k in _VERSION_KEYS if info.get(k)), None)
@@ -248,7 +250,7 @@ def _read_footers(fs: pafs.FileSystem, files: list[str], protocol: str) -> list[
             with fs.open_input_file(path) as fh:
                 return pq.read_metadata(fh)
         except Exception as exc:  # ArrowInvalid (not parquet), OSError (permissions), a gated Hub dataset ...
-            raise InputError(listing_error(_display(protocol, path), exc).replace("cannot read ", "cannot read parquet file ", 1)) from None
+            raise InputError(listing_error(_display(protocol, path), exc, "parquet file ")) from None
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         return list(pool.map(one, files))
@@ -296,11 +298,7 @@ def resolve_column(inp: ParquetInput, wanted: str, role: str, required: bool = T
     chosen = None
     for path, schema in zip(inp.files, inp.schemas):
         names = schema.names
-        if wanted in names:
-            name = wanted
-        else:
-            ci = [n for n in names if n.lower() == wanted.lower()]
-            name = ci[0] if len(ci) == 1 else None
+        name = match_name(names, wanted)
         if name is None:
             if not required:
                 return None
