@@ -544,8 +544,7 @@ STAGE_DUPLICATES = "select_subsets"
 def _url_rows(batch: pa.Table, keys: pa.Array) -> pa.Table:
     """The (occupation, url, caption_id) of the annotated rows whose occupation and URL are in
     ``keys`` (occupation and URL joined by U+001F)."""
-    key = pc.binary_join_element_wise(batch.column(C.OCCUPATION), batch.column(C.URL), "\x1f")
-    hit = pc.fill_null(pc.is_in(key, keys), False)
+    hit = pc.fill_null(pc.is_in(_occupation_url(batch), keys), False)
     return batch.filter(hit).select([C.OCCUPATION, C.URL, C.CAPTION_ID])
 
 
@@ -566,8 +565,12 @@ def duplicate_counts(run: Run, st: CaptionSettings, pool: pa.Table, selection: S
 
 def selected_keys(pool: pa.Table) -> pa.Array:
     """The distinct (occupation, URL) of a pool's rows with a URL, joined by U+001F."""
-    pairs = pool.filter(pc.is_valid(pool.column(C.URL))).select([C.OCCUPATION, C.URL])
-    return pc.unique(pc.binary_join_element_wise(pairs.column(C.OCCUPATION), pairs.column(C.URL), "\x1f"))
+    return pc.unique(_occupation_url(pool.filter(pc.is_valid(pool.column(C.URL)))))
+
+
+def _occupation_url(table: pa.Table) -> pa.ChunkedArray:
+    """Each row's occupation and URL joined by U+001F (null where the URL is)."""
+    return pc.binary_join_element_wise(table.column(C.OCCUPATION), table.column(C.URL), "\x1f")
 
 
 def fold_counts(tables: list[pa.Table], schema: pa.Schema) -> dict:
