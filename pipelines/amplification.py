@@ -193,6 +193,11 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                         "shards, each with its NNNNN.parquet metadata; local or any fsspec URI) instead of fetching "
                         "them: joined by URL; a URL in no shard gets not_in_shards, a download img2dataset "
                         "recorded as failed shard_failed")
+    f.add_argument("--shard-key", metavar="COL",
+                   help="with --training-images: join each caption to its image by this column of the caption files "
+                        "instead of the URL (img2dataset copies it into its metadata with --save_additional_columns, "
+                        "e.g. DataComp's uid or COYO's id; compared as text); a caption whose key is in no shard "
+                        "gets not_in_shards")
     f.add_argument("--fetch-missing", action="store_true",
                    help="with --training-images: fetch live the images the shards lack (not_in_shards, shard_failed)")
     f.add_argument("--url-rewrite", action="append", default=[], metavar="FROM=TO",

@@ -26,6 +26,8 @@ PERSON_NAMES = "person_names"      # list<string>: every PERSON span spaCy found
 CAPTION_GENDER = "caption_gender"  # one of CaptionGender
 PROMPT_SIMILARITY = "prompt_similarity"  # list<float32>: SBERT cosine to each prompt of the occupation
 SAMPLE_KEY = "sample_key"          # float64 in [0, 1): seeded hash of (caption_id, occupation)
+JOIN_KEY = "join_key"              # string: the row's --shard-key value as text (null without --shard-key);
+                                   # joins a selected caption to its image in img2dataset's shards
 
 # Evidence kinds used as prefixes in the indicator lists.
 EVIDENCE_WORD = "word"

@@ -100,3 +100,5 @@ SHARD_KEYS = "_shard_keys"            # list<string>: the keys to read from the 
 SHARD_META = "_shard_meta"            # the shard's metadata parquet (null: none)
 SHARD_ORDER = "_shard_order"          # int64: the shard's position in the sorted listing
 SHARD_KEY = "_shard_key"              # img2dataset's key of one sample in its shard
+SHARD_URL = "_shard_url"              # the URL img2dataset's metadata holds for the sample (the caption's
+                                      # own URL when joined by URL; maybe another with --shard-key)

@@ -13,6 +13,7 @@ from schemas.captions import (
     CAPTION,
     CAPTION_GENDER,
     CAPTION_ID,
+    JOIN_KEY,
     OCCUPATION,
     PROMPT_SIMILARITY,
     SAMPLE_KEY,
@@ -50,6 +51,7 @@ TRAINING_SUBSETS = pa.schema(
         pa.field(CAPTION_GENDER, pa.string(), nullable=False),
         pa.field(SIMILARITY, pa.float32()),
         pa.field(SAMPLE_KEY, pa.float64(), nullable=False),
+        pa.field(JOIN_KEY, pa.string()),    # --shard-key's value (null without it)
     ]
 )
 
@@ -77,6 +79,7 @@ SOURCE_ROW = "_source_row"    # index of a candidate's row in the batch it came 
 # The annotated-caption columns selection reads and passes on between reduction levels.
 SELECTION_INPUT = pa.schema(
     [ANNOTATED_CAPTIONS.field(n) for n in (CAPTION_ID, URL, CAPTION, OCCUPATION, CAPTION_GENDER, PROMPT_SIMILARITY, SAMPLE_KEY)]
+    + [pa.field(JOIN_KEY, pa.string())]   # only with --shard-key (select_pool names it); else null
 )
 
 # One row per (selection group, caption): keys only; the payload is attached when finalising.

@@ -34,6 +34,27 @@ def add_run_control(group, label: str = "<study name>") -> None:
                        help="discard this run's directory (results and checkpoints) and start again instead of resuming")
 
 
+def add_intervals(group) -> None:
+    """--interval-level, --interval-resamples, --interval-seed, --interval-method: the confidence
+    intervals of the headline numbers (pipelines/engine/intervals.py)."""
+    group.add_argument("--interval-level", type=float, default=0.95, help="confidence level of every headline "
+                                                                           "interval (default 0.95)")
+    group.add_argument("--interval-resamples", type=int, default=2000,
+                       help="bootstrap resamples per interval (default 2000)")
+    group.add_argument("--interval-seed", type=int, default=0, help="seed of the bootstrap resampling (default 0)")
+    group.add_argument("--interval-method", choices=["bca", "percentile"], default="bca",
+                       help="bootstrap interval: bias-corrected and accelerated (default) or percentile")
+
+
+def interval_settings(args):
+    """The ``IntervalSettings`` of ``add_intervals``'s options (defaults where a parser lacks them)."""
+    from pipelines.engine.intervals import IntervalSettings
+
+    return IntervalSettings(level=getattr(args, "interval_level", 0.95),
+                            resamples=getattr(args, "interval_resamples", 2000),
+                            seed=getattr(args, "interval_seed", 0), method=getattr(args, "interval_method", "bca"))
+
+
 def add_clip(group, what: str, default: str) -> None:
     """--clip-model, --clip-pretrained, --clip-revision for the CLIP of ``what`` (its default ``default``)."""
     group.add_argument("--clip-model", help=f"CLIP of {what}: open_clip architecture (default {default}), "

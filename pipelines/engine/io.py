@@ -290,10 +290,12 @@ def unreadable_input(exc: BaseException, inp: ParquetInput, columns: list[str]) 
     return None
 
 
-def resolve_column(inp: ParquetInput, wanted: str, role: str, required: bool = True) -> str | None:
+def resolve_column(inp: ParquetInput, wanted: str, role: str, required: bool = True,
+                   flag: str | None = None) -> str | None:
     """The column to read for ``wanted``: exact name, else a case-insensitive match (TEXT/text).
 
-    Every file must have it; the first file lacking it is named in the error.
+    Every file must have it; the first file lacking it is named in the error (with ``flag``, the
+    option that names it; default ``--<role>-column``).
     """
     chosen = None
     for path, schema in zip(inp.files, inp.schemas):
@@ -304,7 +306,7 @@ def resolve_column(inp: ParquetInput, wanted: str, role: str, required: bool = T
                 return None
             raise InputError(
                 f"{inp.display(path)} has no {role} column {wanted!r} (columns: {', '.join(names)}); "
-                f"choose it with --{role}-column"
+                f"choose it with {flag or f'--{role}-column'}"
             )
         if chosen is not None and name != chosen:
             raise InputError(f"{inp.display(path)} names the {role} column {name!r}, other files {chosen!r}")

@@ -398,10 +398,15 @@ def validate_input(args, st: CaptionSettings | None = None):
               f"count, subset and table of this run will be empty", file=sys.stderr)
     url_col = choice.url
     extras = [io.resolve_column(inp, c, "keep") for c in args.keep_columns]
+    join = None
+    if getattr(args, "shard_key", None):   # kept through the scan and the selection as join_key
+        join = io.resolve_column(inp, args.shard_key, "join key", flag="--shard-key")
+        extras += [join] if join not in extras else []
     clash = [c for c in extras if c in set(C.stream_schema().names)]
     if clash:
         raise io.InputError(f"--keep-columns {clash} clash with columns this pipeline writes")
-    columns = {"text_column": text_col, "url_column": url_col, "kept_columns": extras, "dataset": choice.record()}
+    columns = {"text_column": text_col, "url_column": url_col, "kept_columns": extras, "dataset": choice.record(),
+               **({"join_key": join} if join else {})}
     return inp, columns, [inp.schemas[0].field(c) for c in extras]
 
 
@@ -597,14 +602,25 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
     if annotated_rows == 0:  # no caption named an occupation: still leave a readable (empty) table
         parts = [f"{rd.file(FILES['annotated'])}/part-0.parquet"]
         io.write_table(annotated_schema.empty_table(), rd.fs, parts[0])
+    join = st.input[1].get("join_key")
     if annotated_rows <= int(st.execution.get("local_selection_rows", LOCAL_SELECTION_ROWS)):
         # what matched fits in memory (20,000 rows per 4 M LAION-like captions): select here
         table = io.read_parquet_files(rd.fs, parts, annotated_schema)
-        pool, stats = select_subsets_local(table, pool_cfg, prompts)
+        pool, stats = select_subsets_local(with_join_key(table, join), pool_cfg, prompts)
     else:
         data = run.ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
+        if join:
+            data = data.map_batches(with_join_key, fn_args=(join,), batch_format="pyarrow", batch_size=None)
         pool, stats = select_subsets(run.ray, data, annotated_rows, pool_cfg, prompts, len(st.occupations))
     return pool, stats, annotated_rows
+
+
+def with_join_key(table: pa.Table, column: str | None) -> pa.Table:
+    """``table`` with ``join_key``: the kept ``--shard-key`` column as text (int ids as their digits,
+    as img2dataset's metadata holds them once cast); unchanged without one."""
+    if not column:
+        return table
+    return table.append_column(C.JOIN_KEY, table.column(column).cast(pa.string()))
 
 
 def ner_counts(counts: pa.Table, st: CaptionSettings, args) -> dict | None:

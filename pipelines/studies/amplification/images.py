@@ -31,8 +31,8 @@ from pipelines.engine.models import ModelSpec
 from pipelines.engine import runtime
 from pipelines.engine.progress import Phase, drain
 from schemas import images as I
-from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
-from schemas.datasets import SHARD, SHARD_FORMAT, SHARD_KEY, SHARD_ORDER
+from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, JOIN_KEY, OCCUPATION, URL
+from schemas.datasets import SHARD, SHARD_FORMAT, SHARD_KEY, SHARD_ORDER, SHARD_URL
 from schemas.subsets import PROMPT, PROMPT_ID, SUBSET, Subset
 
 PAYLOAD = I.PAYLOAD
@@ -145,7 +145,7 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
     new_parts: list[pa.Table] = []
     sink = (lambda t: run.write_part(TRAINING_CHECKPOINT, conform(t, out_schema))) if run else new_parts.append
     if todo.num_rows and st.shards is not None:
-        todo = _from_shards(ray, todo, st, sink, phase, budgets, echo)
+        todo = _from_shards(ray, todo, subsets, st, sink, phase, budgets, echo)
     if todo.num_rows:
         ds = runtime.from_table(ray, todo, st.fetch_block_rows)
         ds = stages.run(ds, training_stages(st))
@@ -167,20 +167,23 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
     return results.sort_by(URL), phase
 
 
-def _from_shards(ray, todo: pa.Table, st: ImageSettings, sink, phase, budgets, echo) -> pa.Table:
+def _from_shards(ray, todo: pa.Table, subsets: pa.Table, st: ImageSettings, sink, phase, budgets, echo) -> pa.Table:
     """The ``todo`` URLs' images from the shards (index, then read, face filter and CLIP), results
     to ``sink``; returns the URLs left to fetch live (with --fetch-missing those the shards lack,
-    else none: they are written as not_in_shards / shard_failed)."""
+    else none: they are written as not_in_shards / shard_failed). Joined by URL, or with
+    --shard-key by the ``subsets`` rows' join_key."""
     from pipelines.studies.amplification import training_shards
 
     urls = todo.column(URL)
-    found = training_shards.index(ray, st.shards, urls)
+    found = training_shards.index(ray, st.shards, training_shards.wanted_pairs(subsets, urls, st.shards.key))
     stored = found.filter(pc.equal(found.column(I.FETCH_STATUS), I.FetchStatus.OK))
     failed = found.filter(pc.not_equal(found.column(I.FETCH_STATUS), I.FetchStatus.OK))
     failed = failed.append_column(I.IMAGE_ORIGIN, pa.array([I.ImageOrigin.SHARDS] * failed.num_rows, pa.string()))
     lacking = pa.concat_tables([conform(failed, TRAINING_RESULT_SCHEMA),
-                                conform(training_shards.absent_rows(urls, found), TRAINING_RESULT_SCHEMA)])
-    print(f"  training images from {st.shards.format} shards ({len(st.shards.shards)}): {stored.num_rows:,} of "
+                                conform(training_shards.absent_rows(urls, found, st.shards.key),
+                                        TRAINING_RESULT_SCHEMA)])
+    joined = f", joined by {st.shards.key!r}" if st.shards.key else ""
+    print(f"  training images from {st.shards.format} shards ({len(st.shards.shards)}{joined}): {stored.num_rows:,} of "
          f"{todo.num_rows:,} URLs stored, {lacking.num_rows:,} not "
          + ("(fetched live: --fetch-missing)" if st.fetch_missing else "(not_in_shards / shard_failed; --fetch-missing "
                                                                         "fetches them live)"))
@@ -188,7 +191,7 @@ def _from_shards(ray, todo: pa.Table, st: ImageSettings, sink, phase, budgets, e
         ds = runtime.from_table(ray, stored.sort_by([(SHARD_ORDER, "ascending"), (SHARD_KEY, "ascending")]),
                                 st.fetch_block_rows)
         ds = stages.run(ds, training_stages(st, from_shards=True))
-        ds = ds.drop_columns([c for c in PAYLOAD + [SHARD, SHARD_FORMAT, SHARD_ORDER, SHARD_KEY]])
+        ds = ds.drop_columns(PAYLOAD + [SHARD, SHARD_FORMAT, SHARD_ORDER, SHARD_KEY, SHARD_URL, JOIN_KEY])
         drain(ds, sink, phase, budgets=budgets, flush_rows=st.fetch_block_rows, echo=echo)
     if st.fetch_missing:
         return todo.filter(pc.is_in(urls, lacking.column(URL)))

@@ -36,6 +36,7 @@ from schemas.captions import (
     CAPTION,
     CAPTION_GENDER,
     CAPTION_ID,
+    JOIN_KEY,
     OCCUPATION,
     PROMPT_SIMILARITY,
     SAMPLE_KEY,
@@ -225,7 +226,7 @@ def pool(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) ->
     no_indicators, nn_no_indicators, each with up to ``cfg``'s k rows, ranked 1.. in their order."""
     rows = conform(rows, SELECTION_INPUT)
     best = top_k(candidates(rows, cfg), cfg)
-    payload = rows.take(best.column(SOURCE_ROW)).select([CAPTION, CAPTION_GENDER, SAMPLE_KEY])   # (URL: in best)
+    payload = rows.take(best.column(SOURCE_ROW)).select([CAPTION, CAPTION_GENDER, SAMPLE_KEY, JOIN_KEY])  # (URL: in best)
     best = pa.Table.from_arrays(best.columns + payload.columns, names=best.column_names + payload.column_names)
     best, rank = _ranked(best)
     pid = best.column(PROMPT_ID).to_numpy()

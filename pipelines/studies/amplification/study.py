@@ -99,7 +99,10 @@ def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
         rewrite.append((a, b))
     if args.fetch_missing and not args.training_images:
         raise ValueError("--fetch-missing needs --training-images (without it every image is fetched live)")
-    shards = training_shards.discover(args.training_images) if args.training_images else None
+    if getattr(args, "shard_key", None) and not args.training_images:
+        raise ValueError("--shard-key needs --training-images (it joins the captions to img2dataset's metadata)")
+    shards = training_shards.discover(args.training_images, getattr(args, "shard_key", None)) \
+        if args.training_images else None
     settings = ImageSettings(
         fetch=fetch,
         face={"model_selection": face["model_selection"], "min_confidence": face["min_confidence"],

@@ -6,10 +6,13 @@ output formats, local or on any fsspec store) in two Ray Data passes, both over 
 the whole folder on the driver:
 
 1. **index** (``operators.image_shard_index``): each shard's metadata (URL, key, status; no image
-   bytes) filtered to the URLs the run needs. Per URL the first stored occurrence in (shard,
-   key) order is chosen, else the first failed one (img2dataset's ``failed_to_download`` /
-   ``failed_to_resize``: status ``shard_failed``, its error message kept); a URL in no shard is
-   ``not_in_shards``.
+   bytes) filtered to the URLs the run needs, or with ``--shard-key COL`` to the values of that
+   column of the selected captions (img2dataset copies it into its metadata with
+   ``--save_additional_columns``: DataComp's ``uid``, COYO's ``id``), so a caption finds its
+   image even where the stored URL differs (a rewritten or re-hosted link). Per caption URL the
+   first stored occurrence in (shard, key) order is chosen, else the first failed one
+   (img2dataset's ``failed_to_download`` / ``failed_to_resize``: status ``shard_failed``, its
+   error message kept); a URL (or key) in no shard is ``not_in_shards``.
 2. **read** (``operators.image_shard_reader``): the chosen samples' image bytes, only from the
    shards that hold one, then the same face filter and CLIP stages as fetched images.
 
@@ -35,7 +38,7 @@ from operators.support import img2dataset_shards as shard_io
 from operators.base import Stage
 from pipelines.engine import io, runtime, stages
 from schemas import images as I
-from schemas.captions import URL
+from schemas.captions import JOIN_KEY, URL
 from schemas.datasets import I2D_FORMATS, I2D_IMAGE_EXTENSIONS, SHARD, SHARD_FORMAT, SHARD_KEY, SHARD_META, SHARD_ORDER
 
 
@@ -48,9 +51,11 @@ class ShardSource:
     shards: tuple[str, ...]     # URIs of the .tar files, parquet files or sample folders
     metas: tuple[str, ...]      # URIs of their metadata parquet files
     listing: str                # SHA-256 of the shards' names and sizes (the run's fingerprint holds it)
+    key: str | None = None      # --shard-key: the column joined on (None: the URL)
 
     def record(self) -> dict:
-        return {"uri": self.uri, "format": self.format, "shards": len(self.shards), "listing_sha256": self.listing}
+        return {"uri": self.uri, "format": self.format, "shards": len(self.shards), "listing_sha256": self.listing,
+                "joined_by": self.key or "url"}
 
     def table(self) -> pa.Table:
         n = len(self.shards)
@@ -59,10 +64,11 @@ class ShardSource:
                          SHARD_ORDER: pa.array(np.arange(n), pa.int64())})
 
 
-def discover(uri: str) -> ShardSource:
+def discover(uri: str, key: str | None = None) -> ShardSource:
     """The img2dataset output under ``uri``: webdataset (``*.tar``), parquet shards with an image
     column, or sample folders (``NNNNN/``); each shard's ``NNNNN.parquet`` metadata is required
-    (img2dataset always writes it). A one-line InputError for anything else."""
+    (img2dataset always writes it), and with ``key`` (``--shard-key``) the first one must hold that
+    column. A one-line InputError for anything else."""
     try:
         fs, root = io._url_to_fs(uri)
         if not fs.isdir(root):
@@ -105,16 +111,45 @@ def discover(uri: str) -> ShardSource:
     listing = hashlib.sha256("\n".join(f"{posixpath.basename(s.rstrip('/'))}:{names[posixpath.basename(s.rstrip('/'))].get('size')}"
                                        for s in shards).encode()).hexdigest()
     assert fmt in I2D_FORMATS
-    return ShardSource(uri, fmt, tuple(full(s) for s in shards), tuple(full(m) for m in metas), listing)
+    if key:
+        import pyarrow.parquet as pq
+
+        with fs.open(metas[0], "rb") as fh:
+            names = pq.ParquetFile(fh).schema_arrow.names
+        if key not in names:
+            raise io.InputError(f"--shard-key {key}: img2dataset's metadata ({posixpath.basename(metas[0])}) has no "
+                                f"column {key!r} (columns: {', '.join(names)}); img2dataset saves it with "
+                                f"--save_additional_columns '[\"{key}\"]', or join by URL (leave --shard-key out)")
+    return ShardSource(uri, fmt, tuple(full(s) for s in shards), tuple(full(m) for m in metas), listing, key)
 
 
-def index(ray, source: ShardSource, urls: pa.Array) -> pa.Table:
-    """One row per wanted URL found in the shards: the chosen occurrence (``INDEX_SCHEMA``)."""
+def wanted_pairs(rows: pa.Table, urls: pa.Array, key: str | None) -> pa.Table:
+    """The distinct (URL, join_key) pairs of the selected caption ``rows`` whose URL is in ``urls``:
+    join_key is the row's --shard-key value (``key``), or the URL itself when joined by URL. Rows
+    without a value are left out (their URL is then not_in_shards)."""
+    rows = rows.filter(pc.is_in(rows.column(URL), urls))
+    value = rows.column(JOIN_KEY) if key else rows.column(URL)
+    pairs = pa.table({URL: rows.column(URL).cast(pa.string()), JOIN_KEY: value.cast(pa.string())})
+    pairs = pairs.filter(pc.and_(pc.is_valid(pairs.column(URL)), pc.is_valid(pairs.column(JOIN_KEY))))
+    return pairs.group_by([URL, JOIN_KEY], use_threads=False).aggregate([])
+
+
+def index(ray, source: ShardSource, pairs: pa.Table) -> pa.Table:
+    """One row per wanted caption URL found in the shards (``pairs``: ``wanted_pairs``): the chosen
+    occurrence (``INDEX_SCHEMA`` plus ``url``)."""
     ds = runtime.from_table(ray, source.table(), 1)
-    ds = stages.run(ds, [Stage(ShardIndex, {"wanted": urls.to_pylist()})])
+    ds = stages.run(ds, [Stage(ShardIndex, {"wanted": pc.unique(pairs.column(JOIN_KEY)).to_pylist(),
+                                            "key_column": source.key})])
     parts = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    found = pa.concat_tables([INDEX_SCHEMA.empty_table()] + [t.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
-                                                           for t in parts])
+    return choose(pa.concat_tables([INDEX_SCHEMA.empty_table()] + [t.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
+                                                                  for t in parts]), pairs)
+
+
+def choose(found: pa.Table, pairs: pa.Table) -> pa.Table:
+    """The occurrences ``ShardIndex`` found (``INDEX_SCHEMA``) given their captions' URLs through
+    ``pairs`` (URL, join_key), then one per URL: the first stored one in (shard, key) order, else
+    the first failed one."""
+    found = found.join(pairs, keys=JOIN_KEY, join_type="inner", use_threads=False)
     ok_first = pc.not_equal(found.column(I.FETCH_STATUS), I.FetchStatus.OK)   # False (stored) sorts first
     found = found.append_column("_failed", ok_first).sort_by(
         [(URL, "ascending"), ("_failed", "ascending"), (SHARD_ORDER, "ascending"), (SHARD_KEY, "ascending")])
@@ -125,9 +160,10 @@ def index(ray, source: ShardSource, urls: pa.Array) -> pa.Table:
     return found.filter(pa.array(first)).drop_columns(["_failed"])
 
 
-def absent_rows(urls: pa.Array, found: pa.Table) -> pa.Table:
+def absent_rows(urls: pa.Array, found: pa.Table, key: str | None = None) -> pa.Table:
     """``not_in_shards`` results for the ``urls`` no shard holds (URL, status, error)."""
     missing = urls.filter(pc.invert(pc.is_in(urls, found.column(URL))))
     n = len(missing)
+    why = f"its {key} in no shard's metadata (or no {key} in the caption row)" if key else "in no shard's metadata"
     return pa.table({URL: missing, I.FETCH_STATUS: pa.array([I.FetchStatus.NOT_IN_SHARDS] * n, pa.string()),
-                     I.FETCH_ERROR: pa.array(["in no shard's metadata"] * n, pa.string())})
+                     I.FETCH_ERROR: pa.array([why] * n, pa.string())})

@@ -313,6 +313,13 @@ def test_missing_input_fails_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()  # no stand-ins built, nothing written
 
 
+def test_shard_key_without_training_images_fails_before_any_work(tmp_path, capsys):
+    res = amplification.main(["run", "--output", str(tmp_path / "out"), "--standin-models", "--shard-key", "uid"])
+    err = capsys.readouterr().err
+    assert res == 2 and "--shard-key needs --training-images" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 _DRIVER = """
 import sys
 from pipelines import amplification

@@ -130,11 +130,16 @@ def test_selection_in_the_driver_equals_the_distributed_one(ray_local, mode):
     from pipelines.studies.amplification import captions
 
     t, cfg = annotated(n=150_000, seed=3), SelectionConfig(sample_size=300, nn_k=200, n_prompts=2, mode=mode)
+    # a kept --shard-key column (an int id, as COYO's) rides through both reductions as join_key text
+    t = t.append_column("id", pc.multiply(t["caption_id"], 3))
     data = ray_local.data.from_arrow([t.slice(i, 20_000) for i in range(0, t.num_rows, 20_000)])
+    data = data.map_batches(captions.with_join_key, fn_args=("id",), batch_format="pyarrow", batch_size=None)
     want_subsets, want_stats = captions.select_subsets(ray_local, data, t.num_rows, cfg, PROMPTS, 2)
-    subsets, stats = captions.select_subsets_local(t, cfg, PROMPTS)
+    subsets, stats = captions.select_subsets_local(captions.with_join_key(t, "id"), cfg, PROMPTS)
     assert subsets.num_rows > 0 and subsets.equals(want_subsets)
     assert stats.equals(want_stats)
+    assert subsets["join_key"].to_pylist() == [str(3 * c) for c in subsets["caption_id"].to_pylist()]
+    assert pc.all(pc.is_null(select(t, cfg)["join_key"])).as_py()      # without --shard-key: null
     empty, no_stats = captions.select_subsets_local(t.slice(0, 0), cfg, PROMPTS)
     assert empty.num_rows == 0 and empty.schema.equals(TRAINING_SUBSETS) and no_stats.num_rows == 0
 

@@ -23,7 +23,8 @@ from pipelines.engine import io
 from pipelines.studies.amplification import training_shards
 from pipelines.studies.amplification.sample_server import LocalImageServer
 from schemas import images as I
-from schemas.captions import URL
+from schemas.captions import JOIN_KEY, URL
+from schemas.datasets import SHARD_URL
 
 # img2dataset's settings equal to this project's fetch defaults (operators/image_fetch.py)
 I2D_ARGS = dict(image_size=512, resize_mode="keep_ratio", resize_only_if_bigger=True, encode_quality=95,
@@ -36,12 +37,13 @@ def _download(args: dict) -> None:
     download(**args)
 
 
-def img2dataset(url_list: str, out: str, fmt: str, per_shard: int = 200) -> None:
+def img2dataset(url_list: str, out: str, fmt: str, per_shard: int = 200, extra: tuple = ()) -> None:
     """img2dataset itself, in a fresh process (it starts its own pool, which needs a __main__ guard)."""
     ctx = multiprocessing.get_context("spawn")
+    more = {"save_additional_columns": list(extra)} if extra else {}
     p = ctx.Process(target=_download, args=(dict(url_list=url_list, input_format="parquet", url_col="url",
                                                  caption_col="caption", output_format=fmt, output_folder=out,
-                                                 number_sample_per_shard=per_shard, **I2D_ARGS),))
+                                                 number_sample_per_shard=per_shard, **I2D_ARGS, **more),))
     p.start()
     p.join(300)
     assert p.exitcode == 0, f"img2dataset {fmt} failed"
@@ -49,30 +51,49 @@ def img2dataset(url_list: str, out: str, fmt: str, per_shard: int = 200) -> None
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """A Re-LAION-layout caption file whose URLs point at the local server, and img2dataset's
-    output of it in each format (the parquet one of every other row only: a partial download)."""
+    """A Re-LAION-layout caption file whose URLs point at the local server (with a DataComp-style
+    ``uid`` per row), and img2dataset's output of it in each format. The parquet one is a partial
+    download (every other row) from a mirror: other URLs for the same images (the server ignores
+    the path's seed segment), with the ``uid`` saved in the metadata, so only ``--shard-key uid``
+    joins it to the captions."""
     base = tmp_path_factory.mktemp("shards")
     with LocalImageServer() as server:
         t = synthetic_laion.generate(600, seed=1)
         urls = pc.replace_substring(t.column("URL"), "https://images.example.org/", server.base_url + "/")
-        captions = pa.table({"url": urls, "caption": t.column("TEXT"), "similarity": pa.array([0.3] * t.num_rows)})
+        captions = pa.table({"url": urls, "caption": t.column("TEXT"), "similarity": pa.array([0.3] * t.num_rows),
+                             "uid": pa.array([f"{7919 * i:032x}" for i in range(t.num_rows)])})
         path = base / "relaion2B-en-research" / "part-00000.parquet"
         path.parent.mkdir()
         pq.write_table(captions, path)
-        pq.write_table(captions.take(list(range(0, captions.num_rows, 2))), base / "half.parquet")
+        half = captions.take(list(range(0, captions.num_rows, 2)))
+        half = half.set_column(0, "url", pc.replace_substring(half.column("url"), "/synthetic/1/", "/synthetic/2/"))
+        pq.write_table(half, base / "half.parquet")
         for fmt in ("webdataset", "files"):
             img2dataset(str(path), str(base / fmt), fmt)
-        img2dataset(str(base / "half.parquet"), str(base / "parquet"), "parquet")
-        yield {"base": base, "captions": path, "urls": urls, "server": server}
+        img2dataset(str(base / "half.parquet"), str(base / "parquet"), "parquet", extra=("uid",))
+        yield {"base": base, "captions": path, "urls": urls, "uids": captions.column("uid"), "server": server}
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet", "files"])
 def test_each_img2dataset_format_gives_the_bytes_a_live_fetch_gives(data, fmt):
-    source = training_shards.discover(str(data["base"] / fmt))
-    assert source.format == fmt and len(source.shards) >= 1
+    # the parquet download is from a mirror (other URLs): joined by the uid img2dataset saved
+    key = "uid" if fmt == "parquet" else None
+    source = training_shards.discover(str(data["base"] / fmt), key)
+    assert source.format == fmt and len(source.shards) >= 1 and source.record()["joined_by"] == (key or "url")
     wanted = data["urls"].to_pylist()[:60] + ["http://nowhere.invalid/x.jpg"]
-    index = pa.concat_tables([ShardIndex(wanted)(source.table().slice(i, 1)) for i in range(len(source.shards))])
-    assert set(index.column(URL).to_pylist()) <= set(wanted)
+    rows = pa.table({URL: pa.array(wanted, pa.string()), JOIN_KEY: pa.array(data["uids"].to_pylist()[:60] + [None])})
+    pairs = training_shards.wanted_pairs(rows, rows.column(URL), key)
+    raw = pa.concat_tables([ShardIndex(pairs.column(JOIN_KEY).to_pylist(), key)(source.table().slice(i, 1))
+                            for i in range(len(source.shards))])
+    index = training_shards.choose(raw, pairs)
+    assert set(index.column(URL).to_pylist()) <= set(wanted) and index.num_rows > 20
+    assert pc.count_distinct(index.column(URL)).as_py() == index.num_rows      # one occurrence per caption URL
+    by_url = pa.concat_tables([ShardIndex(wanted)(source.table().slice(i, 1)) for i in range(len(source.shards))])
+    if key:   # every URL the shards hold is the mirror's: a join by URL finds none of them
+        assert by_url.num_rows == 0
+        assert not set(index.column(SHARD_URL).to_pylist()) & set(wanted)
+    else:
+        assert index.column(SHARD_URL).equals(index.column(URL))
     statuses = dict(zip(index.column(URL).to_pylist(), index.column(I.FETCH_STATUS).to_pylist()))
     live = ImageFetcher(allow_local=True)(pa.table({URL: pa.array(wanted[:60], pa.string())}))
     live_status = dict(zip(live.column(URL).to_pylist(), live.column(I.FETCH_STATUS).to_pylist()))
@@ -89,7 +110,7 @@ def test_each_img2dataset_format_gives_the_bytes_a_live_fetch_gives(data, fmt):
             assert statuses.get(u, "absent") in ("shard_failed", "absent")
     failed = index.filter(pc.equal(index.column(I.FETCH_STATUS), "shard_failed"))
     assert all(e.startswith("img2dataset: failed_to_") for e in failed.column(I.FETCH_ERROR).to_pylist())
-    absent = training_shards.absent_rows(pa.array(wanted, pa.string()), index)
+    absent = training_shards.absent_rows(pa.array(wanted, pa.string()), index, key)
     assert "http://nowhere.invalid/x.jpg" in absent.column(URL).to_pylist()
     assert set(absent.column(I.FETCH_STATUS).to_pylist()) == {"not_in_shards"}
     if fmt == "parquet":   # the partial download: every other row only
@@ -108,6 +129,20 @@ def test_not_img2dataset_output_is_one_line(tmp_path):
         training_shards.discover(str(tmp_path / "00000.tar"))
 
 
+def test_shard_key_absent_from_the_metadata_or_the_captions_is_one_line(data, tmp_path, capsys):
+    from pipelines import amplification
+
+    with pytest.raises(io.InputError, match=r"--shard-key uid: img2dataset's metadata \(00000.parquet\) has no column "
+                                            r"'uid' .*--save_additional_columns"):
+        training_shards.discover(str(data["base"] / "webdataset"), "uid")
+    res = amplification.main(["run", "--output", str(tmp_path / "out"), "--standin-models", "--captions",
+                              str(data["captions"]), "--training-images", str(data["base"] / "webdataset"),
+                              "--shard-key", "status"])     # in img2dataset's metadata, not in the captions
+    err = capsys.readouterr().err
+    assert res == 2 and "has no join key column 'status'" in err and "choose it with --shard-key" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
 @pytest.mark.ray
 def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(data, tmp_path, ray_local, capsys):
     from pipelines import amplification
@@ -123,8 +158,9 @@ def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(d
     families = ["--generators", ",".join(FAMILY), "--caption-images", "1"]
     # (every format's bytes equal a live fetch's: the test above; here the stream end to end, half the
     # images from the shards and half fetched live, against all fetched live)
-    runs = {"live": sd, "partial": ["--training-images", str(data["base"] / "parquet"), *families],
-            "partial_fetched": ["--training-images", str(data["base"] / "parquet"), "--fetch-missing", *sd]}
+    # the partial download is from a mirror: joined to the captions by the uid img2dataset saved
+    shards = ["--training-images", str(data["base"] / "parquet"), "--shard-key", "uid"]
+    runs = {"live": sd, "partial": [*shards, *families], "partial_fetched": [*shards, "--fetch-missing", *sd]}
     for run_id, extra in runs.items():
         assert amplification.main(common + ["--run-id", run_id] + extra) == 0, run_id
     out = capsys.readouterr().out
@@ -150,6 +186,10 @@ def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(d
     summary = (tmp_path / "partial" / "run_summary.csv").read_text()
     metrics = json.loads((tmp_path / "partial" / "metrics.json").read_text())
     assert metrics["image_config"]["training_images"]["format"] == "parquet"
+    assert metrics["image_config"]["training_images"]["joined_by"] == "uid"
+    assert ", joined by 'uid'): " in out
+    subsets = pq.read_table(tmp_path / "partial" / "training_subsets.parquet")
+    assert pc.all(pc.is_valid(subsets.column(JOIN_KEY))).as_py()             # the uid came through the selection
     rot = metrics["results"]["link_rot"]["subsets"]
     assert "not_in_shards" in rot["naive"] and rot["naive"]["not_in_shards"]["lost"] > 0
     assert "link" in json.loads((tmp_path / "live" / "metrics.json").read_text())["results"]["link_rot"]["subsets"]["naive"]

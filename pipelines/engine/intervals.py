@@ -1,0 +1,255 @@
+"""Confidence intervals for headline numbers, and the tests that say whether two runs differ.
+
+Every study's headline metric is a (weighted) mean over the units its paper samples: occupations
+for E[A], prompts for MAD or a skill accuracy, attributes or images for GEP, units for the Exposed
+disparities. So one estimator serves all of them:
+
+- ``mean_interval``: the bootstrap over units (resampled with replacement, within strata when a
+  study samples per stratum), bias-corrected and accelerated (BCa; Efron 1987) by default or the
+  plain percentile interval; the resampling seed and the number of resamples are recorded.
+- ``t_interval`` (Student's t for a mean) and ``binomial_interval`` (Wilson or Clopper-Pearson for a
+  proportion): the exact or closed-form intervals where a study's number is one of those.
+
+And for ``t2i compare``:
+
+- ``paired_test``: the mean difference of two runs on the units they share (the same prompts and
+  seeds), its bootstrap interval and a sign-flip permutation p-value;
+- ``unpaired_test``: the same for runs without shared units (a label-permutation p-value);
+- ``holm``: Holm's step-down adjustment of a family of p-values (every pair of models of one
+  metric), which controls the family-wise error rate without assuming independence.
+
+Everything is vectorised over resamples with numpy (counts per unit, ``statistic(W)`` evaluated on
+a (resamples x units) matrix), in chunks so memory stays bounded for per-image units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+METHODS = ("bca", "percentile")
+_CHUNK_CELLS = 4_000_000          # resamples x units per evaluation chunk (32 MB of float64)
+
+
+@dataclass(frozen=True)
+class IntervalSettings:
+    """How intervals are computed (recorded with every run and comparison)."""
+
+    level: float = 0.95
+    resamples: int = 2000
+    seed: int = 0
+    method: str = "bca"
+
+    def __post_init__(self):
+        if not 0.5 <= self.level < 1:
+            raise ValueError(f"interval level must be in [0.5, 1), not {self.level}")
+        if self.resamples < 100:
+            raise ValueError(f"at least 100 bootstrap resamples, not {self.resamples}")
+        if self.method not in METHODS:
+            raise ValueError(f"bootstrap method {self.method!r}: one of {', '.join(METHODS)}")
+
+    def record(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT = IntervalSettings()
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A value with its interval (``low``/``high`` None where none can be given: fewer than two units)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    method: str
+    n: int                  # units behind the value
+    level: float
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "low": self.low, "high": self.high, "method": self.method, "n": self.n,
+                "level": self.level}
+
+    def text(self, digits: int = 2, scale: float = 1.0) -> str:
+        """"0.12 [0.05, 0.20]" (``scale`` multiplies: 100 for percentages)."""
+        if self.value is None:
+            return "n/a"
+        v = f"{self.value * scale:.{digits}f}"
+        if self.low is None:
+            return v
+        return f"{v} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
+
+
+def _f(x) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+def resample_counts(rng: np.random.Generator, n_resamples: int, strata: np.ndarray) -> np.ndarray:
+    """(resamples x units) counts: each stratum's units drawn with replacement as often as it has units."""
+    counts = np.zeros((n_resamples, len(strata)), np.float64)
+    for s in np.unique(strata):
+        idx = np.flatnonzero(strata == s)
+        counts[:, idx] = rng.multinomial(len(idx), np.full(len(idx), 1.0 / len(idx)), size=n_resamples)
+    return counts
+
+
+def bootstrap(statistic, n_units: int, settings: IntervalSettings = DEFAULT, strata=None) -> tuple:
+    """The bootstrap interval of ``statistic``, a function of a (k x n_units) matrix of unit counts
+    returning k values (``statistic(np.ones((1, n)))`` is the observed value). Returns (low, high,
+    the resampled values); (None, None, ...) with fewer than two units."""
+    strata = np.zeros(n_units, np.int64) if strata is None else np.asarray(strata)
+    if len(strata) != n_units:
+        raise ValueError(f"strata: one per unit expected ({n_units}), got {len(strata)}")
+    if n_units < 2:
+        return None, None, np.zeros(0)
+    rng = np.random.default_rng(settings.seed)
+    chunk = max(1, _CHUNK_CELLS // n_units)
+    boot = np.concatenate([statistic(resample_counts(rng, min(chunk, settings.resamples - i), strata))
+                           for i in range(0, settings.resamples, chunk)])
+    boot = boot[np.isfinite(boot)]
+    if len(boot) < settings.resamples // 2:
+        return None, None, boot
+    observed = float(statistic(np.ones((1, n_units)))[0])
+    alpha = (1 - settings.level) / 2
+    if np.all(boot == boot[0]):
+        return float(boot[0]), float(boot[0]), boot
+    if settings.method == "percentile" or not np.isfinite(observed):
+        lo, hi = np.quantile(boot, [alpha, 1 - alpha])
+        return float(lo), float(hi), boot
+    # BCa: bias correction from the share of resamples below the observed value, acceleration from
+    # the jackknife (leave one unit out)
+    share = (np.sum(boot < observed) + 0.5 * np.sum(boot == observed)) / len(boot)
+    share = min(max(share, 1.0 / (len(boot) + 1)), len(boot) / (len(boot) + 1))
+    z0 = sps.norm.ppf(share)
+    jack = np.concatenate([statistic(np.ones((min(chunk, n_units - i), n_units))
+                                     - np.eye(n_units)[i:i + chunk]) for i in range(0, n_units, chunk)])
+    d = jack.mean() - jack
+    denom = 6.0 * (np.sum(d ** 2)) ** 1.5
+    a = float(np.sum(d ** 3) / denom) if denom > 0 else 0.0
+    z = sps.norm.ppf([alpha, 1 - alpha])
+    adj = sps.norm.cdf(z0 + (z0 + z) / (1 - a * (z0 + z)))
+    lo, hi = np.quantile(boot, np.clip(adj, 0, 1))
+    return float(lo), float(hi), boot
+
+
+def weighted_mean(values, weights=None):
+    """``statistic`` for ``bootstrap``: the (weighted) mean of ``values`` under unit counts W."""
+    v = np.asarray(values, np.float64)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, np.float64)
+
+    def statistic(counts: np.ndarray) -> np.ndarray:
+        cw = counts * w
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (cw @ v) / cw.sum(axis=1)
+    return statistic
+
+
+def mean_interval(values, weights=None, strata=None, settings: IntervalSettings = DEFAULT) -> Interval:
+    """The (weighted) mean of per-unit ``values`` with its bootstrap interval over units; units with a
+    missing value (NaN) are left out and not counted."""
+    v = np.asarray(values, np.float64)
+    keep = np.isfinite(v)
+    w = None if weights is None else np.asarray(weights, np.float64)[keep]
+    v = v[keep]
+    st = None if strata is None else np.asarray(strata)[keep]
+    method = f"bootstrap-{settings.method}"
+    if len(v) == 0:
+        return Interval(None, None, None, method, 0, settings.level)
+    value = float(np.average(v, weights=w)) if w is None or w.sum() > 0 else None
+    lo, hi, _ = bootstrap(weighted_mean(v, w), len(v), settings, st)
+    return Interval(_f(value), _f(lo), _f(hi), method, int(len(v)), settings.level)
+
+
+def t_interval(values, level: float = 0.95) -> Interval:
+    """The mean with Student's t interval (exact for normal units; the CLT otherwise)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    n = len(v)
+    if n == 0:
+        return Interval(None, None, None, "t", 0, level)
+    m = float(v.mean())
+    if n < 2:
+        return Interval(m, None, None, "t", n, level)
+    half = sps.t.ppf(0.5 + level / 2, n - 1) * v.std(ddof=1) / math.sqrt(n)
+    return Interval(m, m - half, m + half, "t", n, level)
+
+
+def binomial_interval(successes: int, n: int, level: float = 0.95, method: str = "wilson") -> Interval:
+    """A proportion with its Wilson score or Clopper-Pearson (exact) interval."""
+    if n <= 0:
+        return Interval(None, None, None, method, 0, level)
+    p = successes / n
+    if method == "clopper-pearson":
+        ci = sps.binomtest(int(successes), int(n)).proportion_ci(confidence_level=level, method="exact")
+        return Interval(p, float(ci.low), float(ci.high), method, int(n), level)
+    if method != "wilson":
+        raise ValueError(f"binomial interval {method!r}: wilson or clopper-pearson")
+    z = sps.norm.ppf(0.5 + level / 2)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), method, int(n), level)
+
+
+# ------------------------------------------------------------------------ comparing two runs
+def paired_test(a, b, settings: IntervalSettings = DEFAULT) -> dict:
+    """Run A minus run B on the units both have (``a``/``b`` aligned, NaN where a run lacks the unit):
+    the mean difference, its bootstrap interval over units and a two-sided sign-flip permutation
+    p-value (exchangeable under "no difference"; no normality assumed)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    keep = np.isfinite(a) & np.isfinite(b)
+    d = a[keep] - b[keep]
+    n = len(d)
+    if n == 0:
+        return {"difference": None, "low": None, "high": None, "p_value": None, "n": 0, "test": "paired"}
+    ci = mean_interval(d, settings=settings)
+    rng = np.random.default_rng(settings.seed + 1)
+    observed = abs(d.mean())
+    hits = 0
+    chunk = max(1, _CHUNK_CELLS // n)
+    for i in range(0, settings.resamples, chunk):
+        signs = rng.choice(np.array([-1.0, 1.0]), size=(min(chunk, settings.resamples - i), n))
+        hits += int(np.sum(np.abs(signs @ d / n) >= observed - 1e-12))
+    p = (hits + 1) / (settings.resamples + 1) if np.any(d != 0) else 1.0
+    return {"difference": ci.value, "low": ci.low, "high": ci.high, "p_value": float(p), "n": n,
+            "test": "paired sign-flip permutation"}
+
+
+def unpaired_test(a, b, settings: IntervalSettings = DEFAULT) -> dict:
+    """Mean of ``a`` minus mean of ``b`` (different units): bootstrap interval (each side resampled
+    on its own) and a two-sided label-permutation p-value."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if len(a) == 0 or len(b) == 0:
+        return {"difference": None, "low": None, "high": None, "p_value": None, "n": 0, "test": "unpaired"}
+    v = np.concatenate([a, b])
+    side = np.r_[np.zeros(len(a)), np.ones(len(b))]
+
+    def diff(counts):
+        ca, cb = counts[:, :len(a)], counts[:, len(a):]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return ca @ a / ca.sum(1) - cb @ b / cb.sum(1)
+    lo, hi, _ = bootstrap(diff, len(v), settings, strata=side) if min(len(a), len(b)) >= 2 else (None, None, None)
+    observed = a.mean() - b.mean()
+    rng = np.random.default_rng(settings.seed + 1)
+    hits = 0
+    for _ in range(settings.resamples):
+        perm = rng.permutation(v)
+        hits += abs(perm[:len(a)].mean() - perm[len(a):].mean()) >= abs(observed) - 1e-12
+    return {"difference": float(observed), "low": _f(lo), "high": _f(hi),
+            "p_value": float((hits + 1) / (settings.resamples + 1)), "n": int(len(v)),
+            "test": "unpaired label permutation"}
+
+
+def holm(p_values) -> list[float | None]:
+    """Holm's step-down adjusted p-values (None stays None)."""
+    idx = [i for i, p in enumerate(p_values) if p is not None]
+    m = len(idx)
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
