@@ -1,4 +1,6 @@
-"""Save images as they stream past: one parquet file per batch (provenance keys + encoded image),
+"""Save images as they stream past: one parquet file per batch (provenance keys + encoded image, as
+``datasets``' Image storage ``{bytes, path}`` with its features in the schema metadata, so
+``datasets.load_dataset("parquet", data_files=".../*.parquet")`` loads the column as images),
 or, with ``name_column``, one image file per row named by that column (for people to look at:
 annotators of paper 001's attributes open ``<image id>.png``).
 
@@ -30,6 +32,7 @@ from PIL import Image
 
 from operators.base import Resources
 from operators.support.codec import decode_rgb
+from operators.support.hf_features import IMAGE_STORAGE, with_features
 from schemas.images import IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH, RGB8
 
 STAGE_SAVE_IMAGES = "save_images"
@@ -73,7 +76,12 @@ class ImageSink:
                 _put(self.fs, posixpath.join(self.root, f"{_safe_name(str(name))}.{ext}"), data)
             return batch
         keys = part.select([k for k in self.keys if k in part.column_names])
-        table = keys.append_column(IMAGE, pa.array(out, pa.binary()))
+        # the image as ``datasets``' Image storage ({bytes, path}) with its features in the schema
+        # metadata: load_dataset("parquet", data_files=...) gives the column as images
+        image = pa.StructArray.from_arrays([pa.array(out, pa.binary()), pa.nulls(len(out), pa.string())],
+                                           fields=list(IMAGE_STORAGE))
+        table = keys.append_column(IMAGE, image)
+        table = table.replace_schema_metadata(with_features(table.schema, (IMAGE,)).metadata)
         name = hashlib.sha256(json.dumps(keys.to_pylist(), default=str).encode()).hexdigest()[:32] \
             if keys.num_columns else uuid.uuid4().hex
         sink = pa.BufferOutputStream()

@@ -15,6 +15,7 @@ if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines import amplification, dalleval, exposed, gep  # noqa: E402
+from pipelines.engine import compare  # noqa: E402
 
 # study -> (its entry point, what it is)
 STUDIES = {
@@ -25,12 +26,18 @@ STUDIES = {
                                 "quality (run, skills, alignment, summarize)"),
     "exposed": (exposed.main, "papers 003/004, Stable Diffusion Exposed (triplets, run)"),
 }
+# commands across studies: name -> (entry point, what it does)
+TOOLS = {
+    "compare": (compare.main, "finished runs of any studies side by side: intervals, ranks, ties "
+                              "(t2i compare RUN ... --output DIR)"),
+}
 
 
 def usage() -> str:
     width = max(map(len, STUDIES))
     lines = ["usage: t2i <study> <command> [options]   (t2i <study> --help for a study's commands)", "", "studies:"]
     lines += [f"  {name:<{width}}  {what}" for name, (_, what) in STUDIES.items()]
+    lines += ["", "across studies:"] + [f"  {name:<{width}}  {what}" for name, (_, what) in TOOLS.items()]
     return "\n".join(lines)
 
 
@@ -40,6 +47,8 @@ def main(argv=None) -> int:
         print(usage())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    if name in TOOLS:
+        return TOOLS[name][0](rest)
     if name not in STUDIES:
         print(f"error: unknown study {name!r}; one of: {', '.join(STUDIES)}\n\n{usage()}", file=sys.stderr)
         return 2

@@ -32,6 +32,9 @@ def add_run_control(group, label: str = "<study name>") -> None:
     group.add_argument("--verbose", action="store_true", help="Ray execution plans, worker logs and model-library output")
     group.add_argument("--overwrite", action="store_true",
                        help="discard this run's directory (results and checkpoints) and start again instead of resuming")
+    from pipelines.engine import publish
+
+    publish.add_arguments(group)
 
 
 def add_intervals(group) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from pipelines.engine import generation, gpus, io, rundir, runtime
+from pipelines.engine import dataset_card, generation, gpus, io, publish, rundir, runtime
 from pipelines.engine.io import clean_json
 from pipelines.engine import config as study_config
 from pipelines.engine.models import hub_offline_if_unreachable, print_models, quiet_model_libraries, standin_hint
@@ -220,6 +220,7 @@ def run_study(study: Study, args) -> dict:
     if not getattr(args, "verbose", False):
         quiet_model_libraries()
     standin = bool(getattr(args, "standin_models", False))
+    publish.check(args)
     st = study.settings(args)
     rd = plan_run(args, study, st)
     if args.overwrite:
@@ -266,6 +267,7 @@ def run_study(study: Study, args) -> dict:
             raise
     rd.finish("finished", duration_s=round(time.time() - started, 3))
     print(f"\nresults: {rd.display()}/" + ("  (open report.html)" if io.exists(rd.fs, rd.file("report.html")) else ""))
+    publish.after_run(args, rd.uri, study.name, rd.run_id, metrics, publish.config_of(rd))
     return metrics
 
 
@@ -297,6 +299,8 @@ def finish(run: Run, study: Study, outcome: Outcome) -> dict:
     metrics["environment"] = study_config.environment()
     io.write_text(json.dumps(clean_json(metrics), indent=2, default=str, allow_nan=False), run.rd.fs,
                   run.rd.file(METRICS))
+    # the folder as a dataset: every table a datasets configuration, what was measured, how to cite
+    dataset_card.write(run.rd.fs, run.rd.path, f"{study.name}: run {run.rd.run_id}", study.name, clean_json(metrics))
     if outcome.summary_rows is not None:
         rows, note = outcome.summary_rows, None
         if hasattr(study, "printed_summary"):   # a study may print a shorter one (the files hold all rows)

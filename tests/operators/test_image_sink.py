@@ -24,7 +24,7 @@ def test_rgb8_saved_as_lossless_png_and_batch_unchanged(tmp_path):
     saved = pq.read_table(files[0])
     assert saved.column(I.SEED).to_pylist() == [5, 7]          # the row without an image is not written
     for seed, data in zip([5, 7], saved.column(I.IMAGE).to_pylist()):
-        back = np.asarray(Image.open(io.BytesIO(data)))
+        back = np.asarray(Image.open(io.BytesIO(data["bytes"])))
         assert np.array_equal(back, imgs[seed - 5])
 
 
@@ -35,7 +35,19 @@ def test_encoded_images_saved_verbatim(tmp_path):
                       I.IMAGE_ENCODING: [I.ENCODED]})
     ImageSink(str(tmp_path / "t"), [URL])(batch)
     saved = pq.read_table(next((tmp_path / "t").glob("*.parquet")))
-    assert saved.column(I.IMAGE)[0].as_py() == buf.getvalue() and saved.column(URL)[0].as_py() == "u1"
+    assert saved.column(I.IMAGE)[0].as_py()["bytes"] == buf.getvalue() and saved.column(URL)[0].as_py() == "u1"
+
+
+def test_saved_images_load_with_datasets_as_an_image_feature(tmp_path):
+    import datasets
+
+    imgs = [np.full((6, 8, 3), v, np.uint8) for v in (10, 200)]
+    batch = pa.table(pack_rgb8(imgs)).append_column(I.SEED, pa.array([1, 2], pa.int64()))
+    ImageSink(str(tmp_path / "gen"), [I.SEED])(batch)
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "gen" / "*.parquet"), split="train",
+                               cache_dir=str(tmp_path / "cache"))
+    assert isinstance(ds.features[I.IMAGE], datasets.Image) and ds.features[I.SEED] == datasets.Value("int64")
+    assert [np.asarray(r[I.IMAGE]).tolist() for r in ds] == [i.tolist() for i in imgs]
 
 
 def test_batches_without_images_write_nothing(tmp_path):

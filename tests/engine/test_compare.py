@@ -1,0 +1,205 @@
+"""`t2i compare` on run directories holding the headline contract (issue 32 item 2); the stand-in
+runs of real studies are compared end to end in tests/test_compare_runs.py."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import t2i
+from pipelines.engine import compare, headline, io
+from pipelines.engine import intervals as iv
+
+from s3_server import s3_server  # noqa: F401  (fixture)
+
+OCC = [f"occupation{i}" for i in range(30)]
+
+
+def _subject(name, sha, values, key="expected_amplification/naive", better="zero"):
+    m = headline.Metric(key, "E[A], naive", "occupation", OCC, list(values), better=better, scale=100)
+    return headline.Subject(name, {"weights_sha256": sha, "spec": {"steps": 50}}, [m], images=1000,
+                            excluded={"no_face": 12})
+
+
+def _write_run(uri, study, subjects, protocol=None, standin=False):
+    fs, root = io.output_fs(uri)
+    h = headline.summarize(study, subjects, protocol or {"prompts": "abc", "seed": 0}, iv.DEFAULT, standin)
+    io.write_table(headline.units_table(subjects), fs, f"{root}/{headline.HEADLINE_UNITS_FILE}")
+    io.write_text(json.dumps({"run_id": uri.rstrip("/").rsplit("/", 1)[-1], "headline": h}), fs, f"{root}/metrics.json")
+    return uri
+
+
+@pytest.fixture
+def runs(tmp_path):
+    rng = np.random.default_rng(0)
+    base = rng.normal(0.1, 0.05, len(OCC))            # what every model shares per occupation
+    a = _write_run(str(tmp_path / "amp-a"), "paper002-amplification",
+                   [_subject("model/A", "aaa", base + 0.10 + rng.normal(0, 0.01, len(OCC))),
+                    _subject("model/B", "bbb", base + 0.002 + rng.normal(0, 0.01, len(OCC)))])
+    b = _write_run(str(tmp_path / "amp-c"), "paper002-amplification",
+                   [_subject("model/C", "ccc", base + rng.normal(0, 0.01, len(OCC)))])
+    g = _write_run(str(tmp_path / "gep"), "paper001-gep",
+                   [_subject("model/A", "aaa", rng.normal(0.3, 0.1, len(OCC)), key="gep/score", better="lower"),
+                    _subject("model/C", "ccc", rng.normal(0.3, 0.1, len(OCC)), key="gep/score", better="lower")])
+    return a, b, g
+
+
+def test_compare_ranks_models_marks_ties_and_joins_studies_on_identity(runs, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert t2i.main(["compare", *runs, "--output", str(out), "--interval-resamples", "500"]) == 0
+    printed = capsys.readouterr().out
+    t = pd.read_csv(out / "paper002-amplification.csv")
+    assert list(t["model"]) == ["model/C", "model/B", "model/A"]          # closest to zero first
+    assert list(t["rank"]) == [1, 2, 3]
+    # B and C differ by 0.002 on shared occupations (noise 0.01): a tie; A is 0.1 off: apart from both
+    row = t.set_index("model")
+    assert row.loc["model/A", "tied_with"] != row.loc["model/A", "tied_with"] or row.loc["model/A", "tied_with"] == ""
+    assert "model/B" in row.loc["model/C", "tied_with"] and bool(row.loc["model/A", "distinguishable_from_all"])
+    assert (t["low"] <= t["value"]).all() and (t["value"] <= t["high"]).all()
+    pairs = pd.read_csv(out / "paper002-amplification-pairs.csv")
+    assert len(pairs) == 3 and set(pairs["test"]) == {"paired sign-flip permutation"} and (pairs["units"] == 30).all()
+    assert (pairs["p_holm"] >= pairs["p_value"]).all()
+    # the overview: one row per model, joined across the two studies on the weights' sha256
+    ov = pd.read_csv(out / "overview.csv")
+    assert sorted(ov["model"]) == ["model/A", "model/B", "model/C"]
+    a = ov.set_index("model").loc["model/A"]
+    assert a.filter(like="paper001-gep").notna().all() and a.filter(like="paper002").notna().all()
+    assert ov.set_index("model").loc["model/B"].filter(like="paper001-gep").isna().all()
+    html = (out / "overview.html").read_text()
+    assert "Models compared" in html and "data:image/png;base64" in html and "Holm" in html
+    assert (out / "figures" / "forest-paper002-amplification-expected_amplification_naive.pdf").exists()
+    record = json.loads((out / "comparison.json").read_text())
+    assert record["interval"]["resamples"] == 500 and record["protocol_differences"]["paper002-amplification"] == {}
+    assert "#1 model/C" in printed and "not distinguishable from" in printed
+
+
+def test_the_value_of_each_row_is_the_run_s_own(runs, tmp_path):
+    c = compare.compare([compare.load_run(r) for r in runs], iv.DEFAULT)
+    for r in map(compare.load_run, runs):
+        for s in r.headline["subjects"]:
+            for m in s["metrics"]:
+                got = c.tables[r.study].set_index("model").loc[s["name"]]
+                got = got[got["metric"] == m["key"]] if isinstance(got, pd.DataFrame) else got
+                assert float(np.ravel(got["value"])[0]) == pytest.approx(m["value"])
+                assert float(np.ravel(got["low"])[0]) == pytest.approx(m["low"])   # same settings, same interval
+
+
+def test_runs_with_different_protocols_are_refused_unless_allowed(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    one = _write_run(str(tmp_path / "r1"), "paper002-amplification", [_subject("m/A", "a", rng.normal(0, 1, 30))],
+                     protocol={"prompts": "abc", "clip_threshold": 0.9})
+    two = _write_run(str(tmp_path / "r2"), "paper002-amplification", [_subject("m/B", "b", rng.normal(0, 1, 30))],
+                     protocol={"prompts": "abc", "clip_threshold": 0.5})
+    assert t2i.main(["compare", one, two, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "clip_threshold differs (r1: 0.9; r2: 0.5)" in err and "--allow-mismatch" in err
+    assert not (tmp_path / "out").exists()
+    assert t2i.main(["compare", one, two, "--output", str(tmp_path / "out"), "--allow-mismatch"]) == 0
+    assert "clip_threshold" in (tmp_path / "out" / "overview.html").read_text()
+    # different protocols: not paired, even on the same unit ids
+    assert set(pd.read_csv(tmp_path / "out" / "paper002-amplification-pairs.csv")["test"]) == {"unpaired label permutation"}
+
+
+def test_a_run_without_headline_numbers_is_one_line(tmp_path, capsys):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "metrics.json").write_text("{}")
+    assert t2i.main(["compare", str(tmp_path / "old"), "--output", str(tmp_path / "o")]) == 2
+    assert "has no headline numbers" in capsys.readouterr().err
+    assert t2i.main(["compare", str(tmp_path / "nowhere"), "--output", str(tmp_path / "o")]) == 2
+    assert "no metrics.json" in capsys.readouterr().err
+
+
+def test_runs_on_an_object_store(s3_server, tmp_path):  # noqa: F811
+    rng = np.random.default_rng(2)
+    uris = [_write_run(s3_server.url("runs", name), "paper001-gep", [_subject(f"m/{name}", name, rng.normal(0, 1, 30))])
+            for name in ("x", "y")]
+    out = s3_server.url("cmp")
+    assert t2i.main(["compare", *uris, "--output", out, "--interval-resamples", "200"]) == 0
+    fs = s3_server.fs()
+    t = pq.read_table(fs.open(f"{s3_server.bucket}/cmp/paper001-gep.parquet", "rb")).to_pandas()
+    assert sorted(t["model"]) == ["m/x", "m/y"]
+
+
+def test_the_comparison_loads_with_datasets_and_its_card_lists_every_table(runs, tmp_path):
+    import datasets
+    import yaml
+
+    out = tmp_path / "cmp"
+    assert t2i.main(["compare", *runs, "--output", str(out), "--interval-resamples", "200"]) == 0
+    text = (out / "README.md").read_text()
+    header = yaml.safe_load(text.split("---")[1])
+    configs = {c["config_name"]: c["data_files"][0]["path"] for c in header["configs"]}
+    assert set(configs) == {"overview", "paper002-amplification", "paper002-amplification-pairs", "paper001-gep",
+                            "paper001-gep-pairs"}
+    for name, path in configs.items():
+        ds = datasets.load_dataset("parquet", data_files=str(out / path), split="train", cache_dir=str(tmp_path / "c"))
+        assert ds.num_rows == pq.read_metadata(out / path).num_rows, name
+    t = datasets.load_dataset("parquet", data_files=str(out / configs["paper002-amplification"]), split="train",
+                              cache_dir=str(tmp_path / "c"))
+    assert t.features["value"] == datasets.Value("float64") and t.features["rank"] == datasets.Value("int64")
+    assert "Bias Amplification Paradox" in text and "@inproceedings{cho2023dalleval" not in text  # the papers compared
+    assert "Zhang, Yanzhe" in text
+
+
+class FakeHub:
+    """huggingface_hub's HfApi calls, recorded (never the network)."""
+
+    def __init__(self):
+        self.calls, self.files = [], []
+
+    def create_repo(self, repo_id, **kw):
+        self.calls.append(("create_repo", repo_id, kw))
+
+    def upload_folder(self, folder_path, repo_id, **kw):
+        import fnmatch
+        import os
+
+        for base, _, names in os.walk(folder_path):
+            for n in names:
+                rel = os.path.relpath(os.path.join(base, n), folder_path)
+                if not any(fnmatch.fnmatch(rel, p) for p in kw.get("ignore_patterns") or []):
+                    self.files.append(rel)
+        self.calls.append(("upload_folder", repo_id, kw))
+        return type("Info", (), {"commit_url": f"https://huggingface.co/datasets/{repo_id}/commit/0"})()
+
+
+def test_push_to_hub_uploads_the_folder_with_the_hub_api(runs, tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    fake = FakeHub()
+    monkeypatch.setattr(huggingface_hub, "HfApi", lambda token=None: fake)
+    out = tmp_path / "cmp"
+    (out / "_work").mkdir(parents=True)
+    (out / "_work" / "checkpoint.parquet").write_bytes(b"x")
+    assert t2i.main(["compare", *runs, "--output", str(out), "--interval-resamples", "200", "--push-to-hub",
+                     "me/bias-comparison", "--hub-private"]) == 0
+    assert fake.calls[0] == ("create_repo", "me/bias-comparison", {"repo_type": "dataset", "private": True,
+                                                                   "exist_ok": True})
+    assert fake.calls[1][0] == "upload_folder" and fake.calls[1][2]["repo_type"] == "dataset"
+    assert {"README.md", "overview.html", "paper001-gep.parquet"} <= set(fake.files)
+    assert not [f for f in fake.files if f.startswith("_work")]              # checkpoints stay behind
+    assert "uploaded to https://huggingface.co/datasets/me/bias-comparison" in capsys.readouterr().out
+
+    def refused(*a, **k):
+        raise PermissionError("403 Forbidden: you cannot write to me/bias-comparison\nmore lines")
+    fake.upload_folder = refused
+    assert t2i.main(["compare", *runs, "--output", str(out), "--push-to-hub", "me/bias-comparison"]) == 2
+    err = capsys.readouterr().err
+    assert "--push-to-hub me/bias-comparison: PermissionError: 403 Forbidden" in err and "more lines" not in err
+
+
+def test_mlflow_records_the_comparison_in_a_local_file_store(runs, tmp_path, monkeypatch):
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")   # MLflow 3 keeps its file store behind this switch
+    store = (tmp_path / "mlruns").as_uri()
+    assert t2i.main(["compare", *runs, "--output", str(tmp_path / "cmp"), "--interval-resamples", "200",
+                     "--log-to", "mlflow", "--tracking-uri", store]) == 0
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    exp = client.get_experiment_by_name("t2i-compare")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.data.params["interval.resamples"] == "200"
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"overview.html", "README.md", "comparison.json", "config.json"} <= arts
