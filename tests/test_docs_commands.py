@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.t2i import STUDIES
+from pipelines.t2i import STUDIES, TOOLS
 
 ROOT = REPO_ROOT
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs" / "studies").glob("*.md")))
@@ -130,7 +130,10 @@ def documented_commands(path: Path, text: str | None = None) -> tuple[list[Comma
 
 
 def parser_of(study: str):
-    """The argparse parser of a registered study, built by its entry script's ``build_parser()``."""
+    """The argparse parser of a registered study, built by its entry script's ``build_parser()``
+    (of a command across studies, ``t2i compare``: its module's ``parser()``)."""
+    if study in TOOLS:
+        return sys.modules[TOOLS[study][0].__module__].parser()
     main = STUDIES[study][0]
     return sys.modules[main.__module__].build_parser()
 
@@ -140,7 +143,7 @@ def parse_error(command: Command) -> str | None:
     if command.study == "":
         return None if not command.argv or command.argv[0] in ("-h", "--help") else \
             f"t2i needs a study first, one of {', '.join(STUDIES)}"
-    if command.study not in STUDIES:
+    if command.study not in STUDIES and command.study not in TOOLS:
         return f"unknown study {command.study!r}; one of: {', '.join(STUDIES)}"
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -176,6 +179,7 @@ def test_every_documented_study_command_parses():
     for study in STUDIES:
         page = f"docs/studies/{study}.md:"
         assert any(c.where.startswith(page) and c.study == study for c in commands), f"no command of {study} in {page}"
+    assert any(c.where.startswith("README.md:") and c.study == "compare" for c in commands), "no t2i compare"
     forms = {c.text.split()[0] for c in commands}
     assert "ray" in forms, "the ray submit commands were not found"
 
