@@ -70,7 +70,8 @@ def tables(fs: pafs.FileSystem, root: str) -> list[dict]:
             for d, files in by_dir.items():
                 rel = posixpath.relpath(d, root)
                 pattern = f"{rel}/*.parquet"
-                out.append(_describe(fs, rel.replace("/", "_"), files, pattern))
+                config = rel[:-8] if rel.endswith(".parquet") else rel      # images.parquet/ -> images
+                out.append(_describe(fs, config.replace("/", "_"), files, pattern))
     return out
 
 
