@@ -5,12 +5,13 @@ Subcommands:
   run        prompts from G, A, C (section 3) -> generation with any diffusers model (recorded seeds)
              -> L2-normalised CLIP image embeddings on the generator's device -> C-f, CC-f and CLS-f per
              image and attribute (section 4) -> attribute frequencies per gender, GEP vectors and scores
-             (Eq. 2), tables shaped like Tables 11-14, metrics.json, report.html; with --annotations,
-             GEP_human and the evaluation of every estimator against it (Tables 4, 6, 7, 16).
+             (Eq. 2) with intervals, tables shaped like Tables 11-14, metrics.json, report.html; with
+             --annotations, GEP_human and the evaluation of every estimator against it (Tables 4, 6, 7, 16).
   evaluate   the same evaluation against human annotations for a finished run (annotations come after
              people have looked at the saved images).
   summarize  GEP vectors and scores from a CSV of known frequencies (model,setting,gender,attribute,
-             frequency): re-analyse published tables (Tables 11 and 12 give Table 3).
+             frequency): re-analyse published tables (Tables 11 and 12 give Table 3), each score with
+             its interval over the attributes.
 
 Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with RAY_ADDRESS
 / --ray-address set, on that cluster.
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="human annotations (image_id,attribute,present[,model]): adds GEP_human and the evaluation")
     e.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight CLIP and generators (offline smoke run; numbers are meaningless)")
+    arguments.add_intervals(r.add_argument_group("intervals of the headline numbers (GEP scores: over attributes; "
+                                                 "GEP vector entries: over images within prompts)"))
     x = r.add_argument_group("execution")
     arguments.add_run_control(x, "gep")
     arguments.add_generation_execution(x, "generator / scorer", save="the images (annotators need them)")
@@ -66,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--first", default="woman", help="first group of v_j = f_first - f_second (default woman)")
     q.add_argument("--second", default="man", help="second group (default man)")
     q.add_argument("--output", metavar="DIR", help="write gep_summary.json, .csv, .html and figures/ here")
+    arguments.add_intervals(q.add_argument_group("intervals of the GEP scores (over the attributes)"))
     return p
 
 

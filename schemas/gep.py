@@ -49,6 +49,17 @@ ESTIMATOR = "estimator"        # "human", "C", "CC", "CLS"
 FREQUENCY = "frequency"        # f_ij (human: share of images showing the attribute; else the mean score)
 IMAGES = "images"              # images behind a frequency
 PRESENT = "present"            # human annotation: 0/1, the attribute is visible on the person
+SCORE = "score"                # one estimator's value for one (image, attribute): C, CC, CLS or the 0/1 label
+
+
+def low(column: str) -> str:
+    """The column of the lower end of ``column``'s interval ("gep" -> "gep_low")."""
+    return f"{column}_low"
+
+
+def high(column: str) -> str:
+    """The column of the upper end of ``column``'s interval ("gep" -> "gep_high")."""
+    return f"{column}_high"
 
 
 class Setting:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.engine.table_cells import numbers
-from schemas.gep import ATTRIBUTE, ESTIMATOR, FREQUENCY, GENDER, MODEL, SETTING
+from schemas.gep import ATTRIBUTE, ESTIMATOR, FREQUENCY, GENDER, MODEL, SETTING, high, low
 
 COMPARISON = "comparison"      # "woman - man": the pair (first, second) of a GEP vector
 F_FIRST = "f_first"            # f of the first group of the pair
@@ -384,6 +384,11 @@ def summarize_frequencies(df: pd.DataFrame, first: str = "woman", second: str = 
     return {"pairs": [first, second], "results": results}
 
 
+def _ends(r: dict) -> str:
+    lo, hi = r.get(low(GEP)), r.get(high(GEP))
+    return "[n/a]" if lo is None or hi is None else f"[{lo:.2f}, {hi:.2f}]"
+
+
 def _r2(v: float) -> str:
     return f"{round(v, 2) + 0.0:+.2f}"   # + 0.0 turns -0.0 into 0.0
 
@@ -398,12 +403,15 @@ def format_summary(result: dict) -> str:
     sw = max([len(SETTING)] + [len(str(r.get(SETTING))) for r in rows]) + 2
     ew = max([len(ESTIMATOR)] + [len(str(r.get(ESTIMATOR))) for r in rows]) + 2 if has_est else 0
     head = f"{MODEL:<{mw}}{SETTING:<{sw}}" + (f"{ESTIMATOR:<{ew}}" if has_est else "")
-    lines = [f"GEP = mean |f({first}) - f({second})| over attributes (Eq. 2)",
-             f"{head}{'GEP':>6}{'GEP (4 d.)':>12}{'n':>5}"]
+    ends = "interval" in result
+    level = f"{int(round(result['interval']['level'] * 100))}% interval" if ends else ""
+    lines = [f"GEP = mean |f({first}) - f({second})| over attributes (Eq. 2)"
+             + (f"; [{level}]: bootstrap over the attributes" if ends else ""),
+             f"{head}{'GEP':>6}{'GEP (4 d.)':>12}{'n':>5}" + (f"  [{level}]" if ends else "")]
     for r in rows:
         lead = f"{str(r.get(MODEL)):<{mw}}{str(r.get(SETTING)):<{sw}}"
         if has_est:
             lead += f"{str(r.get(ESTIMATOR, '')):<{ew}}"
-        lines.append(f"{lead}{r[GEP]:>6.2f}{r[GEP]:>12.4f}{r[ATTRIBUTES]:>5}")
+        lines.append(f"{lead}{r[GEP]:>6.2f}{r[GEP]:>12.4f}{r[ATTRIBUTES]:>5}" + (f"  {_ends(r)}" if ends else ""))
         lines.append("    " + "  ".join(f"{a} {_r2(v)}" for a, v in r["vector"].items()))
     return "\n".join(lines)

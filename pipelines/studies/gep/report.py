@@ -10,9 +10,11 @@ import pandas as pd
 from matplotlib.ticker import NullLocator
 
 from pipelines.engine import figures as _figures
+from pipelines.engine import headline as HL
 from pipelines.engine import html as H
 from pipelines.engine import page as Pg
 from pipelines.engine.page import COLORS
+from pipelines.studies.gep import headline as GH
 from pipelines.studies.gep import metrics as M
 from schemas import gep as S
 from schemas.images import MODEL
@@ -35,30 +37,73 @@ def frequency_table(freq: pd.DataFrame, setting: str, names: list[str]) -> pd.Da
     return df.sort_values(S.ESTIMATOR, key=lambda s: s.map(_est_rank), kind="stable").reset_index(drop=True)
 
 
+def _with_ends(frame: pd.DataFrame, column: str) -> list[str]:
+    """``column`` and, where ``frame`` has them, its interval columns."""
+    return [column] + [c for c in (S.low(column), S.high(column)) if c in frame.columns]
+
+
+def _spread(names: list[str], ends: bool) -> list[str]:
+    """Each name followed by its interval columns when there are intervals."""
+    return [c for n in names for c in ((n, S.low(n), S.high(n)) if ends else (n,))]
+
+
 def vector_table(vectors: pd.DataFrame, scores: pd.DataFrame, setting: str, names: list[str]) -> pd.DataFrame:
-    """Rows (estimator, model, comparison), one column per attribute (v_j) and the GEP score (Tables 13, 14)."""
+    """Rows (estimator, model, comparison), one column per attribute (v_j) and the GEP score (Tables 13, 14);
+    with intervals (``headline.attach``), each value followed by ``<column>_low`` and ``<column>_high``."""
     v = vectors[vectors[S.SETTING] == setting]
     sc = scores[scores[S.SETTING] == setting]
-    gep = {(r[S.ESTIMATOR], r[MODEL], r[M.COMPARISON]): r[M.GEP] for r in sc.to_dict("records")}
+    ends = S.low(M.DIFFERENCE) in vectors.columns
+    gep_cols = _with_ends(scores, M.GEP)
+    gep = {(r[S.ESTIMATOR], r[MODEL], r[M.COMPARISON]): r for r in sc.to_dict("records")}
     rows = []
     for (est, model, comp), grp in v.groupby([S.ESTIMATOR, MODEL, M.COMPARISON], sort=False):
-        vals = dict(zip(grp[S.ATTRIBUTE], grp[M.DIFFERENCE]))
-        rows.append({S.ESTIMATOR: est, MODEL: model, M.COMPARISON: comp, **{a: vals.get(a) for a in names},
-                     M.GEP: gep.get((est, model, comp))})
-    df = pd.DataFrame(rows, columns=[S.ESTIMATOR, MODEL, M.COMPARISON, *names, M.GEP])
+        row = {S.ESTIMATOR: est, MODEL: model, M.COMPARISON: comp}
+        for r in grp.to_dict("records"):
+            a = r[S.ATTRIBUTE]
+            row[a] = r[M.DIFFERENCE]
+            if ends:
+                row[S.low(a)], row[S.high(a)] = r[S.low(M.DIFFERENCE)], r[S.high(M.DIFFERENCE)]
+        cell = gep.get((est, model, comp), {})
+        rows.append({**row, **{c: cell.get(c) for c in gep_cols}})
+    df = pd.DataFrame(rows, columns=[S.ESTIMATOR, MODEL, M.COMPARISON, *_spread(names, ends), *gep_cols])
     return df.sort_values(S.ESTIMATOR, key=lambda s: s.map(_est_rank), kind="stable").reset_index(drop=True)
 
 
 def score_table(scores: pd.DataFrame) -> pd.DataFrame:
-    """GEP scores: rows (model, comparison, estimator), one column per setting (Tables 3 and 6)."""
+    """GEP scores: rows (model, comparison, estimator), one column per setting (Tables 3 and 6); with
+    intervals, each setting followed by ``<setting>_low`` and ``<setting>_high``."""
     if scores.empty:
         return pd.DataFrame(columns=[MODEL, M.COMPARISON, S.ESTIMATOR])
-    wide = scores.pivot_table(index=[MODEL, M.COMPARISON, S.ESTIMATOR], columns=S.SETTING, values=M.GEP,
-                              sort=False).reset_index()
-    wide.columns.name = None
+    index = [MODEL, M.COMPARISON, S.ESTIMATOR]
+    wide = scores.pivot_table(index=index, columns=S.SETTING, values=M.GEP, sort=False).reset_index()
     order = [c for c in S.Setting.ALL if c in wide.columns]
-    wide = wide[[MODEL, M.COMPARISON, S.ESTIMATOR, *order]]
+    ends = S.low(M.GEP) in scores.columns
+    for end in ((S.low, S.high) if ends else ()):
+        part = scores.pivot_table(index=index, columns=S.SETTING, values=end(M.GEP), sort=False)
+        part.columns = [end(c) for c in part.columns]
+        wide = wide.merge(part.reset_index(), on=index, how="left")
+    wide = wide.reindex(columns=[*index, *_spread(order, ends)])
+    wide.columns.name = None
     return wide.sort_values(S.ESTIMATOR, key=lambda s: s.map(_est_rank), kind="stable").reset_index(drop=True)
+
+
+def interval_text(value, low, high, digits: int = 4) -> str:
+    """"0.1234 [0.1000, 0.1500]"; the value alone without an interval, "-" without a value."""
+    if value is None or pd.isna(value):
+        return "-"
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def text_intervals(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """A table of ``vector_table`` / ``score_table`` with each value and its interval columns as one
+    text column ("0.123 [0.050, 0.200]"): what a page shows."""
+    out = df.copy()
+    for col in [c for c in df.columns if S.low(c) in df.columns and S.high(c) in df.columns]:
+        out[col] = [interval_text(v, lo, hi, digits) for v, lo, hi in zip(df[col], df[S.low(col)], df[S.high(col)])]
+        out = out.drop(columns=[S.low(col), S.high(col)])
+    return out
 
 
 def with_human(results: dict, evaluation: dict | None) -> dict[str, pd.DataFrame]:
@@ -88,19 +133,24 @@ def paper_tables(shown: dict, names: list[str]) -> dict[str, pd.DataFrame]:
     return out
 
 
-def format_scores(shown: dict, evaluation: dict | None = None, standin: bool = False) -> str:
-    """The printed summary: GEP scores from ``with_human``'s frames, and the agreement with humans;
-    models by their short labels (``page.model_labels``), never cut; a stand-in run's notice last."""
+def format_scores(shown: dict, evaluation: dict | None = None, standin: bool = False,
+                  level: float | None = None) -> str:
+    """The printed summary: GEP scores from ``with_human``'s frames (with their intervals where the
+    frames have them, at ``level``), and the agreement with humans; models by their short labels
+    (``page.model_labels``), never cut; a stand-in run's notice last."""
     table = score_table(shown["gep"])
     labels = Pg.model_labels(table[MODEL], *([evaluation["vector_agreement"][MODEL], evaluation["roc_mean"][MODEL]]
                                               if evaluation is not None else []))
     settings = [c for c in S.Setting.ALL if c in table.columns]
     mw = max([len("model")] + [len(v) for v in labels.values()]) + 1
     cw = max([len("comparison")] + [len(str(c)) for c in table[M.COMPARISON]]) + 1
-    lines = ["GEP scores (mean |v_j|, Eq. 2; automatic estimators are on their own scale, compare ranks):",
-             f"{'model':<{mw}} {'comparison':<{cw}} {'estimator':<9} " + " ".join(f"{s:>10}" for s in settings)]
+    ends = bool(settings) and S.low(settings[0]) in table.columns
+    sw = 26 if ends else 10
+    lines = ["GEP scores (mean |v_j|, Eq. 2; automatic estimators are on their own scale, compare ranks)"
+             + (f"; [{int(round(level * 100))}% interval over attributes]:" if ends and level else ":"),
+             f"{'model':<{mw}} {'comparison':<{cw}} {'estimator':<9} " + " ".join(f"{s:>{sw}}" for s in settings)]
     for r in table.to_dict("records"):
-        vals = " ".join(f"{r[s]:>10.4f}" if r[s] is not None and not pd.isna(r[s]) else f"{'-':>10}" for s in settings)
+        vals = " ".join(f"{interval_text(r[s], r.get(S.low(s)), r.get(S.high(s))):>{sw}}" for s in settings)
         lines.append(f"{Pg.label(labels, r[MODEL]):<{mw}} {str(r[M.COMPARISON]):<{cw}} {r[S.ESTIMATOR]:<9} {vals}")
     if evaluation is not None:
         lines.append("\nagreement with GEP_human per vector (Table 4: Kendall tau-b / MCC of signs):")
@@ -194,10 +244,11 @@ def _scored(freq: pd.DataFrame) -> pd.DataFrame:
 
 
 def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evaluation: dict | None,
-                records: list[dict], *, figures: _figures.FigureDir | None = None) -> str:
-    """report.html of a GEP run: the GEP scores first with the images behind them, then the Figure 2
-    charts (PDF + PNG under ``figures/`` of the run when ``figures`` is a ``FigureDir``; embedded in
-    the page either way), the paper's tables, the human comparison, and the models."""
+                records: list[dict], *, figures: _figures.FigureDir | None = None, headline: dict | None = None) -> str:
+    """report.html of a GEP run: the GEP scores first (with their intervals: ``headline``, metrics.json's
+    section) with the images behind them, then the Figure 2 charts (PDF + PNG under ``figures/`` of
+    the run when ``figures`` is a ``FigureDir``; embedded in the page either way), the paper's
+    tables, the human comparison, and the models."""
     sink = _figures.sink(figures)
     names = meta["attributes"]
     vectors, freq = shown["vectors"], shown["frequencies"]
@@ -207,11 +258,16 @@ def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evalua
     if standin:
         parts.append(Pg.standin_banner("CLIP and the generators are tiny random-weight stand-ins; the run only "
                                        "exercises the pipeline."))
-    scores = tables["table_gep_scores"]
     lead = ("<p class=lead>GEP score per model and estimator (mean |v<sub>j</sub>| over "
             f"{len(names)} attributes, Eq. 2; Tables 3 and 6); larger: the attributes differ more between the "
             "groups. The automatic estimators are on their own scales: compare ranks across models and "
-            "settings.</p>" + _table(scores, 4, labels))
+            "settings.</p>")
+    if headline is not None:
+        lead += ("<p>Shown &times;100 (GEP<sub>human</sub> in percentage points); each interval resamples the "
+                 "attributes. The GEP vectors' intervals (over images, within prompts) are in the tables "
+                 "below.</p>" + HL.summary_table(GH.scores_only(headline)))
+    else:
+        lead += _table(tables["table_gep_scores"], 4, labels)
     scored = _scored(freq)
     n_models = len(meta.get("models", [])) or len(labels)
     behind = [f"{meta['images']:,} generated images from {Pg.plural(n_models, 'generator')} "
@@ -227,7 +283,7 @@ def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evalua
         left = meta["images"] - total
         behind.append(f"{left:,} image(s) left out (not generated or blocked: see run_summary.csv)" if left > 0
                       else "no image left out")
-    parts.append(Pg.headline(lead, behind))
+    parts.append(Pg.headline(lead, (HL.behind_items(headline) if headline is not None else []) + behind))
     parts.append(f"<p>Reference string r(a) = &ldquo;{H.esc(meta['reference'])}&rdquo; (CC-f); CLS-f ensembles of "
                  f"{meta['ensemble']}. Run <code>{H.esc(meta['run_id'])}</code>; results in "
                  f"<code>{H.esc(meta['output'])}</code>.</p>")
@@ -266,7 +322,7 @@ def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evalua
             parts.append(f"<h2>Attribute frequencies, {setting} setting (Table {11 if setting == 'neutral' else 12})</h2>")
             parts.append(_table(tables[f"table_frequencies_{setting}"], 3, labels))
             parts.append(f"<h3>GEP vectors, {setting} setting (Table {13 if setting == 'neutral' else 14})</h3>")
-            parts.append(_table(tables[f"table_gep_vectors_{setting}"], 3, labels))
+            parts.append(_table(text_intervals(tables[f"table_gep_vectors_{setting}"]), 3, labels))
     parts.append("<h2>Models</h2>" + H.model_table(records, labels))
     return Pg.document(f"GEP report {meta['run_id']}", parts)
 
@@ -277,12 +333,14 @@ def summary_table(result: dict) -> pd.DataFrame:
     each of its rows) and the attribute's v_j = f_first - f_second (Eq. 1), attributes in the vector's
     order."""
     est = any("estimator" in r for r in result["results"])
-    cols = [MODEL, S.SETTING, *([S.ESTIMATOR] if est else []), M.COMPARISON, "attributes", M.GEP,
+    gep_cols = [c for c in (M.GEP, S.low(M.GEP), S.high(M.GEP)) if c == M.GEP or c in result["results"][0]] \
+        if result["results"] else [M.GEP]
+    cols = [MODEL, S.SETTING, *([S.ESTIMATOR] if est else []), M.COMPARISON, "attributes", *gep_cols,
             S.ATTRIBUTE, M.DIFFERENCE]
     rows = []
     for r in result["results"]:
         cell = {MODEL: r["model"], S.SETTING: r["setting"], **({S.ESTIMATOR: r.get("estimator")} if est else {}),
-                M.COMPARISON: r["comparison"], "attributes": r["attributes"], M.GEP: r["gep"]}
+                M.COMPARISON: r["comparison"], "attributes": r["attributes"], **{c: r[c] for c in gep_cols}}
         rows += [{**cell, S.ATTRIBUTE: a, M.DIFFERENCE: v} for a, v in r["vector"].items()]
     return pd.DataFrame(rows, columns=cols)
 
@@ -300,9 +358,16 @@ def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | Non
     parts = [f"<h1>GEP from {H.esc(source)}</h1><div class=tw><table><tr><th>model</th><th>setting</th>"
              "<th>comparison</th><th>GEP</th></tr>"]
     for r in result["results"]:
+        gep = interval_text(r["gep"], r.get(S.low(M.GEP)), r.get(S.high(M.GEP)))
         parts.append(f"<tr><td>{H.esc(name(r))}</td><td>{H.esc(r['setting'])}</td>"
-                     f"<td>{H.esc(r['comparison'])}</td><td>{r['gep']:.4f}</td></tr>")
-    parts.append("</table></div><div class=figs>")
+                     f"<td>{H.esc(r['comparison'])}</td><td class=n>{H.esc(gep)}</td></tr>")
+    parts.append("</table></div>")
+    if "interval" in result:
+        lvl = result["interval"]
+        parts.append(f"<p>GEP [{int(round(lvl['level'] * 100))}% interval]: bootstrap over the published "
+                     f"per-attribute differences ({H.esc(lvl['method'])}, {lvl['resamples']:,} resamples, seed "
+                     f"{lvl['seed']}); the vector entries have none (the tables give frequencies, not images).</p>")
+    parts.append("<div class=figs>")
     settings = list(dict.fromkeys(r["setting"] for r in result["results"]))
     for setting in settings:
         rows = [r for r in result["results"] if r["setting"] == setting]

@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.studies.gep import headline as GH
 from pipelines.studies.gep import metrics as M
 from operators.base import Stage, conform
 from operators.image_clip_embedding import ClipImageEmbedder
@@ -38,7 +39,7 @@ from operators.support.attribute_classifier import (
     classifier_sentences,
 )
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-from pipelines.engine import io, runtime
+from pipelines.engine import arguments, headline, io, runtime
 from pipelines.studies.gep import report as gep_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
@@ -51,6 +52,7 @@ from pipelines.engine.progress import Phase, outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import gep as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
+from schemas.subsets import PROMPT
 
 PRESET = "gep.yaml"
 REPLACED = ("genders", "comparisons", "attributes", "contexts", "settings")  # a study file's own sets, not merged
@@ -193,13 +195,17 @@ class GepStudy(StudyBase):
                       if annotations is not None else None)
 
         out_fs, out = rd.fs, rd.path
+        shown = gep_report.with_human(results, evaluation)
+        head = headline_of(run, shown, scores, images, evaluation)
+        results, shown = GH.with_intervals(results, head), GH.with_intervals(shown, head)
+        if evaluation is not None:
+            evaluation = GH.with_intervals(evaluation, head)
         io.write_table(images, out_fs, f"{out}/{FILES['images']}")
         io.write_table_and_csv(scores, out_fs, f"{out}/{FILES['scores']}")
         io.write_table_and_csv(results["frequencies"], out_fs, f"{out}/{FILES['frequencies']}")
         io.write_table_and_csv(results["vectors"], out_fs, f"{out}/{FILES['vectors']}")
         io.write_table_and_csv(results["gep"], out_fs, f"{out}/{FILES['gep']}")
         names = [a.name for a in st.attributes]
-        shown = gep_report.with_human(results, evaluation)
         tables = gep_report.paper_tables(shown, names)
         for name, table in tables.items():
             io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
@@ -223,9 +229,11 @@ class GepStudy(StudyBase):
                         "frequencies": results["frequencies"].to_pylist()},
             "evaluation": evaluation_json(evaluation) if evaluation is not None else None,
             "error_budgets": [b.as_dict() for b in budgets],
+            "headline": head,
         }
         return Outcome(metrics, summary_rows, {"images": images, "shown": shown, "tables": tables,
-                                               "evaluation": evaluation, "save_images": save_images})
+                                               "evaluation": evaluation, "save_images": save_images,
+                                               "headline": head})
 
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
@@ -234,9 +242,10 @@ class GepStudy(StudyBase):
                 "reference": st.reference, "ensemble": st.classifier["ensemble"],
                 "attributes": [a.name for a in st.attributes]}
         io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models,
-                                               figures=FigureDir(rd.fs, rd.path)),
+                                             figures=FigureDir(rd.fs, rd.path), headline=d["headline"]),
                       rd.fs, f"{rd.path}/{FILES['report']}")
-        print(gep_report.format_scores(d["shown"], d["evaluation"], standin=bool(run.args.standin_models)))
+        print(gep_report.format_scores(d["shown"], d["evaluation"], standin=bool(run.args.standin_models),
+                                       level=d["headline"]["interval"]["level"]))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "
               f"{', '.join(sorted(n + '.csv' for n in d['tables']))}, {FILES['tasks']}"
               + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
@@ -245,6 +254,17 @@ class GepStudy(StudyBase):
 def run(args) -> dict:
     """`gep.py run`."""
     return run_study(GepStudy(), args)
+
+
+def headline_of(run: Run, shown: dict, scores: pa.Table, images: pa.Table, evaluation: dict | None) -> dict:
+    """metrics.json's ``headline`` (GEP scores and vector entries with intervals, per generator);
+    writes headline_units.parquet into the run directory."""
+    standin = bool(run.args.standin_models)
+    cols = [MODEL, S.IMAGE_ID, PROMPT, GENERATION_STATUS]
+    subjects, protocol = GH.build(run.st, shown, scores.to_pandas(), images.select(cols).to_pandas(),
+                                  evaluation["labels"] if evaluation is not None else None,
+                                  run.generator_models, run.models, standin)
+    return headline.write(run.rd, GepStudy.name, subjects, protocol, arguments.interval_settings(run.args), standin)
 
 
 # ------------------------------------------------------------------------------------ generation
@@ -393,7 +413,8 @@ def evaluate(images: pa.Table, scores: pa.Table, results: dict, ann: pd.DataFram
     roc = pd.DataFrame(roc_rows, columns=[MODEL, S.ESTIMATOR, S.ATTRIBUTE, "pairs", "positives", "roc_auc"])
     avg = (roc.dropna(subset=["roc_auc"]).groupby([MODEL, S.ESTIMATOR], sort=False)["roc_auc"].mean()
            .rename("mean_roc_auc").reset_index())
-    return {"counts": counts, "human_frequencies": hf, "human_vectors": human_vectors, "human_gep": human_gep,
+    return {"counts": counts, "labels": labels, "human_frequencies": hf, "human_vectors": human_vectors,
+            "human_gep": human_gep,
             "vector_agreement": table4, "score_agreement": table6, "roc": roc, "roc_mean": avg}
 
 

@@ -50,6 +50,52 @@ def test_run_writes_tables_report_and_records(run):
     assert sorted(table["estimator"].unique()) == ["C", "CC", "CLS"] and len(table) == 6
 
 
+def test_headline_numbers_have_intervals_and_their_units(run):
+    from pipelines.engine.headline import subject_identity
+
+    m = json.loads((run / "metrics.json").read_text())
+    h = m["headline"]
+    assert h["study"] == "paper001-gep" and h["standin"] and h["interval"]["resamples"] == 2000
+    assert h["protocol"]["images_per_prompt"] == 2 and h["protocol"]["clip"] == {"standin": True}
+    [subject] = h["subjects"]
+    generator = next(r for r in m["models"] if r["role"] == "generator")
+    assert subject["identity"] == subject_identity(generator) and subject["images"] == N_NEUTRAL + N_EXPLICIT
+    by_key = {x["key"]: x for x in subject["metrics"]}
+    assert len(by_key) == 2 * 3 * (1 + 3)           # settings x estimators x (GEP + 3 vector entries)
+    for x in subject["metrics"]:
+        assert x["low"] is not None and x["low"] <= x["value"] <= x["high"], x
+    # the per-unit values' mean is the reported number, which is the number of the study's tables
+    units = pq.read_table(run / "headline_units.parquet").to_pandas()
+    assert set(units.subject) == {subject["key"]}
+    means = units.groupby("metric").value.mean()
+    for key, x in by_key.items():
+        assert means[key] == pytest.approx(x["value"], rel=1e-9, abs=1e-12)
+    gep_csv = pd.read_csv(run / "gep_scores.csv")
+    for r in gep_csv.to_dict("records"):
+        x = by_key[f"gep/{r['setting']}/{r['estimator']}/{r['comparison']}"]
+        assert (r["gep"], r["gep_low"], r["gep_high"]) == pytest.approx((x["value"], x["low"], x["high"]), rel=1e-6)
+        assert x["unit"] == "attribute" and x["n"] == 3 and x["better"] == "lower"
+    vec_csv = pd.read_csv(run / "gep_vectors.csv")
+    assert list(vec_csv.columns[-3:]) == ["difference", "difference_low", "difference_high"]
+    for r in vec_csv.to_dict("records"):
+        x = by_key[f"vector/{r['setting']}/{r['estimator']}/{r['comparison']}/{r['attribute']}"]
+        assert r["difference"] == pytest.approx(x["value"], rel=1e-5, abs=1e-9)
+        assert (r["difference_low"], r["difference_high"]) == pytest.approx((x["low"], x["high"]), rel=1e-6)
+        assert x["unit"] == "image" and x["better"] == "zero"
+        assert x["n"] == 2 * 2 * 2                    # groups x contexts x images, both settings
+    vec_units = units[units.metric == "vector/neutral/CLS/woman - man/dress"]
+    assert sorted(vec_units.unit) == sorted(pq.read_table(run / "images.parquet").to_pandas()
+                                            .query("setting == 'neutral'").image_id)
+    assert vec_units.stratum.nunique() == 2 * 2       # resampled within the neutral prompts
+    wide = pd.read_csv(run / "table_gep_scores.csv")
+    assert list(wide.columns)[3:] == ["neutral", "neutral_low", "neutral_high", "explicit", "explicit_low",
+                                      "explicit_high"]
+    vec_wide = pd.read_csv(run / "table_gep_vectors_explicit.csv")
+    assert {"dress_low", "dress_high", "gep_low", "gep_high"} <= set(vec_wide.columns)
+    page = (run / "report.html").read_text()
+    assert "<table class=headline-metrics>" in page and "GEP x100, neutral, CLS (woman - man)" in page
+
+
 def test_every_image_has_its_recorded_seed_and_a_unit_embedding(run):
     from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
     from pipelines.engine.config import load_config
@@ -147,6 +193,7 @@ def test_rerun_reuses_images_and_rescoring_changes_only_cc(run, capsys, tmp_path
                      "--annotations", str(tmp_path / "ann.csv")]) == 0
     out = capsys.readouterr().out
     assert f"{N_NEUTRAL + N_EXPLICIT} of {N_NEUTRAL + N_EXPLICIT} images reused" in out
+    assert "95% interval over attributes" in out
     after = pd.read_csv(run / "scores.csv")
     np.testing.assert_allclose(after.c, before.c, rtol=1e-6)
     np.testing.assert_allclose(after.cls, before.cls, rtol=1e-6)
@@ -156,6 +203,9 @@ def test_rerun_reuses_images_and_rescoring_changes_only_cc(run, capsys, tmp_path
     # annotations given to run: GEP_human joins the tables, the report and metrics.json
     assert {r["setting"]: round(r["gep"], 6) for r in metrics["evaluation"]["human_gep"]} == \
         {"neutral": round(2 / 3, 6), "explicit": round(2 / 3, 6)}
+    human = {x["key"]: x for x in metrics["headline"]["subjects"][0]["metrics"] if "/human/" in x["key"]}
+    assert human["gep/neutral/human/woman - man"]["value"] == pytest.approx(2 / 3)
+    assert human["vector/explicit/human/woman - man/dress"]["value"] == 1    # every woman in a dress, no man
     table = pd.read_csv(run / "table_gep_vectors_explicit.csv")
     human = table[table.estimator == "human"].iloc[0]
     assert (human["dress"], human["suit"], human["hat"]) == (1, -1, 0)

@@ -24,14 +24,22 @@ def run(*args):
 def test_tables_11_12_give_table_3(tmp_path):
     res = run_script("--frequencies", str(DATA / "paper001_tables11_12.csv"), "--output", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr
-    printed = {(ln.split()[0], ln.split()[-4]): ln.split()[-3] for ln in res.stdout.splitlines()
-               if ln.split() and ln.split()[-4:-3] and ln.split()[-4] in ("neutral", "explicit")}
+    # "<model> <setting> <GEP, 2 d.> <GEP, 4 d.> <n> [<low>, <high>]": the interval over the 15 attributes
+    lines = [re.match(r"(\S+).*\s(neutral|explicit)\s+(\S+)\s+\S+\s+15\s+\[(\S+), (\S+)\]$", ln)
+            for ln in res.stdout.splitlines()]
+    lines = [m for m in lines if m]
+    printed = {m.group(1, 2): m.group(3) for m in lines}
+    assert len(printed) == 6 and "[95% interval]" in res.stdout
     table3 = {"neutral": {"CogView2": "0.02", "DALLE-2": "0.05", "Stable": "0.07"},
               "explicit": {"CogView2": "0.18", "DALLE-2": "0.12", "Stable": "0.14"}}
     for setting, rows in table3.items():
         for model, value in rows.items():
             assert printed[(model, setting)] == value, (model, setting)
     doc = json.loads((tmp_path / "out" / "gep_summary.json").read_text())
+    assert doc["interval"]["unit"] == "attribute" and doc["interval"]["level"] == 0.95
+    for r, m in zip(doc["results"], lines):
+        assert r["gep_low"] < r["gep"] < r["gep_high"]
+        assert (f"{r['gep_low']:.2f}", f"{r['gep_high']:.2f}") == m.group(4, 5)
     got = {(r["model"], r["setting"]): round(r["gep"], 2) for r in doc["results"]}
     assert got == {("CogView2", "neutral"): 0.02, ("DALLE-2", "neutral"): 0.05, ("Stable Diffusion", "neutral"): 0.07,
                    ("CogView2", "explicit"): 0.18, ("DALLE-2", "explicit"): 0.12, ("Stable Diffusion", "explicit"): 0.14}
@@ -47,14 +55,15 @@ def test_tables_11_12_give_table_3(tmp_path):
         "gep_vectors_explicit.pdf", "gep_vectors_explicit.png", "gep_vectors_neutral.pdf", "gep_vectors_neutral.png"]
     # the CSV in long form: one row per (model, setting, comparison) and attribute, the cell's GEP and v_j
     table = pd.read_csv(out / "gep_summary.csv")
-    assert list(table.columns) == ["model", "setting", "comparison", "attributes", "gep", "attribute", "difference"]
-    want = [(r["model"], r["setting"], r["comparison"], r["attributes"], r["gep"], a, v)
+    assert list(table.columns) == ["model", "setting", "comparison", "attributes", "gep", "gep_low", "gep_high",
+                                   "attribute", "difference"]
+    want = [(r["model"], r["setting"], r["comparison"], r["attributes"], r["gep"], r["gep_low"], r["gep_high"], a, v)
             for r in doc["results"] for a, v in r["vector"].items()]
     assert len(table) == len(want) == 3 * 2 * 15
     got = list(table.itertuples(index=False, name=None))
-    assert [g[:4] + (g[5],) for g in got] == [w[:4] + (w[5],) for w in want]
-    assert np.allclose([g[4] for g in got], [w[4] for w in want]) and np.allclose([g[6] for g in got],
-                                                                                  [w[6] for w in want])
+    assert [g[:4] + (g[7],) for g in got] == [w[:4] + (w[7],) for w in want]
+    for i in (4, 5, 6, 8):
+        assert np.allclose([g[i] for g in got], [w[i] for w in want])
     per_cell = table.drop_duplicates(["model", "setting", "comparison"])
     assert len(per_cell) == len(doc["results"]) == 6
 
