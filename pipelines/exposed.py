@@ -11,7 +11,8 @@ Subcommands:
              generation with any diffusers model (the unit's three images in one call), and on the
              generator's device: prompt-space and denoising-space cosines, SSIM, Diff. Pix., ResNet-50,
              CLIP ViT-B/32, DINO ViT-S/16, split-product (section 4) -> Table 3 / S3-shaped means per model
-             and source with the units behind each, the RQ1 answer per cell, metrics.json, report.html.
+             and source with the units behind each and their intervals (bootstrap over triplets), the RQ1
+             answer and gap per cell, metrics.json (its "headline"), headline_units.parquet, report.html.
 
 Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with RAY_ADDRESS
 / --ray-address set, on that cluster.
@@ -116,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and the RQ2 tests), none (only the plots)")
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators and image models (offline smoke run; numbers are meaningless)")
+    arguments.add_intervals(r.add_argument_group(
+        "headline intervals (each Table 3 / Table 4 number and RQ1 gap: bootstrap over triplets, docs/method.md)"))
     x = r.add_argument_group("execution")
     arguments.add_run_control(x, "exposed")
     arguments.add_generation_execution(x, "generator", batch=2, unit="units (three images each)", speed=False,

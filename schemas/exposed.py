@@ -14,8 +14,9 @@ Tables:
 - ``EXPOSED_IMAGES``: one row per generated image (unit x variant) with its seed, status and the
   unit's representational disparities (section 4): one similarity per pair and space, the same on
   the unit's three rows (null where one of its images is missing);
-- ``DISPARITIES``: Table 3 / S3-shaped means per (model, source, pair, space) with the number of
-  units behind each;
+- ``DISPARITIES``: Table 3 / S3-shaped means per (model, source, pair, space) with their interval
+  (``low_column`` / ``high_column``: the bootstrap over triplets of the run's headline numbers) and
+  the number of units behind each;
 - ``OBJECTS``: one row per detected object of a generated image (label, score, box, mask, dependency
   group) and per hidden noun (sections 5-6), from the image rows' ``DEPENDENCY_COLUMNS``.
 """
@@ -140,12 +141,30 @@ SPACE = "space"
 MEAN = "mean"
 STD = "std"
 UNITS = "units"                  # (triplet, seed) units behind the mean
+# the headline numbers' long tables (pipelines/studies/exposed/headline_metrics.py)
+VALUE = "value"                  # one unit's value (a pair's similarity, an RQ1 gap, an s_O cosine)
+RESAMPLED_UNIT = "resampled_unit"  # what the bootstrap resamples: the triplet id (a one-triplet source: the unit id)
+UNIT_WEIGHT = "weight"           # the (triplet, seed) units behind a resampled unit's mean
+
+
+def low_column(name: str) -> str:
+    """The column of the interval's lower end beside the value column ``name`` (``mean_low``)."""
+    return f"{name}_low"
+
+
+def high_column(name: str) -> str:
+    """The column of the interval's upper end beside the value column ``name`` (``mean_high``)."""
+    return f"{name}_high"
+
+
 DISPARITIES = pa.schema([
     pa.field(MODEL, pa.string()),
     pa.field(TRIPLET_SOURCE, pa.string()),
     pa.field(PAIR, pa.string()),
     pa.field(SPACE, pa.string()),
     pa.field(MEAN, pa.float64()),
+    pa.field(low_column(MEAN), pa.float64()),      # null until the headline intervals are attached
+    pa.field(high_column(MEAN), pa.float64()),
     pa.field(STD, pa.float64()),
     pa.field(UNITS, pa.int64()),
 ])
@@ -294,6 +313,10 @@ DEPENDENCY_GROUP = "dependency_group"
 BIAS_SCORE = "bias_score"        # BS(o), Eq. 5: 1 = masculine only, 0 = feminine only, 0.5 = balanced
 CHI2 = "chi2"
 P_VALUE = "p_value"
+# Table 4: co-occurrence similarity s_O (Eq. 4) per (model, source, pair)
+S_O = "s_o"
+COSINE = "cosine"                # one unit's cosine of Eq. 4 (NaN: nothing detected in either image)
+BOTH_EMPTY = "both_empty"        # units left out of s_O: nothing detected in either image
 DOF = "dof"
 
 

@@ -161,7 +161,7 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
             ci = cis[i]
             tied = [names[j] for j in order if j != i and j not in apart[i]]
             table.append({"metric": key, "label": meta["label"], "unit": meta["unit"], "better": meta["better"],
-                          "scale": meta.get("scale", 1.0), "model": names[i], "run": rows[i].run.run_id,
+                          "scale": meta.get("scale", 1.0), "digits": meta.get("digits", 2), "model": names[i], "run": rows[i].run.run_id,
                           "value": ci.value, "low": ci.low, "high": ci.high, "units": ci.n, "method": ci.method,
                           "rank": rank, "tied_with": ", ".join(tied), "distinguishable_from_all": not tied})
     return pd.DataFrame(table), pd.DataFrame(pairs)
@@ -238,7 +238,7 @@ def overview(runs: list[Run], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
             mk = key_of.get((rec["run"], run_name))
             row = cells.setdefault(mk, {"model": name_of.get(mk, rec["model"])})
             m = {"value": rec["value"], "low": rec["low"], "high": rec["high"], "method": rec["method"],
-                 "n": rec["units"], "level": 0.0, "scale": rec["scale"]}
+                 "n": rec["units"], "level": 0.0, "scale": rec["scale"], "digits": rec["digits"]}
             tie = "" if rec["distinguishable_from_all"] else "="
             row[f"{study} | {rec['label']}"] = f"{headline.interval_text(m)} (#{rec['rank']}{tie})"
     return pd.DataFrame(list(cells.values()))
@@ -306,7 +306,8 @@ def write(c: Comparison, output: str) -> dict:
 def _study_html(study: str, t: pd.DataFrame, pairs: pd.DataFrame, plots: list[str]) -> str:
     shown = t.assign(value=[headline.interval_text({"value": r["value"], "low": r["low"], "high": r["high"],
                                                      "method": r["method"], "n": r["units"], "level": 0.0,
-                                                     "scale": r["scale"]}) for r in t.to_dict("records")])
+                                                     "scale": r["scale"], "digits": r["digits"]})
+                              for r in t.to_dict("records")])
     shown = shown[["label", "rank", "model", "value", "units", "tied_with", "run"]].rename(
         columns={"value": "value [interval]", "tied_with": "not distinguishable from"})
     pair_html = H.table(pairs[["label", "a", "b", "difference", "low", "high", "p_value", "p_holm",
@@ -362,7 +363,7 @@ def main(argv=None) -> int:
     for study, t in c.tables.items():
         for rec in t.to_dict("records"):
             m = {"value": rec["value"], "low": rec["low"], "high": rec["high"], "method": rec["method"],
-                 "n": rec["units"], "level": 0.0, "scale": rec["scale"]}
+                 "n": rec["units"], "level": 0.0, "scale": rec["scale"], "digits": rec["digits"]}
             tie = f" (not distinguishable from {rec['tied_with']})" if rec["tied_with"] else ""
             print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {headline.interval_text(m)}{tie}")
     if c.standin:

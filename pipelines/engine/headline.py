@@ -65,6 +65,7 @@ class Metric:
     weights: list | None = None
     strata: list | None = None     # resampled within strata (e.g. occupation of an image)
     exact: str | None = None       # "t": Student's t instead of the bootstrap
+    digits: int = 2                # decimals shown (after ``scale``)
 
     def __post_init__(self):
         if self.better not in BETTER:
@@ -81,7 +82,7 @@ class Metric:
 
     def summary(self, settings: iv.IntervalSettings) -> dict:
         return {"key": self.key, "label": self.label, "unit": self.unit, "better": self.better, "scale": self.scale,
-                **self.interval(settings).as_dict()}
+                "digits": self.digits, **self.interval(settings).as_dict()}
 
     def table(self, subject: str) -> pa.Table:
         n = len(self.units)
@@ -158,9 +159,10 @@ def protocol_digest(values) -> str:
 
 
 # ------------------------------------------------------------------------------ the report
-def interval_text(m: dict, digits: int = 2) -> str:
-    """A metric summary (``Metric.summary``) as "12.30 [8.10, 16.40]"."""
-    return iv.Interval(m["value"], m["low"], m["high"], m["method"], m["n"], m["level"]).text(digits, m.get("scale", 1.0))
+def interval_text(m: dict, digits: int | None = None) -> str:
+    """A metric summary (``Metric.summary``) as "12.30 [8.10, 16.40]" (its own ``digits`` unless given)."""
+    d = m.get("digits", 2) if digits is None else digits
+    return iv.Interval(m["value"], m["low"], m["high"], m["method"], m["n"], m["level"]).text(d, m.get("scale", 1.0))
 
 
 def better_text(better: str) -> str:

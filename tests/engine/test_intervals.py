@@ -91,3 +91,16 @@ def test_the_paired_test_holds_its_level_and_finds_a_real_difference():
 def test_holm_adjusts_step_down():
     assert iv.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
     assert iv.holm([]) == []
+
+
+def test_the_closed_form_jackknife_equals_leaving_each_unit_out():
+    rng = np.random.default_rng(3)
+    v, w = rng.normal(0, 1, 57), rng.uniform(0.5, 2, 57)
+    stat = iv.weighted_mean(v, w)
+    generic = iv._jackknife(lambda counts: stat(counts), 57, chunk=10)     # no closed form: rows of counts
+    assert np.allclose(stat.leave_one_out(), generic)
+    loo = [np.average(np.delete(v, i), weights=np.delete(w, i)) for i in range(57)]
+    assert np.allclose(generic, loo)
+    # so BCa over many units needs no units x units matrix (COCO-sized: 50,000 triplets)
+    big = iv.mean_interval(rng.normal(0, 1, 50_000), settings=iv.IntervalSettings(resamples=200))
+    assert big.low < big.value < big.high

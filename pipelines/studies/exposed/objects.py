@@ -31,7 +31,9 @@ import pyarrow.compute as pc
 from operators.base import conform
 from schemas.exposed import (
     BIAS_SCORE,
+    BOTH_EMPTY,
     CHI2,
+    COSINE,
     DEPENDENCY_GROUP,
     DETECTION_STATUS,
     DOF,
@@ -52,11 +54,15 @@ from schemas.exposed import (
     OBJECT_SCORES,
     OBJECTS,
     P_VALUE,
+    PAIR,
+    PAIR_NAMES,
     PAIRS,
     PROMPT_NOUNS,
+    S_O,
     TEST_NOT_RUN,
     TRIPLET_SOURCE,
     UNIT_ID,
+    UNITS,
     VARIANT,
     DependencyGroup,
     DetectionStatus,
@@ -147,38 +153,53 @@ def bias_scores(counts: pd.DataFrame, sizes: pd.DataFrame, min_count: int | Mapp
     return out.sort_values([MODEL, TRIPLET_SOURCE, BIAS_SCORE, OBJECT], kind="stable").reset_index(drop=True)
 
 
-def cooccurrence_similarity(objects: pd.DataFrame, images: pd.DataFrame) -> pd.DataFrame:
-    """s_O(P, P') (Eq. 4) per (model, source, pair): mean over units of the cosine between the two
-    images' object-count vectors; ``units`` used and ``both_empty`` (left out: no object in either)."""
+def unit_cosines(objects: pd.DataFrame, images: pd.DataFrame) -> pd.DataFrame:
+    """The cosine of Eq. 4 per (model, source, unit, pair) between the object-count vectors of the
+    unit's two images (``COSINE``; NaN where neither image has a detected object: left out of s_O;
+    0 where only one has); a pair with an image not analysed has no row. ``cooccurrence_similarity``
+    is its mean, the headline numbers resample it."""
     ok = analysed_images(images)
     counts = objects.groupby([*KEYS, UNIT_ID, VARIANT, OBJECT], sort=False).size().rename("n").reset_index()
     rows = []
     for (model, source), g in ok.groupby(list(KEYS), sort=False):
         mine = counts[(counts[MODEL] == model) & (counts[TRIPLET_SOURCE] == source)]
         vocab = {o: i for i, o in enumerate(sorted(set(mine[OBJECT])))}
-        have = set(zip(g[UNIT_ID], g[VARIANT]))
-        units = sorted(set(g[UNIT_ID]))
         vectors = {}
         for (unit, variant), h in mine.groupby([UNIT_ID, VARIANT], sort=False):
             v = np.zeros(len(vocab))
             v[[vocab[o] for o in h[OBJECT]]] = h["n"].to_numpy()
             vectors[(unit, variant)] = v
-        zero = np.zeros(len(vocab))
+        have, zero = set(zip(g[UNIT_ID], g[VARIANT])), np.zeros(len(vocab))
         for a, b in PAIRS:
-            cosines, empty = [], 0
-            for unit in units:
-                if (unit, a) not in have or (unit, b) not in have:
-                    continue
-                va, vb = vectors.get((unit, a), zero), vectors.get((unit, b), zero)
-                na, nb = np.linalg.norm(va), np.linalg.norm(vb)
-                if na == 0 and nb == 0:
-                    empty += 1
-                    continue
-                cosines.append(0.0 if na == 0 or nb == 0 else float(va @ vb / (na * nb)))
-            rows.append({MODEL: model, TRIPLET_SOURCE: source, "pair": f"{a}-{b}",
-                         "s_o": float(np.mean(cosines)) if cosines else float("nan"), "units": len(cosines),
-                         "both_empty": empty})
-    return pd.DataFrame(rows, columns=[MODEL, TRIPLET_SOURCE, "pair", "s_o", "units", "both_empty"])
+            for unit in sorted(set(g[UNIT_ID])):
+                if (unit, a) in have and (unit, b) in have:
+                    rows.append({MODEL: model, TRIPLET_SOURCE: source, UNIT_ID: unit, PAIR: f"{a}-{b}",
+                                 COSINE: _cosine(vectors.get((unit, a), zero), vectors.get((unit, b), zero))})
+    return pd.DataFrame(rows, columns=[*KEYS, UNIT_ID, PAIR, COSINE])
+
+
+def _cosine(va: np.ndarray, vb: np.ndarray) -> float:
+    na, nb = np.linalg.norm(va), np.linalg.norm(vb)
+    if na == 0 and nb == 0:
+        return float("nan")
+    return 0.0 if na == 0 or nb == 0 else float(va @ vb / (na * nb))
+
+
+def cooccurrence_similarity(objects: pd.DataFrame, images: pd.DataFrame,
+                            cosines: pd.DataFrame | None = None) -> pd.DataFrame:
+    """s_O(P, P') (Eq. 4) per (model, source, pair): mean over units of the cosine between the two
+    images' object-count vectors (``cosines``: ``unit_cosines``, computed when not given); ``units``
+    used and ``both_empty`` (left out: no object in either)."""
+    cos = unit_cosines(objects, images) if cosines is None else cosines
+    rows = []
+    for model, source in analysed_images(images)[list(KEYS)].drop_duplicates().itertuples(index=False):
+        mine = cos[(cos[MODEL] == model) & (cos[TRIPLET_SOURCE] == source)]
+        for name in PAIR_NAMES:
+            values = mine.loc[mine[PAIR] == name, COSINE]
+            rows.append({MODEL: model, TRIPLET_SOURCE: source, PAIR: name,
+                         S_O: float(values.mean()) if values.notna().any() else float("nan"),
+                         UNITS: int(values.notna().sum()), BOTH_EMPTY: int(values.isna().sum())})
+    return pd.DataFrame(rows, columns=[*KEYS, PAIR, S_O, UNITS, BOTH_EMPTY])
 
 
 # ------------------------------------------------------------------------------------ per-object rows

@@ -10,9 +10,11 @@ import numpy as np
 import pandas as pd
 
 from pipelines.engine import figures as _figures
+from pipelines.engine import headline as HL
 from pipelines.engine import html as H
 from pipelines.engine import page as Pg
 from pipelines.engine.checkpoint import model_dir
+from pipelines.studies.exposed import headline_metrics as HM
 from pipelines.studies.exposed import metrics as M
 from pipelines.engine.page import COLORS
 from schemas import exposed as S
@@ -53,6 +55,13 @@ def format_results(table3: pd.DataFrame, direction: pd.DataFrame, standin: bool 
     if standin:
         lines.append(Pg.STANDIN_CONSOLE)
     return "\n".join(lines)
+
+
+def format_headline(headline: dict, standin: bool = False) -> str:
+    """The lead headline numbers with their intervals (models by their short labels); a stand-in
+    run's notice last."""
+    labels = Pg.model_labels([s["name"] for s in headline["subjects"]])
+    return HM.format_headline(headline, labels) + (f"\n{Pg.STANDIN_CONSOLE}" if standin else "")
 
 
 def rq1_table(direction: pd.DataFrame, labels: dict | None = None) -> pd.DataFrame:
@@ -174,12 +183,14 @@ def render_html(meta: dict, data: dict, counts, records: list[dict], *,
     if standin:
         parts.append(Pg.standin_banner("The generators and the image models are tiny random-weight stand-ins; the "
                                        "run only exercises the pipeline."))
+    head = data.get("headline")
     rq1 = rq1_table(direction, labels)
     lead = ("<p class=lead>RQ1: is the neutral set closer to the masculine set? Per model, caption source and space, "
             "the gendered set the neutral prompts' images (prompts, latents) are closer to; <i>masculine</i> / "
             "<i>feminine</i>: how many spaces say so; <i>units</i>: (triplet, seed) units behind the row.</p>"
             + (_table(rq1, 3) if len(rq1) else "<p>No complete unit: no disparities (see the run summary).</p>"))
-    parts.append(Pg.headline(lead, _behind(meta, images, c, labels)))
+    parts.append(Pg.headline((HM.box_html(head) if head else "") + lead,
+                             (HL.behind_items(head) if head else []) + _behind(meta, images, c, labels)))
     parts.append(f"<p>Spaces: {H.esc(', '.join(meta['spaces']))}. Run <code>{H.esc(meta['run_id'])}</code>; results "
                  f"in <code>{H.esc(meta['output'])}</code>.</p>")
     parts.append("<h2>Representational disparities (Tables 3 and S3)</h2><p>Mean similarity of corresponding images "
@@ -188,8 +199,9 @@ def render_html(meta: dict, data: dict, counts, records: list[dict], *,
                  "final latents z<sub>0</sub>; image space: mean SSIM, Diff. Pix. (% of pixels inside the contours "
                  "of the thresholded SSIM difference map; lower = closer), cosine of ResNet-50 logits, CLIP ViT-B/32 "
                  "image features and DINO ViT-S/16 class tokens, and split-product (DINO ViT-B/8 patch chunks). "
-                 "<i>units</i>: the units behind each row.</p>")
-    parts.append(_table(table3.rename(columns=SPACE_LABELS), 3, labels))
+                 "<i>units</i>: the units behind each row; [low, high]: the interval of the opening box (bootstrap "
+                 "over triplets).</p>")
+    parts.append(_table(HM.interval_cells(table3, S.Space.ALL).rename(columns=SPACE_LABELS), 3, labels))
     parts.append("<h2>RQ1 per space: the similarities behind the answer</h2><p>Per model, source and space: "
                  "s(neutral, feminine), s(neutral, masculine), their gap (positive: closer to masculine) and the "
                  "answer.</p><div class=figs>")
@@ -200,9 +212,10 @@ def render_html(meta: dict, data: dict, counts, records: list[dict], *,
             parts.append(sink.save(fig, f"spaces_{name}_{source}",
                                    alt=f"{name} / {source}: {n} spaces, neutral-feminine vs neutral-masculine"))
     parts.append("</div>")
+    rq1_rows = HM.interval_cells(direction, (M.NEUTRAL_FEMININE, M.NEUTRAL_MASCULINE, M.GAP), 4)
     parts.append(Pg.details(f"Table: RQ1 per space ({len(direction)} rows)",
-                            _table(direction.assign(**{S.SPACE: direction[S.SPACE].map(SPACE_LABELS)})
-                                   if len(direction) else direction, 4, labels)))
+                            _table(rq1_rows.assign(**{S.SPACE: rq1_rows[S.SPACE].map(SPACE_LABELS)})
+                                   if len(rq1_rows) else rq1_rows, 4, labels)))
     parts.append("<h2>Example triplets</h2>")
     for model in dict.fromkeys(images[MODEL]) if len(images) else []:
         for source in dict.fromkeys(images[images[MODEL] == model][S.TRIPLET_SOURCE]):

@@ -13,6 +13,7 @@ from operators.support import rle
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.engine import page as Pg
+from pipelines.studies.exposed import headline_metrics as HM
 from pipelines.studies.exposed import objects as O
 from pipelines.engine.page import COLORS
 from schemas import exposed as S
@@ -173,7 +174,7 @@ def render_html(t: dict, images: pd.DataFrame, sink, *, top: int = 10, examples:
     parts.append("<h3>Co-occurrence similarity s<sub>O</sub> (Table 4)</h3><p>Mean cosine of the per-image "
                  "object-count vectors of corresponding images (Eq. 4); <i>both_empty</i>: pairs where nothing was "
                  "detected in either image, left out of the mean.</p>")
-    parts.append(_table(t["cooccurrence_similarity"], 3, labels))
+    parts.append(_table(HM.interval_cells(t["cooccurrence_similarity"], (S.S_O,)), 3, labels))
     parts.append("<h3>Chi-square tests on object counts (RQ2)</h3><p>Pearson's test of independence on the "
                  "variants x objects table of each comparison; <i>objects</i>: columns of the table.</p>")
     parts.append(_table(chi2_wide(t["object_chi2"], False), 3, labels))
@@ -254,8 +255,8 @@ def format_results(t: dict, standin: bool = False) -> str:
     labels = Pg.model_labels(s[MODEL] if MODEL in s else [])
     lines = ["Objects (section 5): co-occurrence similarity s_O (Table 4), units behind each, pairs left out "
              "with nothing detected in either image"]
-    for _, r in s.iterrows():
-        value = "-" if pd.isna(r["s_o"]) else f"{r['s_o']:.3f}"
+    for _, r in HM.interval_cells(s, (S.S_O,)).iterrows():
+        value = r[S.S_O] if isinstance(r[S.S_O], str) else "-" if pd.isna(r[S.S_O]) else f"{r[S.S_O]:.3f}"
         lines.append(f"  {Pg.label(labels, r[MODEL])} / {r[S.TRIPLET_SOURCE]} ({r['pair']}): {value}  "
                      f"units {int(r['units'])}, both empty {int(r['both_empty'])}")
     lines.append(f"  {t['objects'].num_rows:,} object rows; {len(t['bias_scores']):,} bias scores above the minimum "

@@ -38,7 +38,8 @@ from operators.image_prompt_dependency import PromptDependency
 from operators.image_ssim_disparity import SsimDisparity
 from operators.image_triplet_generation import TripletGenerator
 from operators.support.seeds import image_seeds
-from pipelines.engine import generation, io
+from pipelines.engine import arguments, generation, io, lifecycle
+from pipelines.engine import headline as HL
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.checkpoint import model_dir
@@ -47,6 +48,7 @@ from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.models import ModelSpec, clip_settings, standin_clip
 from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
+from pipelines.studies.exposed import headline_metrics as HM
 from pipelines.studies.exposed import metrics as M
 from pipelines.studies.exposed import objects as O
 from pipelines.studies.exposed import report as exposed_report
@@ -553,14 +555,17 @@ class ExposedStudy(StudyBase):
         generated = generation.generate(run, generation_plan(st, units, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         spaces = tuple(s for s in S.Space.ALL if s in st.disparity.spaces)
-        disparities = M.disparity_table(images, spaces)
-        table3, direction = M.table3(disparities), M.direction_table(disparities)
+        objects = object_tables(st.objects, images) if st.objects.enabled else None
+        head = headline_numbers(run, images, spaces, objects)
+        ends = HM.intervals(head, models)
+        disparities = M.with_intervals(M.disparity_table(images, spaces), HM.disparity_intervals(ends))
+        table3, direction = M.table3(disparities), M.direction_table(disparities, HM.gap_intervals(ends))
         io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=PARQUET_ONLY)
         io.write_text(disparities.to_pandas().to_csv(index=False), rd.fs, f"{rd.path}/{FILES['disparities']}")
         io.write_text(table3.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table3']}")
         io.write_text(direction.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['direction']}")
-        objects = object_tables(st.objects, images) if st.objects.enabled else None
         if objects is not None:
+            objects["cooccurrence_similarity"] = HM.with_s_o_intervals(objects["cooccurrence_similarity"], ends)
             io.write_table_and_csv(objects["objects"], rd.fs, f"{rd.path}/{FILES['objects']}", csv_without=PARQUET_ONLY)
             for key in OBJECT_FILES:
                 io.write_text(objects[key].to_csv(index=False), rd.fs, f"{rd.path}/{FILES[key]}")
@@ -572,6 +577,7 @@ class ExposedStudy(StudyBase):
                        "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
                        "disparity_loaded": st.disparity.record(), "save_images": save_images},
             "models": run.models,
+            "headline": head,
             "triplets": {"total": st.triplets.num_rows, "units": units.num_rows,
                          "by_source": outcome_counts(st.triplets, S.TRIPLET_SOURCE),
                          "filter": st.counts.to_pylist()},
@@ -584,7 +590,7 @@ class ExposedStudy(StudyBase):
         }
         return Outcome(metrics, summary_rows, {"images": images, "disparities": disparities, "table3": table3,
                                                "direction": direction, "save_images": save_images,
-                                               "objects": objects})
+                                               "objects": objects, "headline": head})
 
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
@@ -613,15 +619,58 @@ class ExposedStudy(StudyBase):
         html = exposed_report.render_html(meta, d, st.counts, run.models, figures=FigureDir(rd.fs, rd.path),
                                           examples=int(st.report.get("examples", 3)), extra=extra)
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
-        standin = bool(run.args.standin_models)    # the notice ends the last printed result
-        print(exposed_report.format_results(d["table3"], d["direction"], standin=standin and d["objects"] is None))
+        print(exposed_report.format_results(d["table3"], d["direction"]))
         if d["objects"] is not None:
-            print(objects_report.format_results(d["objects"], standin=standin))
-        written = [FILES["report"], FILES["metrics"], f"{FILES['triplets']}.parquet/.csv", FILES["counts"],
+            print(objects_report.format_results(d["objects"]))
+        # the lead numbers with their intervals; a stand-in run's notice ends the printed results
+        print(exposed_report.format_headline(d["headline"], standin=bool(run.args.standin_models)))
+        written = [FILES["report"], FILES["metrics"], HL.HEADLINE_UNITS_FILE, f"{FILES['triplets']}.parquet/.csv",
+                   FILES["counts"],
                    f"{FILES['images']}.parquet/.csv", FILES["disparities"], FILES["table3"], FILES["direction"]]
         if d["objects"] is not None:
             written += [f"{FILES['objects']}.parquet/.csv", *(FILES[k] for k in OBJECT_FILES)]
         print(f"\nwrote {rd.display()}/: {', '.join(written)}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
+
+
+def headline_numbers(run: Run, images: pa.Table, spaces: tuple, objects: dict | None) -> dict:
+    """metrics.json's ``headline`` (``headline_metrics``): per generator, Table 3's disparities, the
+    RQ1 gaps and s_O, each with its interval over triplets; writes headline_units.parquet."""
+    cols = [MODEL, S.UNIT_ID, S.TRIPLET_ID, S.TRIPLET_SOURCE, S.VARIANT, S.UNIT_STATUS, GENERATION_STATUS]
+    subjects = HM.subjects(images.select(cols).to_pandas(), M.pair_values(images, spaces),
+                           None if objects is None else objects["unit_cosines"], run.models, run.generator_models)
+    standin = bool(run.args.standin_models)
+    root = lifecycle.standin_root(run.rd) if standin else None
+    return HL.write(run.rd, ExposedStudy.name, subjects, headline_protocol(run.st, root),
+                    arguments.interval_settings(run.args), standin)
+
+
+def headline_protocol(st: ExposedSettings, standin_root: str | None = None) -> dict:
+    """What two runs must share for their headline numbers to be compared: the triplets (ids and
+    prompts), seeds per triplet and the base seed, the safety policy that decides which units are
+    measured, the spaces with their models, the object analysis (with the individuals rule s_O
+    follows) and the resampled unit. Not the generators (the subjects) nor execution settings.
+    Stand-in models' paths are written relative to ``standin_root`` (each run builds its own)."""
+    objects = object_job(st.objects)
+    protocol = {"study": ExposedStudy.name, "triplets_sha256": triplets_digest(st.triplets),
+                "triplets": st.triplets.num_rows, "seeds_per_triplet": dict(st.seeds_per_triplet),
+                "default_seeds_per_triplet": st.default_seeds_per_triplet, "base_seed": int(st.generation.seed),
+                "safety": st.generation.safety.job(), "disparity": st.disparity.job(),
+                "objects": None if objects is None else objects | {
+                    "leave_out_individuals": st.objects.leave_out_individuals},
+                "resampled_unit": f"{HM.UNIT} (a source of one triplet: its (triplet, seed) units)"}
+    return _portable(protocol, standin_root)
+
+
+def _portable(value, root: str | None):
+    """``value`` with the directory ``root`` in any string written as "<stand-ins>" (a CLIP stand-in
+    is "local-dir:<root>/...")."""
+    if root is None:
+        return value
+    if isinstance(value, dict):
+        return {k: _portable(v, root) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_portable(v, root) for v in value]
+    return value.replace(root, "<stand-ins>") if isinstance(value, str) else value
 
 
 def run(args) -> dict:
@@ -677,6 +726,7 @@ def object_tables(o: ObjectSettings, images: pa.Table) -> dict:
     object_found = O.detected(object_rows)
     object_counts = O.cooccurrence(object_found)
     floors = min_counts(o, sorted(set(imgs[S.TRIPLET_SOURCE])))
+    cosines = O.unit_cosines(object_found, imgs)
     bias = O.bias_scores(counts, sizes, floors)
     bias["individual"] = bias[S.OBJECT].isin(S.INDIVIDUALS)
     group_bias = O.group_bias_scores(objs, sizes, floors)
@@ -686,7 +736,7 @@ def object_tables(o: ObjectSettings, images: pa.Table) -> dict:
     return {"objects": objects, "object_counts": counts.merge(sizes, on=[MODEL, S.TRIPLET_SOURCE, S.VARIANT],
                                                               how="left"),
             "object_chi2": O.chi_square_tests(object_counts),
-            "cooccurrence_similarity": O.cooccurrence_similarity(object_found, imgs),
+            "cooccurrence_similarity": O.cooccurrence_similarity(object_found, imgs, cosines), "unit_cosines": cosines,
             "bias_scores": bias, "group_counts": group_counts,
             "top_objects": O.top_objects_per_group(group_counts, int(o.top_objects)),
             "group_chi2": O.group_chi_square_tests(group_rows, int(o.min_group_objects)),

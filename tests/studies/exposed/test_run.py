@@ -5,6 +5,8 @@ table, the shared text encoder of the v2.0 / v2.1 stand-ins, objects and depende
 their tables (tiny GroundingDINO and SAM), the report, and a resume after the driver is killed
 midway."""
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -13,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import exposed
+from pipelines.engine.page import STANDIN_CONSOLE
 from pipelines.engine.rundir import RunDir
 from pipelines.studies.exposed import metrics as M
 from schemas.exposed import PAIR_NAMES, Space, disparity_column
@@ -20,15 +23,19 @@ from schemas.exposed import PAIR_NAMES, Space, disparity_column
 pytestmark = pytest.mark.ray
 
 # flagged images recorded, not left out: every unit measured (the exclusion: test_model_families_run.py)
-ARGS = ["--standin-models", "--max-triplets", "1", "--per-topic", "1", "--steps", "2", "--run-id", "r", "--no-exclude-nsfw",
-        "--no-progress"]
-UNITS = 1 + 5            # one sample caption triplet x 1 seed, one profession triplet x 5 seeds
+# two triplets per source, so each headline number has an interval over triplets
+ARGS = ["--standin-models", "--max-triplets", "2", "--per-topic", "1", "--seeds-per-triplet", "profession=3",
+        "--steps", "2", "--run-id", "r", "--no-exclude-nsfw", "--no-progress", "--interval-resamples", "500"]
+UNITS = 2 + 2 * 3        # two sample caption triplets x 1 seed, two profession triplets x 3 seeds
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("exposed")
-    assert exposed.main(["run", "--output", str(out), *ARGS]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert exposed.main(["run", "--output", str(out), *ARGS]) == 0
+    (out / "printed.txt").write_text(printed.getvalue())
     return out / "r"
 
 
@@ -55,9 +62,9 @@ def test_run_writes_tables_report_and_records(run):
     assert filt.loc["triplets: sample", "rows_in"] == 24      # every line of the bundled sample counted
     sample = summary[summary["branch"] == "triplets: sample"].set_index("stage")
     assert sample.loc["triplet filter", "kept"] == sample.loc["max triplets", "rows_in"] == 15
-    assert sample.loc["max triplets", "kept"] == sample.loc["units (x seeds)", "rows_in"] == 1
+    assert sample.loc["max triplets", "kept"] == sample.loc["units (x seeds)", "rows_in"] == 2
     prof = summary[summary["branch"] == "triplets: profession"].set_index("stage")
-    assert (prof.loc["triplet filter", "kept"], prof.loc["units (x seeds)", "kept"]) == (16, 5)
+    assert (prof.loc["triplet filter", "kept"], prof.loc["units (x seeds)", "kept"]) == (16, 6)
     for _, r in summary[summary["branch"].str.startswith("generated")].iterrows():
         expected = 3 * UNITS if r["stage"] in ("generate", "objects + groups") else UNITS
         assert r["rows_in"] == expected and r["kept"] + r["dropped"] == expected, r.to_dict()
@@ -103,6 +110,59 @@ def test_standins_sharing_a_text_encoder_agree_in_the_prompt_space(run):
     assert np.allclose(by[models[1]]["prompt"], by[models[2]]["prompt"], atol=1e-9)
     assert not np.allclose(by[models[0]]["prompt"], by[models[1]]["prompt"], atol=1e-4)
     assert not np.allclose(by[models[1]]["denoising"], by[models[2]]["denoising"], atol=1e-9)
+
+
+def test_headline_numbers_with_intervals_over_triplets(run):
+    """metrics.json's headline: per generator, Table 3's means, the RQ1 gaps and s_O, each the
+    weighted mean of its triplets in headline_units.parquet, with an interval that contains it; the
+    same intervals beside the values in the CSVs, the page's opening box and the printed results."""
+    m = json.loads((run / "metrics.json").read_text())
+    h = m["headline"]
+    assert h["study"] == "paper004-exposed" and h["standin"] and h["interval"]["resamples"] == 500
+    assert h["protocol"]["resampled_unit"].startswith("triplet") and h["protocol"]["seeds_per_triplet"]["profession"] == 3
+    assert "standin_models" not in json.dumps(h["protocol"])     # stand-in paths written relative to the run
+    generators = [r for r in m["models"] if r["role"] == "generator"]
+    assert [s["name"] for s in h["subjects"]] == [r["model"] for r in generators]
+    assert len({s["key"] for s in h["subjects"]}) == 3
+    units = pq.read_table(run / "headline_units.parquet").to_pandas()
+    table3 = pd.read_csv(run / "table3_disparities.csv").set_index(["model", "triplet_source", "pair"])
+    direction = pd.read_csv(run / "rq1_direction.csv").set_index(["model", "triplet_source", "space"])
+    table4 = pd.read_csv(run / "table4_cooccurrence_similarity.csv").set_index(["model", "triplet_source", "pair"])
+    kinds, with_interval = set(), 0
+    for s in h["subjects"]:
+        assert s["images"] == 3 * UNITS and s["kind"] == "model"
+        for metric in s["metrics"]:
+            mine = units[(units["subject"] == s["key"]) & (units["metric"] == metric["key"])]
+            assert set(mine["unit"]) <= {"sample-0000000", "sample-0000001"} | {
+                u for u in mine["unit"] if u.startswith("profession-")} and len(mine) == metric["n"] == 2
+            assert np.average(mine["value"], weights=mine["weight"]) == pytest.approx(metric["value"], abs=1e-12)
+            if metric["low"] is not None:
+                with_interval += 1
+                assert metric["low"] - 1e-12 <= metric["value"] <= metric["high"] + 1e-12, metric
+            kind, source, *rest = metric["key"].split("/")
+            kinds.add(kind)
+            if kind == "disparity":
+                space, pair = rest
+                row = table3.loc[(s["name"], source, pair)]
+                cols = (space, f"{space}_low", f"{space}_high")
+            elif kind == "gap":
+                row, cols = direction.loc[(s["name"], source, rest[0])], ("gap", "gap_low", "gap_high")
+            else:
+                row, cols = table4.loc[(s["name"], source, rest[0])], ("s_o", "s_o_low", "s_o_high")
+            got = [None if pd.isna(row[c]) else float(row[c]) for c in cols]
+            assert got == pytest.approx([metric["value"], metric["low"], metric["high"]], abs=1e-9), metric["key"]
+        # a profession triplet counts its three seeds
+        prof = units[(units["subject"] == s["key"]) & units["metric"].str.startswith("disparity/profession/")]
+        assert set(prof["weight"]) == {3.0}
+    assert kinds == {"disparity", "gap", "s_o"} and with_interval > 0
+    disparities = pd.read_csv(run / "disparities.csv")
+    assert list(disparities.columns[4:7]) == ["mean", "mean_low", "mean_high"] and disparities["mean_low"].notna().any()
+    page = (run / "report.html").read_text()
+    box = page[page.index("<section class=headline>"):page.index("</section>")]
+    assert "headline-metrics" in box and "RQ1 gap" in box and "s_O(neutral, masculine)" in box and " [" in box
+    printed = (run.parent / "printed.txt").read_text()
+    assert "Headline numbers with 95% intervals" in printed and "RQ1 gap" in printed
+    assert printed.index("Headline numbers") < printed.rindex(STANDIN_CONSOLE)   # the stand-in notice after them
 
 
 OBJECT_FILES = ("objects.parquet", "objects.csv", "object_counts.csv", "object_chi2.csv",
