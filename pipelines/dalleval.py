@@ -58,6 +58,10 @@ def _output_arg(p) -> None:
     arguments.add_output(p)
 
 
+def _interval_args(p) -> None:
+    arguments.add_intervals(p.add_argument_group("intervals of the headline numbers (bootstrap over the units)"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dalleval.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators, BLIP-2 and CLIP (offline smoke run; numbers are meaningless)")
     _execution_args(r, heads=True)
+    _interval_args(r)
 
     k = sub.add_parser("skills", help="PaintSkills visual reasoning: object / count / spatial prompts, generation, "
                                       "zero-shot DETR detection and the section 4.1 accuracies (one Ray job)")
@@ -111,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators and detector (offline smoke run; numbers are meaningless)")
     _execution_args(k)
+    _interval_args(k)
 
     a = sub.add_parser("alignment", help="image-text alignment and quality: CLIP R-precision, CLIPScore and FID of "
                                          "images generated from captions (App. D; one Ray job)")
@@ -156,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny random-weight generators, CLIP and FID extractor (offline smoke run; numbers are "
                         "meaningless)")
     _execution_args(a)
+    _interval_args(a)
 
     q = sub.add_parser("summarize", help="re-analyse published numbers: average gender / skin tone and MAD from "
                                          "per-prompt counts, or Table 2 from per-skill accuracies")
@@ -168,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gender metrics over this group's prompts only (needs a group column; default: every prompt)")
     q.add_argument("--output", metavar="DIR", help="write dalleval_summary.json, .csv, .html and figures/ here "
                                                    "(with --skills: dalleval_skills_summary.*)")
+    _interval_args(q)
     return p
 
 

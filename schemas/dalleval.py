@@ -93,6 +93,15 @@ PRESENCE = "presence"              # share of the asked images whose answer is "
 ASKED = "asked"                    # generated images the attribute question was asked about
 ANSWERED = "answered"              # of those, images with a yes or no answer (the rest count as absent)
 
+# --- intervals of the headline numbers (issue 32): beside the value's column in every summary table --
+INTERVAL_LOW = "_low"              # suffix: the interval's lower bound of the column it follows
+INTERVAL_HIGH = "_high"            # suffix: its upper bound
+
+
+def interval_columns(column: str) -> tuple[str, str]:
+    """The (low, high) column names of ``column``'s interval: "gender_mad_low", "gender_mad_high"."""
+    return f"{column}{INTERVAL_LOW}", f"{column}{INTERVAL_HIGH}"
+
 DALLEVAL_REQUESTS = pa.schema([
     pa.field(IMAGE_ID, pa.string()),
     pa.field(GROUP, pa.string()),

@@ -131,7 +131,7 @@ def draw_negatives(n: int, negatives: int = R_PRECISION_NEGATIVES, captions=None
 
 
 def r_precision(image_emb, text_emb, captions=None, negatives: int = R_PRECISION_NEGATIVES,
-                r: int = R_PRECISION_R, seed: int = 0) -> dict:
+                r: int = R_PRECISION_R, seed: int = 0, per_image: bool = False) -> dict:
     """CLIP R-precision (paper 000, App. D.1) of n images with the embeddings of their own captions.
 
     ``image_emb`` and ``text_emb``: (n, d), row i of ``text_emb`` the caption image i was generated
@@ -140,7 +140,8 @@ def r_precision(image_emb, text_emb, captions=None, negatives: int = R_PRECISION
     caption's (a tie does not count as a hit).
 
     Returns {r_precision: percent of hits, n: images scored, negatives: per image actually used,
-    hits, r}.
+    hits, r}; with ``per_image`` also ``per_image``: each image's 100 (hit) or 0, whose mean is
+    the R-precision (the units of its interval).
     """
     img = _unit_rows(image_emb, "image_emb")
     txt = _unit_rows(text_emb, "text_emb")
@@ -153,7 +154,7 @@ def r_precision(image_emb, text_emb, captions=None, negatives: int = R_PRECISION
     k = neg.shape[1]
     if n and k == 0:
         raise ValueError("R-precision needs at least one negative: fewer than two distinct captions")
-    hits = 0
+    hit = np.zeros(n, bool)
     d = img.shape[1]
     step = max(1, _GATHER_ELEMENTS // max((k + 1) * d, 1))
     for start in range(0, n, step):
@@ -162,23 +163,30 @@ def r_precision(image_emb, text_emb, captions=None, negatives: int = R_PRECISION
         cand = np.concatenate([rows[:, None], neg[rows]], axis=1)
         sims = np.einsum("cd,ckd->ck", img[rows], txt[cand])
         beaten = (sims[:, 1:] >= sims[:, :1]).sum(axis=1)
-        hits += int((beaten < r).sum())
-    return {"r_precision": 100.0 * hits / n if n else float("nan"), "n": int(n), "negatives": int(k),
-            "hits": hits, "r": int(r)}
+        hit[rows] = beaten < r
+    hits = int(hit.sum())
+    out = {"r_precision": 100.0 * hits / n if n else float("nan"), "n": int(n), "negatives": int(k),
+           "hits": hits, "r": int(r)}
+    if per_image:
+        out["per_image"] = np.where(hit, 100.0, 0.0)
+    return out
 
 
 R_PRECISION_REPEATS = 5      # the released code: the mean of 5 repeats
 
 
 def r_precision_released(image_emb, text_emb, image_norm, text_norm, negatives: int = R_PRECISION_NEGATIVES,
-                         r: int = R_PRECISION_R, repeats: int = R_PRECISION_REPEATS, seed: int = 0) -> dict:
+                         r: int = R_PRECISION_R, repeats: int = R_PRECISION_REPEATS, seed: int = 0,
+                         per_image: bool = False) -> dict:
     """CLIP R-precision as the released DALL-Eval code computes it: each image's raw CLIP feature
     (unit vector x ``image_norm``) scored by dot product against the raw features of its own
     caption and ``negatives`` captions drawn uniformly with replacement from all n rows (its own
     possibly among them); a hit when fewer than ``r`` negatives score strictly higher (a tie at
     the top is a hit); the percentage of hits averaged over ``repeats`` independent draws.
 
-    Returns {r_precision, n, negatives, r, repeats, per_repeat: [percent per repeat]}."""
+    Returns {r_precision, n, negatives, r, repeats, per_repeat: [percent per repeat]}; with
+    ``per_image`` also ``per_image``: each image's share of hits over the repeats x 100, whose mean
+    is the R-precision (the units of its interval)."""
     img = _unit_rows(image_emb, "image_emb") * np.asarray(image_norm, np.float32).reshape(-1, 1)
     txt = _unit_rows(text_emb, "text_emb") * np.asarray(text_norm, np.float32).reshape(-1, 1)
     if img.shape != txt.shape:
@@ -188,9 +196,10 @@ def r_precision_released(image_emb, text_emb, image_norm, text_norm, negatives: 
     n, d = img.shape
     if n == 0:
         return {"r_precision": float("nan"), "n": 0, "negatives": int(negatives), "r": int(r),
-                "repeats": int(repeats), "per_repeat": []}
+                "repeats": int(repeats), "per_repeat": [], **({"per_image": np.zeros(0)} if per_image else {})}
     rng = np.random.default_rng(seed)
     per_repeat = []
+    hit_count = np.zeros(n, np.int64)
     step = max(1, _GATHER_ELEMENTS // max((negatives + 1) * d, 1))
     for _ in range(int(repeats)):
         neg = rng.integers(0, n, size=(n, int(negatives)), dtype=np.int64)
@@ -200,10 +209,15 @@ def r_precision_released(image_emb, text_emb, image_norm, text_norm, negatives: 
             # the true caption first, scored in the same einsum as the negatives: a drawn positive
             # gets exactly its score (a tie), never a rounding-different one
             sims = np.einsum("cd,ckd->ck", img[rows], txt[np.concatenate([rows[:, None], neg[rows]], axis=1)])
-            hits += int(((sims[:, 1:] > sims[:, :1]).sum(axis=1) < r).sum())
+            hit = (sims[:, 1:] > sims[:, :1]).sum(axis=1) < r
+            hit_count[rows] += hit
+            hits += int(hit.sum())
         per_repeat.append(100.0 * hits / n)
-    return {"r_precision": float(np.mean(per_repeat)), "n": int(n), "negatives": int(negatives), "r": int(r),
-            "repeats": int(repeats), "per_repeat": per_repeat}
+    out = {"r_precision": float(np.mean(per_repeat)), "n": int(n), "negatives": int(negatives), "r": int(r),
+           "repeats": int(repeats), "per_repeat": per_repeat}
+    if per_image:
+        out["per_image"] = 100.0 * hit_count / int(repeats)
+    return out
 
 
 def clip_score(cosines, w: float = CLIPSCORE_W) -> dict:

@@ -35,7 +35,8 @@ from operators.base import Stage, conform
 from operators.image_clip_alignment import ClipAlignmentScorer
 from operators.image_fid_features import FidFeatureExtractor
 from operators.support.seeds import image_seeds
-from pipelines.engine import generation, io, runtime, stages
+from pipelines.engine import arguments, generation, io, runtime, stages
+from pipelines.engine import headline as HL
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.io import InputError
@@ -45,9 +46,11 @@ from pipelines.engine.models import ModelSpec, clip_record, clip_settings, stand
 from pipelines.engine.progress import Phase
 from pipelines.engine.summary import stage_row
 from pipelines.studies.dalleval import alignment_metrics as AM
+from pipelines.studies.dalleval import headlines as H
 from schemas import alignment as A
 from schemas.images import IMAGE_ID
 from schemas.images import ENCODED, IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_INDEX, IMAGE_WIDTH, MODEL, SEED
+from schemas.images import GENERATION_STATUS, GenerationStatus
 from schemas.subsets import PROMPT
 
 PRESET = "dalleval_alignment.yaml"
@@ -479,6 +482,7 @@ class AlignmentStudy(StudyBase):
 
     def settings(self, args) -> AlignmentSettings:
         st = settings(args)
+        arguments.interval_settings(args)   # a bad interval option fails now, not after the images
         captions, counts = read_captions(st.captions)
         # image id -> the drawn caption (pairing "captions" finds the reference images by it)
         groups = {g: t for g, t in zip(captions.column(A.CAPTION_GROUP).to_pylist(),
@@ -538,7 +542,9 @@ class AlignmentStudy(StudyBase):
         reference, ref_phase = reference_features(run.ray, st, rd, per_actor, run.gpu.device)
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
-        table = measures(images, reference, st)
+        table, units = measure_units(images, reference, st)
+        headline = headline_section(run, images, reference, units)
+        table = with_intervals(table, H.by_model(headline))
         pairing = pairing_record(st, reference)
         io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=VECTORS)
         io.write_text(table.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table']}")
@@ -554,6 +560,7 @@ class AlignmentStudy(StudyBase):
             "fid_reference": pairing,
             "results": table.to_dict("records"),
             "error_budgets": [b.as_dict() for b in budgets],
+            "headline": headline,
         }
         c = st.caption_counts
         rows = [stage_row(None, "captions", "read + sample", c["read"], c["kept"],
@@ -563,7 +570,7 @@ class AlignmentStudy(StudyBase):
                           {A.ReferenceStatus.DECODE_ERROR: reference.num_rows - ok_ref}, ref_phase.processed)]
         rows += generation_rows(images, requests.num_rows, phases, scored_rows)
         return Outcome(metrics, rows, {"images": images, "table": table, "save_images": save_images,
-                                       "reference": reference, "pairing": pairing})
+                                       "reference": reference, "pairing": pairing, "headline": headline})
 
     def report(self, run: Run, outcome: Outcome) -> None:
         from pipelines.studies.dalleval import report_alignment
@@ -574,7 +581,7 @@ class AlignmentStudy(StudyBase):
                 "reference": reference_kind(st.reference), "fid": fid_block(st.fid), "clip": st.clip.record(),
                 "r_precision": st.r_precision, "pairing": d["pairing"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
-                "examples": int(st.report.get("examples", 8))}
+                "examples": int(st.report.get("examples", 8)), "headline": d["headline"]}
         html = report_alignment.render_html(meta, d["images"], d["table"], run.models, figures=FigureDir(rd.fs, rd.path))
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
         print(report_alignment.format_table(d["table"], standin=bool(run.args.standin_models)))
@@ -618,19 +625,36 @@ def measures(images: pa.Table, reference: pa.Table, st: AlignmentSettings) -> pd
     """Table 19's shape per model: R-precision, CLIPScore and FID with the images behind each; and,
     when the reference images have captions, Table 19's real-image row (R-precision and CLIPScore
     of the reference images against their own captions)."""
+    return measure_units(images, reference, st)[0]
+
+
+def _clip_score_units(table: pa.Table, id_column: str, w: float) -> tuple[dict, tuple]:
+    """CLIPScore of the rows with a cosine, and its units: (ids, w max(cos, 0) per image)."""
+    cos = table.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
+    ok = ~pd.isna(cos)
+    cos = cos[ok].astype(np.float64)
+    ids = np.asarray(table.column(id_column).to_pylist(), dtype=object)[ok].tolist()
+    s = AM.clip_score(cos, w=w) if len(cos) else {"clip_score": None, "clip_score_100": None, "n": 0}
+    return ({"clip_score": s["clip_score"], "clip_score_100": s["clip_score_100"], "clip_score_n": s["n"]},
+            (ids, (w * np.maximum(cos, 0.0)).tolist()) if len(cos) else None)
+
+
+def measure_units(images: pa.Table, reference: pa.Table, st: AlignmentSettings) -> tuple[pd.DataFrame, dict]:
+    """``measures``' table and, per row (model, or the real images), the units behind its
+    R-precision and CLIPScore: {row: {"r_precision": (ids, values), "clip_score": (ids, values)}},
+    each a per-image value whose mean is the row's figure (ids: the image id, or the reference id)."""
     stats = AM.load_statistics(str(st.reference["statistics"])) if reference_kind(st.reference) == "statistics" \
         else None
     ref, ref_ok = _vectors(reference, A.FID_FEATURES)
     ref = ref[ref_ok]
-    cs = st.clip_score
-    rows = []
+    w = float(st.clip_score["w"])
+    rows, units = [], {}
     for model in dict.fromkeys(images.column(MODEL).to_pylist()):
         mine = images.filter(pc.equal(images.column(MODEL), model))
-        row = {"model": model, **_alignment(mine, st.r_precision), "r_precision_reading": st.r_precision["reading"]}
-        cos = mine.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
-        cos = cos[~pd.isna(cos)].astype(np.float64)
-        s = AM.clip_score(cos, w=float(cs["w"])) if len(cos) else {"clip_score": None, "clip_score_100": None, "n": 0}
-        row.update({"clip_score": s["clip_score"], "clip_score_100": s["clip_score_100"], "clip_score_n": s["n"]})
+        rp, rp_units = _alignment(mine, st.r_precision, IMAGE_ID)
+        cs, cs_units = _clip_score_units(mine, IMAGE_ID, w)
+        row = {"model": model, **rp, "r_precision_reading": st.r_precision["reading"], **cs}
+        units[model] = {"r_precision": rp_units, "clip_score": cs_units}
         feats, ok_f = _vectors(mine, A.FID_FEATURES)
         if stats is not None and ok_f.sum() >= 2:
             f = AM.fid_from_statistics(feats[ok_f], *stats)
@@ -643,24 +667,58 @@ def measures(images: pa.Table, reference: pa.Table, st: AlignmentSettings) -> pd
         rows.append(row)
     if reference.num_rows and A.CLIP_COSINE in reference.column_names \
             and pc.sum(pc.is_valid(reference.column(A.CLIP_COSINE))).as_py():
-        cos = reference.column(A.CLIP_COSINE).to_numpy(zero_copy_only=False)
-        cos = cos[~pd.isna(cos)].astype(np.float64)
-        s = AM.clip_score(cos, w=float(cs["w"]))
-        rows.append({"model": REAL_IMAGES, **_alignment(reference, st.r_precision),
-                     "r_precision_reading": st.r_precision["reading"],
-                     "clip_score": s["clip_score"], "clip_score_100": s["clip_score_100"], "clip_score_n": s["n"],
+        rp, rp_units = _alignment(reference, st.r_precision, A.REFERENCE_ID)
+        cs, cs_units = _clip_score_units(reference, A.REFERENCE_ID, w)
+        rows.append({"model": REAL_IMAGES, **rp, "r_precision_reading": st.r_precision["reading"], **cs,
                      "fid": None, "fid_n_generated": None, "fid_n_reference": None})
-    return pd.DataFrame(rows)
+        units[REAL_IMAGES] = {"r_precision": rp_units, "clip_score": cs_units}
+    return pd.DataFrame(rows), units
 
 
-def _alignment(table: pa.Table, rp: dict) -> dict:
+def headline_section(run: Run, images: pa.Table, reference: pa.Table, units: dict) -> dict:
+    """metrics.json's ``headline`` (and headline_units.parquet): per generator (and the reference
+    images, when they have captions: kind "data") R-precision and CLIPScore over the images, each
+    with its interval. FID is not a mean over images: it has none."""
+    st = run.st
+    metrics = {row: H.alignment_metrics(u) for row, u in units.items() if row != REAL_IMAGES}
+    ok = pc.equal(images.column(GENERATION_STATUS), GenerationStatus.OK)
+    made = {m: int(pc.sum(pc.and_(pc.fill_null(ok, False), pc.equal(images.column(MODEL), m))).as_py() or 0)
+            for m in metrics}
+    excluded = {m: {"not generated (failed or blocked)": st.requests.num_rows - n} for m, n in made.items()}
+    subjects = H.subjects(metrics, run.models, made, excluded)
+    if units.get(REAL_IMAGES):
+        subjects.append(HL.Subject(REAL_IMAGES, {"data": "reference images", "kind": reference_kind(st.reference),
+                                                 "pairing": effective_pairing(st.reference)},
+                                   H.alignment_metrics(units[REAL_IMAGES]), kind="data",
+                                   images=reference.num_rows))
+    return HL.write(run.rd, H.ALIGNMENT_STUDY, subjects, protocol(st), arguments.interval_settings(run.args),
+                    bool(run.args.standin_models))
+
+
+def protocol(st: AlignmentSettings) -> dict:
+    """What two alignment runs must share to be compared: the drawn captions, seeds, safety policy,
+    CLIP and the R-precision / CLIPScore settings, the reference set's kind (not the generators)."""
+    gen = st.generation
+    return {"paper": "000", "part": "image-text alignment (App. D)", "captions": captions_digest(st.requests),
+            "images_per_prompt": 1, "seed": int(gen.seed), "safety": gen.safety.job(),
+            "clip": H.model_protocol(st.clip), "r_precision": dict(st.r_precision),
+            "clip_score": dict(st.clip_score), "reference": reference_kind(st.reference),
+            "pairing": effective_pairing(st.reference)}
+
+
+def with_intervals(table: pd.DataFrame, lookup: dict) -> pd.DataFrame:
+    """Table 19's table with the R-precision and CLIPScore intervals beside them."""
+    return H.with_intervals(table, lookup, {"r_precision": H.R_PRECISION, "clip_score": H.CLIP_SCORE})
+
+
+def _alignment(table: pa.Table, rp: dict, id_column: str) -> tuple[dict, tuple | None]:
     """R-precision of the rows' images against their captions, in the configured reading (``rp``:
-    the r_precision settings)."""
+    the r_precision settings), and its units: (ids from ``id_column``, each image's 100 x hit)."""
     img, ok_i = _vectors(table, A.CLIP_IMAGE_EMBEDDING)
     txt, ok_t = _vectors(table, A.CLIP_TEXT_EMBEDDING)
     ok = ok_i & ok_t
     if ok.sum() < 2:
-        return {"r_precision": None, "r_precision_n": int(ok.sum()), "negatives": None}
+        return {"r_precision": None, "r_precision_n": int(ok.sum()), "negatives": None}, None
     if rp["reading"] == "released":
         norms = [table.column(c).to_numpy(zero_copy_only=False) for c in (A.CLIP_IMAGE_NORM, A.CLIP_TEXT_NORM)]
         if any(pd.isna(n[ok]).any() for n in norms):
@@ -668,12 +726,14 @@ def _alignment(table: pa.Table, rp: dict) -> dict:
                              "(images scored before the norms were stored: run again in a new run directory)")
         r = AM.r_precision_released(img[ok], txt[ok], norms[0][ok].astype(np.float32), norms[1][ok].astype(np.float32),
                                     negatives=int(rp["negatives"]), r=int(rp["r"]), repeats=int(rp["repeats"]),
-                                    seed=int(rp["seed"]))
+                                    seed=int(rp["seed"]), per_image=True)
     else:
         captions = np.asarray(table.column(PROMPT).to_pylist(), dtype=object)[ok].tolist()
         r = AM.r_precision(img[ok], txt[ok], captions=captions, negatives=int(rp["negatives"]), r=int(rp["r"]),
-                           seed=int(rp["seed"]))
-    return {"r_precision": r["r_precision"], "r_precision_n": r["n"], "negatives": r["negatives"]}
+                           seed=int(rp["seed"]), per_image=True)
+    ids = np.asarray(table.column(id_column).to_pylist(), dtype=object)[ok].tolist()
+    return ({"r_precision": r["r_precision"], "r_precision_n": r["n"], "negatives": r["negatives"]},
+            (ids, r["per_image"].tolist()))
 
 
 def scored_rows(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) -> list[dict]:

@@ -328,9 +328,11 @@ def prompt_attribute_table(presence: pd.DataFrame, neutral: str = "person") -> p
 
 
 # ------------------------------------------------------------------------------------ summarize
-def summarize_counts(df: pd.DataFrame, neutral: str | None = None) -> dict:
+def summarize_counts(df: pd.DataFrame, neutral: str | None = None, intervals=None) -> dict:
     """``dalleval.py summarize``: per-prompt measures and per-model averages and MADs from a table of
-    per-prompt counts (columns model, prompt, male, female, optionally tone_1..tone_10 and group)."""
+    per-prompt counts (columns model, prompt, male, female, optionally tone_1..tone_10 and group);
+    with ``intervals`` (``IntervalSettings``) each average and MAD of the headline gets its
+    bootstrap interval over the prompts (``headlines.bias_metrics``)."""
     missing = [c for c in (MODEL, PROMPT, S.MALE, S.FEMALE) if c not in df]
     if missing:
         raise ValueError(f"counts CSV is missing columns {missing} (need model,prompt,male,female[,tone_1..tone_10])")
@@ -350,31 +352,41 @@ def summarize_counts(df: pd.DataFrame, neutral: str | None = None) -> dict:
     if S.GROUP not in measured:
         measured[S.GROUP] = None
     summary = model_summary(measured, neutral)
+    extra = {}
+    if intervals is not None:
+        from pipelines.studies.dalleval import headlines as H
+
+        metrics = H.bias_metrics(measured, neutral, S.AVG_TONE in measured)
+        summary = H.summary_with_intervals(summary, H.summaries(metrics, intervals))
+        extra = {"interval": intervals.record()}
     cols = [MODEL, PROMPT, S.MALE, S.FEMALE, S.AVG_GENDER, S.MAD_GENDER]
     if S.AVG_TONE in measured:
         cols += [S.TONED, S.AVG_TONE, S.MAD_TONE]
     per_prompt = measured[cols].astype(object).where(measured[cols].notna(), None).to_dict("records")
-    return {"models": summary, "reference": reference_rows(), "prompts": per_prompt}
+    return {"models": summary, "reference": reference_rows(), "prompts": per_prompt, **extra}
 
 
 def format_summary(result: dict) -> str:
+    """The printed summary: per model the prompts, average gender and MAD (with their intervals
+    where computed: "0.1984 [0.1500, 0.2500]"), skin tone where the counts have tones."""
+    from pipelines.studies.dalleval.headlines import value_text
+
     tone = any("skin_tone" in m for m in result["models"])
-    head = f"{'model':<32}{'prompts':>8}{'avg gender':>12}{'MAD gender':>12}"
+    head = f"{'model':<32}{'prompts':>8}{'avg gender':>28}{'MAD gender':>28}"
     if tone:
-        head += f"{'avg tone':>10}{'MAD tone':>10}"
-    lines = [head]
-    fmt = lambda x, w, d: f"{x:>{w}.{d}f}" if x is not None else f"{'-':>{w}}"  # noqa: E731
+        head += f"{'avg tone':>10}{'MAD tone':>28}"
+    lines = [head + ("   [interval over prompts]" if "interval" in result else "")]
     for m in result["models"]:
         name = str(m["model"]).rstrip("/").split("/")[-1]   # a model directory: its last component
-        line = f"{name[:31]:<32}{m['gender']['prompts']:>8}{fmt(m['gender']['average'], 12, 4)}" \
-               f"{fmt(m['gender']['mad'], 12, 4)}"
+        line = f"{name[:31]:<32}{m['gender']['prompts']:>8}{value_text(m['gender'], 'average', 4):>28}" \
+               f"{value_text(m['gender'], 'mad', 4):>28}"
         if tone:
             st = m.get("skin_tone") or {"average": None, "mad": None}
-            line += f"{fmt(st['average'], 10, 2)}{fmt(st['mad'], 10, 4)}"
+            line += f"{value_text(st, 'average', 2):>10}{value_text(st, 'mad', 4):>28}"
         lines.append(line)
     for r in result["reference"]:
-        line = f"{r['model']:<32}{'':>8}{'':>12}{r['gender']:>12.4f}"
+        line = f"{r['model']:<32}{'':>8}{'':>28}{r['gender']:>28.4f}"
         if tone:
-            line += f"{'':>10}{r['skin_tone']:>10.4f}"
+            line += f"{'':>10}{r['skin_tone']:>28.4f}"
         lines.append(line)
     return "\n".join(lines)

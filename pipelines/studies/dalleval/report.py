@@ -9,6 +9,8 @@ import pandas as pd
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.engine import page as Pg
+from pipelines.engine import headline as HL
+from pipelines.studies.dalleval import headlines as H_
 from pipelines.studies.dalleval import metrics as M
 from pipelines.engine.page import COLORS
 from schemas import dalleval as S
@@ -23,7 +25,7 @@ def _table(df: pd.DataFrame, digits: int = 3, labels: dict | None = None) -> str
 
 
 def _num(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v))
+    return v is not None and v is not pd.NA and not (isinstance(v, float) and math.isnan(v))
 
 
 def format_results(results: dict, standin: bool = False) -> str:
@@ -32,25 +34,30 @@ def format_results(results: dict, standin: bool = False) -> str:
     labels = Pg.model_labels(m["model"] for m in results["summary"])
     refs = [r["model"] for r in M.reference_rows()]
     mw = max([len("model")] + [len(v) for v in labels.values()] + [len(r) for r in refs]) + 2
-    lines = ["Bias per model (Table 8: MAD against uniform; averages: male -1 / female +1, MST 1-10)",
-             f"{'model':<{mw}}{'prompts':>8}{'avg gender':>12}{'MAD gender':>12}{'avg tone':>10}{'MAD tone':>10}"]
+    lines = ["Bias per model (Table 8: MAD against uniform, [interval over prompts]; averages: male -1 / "
+             "female +1, MST 1-10)",
+             f"{'model':<{mw}}{'prompts':>8}{'avg gender':>26}{'MAD gender':>26}{'avg tone':>10}{'MAD tone':>26}"]
     for m in results["summary"]:
         g, t = m["gender"], m.get("skin_tone") or {}
         f = lambda x, w, d: f"{x:>{w}.{d}f}" if _num(x) else f"{'-':>{w}}"  # noqa: E731
-        lines.append(f"{Pg.label(labels, m['model']):<{mw}}{g['prompts']:>8}{f(g['average'], 12, 3)}"
-                     f"{f(g['mad'], 12, 4)}{f(t.get('average'), 10, 2)}{f(t.get('mad'), 10, 4)}")
+        lines.append(f"{Pg.label(labels, m['model']):<{mw}}{g['prompts']:>8}{H_.value_text(g, 'average', 3):>26}"
+                     f"{H_.value_text(g, 'mad', 4):>26}{f(t.get('average'), 10, 2)}{H_.value_text(t, 'mad', 4):>26}")
     for r in M.reference_rows():
-        lines.append(f"{r['model']:<{mw}}{'':>8}{'':>12}{r['gender']:>12.4f}{'':>10}{r['skin_tone']:>10.4f}")
+        lines.append(f"{r['model']:<{mw}}{'':>8}{'':>26}{r['gender']:>26.4f}{'':>10}{r['skin_tone']:>26.4f}")
     att = results["tables"].get("table_attributes_by_group")
     if att is not None and not att.empty:
         diff = att[att["row"].str.contains(" - ", regex=False)]
         if not diff.empty:
-            names = [c for c in att.columns if c not in ("model", "row", "mean_abs_diff") and not c.endswith("(diff)")]
+            names = H_.attribute_names(att)
             lines.append("")
-            lines.append("Attribute presence, " + diff.iloc[0]["row"] + " (Table 9): " + ", ".join(names))
+            lines.append("Attribute presence, " + diff.iloc[0]["row"] + " (Table 9): " + ", ".join(names)
+                         + "; mean |diff| [interval over attributes]")
             for _, r in diff.iterrows():
                 vals = " ".join(f"{r[n]:+.2f}" if _num(r[n]) else "  -  " for n in names)
-                lines.append(f"  {Pg.label(labels, r['model']):<{mw}}{vals}")
+                gap = H_.value_text({k: float(r[k]) if k in r and _num(r[k]) else None
+                                     for k in ("mean_abs_diff", *S.interval_columns("mean_abs_diff"))},
+                                    "mean_abs_diff", 3)
+                lines.append(f"  {Pg.label(labels, r['model']):<{mw}}{vals}   mean |diff| {gap}")
     if standin:
         lines.append(Pg.STANDIN_CONSOLE)
     return "\n".join(lines)
@@ -173,7 +180,10 @@ def render_html(meta: dict, results: dict, records: list[dict], *, figures: _fig
                                       is not None else "every prompt")
             + ", skin tone (N = 10) over every prompt; averages: male &minus;1 / female +1, MST 1-10.</p>"
             + _table(tables["table_bias_mad"], 4, labels))
-    parts.append(Pg.headline(lead, _behind(meta, results, labels)))
+    h = meta.get("headline")
+    parts.append(Pg.headline((HL.summary_table(h) if h else "") + lead,
+                             (HL.behind_items(h) if h else []) + _behind(meta, results, labels),
+                             title="Headline numbers"))
     parts.append(f"<p>Gender by {H.esc(detect['gender'])}; attributes {'on' if detect['attributes'] else 'off'}; "
                  f"skin tone {'on' if detect['skin_tone'] else 'off'}. Run <code>{H.esc(meta['run_id'])}</code>; "
                  f"results in <code>{H.esc(meta['output'])}</code>.</p>")
@@ -212,6 +222,7 @@ def render_html(meta: dict, results: dict, records: list[dict], *, figures: _fig
 # ------------------------------------------------------------------------------------ summarize
 SUMMARY_METRICS = (("gender", "Gender"), ("skin_tone", "Skin tone"))
 SUMMARY_COLUMNS = ("model", "metric", "group", "prompts", "prompts_without_detections", "average", "mad")
+SUMMARY_INTERVALS = ("average", "mad")     # figures that get <figure>_low / _high where computed
 
 
 def summary_table(result: dict) -> pd.DataFrame:
@@ -219,7 +230,12 @@ def summary_table(result: dict) -> pd.DataFrame:
     tone where the counts have tones) of ``summarize_counts``' per-model results: the prompts it is
     over (``group``: the gender metrics' group, ``all`` for every prompt; skin tone is always over
     every prompt), those without a detection, the average (gender: male -1 / female +1; tone: MST
-    1-10) and the MAD (Table 8)."""
+    1-10) and the MAD (Table 8), each followed by its interval over the prompts where ``result``
+    has intervals (``<figure>_low``, ``<figure>_high``; empty for the average tone, which has none)."""
+    ranged = "interval" in result
+    columns = [c for col in SUMMARY_COLUMNS
+               for c in ((col, *S.interval_columns(col)) if ranged and col in SUMMARY_INTERVALS else (col,))]
+    figures = [c for c in columns if c not in SUMMARY_COLUMNS[:5]]    # average, mad and their intervals
     rows = []
     for m in result["models"]:
         for key, _ in SUMMARY_METRICS:
@@ -228,8 +244,8 @@ def summary_table(result: dict) -> pd.DataFrame:
                 continue
             rows.append({"model": m["model"], "metric": key, "group": st.get("prompts_group", "all"),
                          "prompts": st["prompts"], "prompts_without_detections": st["prompts_without_detections"],
-                         "average": st["average"], "mad": st["mad"]})
-    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+                         **{c: st.get(c) for c in figures}})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def model_bars(values: list[tuple[str, float | None]], title: str, ylabel: str,
@@ -274,7 +290,11 @@ def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | Non
              "<p>Per model (Table 8): MAD = (1/N) &Sigma;|p<sub>i</sub> &minus; 1/N| of each prompt's detected "
              "distribution, averaged over the prompts: 0 is unbiased, the one-hot row entirely biased. Gender "
              "(N = 2): average male &minus;1 / female +1, over the prompts of <i>group</i>; skin tone (N = 10): "
-             "Monk Skin Tone 1-10, over every prompt. Each chart is also saved as PDF and PNG under figures/.</p>",
+             "Monk Skin Tone 1-10, over every prompt. <i>*_low</i>, <i>*_high</i>: the "
+             + (f"{int(round(result['interval']['level'] * 100))}% bootstrap interval over the prompts "
+                f"({H.esc(result['interval']['method'])}, {result['interval']['resamples']:,} resamples, seed "
+                f"{result['interval']['seed']}). " if "interval" in result else "")
+             + "Each chart is also saved as PDF and PNG under figures/.</p>",
              _table(table, 4, labels),
              "<p>Table 8's reference rows (MAD):</p>",
              _table(pd.DataFrame(result["reference"]), 4),

@@ -8,10 +8,12 @@ from __future__ import annotations
 import pandas as pd
 
 from pipelines.engine import figures as _figures
+from pipelines.engine import headline as HL
 from pipelines.engine import html as H
 from pipelines.engine import page as Pg
 from pipelines.engine.checkpoint import model_dir
 from schemas import alignment as A
+from schemas.dalleval import interval_columns
 from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
@@ -34,17 +36,27 @@ def _int(v) -> str:
     return "-" if v is None or pd.isna(v) else str(int(v))
 
 
+def _ranged(row, column: str, digits: int) -> str:
+    """``row[column]`` with its interval beside it where the row has one: "41.20 [38.10, 44.30]"."""
+    low, high = (row.get(c) for c in interval_columns(column))
+    if low is None or pd.isna(low) or pd.isna(row[column]):
+        return _num(row[column], digits)
+    return f"{_num(row[column], digits)} [{_num(low, digits)}, {_num(high, digits)}]"
+
+
 def format_table(table: pd.DataFrame, standin: bool = False) -> str:
     """Table 19's shape as text, models by their short labels (never cut); a stand-in run's notice last."""
     labels = Pg.model_labels(table["model"])
     mw = max([len("model")] + [len(Pg.label(labels, m)) for m in table["model"]]) + 1
-    lines = ["Image-text alignment and image quality (DALL-Eval Table 19 shape; n = images behind each figure)",
-             f"{'model':<{mw}} {'R-prec. %':>10} {'n':>7} {'CLIPScore':>10} {'x100':>7} {'n':>7} {'FID':>9} "
+    lines = ["Image-text alignment and image quality (DALL-Eval Table 19 shape; n = images behind each figure; "
+             "[interval over the images])",
+             f"{'model':<{mw}} {'R-prec. %':>22} {'n':>7} {'CLIPScore':>24} {'x100':>7} {'n':>7} {'FID':>9} "
              f"{'n gen':>7} {'n ref':>7}"]
     for _, r in table.iterrows():
-        lines.append(f"{Pg.label(labels, r['model']):<{mw}} {_num(r['r_precision']):>10} {_int(r['r_precision_n']):>7} "
-                     f"{_num(r['clip_score'], 4):>10} {_num(r['clip_score_100']):>7} {_int(r['clip_score_n']):>7} "
-                     f"{_num(r['fid']):>9} {_int(r['fid_n_generated']):>7} {_int(r['fid_n_reference']):>7}")
+        lines.append(f"{Pg.label(labels, r['model']):<{mw}} {_ranged(r, 'r_precision', 2):>22} "
+                     f"{_int(r['r_precision_n']):>7} {_ranged(r, 'clip_score', 4):>24} {_num(r['clip_score_100']):>7} "
+                     f"{_int(r['clip_score_n']):>7} {_num(r['fid']):>9} {_int(r['fid_n_generated']):>7} "
+                     f"{_int(r['fid_n_reference']):>7}")
     if standin:
         lines.append(Pg.STANDIN_CONSOLE)
     return "\n".join(lines)
@@ -89,7 +101,9 @@ def render_html(meta: dict, images, table: pd.DataFrame, records: list[dict], *,
                                                           if ok < len(df) else "")]
     if meta["reference"] == "bundled":
         behind.append("FID reference: scikit-image's handful of bundled photos (see the warning below)")
-    parts.append(Pg.headline(lead, behind))
+    h = meta.get("headline")
+    parts.append(Pg.headline((HL.summary_table(h) if h else "") + lead, (HL.behind_items(h) if h else []) + behind,
+                             title="Headline numbers"))
     if meta["reference"] == "bundled":
         parts.append("<p class='warn'>The FID reference is scikit-image's handful of bundled photos (the offline "
                      "default), not a real reference set: FID over so few images means nothing. Give the real images "

@@ -9,12 +9,14 @@ from __future__ import annotations
 import pandas as pd
 
 from pipelines.engine import figures as _figures
+from pipelines.engine import headline as HL
 from pipelines.engine import html as H
 from pipelines.engine import page as Pg
 from pipelines.engine.checkpoint import model_dir
 from pipelines.studies.dalleval import skills as K
 from pipelines.engine.page import COLORS
 from schemas import paintskills as P
+from schemas.dalleval import interval_columns
 from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
@@ -165,7 +167,10 @@ def render_html(meta: dict, images, results: dict, records: list[dict], *,
               "DETR (and the generators) on PaintSkills' simulator images, which are not public, so these "
               "accuracies measure the models as released against a COCO detector, not the paper's Table 2 "
               "setting.</p>")
-    parts.append(Pg.headline(lead, _behind(meta, images, labels)))
+    h = meta.get("headline")
+    parts.append(Pg.headline((HL.summary_table(h) if h else "") + lead,
+                             (HL.behind_items(h) if h else []) + _behind(meta, images, labels),
+                             title="Headline numbers"))
     parts.append(f"<p>Run <code>{H.esc(meta['run_id'])}</code>; results in <code>{H.esc(meta['output'])}</code>.</p>")
     ref = K.table2(K.reference_rows())
     parts.append("<p>The paper's Table 2 (fine-tuned DETR and fine-tuned generators), for orientation only:</p>"
@@ -207,8 +212,10 @@ def summary_html(source: str, table: pd.DataFrame, *, figures: _figures.FigureDi
     labels = Pg.model_labels(table["model"])
     parts = [f"<h1>DALL-Eval visual reasoning skills (Table 2) from {H.esc(source)}</h1>",
              "<p>Accuracy (%) per skill (section 4.1) and their <i>average</i> over the skills each model has "
-             "(<i>skills_averaged</i>); <i>n_*</i>: images behind each figure, where given. Each chart is also "
-             "saved as PDF and PNG under figures/.</p>",
+             "(<i>skills_averaged</i>); <i>n_*</i>: images behind each figure, where given"
+             + ("; <i>*_low</i>, <i>*_high</i>: the bootstrap interval over those images (round(accuracy x n / 100) "
+                "correct)" if any(interval_columns(str(c))[1] in table.columns for c in table.columns) else "")
+             + ". Each chart is also saved as PDF and PNG under figures/.</p>",
              _table(table, 1, labels), "<div class=figs>"]
     for skill in [*P.Skill.ALL, "average"]:
         if skill not in table.columns or table[skill].isna().all():

@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 
 from operators.support.seeds import image_seeds
 from schemas import paintskills as P
+from schemas.dalleval import interval_columns
 from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_STATUS, IMAGE_INDEX, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
@@ -420,18 +421,32 @@ def format_table2(table: pd.DataFrame) -> str:
     from pipelines.engine.html import short_path
 
     has_n = any(c.startswith("n_") for c in table.columns)
+    ranged = any(interval_columns(c)[0] in table.columns for c in (*P.Skill.ALL, "average"))   # intervals beside
     table = table.assign(model=[short_path(str(m)) for m in table["model"]])
     width = max([5] + [len(str(m)) for m in table["model"]])
-    head = f"{'model':<{width}}  {'Object':>7} {'Count':>7} {'Spatial':>7} {'Avg.':>7}"
-    lines = ["Skill accuracy (%) (DALL-Eval Table 2 shape)", head + ("   n (object/count/spatial)" if has_n else "")]
+    w = 19 if ranged else 7
+    head = f"{'model':<{width}}  {'Object':>{w}} {'Count':>{w}} {'Spatial':>{w}} {'Avg.':>{w}}"
+    lines = ["Skill accuracy (%) (DALL-Eval Table 2 shape" + ("; [interval over the images])" if ranged else ")"),
+             head + ("   n (object/count/spatial)" if has_n else "")]
     for _, r in table.iterrows():
-        vals = " ".join(f"{'-' if math.isnan(r[s]) else format(r[s], '.1f'):>7}" for s in P.Skill.ALL)
-        avg = "-" if math.isnan(r["average"]) else f"{r['average']:.1f}"
+        vals = " ".join(f"{_accuracy_text(r, s):>{w}}" for s in P.Skill.ALL)
+        avg = _accuracy_text(r, "average")
         note = "" if r["skills_averaged"] in (0, len(P.Skill.ALL)) else f"  (avg of {r['skills_averaged']} skills)"
         ns = ("   " + "/".join("-" if r.get(f"n_{s}") is None or pd.isna(r.get(f"n_{s}")) else f"{int(r[f'n_{s}']):,}"
                                for s in P.Skill.ALL)) if has_n else ""
-        lines.append(f"{r['model']:<{width}}  {vals} {avg:>7}{ns}{note}")
+        lines.append(f"{r['model']:<{width}}  {vals} {avg:>{w}}{ns}{note}")
     return "\n".join(lines)
+
+
+def _accuracy_text(row, column: str) -> str:
+    """An accuracy of Table 2 as "57.5", or "57.5 [55.4, 59.5]" with its interval beside it."""
+    v = row[column]
+    if v is None or pd.isna(v):
+        return "-"
+    low, high = (row.get(c) for c in interval_columns(column))
+    if low is None or pd.isna(low):
+        return f"{v:.1f}"
+    return f"{v:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def reference_rows() -> pd.DataFrame:

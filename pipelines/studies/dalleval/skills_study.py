@@ -23,15 +23,18 @@ import pyarrow as pa
 
 from operators.base import Stage
 from operators.image_object_detection import ObjectDetector
-from pipelines.engine import generation, io
+from pipelines.engine import arguments, generation, io
+from pipelines.engine import headline as HL
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
 from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
 from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
 from pipelines.engine.models import ModelSpec
 from pipelines.engine.summary import stage_row
+from pipelines.studies.dalleval import headlines as H
 from pipelines.studies.dalleval import skills as K
 from schemas import paintskills as P
+from schemas.subsets import PROMPT
 
 PRESET = "dalleval_skills.yaml"
 REPLACED = ("template_sets",)
@@ -139,6 +142,7 @@ class SkillsStudy(StudyBase):
 
     def settings(self, args) -> SkillsSettings:
         st = settings(args)
+        arguments.interval_settings(args)   # a bad interval option fails now, not after the images
         return dataclasses.replace(st, requests=requests_of(st))
 
     def job(self, args, st: SkillsSettings) -> dict:
@@ -178,6 +182,8 @@ class SkillsStudy(StudyBase):
         threshold = st.detector["threshold"]
         judged = K.judge(images, threshold, st.detector["object_rule"], st.detector["count_rule"])
         results = analyse(judged)
+        headline = headline_section(run, judged)
+        results = with_intervals(results, H.by_model(headline))
         out_fs, out = rd.fs, rd.path
         io.write_table_and_csv(judged, out_fs, f"{out}/{FILES['images']}")
         for key in ("accuracies", "table2", "splits", "tasks"):
@@ -194,9 +200,11 @@ class SkillsStudy(StudyBase):
             "results": {k: results[k].to_dict("records") for k in ("accuracies", "table2", "splits", "tasks")},
             "zero_shot_note": ZERO_SHOT,
             "error_budgets": [b.as_dict() for b in budgets],
+            "headline": headline,
         }
         rows = generation_rows(judged, requests.num_rows, phases, detection_rows)
-        return Outcome(metrics, rows, {"images": judged, "results": results, "save_images": save_images})
+        return Outcome(metrics, rows, {"images": judged, "results": results, "save_images": save_images,
+                                       "headline": headline})
 
     def report(self, run: Run, outcome: Outcome) -> None:
         from pipelines.studies.dalleval import report_skills
@@ -206,7 +214,7 @@ class SkillsStudy(StudyBase):
                 "standin": bool(run.args.standin_models), "detector": st.detector.record(),
                 "templates": st.prompts["template_set"], "sizes": st.prompts["sizes"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
-                "examples": int(st.report.get("examples_per_skill", 6))}
+                "examples": int(st.report.get("examples_per_skill", 6)), "headline": d["headline"]}
         html = report_skills.render_html(meta, d["images"], d["results"], run.models,
                                          figures=FigureDir(rd.fs, rd.path))
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
@@ -247,6 +255,37 @@ def analyse(judged: pa.Table) -> dict:
     accuracies = K.skill_accuracies(judged)
     return {"accuracies": accuracies, "table2": K.table2(accuracies), "splits": K.split_accuracies(judged),
             "tasks": K.task_accuracies(judged)}
+
+
+def headline_section(run: Run, judged: pa.Table) -> dict:
+    """metrics.json's ``headline`` (and headline_units.parquet): per generator, each skill's accuracy
+    and their average (Table 2) over the judged prompts, each with its interval."""
+    units = H.skill_units(judged)
+    metrics = H.skill_metrics(units)
+    requested = run.st.requests.num_rows
+    judged_n = {m: int((units["model"] == m).sum()) for m in metrics}
+    excluded = {m: {"not generated or not judged": requested - n} for m, n in judged_n.items()}
+    subjects = H.subjects(metrics, run.models, judged_n, excluded)
+    return HL.write(run.rd, H.SKILLS_STUDY, subjects, protocol(run.st), arguments.interval_settings(run.args),
+                    bool(run.args.standin_models))
+
+
+def protocol(st: SkillsSettings) -> dict:
+    """What two skills runs must share to be compared: the prompts, seeds, safety policy, detector
+    and scoring rules (not the generators)."""
+    gen, req = st.generation, st.requests
+    prompts = [[i, p] for i, p in zip(req.column(P.PROMPT_ID).to_pylist(), req.column(PROMPT).to_pylist())]
+    return {"paper": "000", "part": "PaintSkills (sections 3, 4.1)", "prompts": HL.protocol_digest(prompts),
+            "sizes": dict(st.prompts["sizes"]), "template_set": st.prompts["template_set"], "images_per_prompt": 1,
+            "seed": int(gen.seed), "safety": gen.safety.job(), "detector": H.model_protocol(st.detector)}
+
+
+def with_intervals(results: dict, lookup: dict) -> dict:
+    """``results`` with each headline accuracy's interval beside it (skill_accuracies.csv, Table 2)."""
+    acc = results["accuracies"]
+    bounds = [H.interval_of(lookup, m, H.accuracy_key(s)) for m, s in zip(acc["model"], acc["skill"])]
+    return {**results, "accuracies": H.insert_interval(acc, "accuracy", bounds),
+            "table2": H.table2_with_intervals(results["table2"], lookup)}
 
 
 def detection_rows(phase, branch: str, gen_ok: pa.Table, ok: int, share: float) -> list[dict]:

@@ -34,7 +34,9 @@ from pipelines.studies.dalleval.prompts import (
     parse_groups,
     parse_professions,
 )
-from pipelines.engine import generation, io
+from pipelines.engine import arguments, generation, io
+from pipelines.engine import headline as HL
+from pipelines.studies.dalleval import headlines as H
 from pipelines.studies.dalleval import report as dalleval_report
 from pipelines.engine import config as study_config
 from pipelines.engine.figures import FigureDir
@@ -45,6 +47,7 @@ from pipelines.engine.progress import outcome_counts
 from pipelines.engine.summary import stage_row
 from schemas import dalleval as S
 from schemas.images import GENDER, GENERATION_STATUS, Gender
+from schemas.subsets import PROMPT
 
 PRESET = "dalleval.yaml"
 REPLACED = ("groups", "professions", "attributes", "articles")  # a study file's own sets, not merged
@@ -223,6 +226,7 @@ class DallEvalStudy(StudyBase):
 
     def settings(self, args) -> DallEvalSettings:
         st = settings(args)
+        arguments.interval_settings(args)   # a bad interval option fails now, not after the images
         return dataclasses.replace(st, requests=requests_of(st))   # bad input fails now
 
     def job(self, args, st: DallEvalSettings) -> dict:
@@ -252,6 +256,8 @@ class DallEvalStudy(StudyBase):
         generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
         images, phases, budgets = generated.images, generated.phases, generated.budgets
         results = analyse(images, st.neutral, st.compare, st.detect)
+        headline = headline_section(run, results)
+        results = with_intervals(results, H.by_model(headline), st.compare)
         out_fs, out = rd.fs, rd.path
         io.write_table_and_csv(images, out_fs, f"{out}/{FILES['images']}")
         io.write_text(results["counts"].to_csv(index=False), out_fs, f"{out}/{FILES['counts']}")
@@ -275,8 +281,10 @@ class DallEvalStudy(StudyBase):
             "results": {"models": results["summary"], "reference": M.reference_rows(),
                         "tables": {k: v.to_dict("records") for k, v in results["tables"].items()}},
             "error_budgets": [b.as_dict() for b in budgets],
+            "headline": headline,
         }
-        return Outcome(metrics, summary_rows, {"images": images, "results": results, "save_images": save_images})
+        return Outcome(metrics, summary_rows, {"images": images, "results": results, "save_images": save_images,
+                                               "headline": headline})
 
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
@@ -284,7 +292,8 @@ class DallEvalStudy(StudyBase):
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
                 "models": run.generator_models, "standin": bool(run.args.standin_models),
                 "detect": st.detect,
-                "neutral": st.neutral, "compare": st.compare, "attributes": [a["name"] for a in st.attributes]}
+                "neutral": st.neutral, "compare": st.compare, "attributes": [a["name"] for a in st.attributes],
+                "headline": d["headline"]}
         io.write_text(dalleval_report.render_html(meta, results, run.models, figures=FigureDir(rd.fs, rd.path)), rd.fs, f"{rd.path}/{FILES['report']}")
         print(dalleval_report.format_results(results, standin=bool(run.args.standin_models)))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
@@ -352,6 +361,53 @@ def analyse(images: pa.Table, neutral: str | None, compare: list, detect: dict) 
         tables["table_attributes_by_group"] = M.group_attribute_table(presence, neutral, pair)
         tables["table_attributes_per_prompt"] = M.prompt_attribute_table(presence, neutral)
     return {"counts": counts, "presence": presence, "tables": tables, "summary": summary}
+
+
+def headline_section(run: Run, results: dict) -> dict:
+    """metrics.json's ``headline`` (and headline_units.parquet): per generator, Table 8's MADs and the
+    average gender over prompts, Table 9's attribute gap over attributes, each with its interval."""
+    st = run.st
+    tones = bool(st.detect["skin_tone"])
+    metrics = H.bias_metrics(results["counts"], st.neutral, tones, results["tables"].get("table_attributes_by_group"),
+                             st.compare)
+    images, excluded = {}, {}
+    for model in metrics:
+        images[model], excluded[model] = H.bias_excluded(results["counts"], model, st.requests.num_rows, tones)
+    subjects = H.subjects(metrics, run.models, images, excluded)
+    return HL.write(run.rd, H.BIAS_STUDY, subjects, protocol(st), arguments.interval_settings(run.args),
+                    bool(run.args.standin_models))
+
+
+def protocol(st: DallEvalSettings) -> dict:
+    """What two runs must share to be compared: prompts, images per prompt, seeds, the safety
+    policy, the detectors and their settings, the groups compared (not the generators)."""
+    gen = st.generation
+    prompts = list(dict.fromkeys(st.requests.column(PROMPT).to_pylist()))
+    out = {"paper": "000", "part": "social bias (section 4.2)", "prompts": HL.protocol_digest(prompts),
+           "prompt_count": len(prompts), "images_per_prompt": int(gen.images_per_prompt), "seed": int(gen.seed),
+           "safety": gen.safety.job(), "neutral": st.neutral, "compare": list(st.compare), "detect": dict(st.detect)}
+    if uses_blip2(st.detect):
+        out["blip2"] = H.model_protocol(st.blip2)
+    if st.detect["gender"] == S.GenderDetector.CLIP:
+        out["clip"] = H.model_protocol(st.clip)
+    if st.detect["attributes"]:
+        out["attributes"] = HL.protocol_digest(st.attributes)
+    if st.detect["skin_tone"]:
+        out["skin_tone"] = dict(st.skin_tone)
+    return out
+
+
+def with_intervals(results: dict, lookup: dict, compare: list) -> dict:
+    """``results`` with the headline intervals beside their values: in the per-model summary, Table
+    8's table (gender_mad, gender_avg, skin_tone_mad) and Table 9's compared row (mean_abs_diff)."""
+    tables = dict(results["tables"])
+    tables["table_bias_mad"] = H.with_intervals(tables["table_bias_mad"], lookup, {
+        "gender_mad": H.GENDER_MAD, "gender_avg": H.GENDER_AVERAGE, "skin_tone_mad": H.SKIN_TONE_MAD})
+    att = tables.get("table_attributes_by_group")
+    if att is not None and not att.empty and "mean_abs_diff" in att and len(compare) == 2:
+        tables["table_attributes_by_group"] = H.with_intervals(att, lookup, {"mean_abs_diff": H.ATTRIBUTE_GAP},
+                                                               rows=att["row"] == f"{compare[0]} - {compare[1]}")
+    return {**results, "summary": H.summary_with_intervals(results["summary"], lookup), "tables": tables}
 
 
 def mad_table(summary: list[dict]) -> pd.DataFrame:

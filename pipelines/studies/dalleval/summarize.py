@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipelines.engine import io
+from pipelines.engine import arguments, io
 from pipelines.engine.summary_files import write_summary_files, wrote_line
 from pipelines.engine.table_cells import read_cells
 from pipelines.studies.dalleval.metrics import format_summary, summarize_counts
@@ -13,11 +13,12 @@ def run(args) -> dict:
     from per-skill accuracies (--skills)."""
     if getattr(args, "skills", None):
         return run_skills(args)
+    settings = arguments.interval_settings(args)     # a bad interval option: its own error, before any reading
     df = read_cells(args.counts)
     if args.group is not None and "group" not in df:
         raise io.InputError(f"--group {args.group}: {args.counts} has no group column")
     try:
-        result = summarize_counts(df, args.group)
+        result = summarize_counts(df, args.group, settings)
     except ValueError as exc:
         raise io.InputError(f"{args.counts}: {exc}") from None
     print(format_summary(result))
@@ -34,15 +35,22 @@ def run(args) -> dict:
 
 def run_skills(args) -> dict:
     """Table 2 (paper 000, section 5.2) from a CSV of per-skill accuracies: model,skill,accuracy[,n]."""
+    from pipelines.studies.dalleval import headlines as H
     from pipelines.studies.dalleval.skills import format_table2, table2
 
+    settings = arguments.interval_settings(args)
     df = read_cells(args.skills)
     try:
         table = table2(df)
     except ValueError as exc:
         raise io.InputError(f"{args.skills}: {exc}") from None
+    extra = {}
+    if "n" in df.columns and df["n"].notna().any():   # the images behind each accuracy: intervals over them
+        lookup = H.summaries(H.complete_averages(H.skill_metrics(H.accuracy_units(df)), table), settings)
+        table = H.table2_with_intervals(table, lookup)
+        extra = {"interval": settings.record(), "interval_units": "images (accuracy x n / 100 correct, rounded)"}
     print(format_table2(table))
-    result = {"input": args.skills, "table2": table.to_dict("records")}
+    result = {"input": args.skills, "table2": table.to_dict("records"), **extra}
     if args.output:
         from pipelines.studies.dalleval import report_skills
 

@@ -69,6 +69,30 @@ def test_measures_recomputed_from_the_stored_vectors(run):
     assert (table["fid_n_generated"], table["fid_n_reference"]) == (6, 8)
 
 
+def test_headline_r_precision_and_clip_score_have_intervals_and_units(run):
+    from studies.dalleval.headline_checks import check_headline, lookup
+
+    h = check_headline(run, "paper000-dalleval-alignment", {"r_precision", "clip_score"},
+                       {"captions", "seed", "clip", "r_precision", "clip_score"})
+    assert h["protocol"]["clip"]["model"] == "stand-in"
+    assert [s["kind"] for s in h["subjects"]] == ["model"]        # the bundled reference has no captions
+    images = pq.read_table(run / "images.parquet").to_pandas()
+    units = pd.read_parquet(run / "headline_units.parquet")
+    rp = units[units["metric"] == "r_precision"]
+    assert sorted(rp["unit"]) == sorted(images["image_id"]) and set(rp["value"]) <= {0.0, 100.0}
+    cs = units[units["metric"] == "clip_score"].set_index("unit")["value"]
+    want = 2.5 * np.maximum(images.set_index("image_id")[A.CLIP_COSINE].astype(np.float64), 0)
+    assert np.allclose(cs.sort_index(), want.sort_index())          # each image's own 2.5 max(cos, 0)
+    table = pd.read_csv(run / "alignment_quality.csv")
+    cols = list(table.columns)
+    for c in ("r_precision", "clip_score"):
+        assert cols[cols.index(c) + 1:cols.index(c) + 3] == [f"{c}_low", f"{c}_high"]
+        x = lookup(h)[(table["model"].iloc[0], c)]
+        assert table[c].iloc[0] == pytest.approx(x["value"])
+        assert (table[f"{c}_low"].iloc[0], table[f"{c}_high"].iloc[0]) == pytest.approx((x["low"], x["high"]))
+    assert "fid_low" not in cols                                     # FID is no mean over images: no interval
+
+
 def test_parquet_captions_one_per_image_and_a_reference_directory(ray_local, tmp_path):
     from PIL import Image
 
@@ -191,6 +215,14 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     assert gen["r_precision"] == pytest.approx(mine["r_precision"]) and gen["r_precision_reading"] == "released"
     assert gen["fid_n_reference"] == 3
     assert "real images (reference)" in (run / "report.html").read_text()
+    # the real images are a data subject of the headline, with the released reading's per-image hit shares
+    from studies.dalleval.headline_checks import check_headline, lookup
+
+    h = check_headline(run, "paper000-dalleval-alignment", {"r_precision", "clip_score"}, {"r_precision"})
+    (data,) = [x for x in h["subjects"] if x["kind"] == "data"]
+    assert data["name"] == AS.REAL_IMAGES and data["identity"]["pairing"] == "captions"
+    assert lookup(h)[(AS.REAL_IMAGES, "r_precision")]["value"] == pytest.approx(real["r_precision"])
+    assert lookup(h)[(AS.REAL_IMAGES, "r_precision")]["n"] == 3
     # pairing by image id without image ids is refused before anything starts, naming both ways out
     text = tmp_path / "caps.txt"
     text.write_text("a dog\na cat\n")

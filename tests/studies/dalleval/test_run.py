@@ -145,3 +145,37 @@ def test_bad_study_fails_cleanly(tmp_path):
     bad.write_text("neutral: nobody\n")
     assert dalleval.main(["run", "--output", str(tmp_path), "--config", str(bad), "--standin-models"]) == 2
     assert dalleval.main(["run", "--output", str(tmp_path), "--professions", "astronaut", "--standin-models"]) == 2
+
+
+def test_headline_numbers_have_intervals_units_and_the_summary_box(run):
+    from pipelines.studies.dalleval import headlines as H
+    from studies.dalleval.headline_checks import check_headline, lookup
+
+    h = check_headline(run, "paper000-dalleval-bias", {H.GENDER_MAD, H.GENDER_AVERAGE, H.SKIN_TONE_MAD,
+                                                        H.ATTRIBUTE_GAP},
+                       {"prompts", "images_per_prompt", "seed", "blip2", "attributes", "skin_tone", "neutral"})
+    assert h["protocol"]["images_per_prompt"] == 2 and h["protocol"]["blip2"]["model"] == "stand-in"
+    got = lookup(h)
+    m = json.loads((run / "metrics.json").read_text())
+    counts = pd.read_csv(run / "prompt_counts.csv")
+    units = pd.read_parquet(run / "headline_units.parquet")
+    mad = pd.read_csv(run / "table_bias_mad.csv")
+    cols = list(mad.columns)
+    assert cols[cols.index("gender_mad") + 1:cols.index("gender_mad") + 3] == ["gender_mad_low", "gender_mad_high"]
+    for s in m["results"]["models"]:
+        g, key = s["gender"], next(x["key"] for x in h["subjects"] if x["name"] == s["model"])
+        gm = got[(s["model"], H.GENDER_MAD)]
+        # the headline is Table 8's number, over the person prompts, with the same interval everywhere
+        assert gm["value"] == pytest.approx(g["mad"]) and gm["n"] == g["prompts"]
+        assert (g["mad_low"], g["mad_high"]) == (gm["low"], gm["high"])
+        assert got[(s["model"], H.SKIN_TONE_MAD)]["value"] == pytest.approx(s["skin_tone"]["mad"])
+        mine = units[(units["subject"] == key) & (units["metric"] == H.GENDER_MAD)]
+        person = counts[(counts["model"] == s["model"]) & (counts["group"] == "person")]
+        assert sorted(mine["unit"]) == sorted(person["prompt"])
+        row = mad[mad["model"] == s["model"]].iloc[0]
+        assert (row["gender_mad_low"], row["gender_mad_high"]) == pytest.approx((gm["low"], gm["high"]))
+        att = pd.read_csv(run / "table_attributes_by_group.csv")
+        gap = att[(att["model"] == s["model"]) & (att["row"] == "woman - man")].iloc[0]
+        assert gap["mean_abs_diff"] == pytest.approx(got[(s["model"], H.ATTRIBUTE_GAP)]["value"])
+        assert gap["mean_abs_diff_low"] == pytest.approx(got[(s["model"], H.ATTRIBUTE_GAP)]["low"])
+    assert mad["gender_mad_low"].isna().tolist()[0] and mad["gender_mad_low"].isna().tolist()[-1]  # reference rows

@@ -99,6 +99,41 @@ def test_summarize_on_the_runs_own_accuracies(run, tmp_path, capsys):
     assert doc["table2"][0]["average"] == pytest.approx(t2["average"].iloc[0])
 
 
+def test_headline_accuracies_have_intervals_units_and_the_summary_box(run, tmp_path):
+    from pipelines.studies.dalleval import headlines as H
+    from studies.dalleval.headline_checks import check_headline, lookup
+
+    h = check_headline(run, "paper000-dalleval-skills", {"object_accuracy", "count_accuracy", "spatial_accuracy",
+                                                          "average_accuracy"},
+                       {"prompts", "sizes", "seed", "detector", "template_set"})
+    assert h["protocol"]["detector"]["model"] == "stand-in" and h["protocol"]["detector"]["threshold"] == 0.7
+    got = lookup(h)
+    acc = pd.read_csv(run / "skill_accuracies.csv")
+    assert list(acc.columns) == ["model", "skill", "accuracy", "accuracy_low", "accuracy_high", "n"]
+    units = pd.read_parquet(run / "headline_units.parquet")
+    images = pq.read_table(run / "images.parquet").to_pandas()
+    for _, a in acc.iterrows():
+        x = got[(a["model"], H.accuracy_key(a["skill"]))]
+        assert x["value"] == pytest.approx(a["accuracy"], abs=1e-3) and x["n"] == a["n"] and x["unit"] == "prompt"
+        assert (a["accuracy_low"], a["accuracy_high"]) == pytest.approx((x["low"], x["high"]))
+        mine = units[units["metric"] == H.accuracy_key(a["skill"])]
+        assert sorted(mine["unit"]) == sorted(images[images["skill"] == a["skill"]]["prompt_id"])
+    t2 = pd.read_csv(run / "table2_skills.csv")
+    cols = list(t2.columns)
+    for c in ("object", "count", "spatial", "average"):
+        assert cols[cols.index(c) + 1:cols.index(c) + 3] == [f"{c}_low", f"{c}_high"]
+    avg = got[(t2["model"].iloc[0], H.AVERAGE_ACCURACY)]
+    assert avg["value"] == pytest.approx(t2["average"].iloc[0], abs=1e-3)
+    assert (t2["average_low"].iloc[0], t2["average_high"].iloc[0]) == pytest.approx((avg["low"], avg["high"]))
+    # summarize on the run's accuracies, which carry n: intervals over the images, the printed values kept
+    assert dalleval.main(["summarize", "--skills", str(run / "skill_accuracies.csv"), "--output", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "dalleval_skills_summary.json").read_text())
+    row = doc["table2"][0]
+    for c in ("object", "count", "spatial", "average"):
+        assert row[f"{c}_low"] <= row[c] <= row[f"{c}_high"]
+    assert row["object"] == pytest.approx(acc[acc["skill"] == "object"]["accuracy"].iloc[0])
+
+
 def test_rescoring_at_another_threshold_reuses_every_image(run, capsys):
     capsys.readouterr()
     assert dalleval.main(["skills", "--output", str(run.parent), *ARGS, "--threshold", "0.31"]) == 0
@@ -150,3 +185,5 @@ def test_bad_settings_fail_cleanly(tmp_path):
     assert dalleval.main(["skills", "--output", str(tmp_path), "--skills", "colour", "--standin-models"]) == 2
     assert dalleval.main(["skills", "--output", str(tmp_path), "--templates", "table99", "--standin-models"]) == 2
     assert dalleval.main(["skills", "--output", str(tmp_path), "--threshold", "0.1", "--standin-models"]) == 2
+    assert dalleval.main(["skills", "--output", str(tmp_path), "--interval-level", "1.5", "--standin-models"]) == 2
+    assert not any(tmp_path.iterdir())                  # refused before anything started

@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipelines.engine.intervals import IntervalSettings, mean_interval
+
 ROOT = REPO_ROOT
 DATA = ROOT / "tests" / "data"
 TABLE8_GENDER = {"minDALL-E": 0.1984, "Karlo": 0.3545, "Stable Diffusion": 0.3618}
@@ -80,13 +82,27 @@ def test_tables_16_17_give_table_8(tmp_path):
     assert abs(first["mad_gender"] - 1 / 18) < 1e-12
     # the printed table: one line per model, then the reference rows
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("minDALL-E", "Karlo", "Stable"))]
-    assert len(lines) == 3 and all(ln.split()[-3] == "83" for ln in lines)
+    assert len(lines) == 3 and all(re.match(r"^\S+( \S+)?\s+83\s", ln) for ln in lines)
+    # each MAD and average with its bootstrap interval over the 83 prompts: printed, and the published
+    # Table 8 value inside it
+    for ln, m in zip(lines, doc["models"]):
+        g = m["gender"]
+        assert g["mad_low"] <= g["mad"] <= g["mad_high"] and g["mad_low"] < g["mad_high"]
+        assert g["average_low"] <= g["average"] <= g["average_high"]
+        assert g["mad_low"] <= TABLE8_GENDER[m["model"]] <= g["mad_high"]
+        assert f"{g['mad']:.4f} [{g['mad_low']:.4f}, {g['mad_high']:.4f}]" in ln
+        mads = [p["mad_gender"] for p in doc["prompts"] if p["model"] == m["model"]]
+        ci = mean_interval(mads, settings=IntervalSettings(**doc["interval"]))    # the unit: the prompt
+        assert (ci.value, ci.low, ci.high) == pytest.approx((g["mad"], g["mad_low"], g["mad_high"]))
+    assert doc["interval"] == IntervalSettings().record()
     # the CSV, the page and its figures, as every study's summarize writes them
     out = tmp_path / "out"
     assert f"wrote {out}/: dalleval_summary.json, dalleval_summary.csv, dalleval_summary.html, figures/" in res.stdout
     table = pd.read_csv(out / "dalleval_summary.csv", keep_default_na=False, na_values=[""])
     assert list(table.columns) == ["model", "metric", "group", "prompts", "prompts_without_detections", "average",
-                                   "mad"]
+                                   "average_low", "average_high", "mad", "mad_low", "mad_high"]
+    assert np.allclose(table["mad_low"], [m["gender"]["mad_low"] for m in doc["models"]])
+    assert np.allclose(table["average_high"], [m["gender"]["average_high"] for m in doc["models"]])
     assert table[["model", "metric", "group"]].values.tolist() == [[m["model"], "gender", "all"] for m in doc["models"]]
     assert table["prompts"].tolist() == [m["gender"]["prompts"] for m in doc["models"]]
     assert np.allclose(table["average"], [m["gender"]["average"] for m in doc["models"]])
@@ -159,6 +175,31 @@ def test_skills_table2_writes_json_csv_and_page(tmp_path):
     page = (out / "dalleval_skills_summary.html").read_text()
     _embedded(page, out, ["skill_object", "skill_count", "skill_spatial", "skill_average"])
     assert all(r["model"] in page for r in doc["table2"])
+    assert "interval" not in doc                 # accuracies without image counts: no interval is made up
+
+
+def test_skills_table2_with_the_test_split_sizes_gets_intervals(tmp_path):
+    """Table 2 with section 3.2's test-split sizes as n: each accuracy keeps its printed value and gets
+    the bootstrap interval over its images (round(accuracy x n / 100) of them correct)."""
+    sizes = {"object": 2325, "count": 2160, "spatial": 2700}
+    acc = pd.read_csv(DATA / "paper000_table2_skills.csv")
+    acc["n"] = acc["skill"].map(sizes)
+    acc.to_csv(tmp_path / "acc.csv", index=False)
+    res = run("--skills", str(tmp_path / "acc.csv"), "--interval-resamples", "500", "--output", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "out" / "dalleval_skills_summary.json").read_text())
+    assert doc["interval"]["resamples"] == 500
+    assert [round(r["average"], 1) for r in doc["table2"]] == [98.0, 2.8, 26.0, 62.7, 47.3]
+    table = pd.read_csv(tmp_path / "out" / "dalleval_skills_summary.csv")
+    for skill in ("object", "count", "spatial", "average"):
+        cols = list(table.columns)
+        assert cols[cols.index(skill) + 1:cols.index(skill) + 3] == [f"{skill}_low", f"{skill}_high"]
+        # the printed value is kept; the units' own mean can differ from it by the rounding of k
+        assert (table[f"{skill}_low"] <= table[skill] + 0.05).all()
+        assert (table[skill] - 0.05 <= table[f"{skill}_high"]).all()
+    sd = table[table["model"] == "Stable Diffusion"].iloc[0]
+    assert sd["object"] == 96.2 and 95 < sd["object_low"] < 96.2 < sd["object_high"] < 97.2   # ~ +-0.8 for n = 2325
+    assert "96.2 [" in res.stdout
 
 
 def test_summarize_errors_are_clean(tmp_path):
