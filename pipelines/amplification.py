@@ -7,7 +7,7 @@ Subcommands:
   captions   the training-caption side: select LAION captions naming each occupation, detect
              explicit gender indicators, score caption/prompt similarity with SBERT, and write
              the training subsets (naive, no indicators, NN, NN + no indicators).
-  summarize  the amplification table (E[A] per prompt, exclusions, t-tests) from a CSV of known
+  summarize  the amplification table (E[A] per prompt with intervals, exclusions, t-tests) from a CSV of known
              percentages: re-analyse published tables without images.
 
 Runs on a local Ray instance by default; inside `ray submit` / `ray job submit`, or with
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _caption_args(r)
     _image_args(r)
     _common(r)
+    arguments.add_intervals(r.add_argument_group("intervals of the headline numbers (E[A], bootstrap over occupations)"))
 
     q = sub.add_parser(
         "summarize",
@@ -90,12 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "'training' holds T (% female in training images) and every other group value is a "
                     "generation prompt holding G. Prints E[A] per prompt and averaged over prompts, the "
                     "occupations excluded per prompt (training and generation skew in different "
-                    "directions) and a one-sample t-test of E[A] = 0 per prompt; --output writes the same "
+                    "directions), a bootstrap interval over occupations beside every E[A] and a one-sample t-test of E[A] = 0 per prompt; --output writes the same "
                     "as JSON. Example: the paper's Table 6 gives Table 3's naive row for SD 1.4.",
     )
     q.add_argument("--percentages", required=True, metavar="CSV", help="CSV file (local path or fsspec URI)")
     q.add_argument("--output", metavar="DIR", help="write amplification_summary.json, .csv, .html and figures/ here")
     q.add_argument("--training-group", default="training", help="group value of the training rows (default training)")
+    arguments.add_intervals(q.add_argument_group("intervals of E[A] (bootstrap over occupations)"))
     return ap
 
 

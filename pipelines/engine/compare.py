@@ -105,7 +105,7 @@ class Row:
 
     @property
     def name(self) -> str:
-        return self.subject["name"]
+        return headline.shown(self.subject)
 
 
 def _unit_values(row: Row, metric: str) -> pd.DataFrame:
@@ -200,6 +200,12 @@ class Comparison:
 
 
 def compare(runs: list[Run], settings: iv.IntervalSettings, allow_mismatch: bool = False) -> Comparison:
+    seen: dict[str, int] = {}
+    for r in runs:   # two runs of one id (copies, two output roots): told apart by where they are
+        seen[r.run_id] = seen.get(r.run_id, 0) + 1
+    for r in runs:
+        if seen[r.run_id] > 1:
+            r.run_id = f"{r.run_id} ({r.uri})"
     by_study: dict[str, list[Run]] = {}
     for r in runs:
         by_study.setdefault(r.study, []).append(r)
@@ -229,8 +235,8 @@ def overview(runs: list[Run], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     for r in runs:
         for s in r.headline["subjects"]:
             mk = model_key(s["identity"]) if s.get("kind", "model") == "model" else f"data:{s['name']}"
-            key_of[(r.run_id, s["name"])] = mk
-            name_of.setdefault(mk, s["name"])
+            key_of[(r.run_id, headline.shown(s))] = mk
+            name_of.setdefault(mk, headline.shown(s))
     cells: dict[str, dict] = {}
     for study, t in tables.items():
         for rec in t.to_dict("records"):
@@ -290,7 +296,7 @@ def write(c: Comparison, output: str) -> dict:
               "protocol_differences": c.differences, "files": files + [f"{FILES['overview']}.csv", FILES["html"]]}
     io.write_text(json.dumps(io.clean_json(record), indent=2, sort_keys=True), fs, f"{root}/{FILES['json']}")
     io.write_text(render_html(c, sections), fs, f"{root}/{FILES['html']}")
-    models = [{"role": f"generator ({r.study})", "model": s["name"], "standin": r.headline.get("standin"),
+    models = [{"role": f"generator ({r.study})", "model": headline.shown(s), "standin": r.headline.get("standin"),
                "detail": s.get("identity", {})} for r in c.runs for s in r.headline["subjects"]]
     description = (f"{len(c.runs)} finished runs of {len(c.tables)} studies ({', '.join(c.tables)}) side by side: each "
                    f"headline metric per model with its interval, rank and the models it cannot be told apart from "
@@ -318,7 +324,7 @@ def _study_html(study: str, t: pd.DataFrame, pairs: pd.DataFrame, plots: list[st
 
 def render_html(c: Comparison, sections: list[str]) -> str:
     runs = pd.DataFrame([{"run": r.run_id, "study": r.study, "where": r.uri,
-                          "models": ", ".join(s["name"] for s in r.headline["subjects"])} for r in c.runs])
+                          "models": ", ".join(headline.shown(s) for s in r.headline["subjects"])} for r in c.runs])
     diffs = [f"<li>{H.esc(s)}: {H.esc(k)}: " + "; ".join(f"{H.esc(rid)} = {H.esc(_short(v))}" for rid, v in vals.items())
              + "</li>" for s, d in c.differences.items() for k, vals in d.items()]
     lead = (H.scroll(H.table(c.overview)) + "<p class=behind>Each cell: value [interval] (#rank; <b>=</b> when the "

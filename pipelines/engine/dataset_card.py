@@ -105,7 +105,7 @@ def card(title: str, study: str, metrics: dict, found: list[dict], description: 
     lines += ["## What was measured", "", description or f"Study `{study}`"
               + (f", after *{paper[0]}*." if paper else "."), ""]
     if headline.get("subjects"):
-        from pipelines.engine.headline import interval_text
+        from pipelines.engine.headline import interval_text, shown
 
         lvl = headline["interval"]
         lines += ["## Headline numbers", "",
@@ -114,7 +114,7 @@ def card(title: str, study: str, metrics: dict, found: list[dict], description: 
                   "| subject | metric | value [interval] | units |", "| --- | --- | --- | --- |"]
         for s in headline["subjects"]:
             for m in s["metrics"]:
-                lines.append(f"| {s['name']} | {m['label']} | {interval_text(m)} | {m['n']} {m['unit']}s |")
+                lines.append(f"| {shown(s)} | {m['label']} | {interval_text(m)} | {m['n']} {m['unit']}s |")
         lines.append("")
     models = [m for m in metrics.get("models") or [] if isinstance(m, dict)]
     if models:

@@ -70,6 +70,8 @@ class GeneratorSpec:
     variant: str | None = None          # "fp16": the repository's float16 weight files, when running in float16
     # where the settings not given came from (a card, a family, a study file): recorded, not compared
     defaults_from: str | None = field(default=None, compare=False)
+    # a stand-in's requested model (hub id): recorded and shown, not run, not compared
+    standin_for: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if not str(self.model or "").strip():
@@ -107,6 +109,7 @@ class GeneratorSpec:
         d = dataclasses.asdict(self)
         d["extra"] = dict(self.extra)
         d.pop("defaults_from")   # how the defaults were found is recorded with the model, not fingerprinted
+        d.pop("standin_for")     # (recorded with the model)
         return d
 
     def operator_kwargs(self) -> dict:
@@ -414,7 +417,7 @@ def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: S
         size = STANDIN_SIZE.get(family, 64)
         fit = {side: None if family == "sd" else size for side in ("height", "width")
                if getattr(spec, side) is None or getattr(spec, side) > size}
-        out.append(dataclasses.replace(spec.at(paths[-1]), **fit))
+        out.append(dataclasses.replace(spec.at(paths[-1]), standin_for=spec.model, **fit))
     shared = [i for i in shared_text_encoder if i < len(paths) and standin_family(specs[i].family) == "sd"]
     for i in shared[1:]:
         target = Path(paths[i]) / "text_encoder"
@@ -463,7 +466,8 @@ def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
         if check is not None:
             check(pipe, spec)
         records.append({"role": "generator", "model": spec.model, "standin": standin,
-                        "detail": {**rec, "spec": spec.record(), "defaults_from": spec.defaults_from}})
+                        "detail": {**rec, "spec": spec.record(), "defaults_from": spec.defaults_from},
+                        **({"standin_for": spec.standin_for} if spec.standin_for else {})})
         del pipe
         gc.collect()
     return records

@@ -16,7 +16,7 @@ Keys of ``metrics.json["headline"]``::
 
     {"study": "paper002-amplification", "protocol": {...}, "interval": {level, resamples, seed, method},
      "standin": bool,
-     "subjects": [{"key": "...", "name": "...", "kind": "model"|"data", "identity": {...},
+     "subjects": [{"key": "...", "name": "...", "display": "...", "kind": "model"|"data", "identity": {...},
                    "images": int, "excluded": {reason: count},
                    "metrics": [{"key", "label", "unit", "better", "scale", "value", "low", "high",
                                 "method", "n", "level"}]}]}
@@ -126,14 +126,26 @@ def subject_identity(record: dict) -> dict:
         spec.pop(k, None)
     ident = {"weights_sha256": detail.get("weights_sha256")} if detail.get("weights_sha256") else \
         {"model": record.get("model"), "commit": detail.get("commit") or (detail.get("spec") or {}).get("revision")}
+    if record.get("standin_for"):   # a stand-in: what it stands in for is part of what it is (and its name)
+        ident["standin_for"] = record["standin_for"]
     return {**ident, "spec": spec}
+
+
+def shown(subject: dict) -> str:
+    """The name to show of a ``headline`` subject entry (its ``display``, else its ``name``)."""
+    return subject.get("display") or subject["name"]
+
+
+def display_name(subject: "Subject") -> str:
+    """The name a reader sees: a stand-in's requested model (hub id), else the subject's own name."""
+    return subject.identity.get("standin_for") or subject.name
 
 
 def summarize(study: str, subjects: list[Subject], protocol: dict, settings: iv.IntervalSettings,
               standin: bool) -> dict:
     """metrics.json's ``headline`` section."""
     return {"study": study, "protocol": protocol, "interval": settings.record(), "standin": bool(standin),
-            "subjects": [{"key": s.key, "name": s.name, "kind": s.kind, "identity": s.identity, "images": s.images,
+            "subjects": [{"key": s.key, "name": s.name, "display": display_name(s), "kind": s.kind, "identity": s.identity, "images": s.images,
                           "excluded": s.excluded, "metrics": [m.summary(settings) for m in s.metrics]}
                          for s in subjects]}
 
@@ -177,7 +189,7 @@ def summary_table(headline: dict) -> str:
     rows = []
     for s in headline["subjects"]:
         for m in s["metrics"]:
-            rows.append(f"<tr><td>{H.esc(s['name'])}</td><td>{H.esc(m['label'])}</td>"
+            rows.append(f"<tr><td>{H.esc(shown(s))}</td><td>{H.esc(m['label'])}</td>"
                         f"<td class=n>{H.esc(interval_text(m))}</td><td class=n>{m['n']:,} {H.esc(m['unit'])}s</td>"
                         f"<td>{H.esc(better_text(m['better']))}</td></tr>")
     lvl = headline["interval"]
@@ -195,7 +207,7 @@ def behind_items(headline: dict) -> list[str]:
         if s.get("images") is None:
             continue
         excl = ", ".join(f"{v:,} {k}" for k, v in (s.get("excluded") or {}).items() if v)
-        out.append(H.esc(f"{s['name']}: {s['images']:,} images" + (f" (excluded: {excl})" if excl else "")))
+        out.append(H.esc(f"{shown(s)}: {s['images']:,} images" + (f" (excluded: {excl})" if excl else "")))
     return out
 
 

@@ -125,7 +125,7 @@ def log_mlflow(uri: str, experiment: str, run_name: str, metrics: dict, config: 
                 for m in s["metrics"]:
                     for part in ("value", "low", "high"):
                         if m.get(part) is not None:
-                            mlflow.log_metric(_metric_name(f"{s['name']}/{m['key']}/{part}"), float(m[part]))
+                            mlflow.log_metric(_metric_name(f"{s.get('display') or s['name']}/{m['key']}/{part}"), float(m[part]))
             mlflow.log_dict(config or {}, "config.json")
             for name in ARTIFACTS:
                 if os.path.exists(os.path.join(local, name)):

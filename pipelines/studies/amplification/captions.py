@@ -518,7 +518,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         "annotated_rows": annotated_rows,
         "names_ner": names,
         "subset_rows": sizes,
-        "headline": head,
+        "caption_headline": head,   # (the caption side's means; "headline" is the interval contract)
         "_stats": stats,   # the per-occupation stats, for `run` to summarise its walked subsets (popped there)
     }
     if own_run:

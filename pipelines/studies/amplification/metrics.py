@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from pipelines.engine.headline import Metric
 from pipelines.engine.table_cells import numbers
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
 from schemas.images import CLIP_EMBEDDING, COUNTED, GENDER, MODEL, PERCENT_FEMALE, Gender
@@ -271,13 +272,107 @@ def json_rows(rows: pd.DataFrame) -> list[dict]:
     return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in recs]
 
 
-def format_results(title: str, results: list[dict], average: float | None) -> str:
-    lines = [title, f"  {'prompt':<24}{'E[A]':>8}{'n':>5}{'amp':>5}{'deamp':>6}{'t':>8}{'p':>9}  excluded"]
+def interval_text(value, low=None, high=None, digits: int = 2) -> str:
+    """"12.57 [9.80, 15.31]"; "n/a" without a value, the value alone without an interval."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if low is None or high is None or (isinstance(low, float) and math.isnan(low)):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def format_results(title: str, results: list[dict], average: float | None, average_low: float | None = None,
+                   average_high: float | None = None, level: float | None = None) -> str:
+    """The printed E[A] table; with ``level``, each E[A]'s interval (``low``/``high``) beside it."""
+    ci = f"{int(round(level * 100))}% interval" if level else ""
+    lines = [title, f"  {'prompt':<24}{'E[A]':>8}{ci:>18}{'n':>5}{'amp':>5}{'deamp':>6}{'t':>8}{'p':>9}  excluded"]
     for r in results:
         ea = "n/a" if r["expected_amplification"] is None else f"{r['expected_amplification']:.2f}"
         t = "" if r["t_statistic"] is None else f"{r['t_statistic']:.2f}"
         p = "" if r["p_value"] is None else f"{r['p_value']:.3g}"
         exc = "; ".join(f"{k}: {', '.join(v)}" for k, v in r["excluded"].items()) or "-"
-        lines.append(f"  {r['group']:<24}{ea:>8}{r['occupations']:>5}{r['amplified']:>5}{r['deamplified']:>6}{t:>8}{p:>9}  {exc}")
-    lines.append(f"  {'average over prompts':<24}{'n/a' if average is None else f'{average:.2f}':>8}")
+        lines.append(f"  {r['group']:<24}{ea:>8}{_ends(r.get('low'), r.get('high')) if level else '':>18}"
+                     f"{r['occupations']:>5}{r['amplified']:>5}{r['deamplified']:>6}{t:>8}{p:>9}  {exc}")
+    lines.append(f"  {'average over prompts':<24}{'n/a' if average is None else f'{average:.2f}':>8}"
+                 f"{_ends(average_low, average_high) if level else '':>18}")
     return "\n".join(lines)
+
+
+def _ends(low, high) -> str:
+    return "" if low is None or high is None else f"[{low:.2f}, {high:.2f}]"
+
+
+# ------------------------------------------------------------------------ headline numbers (intervals)
+# E[A] as a mean over the occupations the paper samples (pipelines/engine/headline.py): the unit of
+# every interval is the occupation (its id: the occupation's name), resampled with replacement.
+EA_KEY = "expected_amplification"
+BETTER = "lower"   # lower E[A]: the generated images skew less than the training data (docs/method.md)
+
+
+def occupation_amplification(rows: pd.DataFrame, group: str) -> pd.DataFrame:
+    """A per occupation (index, in the rows' order) and group (columns, as ``str``, in the rows'
+    order), NaN where the pair is left out (excluded, or no value): the per-unit values whose mean
+    over occupations is each group's E[A] (``expected_amplification``)."""
+    names = rows[group].map(str)
+    occs = list(dict.fromkeys(rows[OCCUPATION].astype(str)))
+    groups = list(dict.fromkeys(names))
+    keep = rows[EXCLUDED].isna() & rows[AMPLIFICATION].notna()
+    inc = pd.DataFrame({OCCUPATION: rows[OCCUPATION].astype(str)[keep], group: names[keep],
+                        AMPLIFICATION: rows[AMPLIFICATION][keep].astype(float)})
+    wide = inc.pivot(index=OCCUPATION, columns=group, values=AMPLIFICATION) if len(inc) else pd.DataFrame()
+    return wide.reindex(index=occs, columns=groups).astype(float)
+
+
+def average_over_groups(wide: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per occupation a value and a weight whose weighted mean over occupations is the mean over
+    groups of each group's E[A] (Table 3's *average*, over the groups that have one): an occupation
+    counts 1/n_p in each prompt p that includes it (n_p occupations), so
+    value_o = (sum_p A_op / n_p) / w_o with w_o = sum_p [o in p] / n_p. NaN (weight 0) for an
+    occupation no group includes."""
+    inv = 1.0 / wide.notna().sum(axis=0).replace(0, np.nan)
+    weights = wide.notna().astype(float).mul(inv, axis=1).sum(axis=1).to_numpy(float)
+    sums = wide.mul(inv, axis=1).sum(axis=1, min_count=1).to_numpy(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = np.where(weights > 0, sums / np.where(weights > 0, weights, 1.0), np.nan)
+    return values, weights
+
+
+def group_metric(wide: pd.DataFrame, column: str, key: str, label: str) -> Metric:
+    """E[A] of one group (prompt) as a mean over occupations (excluded ones: NaN, left out)."""
+    return Metric(key, label, "occupation", [str(o) for o in wide.index], wide[column].tolist(), better=BETTER)
+
+
+def average_metric(wide: pd.DataFrame, key: str, label: str) -> Metric:
+    """The average of the groups' E[A] as a weighted mean over occupations (``average_over_groups``)."""
+    values, weights = average_over_groups(wide)
+    return Metric(key, label, "occupation", [str(o) for o in wide.index], values.tolist(), better=BETTER,
+                  weights=weights.tolist())
+
+
+def amplification_metrics(rows: pd.DataFrame, group: str, key: str, label: str, per_group: bool = True) -> list[Metric]:
+    """The headline metrics of one approach (``compare``'s rows): the average over groups (``key``)
+    and, with ``per_group``, each group's E[A] (``key``/prompt_<group>)."""
+    wide = occupation_amplification(rows, group)
+    out = [average_metric(wide, key, f"{label}, average over prompts" if per_group else label)]
+    if per_group:
+        out += [group_metric(wide, g, f"{key}/prompt_{g}", f"{label}, prompt #{g}") for g in wide.columns]
+    return out
+
+
+def summary_intervals(result: dict, settings) -> dict:
+    """``summarize_percentages``' result with a bootstrap interval over occupations beside every E[A]
+    it recomputes (``low``/``high`` per prompt, ``average_low``/``average_high`` per model); the
+    values themselves are unchanged (the published tables' per-occupation T and G are the units)."""
+    out = {}
+    for model, res in result.items():
+        rows = pd.DataFrame(res["rows"])
+        wide = occupation_amplification(rows, "group") if len(rows) else pd.DataFrame()
+        per = []
+        for p in res["per_prompt"]:
+            ci = group_metric(wide, p["group"], p["group"], p["group"]).interval(settings) \
+                if p["group"] in wide.columns else None
+            per.append(p | {"low": ci.low if ci else None, "high": ci.high if ci else None})
+        avg = average_metric(wide, "average", "average").interval(settings) if len(wide.columns) else None
+        out[model] = res | {"per_prompt": per, "average_low": avg.low if avg else None,
+                            "average_high": avg.high if avg else None}
+    return out

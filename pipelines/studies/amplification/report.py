@@ -16,15 +16,19 @@ import pandas as pd
 from pipelines.engine import figures as _figures
 from pipelines.engine import html as H
 from pipelines.engine import page as Pg
+from pipelines.engine import headline as HL
 from pipelines.studies.amplification.metrics import (
+    EA_KEY,
     EXCLUDED,
     GENERATED,
     N_IMAGES,
     TRAINING,
     compare,
     expected_amplification,
+    amplification_metrics,
     female_indicator_share,
     indicator_gender_match,
+    interval_text,
     json_rows,
     pearson,
     percent_female,
@@ -135,8 +139,10 @@ def _complete(df: pd.DataFrame, levels: dict) -> pd.DataFrame:
     return out
 
 
-def table3(approaches: dict, n_prompts: int) -> pd.DataFrame:
-    """Table 3: rows approaches, columns model x (prompt #1..#n, average)."""
+def table3(approaches: dict, n_prompts: int, headline: dict | None = None) -> pd.DataFrame:
+    """Table 3: rows approaches, columns model x (prompt #1..#n, average); with ``headline``
+    (metrics.json's), each E[A]'s interval beside it (``#p_low``, ``#p_high``, ``average_low``, ...)."""
+    ends = _interval_ends(headline)
     recs = []
     for model, per in approaches.items():
         for subset in Subset.ALL:
@@ -145,16 +151,100 @@ def table3(approaches: dict, n_prompts: int) -> pd.DataFrame:
             by = {p["group"]: p for p in r["per_prompt"]}
             for p in range(1, n_prompts + 1):
                 rec[f"#{p}"] = by[str(p)]["expected_amplification"] if str(p) in by else None
+                if headline is not None:
+                    rec[f"#{p}_low"], rec[f"#{p}_high"] = ends.get((model, approach_key(subset, p)), (None, None))
             rec["average"] = r["average"]
+            if headline is not None:
+                rec["average_low"], rec["average_high"] = ends.get((model, approach_key(subset)), (None, None))
             for p in range(1, n_prompts + 1):  # occupations behind each E[A], and those left out
                 res = by.get(str(p))
                 rec[f"n_#{p}"] = res["occupations"] if res else 0
                 rec[f"excluded_#{p}"] = "; ".join(f"{k}={len(v)}" for k, v in res["excluded"].items()) if res else ""
             recs.append(rec)
     df = pd.DataFrame(recs)
-    num = ["average"] + [f"#{p}" for p in range(1, n_prompts + 1)]
+    num = [c for c in df.columns if c == "average" or c.startswith("average_")
+           or (c.startswith("#") and not c.startswith(("n_", "excluded_")))]
     df[num] = df[num].astype(float)  # None (no value) -> NaN: an empty CSV cell, "n/a" in the report
     return df
+
+
+def table3_text(t3: pd.DataFrame) -> pd.DataFrame:
+    """Table 3 as shown (report, console): each E[A] with its interval in one cell, "10.24 [6.10,
+    14.52]", where the table has interval columns; unchanged otherwise."""
+    values = [c for c in t3.columns if f"{c}_low" in t3.columns]
+    if not values:
+        return t3
+    out = t3.drop(columns=[f"{c}_{e}" for c in values for e in ("low", "high")])
+    for c in values:
+        out[c] = [interval_text(_num(v), _num(lo), _num(hi)) for v, lo, hi in
+                  zip(t3[c], t3[f"{c}_low"], t3[f"{c}_high"])]
+    return out
+
+
+def _num(v):
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+# ------------------------------------------------------------------------------- headline numbers
+def approach_key(subset: str, prompt: int | None = None) -> str:
+    """The headline metric key of an approach's average E[A], or of one prompt's."""
+    return f"{EA_KEY}/{subset}" + ("" if prompt is None else f"/prompt_{prompt}")
+
+
+def captions_key(name: str) -> str:
+    """The headline metric key of section 6's E[A] (``name``: all_captions, no_indicator_captions)."""
+    return f"{EA_KEY}/captions_as_prompts/{name}"
+
+
+CAPTION_TITLES = {"all_captions": "captions as prompts, all (section 6)",
+                  "no_indicator_captions": "captions as prompts, no gender indicators (section 6)"}
+
+
+def model_metrics(approaches: dict, caption_prompts: dict) -> dict[str, list]:
+    """Per model, its headline metrics (``headline.Metric``, unit: the occupation): each approach's
+    average E[A] over prompts and each prompt's (Table 3), then section 6's E[A] of images generated
+    from the training captions. Each metric's (weighted) mean over occupations is the E[A] the
+    study reports (``metrics.amplification_metrics``)."""
+    out = {}
+    for model, per in approaches.items():
+        metrics = []
+        for subset in Subset.ALL:
+            rows = pd.DataFrame(per[subset]["rows"])
+            metrics += amplification_metrics(rows, PROMPT_ID, approach_key(subset), f"E[A], {APPROACH_TITLES[subset]}")
+        for name, res in (caption_prompts.get(model) or {}).items():
+            metrics += amplification_metrics(pd.DataFrame(res["rows"]), "group", captions_key(name),
+                                             f"E[A], {CAPTION_TITLES.get(name, name)}", per_group=False)
+        out[model] = metrics
+    return out
+
+
+def generated_images(images: pd.DataFrame, model: str) -> tuple[int, dict]:
+    """The counted images ``model`` generated (from the prompts and from the captions) and, per
+    reason, those left out: the first stage that failed (generation, face filter) or CLIP's
+    undecided gender."""
+    mine = images[(images[I.MODEL] == model) & images[I.SOURCE].isin([I.Source.GENERATED, I.Source.CAPTION_PROMPT])]
+    counted = mine[I.COUNTED].fillna(False).astype(bool)
+    left = mine[~counted]
+    gen = left[I.GENERATION_STATUS].fillna(I.GenerationStatus.OK)
+    face = left[I.FACE_STATUS].fillna(I.FaceStatus.OK)
+    reason = np.where(gen != I.GenerationStatus.OK, gen,
+                      np.where(face != I.FaceStatus.OK, face, "gender " + left[I.GENDER].fillna("unknown").astype(str)))
+    return int(counted.sum()), {str(k): int(v) for k, v in pd.Series(reason, dtype=object).value_counts().items()}
+
+
+def _interval_ends(headline: dict | None) -> dict:
+    """{(subject name, metric key): (low, high)} of a headline section."""
+    if not headline:
+        return {}
+    return {(s["name"], m["key"]): (m["low"], m["high"]) for s in headline["subjects"] for m in s["metrics"]}
+
+
+def box_headline(headline: dict) -> dict:
+    """The headline with the averages only (per approach, and section 6): the report's opening
+    table; the per-prompt intervals are in Table 3."""
+    subjects = [{**s, "metrics": [m for m in s["metrics"] if "/prompt_" not in m["key"]]}
+                for s in headline["subjects"]]
+    return {**headline, "subjects": subjects}
 
 
 # ------------------------------------------------------------------------------------ report.html
@@ -292,9 +382,9 @@ def _behind(results: dict, meta: dict, labels: dict) -> list[str]:
 
 
 def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_counts: dict, models: list[dict],
-                meta: dict, *, figures: _figures.FigureDir | None = None) -> str:
-    """report.html: average E[A] per approach and model first with the images and exclusions behind
-    it, then Table 3, the figures (PDF + PNG under ``figures/`` of the run when ``figures`` is a
+                meta: dict, *, figures: _figures.FigureDir | None = None, headline: dict | None = None) -> str:
+    """report.html: average E[A] per approach and model first (with ``headline``, metrics.json's,
+    each with its interval) with the images and exclusions behind it, then Table 3, the figures (PDF + PNG under ``figures/`` of the run when ``figures`` is a
     ``FigureDir``; embedded in the page either way), per-occupation tables, the models, and the rows
     and drops per stage collapsed at the end."""
     sink = _figures.sink(figures)
@@ -313,16 +403,26 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
         out.append(f"<p class=warn>Training images came from a local image server on 127.0.0.1 standing in for "
                    f"the sample's URLs ({H.esc(meta['local_image_server'])}); the sample is synthetic.</p>")
     lead = ("<p class=lead>Expected bias amplification E[A], averaged over the prompts, per approach and model "
-            "(Table 3's <i>average</i>): A = |G &minus; 50| &minus; |T &minus; 50| per occupation, in percentage "
-            "points; positive: the generated images skew further from balanced than the training images.</p>"
-            + H.table(headline_table(t3, labels)))
-    out.append(Pg.headline(lead, _behind(results, meta, labels)))
+            "(Table 3's <i>average</i>), and section 6's E[A] of images generated from the training captions: "
+            "A = |G &minus; 50| &minus; |T &minus; 50| per occupation, in percentage points; positive: the "
+            "generated images skew further from balanced than the training images.</p>")
+    if headline is not None:   # models by their labels, as everywhere on the page (the models table has the ids)
+        shown = box_headline({**headline, "subjects": [{**s, "name": Pg.label(labels, s["name"]),
+                                                        "display": Pg.label(labels, s["name"])}
+                                                       for s in headline["subjects"]]})
+        box = HL.summary_table(shown) + lead + "<p>Per prompt, with intervals: Table 3 below.</p>"
+        behind = HL.behind_items(shown) + _behind(results, meta, labels)
+    else:
+        box, behind = lead + H.table(headline_table(t3, labels)), _behind(results, meta, labels)
+    out.append(Pg.headline(box, behind))
     out.append(f"<p>Study: paper 002 (<i>The Bias Amplification Paradox in Text-to-Image Generation</i>). Input "
                f"{H.esc(meta.get('input'))}; results in <code>{H.esc(meta.get('output'))}</code>.</p>")
     out.append("<h2>Bias amplification E[A] per prompt (Table 3)</h2><p>Occupations whose training and generated "
                "images skew in different directions are excluded per prompt (direction_switch), as are occupations "
                "without counted images on one side. n_#p: occupations behind E[A] for prompt p; excluded_#p: how "
-               "many were left out, by reason.</p>" + H.table(Pg.relabel(t3, labels)))
+               "many were left out, by reason." + (" Each E[A] with its interval: bootstrap over occupations; the "
+               "bounds are columns of their own in table3.csv." if "average_low" in t3 else "") + "</p>"
+               + H.table(Pg.relabel(table3_text(t3), labels)))
     n_cols = [c for c in t3.columns if c.startswith("n_#")]
     thin = int((t3[n_cols] < max(2, meta.get("occupations", 0) // 2)).to_numpy().sum()) if n_cols else 0
     if thin:
@@ -462,7 +562,12 @@ def summary_html(source: str, result: dict, *, figures: _figures.FigureDir | Non
     for model, res in result.items():
         name = Pg.label(labels, model)
         parts.append(f"<h2>{H.esc(name)}: average E[A] = "
-                     f"{'n/a' if res['average'] is None else format(res['average'], '.2f')}</h2><div class=figs>")
+                     f"{interval_text(res['average'], res.get('average_low'), res.get('average_high'))}</h2>")
+        if "average_low" in res:
+            parts.append("<p>E[A] per prompt [interval: bootstrap over occupations]: " + "; ".join(
+                H.esc(f"{p['group']}: {interval_text(p['expected_amplification'], p.get('low'), p.get('high'))}")
+                for p in res["per_prompt"]) + ".</p>")
+        parts.append("<div class=figs>")
         for p in res["per_prompt"]:
             pts = [(r["training"], r["generated"], r["occupation"]) for r in res["rows"]
                    if r["group"] == p["group"] and r["excluded"] is None]

@@ -272,7 +272,7 @@ class AmplificationStudy:
             sim = caption_report.similarity_summary(caption_stats, subsets, occupation_list)
             io.write_table_and_csv(sim, out_fs, f"{out}/{captions.FILES['similarity']}")
             caption_metrics["subset_rows"] = caption_report.subset_sizes(subsets)
-            caption_metrics["headline"] = caption_report.headline(sim)
+            caption_metrics["caption_headline"] = caption_report.headline(sim)
             io.write_table_and_csv(walk.groups, out_fs, f"{out}/{run_files['walk']}")
         else:
             print(f"\ntraining images: {image_side.unique_urls(subsets, []).num_rows:,} distinct URLs of "
@@ -309,8 +309,10 @@ class AmplificationStudy:
         count_rows = image_side.image_stage_counts(url_results, generated if generated is not None else gen_rows, train_rows,
                                                  labels)
         counts = pd.DataFrame(count_rows)
-        results = rep.compute(per_image.to_pandas(), occupations, len(cs.prompts), models)
-        t3 = rep.table3(results["approaches"], len(cs.prompts))
+        per_image_df = per_image.to_pandas()
+        results = rep.compute(per_image_df, occupations, len(cs.prompts), models)
+        head = headline_of(run, results, per_image_df)
+        t3 = rep.table3(results["approaches"], len(cs.prompts), head)
 
         io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
         T = results["T"].assign(**{"prompt_id": results["T"]["prompt_id"].astype("Int64").replace(0, pd.NA)})
@@ -344,7 +346,10 @@ class AmplificationStudy:
                  if p.ray_stats]
         io.write_text("\n\n".join(stats) + "\n", out_fs, f"{out}/{run_files['ray_stats']}")
 
+        # (the caption side's means, SBERT cosines and indicator shares, are "caption_headline":
+        # "headline" is the run's headline numbers with their intervals, pipelines/engine/headline.py)
         metrics = caption_metrics | {
+            "headline": head,
             "stage": "run",
             # fetch: as this run used it (the local image server of the bundled sample allows local addresses)
             "image_config": recorded | {"fetch": dict(st.fetch), "url_rewrite": st.url_rewrite,
@@ -370,7 +375,7 @@ class AmplificationStudy:
             "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
         }
         results["training_walk"] = walk_record
-        data = {"results": results, "t3": t3, "counts": counts, "caption_counts": caption_metrics["counts"],
+        data = {"results": results, "t3": t3, "counts": counts, "headline": head, "caption_counts": caption_metrics["counts"],
                 "models": model_records + _caption_models(caption_metrics),
                 "meta": {"output": rd.display(), "input": ", ".join(map(str, args.captions)),
                          "occupations": len(occupations), "images": per_image.num_rows,
@@ -380,13 +385,16 @@ class AmplificationStudy:
     def report(self, run: Run, outcome: Outcome) -> None:
         d, rd = outcome.data, run.rd
         html_doc = rep.render_html(d["results"], d["t3"], d["counts"], d["caption_counts"], d["models"], d["meta"],
-                                   figures=FigureDir(rd.fs, rd.path))
+                                   figures=FigureDir(rd.fs, rd.path), headline=d["headline"])
         io.write_text(html_doc, rd.fs, f"{rd.path}/{RUN_FILES['report']}")
         from pipelines.engine import page as Pg
 
         labels = Pg.model_labels(d["results"]["approaches"])    # models printed by their short labels
+        head = {**d["headline"], "subjects": [{**s, "name": Pg.label(labels, s["name"]),
+                                               "display": Pg.label(labels, s["name"])}
+                                              for s in d["headline"]["subjects"]]}
         _print_summary(rd.display(), rep.labelled_counts(d["counts"], labels), Pg.relabel(d["t3"], labels),
-                       rep.labelled(d["results"], labels), d["models"], RUN_FILES)
+                       rep.labelled(d["results"], labels), d["models"], RUN_FILES, head)
 
 
 def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, generated: pa.Table | None) -> dict:
@@ -401,6 +409,57 @@ def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, gene
         mine = generated.filter(pc.equal(generated.column(I.SOURCE), I.Source.GENERATED))
         gen = mine.select([I.MODEL, OCCUPATION, PROMPT_ID, I.CLIP_EMBEDDING]).to_pandas()
     return image_similarity(train, gen)
+
+
+def _with_interval(metrics: dict, model: str, name: str, value) -> str:
+    """Section 6's E[A] of ``model`` as printed, with its interval from the headline."""
+    m = metrics.get((model, rep.captions_key(name)))
+    return rep.interval_text(value, m["low"], m["high"]) if m else rep._fmt(value)
+
+
+# ------------------------------------------------------------------------------ headline numbers
+def headline_of(run: Run, results: dict, images: pd.DataFrame) -> dict:
+    """metrics.json's ``headline``: per generator, E[A] per approach (average and per prompt) and
+    section 6's, each with its bootstrap interval over occupations; writes headline_units.parquet."""
+    from pipelines.engine import arguments, headline
+
+    standin = bool(run.args.standin_models)
+    per_model = rep.model_metrics(results["approaches"], results["caption_prompts"])
+    subjects = []
+    for model in run.generator_models:
+        record = next((r for r in run.models if r.get("role") == "generator" and r.get("model") == model),
+                      {"model": model})
+        counted, excluded = rep.generated_images(images, model)
+        subjects.append(headline.Subject(model, headline.subject_identity(record), per_model.get(model, []),
+                                         images=counted, excluded=excluded))
+    return headline.write(run.rd, AmplificationStudy.name, subjects, protocol(run.st, run.args, standin),
+                          arguments.interval_settings(run.args), standin)
+
+
+def protocol(st: AmplificationSettings, args, standin: bool = False) -> dict:
+    """What two runs must share for their E[A] to be compared: the occupations, prompts, training
+    sample (selection, indicators, SBERT, the caption data's size), images per prompt and seed, the
+    face filter and the gender classifier. Not the generators, not execution settings. A stand-in
+    run's CLIP is recorded as the stand-in (its directory differs from run to run)."""
+    from pipelines.engine.headline import protocol_digest
+    from pipelines.studies.amplification.jobs import occupation_spec
+
+    rec = st.image_recorded
+    gen, clip = rec["generation"], rec["gender_classifier"]
+    classifier = {"standin": True} if standin else {k: clip.get(k) for k in ("model", "pretrained", "revision")} \
+        | {"prompts": protocol_digest(list(clip["prompts"]))}
+    inp = st.input[0] if st.input else None
+    return {"study": AmplificationStudy.name,
+            "occupations": protocol_digest([occupation_spec(o) for o in st.occupations]),
+            "occupation_forms": st.occupation_forms, "prompts": protocol_digest(list(st.prompts)),
+            "images_per_prompt": int(gen["images_per_prompt"]), "caption_images": int(gen["caption_images"]),
+            "seed": int(gen["seed"]), "safety": gen["safety"],
+            "selection": {k: v for k, v in st.selection.items() if k != "pool_factor"},   # pool_factor: how much
+            # is fetched per round of the walk, not what it selects
+            "gender_indicators": protocol_digest(st.gender_indicators | {"names_enabled": not args.no_names}),
+            "sbert": st.models, "training_captions": None if inp is None else int(inp.num_rows),
+            "training_image_size": {k: rec["fetch"].get(k) for k in ("image_size", "resize_mode")},
+            "face_filter": rec["face_filter"], "gender_classifier": classifier | {"threshold": clip["threshold"]}}
 
 
 def run(args) -> dict:
@@ -451,17 +510,20 @@ def _caption_models(caption_metrics: dict) -> list[dict]:
 
 
 def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results: dict, models: list[dict],
-                   run_files: dict) -> None:
-    print(f"\nbias amplification E[A] (Table 3; the images behind each cell, and why a cell is n/a: "
-          f"{run_files['table3']}.csv)")
-    shown = t3[[c for c in t3.columns if not c.startswith(("n_", "excluded_"))]]
+                   run_files: dict, head: dict) -> None:
+    level = int(round(head["interval"]["level"] * 100))
+    print(f"\nbias amplification E[A] [{level}% interval, bootstrap over occupations] (Table 3; the images behind "
+          f"each cell, and why a cell is n/a: {run_files['table3']}.csv)")
+    shown = rep.table3_text(t3)
+    shown = shown[[c for c in shown.columns if not c.startswith(("n_", "excluded_"))]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a"))
+    captions = {(s["name"], m["key"]): m for s in head["subjects"] for m in s["metrics"]}
     for model, cp in results["caption_prompts"].items():
         gm = results.get("caption_gender_match", {}).get(model)
         match = (f"; gender of the training image matched for {rep._fmt(gm['percent'])}% of {gm['images']} images "
                  f"from captions with indicators (paper: 98.41%)") if gm else ""
         print(f"captions as prompts ({model}): " + ", ".join(
-            f"{k}: E[A] = {rep._fmt(v['average'])}" for k, v in cp.items()) + match)
+            f"{k}: E[A] = {_with_interval(captions, model, k, v['average'])}" for k, v in cp.items()) + match)
     sims = results.get("image_similarity", {}).get("per_model", {})
     if sims:
         print("CLIP image similarity of training and generated images, naive -> NN (the paper: +13%): " + "; ".join(

@@ -101,7 +101,7 @@ def test_training_subsets(run):
     sim = pq.read_table(out / "similarity_summary.parquet").to_pandas()
     assert len(sim) == 62
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["headline"]["nn_mean_cosine"] > metrics["headline"]["random_mean_cosine"]
+    assert metrics["caption_headline"]["nn_mean_cosine"] > metrics["caption_headline"]["random_mean_cosine"]
 
 
 def test_metrics_record_configuration(run):

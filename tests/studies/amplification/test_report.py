@@ -248,3 +248,29 @@ def test_section6_gender_match_of_captions_with_indicators():
     gm = res["caption_gender_match"]["m"]
     assert (gm["images"], gm["matching"], gm["captions"]) == (5, 4, 2)
     assert gm["percent"] == pytest.approx(80.0) and gm["paper_percent"] == 98.41
+
+
+def test_render_html_opens_with_the_interval_table():
+    """With metrics.json's headline: the opening box has each average E[A] (and section 6's) with its
+    interval, the images behind it and what was left out; Table 3 shows every E[A] with its interval."""
+    from pipelines.engine import headline as HL
+    from pipelines.engine.intervals import IntervalSettings
+
+    res, _, counts, caption_counts, models, meta = _render_inputs()
+    metrics = rep.model_metrics(res["approaches"], res["caption_prompts"])
+    subject = HL.Subject("m", HL.subject_identity(models[0]), metrics["m"], images=40, excluded={"no_face": 2})
+    head = HL.summarize("paper002-amplification", [subject], {}, IntervalSettings(resamples=200), True)
+    t3 = rep.table3(res["approaches"], 2, head)
+    page = rep.render_html(res, t3, counts, caption_counts, models, meta, headline=head)
+    box = page[page.index("class=headline>"):page.index("</section>")]
+    assert "class=headline-metrics" in box and "<th>value [95% interval]</th>" in box
+    averages = [m for m in head["subjects"][0]["metrics"] if "/prompt_" not in m["key"]]
+    assert len(averages) == 4 + 2
+    for m in averages:
+        assert f"<td>{m['label']}</td><td class=n>{HL.interval_text(m)}</td>" in box
+    assert "prompt #1" not in box and "m: 40 images (excluded: 2 no_face)" in box
+    assert "149 images in the per-image table" in box and "direction switch" in box   # the study's own items
+    naive = t3.iloc[0]
+    assert naive["#1"] == pytest.approx(15.0) and naive["#1_low"] <= 15.0 <= naive["#1_high"]
+    table3 = page[page.index("(Table 3)</h2>"):]
+    assert f"<td>{rep.interval_text(15.0, naive['#1_low'], naive['#1_high'])}</td>" in table3

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.ray
 
 OCCS = ["nurse", "engineer", "teacher"]
 IMAGES_PER_PROMPT, CAPTION_IMAGES = 2, 1
+INTERVAL_RESAMPLES = 500       # --interval-resamples: passed down to metrics.json's headline
 # what the local server's photo kinds must give through fetch and the real face filter
 EXPECTED = {
     "astronaut": ("ok", "ok"), "camera": ("ok", "ok"), "coffee": ("ok", "no_face"), "chelsea": ("ok", "no_face"),
@@ -33,6 +34,7 @@ def study_args(*extra):
     return ["--occupations", ",".join(OCCS), "--sample-size", "12", "--nn-k", "6",
             "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
             "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
+            "--interval-resamples", str(INTERVAL_RESAMPLES),
             # the paper's threshold (0.9): the stand-in CLIP is calibrated so that the sample's two
             # face photos are counted, one "man" and one "woman" (pipelines/standins/clip.py)
             *extra]
@@ -195,7 +197,9 @@ def test_saved_images(run_dir):
     from PIL import Image
 
     rec = saved_generated.slice(0, 1).to_pylist()[0]
-    assert Image.open(io.BytesIO(rec[I.IMAGE])).size[0] > 0 and rec[I.SEED] in set(gen.column(I.SEED).to_pylist())
+    # saved as the datasets Image feature's struct (bytes, path)
+    assert Image.open(io.BytesIO(rec[I.IMAGE]["bytes"])).size[0] > 0
+    assert rec[I.SEED] in set(gen.column(I.SEED).to_pylist())
 
 
 def test_counts_add_up(run_dir):
@@ -285,6 +289,66 @@ def test_amplification_matches_percentages(run_dir):
         assert per["1"]["expected_amplification"] == pytest.approx(np.mean(included))
     else:
         assert per["1"]["expected_amplification"] is None
+
+
+def test_headline_numbers_have_intervals_and_units(run_dir):
+    """metrics.json's headline: per generator, every E[A] of Table 3 and section 6 with its interval
+    over occupations; headline_units.parquet's per-unit values average to each reported number,
+    which is the one in amplification.json; table3.csv has the bounds beside each E[A]; the report
+    opens with the interval table."""
+    import pandas as pd
+
+    from pipelines.studies.amplification import report as rep
+
+    m = _strict((run_dir / "metrics.json").read_text())
+    head, amp = m["headline"], json.loads((run_dir / "amplification.json").read_text())
+    assert head["study"] == "paper002-amplification" and head["standin"] is True
+    assert head["interval"]["resamples"] == INTERVAL_RESAMPLES and head["interval"]["level"] == 0.95
+    assert "prompts" in head["protocol"] and "gender_classifier" in head["protocol"]
+    assert "nn_mean_cosine" in m["caption_headline"]            # the caption side's means, moved aside
+    models = m["image_config"]["generators"]
+    assert [s["name"] for s in head["subjects"]] == models and len({s["key"] for s in head["subjects"]}) == 2
+    units = pq.read_table(run_dir / "headline_units.parquet").to_pandas()
+    t3 = pd.read_csv(run_dir / "table3.csv")
+    cols = list(t3.columns)
+    assert cols[cols.index("#1"):cols.index("#1") + 3] == ["#1", "#1_low", "#1_high"]
+    assert cols[cols.index("average"):cols.index("average") + 3] == ["average", "average_low", "average_high"]
+    valued = 0
+    for subject in head["subjects"]:
+        model = subject["name"]
+        keys = [x["key"] for x in subject["metrics"]]
+        assert len(keys) == 4 * 5 + 2 and rep.captions_key("all_captions") in keys
+        assert subject["images"] == int(pd.read_parquet(run_dir / "images.parquet").query(
+            "model == @model and counted").shape[0])
+        for metric in subject["metrics"]:
+            assert metric["unit"] == "occupation" and metric["better"] == "lower"
+            if metric["low"] is not None:
+                assert metric["low"] <= metric["value"] <= metric["high"]
+            mine = units[(units.subject == subject["key"]) & (units.metric == metric["key"])]
+            assert set(mine.unit) == set(OCCS)
+            mine = mine[mine.value.notna()]
+            if metric["value"] is None:
+                assert mine.empty
+                continue
+            valued += 1
+            assert np.average(mine.value, weights=mine.weight) == pytest.approx(metric["value"])
+        by_key = {x["key"]: x for x in subject["metrics"]}
+        for subset, res in amp["approaches"][model].items():
+            assert by_key[rep.approach_key(subset)]["value"] == pytest.approx(res["average"])
+            for p in res["per_prompt"]:
+                assert by_key[rep.approach_key(subset, p["group"])]["value"] == \
+                    pytest.approx(p["expected_amplification"])
+            row = t3[(t3.model == model) & (t3.approach == rep.APPROACH_TITLES[subset])].iloc[0]
+            ends = (by_key[rep.approach_key(subset)]["low"], by_key[rep.approach_key(subset)]["high"])
+            assert [None if pd.isna(v) else v for v in (row.average_low, row.average_high)] == \
+                [pytest.approx(e) if e is not None else None for e in ends]
+        for name, res in amp["caption_prompts"][model].items():
+            assert by_key[rep.captions_key(name)]["value"] == pytest.approx(res["average"])
+    assert valued       # the stand-ins give some E[A] (section 6's at least): the units are checked
+    html = (run_dir / "report.html").read_text()
+    box = html[html.index("class=headline>"):html.index("</section>")]
+    assert "class=headline-metrics" in box and "95% interval" in box and "occupations" in box
+    assert "E[A], Naive Approach, average over prompts" in box and "prompt #1" not in box
 
 
 def test_unloadable_model_fails_before_any_work(tmp_path, ray_local, capsys):

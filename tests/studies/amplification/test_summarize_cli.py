@@ -29,10 +29,20 @@ def test_summarize_table6_prints_and_writes_table3(tmp_path):
     per = doc["results"]["all"]["per_prompt"]
     assert [round(p["expected_amplification"], 2) for p in per] == [10.24, 17.57, 10.77, 11.68]
     assert "supervisor" in per[0]["excluded"]["direction_switch"]
+    # each published E[A] keeps its value and gains a bootstrap interval over occupations, printed beside it
+    assert doc["interval"] == {"level": 0.95, "resamples": 2000, "seed": 0, "method": "bca", "unit": "occupation"}
+    for p in per:
+        assert p["low"] < p["expected_amplification"] < p["high"]
+        assert f"{p['expected_amplification']:.2f}" in lines[p["group"]][1] and \
+            lines[p["group"]][2:4] == [f"[{p['low']:.2f},", f"{p['high']:.2f}]"]
+    res_all = doc["results"]["all"]
+    assert res_all["average_low"] < res_all["average"] < res_all["average_high"]
+    assert "95% bootstrap over occupations" in res.stdout
     out = tmp_path / "out"
     assert f"wrote {out}/: amplification_summary.json, amplification_summary.csv, amplification_summary.html, " \
            "figures/" in res.stdout
     page = (out / "amplification_summary.html").read_text()
+    assert f"average E[A] = {res_all['average']:.2f} [{res_all['average_low']:.2f}, " in page
     assert page.count("<img") == 4 and [page.count(f": {n} occupations drawn") for n in (48, 46, 42)] == [1, 2, 1]
     # the figures embedded in the page (no file beside it needed), and kept as PDF + PNG
     assert page.count('src="data:image/png;base64,') == 4 and not re.search(r"(src|href)=[\"']?figures/", page)
@@ -73,3 +83,14 @@ def test_summarize_bad_cells_are_shown_as_written_with_file_and_column(tmp_path)
     bad.write_text("occupation,group,percent_female\nnurse,T,90\nnurse,#1,\n")
     res = run("--percentages", str(bad))
     assert res.returncode == 2 and str(bad) in res.stderr and "missing (blank) in row(s) [1]" in res.stderr
+
+
+def test_summarize_interval_flags(tmp_path):
+    """--interval-level / --interval-resamples / --interval-seed / --interval-method reach the result."""
+    res = run("--percentages", str(DATA / "paper002_table7.csv"), "--output", str(tmp_path),
+              "--interval-level", "0.9", "--interval-resamples", "300", "--interval-seed", "5",
+              "--interval-method", "percentile")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "amplification_summary.json").read_text())
+    assert doc["interval"] == {"level": 0.9, "resamples": 300, "seed": 5, "method": "percentile", "unit": "occupation"}
+    assert "90% interval" in res.stdout
