@@ -137,9 +137,9 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
                 cis[i] = iv.mean_interval(u[headline.VALUE].to_numpy(), u[headline.WEIGHT].to_numpy(), strata, settings)
         found = []
         for (i, ri, ui), (j, rj, uj) in itertools.combinations(have, 2):
-            a = ui.set_index(headline.UNIT)[headline.VALUE]
-            b = uj.set_index(headline.UNIT)[headline.VALUE]
-            shared = a.index.intersection(b.index)
+            a = ui.set_index(headline.UNIT)[headline.VALUE].dropna()
+            b = uj.set_index(headline.UNIT)[headline.VALUE].dropna()
+            shared = a.index.intersection(b.index)     # units with a value in both runs
             if len(shared) >= 2 and ri.run.headline.get("protocol") == rj.run.headline.get("protocol"):
                 res = iv.paired_test(a.loc[shared].to_numpy(), b.loc[shared].to_numpy(), settings)
             else:

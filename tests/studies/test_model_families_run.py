@@ -10,6 +10,9 @@ production loader in tests/operators/test_model_families.py."""
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -20,13 +23,35 @@ from schemas import images as I
 pytestmark = pytest.mark.ray
 
 
-def test_dalleval_measures_every_family_s_images(tmp_path, ray_local):
-    models = [SDXL, SD35, FLUX, PIXART]
-    argv = ["run", "--output", str(tmp_path), "--run-id", "d", "--standin-models", "--images-per-prompt", "1",
-            "--steps", "2", "--max-professions", "1", "--no-progress", "--generators", *models]
+# one generator list, in one order, for the GEP and DALL-Eval runs: the i-th stand-in has seed i in
+# both, so the same weights, and `t2i compare` joins the two studies on them (test at the end)
+MODELS = [SDXL, SD35, FLUX, PIXART]
+
+
+@pytest.fixture(scope="module")
+def dalleval_run(tmp_path_factory, ray_local):
+    out = tmp_path_factory.mktemp("families")
+    argv = ["run", "--output", str(out), "--run-id", "d", "--standin-models", "--images-per-prompt", "1",
+            "--steps", "2", "--max-professions", "1", "--no-progress", "--generators", *MODELS]
     assert dalleval.main(argv) == 0
-    check_records(tmp_path / "d", models)
-    images = pq.read_table(tmp_path / "d" / "images.parquet").to_pandas()
+    return out / "d"
+
+
+@pytest.fixture(scope="module")
+def gep_run(tmp_path_factory, ray_local):
+    from pipelines import gep
+
+    out = tmp_path_factory.mktemp("families")
+    argv = ["run", "--output", str(out), "--run-id", "g", "--standin-models", "--images-per-prompt", "1",
+            "--steps", "2", "--max-contexts", "2", "--attributes", "dress,suit", "--ensemble", "1", "--no-progress",
+            "--generators", ",".join(MODELS)]
+    assert gep.main(argv) == 0
+    return out / "g"
+
+
+def test_dalleval_measures_every_family_s_images(dalleval_run):
+    check_records(dalleval_run, MODELS)
+    images = pq.read_table(dalleval_run / "images.parquet").to_pandas()
     assert set(images[I.GENERATION_STATUS]) == {"ok"} and images["model"].nunique() == 4
     assert images["skin_status"].notna().all()
 
@@ -61,19 +86,12 @@ def test_exposed_sections_3_to_7_on_sdxl_flux_and_sd3_and_pixart_refused_before_
 # family_checks.check_amplification_families)
 
 
-def test_gep_runs_all_four_families_each_at_its_defaults(tmp_path, ray_local):
+def test_gep_runs_all_four_families_each_at_its_defaults(gep_run):
     """GEP (paper 001): the k-LMS sampler of the study file is SD's protocol; the other families keep
     their own samplers and card defaults, and every image of every family is embedded and checked."""
-    from pipelines import gep
-
-    models = [SDXL, SD35, FLUX, PIXART]
-    argv = ["run", "--output", str(tmp_path), "--run-id", "g", "--standin-models", "--images-per-prompt", "1",
-            "--steps", "2", "--max-contexts", "2", "--attributes", "dress,suit", "--ensemble", "1", "--no-progress",
-            "--generators", ",".join(models)]
-    assert gep.main(argv) == 0
-    recs = check_records(tmp_path / "g", models)
+    recs = check_records(gep_run, MODELS)
     assert {m: r["scheduler_class"] for m, r in recs.items()}[PIXART] != "LMSDiscreteScheduler"
-    images = pq.read_table(tmp_path / "g" / "images.parquet").to_pandas()
+    images = pq.read_table(gep_run / "images.parquet").to_pandas()
     assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}   # exclude off: all kept
     assert images[I.NSFW].notna().all() and images["clip_embedding"].notna().all()
 
@@ -89,3 +107,74 @@ def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local)
         check_records(tmp_path / run_id, models)
         images = pq.read_table(tmp_path / run_id / "images.parquet").to_pandas()
         assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}, part
+
+
+# ---------------------------------------------------------------- t2i compare (issue 32) on these runs
+def test_compare_four_models_in_two_studies(gep_run, dalleval_run, tmp_path, capsys):
+    """The cross-study table and overview from stand-in runs of two studies, four models each: the
+    runs' own values with intervals, ranks and tie marks, pairs paired on shared prompts and seeds,
+    one overview row per model (joined on the stand-ins' recorded weights), and a protocol
+    difference refused."""
+    from pipelines import t2i
+
+    out = tmp_path / "cmp"
+    assert t2i.main(["compare", str(gep_run), str(dalleval_run), "--output", str(out),
+                     "--interval-resamples", "300"]) == 0
+    printed = capsys.readouterr().out
+    record = json.loads((out / "comparison.json").read_text())
+    studies = {r["study"] for r in record["runs"]}
+    assert len(studies) == 2 and all(d == {} for d in record["protocol_differences"].values())
+    for study in studies:
+        t = pd.read_csv(out / f"{study}.csv")
+        assert t["model"].nunique() == 4 and t["metric"].nunique() >= 1
+        for _, part in t.groupby("metric"):
+            assert sorted(part["rank"]) == [1, 2, 3, 4]
+        ok = t.dropna(subset=["low"])
+        assert len(ok) and (ok["low"] <= ok["value"] + 1e-12).all() and (ok["value"] <= ok["high"] + 1e-12).all()
+        pairs = pd.read_csv(out / f"{study}-pairs.csv")
+        run_dir = gep_run if "gep" in study else dalleval_run
+        # same prompts and seeds: paired wherever both models have values on two shared units or more
+        key = {s.get("display") or s["name"]: s["key"] for s in json.loads(
+            (run_dir / "metrics.json").read_text())["headline"]["subjects"]}
+        units = pq.read_table(run_dir / "headline_units.parquet").to_pandas().dropna(subset=["value"])
+        for r in pairs.to_dict("records"):
+            have = [set(units[(units["subject"] == key[m]) & (units["metric"] == r["metric"])]["unit"])
+                    for m in (r["a"], r["b"])]
+            assert (r["test"] == "paired sign-flip permutation") == (len(have[0] & have[1]) >= 2), r
+        assert (pairs["test"] == "paired sign-flip permutation").any()
+        tested = pairs[pairs["p_value"].notna()]
+        assert tested["p_holm"].notna().all() and (tested["p_holm"] >= tested["p_value"]).all()
+        own = {(s.get("display") or s["name"], m["key"]): m["value"] for s in json.loads(
+            (run_dir / "metrics.json").read_text())["headline"]["subjects"] for m in s["metrics"]}
+        for r in t.to_dict("records"):        # each row's value is the run's own headline number
+            if not pd.isna(r["value"]):
+                assert r["value"] == pytest.approx(own[(r["model"], r["metric"])])
+    ov = pd.read_csv(out / "overview.csv")
+    assert sorted(ov["model"]) == sorted(MODELS) and ov.notna().all().all()
+    html = (out / "overview.html").read_text()
+    assert "Stand-in models" in html and "data:image/png;base64" in html
+    assert "#1 " in printed and "stand-in" in printed.lower()
+    # a protocol setting that changes the meaning of a number: refused, the difference named
+    metrics = json.loads((dalleval_run / "metrics.json").read_text())
+    metrics["headline"]["protocol"]["images_per_prompt"] = 99
+    changed = tmp_path / "d2"
+    changed.mkdir()
+    (changed / "metrics.json").write_text(json.dumps(metrics))
+    (changed / "headline_units.parquet").write_bytes((dalleval_run / "headline_units.parquet").read_bytes())
+    assert t2i.main(["compare", str(dalleval_run), str(changed), "--output", str(tmp_path / "no")]) == 2
+    assert "images_per_prompt differs" in capsys.readouterr().err
+
+
+def test_every_table_of_a_run_loads_with_datasets(gep_run, dalleval_run, tmp_path):
+    import datasets
+    import yaml
+
+    for run in (gep_run, dalleval_run):
+        text = (run / "README.md").read_text()
+        header = yaml.safe_load(text.split("---")[1])
+        assert header["configs"] and "## Headline numbers" in text and "## How to cite" in text
+        for c in header["configs"]:
+            path = run / c["data_files"][0]["path"]
+            ds = datasets.load_dataset("parquet", data_files=str(path), split="train", cache_dir=str(tmp_path / "c"))
+            assert ds.num_rows == pq.read_metadata(path).num_rows if path.is_file() else ds.num_rows >= 0, c
+            assert ds.features, (run.name, c["config_name"])
