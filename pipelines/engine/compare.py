@@ -161,7 +161,8 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
             ci = cis[i]
             tied = [names[j] for j in order if j != i and j not in apart[i]]
             table.append({"metric": key, "label": meta["label"], "unit": meta["unit"], "better": meta["better"],
-                          "scale": meta.get("scale", 1.0), "digits": meta.get("digits", 2), "model": names[i], "run": rows[i].run.run_id,
+                          "scale": meta.get("scale", 1.0), "digits": meta.get("digits", 2),
+                          "lead": bool(meta.get("lead", True)), "model": names[i], "run": rows[i].run.run_id,
                           "value": ci.value, "low": ci.low, "high": ci.high, "units": ci.n, "method": ci.method,
                           "rank": rank, "tied_with": ", ".join(tied), "distinguishable_from_all": not tied})
     return pd.DataFrame(table), pd.DataFrame(pairs)
@@ -230,7 +231,7 @@ def _short(v, n: int = 60) -> str:
 
 def overview(runs: list[Run], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per model (joined across studies on its identity), one column group per study:
-    each headline metric as "value [low, high]" with its rank."""
+    each lead headline metric (``Metric.lead``) as "value [low, high]" with its rank."""
     key_of, name_of = {}, {}
     for r in runs:
         for s in r.headline["subjects"]:
@@ -239,7 +240,7 @@ def overview(runs: list[Run], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
             name_of.setdefault(mk, headline.shown(s))
     cells: dict[str, dict] = {}
     for study, t in tables.items():
-        for rec in t.to_dict("records"):
+        for rec in t[t["lead"]].to_dict("records") if len(t) else []:   # the lead numbers; the rest: study tables
             run_name = rec["model"].split(" (")[0]
             mk = key_of.get((rec["run"], run_name))
             row = cells.setdefault(mk, {"model": name_of.get(mk, rec["model"])})

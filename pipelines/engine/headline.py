@@ -66,6 +66,8 @@ class Metric:
     strata: list | None = None     # resampled within strata (e.g. occupation of an image)
     exact: str | None = None       # "t": Student's t instead of the bootstrap
     digits: int = 2                # decimals shown (after ``scale``)
+    lead: bool = True              # one of the numbers a reader sees first (compare's overview); False
+                                   # for the detail behind them (per-prompt values, vector entries)
 
     def __post_init__(self):
         if self.better not in BETTER:
@@ -82,7 +84,7 @@ class Metric:
 
     def summary(self, settings: iv.IntervalSettings) -> dict:
         return {"key": self.key, "label": self.label, "unit": self.unit, "better": self.better, "scale": self.scale,
-                "digits": self.digits, **self.interval(settings).as_dict()}
+                "digits": self.digits, "lead": self.lead, **self.interval(settings).as_dict()}
 
     def table(self, subject: str) -> pa.Table:
         n = len(self.units)

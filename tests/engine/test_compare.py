@@ -19,7 +19,8 @@ OCC = [f"occupation{i}" for i in range(30)]
 
 def _subject(name, sha, values, key="expected_amplification/naive", better="zero"):
     m = headline.Metric(key, "E[A], naive", "occupation", OCC, list(values), better=better, scale=100)
-    return headline.Subject(name, {"weights_sha256": sha, "spec": {"steps": 50}}, [m], images=1000,
+    detail = headline.Metric(key + "/detail", "a detail", "occupation", OCC, list(values), lead=False)
+    return headline.Subject(name, {"weights_sha256": sha, "spec": {"steps": 50}}, [m, detail], images=1000,
                             excluded={"no_face": 12})
 
 
@@ -51,6 +52,8 @@ def test_compare_ranks_models_marks_ties_and_joins_studies_on_identity(runs, tmp
     assert t2i.main(["compare", *runs, "--output", str(out), "--interval-resamples", "500"]) == 0
     printed = capsys.readouterr().out
     t = pd.read_csv(out / "paper002-amplification.csv")
+    assert set(t["metric"]) == {"expected_amplification/naive", "expected_amplification/naive/detail"}
+    t = t[t["metric"] == "expected_amplification/naive"]
     assert list(t["model"]) == ["model/C", "model/B", "model/A"]          # closest to zero first
     assert list(t["rank"]) == [1, 2, 3]
     # B and C differ by 0.002 on shared occupations (noise 0.01): a tie; A is 0.1 off: apart from both
@@ -59,7 +62,7 @@ def test_compare_ranks_models_marks_ties_and_joins_studies_on_identity(runs, tmp
     assert "model/B" in row.loc["model/C", "tied_with"] and bool(row.loc["model/A", "distinguishable_from_all"])
     assert (t["low"] <= t["value"]).all() and (t["value"] <= t["high"]).all()
     pairs = pd.read_csv(out / "paper002-amplification-pairs.csv")
-    assert len(pairs) == 3 and set(pairs["test"]) == {"paired sign-flip permutation"} and (pairs["units"] == 30).all()
+    assert len(pairs) == 6 and set(pairs["test"]) == {"paired sign-flip permutation"} and (pairs["units"] == 30).all()
     assert (pairs["p_holm"] >= pairs["p_value"]).all()
     # the overview: one row per model, joined across the two studies on the weights' sha256
     ov = pd.read_csv(out / "overview.csv")
@@ -67,6 +70,7 @@ def test_compare_ranks_models_marks_ties_and_joins_studies_on_identity(runs, tmp
     a = ov.set_index("model").loc["model/A"]
     assert a.filter(like="paper001-gep").notna().all() and a.filter(like="paper002").notna().all()
     assert ov.set_index("model").loc["model/B"].filter(like="paper001-gep").isna().all()
+    assert list(ov.columns) == ["model", "paper002-amplification | E[A], naive", "paper001-gep | E[A], naive"]
     html = (out / "overview.html").read_text()
     assert "Models compared" in html and "data:image/png;base64" in html and "Holm" in html
     assert (out / "figures" / "forest-paper002-amplification-expected_amplification_naive.pdf").exists()
@@ -119,7 +123,7 @@ def test_runs_on_an_object_store(s3_server, tmp_path):  # noqa: F811
     assert t2i.main(["compare", *uris, "--output", out, "--interval-resamples", "200"]) == 0
     fs = s3_server.fs()
     t = pq.read_table(fs.open(f"{s3_server.bucket}/cmp/paper001-gep.parquet", "rb")).to_pandas()
-    assert sorted(t["model"]) == ["m/x", "m/y"]
+    assert sorted(set(t["model"])) == ["m/x", "m/y"] and len(t) == 4
 
 
 def test_the_comparison_loads_with_datasets_and_its_card_lists_every_table(runs, tmp_path):

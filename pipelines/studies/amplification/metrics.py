@@ -19,6 +19,7 @@ against the paper's own tables.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -355,7 +356,8 @@ def amplification_metrics(rows: pd.DataFrame, group: str, key: str, label: str, 
     wide = occupation_amplification(rows, group)
     out = [average_metric(wide, key, f"{label}, average over prompts" if per_group else label)]
     if per_group:
-        out += [group_metric(wide, g, f"{key}/prompt_{g}", f"{label}, prompt #{g}") for g in wide.columns]
+        out += [dataclasses.replace(group_metric(wide, g, f"{key}/prompt_{g}", f"{label}, prompt #{g}"), lead=False)
+                for g in wide.columns]
     return out
 
 

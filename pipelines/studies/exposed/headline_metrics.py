@@ -92,7 +92,8 @@ def resampled_means(long: pd.DataFrame, keys: list[str], by_seed=frozenset()) ->
 def _metric(key: str, label: str, better: str, rows: pd.DataFrame, unit: str) -> HL.Metric:
     return HL.Metric(key=key, label=label, unit=unit, units=[str(u) for u in rows[RESAMPLED_UNIT]],
                      values=rows[VALUE].astype(float).tolist(), better=better,
-                     weights=rows[UNIT_WEIGHT].astype(float).tolist(), digits=3)   # gaps of 0.002-0.03
+                     weights=rows[UNIT_WEIGHT].astype(float).tolist(), digits=3,   # gaps of 0.002-0.03
+                     lead=is_lead({"key": key}))
 
 
 def disparity_metrics(pairs: pd.DataFrame, gaps: pd.DataFrame, by_seed=frozenset()) -> list[HL.Metric]:

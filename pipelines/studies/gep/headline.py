@@ -95,7 +95,7 @@ def vector_metric(obs: pd.DataFrame, first: str, second: str, setting: str, esti
     return H.Metric(vector_key(setting, estimator, comparison, attribute),
                     label(f"v({attribute})", setting, estimator, comparison), "image",
                     part[S.IMAGE_ID].astype(str).tolist(), values.tolist(), better="zero", scale=SCALE,
-                    strata=strata.astype(str).tolist())
+                    strata=strata.astype(str).tolist(), lead=False)   # the scores lead; entries are detail
 
 
 def model_metrics(obs: pd.DataFrame, vectors: pd.DataFrame, comparisons) -> dict[str, list[H.Metric]]:
