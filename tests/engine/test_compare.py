@@ -207,3 +207,10 @@ def test_mlflow_records_the_comparison_in_a_local_file_store(runs, tmp_path, mon
     assert run.data.params["interval.resamples"] == "200"
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"overview.html", "README.md", "comparison.json", "config.json"} <= arts
+
+
+def test_ranks_follow_each_metric_s_direction():
+    values = {0: -0.5, 1: 0.1, 2: 0.3, 3: None}
+    assert compare._rank_order(values, "zero") == [1, 2, 0, 3]        # closest to zero first; no value last
+    assert compare._rank_order(values, "lower") == [0, 1, 2, 3]
+    assert compare._rank_order(values, "higher") == [2, 1, 0, 3]
