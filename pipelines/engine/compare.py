@@ -18,6 +18,7 @@ identity (weights' sha256, else hub id and commit), never on a free-text name.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -50,6 +51,11 @@ class Run:
     @property
     def study(self) -> str:
         return self.headline["study"]
+
+    @functools.cached_property
+    def frame(self) -> pd.DataFrame:
+        """``units`` as pandas, converted once (every subject and metric filters it)."""
+        return self.units.to_pandas()
 
 
 def _read(uri: str, name: str) -> bytes:
@@ -109,8 +115,7 @@ class Row:
 
 
 def _unit_values(row: Row, metric: str) -> pd.DataFrame:
-    t = row.run.units
-    df = t.to_pandas()
+    df = row.run.frame
     return df[(df[headline.SUBJECT] == row.subject["key"]) & (df[headline.METRIC] == metric)]
 
 
@@ -166,6 +171,12 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
                           "value": ci.value, "low": ci.low, "high": ci.high, "units": ci.n, "method": ci.method,
                           "rank": rank, "tied_with": ", ".join(tied), "distinguishable_from_all": not tied})
     return pd.DataFrame(table), pd.DataFrame(pairs)
+
+
+def cell(rec: dict) -> str:
+    """One row of a study table (``study_tables``) as "value [low, high]", at its metric's scale and digits."""
+    return iv.Interval(rec["value"], rec["low"], rec["high"], rec["method"], rec["units"], 0.0).text(
+        rec["digits"], rec["scale"])
 
 
 def _rank_order(values: dict[int, float | None], better: str) -> list[int]:
@@ -244,10 +255,8 @@ def overview(runs: list[Run], tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
             run_name = rec["model"].split(" (")[0]
             mk = key_of.get((rec["run"], run_name))
             row = cells.setdefault(mk, {"model": name_of.get(mk, rec["model"])})
-            m = {"value": rec["value"], "low": rec["low"], "high": rec["high"], "method": rec["method"],
-                 "n": rec["units"], "level": 0.0, "scale": rec["scale"], "digits": rec["digits"]}
             tie = "" if rec["distinguishable_from_all"] else "="
-            row[f"{study} | {rec['label']}"] = f"{headline.interval_text(m)} (#{rec['rank']}{tie})"
+            row[f"{study} | {rec['label']}"] = f"{cell(rec)} (#{rec['rank']}{tie})"
     return pd.DataFrame(list(cells.values()))
 
 
@@ -311,10 +320,7 @@ def write(c: Comparison, output: str) -> dict:
 
 
 def _study_html(study: str, t: pd.DataFrame, pairs: pd.DataFrame, plots: list[str]) -> str:
-    shown = t.assign(value=[headline.interval_text({"value": r["value"], "low": r["low"], "high": r["high"],
-                                                     "method": r["method"], "n": r["units"], "level": 0.0,
-                                                     "scale": r["scale"], "digits": r["digits"]})
-                              for r in t.to_dict("records")])
+    shown = t.assign(value=[cell(r) for r in t.to_dict("records")])
     shown = shown[["label", "rank", "model", "value", "units", "tied_with", "run"]].rename(
         columns={"value": "value [interval]", "tied_with": "not distinguishable from"})
     pair_html = H.table(pairs[["label", "a", "b", "difference", "low", "high", "p_value", "p_holm",
@@ -369,10 +375,8 @@ def main(argv=None) -> int:
     print(f"compared {len(runs)} runs of {len(c.tables)} studies: {args.output}/{FILES['html']}")
     for study, t in c.tables.items():
         for rec in t.to_dict("records"):
-            m = {"value": rec["value"], "low": rec["low"], "high": rec["high"], "method": rec["method"],
-                 "n": rec["units"], "level": 0.0, "scale": rec["scale"], "digits": rec["digits"]}
             tie = f" (not distinguishable from {rec['tied_with']})" if rec["tied_with"] else ""
-            print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {headline.interval_text(m)}{tie}")
+            print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {cell(rec)}{tie}")
     if c.standin:
         print(page.STANDIN_CONSOLE)
     return 0

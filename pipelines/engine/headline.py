@@ -179,6 +179,14 @@ def interval_text(m: dict, digits: int | None = None) -> str:
     return iv.Interval(m["value"], m["low"], m["high"], m["method"], m["n"], m["level"]).text(d, m.get("scale", 1.0))
 
 
+def interval_ends(headline: dict | None) -> dict:
+    """{(subject name, metric key): (low, high)} of a ``headline`` section ({} without one): what a
+    study's tables put beside their values."""
+    if not headline:
+        return {}
+    return {(s["name"], m["key"]): (m["low"], m["high"]) for s in headline["subjects"] for m in s["metrics"]}
+
+
 def better_text(better: str) -> str:
     return {"lower": "lower is less biased", "higher": "higher is better", "zero": "closer to 0 is less biased"}[better]
 

@@ -74,11 +74,12 @@ class Interval:
                 "level": self.level}
 
     def text(self, digits: int = 2, scale: float = 1.0) -> str:
-        """"0.12 [0.05, 0.20]" (``scale`` multiplies: 100 for percentages)."""
-        if self.value is None:
+        """"0.12 [0.05, 0.20]" (``scale`` multiplies: 100 for percentages); "n/a" without a value, the
+        value alone without both bounds (None and NaN are missing alike: tables hold NaN)."""
+        if _f(self.value) is None:
             return "n/a"
         v = f"{self.value * scale:.{digits}f}"
-        if self.low is None:
+        if _f(self.low) is None or _f(self.high) is None:
             return v
         return f"{v} [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.engine.headline import Metric
+from pipelines.engine.intervals import Interval
 from pipelines.engine.table_cells import numbers
 from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
 from schemas.images import CLIP_EMBEDDING, COUNTED, GENDER, MODEL, PERCENT_FEMALE, Gender
@@ -275,11 +276,7 @@ def json_rows(rows: pd.DataFrame) -> list[dict]:
 
 def interval_text(value, low=None, high=None, digits: int = 2) -> str:
     """"12.57 [9.80, 15.31]"; "n/a" without a value, the value alone without an interval."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if low is None or high is None or (isinstance(low, float) and math.isnan(low)):
-        return f"{value:.{digits}f}"
-    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    return Interval(value, low, high, "", 0, 0.0).text(digits)
 
 
 def format_results(title: str, results: list[dict], average: float | None, average_low: float | None = None,

@@ -142,7 +142,7 @@ def _complete(df: pd.DataFrame, levels: dict) -> pd.DataFrame:
 def table3(approaches: dict, n_prompts: int, headline: dict | None = None) -> pd.DataFrame:
     """Table 3: rows approaches, columns model x (prompt #1..#n, average); with ``headline``
     (metrics.json's), each E[A]'s interval beside it (``#p_low``, ``#p_high``, ``average_low``, ...)."""
-    ends = _interval_ends(headline)
+    ends = HL.interval_ends(headline)
     recs = []
     for model, per in approaches.items():
         for subset in Subset.ALL:
@@ -230,13 +230,6 @@ def generated_images(images: pd.DataFrame, model: str) -> tuple[int, dict]:
     reason = np.where(gen != I.GenerationStatus.OK, gen,
                       np.where(face != I.FaceStatus.OK, face, "gender " + left[I.GENDER].fillna("unknown").astype(str)))
     return int(counted.sum()), {str(k): int(v) for k, v in pd.Series(reason, dtype=object).value_counts().items()}
-
-
-def _interval_ends(headline: dict | None) -> dict:
-    """{(subject name, metric key): (low, high)} of a headline section."""
-    if not headline:
-        return {}
-    return {(s["name"], m["key"]): (m["low"], m["high"]) for s in headline["subjects"] for m in s["metrics"]}
 
 
 def box_headline(headline: dict) -> dict:

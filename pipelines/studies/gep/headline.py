@@ -156,15 +156,11 @@ def build(st, shown: dict, scores: pd.DataFrame, images: pd.DataFrame, labels: p
 
 
 # ------------------------------------------------------------------------------ intervals in tables
-def _ends(headline: dict) -> dict:
-    return {(s["name"], m["key"]): (m["low"], m["high"]) for s in headline["subjects"] for m in s["metrics"]}
-
-
 def attach(frame: pd.DataFrame, headline: dict, column: str) -> pd.DataFrame:
     """A GEP vectors frame (``column`` = difference) or scores frame (``column`` = gep) with the
     interval of each row beside ``column`` (``S.low(column)``, ``S.high(column)``; None where the
     headline has none)."""
-    ends = _ends(headline)
+    ends = H.interval_ends(headline)
 
     def key(r):
         if column == M.DIFFERENCE:
