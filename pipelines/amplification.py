@@ -7,6 +7,8 @@ Subcommands:
   captions   the training-caption side: select LAION captions naming each occupation, detect
              explicit gender indicators, score caption/prompt similarity with SBERT, and write
              the training subsets (naive, no indicators, NN, NN + no indicators).
+  paraphrase only App. A.6's paraphrases of section 6's captions (from a run directory or a caption
+             file): a resumable table that `run --paraphrases --paraphrase-file` reads back.
   summarize  the amplification table (E[A] per prompt with intervals, exclusions, t-tests) from a CSV of known
              percentages: re-analyse published tables without images.
 
@@ -81,7 +83,35 @@ def build_parser() -> argparse.ArgumentParser:
     _caption_args(r)
     _image_args(r)
     _common(r)
+    _paraphrase_args(r.add_argument_group("paraphrased captions as prompts (paper 002, App. A.6)"), run=True)
     arguments.add_intervals(r.add_argument_group("intervals of the headline numbers (E[A], bootstrap over occupations)"))
+
+    pp = sub.add_parser(
+        "paraphrase",
+        help="only App. A.6's paraphrases of section 6's captions, as a resumable table",
+        description="Paraphrase training captions with the paper's prompt (App. A.6) through an OpenAI-compatible "
+                    "endpoint, a local transformers model on GPU actors, or check a file of your own; every answer "
+                    "gets a status (ok, no_occupation after one retry, empty_answer, refused, too_long, http_error, "
+                    "timeout) and its SBERT cosine to the caption. Writes paraphrases.parquet/.csv, which "
+                    "`run --paraphrases --paraphrase-file` reads back.",
+    )
+    pp.add_argument("--from", dest="source", required=True, metavar="RUN_DIR_OR_FILE",
+                    help="a run directory of `run` (section 6's captions) or `captions` (the naive subset), or a "
+                         "parquet / CSV file with caption and occupation (caption_id, caption_gender, url optional)")
+    arguments.add_output(pp)
+    g = pp.add_argument_group("study configuration")
+    g.add_argument("--config", metavar="YAML", help="study preset (default configs/paper002.yaml): occupations, SBERT")
+    g.add_argument("--occupations", metavar="A,B,...", help="comma-separated occupations (default: those of the captions)")
+    g.add_argument("--occupations-file", metavar="YAML", help="job file with the occupations")
+    _paraphrase_args(pp.add_argument_group("paraphraser"), run=False)
+    m = pp.add_argument_group("models and execution")
+    m.add_argument("--standin-models", action="store_true",
+                   help="paraphrase with a rule-based stand-in server on 127.0.0.1 (no language model; smoke runs)")
+    m.add_argument("--device", default="auto", help="device of --paraphrase-local: auto, cuda or cpu")
+    m.add_argument("--gpus-per-actor", type=float, help="GPUs per --paraphrase-local actor (default 1)")
+    m.add_argument("--max-error-rate", type=float,
+                   help="fail when more than this share of requests end in http_error / timeout (default 0.05)")
+    arguments.add_run_control(m, "paraphrases-<job label>")
 
     q = sub.add_parser(
         "summarize",
@@ -164,6 +194,12 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                    help="rows per batch of the caption scan (default 262144: amortises the regex compile)")
 
 
+def _paraphrase_args(g, run: bool) -> None:
+    from pipelines.studies.amplification import paraphrases
+
+    paraphrases.add_arguments(g, run)
+
+
 def _image_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation (paper 002, section 3.1, section 6, App. A.3)")
     arguments.add_generation(g, "CompVis/stable-diffusion-v1-4 stable-diffusion-v1-5/stable-diffusion-v1-5",
@@ -235,6 +271,12 @@ def run_all(args) -> dict:
     return study.run(args)
 
 
+def run_paraphrase(args) -> dict:
+    from pipelines.studies.amplification import paraphrase_job
+
+    return paraphrase_job.run(args)
+
+
 def run_summarize(args) -> dict:
     from pipelines.studies.amplification import summarize
 
@@ -243,7 +285,7 @@ def run_summarize(args) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"captions": run_captions, "run": run_all, "summarize": run_summarize}
+    commands = {"captions": run_captions, "run": run_all, "paraphrase": run_paraphrase, "summarize": run_summarize}
     return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ class Source:
     TRAINING = "training"            # LAION image of a caption in a training subset (T)
     GENERATED = "generated"          # generated from a Table 1 prompt (G)
     CAPTION_PROMPT = "caption_prompt"  # generated from a training caption used as the prompt (section 6)
-    ALL = (TRAINING, GENERATED, CAPTION_PROMPT)
+    PARAPHRASE_PROMPT = "paraphrase_prompt"  # generated from an LLM paraphrase of such a caption (App. A.6)
+    ALL = (TRAINING, GENERATED, CAPTION_PROMPT, PARAPHRASE_PROMPT)
 
 
 MODEL = "model"              # generator model id / directory (null for training images)

@@ -336,7 +336,7 @@ def image_stage_counts(url_results: pa.Table, generated: pa.Table, training: pa.
         for subset in sorted(set(training.column(SUBSET).to_pylist())):
             cascade(f"{TRAINING_ROWS}{subset}", training.filter(pc.equal(training.column(SUBSET), subset)),
                     training_steps)
-    for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT):
+    for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT, I.Source.PARAPHRASE_PROMPT):
         for model in sorted(set(generated.column(I.MODEL).to_pylist()) - {None}) if generated.num_rows else []:
             sel = generated.filter(pc.and_(pc.equal(generated.column(I.SOURCE), source),
                                            pc.equal(generated.column(I.MODEL), model)))

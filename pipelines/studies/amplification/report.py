@@ -53,6 +53,7 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
     train = images[images[I.SOURCE] == I.Source.TRAINING]
     gen = images[images[I.SOURCE] == I.Source.GENERATED]
     cap = images[images[I.SOURCE] == I.Source.CAPTION_PROMPT]
+    para = images[images[I.SOURCE] == I.Source.PARAPHRASE_PROMPT]
     prompt_ids = list(range(1, n_prompts + 1))
 
     # T per (subset, occupation) for prompt-free subsets (prompt_id 0 here, null when written),
@@ -93,6 +94,9 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
 
     captions = {model: caption_prompt_results(train, cap[cap[I.MODEL] == model], occupations) for model in models} \
         if len(cap) else {}
+    # App. A.6: the same, prompted with the captions' paraphrases (T is section 6's)
+    paraphrases = {model: caption_prompt_results(train, para[para[I.MODEL] == model], occupations)
+                   for model in models} if len(para) else {}
     match = {model: indicator_gender_match(train, cap[cap[I.MODEL] == model]) for model in models} if len(cap) else {}
 
     naive_rows = train[(train[SUBSET] == Subset.NAIVE) & train[I.COUNTED]]
@@ -102,7 +106,7 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
     corr["definition"] = ("Pearson r over occupations between % female in the naive subset's counted training "
                           "images and % of those images' captions with female indicators (section 5.1)")
     return {"T": T, "G": G, "approaches": approaches, "tables6": tables6, "caption_prompts": captions,
-            "caption_gender_match": match, "indicator_correlation": corr}
+            "paraphrase_prompts": paraphrases, "caption_gender_match": match, "indicator_correlation": corr}
 
 
 def caption_prompt_results(train: pd.DataFrame, cap: pd.DataFrame, occupations: list[str]) -> dict:
@@ -198,9 +202,16 @@ def captions_key(name: str) -> str:
 
 CAPTION_TITLES = {"all_captions": "captions as prompts, all (section 6)",
                   "no_indicator_captions": "captions as prompts, no gender indicators (section 6)"}
+PARAPHRASE_TITLES = {"all_captions": "paraphrases as prompts, all (App. A.6)",
+                     "no_indicator_captions": "paraphrases as prompts, no gender indicators (App. A.6)"}
 
 
-def model_metrics(approaches: dict, caption_prompts: dict) -> dict[str, list]:
+def paraphrases_key(name: str) -> str:
+    """The headline metric key of App. A.6's E[A] (``name``: all_captions, no_indicator_captions)."""
+    return f"{EA_KEY}/paraphrases_as_prompts/{name}"
+
+
+def model_metrics(approaches: dict, caption_prompts: dict, paraphrase_prompts: dict | None = None) -> dict[str, list]:
     """Per model, its headline metrics (``headline.Metric``, unit: the occupation): each approach's
     average E[A] over prompts and each prompt's (Table 3), then section 6's E[A] of images generated
     from the training captions. Each metric's (weighted) mean over occupations is the E[A] the
@@ -214,7 +225,58 @@ def model_metrics(approaches: dict, caption_prompts: dict) -> dict[str, list]:
         for name, res in (caption_prompts.get(model) or {}).items():
             metrics += amplification_metrics(pd.DataFrame(res["rows"]), "group", captions_key(name),
                                              f"E[A], {CAPTION_TITLES.get(name, name)}", per_group=False)
+        for name, res in ((paraphrase_prompts or {}).get(model) or {}).items():
+            metrics += amplification_metrics(pd.DataFrame(res["rows"]), "group", paraphrases_key(name),
+                                             f"E[A], {PARAPHRASE_TITLES.get(name, name)}", per_group=False)
         out[model] = metrics
+    return out
+
+
+def a6_table(results: dict, headline: dict | None, summary: dict | None = None) -> pd.DataFrame:
+    """App. A.6 beside section 6, per model: E[A] prompting with the training captions and with
+    their paraphrases, for all captions and for those without gender indicators, each with its
+    interval (bootstrap over occupations) and the paper's value; with the paraphrases' SBERT cosine
+    to their captions and the CLIP similarity of their images (``paraphrases.summary``)."""
+    from pipelines.studies.amplification.paraphrases import PAPER_VALUES, SECTION6_PAPER_VALUES
+
+    ends = HL.interval_ends(headline)
+    sims = (summary or {}).get("image_similarity", {})
+    recs = []
+    for model, para in (results.get("paraphrase_prompts") or {}).items():
+        cap = (results.get("caption_prompts") or {}).get(model) or {}
+        for source, res, key, paper in (("captions (section 6)", cap, captions_key, SECTION6_PAPER_VALUES),
+                                        ("paraphrases (App. A.6)", para, paraphrases_key, PAPER_VALUES)):
+            rec = {"model": model, "prompts": source}
+            for name in ("all_captions", "no_indicator_captions"):
+                r = res.get(name) or {}
+                rec[name] = r.get("average")
+                rec[f"{name}_low"], rec[f"{name}_high"] = ends.get((model, key(name)), (None, None))
+                rec[f"n_{name}"] = sum(p.get("occupations", 0) for p in r.get("per_prompt", []))
+                rec[f"paper_{name}"] = paper[name]
+            a6 = source.startswith("paraphrases")
+            rec["sbert_cosine_to_caption"] = (summary or {}).get("sbert_cosine", {}).get("mean") if a6 else None
+            rec["clip_images_vs_caption_images"] = (sims.get(model) or {}).get("caption_vs_paraphrase") if a6 else \
+                (sims.get(model) or {}).get("caption_vs_caption")
+            recs.append(rec)
+    df = pd.DataFrame(recs)
+    num = [c for c in df.columns if c not in ("model", "prompts") and not c.startswith("n_")]
+    if len(df):
+        df[num] = df[num].astype(float)
+    return df
+
+
+def a6_text(table: pd.DataFrame) -> pd.DataFrame:
+    """The A.6 table as shown: each E[A] with its interval in one cell."""
+    if table.empty:
+        return table
+    out = table[["model", "prompts"]].copy()
+    for name, title in (("all_captions", "E[A], all captions"), ("no_indicator_captions", "E[A], no indicators")):
+        out[title] = [interval_text(_num(v), _num(lo), _num(hi)) for v, lo, hi in
+                      zip(table[name], table[f"{name}_low"], table[f"{name}_high"])]
+        out[f"{title} (paper)"] = table[f"paper_{name}"]
+        out[f"occupations ({name.split('_')[0]})"] = table[f"n_{name}"]
+    out["SBERT cosine to caption"] = table["sbert_cosine_to_caption"]
+    out["CLIP: images vs the caption's images"] = table["clip_images_vs_caption_images"]
     return out
 
 
@@ -222,7 +284,8 @@ def generated_images(images: pd.DataFrame, model: str) -> tuple[int, dict]:
     """The counted images ``model`` generated (from the prompts and from the captions) and, per
     reason, those left out: the first stage that failed (generation, face filter) or CLIP's
     undecided gender."""
-    mine = images[(images[I.MODEL] == model) & images[I.SOURCE].isin([I.Source.GENERATED, I.Source.CAPTION_PROMPT])]
+    mine = images[(images[I.MODEL] == model) & images[I.SOURCE].isin([I.Source.GENERATED, I.Source.CAPTION_PROMPT,
+                                                                          I.Source.PARAPHRASE_PROMPT])]
     counted = mine[I.COUNTED].fillna(False).astype(bool)
     left = mine[~counted]
     gen = left[I.GENERATION_STATUS].fillna(I.GenerationStatus.OK)
@@ -316,7 +379,7 @@ def labelled(results: dict, labels: dict) -> dict:
     """A shallow copy of ``compute``'s results with the per-model dicts keyed by the models' labels
     (what the printed summary shows)."""
     out = dict(results)
-    for key in ("approaches", "tables6", "caption_prompts", "caption_gender_match"):
+    for key in ("approaches", "tables6", "caption_prompts", "paraphrase_prompts", "caption_gender_match"):
         if isinstance(results.get(key), dict):
             out[key] = {Pg.label(labels, m): v for m, v in results[key].items()}
     sim = results.get("image_similarity")
@@ -454,6 +517,13 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                  (_points(cp["no_indicator_captions"]["rows"]), "P = S, no gender indicators")]) + "</div>")
             out.append("<p>" + "; ".join(f"{k.replace('_', ' ')}: E[A] = {_fmt(v['average'])}"
                                          for k, v in cp.items()) + "</p>")
+            pp = (results.get("paraphrase_prompts") or {}).get(model)
+            if pp:
+                out.append("<h3>App. A.6: paraphrased captions as prompts</h3><div class=figs>" + _scatter_html(
+                    sink, f"{stem}_a6_paraphrases_as_prompts",
+                    [(_points(pp["all_captions"]["rows"]), "P = paraphrase(S), all captions"),
+                     (_points(pp["no_indicator_captions"]["rows"]), "P = paraphrase(S), no gender indicators")])
+                    + "</div>")
             gm = results.get("caption_gender_match", {}).get(model)
             if gm:
                 out.append(f"<p>Captions with male or female indicators: {_fmt(gm['percent'])}% of "
@@ -461,6 +531,7 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                            f"({gm['captions']} captions; the paper: 98.41%).</p>")
         tab = results["tables6"][model]
         out.append(Pg.details(f"% female per occupation (Table 6/7): {len(tab)} occupations", H.table(tab, 1)))
+    out += a6_html(results.get("a6_table"), results.get("paraphrases"), labels)
     corr = results["indicator_correlation"]
     out.append(f"<h2>Gender indicators (section 5.1)</h2><p>Pearson r = {_fmt(corr['r'], 3)} "
                f"(p = {_fmt(corr['p_value'], 4)}, n = {corr['n']} occupations). {H.esc(corr['definition'])}."
@@ -476,6 +547,31 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                                 for k, v in caption_counts.items()]), 0)
         + "<h3>Image side</h3>" + H.table(labelled_counts(counts, labels), 0)))
     return Pg.document("Bias amplification report", out)
+
+
+def a6_html(table: pd.DataFrame | None, summary: dict | None, labels: dict) -> list[str]:
+    """App. A.6's section: the table beside section 6, what the paraphraser answered, how similar."""
+    if table is None or summary is None:
+        return []
+    cfg = summary["config"]
+    st = summary["statuses"]
+    who = (f"file {cfg.get('file')}" if cfg.get("backend") == "file" else
+           f"{cfg.get('model')} ({cfg.get('backend')}{', ' + cfg['endpoint'] if cfg.get('endpoint') else ''}"
+           f"{', revision ' + str(cfg['revision']) if cfg.get('revision') else ''})")
+    cos = summary["sbert_cosine"]
+    shown = a6_text(table.assign(model=[Pg.label(labels, m) for m in table["model"]])) if len(table) else table
+    return ["<h2>Paraphrased captions as prompts (App. A.6)</h2>",
+            f"<p>Section 6's captions paraphrased by {H.esc(who)} at temperature {H.esc(cfg.get('temperature'))} "
+            f"with the prompt <q>{H.esc(cfg.get('prompt', ''))}</q>. {summary['requests']} captions: "
+            + ", ".join(f"{k} {v}" for k, v in st.items() if v) + f" ({summary['retried_without_occupation']} asked "
+            f"again once for lacking the occupation). Only <code>ok</code> paraphrases are prompts; T is section "
+            f"6's. SBERT cosine of a paraphrase to its caption: mean {_fmt(cos['mean'], 3)}, median "
+            f"{_fmt(cos['median'], 3)} (n = {cos['n']}). The CLIP column is the mean cosine between the images of "
+            f"a caption and those of its paraphrase; on the captions' row, between two images of the same caption "
+            f"(other seeds), the scale to read it against. The paper: 0.69% vs 0.68% (all captions), 2.49% vs "
+            f"2.05% (no indicators).</p>",
+            H.table(shown, 3), "<p>Per caption: paraphrases.csv; per caption and model: "
+            "paraphrase_image_similarity.csv; the table: paraphrase_table.csv.</p>"]
 
 
 def link_rot_html(rot: dict | None) -> str:

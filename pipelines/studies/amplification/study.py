@@ -33,7 +33,7 @@ from pipelines.engine.models import (
     standin_clip,
     standin_hint,
 )
-from pipelines.studies.amplification import caption_report, captions, link_rot, training_shards
+from pipelines.studies.amplification import caption_report, captions, link_rot, paraphrases, training_shards
 from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
@@ -67,6 +67,9 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
     "image_similarity": "image_similarity",   # section 5.2: CLIP image similarity, naive vs NN
     "walk": "training_walk",                   # section 4: captions walked per group to k counted images
     "link_rot": "link_rot",                    # images that could not be obtained, and whether their captions differ
+    "paraphrases": paraphrases.FILES["paraphrases"],            # App. A.6: one row per caption and occupation
+    "paraphrase_table": paraphrases.FILES["table"],             # App. A.6 beside section 6, per model
+    "paraphrase_image_similarity": paraphrases.FILES["image_similarity"],
 }
 
 
@@ -170,6 +173,7 @@ class AmplificationSettings(captions.CaptionSettings):
 
     image: ImageSettings | None = None
     image_recorded: dict | None = None
+    paraphrase: paraphrases.ParaphraseSettings | None = None   # App. A.6 (--paraphrases)
 
 
 class AmplificationStudy:
@@ -180,17 +184,25 @@ class AmplificationStudy:
     def settings(self, args) -> AmplificationSettings:
         cs = captions.settings(args)  # the job: occupations, prompts, thresholds
         image, recorded = image_settings(args, cs.config)
+        para = None
+        if getattr(args, "paraphrases", False):
+            if image.caption_images <= 0:
+                raise ValueError("--paraphrases compares App. A.6 with section 6: it needs --caption-images > 0")
+            para = paraphrases.settings_from(args, bool(args.standin_models))
+        elif any(getattr(args, f, None) for f in ("paraphrase_endpoint", "paraphrase_local", "paraphrase_file")):
+            raise ValueError("--paraphrase-endpoint / --paraphrase-local / --paraphrase-file need --paraphrases")
         # a missing or unreadable input fails now, before any model loads
         return AmplificationSettings(**{f.name: getattr(cs, f.name) for f in dataclasses.fields(cs)}
                                      | {"input": captions.validate_input(args, cs), "image": image,
-                                        "image_recorded": recorded})
+                                        "image_recorded": recorded, "paraphrase": para})
 
     def label(self, st: AmplificationSettings) -> str:
         return st.label
 
     def job(self, args, st: AmplificationSettings) -> dict:
         inp, columns, _ = st.input
-        return captions.caption_job(args, st, inp, columns) | {"images": image_job(args, st.image_recorded)}
+        job = captions.caption_job(args, st, inp, columns) | {"images": image_job(args, st.image_recorded)}
+        return job | ({"paraphrases": st.paraphrase.identity()} if st.paraphrase else {})
 
     def announce(self, args, st: AmplificationSettings) -> None:
         pass
@@ -200,7 +212,8 @@ class AmplificationStudy:
 
     def actor_cpus(self, args, st: AmplificationSettings) -> float:
         return max(args.embed_actors + (0 if args.no_names else args.ner_actors),
-                   args.face_actors + args.clip_actors + args.gen_actors)
+                   args.face_actors + args.clip_actors + args.gen_actors,
+                   (st.paraphrase.actors + 1) if st.paraphrase else 0)
 
     standin_generator_names = STANDIN_GENERATORS
 
@@ -220,7 +233,8 @@ class AmplificationStudy:
         return dataclasses.replace(st, image=dataclasses.replace(st.image, clip=standin_clip(st.image.clip, root)))
 
     def load_models(self, args, st: AmplificationSettings, gpu) -> list[dict]:
-        return load_image_models(st.image, args.standin_models) + captions.load_caption_models(args, st)
+        records = load_image_models(st.image, args.standin_models) + captions.load_caption_models(args, st)
+        return records + (paraphrases.check_backend(st.paraphrase, bool(args.standin_models)) if st.paraphrase else [])
 
     def execute(self, run: Run) -> Outcome:
         args, rd, cs = run.args, run.rd, run.st
@@ -283,6 +297,10 @@ class AmplificationStudy:
         train_rows = image_side.training_rows(subsets, url_results)
 
         requests = image_side.generation_requests(prompts, train_rows, st, caption_prompts=st.caption_images > 0)
+        para = paraphrases.run_in_study(run, cs, train_rows) if cs.paraphrase else None
+        if para is not None:   # App. A.6: M images per ok paraphrase, after section 6's
+            requests = pa.concat_tables([requests, paraphrases.generation_requests(
+                para.table, st.caption_images, st.seed, image_side.REQUEST_SCHEMA)])
         models = run.generator_models
 
         def budgets_of(model: str) -> list:
@@ -298,7 +316,7 @@ class AmplificationStudy:
                      for m in models] if gen.images is not None else []
         labels = model_labels(models)   # short names in the run summary (the full ids are in metrics.json)
         phases = {f"{source}: {labels[model]}": phase for model, phase in gen.phases.items()
-                  for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT)}
+                  for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT, I.Source.PARAPHRASE_PROMPT)}
         train_budgets += gen.budgets
         generated = pa.concat_tables(gen_parts) if gen_parts else None
         gen_rows = image_side.generated_rows(generated) if generated is not None else I.IMAGE_RESULTS.empty_table()
@@ -312,6 +330,8 @@ class AmplificationStudy:
         per_image_df = per_image.to_pandas()
         results = rep.compute(per_image_df, occupations, len(cs.prompts), models)
         head = headline_of(run, results, per_image_df)
+        if para is not None:
+            para.finish(rd, results, generated, head)
         t3 = rep.table3(results["approaches"], len(cs.prompts), head)
 
         io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
@@ -329,6 +349,7 @@ class AmplificationStudy:
         for i, model in enumerate(models):
             io.write_table_and_csv(results["tables6"][model].assign(model=model), out_fs, f"{out}/{run_files['table6']}_{i + 1}")
         amp_json = {"approaches": results["approaches"], "caption_prompts": results["caption_prompts"],
+                    "paraphrase_prompts": results["paraphrase_prompts"],
                     "caption_gender_match": results["caption_gender_match"],
                     "indicator_correlation": results["indicator_correlation"]}
         io.write_text(json.dumps(io.clean_json(amp_json), indent=2, default=str, allow_nan=False), out_fs,
@@ -341,7 +362,7 @@ class AmplificationStudy:
         phases[image_side.TRAINING_URLS] = train_phase
         for subset in sorted(set(train_rows.column("subset").to_pylist())):
             phases[f"{image_side.TRAINING_ROWS}{subset}"] = train_phase
-        summary_rows += summary_rows_images(count_rows, phases)
+        summary_rows += (para.summary_rows() if para is not None else []) + summary_rows_images(count_rows, phases)
         stats = [f"===== {p.name} =====\n{p.ray_stats}" for p in {id(p): p for p in phases.values()}.values()
                  if p.ray_stats]
         io.write_text("\n\n".join(stats) + "\n", out_fs, f"{out}/{run_files['ray_stats']}")
@@ -371,8 +392,10 @@ class AmplificationStudy:
                 "image_similarity": {"per_model": image_sim["per_model"], "definition": image_sim["definition"]},
                 "indicator_correlation": results["indicator_correlation"],
                 "link_rot": results["link_rot"]["summary"],
+                **({"paraphrases": para.metrics(results)} if para is not None else {}),
             },
-            "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets],
+            "error_budgets": caption_metrics["error_budgets"] + [b.as_dict() for b in train_budgets]
+            + ([para.budget.as_dict()] if para is not None else []),
         }
         results["training_walk"] = walk_record
         data = {"results": results, "t3": t3, "counts": counts, "headline": head, "caption_counts": caption_metrics["counts"],
@@ -411,9 +434,9 @@ def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, gene
     return image_similarity(train, gen)
 
 
-def _with_interval(metrics: dict, model: str, name: str, value) -> str:
-    """Section 6's E[A] of ``model`` as printed, with its interval from the headline."""
-    m = metrics.get((model, rep.captions_key(name)))
+def _with_interval(metrics: dict, model: str, name: str, value, key=rep.captions_key) -> str:
+    """Section 6's (or with ``key`` App. A.6's) E[A] of ``model`` as printed, with its interval."""
+    m = metrics.get((model, key(name)))
     return rep.interval_text(value, m["low"], m["high"]) if m else rep._fmt(value)
 
 
@@ -424,7 +447,7 @@ def headline_of(run: Run, results: dict, images: pd.DataFrame) -> dict:
     from pipelines.engine import arguments, headline
 
     standin = bool(run.args.standin_models)
-    per_model = rep.model_metrics(results["approaches"], results["caption_prompts"])
+    per_model = rep.model_metrics(results["approaches"], results["caption_prompts"], results.get("paraphrase_prompts"))
     subjects = []
     for model in run.generator_models:
         record = next((r for r in run.models if r.get("role") == "generator" and r.get("model") == model),
@@ -524,6 +547,15 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
                  f"from captions with indicators (paper: 98.41%)") if gm else ""
         print(f"captions as prompts ({model}): " + ", ".join(
             f"{k}: E[A] = {_with_interval(captions, model, k, v['average'])}" for k, v in cp.items()) + match)
+    for model, pp in (results.get("paraphrase_prompts") or {}).items():
+        print(f"paraphrases as prompts, App. A.6 ({model}): " + ", ".join(
+            f"{k}: E[A] = {_with_interval(captions, model, k, v['average'], rep.paraphrases_key)}"
+            for k, v in pp.items()) + " (the paper: 0.69 all, 2.49 no indicators; section 6 0.68 and 2.05)")
+    if results.get("paraphrases"):
+        ps = results["paraphrases"]
+        print(f"  paraphrases: {ps['requests']} captions, " + ", ".join(f"{k} {v}" for k, v in ps["statuses"].items() if v)
+              + f"; SBERT cosine to the caption, mean {rep._fmt(ps['sbert_cosine']['mean'], 3)} "
+              f"({RUN_FILES['paraphrase_table']}.csv)")
     sims = results.get("image_similarity", {}).get("per_model", {})
     if sims:
         print("CLIP image similarity of training and generated images, naive -> NN (the paper: +13%): " + "; ".join(
