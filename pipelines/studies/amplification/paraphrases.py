@@ -187,7 +187,8 @@ def stages_of(pst: ParaphraseSettings, occupations, forms: str, sbert, device: s
     specs = [{"name": o.name, "terms": list(o.terms), "prompt_name": o.prompt_name, "article": o.article,
               "forms": list(o.extra_forms)} for o in occupations]
     sim = Stage(ParaphraseSimilarity, {"model": sbert.model, "revision": sbert.revision, "device": "cpu"},
-                Resources(num_cpus=1, batch_size=1024, actors=1))
+                Resources(num_cpus=1, batch_size=pst.batch_size, actors=1))   # the paraphraser's batches
+    # stream on: a larger batch would hold every answer back until the end (no checkpoint midway)
     if pst.file:
         return [sim]
     on_gpu = pst.backend["kind"] == "transformers" and str(device).startswith("cuda")
@@ -300,7 +301,7 @@ def file_coverage(path: str, requests: pa.Table) -> dict:
     if "caption_id" in df.columns:
         df["caption_id"] = pd.to_numeric(df["caption_id"], errors="coerce").astype("Int64")
     req = requests.to_pandas()[by].drop_duplicates()
-    hit = df[by].merge(req.assign(_hit=True), on=by, how="left")["_hit"].fillna(False).astype(bool)
+    hit = df[by].merge(req.assign(_hit=1), on=by, how="left")["_hit"].notna()
     return {"file": path, "rows": int(len(df)), "matched_rows": int(hit.sum()), "extra_rows": int((~hit).sum()),
             "duplicate_rows": int(df.duplicated(by).sum()), "matched_by": by}
 

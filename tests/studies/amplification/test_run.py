@@ -35,6 +35,8 @@ def study_args(*extra):
             "--images-per-prompt", str(IMAGES_PER_PROMPT), "--caption-images", str(CAPTION_IMAGES),
             "--steps", "2", "--standin-models", "--allow-local-urls", "--save-images",
             "--interval-resamples", str(INTERVAL_RESAMPLES),
+            # App. A.6 with the rule-based stand-in endpoint (pipelines/standins/chat.py)
+            "--paraphrases",
             # the paper's threshold (0.9): the stand-in CLIP is calibrated so that the sample's two
             # face photos are counted, one "man" and one "woman" (pipelines/standins/clip.py)
             *extra]
@@ -127,6 +129,60 @@ def test_t_is_over_exactly_k_counted_images_walked_in_sample_key_order(run_dir):
     assert walked_past   # some of the first captions failed (404, no face, ...) and were walked past
 
 
+def test_paraphrases_as_prompts_app_a6(run_dir):
+    """App. A.6 on the stand-in endpoint: one request per (caption, occupation) of section 6's
+    captions, every status counted in the run summary, M images per ok paraphrase with their own
+    seeds and the original caption's indicator, E[A] beside section 6's with intervals in the A.6
+    table, metrics.json and the report."""
+    import pandas as pd
+
+    from schemas import paraphrases as P
+
+    table = pq.read_table(run_dir / "images.parquet")
+    of = lambda source: table.filter(pc.equal(table.column(I.SOURCE), source)).to_pandas()  # noqa: E731
+    para = pq.read_table(run_dir / "paraphrases.parquet").to_pandas()
+    m = json.loads((run_dir / "metrics.json").read_text())
+    train = of(I.Source.TRAINING)     # (filtered in Arrow: caption ids stay int64, exact)
+    naive = train[(train["subset"] == Subset.NAIVE) & train[I.COUNTED]]
+    assert sorted(zip(para.caption_id, para.occupation)) == sorted(set(zip(naive.caption_id, naive.occupation)))
+    statuses = para[P.PARAPHRASE_STATUS].value_counts().to_dict()
+    assert set(statuses) <= set(P.ParaphraseStatus.ALL) and statuses.get("ok", 0) > 0
+    row = next(r for r in m["run_summary"] if r["stage"] == P.STAGE_PARAPHRASE)
+    assert row["rows_in"] == len(para) and row["kept"] == statuses["ok"]
+    assert row["dropped_by_reason"] == {k: v for k, v in statuses.items() if k != "ok"}
+    ok = para[para[P.PARAPHRASE_STATUS] == "ok"]
+    assert ok[P.PARAPHRASE_SBERT].between(-1.0001, 1.0001).all() and para.loc[
+        para[P.PARAPHRASE_STATUS] != "ok", P.PARAPHRASE_SBERT].isna().all()
+    models = m["image_config"]["generators"]
+    gen = of(I.Source.PARAPHRASE_PROMPT)
+    for model in models:
+        mine = gen[gen[I.MODEL] == model]
+        assert len(mine) == CAPTION_IMAGES * len(ok)
+        assert sorted(mine.prompt) == sorted(ok[P.PARAPHRASE].repeat(CAPTION_IMAGES))
+        # each image's caption indicator is its original caption's (the no-indicator subset of A.6)
+        got = mine.set_index(["caption_id", "occupation"])["caption_gender"].sort_index()
+        want = naive.drop_duplicates(["caption_id", "occupation"]).set_index(["caption_id", "occupation"])[
+            "caption_gender"].reindex(got.index)
+        assert (got == want).all()
+    section6 = of(I.Source.CAPTION_PROMPT)
+    assert not set(gen[I.SEED]) & set(section6[I.SEED]) and gen[I.SEED].notna().all()
+    table = pd.read_csv(run_dir / "paraphrase_table.csv")
+    assert len(table) == 2 * len(models) and set(table.prompts) == {"captions (section 6)", "paraphrases (App. A.6)"}
+    res = m["results"]["paraphrases"]
+    assert res["statuses"] == {s: statuses.get(s, 0) for s in P.ParaphraseStatus.ALL}
+    assert res["config"]["prompt"] == P.PAPER_PROMPT and res["config"]["temperature"] == 0.0
+    assert "standin" in res["config"] and "key" not in json.dumps(res["config"]).replace("api_key_env", "")
+    for model in models:
+        for name in ("all_captions", "no_indicator_captions"):
+            a6 = table[(table.model == model) & (table.prompts == "paraphrases (App. A.6)")][name].iloc[0]
+            assert a6 == pytest.approx(res["e_a"][model][name]) or (np.isnan(a6) and res["e_a"][model][name] is None)
+    keys = {x["key"] for s in m["headline"]["subjects"] for x in s["metrics"]}
+    assert {"expected_amplification/paraphrases_as_prompts/all_captions",
+            "expected_amplification/paraphrases_as_prompts/no_indicator_captions"} <= keys
+    html = (run_dir / "report.html").read_text()
+    assert "Paraphrased captions as prompts (App. A.6)" in html and "App. A.6: paraphrased captions as prompts" in html
+
+
 def test_generated_rows_and_seeds(run_dir):
     images = pq.read_table(run_dir / "images.parquet")
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -186,7 +242,8 @@ def test_saved_images(run_dir):
     fetched_ok = sum(r["count"] for r in metrics["image_counts"]
                      if r["branch"] == TRAINING_URLS and r["stage"] == "fetch" and r["outcome"] == "ok")
     assert saved_training.num_rows == fetched_ok
-    gen = images.filter(pc.is_in(images.column(I.SOURCE), pa.array([I.Source.GENERATED, I.Source.CAPTION_PROMPT])))
+    gen = images.filter(pc.is_in(images.column(I.SOURCE), pa.array([I.Source.GENERATED, I.Source.CAPTION_PROMPT,
+                                                                    I.Source.PARAPHRASE_PROMPT])))
     # every generated image is saved, except those left out (flagged by the NSFW check, or invalid): never stored
     left_out = pc.is_in(gen.column(I.GENERATION_STATUS), pa.array([I.GenerationStatus.NSFW_EXCLUDED,
                                                                    I.GenerationStatus.INVALID_IMAGE]))
@@ -317,7 +374,9 @@ def test_headline_numbers_have_intervals_and_units(run_dir):
     for subject in head["subjects"]:
         model = subject["name"]
         keys = [x["key"] for x in subject["metrics"]]
-        assert len(keys) == 4 * 5 + 2 and rep.captions_key("all_captions") in keys
+        # Table 3's approaches (average and 4 prompts), section 6's two, App. A.6's two (--paraphrases)
+        assert len(keys) == 4 * 5 + 2 + 2 and rep.captions_key("all_captions") in keys
+        assert rep.paraphrases_key("no_indicator_captions") in keys
         assert subject["images"] == int(pd.read_parquet(run_dir / "images.parquet").query(
             "model == @model and counted").shape[0])
         for metric in subject["metrics"]:
@@ -458,7 +517,7 @@ def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
         return df
 
     for name in ("training_percentages.csv", "generated_percentages.csv", "table3.csv", "table6_1.csv",
-                 "table6_2.csv", "image_stage_counts.csv", "similarity_summary.csv"):
+                 "table6_2.csv", "image_stage_counts.csv", "similarity_summary.csv", "paraphrase_table.csv"):
         pd.testing.assert_frame_equal(same_models(pd.read_csv(run / name)), same_models(pd.read_csv(run_dir / name)),
                                       check_exact=False, rtol=1e-4, obj=name)
     key = [I.SOURCE, I.MODEL, "occupation", "subset", "prompt_id", "prompt", "caption_id", I.IMAGE_INDEX, URL]
