@@ -58,3 +58,27 @@ def run_stages_here(table: pa.Table, stages) -> pa.Table:
     for s in stages:
         table = s.build()(table)
     return table
+
+
+def kill_when(cmd: list, pattern: str, log_path, timeout: float = 480) -> list[str]:
+    """Start ``cmd`` (in the repository, a session of its own, output to ``log_path``), wait until a
+    file matching the glob ``pattern`` appears (or it exits, or ``timeout`` seconds pass), then
+    SIGKILL its whole process group (a local Ray it started included). Returns the matching files;
+    empty means it never got there (the log's tail is in the assertion a caller makes)."""
+    import glob
+    import os
+    import signal
+    import subprocess
+    import time
+
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=os.environ | {"PYTHONPATH": str(REPO_ROOT)}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + timeout
+        try:
+            while not glob.glob(pattern) and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    return glob.glob(pattern)

@@ -517,6 +517,11 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                  (_points(cp["no_indicator_captions"]["rows"]), "P = S, no gender indicators")]) + "</div>")
             out.append("<p>" + "; ".join(f"{k.replace('_', ' ')}: E[A] = {_fmt(v['average'])}"
                                          for k, v in cp.items()) + "</p>")
+            gm = results.get("caption_gender_match", {}).get(model)
+            if gm:
+                out.append(f"<p>Captions with male or female indicators: {_fmt(gm['percent'])}% of "
+                           f"{gm['images']} images match the gender of the caption's training image "
+                           f"({gm['captions']} captions; the paper: 98.41%).</p>")
             pp = (results.get("paraphrase_prompts") or {}).get(model)
             if pp:
                 out.append("<h3>App. A.6: paraphrased captions as prompts</h3><div class=figs>" + _scatter_html(
@@ -524,11 +529,6 @@ def render_html(results: dict, t3: pd.DataFrame, counts: pd.DataFrame, caption_c
                     [(_points(pp["all_captions"]["rows"]), "P = paraphrase(S), all captions"),
                      (_points(pp["no_indicator_captions"]["rows"]), "P = paraphrase(S), no gender indicators")])
                     + "</div>")
-            gm = results.get("caption_gender_match", {}).get(model)
-            if gm:
-                out.append(f"<p>Captions with male or female indicators: {_fmt(gm['percent'])}% of "
-                           f"{gm['images']} images match the gender of the caption's training image "
-                           f"({gm['captions']} captions; the paper: 98.41%).</p>")
         tab = results["tables6"][model]
         out.append(Pg.details(f"% female per occupation (Table 6/7): {len(tab)} occupations", H.table(tab, 1)))
     out += a6_html(results.get("a6_table"), results.get("paraphrases"), labels)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, kill_when
 from pipelines import amplification
 from pipelines.engine.rundir import RunDir
 from pipelines.studies.amplification import paraphrases as PP
@@ -221,9 +221,6 @@ def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_loca
     its first checkpointed answers; the same command asks only what it had no answer for and ends
     with the table of an uninterrupted run."""
     import glob
-    import os
-    import signal
-    import subprocess
     import sys
 
     src = caption_file(tmp_path / "captions.csv")
@@ -233,19 +230,9 @@ def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_loca
     whole = pq.read_table(tmp_path / "a" / "a" / "paraphrases.parquet")
     with SlowEndpoint(delay=0.3) as slow:
         out = tmp_path / "b"
-        log = open(tmp_path / "killed.log", "w")
-        proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "pipelines" / "amplification.py"),
-                                 *command(src, out, "k", slow.url), "--ray-address", "local", "--num-cpus", "2"],
-                                cwd=REPO_ROOT, env=os.environ | {"PYTHONPATH": str(REPO_ROOT)}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
         parts = str(out / "k" / "_work" / PP.CHECKPOINT / "part-*.parquet")
-        deadline = time.time() + 300
-        try:
-            while not glob.glob(parts) and proc.poll() is None and time.time() < deadline:
-                time.sleep(0.05)
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
+        kill_when([sys.executable, str(REPO_ROOT / "pipelines" / "amplification.py"), *command(src, out, "k", slow.url),
+                   "--ray-address", "local", "--num-cpus", "2"], parts, tmp_path / "killed.log", timeout=300)
         assert glob.glob(parts), (tmp_path / "killed.log").read_text()[-3000:]
         assert not (out / "k" / "paraphrases.parquet").exists()
         asked_before = slow.count
@@ -284,3 +271,24 @@ def test_a_local_transformers_model_through_the_production_loader(tmp_path, ray_
     para = next(r for r in m["models"] if r["role"].startswith("paraphraser"))
     assert para["detail"]["backend"] == "transformers" and len(para["detail"]["weights_sha256"]) == 64
     assert para["detail"]["prompt"] == P.PAPER_PROMPT and para["detail"]["temperature"] == 0.0
+
+
+def test_a_local_model_runs_on_gpu_actors_and_an_endpoint_on_cpu_actors():
+    """What a real cluster gets: the transformers paraphraser asks each actor for the run's GPUs and
+    is given the run's device; an endpoint's actors ask for none; the SBERT cosine stays on the CPU
+    and streams in the paraphraser's batches (a larger batch would hold every answer back)."""
+    from pipelines.engine.models import ModelSpec
+    from schemas.occupations import parse_occupations
+
+    occ, sbert = parse_occupations(OCCS), ModelSpec("sentence-transformers/all-MiniLM-L6-v2")
+    local = PP.ParaphraseSettings({"kind": "transformers", "model": "org/llm", "revision": "abc"}, actors=3, batch_size=32)
+    para, sim = PP.stages_of(local, occ, "plural", sbert, "cuda", 1.0)
+    assert (para.resources.num_gpus, para.resources.actors, para.resources.batch_size) == (1.0, 3, 32)
+    assert para.kwargs["device"] == "cuda" and para.kwargs["backend"]["revision"] == "abc"
+    assert (sim.resources.num_gpus, sim.resources.batch_size, sim.kwargs["device"]) == (0.0, 32, "cpu")
+    endpoint = PP.stages_of(settings(actors=2), occ, "plural", sbert, "cuda", 1.0)[0]
+    assert endpoint.resources.num_gpus == 0.0 and endpoint.kwargs["device"] is None
+    cpu_run = PP.stages_of(local, occ, "plural", sbert, "cpu", 0.0)[0]
+    assert cpu_run.resources.num_gpus == 0.0
+    file_only = PP.stages_of(PP.ParaphraseSettings(None, file="p.csv"), occ, "plural", sbert, "cuda", 1.0)
+    assert [s.name for s in file_only] == [P.STAGE_PARAPHRASE_SIMILARITY]

@@ -1,7 +1,7 @@
 """`amplification.py run` end to end on a local Ray instance: caption side, image fetch from a
 local HTTP server, real BlazeFace, tiny random CLIP and Stable Diffusion stand-ins, metrics."""
 
-from helpers import REPO_ROOT
+from helpers import kill_when
 import json
 
 import numpy as np
@@ -459,11 +459,7 @@ def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
     generated images, and ends with the results of the uninterrupted run (``run_dir``, which read
     the same captions from one file instead of two shards of one file each)."""
     import glob
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
 
     import pandas as pd
 
@@ -471,19 +467,9 @@ def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
     out = tmp_path / "out"
     argv = ["run", "--captions", str(tmp_path / "laion"), "--output", str(out), "--run-id", "k",
             "--files-per-shard", "1", "--gen-batch-size", "2", *study_args()]
-    repo = REPO_ROOT
-    log = open(tmp_path / "killed.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, *argv, "--ray-address", "local", "--num-cpus", "4",
-                             "--no-progress"], cwd=repo, env=os.environ | {"PYTHONPATH": str(repo)},
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     parts = str(out / "k" / "_work" / "generated" / "*" / "part-*.parquet")
-    deadline = time.time() + 480
-    try:
-        while not glob.glob(parts) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    kill_when([sys.executable, "-c", _DRIVER, *argv, "--ray-address", "local", "--num-cpus", "4", "--no-progress"],
+              parts, tmp_path / "killed.log")
     assert glob.glob(parts), (tmp_path / "killed.log").read_text()[-3000:]
     run = out / "k"
     assert not (run / "images.parquet").exists() and not (run / "report.html").exists()  # killed midway
