@@ -166,16 +166,25 @@ def test_paraphrases_as_prompts_app_a6(run_dir):
         assert (got == want).all()
     section6 = of(I.Source.CAPTION_PROMPT)
     assert not set(gen[I.SEED]) & set(section6[I.SEED]) and gen[I.SEED].notna().all()
-    table = pd.read_csv(run_dir / "paraphrase_table.csv")
-    assert len(table) == 2 * len(models) and set(table.prompts) == {"captions (section 6)", "paraphrases (App. A.6)"}
+    a6 = pd.read_csv(run_dir / "paraphrase_table.csv")
+    assert len(a6) == 2 * len(models) and set(a6.prompts) == {"captions (section 6)", "paraphrases (App. A.6)"}
     res = m["results"]["paraphrases"]
     assert res["statuses"] == {s: statuses.get(s, 0) for s in P.ParaphraseStatus.ALL}
     assert res["config"]["prompt"] == P.PAPER_PROMPT and res["config"]["temperature"] == 0.0
     assert "standin" in res["config"] and "key" not in json.dumps(res["config"]).replace("api_key_env", "")
     for model in models:
         for name in ("all_captions", "no_indicator_captions"):
-            a6 = table[(table.model == model) & (table.prompts == "paraphrases (App. A.6)")][name].iloc[0]
-            assert a6 == pytest.approx(res["e_a"][model][name]) or (np.isnan(a6) and res["e_a"][model][name] is None)
+            got = a6[(a6.model == model) & (a6.prompts == "paraphrases (App. A.6)")][name].iloc[0]
+            assert got == pytest.approx(res["e_a"][model][name]) or (np.isnan(got) and res["e_a"][model][name] is None)
+    # A.6's E[A] is over the paraphrases' images, against section 6's T
+    from pipelines.studies.amplification import report as rep
+
+    everything = table.to_pandas()
+    for model in models:
+        want = rep.caption_prompt_results(everything[everything[I.SOURCE] == I.Source.TRAINING], everything[
+            (everything[I.SOURCE] == I.Source.PARAPHRASE_PROMPT) & (everything[I.MODEL] == model)], OCCS)
+        for name, r in want.items():
+            assert res["e_a"][model][name] == (pytest.approx(r["average"]) if r["average"] is not None else None)
     keys = {x["key"] for s in m["headline"]["subjects"] for x in s["metrics"]}
     assert {"expected_amplification/paraphrases_as_prompts/all_captions",
             "expected_amplification/paraphrases_as_prompts/no_indicator_captions"} <= keys
