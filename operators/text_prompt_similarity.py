@@ -100,6 +100,21 @@ def sbert_precision(precision: str, device: str) -> str:
     return precision
 
 
+SBERT_BACKENDS = ("torch", "openvino", "openvino-bf16")
+
+
+def sbert_backend(backend: str, on_gpu: bool) -> str:
+    """The encoder SBERT runs with: OpenVINO backends are CPU ones (on a GPU actor torch runs)."""
+    if backend not in SBERT_BACKENDS:
+        raise ValueError(f"SBERT backend must be one of {SBERT_BACKENDS}, got {backend!r}")
+    if backend != "torch":
+        from operators.support.sbert_openvino import available
+
+        if not available():
+            raise ModelLoadError(f"SBERT backend {backend!r} needs the openvino package (pip install openvino)")
+    return "torch" if on_gpu else backend
+
+
 class PromptSimilarity:
     """Adds ``prompt_similarity``: cosine(caption, prompt) for each prompt of the row's occupation."""
 
@@ -107,7 +122,8 @@ class PromptSimilarity:
     resources = Resources(num_cpus=1, batch_size=4096, actors=1)
 
     def __init__(self, model: str, prompts: dict[str, list[str]], revision: str | None = None,
-                 device: str = "auto", encode_batch_size: int | None = None, precision: str = "auto"):
+                 device: str = "auto", encode_batch_size: int | None = None, precision: str = "auto",
+                 backend: str = "torch"):
         """``prompts``: occupation name -> its prompts, the same number for each (prompt_id =
         position + 1), e.g. the Table 1 prompts of every occupation.
 
@@ -116,13 +132,27 @@ class PromptSimilarity:
         ``encode_batch_size`` holds captions of similar length (little padding); a Ray batch of
         ``resources.batch_size`` captions is one such call. ``encode_batch_size`` None: 64 on a CPU
         (fastest there on real alt-text, docs/benchmarks.md), 256 on a GPU. Cosines in fp16 differ
-        from fp32 by about 1e-3 (``benchmarks/bench_sbert.py`` measures it)."""
+        from fp32 by about 1e-3 (``benchmarks/bench_sbert.py`` measures it).
+
+        ``backend`` (``sbert_backend``): "torch" (the default), "openvino" (the same model compiled
+        by OpenVINO for the CPU in f32: cosines to torch >= 0.9999997, ~1.2x on real alt-text with 2
+        threads, plus ~4 s to convert per actor) or "openvino-bf16" (bf16 on CPUs with AVX512-BF16 /
+        AMX: ~3x, cosines move by ~3e-5; an option, never the default). On a GPU the torch path runs
+        whatever was asked (fp16 there is ``precision``'s)."""
         self.model = load_sentence_transformer(model, revision, device)
         on_gpu = str(self.model.device).startswith("cuda")
         self.encode_batch_size = int(encode_batch_size or (256 if on_gpu else 64))
         self.precision = sbert_precision(precision, str(self.model.device))
         if self.precision == "fp16":
             self.model.half()
+        self.backend, self._ov = sbert_backend(backend, on_gpu), None
+        if self.backend != "torch":
+            import torch
+
+            from operators.support.sbert_openvino import OpenVinoSbert
+
+            self._ov = OpenVinoSbert(self.model, threads=torch.get_num_threads(),
+                                     precision="bf16" if self.backend == "openvino-bf16" else "f32")
         counts = {len(ps) for ps in prompts.values()}
         if len(counts) != 1 or 0 in counts:
             raise ValueError(f"every occupation needs the same, non-zero number of prompts, got {sorted(counts)}")
@@ -133,6 +163,8 @@ class PromptSimilarity:
         self.prompt_emb = emb.reshape(len(prompts), self.n_prompts, -1)
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        if self._ov is not None:
+            return self._ov.encode(texts, self.encode_batch_size)
         # fp16 embeddings are normalised in fp16 by the library; the cosines are taken in fp32
         return np.asarray(
             self.model.encode(texts, batch_size=self.encode_batch_size, normalize_embeddings=True,

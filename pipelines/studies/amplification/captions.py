@@ -23,7 +23,8 @@ from operators.text_gender_words import GenderWordIndicators
 from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, NameGenderIndicators, load_spacy
 from operators.text_occupation_explode import OccupationExploder
 from operators.text_occupation_matcher import OccupationMatcher
-from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, sbert_provenance
+from operators.support.sbert_openvino import version as openvino_version
+from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, sbert_backend, sbert_provenance
 from pipelines.engine import config as study_config
 from pipelines.engine import io, rundir, runtime, scan, stages
 from pipelines.engine import shards as engine_shards
@@ -83,7 +84,7 @@ class CaptionSettings:
     def models(self) -> dict:
         """The ``models`` block as the study file writes it (fingerprinted and recorded)."""
         return {"sbert": self.sbert.model, "sbert_revision": self.sbert.revision,
-                "sbert_precision": self.sbert.get("precision")}
+                "sbert_precision": self.sbert.get("precision"), "sbert_backend": self.sbert.get("backend", "torch")}
 
 
 def settings(args) -> CaptionSettings:
@@ -113,6 +114,8 @@ def settings(args) -> CaptionSettings:
         raise ValueError(f"occupation_forms must be one of {OCCUPATION_FORMS}, got {forms!r}")
     if getattr(args, "sbert_precision", None):
         models["sbert_precision"] = args.sbert_precision
+    if getattr(args, "sbert_backend", None):
+        models["sbert_backend"] = args.sbert_backend
     if args.sbert_model:
         models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
     elif args.sbert_revision:
@@ -122,7 +125,8 @@ def settings(args) -> CaptionSettings:
     return CaptionSettings(occupations=occupations, occupation_forms=forms, prompts=list(cfg["prompts"]),
                            gender_indicators=gi, selection=sel, execution=ex, config=cfg, label=label,
                            sbert=ModelSpec(models["sbert"], models.get("sbert_revision"),
-                                           options={"precision": models.get("sbert_precision", "auto")}))
+                                           options={"precision": models.get("sbert_precision", "auto"),
+                                                    "backend": models.get("sbert_backend", "torch")}))
 
 
 def effective_gender_words(gi: dict) -> dict:
@@ -294,7 +298,7 @@ def caption_stages(st: CaptionSettings, args, columns: dict) -> list[Stage]:
         # SBERT cosine between each caption and its occupation's Table 1 prompts (section 5.2)
         Stage(PromptSimilarity, {"model": sbert.model, "revision": sbert.revision,
                                  "prompts": prompt_table(st.occupations, st.prompts), "device": args.device,
-                                 "precision": sbert.get("precision", "auto")}),
+                                 "precision": sbert.get("precision", "auto"), "backend": sbert.get("backend", "torch")}),
     ]
 
 
@@ -447,8 +451,10 @@ def load_caption_models(args, st: CaptionSettings) -> list[dict]:
                                                      "pipes": nlp.pipe_names}})
     sbert, revision = st.sbert.model, st.sbert.revision
     load_sentence_transformer(sbert, revision, "cpu")
+    backend = sbert_backend(st.sbert.get("backend", "torch"), on_gpu=False)   # openvino missing: fails now
     records.append({"role": "caption side (sbert)", "key": "sbert", "model": sbert, "standin": False,
-                    "detail": sbert_provenance(sbert, revision)})  # the hub commit and sha256 of what loaded
+                    "detail": sbert_provenance(sbert, revision)   # the hub commit and sha256 of what loaded
+                    | {"backend": backend, "openvino": openvino_version() if backend != "torch" else None}})
     return records
 
 

@@ -1,0 +1,112 @@
+"""SBERT through OpenVINO (issue 34): the same model compiled from its torch module, in f32 (exact:
+the same cosines to ~1e-7 and the same nearest neighbours as torch on the bundled sample's matched
+captions) or bf16 (an option: close, not exact), chosen per run and refused where it cannot run."""
+
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import REPO_ROOT
+from operators.support.sbert_openvino import OpenVinoSbert, _check_pipeline
+from operators.text_occupation_matcher import OccupationMatcher
+from operators.text_prompt_similarity import PromptSimilarity, sbert_backend
+from pipelines.studies.amplification.prompts import prompt_table
+from schemas.occupations import Occupation
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+TEMPLATES = ["A photo of the face of {article} {occupation}", "A portrait photo of {article} {occupation}",
+             "A photo of {article} {occupation} smiling", "A photo of {article} {occupation} at work"]
+OCCS = [Occupation(n) for n in ("nurse", "engineer", "teacher", "doctor")]
+
+
+@pytest.fixture(scope="module")
+def matched():
+    """The bundled sample's captions naming one of OCCS (with their first occupation), 600 of them."""
+    text = pq.read_table(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet").column("TEXT")
+    text = text.combine_chunks().filter(pa.array(OccupationMatcher(OCCS).any_match(text.combine_chunks())))
+    which = OccupationMatcher(OCCS).which(text)
+    first = [names[0] for names in which.to_pylist()]
+    return pa.table({"caption": text, "occupation": first}).slice(0, 600)
+
+
+@pytest.fixture(scope="module")
+def similarities(matched):
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the torch tracer's notes while converting
+        for backend in ("torch", "openvino", "openvino-bf16"):
+            op = PromptSimilarity(MODEL, prompt_table(OCCS, TEMPLATES), device="cpu", backend=backend)
+            out[backend] = (np.array(op(matched).column("prompt_similarity").to_pylist()), op)
+    return out
+
+
+def neighbours(sims, occupations, k=25):
+    """Per (occupation, prompt): the set of row indices of the top-k captions (section 5.2's NN)."""
+    occ = np.asarray(occupations)
+    out = {}
+    for o in set(occ):
+        rows = np.flatnonzero(occ == o)
+        for p in range(sims.shape[1]):
+            order = rows[np.lexsort((rows, -sims[rows, p]))]
+            out[(o, p)] = set(order[:k].tolist())
+    return out
+
+
+def test_openvino_f32_is_torch_to_1e6_with_the_same_neighbours(matched, similarities):
+    torch_sims, _ = similarities["torch"]
+    ov_sims, op = similarities["openvino"]
+    assert op.backend == "openvino" and op._ov.precision.endswith("'float32'>")
+    assert np.abs(ov_sims - torch_sims).max() < 1e-6
+    occ = matched.column("occupation").to_pylist()
+    assert neighbours(ov_sims, occ) == neighbours(torch_sims, occ)
+
+
+def test_openvino_bf16_is_close_not_exact(similarities):
+    torch_sims, _ = similarities["torch"]
+    bf16, op = similarities["openvino-bf16"]
+    diff = np.abs(bf16 - torch_sims).max()
+    assert diff < 5e-3
+    if "bfloat16" in op._ov.precision:       # a CPU with AVX512-BF16 / AMX runs it in bf16
+        assert diff > 1e-6
+
+
+def test_the_backend_is_a_cpu_choice_and_refused_when_unknown():
+    assert sbert_backend("openvino", on_gpu=True) == "torch" and sbert_backend("openvino", on_gpu=False) == "openvino"
+    with pytest.raises(ValueError, match="SBERT backend must be one of"):
+        sbert_backend("onnx-int8", on_gpu=False)
+
+
+def test_only_mean_pooled_models_are_converted():
+    class Transformer:
+        pass
+
+    class Pooling:
+        def __init__(self, mode):
+            self.mode = mode
+
+        def get_config_dict(self):
+            return {"pooling_mode": self.mode}
+
+    class Normalize:
+        pass
+
+    assert _check_pipeline([Transformer(), Pooling("mean"), Normalize()]) is True
+    with pytest.raises(ValueError, match="mean pooling"):
+        _check_pipeline([Transformer(), Pooling("cls")])
+    with pytest.raises(ValueError, match="supports Transformer"):
+        _check_pipeline([Transformer(), Pooling("mean"), Transformer()])
+    with pytest.raises(ValueError, match="f32 or bf16"):
+        OpenVinoSbert(None, precision="int8")
+
+
+def test_the_flag_names_another_run_and_is_recorded():
+    from pipelines import amplification
+    from pipelines.studies.amplification.captions import settings
+
+    parse = lambda *a: settings(amplification.build_parser().parse_args(  # noqa: E731
+        ["captions", "--output", "/tmp/unused", "--occupations", "nurse", *a]))
+    assert parse().models["sbert_backend"] == "torch"
+    assert parse("--sbert-backend", "openvino").models["sbert_backend"] == "openvino"
