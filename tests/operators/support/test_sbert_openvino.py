@@ -44,24 +44,34 @@ def similarities(matched):
 
 
 def neighbours(sims, occupations, k=25):
-    """Per (occupation, prompt): the set of row indices of the top-k captions (section 5.2's NN)."""
+    """Per (occupation, prompt): the top-k captions' row indices (section 5.2's NN) and the k-th
+    cosine."""
     occ = np.asarray(occupations)
     out = {}
     for o in set(occ):
         rows = np.flatnonzero(occ == o)
         for p in range(sims.shape[1]):
             order = rows[np.lexsort((rows, -sims[rows, p]))]
-            out[(o, p)] = set(order[:k].tolist())
+            out[(o, p)] = (set(order[:k].tolist()), sims[order[min(k, len(order)) - 1], p])
     return out
 
 
-def test_openvino_f32_is_torch_to_1e6_with_the_same_neighbours(matched, similarities):
+def test_openvino_f32_is_torch_to_1e6_and_its_neighbours_differ_at_most_in_ties(matched, similarities):
+    """The bundled sample's captions repeat templates, so neighbours at rank k can be ties to 1e-7:
+    a subset may swap such a caption (benchmarks/bench_sbert.py --backends: 1 of 248 top-50 subsets
+    on 4,096 captions), never one whose cosine is further than 1e-6 from the k-th."""
     torch_sims, _ = similarities["torch"]
     ov_sims, op = similarities["openvino"]
     assert op.backend == "openvino" and op._ov.precision.endswith("'float32'>")
     assert np.abs(ov_sims - torch_sims).max() < 1e-6
     occ = matched.column("occupation").to_pylist()
-    assert neighbours(ov_sims, occ) == neighbours(torch_sims, occ)
+    ref, got = neighbours(torch_sims, occ), neighbours(ov_sims, occ)
+    swapped = 0
+    for key, (members, kth) in ref.items():
+        for row in members ^ got[key][0]:
+            assert abs(torch_sims[row, key[1]] - kth) < 1e-6, (key, row)
+            swapped += 1
+    assert swapped <= 2 * len(ref) // 10      # ties are rare
 
 
 def test_openvino_bf16_is_close_not_exact(similarities):
