@@ -17,6 +17,11 @@ Four measurements on the same files and the same cores, one after the other:
    SBERT at its old batching (2,048 per Ray batch, 256 per encode call); "after" is the stream
    as it runs now. Ray's ``ds.stats()`` of each is written next to the table (``--stats-dir``).
 
+4. **parts alone** (``--parts parts``, issue 34): the fused scan's matched rows collected once, then
+   each model stage alone on them in this process, as the stream's actors run it (spaCy NER with
+   its prefilter; the explode + SBERT with each ``--sbert-backends``), and the stream's wall time
+   against the sum of its parts (scan + NER + SBERT).
+
 It prints a markdown table per part, and the LAION-2B-en projection from the measured rates.
 """
 
@@ -92,14 +97,6 @@ def _read_file(path: str) -> int:
     return n
 
 
-class Args:
-    """The command-line arguments the caption stages read (the defaults of `captions`)."""
-
-    no_names = False
-    device = "cpu"
-    scan_batch_size = ner_actors = embed_actors = embed_gpus = None
-
-
 def drain(ds) -> tuple[int, float, str]:
     t = time.perf_counter()
     rows = 0
@@ -167,17 +164,77 @@ def print_operators(title: str, stats: str) -> None:
               f"{r['rows_out']:,} | {r['bytes_out'] / 1e6:,.1f} |")
 
 
+def collect(ds) -> pa.Table:
+    """The data rows of a stream (tally rows dropped), in one table."""
+    out = [b.filter(pc.is_null(b.column(C.TALLY_STAGE)))
+           for b in ds.iter_batches(batch_size=None, batch_format="pyarrow")]
+    return pa.concat_tables(out).drop_columns([c for c in (C.TALLY_STAGE,) if c in out[0].column_names]) if out else None
+
+
+def parts_alone(ray, inp, pipeline, n: int, schema, args) -> dict:
+    """Each part of the stream alone on the same rows: the scan (Ray, as in the stream), then NER and
+    the explode + SBERT in this process on the scan's matched rows, one Ray batch at a time."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t = time.perf_counter()
+    matched = collect(scan.scan_parquet(ray, inp, ["URL", "TEXT"], pipeline[:n], schema))
+    out = {"scan": time.perf_counter() - t, "matched": matched.num_rows}
+    rest = {s.name: s for s in pipeline[n:]}
+
+    def run(stage, table, **kw):
+        op = stage.op(**(dict(stage.kwargs) | kw))
+        size = stage.declared().batch_size
+        t = time.perf_counter()
+        parts = [op(table.slice(i, size)) for i in range(0, table.num_rows, size)]
+        return pa.concat_tables(parts) if parts else table, time.perf_counter() - t
+
+    names = rest.get("person_names")
+    if names is not None:
+        matched, out["ner"] = run(names, matched)
+    exploded, out["explode"] = run(rest["explode_occupations"], matched)
+    for backend in args.sbert_backends:
+        t = time.perf_counter()
+        op = rest["prompt_similarity"].op(**(dict(rest["prompt_similarity"].kwargs) | {"backend": backend}))
+        load = time.perf_counter() - t
+        size = rest["prompt_similarity"].declared().batch_size
+        t = time.perf_counter()
+        for i in range(0, exploded.num_rows, size):
+            op(exploded.slice(i, size))
+        out[f"sbert {backend}"] = time.perf_counter() - t
+        out[f"sbert {backend} load"] = load
+    first = args.sbert_backends[0]
+    out["sum"] = out["scan"] + out.get("ner", 0.0) + out["explode"] + out[f"sbert {first}"]
+    print(f"\nparts alone on {matched.num_rows:,} matched captions ({exploded.num_rows:,} rows after the explode), "
+          f"{args.threads} torch thread(s):")
+    print("| part | seconds | rate |")
+    print("| --- | ---: | ---: |")
+    print(f"| scan (Ray, fused, drained to the driver) | {out['scan']:.1f} | {inp.num_rows / out['scan']:,.0f} input rows/s |")
+    if "ner" in out:
+        print(f"| spaCy NER (prefilter on) | {out['ner']:.1f} | {matched.num_rows / out['ner']:,.0f} captions/s |")
+    print(f"| explode | {out['explode']:.2f} | |")
+    for backend in args.sbert_backends:
+        print(f"| SBERT {backend} (+ {out[f'sbert {backend} load']:.1f} s to load) | {out[f'sbert {backend}']:.1f} | "
+              f"{exploded.num_rows / out[f'sbert {backend}']:,.0f} rows/s |")
+    print(f"| sum (scan + NER + explode + SBERT {first}) | {out['sum']:.1f} | |")
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True, help="directory of LAION-like parquet files (URL, TEXT)")
     ap.add_argument("--cores", type=int, default=os.cpu_count())
-    ap.add_argument("--parts", nargs="+", default=["kernel", "scan", "stream"], choices=["kernel", "scan", "stream"])
+    ap.add_argument("--parts", nargs="+", default=["kernel", "scan", "stream"],
+                    choices=["kernel", "scan", "stream", "parts"])
+    ap.add_argument("--sbert-backends", nargs="+", default=["torch"], choices=["torch", "openvino", "openvino-bf16"],
+                    help="SBERT encoders timed alone (--parts parts); the stream runs the first")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of a part run alone (an actor's: 1)")
+    ap.add_argument("--embed-actors", type=int, default=1, help="SBERT actors of the stream (`--embed-actors`)")
     ap.add_argument("--stats-dir", default=None, help="write Ray Data's stats of each stream here")
     ap.add_argument("--laion-share", type=float, nargs="+", default=[0.01, 0.02],
                     help="share of LAION-2B-en captions naming an occupation, for the projection")
     args = ap.parse_args(argv)
     inp = io.resolve_parquet_inputs(args.input)
-    cfg = study_config.load_config()
     print(f"{inp.num_rows:,} rows in {len(inp.files)} files ({args.input}); {args.cores} cores")
     results: dict = {}
     if "kernel" in args.parts:
@@ -189,6 +246,8 @@ def main(argv=None) -> None:
         print(f"kernel baseline: {k['rows']:,} rows, {k['matched']:,} matched in {k['wall']:.1f} s "
               f"({k['rows'] / k['wall']:,.0f} rows/s; the read alone {results['read']:.1f} s)")
 
+    if "parts" in args.parts and "stream" not in args.parts:
+        args.parts.append("stream")
     if "scan" in args.parts or "stream" in args.parts:
         import ray
 
@@ -196,12 +255,16 @@ def main(argv=None) -> None:
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = False
-        st = {"occupations": jobs.occupations_from(cfg), "prompts": list(cfg["prompts"]),
-              "gender_indicators": dict(cfg["gender_indicators"]), "models": dict(cfg["models"]),
-              "selection": dict(cfg["selection"]), "execution": dict(cfg["execution"])}
+        from pipelines import amplification
+
+        cli = amplification.build_parser().parse_args(["captions", "--output", "/tmp/unused", "--device", "cpu"])
+        st = captions.settings(cli)   # the preset's settings, as `captions` builds them
         columns = {"text_column": "TEXT", "url_column": "URL", "kept_columns": []}
         schema = C.stream_schema()
-        pipeline = captions.caption_stages(st, Args(), columns)
+        pipeline = captions.caption_stages(st, cli, columns)
+        pipeline = [dataclasses.replace(s, kwargs=dict(s.kwargs) | {"backend": args.sbert_backends[0]},
+                                        resources=dataclasses.replace(s.declared(), actors=args.embed_actors))
+                    if s.name == "prompt_similarity" else s for s in pipeline]
         n = scan.fusable(pipeline)
         if "scan" in args.parts:
             # Ray's worker processes start and import the project on first use (seconds per worker, once
@@ -230,6 +293,8 @@ def main(argv=None) -> None:
                 if args.stats_dir:
                     Path(args.stats_dir).mkdir(parents=True, exist_ok=True)
                     Path(args.stats_dir, name.replace(" ", "_") + ".txt").write_text(stats)
+        if "parts" in args.parts:
+            results["parts"] = parts_alone(ray, inp, pipeline, n, schema, args)
 
     print("\n| measurement | rows | matched | wall (s) | input rows/s | vs kernel baseline |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -249,6 +314,10 @@ def main(argv=None) -> None:
             print(f"| {name} | {inp.num_rows:,} | {matched if matched == '' else f'{matched:,}'} | {r['wall']:.1f} | "
                   f"{inp.num_rows / r['wall']:,.0f} | {ratio} |")
 
+    if "parts" in results and "stream after" in results:
+        p = results["parts"]
+        print(f"\nstream after / sum of its parts alone: {results['stream after']['wall']:.1f} s / {p['sum']:.1f} s = "
+              f"{results['stream after']['wall'] / p['sum']:.2f}x (goal: <= 1.2x)")
     if "stream after" in results and "scan, fused (after)" in results:
         ops = {r["operator"]: r for r in operator_table(results["stream after"]["stats"])}
         scan_cpu = sum(r["task_cpu"] for o, r in ops.items() if "_scan_task" in o)
