@@ -230,6 +230,8 @@ def main(argv=None) -> None:
                     help="SBERT encoders timed alone (--parts parts); the stream runs the first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of a part run alone (an actor's: 1)")
     ap.add_argument("--embed-actors", type=int, default=1, help="SBERT actors of the stream (`--embed-actors`)")
+    ap.add_argument("--explode-batch", type=int, default=None,
+                    help="rows per explode task (default: the operator's); its blocks are what the SBERT actors share")
     ap.add_argument("--stats-dir", default=None, help="write Ray Data's stats of each stream here")
     ap.add_argument("--laion-share", type=float, nargs="+", default=[0.01, 0.02],
                     help="share of LAION-2B-en captions naming an occupation, for the projection")
@@ -265,6 +267,9 @@ def main(argv=None) -> None:
         pipeline = [dataclasses.replace(s, kwargs=dict(s.kwargs) | {"backend": args.sbert_backends[0]},
                                         resources=dataclasses.replace(s.declared(), actors=args.embed_actors))
                     if s.name == "prompt_similarity" else s for s in pipeline]
+        if args.explode_batch:
+            pipeline = [dataclasses.replace(s, resources=dataclasses.replace(s.declared(), batch_size=args.explode_batch))
+                        if s.name == "explode_occupations" else s for s in pipeline]
         n = scan.fusable(pipeline)
         if "scan" in args.parts:
             # Ray's worker processes start and import the project on first use (seconds per worker, once

@@ -53,7 +53,11 @@ def sample_keys(ids: np.ndarray, occupations: pa.Array, seed: int) -> np.ndarray
 
 class OccupationExploder:
     stage_name = STAGE_EXPLODE
-    resources = Resources(num_cpus=1, batch_size=16384)
+    # small blocks: they are what the SBERT actors after it share and start on. At 16,384 rows the
+    # 4 M-row stream's ~21,600 rows left in two blocks (one actor got three quarters, and SBERT
+    # waited for them); at 2,048 the stream took 44.7 s instead of 59.6 s with one SBERT actor and
+    # 33.3 s with two (benchmarks/bench_caption_stream.py --explode-batch; docs/benchmarks.md)
+    resources = Resources(num_cpus=1, batch_size=2048)
 
     def __init__(self, seed: int):
         self.seed = int(seed)
