@@ -133,10 +133,9 @@ class CaptionParaphraser:
         error: list = [None] * n
         attempts = np.zeros(n, np.int32)
         retried = np.zeros(n, bool)
-        bad = [i for i in range(n) if not isinstance(captions[i], str) or not captions[i].strip()]
-        for i in bad:   # the caption side never selects these; a user's input might
+        ask = [i for i in range(n) if isinstance(captions[i], str) and captions[i].strip()]
+        for i in sorted(set(range(n)) - set(ask)):   # the caption side never selects these; a user's input might
             status[i], error[i] = S.EMPTY, "no caption to paraphrase"
-        ask = [i for i in range(n) if i not in set(bad)]
         for round_ in (0, 1):
             if not ask:
                 break

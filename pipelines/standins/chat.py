@@ -38,41 +38,48 @@ def paraphrase(caption: str, word: str) -> str:
     return f"{out[:1].upper()}{out[1:]}"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP handler of JSON requests and answers (this stand-in's; the tests' fake endpoints)."""
+
     def log_message(self, *a):
         pass
 
-    def do_POST(self):
-        server = self.server
-        try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-            prompt = body["messages"][-1]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            return self._send(400, {"error": {"message": "not a chat-completions request"}})
-        word, caption = _WORD.search(prompt), _CAPTION.search(prompt)
-        if not word or not caption:
-            return self._send(400, {"error": {"message": "not App. A.6's prompt"}})
-        word, caption = word.group(1).strip(), caption.group(1).strip()
-        crc = zlib.crc32(caption.encode())
-        with server.lock:
-            server.seen[prompt] += 1
-            nth = server.seen[prompt]
-        if crc % 7 == 0 and nth == 1:
-            return self._send(429, {"error": {"message": "rate limited"}}, {"Retry-After": "0"})
-        asked = nth - (1 if crc % 7 == 0 else 0)   # answers given so far for this prompt, this one included
-        lacks = crc % 13 == 0 or (crc % 9 == 0 and asked == 1)
-        text = "A picture of a person at work." if lacks else paraphrase(caption, word)
-        self._send(200, {"id": f"standin-{crc:x}-{nth}", "object": "chat.completion", "model": body.get("model"),
-                         "choices": [{"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": text}}]})
+    def read_json(self):
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
-    def _send(self, code: int, body: dict, headers: dict | None = None):
+    def send_json(self, code: int, body: dict, headers: dict | None = None):
         data = json.dumps(body).encode()
         self.send_response(code)
         for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **(headers or {})}.items():
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
+
+
+class _Handler(JsonHandler):
+    def do_POST(self):
+        server = self.server
+        try:
+            body = self.read_json()
+            prompt = body["messages"][-1]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return self.send_json(400, {"error": {"message": "not a chat-completions request"}})
+        word, caption = _WORD.search(prompt), _CAPTION.search(prompt)
+        if not word or not caption:
+            return self.send_json(400, {"error": {"message": "not App. A.6's prompt"}})
+        word, caption = word.group(1).strip(), caption.group(1).strip()
+        crc = zlib.crc32(caption.encode())
+        with server.lock:
+            server.seen[prompt] += 1
+            nth = server.seen[prompt]
+        if crc % 7 == 0 and nth == 1:
+            return self.send_json(429, {"error": {"message": "rate limited"}}, {"Retry-After": "0"})
+        asked = nth - (1 if crc % 7 == 0 else 0)   # answers given so far for this prompt, this one included
+        lacks = crc % 13 == 0 or (crc % 9 == 0 and asked == 1)
+        text = "A picture of a person at work." if lacks else paraphrase(caption, word)
+        self.send_json(200, {"id": f"standin-{crc:x}-{nth}", "object": "chat.completion", "model": body.get("model"),
+                         "choices": [{"index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": text}}]})
 
 
 class StandinChatServer:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -31,12 +31,14 @@ from operators.text_caption_paraphraser import CaptionParaphraser, check_templat
 from operators.text_occupation_matcher import OccupationMatcher
 from operators.text_paraphrase_similarity import ParaphraseSimilarity
 from pipelines.engine import io, runtime, stages
+from pipelines.engine.checkpoint import first_per_key
+from pipelines.studies.amplification.jobs import occupation_spec
 from pipelines.engine.progress import ErrorBudget, Phase, drain
 from schemas import images as I
 from schemas import paraphrases as P
 from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
 from schemas.paraphrases import ParaphraseStatus as S
-from schemas.subsets import SUBSET, Subset
+from schemas.subsets import PROMPT, SUBSET, Subset
 
 CHECKPOINT = "paraphrases"
 FILES = {"paraphrases": "paraphrases", "table": "paraphrase_table", "image_similarity": "paraphrase_image_similarity"}
@@ -57,7 +59,6 @@ class ParaphraseSettings:
     actors: int = 1
     batch_size: int = 64
     file_sha256: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -97,23 +98,20 @@ def settings_from(args, standin: bool) -> ParaphraseSettings:
         return ParaphraseSettings({"kind": "transformers", "model": local, "revision": args.paraphrase_revision,
                                    "dtype": args.paraphrase_dtype, "max_new_tokens": args.paraphrase_max_tokens,
                                    "batch_size": common["batch_size"]}, **common)
-    if standin and not endpoint:
+    if standin and not endpoint:   # the rule-based stand-in server, started by the run; it answers at once
         from pipelines.standins.chat import MODEL
 
-        return ParaphraseSettings({"kind": "endpoint", "endpoint": STANDIN_ENDPOINT, "model": MODEL,
-                                   "api_key_env": args.paraphrase_api_key_env, "timeout": args.paraphrase_timeout,
-                                   "max_retries": args.paraphrase_retries, "backoff": 0.05,
-                                   "concurrency": args.paraphrase_concurrency,
-                                   "max_tokens": args.paraphrase_max_tokens}, **common)
-    endpoint = endpoint or P.PAPER_ENDPOINT
-    if endpoint == P.PAPER_ENDPOINT and not os.environ.get(args.paraphrase_api_key_env):
-        raise ValueError(f"paraphrasing with {P.PAPER_MODEL} at {P.PAPER_ENDPOINT} (the paper's) needs an API key in "
-                         f"${args.paraphrase_api_key_env}; or give --paraphrase-endpoint URL of another "
-                         f"OpenAI-compatible server, --paraphrase-local MODEL, or --paraphrase-file CSV")
-    return ParaphraseSettings({"kind": "endpoint", "endpoint": endpoint, "model": args.paraphrase_model or P.PAPER_MODEL,
+        endpoint, model, extra = STANDIN_ENDPOINT, MODEL, {"backoff": 0.05}
+    else:
+        endpoint, model, extra = endpoint or P.PAPER_ENDPOINT, args.paraphrase_model or P.PAPER_MODEL, {}
+        if endpoint == P.PAPER_ENDPOINT and not os.environ.get(args.paraphrase_api_key_env):
+            raise ValueError(f"paraphrasing with {P.PAPER_MODEL} at {P.PAPER_ENDPOINT} (the paper's) needs an API key "
+                             f"in ${args.paraphrase_api_key_env}; or give --paraphrase-endpoint URL of another "
+                             f"OpenAI-compatible server, --paraphrase-local MODEL, or --paraphrase-file CSV")
+    return ParaphraseSettings({"kind": "endpoint", "endpoint": endpoint, "model": model,
                                "api_key_env": args.paraphrase_api_key_env, "timeout": args.paraphrase_timeout,
                                "max_retries": args.paraphrase_retries, "concurrency": args.paraphrase_concurrency,
-                               "max_tokens": args.paraphrase_max_tokens}, **common)
+                               "max_tokens": args.paraphrase_max_tokens, **extra}, **common)
 
 
 def _sha256(path: str) -> str:
@@ -170,8 +168,6 @@ def requests_from(rows: pa.Table, pst: ParaphraseSettings, occupations) -> pa.Ta
     table = conform(rows.select([c for c in (CAPTION_ID, OCCUPATION, CAPTION, CAPTION_GENDER, URL)
                                  if c in rows.column_names]), P.REQUESTS)
     if table.num_rows:
-        from pipelines.engine.checkpoint import first_per_key
-
         table = first_per_key(table, [CAPTION_ID, OCCUPATION])
     words = occupation_words(occupations)
     ident = json.dumps(pst.identity(), sort_keys=True)
@@ -184,8 +180,7 @@ def requests_from(rows: pa.Table, pst: ParaphraseSettings, occupations) -> pa.Ta
 # ------------------------------------------------------------------------------------ paraphrasing
 def stages_of(pst: ParaphraseSettings, occupations, forms: str, sbert, device: str, gpus: float) -> list[Stage]:
     """The stream: the paraphraser (not for a file) and the SBERT cosine."""
-    specs = [{"name": o.name, "terms": list(o.terms), "prompt_name": o.prompt_name, "article": o.article,
-              "forms": list(o.extra_forms)} for o in occupations]
+    specs = [occupation_spec(o) for o in occupations]
     sim = Stage(ParaphraseSimilarity, {"model": sbert.model, "revision": sbert.revision, "device": "cpu"},
                 Resources(num_cpus=1, batch_size=pst.batch_size, actors=1))   # the paraphraser's batches
     # stream on: a larger batch would hold every answer back until the end (no checkpoint midway)
@@ -237,19 +232,18 @@ def _answers(rd, keys, final_only: bool = True) -> pa.Table:
     """The checkpointed answer per key: a final one where any attempt got one, else the latest."""
     parts = rd.read_parts(CHECKPOINT, P.PARAPHRASES)
     parts = parts.filter(pc.is_in(parts.column(P.PARAPHRASE_KEY), keys))
-    final = pc.is_in(parts.column(P.PARAPHRASE_STATUS), pa.array(S.FINAL))
     if final_only:
-        parts = parts.filter(final)
+        parts = parts.filter(pc.is_in(parts.column(P.PARAPHRASE_STATUS), pa.array(S.FINAL)))
     if not parts.num_rows:
         return parts
-    order = np.lexsort((-np.arange(parts.num_rows), ~np.asarray(final.to_numpy(zero_copy_only=False)) if not
-                        final_only else np.zeros(parts.num_rows, bool)))
-    from pipelines.engine.checkpoint import first_per_key
-
+    final = pc.is_in(parts.column(P.PARAPHRASE_STATUS), pa.array(S.FINAL)).to_numpy(zero_copy_only=False)
+    order = np.lexsort((-np.arange(parts.num_rows), ~final))   # final answers first, then the latest part
     return first_per_key(parts.take(pa.array(order, pa.int64())), P.PARAPHRASE_KEY)
 
 
-def read_paraphrase_file(path: str) -> pd.DataFrame:
+def read_paraphrase_file(path: str) -> tuple[pd.DataFrame, list[str]]:
+    """A paraphrase CSV and the columns its rows are matched on: caption_id (as an integer) or
+    caption, and occupation where the file has it."""
     import io as stdio
 
     text = io.read_text(path)
@@ -261,7 +255,10 @@ def read_paraphrase_file(path: str) -> pd.DataFrame:
     if "paraphrase" not in df.columns or not ({"caption_id", "caption"} & set(df.columns)):
         raise ValueError(f"--paraphrase-file {path}: needs a paraphrase column and caption_id or caption "
                          f"(it has {list(df.columns)})")
-    return df
+    if "caption_id" in df.columns:
+        df["caption_id"] = pd.to_numeric(df["caption_id"], errors="coerce").astype("Int64")
+    by = ["caption_id" if "caption_id" in df.columns else "caption"] + (["occupation"] if "occupation" in df.columns else [])
+    return df, by
 
 
 def from_file(todo: pa.Table, path: str, occupations, forms: str) -> pa.Table:
@@ -269,10 +266,7 @@ def from_file(todo: pa.Table, path: str, occupations, forms: str) -> pa.Table:
     occupation where the file has that column; a request the file lacks gets not_in_file, an empty
     paraphrase empty_answer, one that does not name the occupation no_occupation (no retry: a file
     gives one answer)."""
-    df = read_paraphrase_file(path)
-    by = ["caption_id" if "caption_id" in df.columns else "caption"] + (["occupation"] if "occupation" in df.columns else [])
-    if "caption_id" in df.columns:
-        df["caption_id"] = pd.to_numeric(df["caption_id"], errors="coerce").astype("Int64")
+    df, by = read_paraphrase_file(path)
     req = todo.to_pandas()
     found = req[by].merge(df[by + ["paraphrase"]].drop_duplicates(by), on=by, how="left")["paraphrase"]
     text = [None if pd.isna(v) else str(v) for v in found]
@@ -296,10 +290,7 @@ def from_file(todo: pa.Table, path: str, occupations, forms: str) -> pa.Table:
 
 def file_coverage(path: str, requests: pa.Table) -> dict:
     """How the file's rows met the requests: rows, matched, extra (for no request), duplicates."""
-    df = read_paraphrase_file(path)
-    by = ["caption_id" if "caption_id" in df.columns else "caption"] + (["occupation"] if "occupation" in df.columns else [])
-    if "caption_id" in df.columns:
-        df["caption_id"] = pd.to_numeric(df["caption_id"], errors="coerce").astype("Int64")
+    df, by = read_paraphrase_file(path)
     req = requests.to_pandas()[by].drop_duplicates()
     hit = df[by].merge(req.assign(_hit=1), on=by, how="left")["_hit"].notna()
     return {"file": path, "rows": int(len(df)), "matched_rows": int(hit.sum()), "extra_rows": int((~hit).sum()),
@@ -318,8 +309,6 @@ def generation_requests(paraphrases: pa.Table, images_per_caption: int, seed: in
     keys = [f"paraphrase:{cid}\x1f{occ}\x1f{p}" for cid, occ, p in zip(
         rows.column(CAPTION_ID).to_pylist(), rows.column(OCCUPATION).to_pylist(), rows.column(P.PARAPHRASE).to_pylist())]
     seeds = image_seeds(seed, keys, index.tolist())
-    from schemas.subsets import PROMPT
-
     table = pa.table({I.SOURCE: pa.array([I.Source.PARAPHRASE_PROMPT] * rows.num_rows, pa.string()),
                       OCCUPATION: rows.column(OCCUPATION),
                       SUBSET: pa.array([Subset.NAIVE] * rows.num_rows, pa.string()),

@@ -5,11 +5,12 @@ never recorded, bounded concurrency."""
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from operators.support.chat_client import ChatClient
+from pipelines.standins.chat import JsonHandler
 from schemas.paraphrases import PAPER_PROMPT, ParaphraseStatus as S
 
 
@@ -21,12 +22,9 @@ class FakeChat:
         self.failures_left = {}
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class Handler(JsonHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.read_json()
                 with fake.lock:
                     fake.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
                     fake.in_flight += 1
@@ -44,11 +42,11 @@ class FakeChat:
                     fake.failures_left[text] = left - 1
                 if kind in ("429", "flaky500") and left > 0:
                     code = 429 if kind == "429" else 500
-                    return self.send(code, {"error": "busy"}, {"Retry-After": "0"} if code == 429 else {})
+                    return self.send_json(code, {"error": "busy"}, {"Retry-After": "0"} if code == 429 else {})
                 if kind == "500":
-                    return self.send(500, {"error": "down"})
+                    return self.send_json(500, {"error": "down"})
                 if kind == "400":
-                    return self.send(400, {"error": "bad model"})
+                    return self.send_json(400, {"error": "bad model"})
                 if kind == "slow":
                     time.sleep(1.0)
                 if kind == "wait":
@@ -62,18 +60,8 @@ class FakeChat:
                     content, extra = None, {"refusal": "I can't help with that."}
                 if kind == "long":
                     finish = "length"
-                self.send(200, {"choices": [{"index": 0, "finish_reason": finish,
+                self.send_json(200, {"choices": [{"index": 0, "finish_reason": finish,
                                              "message": {"role": "assistant", "content": content, **extra}}]})
-
-            def send(self, code, obj, headers=None):
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/v1"

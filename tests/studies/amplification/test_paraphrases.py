@@ -7,7 +7,7 @@ loader, and killed mid-paraphrasing then resumed to identical results."""
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,7 @@ import pytest
 from helpers import REPO_ROOT, kill_when
 from pipelines import amplification
 from pipelines.engine.rundir import RunDir
+from pipelines.standins.chat import JsonHandler
 from pipelines.studies.amplification import paraphrases as PP
 from pipelines.studies.amplification.images import REQUEST_SCHEMA
 from schemas import images as I
@@ -168,12 +169,9 @@ class SlowEndpoint:
         self.delay, self.count, self.lock = delay, 0, threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class Handler(JsonHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.read_json()
                 with fake.lock:
                     fake.count += 1
                 time.sleep(fake.delay)
@@ -182,12 +180,7 @@ class SlowEndpoint:
                 caption = prompt.rsplit("Phrase/Sentence: ", 1)[1]
                 number = int(caption.split()[1])
                 text = "Someone at work" if number % 5 == 0 else f"In other words, {caption} ({word})"
-                data = json.dumps({"choices": [{"finish_reason": "stop", "message": {"content": text}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_json(200, {"choices": [{"finish_reason": "stop", "message": {"content": text}}]})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
