@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from operators.text_prompt_similarity import load_sentence_transformer, sbert_precision
+from operators.text_prompt_similarity import load_sentence_transformer, sbert_precision, unit_embeddings
 from schemas.captions import CAPTION
 from schemas.paraphrases import PARAPHRASE, PARAPHRASE_SBERT, PARAPHRASE_STATUS, STAGE_PARAPHRASE_SIMILARITY
 from schemas.paraphrases import ParaphraseStatus as S
@@ -30,8 +30,7 @@ class ParaphraseSimilarity:
         self.encode_batch_size = int(encode_batch_size)
 
     def cosines(self, a: list[str], b: list[str]) -> np.ndarray:
-        emb = np.asarray(self.model.encode(a + b, batch_size=self.encode_batch_size, normalize_embeddings=True,
-                                           convert_to_numpy=True, show_progress_bar=False), np.float32)
+        emb = unit_embeddings(self.model, a + b, self.encode_batch_size)
         return np.einsum("rd,rd->r", emb[:len(a)], emb[len(a):])
 
     def __call__(self, batch: pa.Table) -> pa.Table:

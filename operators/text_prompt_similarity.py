@@ -100,6 +100,13 @@ def sbert_precision(precision: str, device: str) -> str:
     return precision
 
 
+def unit_embeddings(model, texts: list[str], batch_size: int) -> np.ndarray:
+    """``texts`` as unit vectors (float32) through a loaded SentenceTransformer. fp16 embeddings are
+    normalised in fp16 by the library; the cosines are taken in fp32."""
+    return np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                                   show_progress_bar=False), dtype=np.float32)
+
+
 SBERT_BACKENDS = ("torch", "openvino", "openvino-bf16")
 
 
@@ -165,12 +172,7 @@ class PromptSimilarity:
     def encode(self, texts: list[str]) -> np.ndarray:
         if self._ov is not None:
             return self._ov.encode(texts, self.encode_batch_size)
-        # fp16 embeddings are normalised in fp16 by the library; the cosines are taken in fp32
-        return np.asarray(
-            self.model.encode(texts, batch_size=self.encode_batch_size, normalize_embeddings=True,
-                              convert_to_numpy=True, show_progress_bar=False),
-            dtype=np.float32,
-        )
+        return unit_embeddings(self.model, texts, self.encode_batch_size)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         captions = batch.column(CAPTION).combine_chunks()
