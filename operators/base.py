@@ -47,8 +47,8 @@ class Resources:
     num_gpus: float = 0.0
     batch_size: int = 4096
     # None: stateless stage, run as Ray tasks. An int: a pool of that many actors, each loading
-    # the stage's model once.
-    actors: int | None = None
+    # the stage's model once. (min, max): a pool Ray Data grows from min to max actors as inputs queue.
+    actors: int | tuple[int, int] | None = None
     # Custom Ray resources each task/actor also asks for ({name: amount}), e.g. {"large_gpu": 1}
     # for a generator too large for the ordinary GPU node (pipelines/engine/gpus.py). None: none.
     resources: dict | None = None

@@ -23,6 +23,10 @@ from operators.base import Resources, with_column
 from schemas.captions import CAPTION, OCCUPATION, PROMPT_SIMILARITY
 
 STAGE_SIMILARITY = "prompt_similarity"
+# extra tally outcomes of the stage: captions the encoder ran on, and rows that reused the embedding
+# of a caption with the same token ids in the same batch (``fold_duplicates``)
+SBERT_ENCODED, SBERT_FOLDED = "sbert_encoded", "sbert_folded_duplicates"
+FOLD_MODES = ("tokens", "off")
 
 # Hub ids whose weights ship inside a registry package: loaded from there, offline.
 PACKAGED_MODELS = {
@@ -130,7 +134,7 @@ class PromptSimilarity:
 
     def __init__(self, model: str, prompts: dict[str, list[str]], revision: str | None = None,
                  device: str = "auto", encode_batch_size: int | None = None, precision: str = "auto",
-                 backend: str = "torch"):
+                 backend: str = "torch", fold_duplicates: str = "tokens"):
         """``prompts``: occupation name -> its prompts, the same number for each (prompt_id =
         position + 1), e.g. the Table 1 prompts of every occupation.
 
@@ -145,7 +149,17 @@ class PromptSimilarity:
         by OpenVINO for the CPU in f32: cosines to torch >= 0.9999997, ~1.2x on real alt-text with 2
         threads, plus ~4 s to convert per actor) or "openvino-bf16" (bf16 on CPUs with AVX512-BF16 /
         AMX: ~3x, cosines move by ~3e-5; an option, never the default). On a GPU the torch path runs
-        whatever was asked (fp16 there is ``precision``'s)."""
+        whatever was asked (fp16 there is ``precision``'s).
+
+        ``fold_duplicates``: "tokens" (the default) encodes once each distinct input the model sees in
+        a Ray batch, i.e. each distinct sequence of token ids after the model's own tokenizer
+        (lower-casing, accent stripping, spacing and truncation to ``max_seq_length`` are the
+        tokenizer's): rows with the same ids get that embedding, which is the one the encoder gives
+        each of them (to float rounding of the batch it lands in). "off" encodes every row."""
+        if fold_duplicates not in FOLD_MODES:
+            raise ValueError(f"fold_duplicates must be one of {FOLD_MODES}, got {fold_duplicates!r}")
+        self.fold = fold_duplicates
+        self._encoded = 0
         self.model = load_sentence_transformer(model, revision, device)
         on_gpu = str(self.model.device).startswith("cuda")
         self.encode_batch_size = int(encode_batch_size or (256 if on_gpu else 64))
@@ -174,11 +188,33 @@ class PromptSimilarity:
             return self._ov.encode(texts, self.encode_batch_size)
         return unit_embeddings(self.model, texts, self.encode_batch_size)
 
+    def distinct_inputs(self, captions: pa.Array) -> tuple[list[str], np.ndarray]:
+        """(texts to encode, the text index of each row): every row with "off"; with "tokens" one
+        text per distinct token-id sequence (exact duplicates first, in Arrow, then the tokenizer's
+        ids of what is left)."""
+        if self.fold == "off":
+            return captions.to_pylist(), np.arange(len(captions))
+        enc = pc.dictionary_encode(captions)
+        texts = enc.dictionary.to_pylist()
+        ids = self.model.tokenizer(texts, truncation=True, max_length=self.model.max_seq_length)["input_ids"]
+        group: dict[tuple, int] = {}
+        first: list[int] = []    # the first text of each distinct id sequence
+        which = np.empty(len(ids), np.int64)
+        for i, t in enumerate(ids):
+            which[i] = g = group.setdefault(tuple(t), len(group))
+            if g == len(first):
+                first.append(i)
+        return [texts[i] for i in first], which[enc.indices.to_numpy(zero_copy_only=False)]
+
+    def tally(self, out: pa.Table) -> dict[str, int]:
+        """Extra counts for the run summary: captions encoded, rows that reused an embedding."""
+        return {SBERT_ENCODED: self._encoded, SBERT_FOLDED: out.num_rows - self._encoded}
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         captions = batch.column(CAPTION).combine_chunks()
-        enc = pc.dictionary_encode(captions)  # embed each distinct caption of the batch once
-        cap_emb = self.encode(enc.dictionary.to_pylist())
-        cap_idx = enc.indices.to_numpy(zero_copy_only=False)
+        texts, cap_idx = self.distinct_inputs(captions)
+        cap_emb = self.encode(texts)
+        self._encoded = len(texts)
         occ_idx = pc.index_in(batch.column(OCCUPATION), value_set=self.occupation_names)
         if occ_idx.null_count:
             unknown = pc.unique(batch.column(OCCUPATION).filter(pc.is_null(occ_idx))).to_pylist()

@@ -183,6 +183,9 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--sbert-precision", choices=["fp32", "fp16", "auto"],
                    help="SBERT precision: fp32 (default, the reproduction), fp16 (GPU only, about 2x faster; "
                         "cosines move by ~1e-3, which can change who is at rank 500), auto (fp16 on a GPU)")
+    m.add_argument("--sbert-fold", choices=["tokens", "off"],
+                   help="SBERT encodes each distinct token-id sequence of a batch once (tokens, the default: the same "
+                        "embeddings) or every row (off)")
     m.add_argument("--sbert-backend", choices=["torch", "openvino", "openvino-bf16"],
                    help="SBERT's encoder on CPUs: torch (default), openvino (the same model compiled by OpenVINO in "
                         "f32: identical neighbours, ~1.2x on 2 cores after ~4 s of conversion per actor), "
@@ -192,7 +195,9 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                         "(every model on the CPU on purpose; real generators/CLIP are otherwise refused on a CPU)")
     k = p.add_argument_group("resources")
     k.add_argument("--ner-actors", type=int, default=1, help="spaCy actors (default 1)")
-    k.add_argument("--embed-actors", type=int, default=1, help="SBERT actors (default 1)")
+    k.add_argument("--embed-actors", type=int, default=None,
+                   help="SBERT actors (default: with --embed-gpus 1; on CPUs one per core of a local instance, "
+                        "and on a cluster a pool growing from 1 to the cluster's CPUs)")
     k.add_argument("--embed-gpus", type=float, default=0.0, help="GPUs per SBERT actor (default 0)")
     k.add_argument("--scan-batch-size", type=int, default=262144,
                    help="rows per batch of the caption scan (default 262144: amortises the regex compile)")

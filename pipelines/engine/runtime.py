@@ -260,11 +260,32 @@ def stage(ds, factory, kwargs: dict, schema: pa.Schema, resources: Resources | N
     if res.resources:   # custom Ray resources, e.g. {"large_gpu": 1} (pipelines/engine/gpus.py)
         common["resources"] = dict(res.resources)
     if res.actors:
-        from ray.data import ActorPoolStrategy
-
         return map_batches(ds, StreamStage, actor_retries(), fn_constructor_args=(factory, kwargs, schema),
-                           compute=ActorPoolStrategy(size=res.actors), **common)
+                           compute=actor_pool(res.actors), **common)
     return map_batches(ds, _run_in_task, task_retries(), fn_args=(factory, kwargs, schema), **common)
+
+
+def pool_max(actors: int | tuple[int, int]) -> int:
+    """The most actors a pool (``Resources.actors``) holds."""
+    return int(actors[1]) if isinstance(actors, (tuple, list)) else int(actors)
+
+
+def local_cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def actor_pool(actors: int | tuple[int, int]):
+    """Ray Data's actor pool for ``Resources.actors``: n actors, or (min, max), a pool that grows
+    from min to max actors while inputs queue (an autoscaling cluster adds the nodes)."""
+    from ray.data import ActorPoolStrategy
+
+    if isinstance(actors, (tuple, list)):
+        return ActorPoolStrategy(min_size=int(actors[0]), max_size=int(actors[1]))
+    return ActorPoolStrategy(size=int(actors))
 
 
 def _run_in_task(batch: pa.Table, factory, kwargs: dict, schema: pa.Schema) -> pa.Table:
@@ -285,10 +306,8 @@ def map_stage(ds, factory, kwargs: dict, resources: Resources | None = None):
     if res.resources:   # custom Ray resources, e.g. {"large_gpu": 1} (pipelines/engine/gpus.py)
         common["resources"] = dict(res.resources)
     if res.actors:
-        from ray.data import ActorPoolStrategy
-
         return map_batches(ds, factory, actor_retries(), fn_constructor_kwargs=kwargs,
-                           compute=ActorPoolStrategy(size=res.actors), **common)
+                           compute=actor_pool(res.actors), **common)
     return map_batches(ds, _apply_in_task, task_retries(), fn_args=(factory, kwargs), **common)
 
 

@@ -96,6 +96,16 @@ def _configure_nested(head: Stage, change: Mapping, name: str, outer: str) -> St
     return dataclasses.replace(head, kwargs={**dict(head.kwargs), "batch_size": int(change["batch_size"])})
 
 
+def pool_size(actors) -> int | tuple[int, int]:
+    """An actor count (at least 1), or a (min, max) pair (``[1, 8]`` in a configuration file)."""
+    if isinstance(actors, (tuple, list)):
+        if len(actors) != 2:
+            raise ValueError(f"an actor pool is a number or [min, max], got {actors!r}")
+        lo = max(1, int(actors[0]))
+        return lo, max(lo, int(actors[1]))
+    return max(1, int(actors))
+
+
 def configure(stages: list[Stage], changes: Mapping[str, Mapping]) -> list[Stage]:
     """``stages`` with the resource ``changes`` applied (by stage name; names of stages this list
     does not have are ignored, so one set of overrides serves every stream of a study). A stage
@@ -117,7 +127,7 @@ def configure(stages: list[Stage], changes: Mapping[str, Mapping]) -> list[Stage
         if s.name in changes:
             res = dataclasses.replace(s.declared(), **changes[s.name])
             if res.actors is not None:
-                res = dataclasses.replace(res, actors=max(1, int(res.actors)))
+                res = dataclasses.replace(res, actors=pool_size(res.actors))
             s = dataclasses.replace(s, resources=res)
         out.append(s)
     return out

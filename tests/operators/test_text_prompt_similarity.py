@@ -86,3 +86,38 @@ def test_precision_policy():
         sbert_precision("fp16", "cpu")
     with pytest.raises(ValueError, match="auto, fp32 or fp16"):
         sbert_precision("bf16", "cpu")
+
+
+def test_folding_encodes_each_token_sequence_once_with_the_same_similarities(op):
+    """Rows the tokenizer cannot tell apart (case, accents, spacing, exact repeats) are encoded once;
+    every row's similarities equal those of encoding it on its own and of encoding every row."""
+    import pyarrow.parquet as pq
+    from helpers import REPO_ROOT
+
+    variants = ["A photo of an Engineer smiling", "a photo of an engineer   smiling", "A PHOTO OF AN ENGINÉER SMILING",
+                "A photo of an engineer smiling", "A photo of an engineer smiling!", "A photo of an engineer smiling"]
+    sample = pq.read_table(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet", columns=["TEXT"])
+    real = [c for c in sample.column("TEXT").to_pylist()[:400] if c]
+    rows = [(v, "engineer") for v in variants] + [(c, "teacher") for c in real + real[:50]]
+    t = pa.table({"caption": [r[0] for r in rows], "occupation": [r[1] for r in rows]})
+    prompts = prompt_table(OCCS, TEMPLATES)
+    off = PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", prompts, device="cpu", fold_duplicates="off")
+    texts, which = op.distinct_inputs(t.column("caption").combine_chunks())
+    # "Engineer" / "engineer   " / "ENGINÉER" / the exact repeats are one input; "smiling!" is another
+    assert len(set(which[:6].tolist())) == 2 and which[0] == which[1] == which[2] == which[3] == which[5]
+    assert len(texts) == len(set(which.tolist())) < len(rows) - 50
+    folded_out, all_out = op(t), off(t)
+    assert op.tally(folded_out) == {"sbert_encoded": len(texts), "sbert_folded_duplicates": len(rows) - len(texts)}
+    assert off.tally(all_out) == {"sbert_encoded": len(rows), "sbert_folded_duplicates": 0}
+    folded = np.array(folded_out.column("prompt_similarity").to_pylist())
+    every = np.array(all_out.column("prompt_similarity").to_pylist())
+    np.testing.assert_allclose(folded, every, atol=2e-6, rtol=0)
+    alone = np.array([sims(off, [r])[0] for r in rows[:6]])   # each variant encoded on its own
+    np.testing.assert_allclose(folded[:6], alone, atol=2e-6, rtol=0)
+    assert np.abs(folded[0] - folded[4]).max() > 1e-4   # the "!" is a token: not folded
+
+
+def test_fold_mode_is_checked():
+    with pytest.raises(ValueError, match="fold_duplicates"):
+        PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", prompt_table(OCCS, TEMPLATES), device="cpu",
+                         fold_duplicates="text")

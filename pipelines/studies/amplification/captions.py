@@ -24,7 +24,8 @@ from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, NameGe
 from operators.text_occupation_explode import OccupationExploder
 from operators.text_occupation_matcher import OccupationMatcher
 from operators.support.sbert_openvino import version as openvino_version
-from operators.text_prompt_similarity import PromptSimilarity, load_sentence_transformer, sbert_backend, sbert_provenance
+from operators.text_prompt_similarity import (SBERT_ENCODED, SBERT_FOLDED, PromptSimilarity, load_sentence_transformer,
+                                              sbert_backend, sbert_provenance)
 from pipelines.engine import config as study_config
 from pipelines.engine import io, rundir, runtime, scan, stages
 from pipelines.engine import shards as engine_shards
@@ -298,7 +299,8 @@ def caption_stages(st: CaptionSettings, args, columns: dict) -> list[Stage]:
         # SBERT cosine between each caption and its occupation's Table 1 prompts (section 5.2)
         Stage(PromptSimilarity, {"model": sbert.model, "revision": sbert.revision,
                                  "prompts": prompt_table(st.occupations, st.prompts), "device": args.device,
-                                 "precision": sbert.get("precision", "auto"), "backend": sbert.get("backend", "torch")}),
+                                 "precision": sbert.get("precision", "auto"), "backend": sbert.get("backend", "torch"),
+                                 "fold_duplicates": sbert_fold(st, args)}),
     ]
 
 
@@ -311,6 +313,35 @@ RESOURCE_FLAGS = {
 }
 
 
+def sbert_fold(st: CaptionSettings, args) -> str:
+    """``--sbert-fold``, else ``execution.sbert_fold_duplicates`` (PromptSimilarity's ``fold_duplicates``)."""
+    return getattr(args, "sbert_fold", None) or st.execution.get("sbert_fold_duplicates") or "tokens"
+
+
+def embed_actors(args, st: CaptionSettings, ray=None) -> int | tuple[int, int]:
+    """SBERT's actor pool: ``--embed-actors`` when given, else the configuration's
+    ``execution.stages.prompt_similarity.actors``, else automatic (project choice, issue 34): with
+    ``--embed-gpus`` one actor; on CPUs one actor per core of a local instance (each actor runs one
+    torch thread; the encoder is the stream's slowest stage, and the scan and NER hand it their last
+    rows early: docs/benchmarks.md), and on a cluster a pool that grows from 1 to the cluster's CPUs
+    while captions queue. Either way one CPU of the instance is left to the scan and sink tasks
+    besides the NER actors (a pool asking for more would never start). ``ray`` None: before Ray
+    starts (what sizes a local instance)."""
+    if getattr(args, "embed_actors", None) is not None:
+        return stages.pool_size(args.embed_actors)
+    configured = ((st.execution or {}).get("stages") or {}).get(PromptSimilarity.stage_name, {}).get("actors")
+    if configured is not None:
+        return stages.pool_size(configured)
+    if args.embed_gpus:
+        return 1
+    if ray is None:
+        return runtime.local_cores()
+    free = int(ray.cluster_resources().get("CPU", 1)) - (0 if args.no_names else args.ner_actors) - 1
+    if runtime.is_local_instance():
+        return max(1, min(runtime.local_cores(), free))
+    return 1, max(1, free)
+
+
 def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: CaptionSettings, args):
     """The caption scan as one Ray Data stream: the stage list, with this run's resources. Its
     leading stateless stages (validate, occupation match, gender words) run inside the parquet
@@ -318,12 +349,19 @@ def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: CaptionSettin
     pipeline = stages.configure(caption_stages(st, args, columns),
                                 stages.overrides(st.execution, args, RESOURCE_FLAGS))
     n = scan.fusable(pipeline)
-    ds = scan.scan_parquet(ray, inp, _read_columns(columns), pipeline[:n], schema, _fragment_rows(st))
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    ds = scan.scan_parquet(ray, inp, _read_columns(columns), pipeline[:n], schema, fragment_rows(st, inp.num_rows, cpus))
     return stages.run(ds, pipeline[n:], schema)
 
 
-def _fragment_rows(st: CaptionSettings) -> int:
-    return int(st.execution.get("scan_fragment_rows") or scan.DEFAULT_FRAGMENT_ROWS)
+def fragment_rows(st: CaptionSettings, rows: int, cpus: int) -> int:
+    """Rows per scan task: ``execution.scan_fragment_rows``, or fewer for an input smaller than two
+    such fragments per CPU, so that a small input (the bundled sample: one file) is still read by
+    several tasks, and its matches reach NER and the SBERT actors in several blocks, not one block
+    that a single SBERT actor works through while the others wait (project choice, issue 34). A
+    fragment is whole row groups, so a file of one row group stays one task."""
+    configured = int(st.execution.get("scan_fragment_rows") or scan.DEFAULT_FRAGMENT_ROWS)
+    return max(1, min(configured, -(-int(rows) // (2 * max(1, int(cpus))))))
 
 
 def selection_config(st: CaptionSettings) -> SelectionConfig:
@@ -468,6 +506,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
     Returns its metrics and what ``print_caption_side`` shows; ``own_run``: the `captions`
     subcommand (adds the run summary rows)."""
     args, rd, ray = run.args, run.rd, run.ray
+    args.embed_actors = embed_actors(args, st, ray)   # recorded as resolved
     inp, columns, extra_fields = st.input
     selection = selection_config(st)
     annotated_schema = C.annotated_schema(extra_fields)
@@ -495,6 +534,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
 
     sizes, head = report.subset_sizes(subsets), report.headline(sim)
     names = ner_counts(counts, st, args)
+    encoded = sbert_counts(counts, st, args)
     metrics = {
         "stage": "captions",
         "attempt_summary": summarize(stage_counts(attempt), order),
@@ -523,6 +563,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         "error_budgets": [budget.as_dict()],
         "annotated_rows": annotated_rows,
         "names_ner": names,
+        "sbert_encoded": encoded,
         "subset_rows": sizes,
         "caption_headline": head,   # (the caption side's means; "headline" is the interval contract)
         "_stats": stats,   # the per-occupation stats, for `run` to summarise its walked subsets (popped there)
@@ -629,6 +670,16 @@ def with_join_key(table: pa.Table, column: str | None) -> pa.Table:
     return table.append_column(C.JOIN_KEY, table.column(column).cast(pa.string()))
 
 
+def sbert_counts(counts: pa.Table, st: CaptionSettings, args) -> dict:
+    """How many (caption, occupation) rows SBERT embedded and how many reused the embedding of the
+    same token ids in their batch (``sbert_fold``), from the similarity stage's tallies."""
+    c = {o: n for s, o, n in zip(*(counts.column(k).to_pylist() for k in ("stage", "outcome", "rows")))
+         if s == PromptSimilarity.stage_name}
+    rows, encoded = c.get(C.OUTCOME_ROWS_IN, 0), c.get(SBERT_ENCODED, 0)
+    return {"fold_duplicates": sbert_fold(st, args), "rows": rows, "encoded": encoded,
+            "folded": c.get(SBERT_FOLDED, 0), "share_encoded": round(encoded / rows, 6) if rows else None}
+
+
 def ner_counts(counts: pa.Table, st: CaptionSettings, args) -> dict | None:
     """How many matched captions spaCy ran on (all of them without the prefilter), from the
     person-name stage's tallies; None with --no-names."""
@@ -676,7 +727,7 @@ class CaptionStudy:
         return False
 
     def actor_cpus(self, args, st: CaptionSettings) -> float:
-        return args.embed_actors + (0 if args.no_names else args.ner_actors)
+        return runtime.pool_max(embed_actors(args, st)) + (0 if args.no_names else args.ner_actors)
 
     def use_standins(self, args, st: CaptionSettings, root: str) -> None:  # no stand-ins: spaCy and SBERT are real
         raise ValueError("the caption side has no stand-in models")

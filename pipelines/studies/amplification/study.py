@@ -37,7 +37,7 @@ from pipelines.studies.amplification import caption_report, captions, link_rot, 
 from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
-from pipelines.engine import io
+from pipelines.engine import io, runtime
 from pipelines.studies.amplification import images as image_side
 from pipelines.studies.amplification.images import ImageSettings
 from pipelines.engine.progress import ErrorBudget, Phase
@@ -211,7 +211,7 @@ class AmplificationStudy:
         return True
 
     def actor_cpus(self, args, st: AmplificationSettings) -> float:
-        return max(args.embed_actors + (0 if args.no_names else args.ner_actors),
+        return max(runtime.pool_max(captions.embed_actors(args, st)) + (0 if args.no_names else args.ner_actors),
                    args.face_actors + args.clip_actors + args.gen_actors,
                    (st.paraphrase.actors + 1) if st.paraphrase else 0)
 
