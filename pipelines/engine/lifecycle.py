@@ -217,8 +217,6 @@ def standin_root(rd: rundir.RunDir) -> str:
 def run_study(study: Study, args) -> dict:
     """Run ``study`` end to end (see the module docstring); returns metrics.json's content."""
     started = time.time()
-    if not getattr(args, "verbose", False):
-        quiet_model_libraries()
     standin = bool(getattr(args, "standin_models", False))
     publish.check(args)
     st = study.settings(args)
@@ -229,6 +227,8 @@ def run_study(study: Study, args) -> dict:
     ex = st.execution
     with contextlib.ExitStack() as stack:
         specs = list(study.generators(st)) if hasattr(study, "generators") else []
+        if not getattr(args, "verbose", False):
+            quiet_model_libraries(diffusers=bool(specs))
         # Ray first: a run whose real models could get no GPU stops here, before any model loads
         ray, gp = start_ray(args, ex, study.actor_cpus(args, st), standin, study.gpu_models(args, st), specs)
         if not getattr(args, "verbose", False):

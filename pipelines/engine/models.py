@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -240,12 +241,18 @@ def standin_clip(clip: ModelSpec, root: str) -> ModelSpec:
     return clip.standin_at(build_standin_clip(root), pretrained=None)
 
 
-def quiet_model_libraries() -> None:
-    """No download/loading progress bars or advice from the model libraries (--verbose keeps them)."""
-    import diffusers
+def quiet_model_libraries(diffusers: bool = True) -> None:
+    """No download/loading progress bars or advice from the model libraries (--verbose keeps them).
+    ``diffusers``: also diffusers' (a run with generators); a run without (the caption side) does
+    not import it, about 4 s of the driver's start."""
     import transformers
 
-    for lib in (diffusers, transformers):
+    libs = [transformers]
+    if diffusers or "diffusers" in sys.modules:
+        import diffusers as diffusers_lib
+
+        libs.append(diffusers_lib)
+    for lib in libs:
         lib.utils.logging.set_verbosity_error()
         lib.utils.logging.disable_progress_bar()
 
