@@ -318,6 +318,10 @@ def sbert_fold(st: CaptionSettings, args) -> str:
     return getattr(args, "sbert_fold", None) or st.execution.get("sbert_fold_duplicates") or "tokens"
 
 
+# project choice (issue 34): automatic SBERT pools get at most one actor per this many input rows
+ROWS_PER_EMBED_ACTOR = 10_000
+
+
 def embed_actors(args, st: CaptionSettings, ray=None) -> int | tuple[int, int]:
     """SBERT's actor pool: ``--embed-actors`` when given, else the configuration's
     ``execution.stages.prompt_similarity.actors``, else automatic (project choice, issue 34): with
@@ -325,8 +329,10 @@ def embed_actors(args, st: CaptionSettings, ray=None) -> int | tuple[int, int]:
     torch thread; the encoder is the stream's slowest stage, and the scan and NER hand it their last
     rows early: docs/benchmarks.md), and on a cluster a pool that grows from 1 to the cluster's CPUs
     while captions queue. Either way one CPU of the instance is left to the scan and sink tasks
-    besides the NER actors (a pool asking for more would never start). ``ray`` None: before Ray
-    starts (what sizes a local instance)."""
+    besides the NER actors (a pool asking for more would never start), and there is at most one
+    actor per ``ROWS_PER_EMBED_ACTOR`` input rows: an actor costs about 5 CPU-s to start, more than
+    a small input's SBERT work gives it. ``ray`` None: before Ray starts (what sizes a local
+    instance)."""
     if getattr(args, "embed_actors", None) is not None:
         return stages.pool_size(args.embed_actors)
     configured = ((st.execution or {}).get("stages") or {}).get(PromptSimilarity.stage_name, {}).get("actors")
@@ -334,12 +340,15 @@ def embed_actors(args, st: CaptionSettings, ray=None) -> int | tuple[int, int]:
         return stages.pool_size(configured)
     if args.embed_gpus:
         return 1
+    rows = st.input[0].num_rows if st.input is not None else None
+    useful = max(1, -(-int(rows) // ROWS_PER_EMBED_ACTOR)) if rows is not None else None
     if ray is None:
-        return runtime.local_cores()
+        return min(runtime.local_cores(), useful or runtime.local_cores())
     free = int(ray.cluster_resources().get("CPU", 1)) - (0 if args.no_names else args.ner_actors) - 1
+    free = max(1, min(free, useful or free))
     if runtime.is_local_instance():
-        return max(1, min(runtime.local_cores(), free))
-    return 1, max(1, free)
+        return min(runtime.local_cores(), free)
+    return 1, free
 
 
 def caption_stream(ray, inp, columns: dict, schema: pa.Schema, st: CaptionSettings, args):

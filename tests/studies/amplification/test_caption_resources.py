@@ -100,3 +100,21 @@ def test_small_input_is_scanned_in_several_fragments():
     inp = io.resolve_parquet_inputs([str(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet")])
     assert len(scan.fragments(inp, captions.fragment_rows(st, inp.num_rows, 2))) == 4   # its 4 row groups
     assert len(scan.fragments(inp, configured)) == 1
+
+
+def test_no_more_actors_than_the_input_can_use(monkeypatch):
+    monkeypatch.setattr(runtime, "local_cores", lambda: 6)
+    args, st = parsed()
+
+    def with_rows(n):
+        return dataclasses.replace(st, input=(types.SimpleNamespace(num_rows=n), {}, []))
+
+    per = captions.ROWS_PER_EMBED_ACTOR
+    monkeypatch.setattr(runtime, "is_local_instance", lambda: True)
+    assert captions.embed_actors(args, with_rows(2_000), FakeCluster()) == 1      # a test-sized input
+    assert captions.embed_actors(args, with_rows(2 * per + 1), FakeCluster()) == 3
+    assert captions.embed_actors(args, with_rows(2 * per + 1)) == 3                # sizing the local instance
+    assert captions.embed_actors(args, with_rows(10 ** 9), FakeCluster()) == 6
+    monkeypatch.setattr(runtime, "is_local_instance", lambda: False)
+    assert captions.embed_actors(args, with_rows(2_000), FakeCluster()) == (1, 1)
+    assert captions.embed_actors(args, with_rows(2_322_161_808), FakeCluster()) == (1, 96 - args.ner_actors - 1)
