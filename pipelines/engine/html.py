@@ -131,7 +131,8 @@ def _sha_cell(detail: dict) -> tuple[str, set[str]]:
 
 def model_table(records: list[dict], labels: dict[str, str] | None = None) -> str:
     """The models of a run, one row per provenance record (``{"role", "model", "standin",
-    "detail": {...}}``, as the studies record them): role, model id, revision / hub commit, weights
+    "detail": {...}}``, as the studies record them; ``standin_kind`` names a stand-in that is not a
+    random-weight model, e.g. "rule-based"): role, model id, revision / hub commit, weights
     sha256 (short; the full hash in the cell's title), dtype, device, real or STAND-IN, and every
     other field of the record as pretty JSON in a collapsed ``<details>`` block. The one place a
     page shows a model's full id: with ``labels`` (id -> short label, ``page.model_labels``) the id
@@ -154,11 +155,11 @@ def model_table(records: list[dict], labels: dict[str, str] | None = None) -> st
         if note is not None and standin:
             shown.add("standin")
         rest = {k: v for k, v in detail.items() if k not in shown}
-        extra = {k: v for k, v in rec.items() if k not in {"role", "model", "standin", "detail", "nsfw"}}
+        extra = {k: v for k, v in rec.items() if k not in {"role", "model", "standin", "standin_kind", "detail", "nsfw"}}
         if "detail" in rec and not isinstance(rec.get("detail"), dict) and rec.get("detail") not in (None, ""):
             extra["detail"] = rec["detail"]
         more = {**extra, **rest}
-        tag = STANDIN if standin else REAL
+        tag = (f"STAND-IN ({rec['standin_kind']})" if rec.get("standin_kind") else STANDIN) if standin else REAL
         tag_cell = (f"<td class=standin title=\"{esc(note)}\">{esc(tag)}</td>" if standin and note
                     else f"<td class=standin>{esc(tag)}</td>" if standin else f"<td>{esc(tag)}</td>")
         details = (f"<details><summary>{len(more)} more field{'s' if len(more) != 1 else ''}</summary>"

@@ -261,5 +261,6 @@ def print_models(records: list[dict]) -> None:
     """One line per loaded model: its role, real or STAND-IN, and its id."""
     width = max([26] + [len(r["role"]) for r in records])
     for r in records:
-        tag = "STAND-IN (random weights, meaningless outputs)" if r["standin"] else "real"
+        kind = r.get("standin_kind") or "random weights"
+        tag = f"STAND-IN ({kind}, meaningless outputs)" if r["standin"] else "real"
         print(f"model {r['role']:<{width}} {tag:<46} {r['model']}")

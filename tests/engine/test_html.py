@@ -62,6 +62,21 @@ def test_model_table_without_detail_and_escaping():
     assert json.loads(unescape(re.search(r"<pre>(.*?)</pre>", page, flags=re.S).group(1))) == {
         "name": "x", "nan": None, "n": 3}
     assert _cells(page, 1)[6] == "STAND-IN (random weights)" and _cells(page, 1)[7] == "-"
+    rule_based = H.model_table([{"role": "paraphraser", "model": "standin-chat", "standin": True,
+                                 "standin_kind": "rule-based"}])
+    assert _cells(rule_based, 0)[6] == "STAND-IN (rule-based)" and _cells(rule_based, 0)[7] == "-"
+
+
+def test_console_model_lines_name_the_kind_of_stand_in(capsys):
+    from pipelines.engine.models import print_models
+
+    print_models([{"role": "generator", "model": "sd", "standin": True},
+                  {"role": "paraphraser", "model": "chat", "standin": True, "standin_kind": "rule-based"},
+                  {"role": "sbert", "model": "minilm", "standin": False}])
+    lines = capsys.readouterr().out.splitlines()
+    assert "STAND-IN (random weights, meaningless outputs)" in lines[0]
+    assert "STAND-IN (rule-based, meaningless outputs)" in lines[1] and "random" not in lines[1]
+    assert " real " in lines[2]
 
 
 def test_table_formats_numbers_missing_values_and_escapes():

@@ -396,8 +396,9 @@ def check_backend(pst: ParaphraseSettings, standin: bool) -> list[dict]:
             from operators.support.chat_client import ChatClient
 
             ChatClient(b["endpoint"], b["model"])   # a URL that is not http(s) fails here
-        return [{"role": role, "model": b["model"], "standin": b["endpoint"] == STANDIN_ENDPOINT,
-                 "detail": pst.record()}]
+        standin = b["endpoint"] == STANDIN_ENDPOINT
+        return [{"role": role, "model": b["model"], "standin": standin, "detail": pst.record(),
+                 **({"standin_kind": "rule-based"} if standin else {})}]
     return [{"role": role, "model": b["model"], "standin": False, "detail": pst.record(describe(b["model"], b.get("revision")))}]
 
 

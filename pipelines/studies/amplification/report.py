@@ -273,7 +273,8 @@ def a6_text(table: pd.DataFrame) -> pd.DataFrame:
     for name, title in (("all_captions", "E[A], all captions"), ("no_indicator_captions", "E[A], no indicators")):
         out[title] = [interval_text(_num(v), _num(lo), _num(hi)) for v, lo, hi in
                       zip(table[name], table[f"{name}_low"], table[f"{name}_high"])]
-        out[f"{title} (paper)"] = table[f"paper_{name}"]
+        # as the paper prints them (0.69, 2.05), not at the table's three decimals
+        out[f"{title} (paper)"] = ["-" if pd.isna(v) else f"{float(v):g}" for v in table[f"paper_{name}"]]
         out[f"occupations ({name.split('_')[0]})"] = table[f"n_{name}"]
     out["SBERT cosine to caption"] = table["sbert_cosine_to_caption"]
     out["CLIP: images vs the caption's images"] = table["clip_images_vs_caption_images"]

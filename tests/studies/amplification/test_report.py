@@ -274,3 +274,14 @@ def test_render_html_opens_with_the_interval_table():
     assert naive["#1"] == pytest.approx(15.0) and naive["#1_low"] <= 15.0 <= naive["#1_high"]
     table3 = page[page.index("(Table 3)</h2>"):]
     assert f"<td>{rep.interval_text(15.0, naive['#1_low'], naive['#1_high'])}</td>" in table3
+
+
+def test_a6_table_prints_the_papers_values_as_published():
+    row = {"model": "sd-1.4", "prompts": "paraphrases (App. A.6)", "sbert_cosine_to_caption": 0.8,
+           "clip_images_vs_caption_images": None}
+    for name, value, paper in (("all_captions", 0.7123, 0.69), ("no_indicator_captions", 2.2, 2.49)):
+        row |= {name: value, f"{name}_low": value - 0.1, f"{name}_high": value + 0.1, f"paper_{name}": paper,
+                f"n_{name}": 15}
+    shown = rep.a6_text(pd.DataFrame([row, dict(row, paper_all_captions=None)]))
+    assert shown["E[A], all captions (paper)"].tolist() == ["0.69", "-"]
+    assert shown["E[A], no indicators (paper)"].tolist() == ["2.49", "2.49"]
