@@ -237,6 +237,8 @@ def main(argv=None) -> None:
     ap.add_argument("--embed-actors", type=pool_arg, default=None,
                     help="SBERT actors of the stream: N, or MIN-MAX for a pool Ray Data grows (default: what "
                          "`captions` picks)")
+    ap.add_argument("--embed-batch", type=int, default=None,
+                    help="rows per SBERT Ray batch (one encode call, sorted by length; default: the stage's)")
     ap.add_argument("--sbert-fold", choices=["off", "tokens"], default="off",
                     help="SBERT duplicate folding (default off: the synthetic captions repeat their templates, "
                          "folding would flatter the figure; `captions` folds by default)")
@@ -279,7 +281,9 @@ def main(argv=None) -> None:
         print(f"SBERT: {actors} actor(s), folding {args.sbert_fold}, backend {args.sbert_backends[0]}")
         pipeline = [dataclasses.replace(s, kwargs=dict(s.kwargs) | {"backend": args.sbert_backends[0],
                                                                      "fold_duplicates": args.sbert_fold},
-                                        resources=dataclasses.replace(s.declared(), actors=actors))
+                                        resources=dataclasses.replace(
+                                            s.declared(), actors=actors,
+                                            batch_size=args.embed_batch or s.declared().batch_size))
                     if s.name == "prompt_similarity" else s for s in pipeline]
         if args.explode_batch:
             pipeline = [dataclasses.replace(s, resources=dataclasses.replace(s.declared(), batch_size=args.explode_batch))
