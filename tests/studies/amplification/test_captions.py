@@ -77,6 +77,12 @@ def test_every_row_is_accounted_for(run, synthetic):
     assert counts["person_names"]["rows_in"] == matched  # NER only on captions naming an occupation
     assert counts["explode_occupations"]["rows_in"] == matched
     assert counts["prompt_similarity"]["rows_out"] == metrics["annotated_rows"]
+    # SBERT encoded each distinct caption of a batch once; every other row reused an embedding
+    enc = metrics["sbert_encoded"]
+    assert enc["fold_duplicates"] == "tokens" and enc["rows"] == metrics["annotated_rows"]
+    assert 0 < enc["encoded"] < enc["rows"]   # the synthetic captions repeat their templates
+    assert enc["encoded"] + enc["folded"] == enc["rows"]
+    assert metrics["config"]["resources"]["embed_actors"] == 1   # 2,000 input rows: one SBERT actor
     csv = (out / "stage_counts.csv").read_text()
     assert "read_captions,null_caption," in csv
 
