@@ -183,26 +183,22 @@ def parts_alone(ray, inp, pipeline, n: int, schema, args) -> dict:
     rest = {s.name: s for s in pipeline[n:]}
 
     def run(stage, table, **kw):
+        """(the stage's output, seconds over its Ray batches, seconds to build it)"""
+        t = time.perf_counter()
         op = stage.op(**(dict(stage.kwargs) | kw))
+        load = time.perf_counter() - t
         size = stage.declared().batch_size
         t = time.perf_counter()
         parts = [op(table.slice(i, size)) for i in range(0, table.num_rows, size)]
-        return pa.concat_tables(parts) if parts else table, time.perf_counter() - t
+        return pa.concat_tables(parts) if parts else table, time.perf_counter() - t, load
 
     names = rest.get("person_names")
     if names is not None:
-        matched, out["ner"] = run(names, matched)
-    exploded, out["explode"] = run(rest["explode_occupations"], matched)
+        matched, out["ner"], _ = run(names, matched)
+    exploded, out["explode"], _ = run(rest["explode_occupations"], matched)
     for backend in args.sbert_backends:
-        t = time.perf_counter()
-        op = rest["prompt_similarity"].op(**(dict(rest["prompt_similarity"].kwargs) | {"backend": backend}))
-        load = time.perf_counter() - t
-        size = rest["prompt_similarity"].declared().batch_size
-        t = time.perf_counter()
-        for i in range(0, exploded.num_rows, size):
-            op(exploded.slice(i, size))
-        out[f"sbert {backend}"] = time.perf_counter() - t
-        out[f"sbert {backend} load"] = load
+        _, out[f"sbert {backend}"], out[f"sbert {backend} load"] = run(rest["prompt_similarity"], exploded,
+                                                                       backend=backend)
     first = args.sbert_backends[0]
     out["sum"] = out["scan"] + out.get("ner", 0.0) + out["explode"] + out[f"sbert {first}"]
     print(f"\nparts alone on {matched.num_rows:,} matched captions ({exploded.num_rows:,} rows after the explode), "

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from operators.text_prompt_similarity import load_sentence_transformer  # noqa: E402
+from operators.text_prompt_similarity import load_sentence_transformer, unit_embeddings  # noqa: E402
 from pipelines.engine import config as study_config  # noqa: E402
 from pipelines.studies.amplification import jobs  # noqa: E402
 
@@ -170,17 +170,12 @@ def compare_backends(model, caps: list[str], args) -> None:
     from operators.support.sbert_openvino import OpenVinoSbert, version
     from pipelines.studies.amplification.prompts import prompt_table
 
-    occupations = jobs.occupations_from(study_config.load_config(None))
+    config = study_config.load_config(None)
+    occupations = jobs.occupations_from(config)
     which = OccupationMatcher(occupations).which(pa.array(caps, pa.string())).to_pylist()
     first = np.array([w[0] if w else "" for w in which], dtype=object)
-    templates = study_config.load_config(None)["prompts"]
-    prompts = prompt_table(occupations, templates)
-
-    def torch_encode(texts):
-        return np.asarray(model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True,
-                                       show_progress_bar=False), np.float32)
-
-    encoders = {"torch fp32": (torch_encode, 0.0)}
+    prompts = prompt_table(occupations, config["prompts"])
+    encoders = {"torch fp32": ((lambda texts: unit_embeddings(model, texts, 64)), 0.0)}
     for precision in ("f32", "bf16"):
         t = time.perf_counter()
         with warnings.catch_warnings():

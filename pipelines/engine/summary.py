@@ -42,15 +42,21 @@ def stage_counts(tallies: pa.Table) -> pa.Table:
     )
 
 
+def outcomes_by_stage(counts: pa.Table) -> dict[str, dict[str, int]]:
+    """``stage_counts``' table as {stage: {outcome: rows}}."""
+    by_stage: dict[str, dict[str, int]] = {}
+    for s, o, n in zip(*(counts.column(c).to_pylist() for c in ("stage", "outcome", "rows"))):
+        by_stage.setdefault(s, {})[o] = n
+    return by_stage
+
+
 def summarize(counts: pa.Table, order: list[str]) -> "OrderedDict[str, dict]":
     """Per stage in pipeline order: rows_in, rows_out (kept), dropped {reason: rows}.
 
     Filter stages tally ``kept`` and one outcome per drop reason; the other stages tally
     ``rows_in`` and ``rows_out``.
     """
-    by_stage: dict[str, dict[str, int]] = {}
-    for s, o, n in zip(*(counts.column(c).to_pylist() for c in ("stage", "outcome", "rows"))):
-        by_stage.setdefault(s, {})[o] = n
+    by_stage = outcomes_by_stage(counts)
     out: "OrderedDict[str, dict]" = OrderedDict()
     for s in order + sorted(set(by_stage) - set(order)):
         c = by_stage.get(s, {})

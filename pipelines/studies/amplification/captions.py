@@ -36,6 +36,7 @@ from pipelines.engine.summary import (
     CountMismatch,
     check_chain,
     format_summary,
+    outcomes_by_stage,
     stage_counts,
     summarize,
     summary_rows_captions,
@@ -682,8 +683,7 @@ def with_join_key(table: pa.Table, column: str | None) -> pa.Table:
 def sbert_counts(counts: pa.Table, st: CaptionSettings, args) -> dict:
     """How many (caption, occupation) rows SBERT embedded and how many reused the embedding of the
     same token ids in their batch (``sbert_fold``), from the similarity stage's tallies."""
-    c = {o: n for s, o, n in zip(*(counts.column(k).to_pylist() for k in ("stage", "outcome", "rows")))
-         if s == PromptSimilarity.stage_name}
+    c = outcomes_by_stage(counts).get(PromptSimilarity.stage_name, {})
     rows, encoded = c.get(C.OUTCOME_ROWS_IN, 0), c.get(SBERT_ENCODED, 0)
     return {"fold_duplicates": sbert_fold(st, args), "rows": rows, "encoded": encoded,
             "folded": c.get(SBERT_FOLDED, 0), "share_encoded": round(encoded / rows, 6) if rows else None}
@@ -694,8 +694,7 @@ def ner_counts(counts: pa.Table, st: CaptionSettings, args) -> dict | None:
     person-name stage's tallies; None with --no-names."""
     if args.no_names:
         return None
-    c = {o: n for s, o, n in zip(*(counts.column(k).to_pylist() for k in ("stage", "outcome", "rows")))
-         if s == STAGE_NAMES}
+    c = outcomes_by_stage(counts).get(STAGE_NAMES, {})
     captions, ran = c.get(C.OUTCOME_ROWS_IN, 0), c.get(NER_RUN, 0)
     return {"prefilter": bool(st.gender_indicators.get("ner_prefilter", True)), "captions": captions,
             "ner_run": ran, "ner_skipped": c.get(NER_SKIPPED, 0),
