@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
+from operators.support.sbert_batches import CPU_TOKEN_BUDGET  # noqa: E402
 from operators.text_prompt_similarity import load_sentence_transformer, unit_embeddings  # noqa: E402
 from pipelines.engine import config as study_config  # noqa: E402
 from pipelines.studies.amplification import jobs  # noqa: E402
@@ -101,6 +102,8 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 128, 256])
     ap.add_argument("--ray-batch", type=int, default=4096, help="captions per encode call when sorting")
+    ap.add_argument("--token-budgets", type=int, nargs="*", default=[1024, 2048, 4096],
+                    help="on a CPU, also time batches cut by tokens (PromptSimilarity's CPU path) at these budgets")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="torch threads on a CPU (default: torch's)")
     ap.add_argument("--backends", action="store_true",
@@ -151,9 +154,18 @@ def main(argv=None) -> None:
                 rows.append((precision, b, name, len(caps) / s, diff))
                 print(f"  {precision} batch {b:>4} {name:>8}: {len(caps) / s:8.1f} captions/s "
                       f"(max |1 - cos| to the first row's embeddings {diff:.1e})", flush=True)
+    if not args.device.startswith("cuda"):
+        model.float()
+        for budget in args.token_budgets:   # the CPU path: batches cut by tokens (sbert_batches)
+            s, emb = timed(lambda: np.concatenate([unit_embeddings(model, caps[i:i + args.ray_batch], 64, budget)
+                                                   for i in range(0, len(caps), args.ray_batch)]), args.repeats)
+            diff = float(np.abs((emb * ref).sum(1) - 1).max())
+            rows.append(("fp32", f"{budget} tokens", "by tokens", len(caps) / s, diff))
+            print(f"  fp32 {budget} tokens per batch: {len(caps) / s:8.1f} captions/s (max |1 - cos| {diff:.1e})",
+                  flush=True)
     base = next(r for r in rows if r[0] == "fp32" and r[1] == 256 and r[2] == "unsorted") if any(
         r[1] == 256 for r in rows) else rows[0]
-    print("\n| precision | encode batch | order | captions/s | vs fp32 / 256 / unsorted | max abs cosine change |")
+    print(f"\n| precision | encode batch | order | captions/s | vs {base[0]} / {base[1]} / {base[2]} | max abs cosine change |")
     print("| --- | ---: | --- | ---: | ---: | ---: |")
     for p, b, name, rate, diff in rows:
         print(f"| {p} | {b} | {name} | {rate:,.0f} | {rate / base[3]:.2f}x | {diff:.1e} |")
@@ -175,13 +187,17 @@ def compare_backends(model, caps: list[str], args) -> None:
     which = OccupationMatcher(occupations).which(pa.array(caps, pa.string())).to_pylist()
     first = np.array([w[0] if w else "" for w in which], dtype=object)
     prompts = prompt_table(occupations, config["prompts"])
-    encoders = {"torch fp32": ((lambda texts: unit_embeddings(model, texts, 64)), 0.0)}
+    budget = CPU_TOKEN_BUDGET   # "by tokens": batches cut by tokens, PromptSimilarity's CPU path
+    encoders = {"torch fp32": ((lambda texts: unit_embeddings(model, texts, 64)), 0.0),
+                "torch fp32 by tokens": ((lambda texts: unit_embeddings(model, texts, 64, budget)), 0.0)}
     for precision in ("f32", "bf16"):
         t = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ov = OpenVinoSbert(model, threads=torch.get_num_threads(), precision=precision)
         encoders[f"openvino {precision}"] = ((lambda texts, ov=ov: ov.encode(texts, 64)), time.perf_counter() - t)
+        encoders[f"openvino {precision} by tokens"] = ((lambda texts, ov=ov: ov.encode(texts, 64, budget)),
+                                                       time.perf_counter() - t)
     rows, ref, ref_nn = [], None, None
     for name, (encode, convert) in encoders.items():
         encode(caps[:128])                                    # warm-up
@@ -200,7 +216,7 @@ def compare_backends(model, caps: list[str], args) -> None:
         cos = (emb * ref).sum(1)
         changed = sum(nn[k] != ref_nn[k] for k in ref_nn)
         rows.append((name, len(caps) / s, convert, float(cos.min()), changed, len(ref_nn)))
-        print(f"  {name:>13}: {len(caps) / s:8.1f} captions/s, conversion {convert:.1f} s, min cosine to torch "
+        print(f"  {name:>24}: {len(caps) / s:8.1f} captions/s, conversion {convert:.1f} s, min cosine to torch "
               f"{cos.min():.7f}, NN subsets differing {changed} of {len(ref_nn)}", flush=True)
     print(f"\nopenvino {version()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"top-{args.nn_k} per (occupation, prompt)")

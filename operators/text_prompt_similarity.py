@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from operators.support.models import ModelLoadError, hub_snapshot, loaded_weight_files, pick_device, weights_provenance
 from operators.base import Resources, with_column
+from operators.support.sbert_batches import CPU_TOKEN_BUDGET, token_batches, token_lengths
 from schemas.captions import CAPTION, OCCUPATION, PROMPT_SIMILARITY
 
 STAGE_SIMILARITY = "prompt_similarity"
@@ -104,14 +105,29 @@ def sbert_precision(precision: str, device: str) -> str:
     return precision
 
 
-def unit_embeddings(model, texts: list[str], batch_size: int) -> np.ndarray:
+def unit_embeddings(model, texts: list[str], batch_size: int, token_budget: int | None = None) -> np.ndarray:
     """``texts`` as unit vectors (float32) through a loaded SentenceTransformer. fp16 embeddings are
-    normalised in fp16 by the library; the cosines are taken in fp32."""
-    return np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                                   show_progress_bar=False), dtype=np.float32)
+    normalised in fp16 by the library; the cosines are taken in fp32. ``token_budget``: batches cut
+    by ``token_batches`` (the CPU path) instead of the library's ``batch_size`` texts sorted by
+    characters; the same model and arithmetic, so the same vectors to float rounding (~2e-7)."""
+    def encode(part: list[str], size: int) -> np.ndarray:
+        return np.asarray(model.encode(part, batch_size=size, normalize_embeddings=True, convert_to_numpy=True,
+                                       show_progress_bar=False), dtype=np.float32)
+
+    if not token_budget or not texts:
+        return encode(texts, batch_size)
+    parts = [(idx, encode([texts[i] for i in idx], len(idx)))
+             for idx in token_batches(token_lengths(model.tokenizer, texts, model.max_seq_length), token_budget)]
+    out = np.empty((len(texts), parts[0][1].shape[1]), np.float32)
+    for idx, vectors in parts:
+        out[idx] = vectors
+    return out
 
 
-SBERT_BACKENDS = ("torch", "openvino", "openvino-bf16")
+# "screened": the stream encodes with "openvino-bf16" and the selection encodes its candidates again
+# with torch fp32 (pipelines/studies/amplification/refine.py): exact subsets, the screen's speed
+SBERT_BACKENDS = ("torch", "openvino", "openvino-bf16", "screened")
+BF16_BACKENDS = ("openvino-bf16", "screened")
 
 
 def sbert_backend(backend: str, on_gpu: bool) -> str:
@@ -134,21 +150,24 @@ class PromptSimilarity:
 
     def __init__(self, model: str, prompts: dict[str, list[str]], revision: str | None = None,
                  device: str = "auto", encode_batch_size: int | None = None, precision: str = "auto",
-                 backend: str = "torch", fold_duplicates: str = "tokens"):
+                 backend: str = "torch", fold_duplicates: str = "tokens", token_budget: int | None = None):
         """``prompts``: occupation name -> its prompts, the same number for each (prompt_id =
         position + 1), e.g. the Table 1 prompts of every occupation.
 
         ``precision``: "auto" (fp16 on a GPU, fp32 on a CPU), "fp32" or "fp16" (GPU only).
-        sentence-transformers sorts each ``encode`` call's texts by length, so every batch of
-        ``encode_batch_size`` holds captions of similar length (little padding); a Ray batch of
-        ``resources.batch_size`` captions is one such call. ``encode_batch_size`` None: 64 on a CPU
-        (fastest there on real alt-text, docs/benchmarks.md), 256 on a GPU. Cosines in fp16 differ
-        from fp32 by about 1e-3 (``benchmarks/bench_sbert.py`` measures it).
+        A Ray batch of ``resources.batch_size`` captions is one ``encode`` call. On a CPU its texts
+        are cut into batches by tokens (``token_batches``: sorted by token count, at most
+        ``token_budget`` tokens per batch, default ``CPU_TOKEN_BUDGET``; 0 turns it off); on a GPU
+        (and with 0) sentence-transformers sorts them by characters and cuts batches of
+        ``encode_batch_size`` (None: 256 on a GPU, 64 on a CPU). Cosines in fp16 differ from fp32 by
+        about 1e-3 (``benchmarks/bench_sbert.py`` measures it).
 
         ``backend`` (``sbert_backend``): "torch" (the default), "openvino" (the same model compiled
         by OpenVINO for the CPU in f32: cosines to torch >= 0.9999997, ~1.2x on real alt-text with 2
-        threads, plus ~4 s to convert per actor) or "openvino-bf16" (bf16 on CPUs with AVX512-BF16 /
-        AMX: ~3x, cosines move by ~3e-5; an option, never the default). On a GPU the torch path runs
+        threads, plus ~4 s to convert per actor), "openvino-bf16" (bf16 on CPUs with AVX512-BF16 /
+        AMX: ~3x, cosines move by up to ~3e-3; an option, never the default) or "screened" (the
+        bf16 encoder here; the selection then re-encodes its candidates with torch fp32:
+        ``refine.exact_pool``). On a GPU the torch path runs
         whatever was asked (fp16 there is ``precision``'s).
 
         ``fold_duplicates``: "tokens" (the default) encodes once each distinct input the model sees in
@@ -163,6 +182,7 @@ class PromptSimilarity:
         self.model = load_sentence_transformer(model, revision, device)
         on_gpu = str(self.model.device).startswith("cuda")
         self.encode_batch_size = int(encode_batch_size or (256 if on_gpu else 64))
+        self.token_budget = None if on_gpu else int(CPU_TOKEN_BUDGET if token_budget is None else token_budget) or None
         self.precision = sbert_precision(precision, str(self.model.device))
         if self.precision == "fp16":
             self.model.half()
@@ -173,7 +193,7 @@ class PromptSimilarity:
             from operators.support.sbert_openvino import OpenVinoSbert
 
             self._ov = OpenVinoSbert(self.model, threads=torch.get_num_threads(),
-                                     precision="bf16" if self.backend == "openvino-bf16" else "f32")
+                                     precision="bf16" if self.backend in BF16_BACKENDS else "f32")
         counts = {len(ps) for ps in prompts.values()}
         if len(counts) != 1 or 0 in counts:
             raise ValueError(f"every occupation needs the same, non-zero number of prompts, got {sorted(counts)}")
@@ -185,8 +205,8 @@ class PromptSimilarity:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if self._ov is not None:
-            return self._ov.encode(texts, self.encode_batch_size)
-        return unit_embeddings(self.model, texts, self.encode_batch_size)
+            return self._ov.encode(texts, self.encode_batch_size, self.token_budget)
+        return unit_embeddings(self.model, texts, self.encode_batch_size, self.token_budget)
 
     def distinct_inputs(self, captions: pa.Array) -> tuple[list[str], np.ndarray]:
         """(texts to encode, the text index of each row): every row with "off"; with "tokens" one

@@ -186,10 +186,15 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--sbert-fold", choices=["tokens", "off"],
                    help="SBERT encodes each distinct token-id sequence of a batch once (tokens, the default: the same "
                         "embeddings) or every row (off)")
-    m.add_argument("--sbert-backend", choices=["torch", "openvino", "openvino-bf16"],
+    m.add_argument("--sbert-backend", choices=["torch", "openvino", "openvino-bf16", "screened"],
                    help="SBERT's encoder on CPUs: torch (default), openvino (the same model compiled by OpenVINO in "
                         "f32: identical neighbours, ~1.2x on 2 cores after ~4 s of conversion per actor), "
-                        "openvino-bf16 (~3x on CPUs with AVX512-BF16/AMX; cosines move by ~3e-5). GPUs run torch")
+                        "openvino-bf16 (~3x on CPUs with AVX512-BF16/AMX; cosines move by up to ~3e-3), screened "
+                        "(openvino-bf16 in the stream, then the selection's candidates encoded again with torch fp32: "
+                        "torch's subsets; pays off with many captions per occupation). GPUs run torch")
+    m.add_argument("--sbert-screen-margin", type=float,
+                   help="with --sbert-backend screened: the bound on |bf16 - fp32 cosine| the candidates are taken "
+                        "with (default models.sbert_screen_margin, 0.005; widened when a re-encoded row exceeds it)")
     m.add_argument("--device", default="auto",
                    help="device of the models: auto (real models on GPU actors, SBERT where it lands), cuda, or cpu "
                         "(every model on the CPU on purpose; real generators/CLIP are otherwise refused on a CPU)")

@@ -146,6 +146,8 @@ class Run:
     # --standin-models) and, per generator, its images' NSFW counts (generation.safety_counts)
     safety: Any = None
     safety_counts: dict = field(default_factory=dict)
+    # what a study's steps learned on the way, for its metrics (e.g. the caption side's SBERT screen)
+    records: dict = field(default_factory=dict)
 
     @property
     def generator_models(self) -> list[str]:

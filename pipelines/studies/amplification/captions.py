@@ -42,12 +42,12 @@ from pipelines.engine.summary import (
     summary_rows_captions,
 )
 from pipelines.studies.amplification import caption_report as report
-from pipelines.studies.amplification import jobs
+from pipelines.studies.amplification import jobs, refine
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, partial_top_k, pool as selection_pool, walk
 from schemas import captions as C
 from schemas.occupations import OCCUPATION_FORMS
-from schemas.subsets import DUPLICATE_ROW, DUPLICATE_URL, MATCHED_CAPTIONS, TRAINING_SUBSETS
+from schemas.subsets import DUPLICATE_ROW, DUPLICATE_URL, MATCHED_CAPTIONS, SELECTION_INPUT, TRAINING_SUBSETS
 
 # the installed project, also when `ray submit` runs a copy of this script outside the repository
 REPO = Path(study_config.__file__).resolve().parents[2]
@@ -86,7 +86,9 @@ class CaptionSettings:
     def models(self) -> dict:
         """The ``models`` block as the study file writes it (fingerprinted and recorded)."""
         return {"sbert": self.sbert.model, "sbert_revision": self.sbert.revision,
-                "sbert_precision": self.sbert.get("precision"), "sbert_backend": self.sbert.get("backend", "torch")}
+                "sbert_precision": self.sbert.get("precision"), "sbert_backend": self.sbert.get("backend", "torch"),
+                **({"sbert_screen_margin": self.sbert.get("screen_margin")}
+                   if self.sbert.get("backend") == "screened" else {})}
 
 
 def settings(args) -> CaptionSettings:
@@ -118,6 +120,8 @@ def settings(args) -> CaptionSettings:
         models["sbert_precision"] = args.sbert_precision
     if getattr(args, "sbert_backend", None):
         models["sbert_backend"] = args.sbert_backend
+    if getattr(args, "sbert_screen_margin", None) is not None:
+        models["sbert_screen_margin"] = args.sbert_screen_margin
     if args.sbert_model:
         models["sbert"], models["sbert_revision"] = args.sbert_model, args.sbert_revision
     elif args.sbert_revision:
@@ -128,7 +132,9 @@ def settings(args) -> CaptionSettings:
                            gender_indicators=gi, selection=sel, execution=ex, config=cfg, label=label,
                            sbert=ModelSpec(models["sbert"], models.get("sbert_revision"),
                                            options={"precision": models.get("sbert_precision", "auto"),
-                                                    "backend": models.get("sbert_backend", "torch")}))
+                                                    "backend": models.get("sbert_backend", "torch"),
+                                                    "screen_margin": float(models.get("sbert_screen_margin",
+                                                                                      refine.DEFAULT_MARGIN))}))
 
 
 def effective_gender_words(gi: dict) -> dict:
@@ -574,6 +580,9 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         "annotated_rows": annotated_rows,
         "names_ner": names,
         "sbert_encoded": encoded,
+        # --sbert-backend screened: how the subsets were made exact (refine.exact_pool); the annotated
+        # captions keep the bf16 screen's cosines
+        "sbert_screen": run.records.get("sbert_screen"),
         "subset_rows": sizes,
         "caption_headline": head,   # (the caption side's means; "headline" is the interval contract)
         "_stats": stats,   # the per-occupation stats, for `run` to summarise its walked subsets (popped there)
@@ -662,14 +671,41 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
     join = st.input[1].get("join_key")
     if annotated_rows <= int(st.execution.get("local_selection_rows", LOCAL_SELECTION_ROWS)):
         # what matched fits in memory (20,000 rows per 4 M LAION-like captions): select here
-        table = io.read_parquet_files(rd.fs, parts, annotated_schema)
-        pool, stats = select_subsets_local(with_join_key(table, join), pool_cfg, prompts)
+        table = with_join_key(io.read_parquet_files(rd.fs, parts, annotated_schema), join)
+        pool, stats = select_subsets_local(table, pool_cfg, prompts)
+
+        def candidates_of(limits):
+            return refine.candidate_rows(table, limits, pool_cfg)
     else:
         data = run.ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
         if join:
             data = data.map_batches(with_join_key, fn_args=(join,), batch_format="pyarrow", batch_size=None)
         pool, stats = select_subsets(run.ray, data, annotated_rows, pool_cfg, prompts, len(st.occupations))
+
+        def candidates_of(limits):   # a map over the annotated captions; only the candidates reach the driver
+            found = data.map_batches(refine.candidate_rows, fn_args=(limits, pool_cfg), batch_format="pyarrow",
+                                     batch_size=65536)
+            return pa.concat_tables([refine.candidate_rows(SELECTION_INPUT.empty_table(), limits, pool_cfg)]
+                                    + run.ray.get(found.to_arrow_refs()))
+    if screened(st, run.args) and annotated_rows:
+        pool, record = refine.exact_pool(
+            pool, pool_cfg, lambda rows: select_subsets_local(rows, pool_cfg, prompts)[0], candidates_of,
+            refine.exact_similarities(exact_encoder(st)), st.sbert.get("screen_margin"))
+        run.records["sbert_screen"] = record | {"annotated_rows": annotated_rows, "pool_rows": pool.num_rows,
+                                                "share_re_encoded": round(record["re_encoded"] / annotated_rows, 6)}
     return pool, stats, annotated_rows
+
+
+def screened(st: CaptionSettings, args) -> bool:
+    """Whether the stream screened in bf16 (``--sbert-backend screened`` on CPU actors), so that the
+    selection takes its candidates again with exact cosines (``refine``)."""
+    return st.sbert.get("backend", "torch") == "screened" and not args.embed_gpus and args.device != "cuda"
+
+
+def exact_encoder(st: CaptionSettings) -> PromptSimilarity:
+    """SBERT in torch fp32 in this process, for the screen's candidates (their exact cosines)."""
+    return PromptSimilarity(st.sbert.model, prompt_table(st.occupations, st.prompts), st.sbert.revision,
+                            device="cpu", precision="fp32", backend="torch")
 
 
 def with_join_key(table: pa.Table, column: str | None) -> pa.Table:

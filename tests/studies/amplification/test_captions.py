@@ -201,3 +201,34 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
     assert m["counts"]["read_captions"] == {"rows_in": 5, "rows_out": 2,
                                             "dropped": {"empty_caption": 0, "non_text_caption": 2, "null_caption": 1}}
     assert sorted(pq.read_table(run / "annotated_captions")["occupation"].to_pylist()) == ["nurse", "pilot"]
+
+
+@pytest.mark.parametrize("local_rows", [1_000_000, 0], ids=["in-driver", "distributed"])
+def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path, monkeypatch):
+    """--sbert-backend screened (issue 34): bf16 in the stream, the candidates encoded again with
+    torch fp32 when selecting, in the driver and through the Ray Data reduction: the same members
+    and order as the torch run (cosines to torch's float noise), fewer rows encoded twice than the
+    input holds, and what was done recorded."""
+    from pipelines.studies.amplification import captions
+
+    base, out = run
+    monkeypatch.setattr(captions, "LOCAL_SELECTION_ROWS", local_rows)   # 0: every selection through Ray Data
+    root = tmp_path / "out"
+    assert amplification.main(["captions", "--captions", str(base / "laion"), "--output", str(root), "--run-id", "s",
+                               "--sbert-backend", "screened",
+                               "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN), "--keep-columns", "WIDTH"]) == 0
+    for name in ("training_subsets.parquet", "training_pool.parquet"):
+        want, got = pq.read_table(out / name), pq.read_table(root / "s" / name)
+        assert got.num_rows > 0 and got.drop_columns(["similarity"]).equals(want.drop_columns(["similarity"]))
+        assert pc.max(pc.abs(pc.subtract(got["similarity"], want["similarity"]))).as_py() < 1e-5
+    m = json.loads((root / "s" / "metrics.json").read_text())
+    screen = m["sbert_screen"]
+    assert screen["rounds"] == 1 and 0 < screen["max_screen_error"] <= screen["margin"] == 0.005
+    assert screen["re_encoded"] == screen["candidates"] <= screen["annotated_rows"] == m["annotated_rows"]
+    assert m["models"]["sbert"]["backend"] == "screened" and m["models"]["sbert"]["openvino"]
+    assert m["config"]["models"]["sbert_screen_margin"] == 0.005
+    # the annotated captions keep the screen's cosines: they differ from torch's by more than float noise
+    ann = [pq.read_table(p / "annotated_captions").sort_by([("caption_id", "ascending"), ("occupation", "ascending")])
+           for p in (out, root / "s")]
+    diff = pc.subtract(pc.list_flatten(ann[0]["prompt_similarity"]), pc.list_flatten(ann[1]["prompt_similarity"]))
+    assert pc.max(pc.abs(diff)).as_py() > 1e-4

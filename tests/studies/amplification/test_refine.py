@@ -1,0 +1,126 @@
+"""The bf16 screen's exact subsets (refine.py, issue 34): from cosines off by up to a margin, the
+candidates re-encoded exactly give the pool an all-exact run selects."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from pipelines.studies.amplification import refine
+from pipelines.studies.amplification.captions import select_subsets_local
+from pipelines.studies.amplification.prompts import prompt_table
+from pipelines.studies.amplification.selection import SelectionConfig
+from schemas.occupations import Occupation
+from schemas.subsets import Subset
+
+PROMPTS = prompt_table([Occupation("nurse"), Occupation("pilot")], ["A photo of {article} {occupation}", "A {occupation} at work"])
+
+
+def _sims(values: np.ndarray) -> pa.ListArray:
+    n, p = values.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, n * p + 1, p, dtype=np.int32)),
+                                    pa.array(values.astype(np.float32).ravel()))
+
+
+def exact_and_screen(n=6000, noise=2e-3, seed=0):
+    """Annotated captions with exact cosines packed tightly (many near-ties at every rank), URLs
+    repeated (the fold picks each URL's best row), and screen cosines off by up to ``noise``."""
+    rng = np.random.default_rng(seed)
+    exact = rng.uniform(0.3, 0.5, (n, 2))
+    screen = exact + rng.uniform(-noise, noise, (n, 2))
+    table = pa.table({
+        "caption_id": pa.array(rng.permutation(10 * n)[:n], pa.int64()),
+        "url": [f"u{i % (n // 2)}" for i in range(n)],
+        "caption": [f"caption {i}" for i in range(n)],
+        "occupation": rng.choice(["nurse", "pilot"], n).tolist(),
+        "caption_gender": rng.choice(["male", "female", "both", "none"], n).tolist(),
+        "prompt_similarity": _sims(exact),
+        "sample_key": rng.uniform(0, 1, n),
+    })
+    return table, table.set_column(table.schema.get_field_index("prompt_similarity"), "prompt_similarity", _sims(screen))
+
+
+def lookup_encoder(exact: pa.Table, calls: list | None = None):
+    """``encode`` for exact_pool: each row's exact cosines, by caption id."""
+    where = {c: i for i, c in enumerate(exact["caption_id"].to_pylist())}
+
+    def encode(rows):
+        if calls is not None:
+            calls.append(rows.num_rows)
+        idx = pa.array([where[c] for c in rows["caption_id"].to_pylist()], pa.int64())
+        return rows.set_column(rows.schema.get_field_index("prompt_similarity"), "prompt_similarity",
+                               exact["prompt_similarity"].take(idx))
+    return encode
+
+
+def refined(screen, exact, cfg, margin=refine.DEFAULT_MARGIN, encode=None):
+    screen_pool = select_subsets_local(screen, cfg, PROMPTS)[0]
+    return refine.exact_pool(screen_pool, cfg, lambda rows: select_subsets_local(rows, cfg, PROMPTS)[0],
+                             lambda limits: refine.candidate_rows(screen, limits, cfg),
+                             encode or lookup_encoder(exact), margin)
+
+
+@pytest.mark.parametrize("cfg", [
+    SelectionConfig(sample_size=100, nn_k=150, n_prompts=2),
+    SelectionConfig(sample_size=100, nn_k=150, n_prompts=2, mode="resample"),
+    # the paper preset's shape: a walked naive pool 3x k, the NN subsets their first k captions
+    SelectionConfig(sample_size=100, nn_k=150, n_prompts=2, training_sample="counted_images", pool_factor=3).pool(),
+    SelectionConfig(sample_size=100, nn_k=150, n_prompts=2, duplicates="keep"),
+], ids=["split", "resample", "walk-pool", "keep-duplicates"])
+def test_the_screened_pool_is_the_exact_pool(cfg):
+    exact, screen = exact_and_screen()
+    want = select_subsets_local(exact, cfg, PROMPTS)[0]
+    assert not select_subsets_local(screen, cfg, PROMPTS)[0].equals(want)   # the screen alone differs
+    calls = []
+    got, record = refined(screen, exact, cfg, encode=lookup_encoder(exact, calls))
+    assert got.num_rows > 0 and got.equals(want)      # members, ranks and (exact) similarities
+    assert record["rounds"] == 1 and record["max_screen_error"] <= 2e-3 + 1e-6
+    # only the candidates were encoded again, each once, and they are far fewer than the rows
+    assert sum(calls) == record["re_encoded"] == record["candidates"] < screen.num_rows // 2
+
+
+def test_limits_per_group():
+    """Full similarity groups: the k-th screen key plus twice the margin; full random groups: the
+    k-th key itself; groups short of k rows: every row."""
+    exact, screen = exact_and_screen(n=600)
+    cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2)
+    pool = select_subsets_local(screen, cfg, PROMPTS)[0]
+    lim = refine.limits(pool, cfg, 0.004)
+    for row in lim.to_pylist():
+        group = pool.filter(pc.and_(pc.equal(pool["occupation"], row["occupation"]), pc.equal(pool["subset"], row["subset"])))
+        if row["prompt_id"]:
+            group = group.filter(pc.equal(group["prompt_id"], row["prompt_id"]))
+            assert row["subset"] == Subset.NN and group.num_rows == 150
+            assert row["limit"] == pytest.approx(-min(group["similarity"].to_pylist()) + 0.008)
+        else:
+            assert row["subset"] == Subset.NAIVE and group.num_rows == 100
+            assert row["limit"] == max(group["sample_key"].to_pylist())
+    short = refine.limits(pool, SelectionConfig(sample_size=1000, nn_k=1000, n_prompts=2), 0.004)
+    assert np.isinf(short["limit"].to_numpy()).all()
+
+
+def test_candidates_do_not_depend_on_batching():
+    exact, screen = exact_and_screen()
+    cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2)
+    lim = refine.limits(select_subsets_local(screen, cfg, PROMPTS)[0], cfg, 0.003)
+    whole = refine.candidate_rows(screen, lim, cfg)
+    parts = pa.concat_tables([refine.candidate_rows(screen.slice(i, 700), lim, cfg) for i in range(0, screen.num_rows, 700)])
+    assert whole.num_rows > 0 and sorted(whole["caption_id"].to_pylist()) == sorted(parts["caption_id"].to_pylist())
+
+
+def test_a_screen_worse_than_the_margin_widens_it_and_stays_exact():
+    exact, screen = exact_and_screen(noise=8e-3)
+    cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2)
+    got, record = refined(screen, exact, cfg, margin=1e-3)
+    assert got.equals(select_subsets_local(exact, cfg, PROMPTS)[0])
+    assert record["rounds"] >= 2 and record["margin"] >= 2 * 7e-3 and record["max_screen_error"] > 1e-3
+
+
+def test_a_screen_that_never_stays_within_a_margin_is_an_error(monkeypatch):
+    exact, screen = exact_and_screen(n=600)
+    cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2)
+    monkeypatch.setattr(refine, "MAX_ROUNDS", 1)     # a round's re-encoded rows are off by more than its margin
+    with pytest.raises(refine.ScreenBoundExceeded, match="--sbert-backend torch"):
+        refined(screen, exact, cfg, margin=1e-4)
+    with pytest.raises(ValueError, match="margin"):
+        refined(screen, exact, cfg, margin=0)
