@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import REPO_ROOT
+from operators.support.sbert_batches import CPU_TOKEN_BUDGET
 from operators.support.sbert_openvino import OpenVinoSbert, _check_pipeline
 from operators.text_occupation_matcher import OccupationMatcher
 from operators.text_prompt_similarity import PromptSimilarity, sbert_backend
@@ -72,6 +73,20 @@ def test_openvino_f32_is_torch_to_1e6_and_its_neighbours_differ_at_most_in_ties(
             assert abs(torch_sims[row, key[1]] - kth) < 1e-6, (key, row)
             swapped += 1
     assert swapped <= 2 * len(ref) // 10      # ties are rare
+
+
+def test_cpu_operators_cut_batches_by_tokens_with_the_librarys_results(matched, similarities):
+    """On a CPU every backend cuts its batches by tokens (sbert_batches); with the library's batches
+    (token_budget 0) the cosines are the same to float rounding."""
+    for backend, (sims, op) in similarities.items():
+        assert op.token_budget == CPU_TOKEN_BUDGET, backend
+        op.token_budget = None
+        try:
+            library = np.array(op(matched).column("prompt_similarity").to_pylist())
+        finally:
+            op.token_budget = CPU_TOKEN_BUDGET
+        assert np.abs(library - sims).max() < (1e-6 if backend != "openvino-bf16" else 5e-3), backend
+    assert PromptSimilarity(MODEL, prompt_table(OCCS, TEMPLATES), device="cpu", token_budget=0).token_budget is None
 
 
 def test_openvino_bf16_is_close_not_exact(similarities):

@@ -203,6 +203,7 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
     assert sorted(pq.read_table(run / "annotated_captions")["occupation"].to_pylist()) == ["nurse", "pilot"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("local_rows", [1_000_000, 0], ids=["in-driver", "distributed"])
 def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path, monkeypatch):
     """--sbert-backend screened (issue 34): bf16 in the stream, the candidates encoded again with
