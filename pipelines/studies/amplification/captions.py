@@ -669,7 +669,8 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
         parts = [f"{rd.file(FILES['annotated'])}/part-0.parquet"]
         io.write_table(annotated_schema.empty_table(), rd.fs, parts[0])
     join = st.input[1].get("join_key")
-    if annotated_rows <= int(st.execution.get("local_selection_rows", LOCAL_SELECTION_ROWS)):
+    local = annotated_rows <= int(st.execution.get("local_selection_rows", LOCAL_SELECTION_ROWS))
+    if local:
         # what matched fits in memory (20,000 rows per 4 M LAION-like captions): select here
         table = with_join_key(io.read_parquet_files(rd.fs, parts, annotated_schema), join)
         pool, stats = select_subsets_local(table, pool_cfg, prompts)
@@ -688,9 +689,12 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
             return pa.concat_tables([refine.candidate_rows(SELECTION_INPUT.empty_table(), limits, pool_cfg)]
                                     + run.ray.get(found.to_arrow_refs()))
     if screened(st, run.args) and annotated_rows:
+        # what the driver selects in memory it encodes itself; a selection through Ray Data (LAION
+        # scale: ~250,000 candidates) encodes them on SBERT actors
+        encode = refine.exact_similarities(exact_encoder(st)) if local else exact_on_actors(run, st)
         pool, record = refine.exact_pool(
             pool, pool_cfg, lambda rows: select_subsets_local(rows, pool_cfg, prompts)[0], candidates_of,
-            refine.exact_similarities(exact_encoder(st)), st.sbert.get("screen_margin"))
+            encode, st.sbert.get("screen_margin"))
         run.records["sbert_screen"] = record | {"annotated_rows": annotated_rows, "pool_rows": pool.num_rows,
                                                 "share_re_encoded": round(record["re_encoded"] / annotated_rows, 6)}
     return pool, stats, annotated_rows
@@ -700,6 +704,22 @@ def screened(st: CaptionSettings, args) -> bool:
     """Whether the stream screened in bf16 (``--sbert-backend screened`` on CPU actors), so that the
     selection takes its candidates again with exact cosines (``refine``)."""
     return st.sbert.get("backend", "torch") == "screened" and not args.embed_gpus and args.device != "cuda"
+
+
+def exact_on_actors(run: Run, st: CaptionSettings):
+    """``encode`` for ``refine.exact_pool`` on the caption run's SBERT actor pool (its resources and
+    ``--embed-actors``), the stage built with torch fp32: the rows with exact ``prompt_similarity``
+    (in any order; ``exact_pool`` matches them by row)."""
+    stage = stages.configure(caption_stages(st, run.args, st.input[1]),
+                             stages.overrides(st.execution, run.args, RESOURCE_FLAGS))[-1]
+    kwargs = dict(stage.kwargs) | {"backend": "torch", "precision": "fp32"}
+
+    def encode(rows: pa.Table) -> pa.Table:
+        ds = runtime.from_table(run.ray, rows, stage.declared().batch_size)
+        out = runtime.map_stage(ds, PromptSimilarity, kwargs, stage.declared())
+        return pa.concat_tables([rows.slice(0, 0)] + [t.select(rows.column_names).cast(rows.schema)
+                                                      for t in run.ray.get(out.to_arrow_refs())])
+    return encode
 
 
 def exact_encoder(st: CaptionSettings) -> PromptSimilarity:

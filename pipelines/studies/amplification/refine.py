@@ -111,7 +111,10 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
             pa.array(np.zeros(rows.num_rows, bool))
         new = rows.filter(pc.invert(done))
         if new.num_rows:
-            fresh = conform(encode(new), SELECTION_INPUT)
+            new = _by_row(new)
+            fresh = _by_row(conform(encode(new), SELECTION_INPUT))   # an encoder may return any order
+            if fresh.num_rows != new.num_rows or not fresh.column(CAPTION_ID).equals(new.column(CAPTION_ID)):
+                raise RuntimeError(f"the exact encoder returned {fresh.num_rows} rows for {new.num_rows}")
             screen = _flat(new.column(PROMPT_SIMILARITY), cfg.n_prompts)
             err = float(np.abs(_flat(fresh.column(PROMPT_SIMILARITY), cfg.n_prompts) - screen).max()) if len(screen) else 0.0
             record["max_screen_error"] = max(record["max_screen_error"], err)
@@ -126,6 +129,10 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
     raise ScreenBoundExceeded(
         f"SBERT's bf16 screen moved a cosine by {record['max_screen_error']:.2e}, more than the margin after "
         f"{MAX_ROUNDS} rounds: run with --sbert-backend torch")
+
+
+def _by_row(table: pa.Table) -> pa.Table:
+    return table.sort_by([(CAPTION_ID, "ascending"), (OCCUPATION, "ascending")])
 
 
 def _flat(sims, n_prompts: int) -> np.ndarray:

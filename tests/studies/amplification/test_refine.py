@@ -79,6 +79,21 @@ def test_the_screened_pool_is_the_exact_pool(cfg):
     assert sum(calls) == record["re_encoded"] == record["candidates"] < screen.num_rows // 2
 
 
+def test_an_encoder_may_return_the_rows_in_any_order():
+    """Ray Data actors hand rows back in any order: they are matched by row, and a lost row is an error."""
+    exact, screen = exact_and_screen()
+    cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2)
+    inner = lookup_encoder(exact)
+
+    def shuffled(rows):
+        out = inner(rows)
+        return out.take(pa.array(np.random.default_rng(1).permutation(out.num_rows)))
+    got, _ = refined(screen, exact, cfg, encode=shuffled)
+    assert got.equals(select_subsets_local(exact, cfg, PROMPTS)[0])
+    with pytest.raises(RuntimeError, match="returned"):
+        refined(screen, exact, cfg, encode=lambda rows: inner(rows).slice(1))
+
+
 def test_limits_per_group():
     """Full similarity groups: the k-th screen key plus twice the margin; full random groups: the
     k-th key itself; groups short of k rows: every row."""
