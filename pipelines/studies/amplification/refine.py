@@ -95,7 +95,9 @@ def _row_keys(table: pa.Table) -> pa.ChunkedArray:
 def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa.Table], pa.Table],
                candidates_of: Callable[[pa.Table], pa.Table], encode: Callable[[pa.Table], pa.Table],
                margin: float = DEFAULT_MARGIN) -> tuple[pa.Table, dict]:
-    """The pool an all-fp32 run selects, from ``screen_pool`` (selected on the screen cosines).
+    """The pool an all-fp32 run selects (to torch's own float noise), from ``screen_pool`` (selected
+    on the screen cosines), provided every row's screen cosines are within ``margin`` of the exact
+    ones: the re-encoded rows check it, the others cannot (the bound is a measured one).
 
     ``candidates_of(limits)``: the annotated rows within ``limits`` (``candidate_rows`` over the
     whole input, in this process or on workers); ``encode(rows)``: the rows with exact
@@ -107,14 +109,14 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
     record = {"margin": float(margin), "rounds": 0, "candidates": 0, "re_encoded": 0, "max_screen_error": 0.0}
     for rnd in range(1, MAX_ROUNDS + 1):
         rows = conform(candidates_of(limits(screen_pool, cfg, margin)), SELECTION_INPUT)
-        done = pc.is_in(_row_keys(rows), value_set=_row_keys(exact).combine_chunks()) if exact.num_rows else \
-            pa.array(np.zeros(rows.num_rows, bool))
-        new = rows.filter(pc.invert(done))
+        known = _row_keys(exact).combine_chunks()
+        new = rows.filter(pc.invert(pc.is_in(_row_keys(rows), value_set=known)))
         if new.num_rows:
             new = _by_row(new)
             fresh = _by_row(conform(encode(new), SELECTION_INPUT))   # an encoder may return any order
-            if fresh.num_rows != new.num_rows or not fresh.column(CAPTION_ID).equals(new.column(CAPTION_ID)):
-                raise RuntimeError(f"the exact encoder returned {fresh.num_rows} rows for {new.num_rows}")
+            if not _row_keys(fresh).equals(_row_keys(new)):
+                raise RuntimeError(f"the exact encoder returned other rows ({fresh.num_rows}) than it was given "
+                                   f"({new.num_rows})")
             screen = _flat(new.column(PROMPT_SIMILARITY), cfg.n_prompts)
             err = float(np.abs(_flat(fresh.column(PROMPT_SIMILARITY), cfg.n_prompts) - screen).max()) if len(screen) else 0.0
             record["max_screen_error"] = max(record["max_screen_error"], err)
@@ -122,9 +124,10 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
             exact = pa.concat_tables([exact, fresh])
         record.update(rounds=rnd, candidates=rows.num_rows, margin=float(margin))
         if record["max_screen_error"] <= margin:
-            # the candidates of this margin, with exact cosines
-            chosen = pc.is_in(_row_keys(exact), value_set=_row_keys(rows).combine_chunks())
-            return select(exact.filter(chosen)), record
+            # this margin's candidates, each with the exact cosines of its (caption_id, occupation):
+            # exact repeats of a row share that key and their text, so one encode serves them all
+            at = pc.index_in(_row_keys(rows), value_set=_row_keys(exact).combine_chunks())
+            return select(with_column(rows, PROMPT_SIMILARITY, exact.column(PROMPT_SIMILARITY).take(at))), record
         margin = 2 * record["max_screen_error"]
     raise ScreenBoundExceeded(
         f"SBERT's bf16 screen moved a cosine by {record['max_screen_error']:.2e}, more than the margin after "

@@ -90,8 +90,10 @@ def test_an_encoder_may_return_the_rows_in_any_order():
         return out.take(pa.array(np.random.default_rng(1).permutation(out.num_rows)))
     got, _ = refined(screen, exact, cfg, encode=shuffled)
     assert got.equals(select_subsets_local(exact, cfg, PROMPTS)[0])
-    with pytest.raises(RuntimeError, match="returned"):
+    with pytest.raises(RuntimeError, match="returned other rows"):
         refined(screen, exact, cfg, encode=lambda rows: inner(rows).slice(1))
+    with pytest.raises(RuntimeError, match="returned other rows"):   # as many rows, one of them twice
+        refined(screen, exact, cfg, encode=lambda rows: inner(pa.concat_tables([rows.slice(1), rows.slice(1, 1)])))
 
 
 def test_limits_per_group():
@@ -126,9 +128,31 @@ def test_candidates_do_not_depend_on_batching():
 def test_a_screen_worse_than_the_margin_widens_it_and_stays_exact():
     exact, screen = exact_and_screen(noise=8e-3)
     cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2)
-    got, record = refined(screen, exact, cfg, margin=1e-3)
+    calls = []
+    got, record = refined(screen, exact, cfg, margin=1e-3, encode=lookup_encoder(exact, calls))
     assert got.equals(select_subsets_local(exact, cfg, PROMPTS)[0])
     assert record["rounds"] >= 2 and record["margin"] >= 2 * 7e-3 and record["max_screen_error"] > 1e-3
+    # later rounds encode only rows not encoded before: every candidate once
+    assert len(calls) >= 2 and sum(calls) == record["re_encoded"] == record["candidates"]
+
+
+@pytest.mark.parametrize("duplicates", ["keep", "fold"])
+def test_exact_repeats_of_a_row_with_different_screens_are_all_kept(duplicates):
+    """LAION repeats rows (same URL and caption, so the same caption_id). bf16 may give two copies
+    different cosines (their batches differ), so one copy can become a candidate only after the
+    margin widened: it takes the exact cosines its twin was encoded with, and no copy is lost."""
+    exact, screen = exact_and_screen(noise=8e-3)
+    copies = np.arange(0, exact.num_rows, 7)
+    twin = screen.take(pa.array(copies))
+    moved = refine._flat(twin["prompt_similarity"], 2) + np.random.default_rng(5).uniform(-8e-3, 8e-3, (len(copies), 2))
+    twin = twin.set_column(twin.schema.get_field_index("prompt_similarity"), "prompt_similarity", _sims(moved))
+    exact2 = pa.concat_tables([exact, exact.take(pa.array(copies))])
+    screen2 = pa.concat_tables([screen, twin])
+    cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2, duplicates=duplicates)
+    got, record = refined(screen2, exact2, cfg, margin=1e-3)
+    assert record["rounds"] >= 2
+    want = select_subsets_local(exact2, cfg, PROMPTS)[0]
+    assert got.num_rows > 0 and got.equals(want)
 
 
 def test_a_screen_that_never_stays_within_a_margin_is_an_error(monkeypatch):
