@@ -167,7 +167,7 @@ def caption_job(args, st: CaptionSettings, inp, columns: dict) -> dict:
 
 
 # annotated captions up to this many are selected in the driver process (select_subsets_local),
-# more through Ray Data (select_subsets); execution.local_selection_rows overrides it
+# more through Ray Data (select_subsets); execution.local_selection_rows (configs/paper002.yaml) sets it
 LOCAL_SELECTION_ROWS = 1_000_000
 
 CAPTION_TALLIES = "caption_tallies"
@@ -691,7 +691,7 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
     if screened(st, run.args) and annotated_rows:
         # what the driver selects in memory it encodes itself; a selection through Ray Data (LAION
         # scale: ~250,000 candidates) encodes them on SBERT actors
-        encode = refine.exact_similarities(exact_encoder(st)) if local else exact_on_actors(run, st)
+        encode = refine.exact_similarities(exact_encoder(st, run.args)) if local else exact_on_actors(run, st)
         pool, record = refine.exact_pool(
             pool, pool_cfg, lambda rows: select_subsets_local(rows, pool_cfg, prompts)[0], candidates_of,
             encode, st.sbert.get("screen_margin"))
@@ -722,10 +722,10 @@ def exact_on_actors(run: Run, st: CaptionSettings):
     return encode
 
 
-def exact_encoder(st: CaptionSettings) -> PromptSimilarity:
+def exact_encoder(st: CaptionSettings, args) -> PromptSimilarity:
     """SBERT in torch fp32 in this process, for the screen's candidates (their exact cosines)."""
     return PromptSimilarity(st.sbert.model, prompt_table(st.occupations, st.prompts), st.sbert.revision,
-                            device="cpu", precision="fp32", backend="torch")
+                            device="cpu", precision="fp32", backend="torch", fold_duplicates=sbert_fold(st, args))
 
 
 def with_join_key(table: pa.Table, column: str | None) -> pa.Table:

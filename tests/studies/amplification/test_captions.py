@@ -205,18 +205,20 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("local_rows", [1_000_000, 0], ids=["in-driver", "distributed"])
-def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path, monkeypatch):
+def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path):
     """--sbert-backend screened (issue 34): bf16 in the stream, the candidates encoded again with
     torch fp32 when selecting, in the driver and through the Ray Data reduction: the same members
     and order as the torch run (cosines to torch's float noise), fewer rows encoded twice than the
     input holds, and what was done recorded."""
-    from pipelines.studies.amplification import captions
+    from pipelines.engine import config as study_config
 
     base, out = run
-    monkeypatch.setattr(captions, "LOCAL_SELECTION_ROWS", local_rows)   # 0: every selection through Ray Data
+    config = yaml.safe_load(study_config.default_config_path().read_text())
+    config["execution"]["local_selection_rows"] = local_rows          # 0: every selection through Ray Data
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     root = tmp_path / "out"
     assert amplification.main(["captions", "--captions", str(base / "laion"), "--output", str(root), "--run-id", "s",
-                               "--sbert-backend", "screened",
+                               "--config", str(tmp_path / "c.yaml"), "--sbert-backend", "screened",
                                "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN), "--keep-columns", "WIDTH"]) == 0
     for name in ("training_subsets.parquet", "training_pool.parquet"):
         want, got = pq.read_table(out / name), pq.read_table(root / "s" / name)
