@@ -686,12 +686,13 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
         def candidates_of(limits):   # a map over the annotated captions; only the candidates reach the driver
             found = data.map_batches(refine.candidate_rows, fn_args=(limits, pool_cfg), batch_format="pyarrow",
                                      batch_size=65536)
-            return pa.concat_tables([refine.candidate_rows(SELECTION_INPUT.empty_table(), limits, pool_cfg)]
-                                    + run.ray.get(found.to_arrow_refs()))
+            return pa.concat_tables([SELECTION_INPUT.empty_table()] + run.ray.get(found.to_arrow_refs()))
     if screened(st, run.args) and annotated_rows:
         # what the driver selects in memory it encodes itself; a selection through Ray Data (LAION
         # scale: ~250,000 candidates) encodes them on SBERT actors
-        encode = refine.exact_similarities(exact_encoder(st, run.args)) if local else exact_on_actors(run, st)
+        exact = exact_stage(st, run.args)
+        encode = (refine.exact_similarities(PromptSimilarity(**(dict(exact.kwargs) | {"device": "cpu"}))) if local
+                  else exact_on_actors(run, exact))
         pool, record = refine.exact_pool(
             pool, pool_cfg, lambda rows: select_subsets_local(rows, pool_cfg, prompts)[0], candidates_of,
             encode, st.sbert.get("screen_margin"))
@@ -706,26 +707,23 @@ def screened(st: CaptionSettings, args) -> bool:
     return st.sbert.get("backend", "torch") == "screened" and not args.embed_gpus and args.device != "cuda"
 
 
-def exact_on_actors(run: Run, st: CaptionSettings):
-    """``encode`` for ``refine.exact_pool`` on the caption run's SBERT actor pool (its resources and
-    ``--embed-actors``), the stage built with torch fp32: the rows with exact ``prompt_similarity``
-    (in any order; ``exact_pool`` matches them by row)."""
-    stage = stages.configure(caption_stages(st, run.args, st.input[1]),
-                             stages.overrides(st.execution, run.args, RESOURCE_FLAGS))[-1]
-    kwargs = dict(stage.kwargs) | {"backend": "torch", "precision": "fp32"}
+def exact_stage(st: CaptionSettings, args) -> Stage:
+    """The stream's SBERT stage (its settings and resources, ``--embed-actors`` included) built with
+    torch fp32: what encodes the screen's candidates again."""
+    stage = stages.configure(caption_stages(st, args, st.input[1]),
+                             stages.overrides(st.execution, args, RESOURCE_FLAGS))[-1]
+    return dataclasses.replace(stage, kwargs=dict(stage.kwargs) | {"backend": "torch", "precision": "fp32"})
 
+
+def exact_on_actors(run: Run, stage: Stage):
+    """``encode`` for ``refine.exact_pool`` on an actor pool of ``stage`` (``exact_stage``): the rows
+    with exact ``prompt_similarity`` (in any order; ``exact_pool`` matches them by row)."""
     def encode(rows: pa.Table) -> pa.Table:
         ds = runtime.from_table(run.ray, rows, stage.declared().batch_size)
-        out = runtime.map_stage(ds, PromptSimilarity, kwargs, stage.declared())
+        out = runtime.map_stage(ds, PromptSimilarity, dict(stage.kwargs), stage.declared())
         return pa.concat_tables([rows.slice(0, 0)] + [t.select(rows.column_names).cast(rows.schema)
                                                       for t in run.ray.get(out.to_arrow_refs())])
     return encode
-
-
-def exact_encoder(st: CaptionSettings, args) -> PromptSimilarity:
-    """SBERT in torch fp32 in this process, for the screen's candidates (their exact cosines)."""
-    return PromptSimilarity(st.sbert.model, prompt_table(st.occupations, st.prompts), st.sbert.revision,
-                            device="cpu", precision="fp32", backend="torch", fold_duplicates=sbert_fold(st, args))
 
 
 def with_join_key(table: pa.Table, column: str | None) -> pa.Table:

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import conform, with_column
-from pipelines.studies.amplification.selection import SelectionConfig, candidates
+from pipelines.studies.amplification.selection import SelectionConfig, candidates, similarity_matrix
 from schemas.captions import CAPTION_ID, OCCUPATION, PROMPT_SIMILARITY, SAMPLE_KEY
 from schemas.subsets import ORDER_KEY, PROMPT_ID, SELECTION_INPUT, SIMILARITY, SOURCE_ROW, SUBSET, Subset
 
@@ -117,8 +117,8 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
             if not _row_keys(fresh).equals(_row_keys(new)):
                 raise RuntimeError(f"the exact encoder returned other rows ({fresh.num_rows}) than it was given "
                                    f"({new.num_rows})")
-            screen = _flat(new.column(PROMPT_SIMILARITY), cfg.n_prompts)
-            err = float(np.abs(_flat(fresh.column(PROMPT_SIMILARITY), cfg.n_prompts) - screen).max()) if len(screen) else 0.0
+            screen = similarity_matrix(new.column(PROMPT_SIMILARITY), cfg.n_prompts).astype(np.float64)
+            err = float(np.abs(similarity_matrix(fresh.column(PROMPT_SIMILARITY), cfg.n_prompts) - screen).max())
             record["max_screen_error"] = max(record["max_screen_error"], err)
             record["re_encoded"] += new.num_rows
             exact = pa.concat_tables([exact, fresh])
@@ -136,11 +136,6 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
 
 def _by_row(table: pa.Table) -> pa.Table:
     return table.sort_by([(CAPTION_ID, "ascending"), (OCCUPATION, "ascending")])
-
-
-def _flat(sims, n_prompts: int) -> np.ndarray:
-    sims = sims.combine_chunks() if isinstance(sims, pa.ChunkedArray) else sims
-    return pc.list_flatten(sims).to_numpy(zero_copy_only=False).reshape(-1, n_prompts).astype(np.float64)
 
 
 def exact_similarities(similarity) -> Callable[[pa.Table], pa.Table]:

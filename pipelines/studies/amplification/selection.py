@@ -146,7 +146,7 @@ def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
         lengths = pc.min_max(pc.list_value_length(sims))
         if lengths["min"].as_py() != cfg.n_prompts or lengths["max"].as_py() != cfg.n_prompts:
             raise ValueError(f"{PROMPT_SIMILARITY} must hold {cfg.n_prompts} values per row")
-    sim = pc.list_flatten(sims).to_numpy(zero_copy_only=False).reshape(-1, cfg.n_prompts) if len(sims) else np.zeros((0, cfg.n_prompts), np.float32)
+    sim = similarity_matrix(sims, cfg.n_prompts)
     key = batch.column(SAMPLE_KEY).to_numpy()
     src = np.arange(batch.num_rows, dtype=np.int64)
     parts = [_block(batch, Subset.NAIVE, 0, key, sim.mean(axis=1), src)]
@@ -158,6 +158,14 @@ def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
         parts += [_block(rows, Subset.NN_NO_INDICATORS, p + 1, -s[:, p].astype(np.float64), s[:, p], r)
                   for p in range(cfg.n_prompts)]
     return pa.concat_tables(parts)
+
+
+def similarity_matrix(sims, n_prompts: int) -> np.ndarray:
+    """A ``prompt_similarity`` column (n_prompts cosines per row) as a (rows x n_prompts) array."""
+    sims = sims.combine_chunks() if isinstance(sims, pa.ChunkedArray) else sims
+    if not len(sims):
+        return np.zeros((0, n_prompts), np.float32)
+    return pc.list_flatten(sims).to_numpy(zero_copy_only=False).reshape(-1, n_prompts)
 
 
 def _ranked(table: pa.Table) -> tuple[pa.Table, np.ndarray]:

@@ -9,7 +9,7 @@ import pytest
 from pipelines.studies.amplification import refine
 from pipelines.studies.amplification.captions import select_subsets_local
 from pipelines.studies.amplification.prompts import prompt_table
-from pipelines.studies.amplification.selection import SelectionConfig
+from pipelines.studies.amplification.selection import SelectionConfig, similarity_matrix
 from schemas.occupations import Occupation
 from schemas.subsets import Subset
 
@@ -144,7 +144,7 @@ def test_exact_repeats_of_a_row_with_different_screens_are_all_kept(duplicates):
     exact, screen = exact_and_screen(noise=8e-3)
     copies = np.arange(0, exact.num_rows, 7)
     twin = screen.take(pa.array(copies))
-    moved = refine._flat(twin["prompt_similarity"], 2) + np.random.default_rng(5).uniform(-8e-3, 8e-3, (len(copies), 2))
+    moved = similarity_matrix(twin["prompt_similarity"], 2) + np.random.default_rng(5).uniform(-8e-3, 8e-3, (len(copies), 2))
     twin = twin.set_column(twin.schema.get_field_index("prompt_similarity"), "prompt_similarity", _sims(moved))
     exact2 = pa.concat_tables([exact, exact.take(pa.array(copies))])
     screen2 = pa.concat_tables([screen, twin])
