@@ -21,11 +21,12 @@ import pyarrow.compute as pc
 from operators.support.models import ModelLoadError, hub_snapshot, loaded_weight_files, pick_device, weights_provenance
 from operators.base import Resources, with_column
 from operators.support.sbert_batches import CPU_TOKEN_BUDGET, token_batches, token_lengths
-from schemas.captions import CAPTION, OCCUPATION, PROMPT_SIMILARITY
+from schemas.captions import CAPTION, CAPTION_ID, OCCUPATION, PROMPT_SIMILARITY
 
 STAGE_SIMILARITY = "prompt_similarity"
 # extra tally outcomes of the stage: captions the encoder ran on, and rows that reused the embedding
-# of a caption with the same token ids in the same batch (``fold_duplicates``)
+# of a row of the same batch: the same input row (caption_id), or with "tokens" the same token ids
+# (``fold_duplicates``)
 SBERT_ENCODED, SBERT_FOLDED = "sbert_encoded", "sbert_folded_duplicates"
 FOLD_MODES = ("tokens", "off")
 
@@ -174,7 +175,9 @@ class PromptSimilarity:
         a Ray batch, i.e. each distinct sequence of token ids after the model's own tokenizer
         (lower-casing, accent stripping, spacing and truncation to ``max_seq_length`` are the
         tokenizer's): rows with the same ids get that embedding, which is the one the encoder gives
-        each of them (to float rounding of the batch it lands in). "off" encodes every row."""
+        each of them (to float rounding of the batch it lands in). "off" encodes every input row once:
+        rows with the same ``caption_id`` (the explode's copies of a caption naming several
+        occupations; an exact repeat of a URL and caption in the data) share one embedding."""
         if fold_duplicates not in FOLD_MODES:
             raise ValueError(f"fold_duplicates must be one of {FOLD_MODES}, got {fold_duplicates!r}")
         self.fold = fold_duplicates
@@ -208,12 +211,19 @@ class PromptSimilarity:
             return self._ov.encode(texts, self.encode_batch_size, self.token_budget)
         return unit_embeddings(self.model, texts, self.encode_batch_size, self.token_budget)
 
-    def distinct_inputs(self, captions: pa.Array) -> tuple[list[str], np.ndarray]:
-        """(texts to encode, the text index of each row): every row with "off"; with "tokens" one
-        text per distinct token-id sequence (exact duplicates first, in Arrow, then the tokenizer's
-        ids of what is left)."""
+    def distinct_inputs(self, captions: pa.Array, ids: pa.Array | None = None) -> tuple[list[str], np.ndarray]:
+        """(texts to encode, the text index of each row): with "off" one text per input row, i.e.
+        per distinct ``caption_id`` (``ids``; the explode's copies of a caption naming several
+        occupations are one row of the input; without ids every row); with "tokens" one text per
+        distinct token-id sequence (exact duplicates first, in Arrow, then the tokenizer's ids of
+        what is left)."""
         if self.fold == "off":
-            return captions.to_pylist(), np.arange(len(captions))
+            if ids is None:
+                return captions.to_pylist(), np.arange(len(captions))
+            enc = pc.dictionary_encode(ids)
+            which = enc.indices.to_numpy(zero_copy_only=False)
+            _, first = np.unique(which, return_index=True)  # first row of each id, in id order
+            return captions.take(pa.array(first)).to_pylist(), which
         enc = pc.dictionary_encode(captions)
         texts = enc.dictionary.to_pylist()
         ids = self.model.tokenizer(texts, truncation=True, max_length=self.model.max_seq_length)["input_ids"]
@@ -232,7 +242,8 @@ class PromptSimilarity:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         captions = batch.column(CAPTION).combine_chunks()
-        texts, cap_idx = self.distinct_inputs(captions)
+        ids = batch.column(CAPTION_ID).combine_chunks() if CAPTION_ID in batch.column_names else None
+        texts, cap_idx = self.distinct_inputs(captions, ids)
         cap_emb = self.encode(texts)
         self._encoded = len(texts)
         occ_idx = pc.index_in(batch.column(OCCUPATION), value_set=self.occupation_names)

@@ -185,7 +185,7 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                         "cosines move by ~1e-3, which can change who is at rank 500), auto (fp16 on a GPU)")
     m.add_argument("--sbert-fold", choices=["tokens", "off"],
                    help="SBERT encodes each distinct token-id sequence of a batch once (tokens, the default: the same "
-                        "embeddings) or every row (off)")
+                        "embeddings) or each input row (off: a caption naming two occupations is still encoded once)")
     m.add_argument("--sbert-backend", choices=["torch", "openvino", "openvino-bf16", "screened"],
                    help="SBERT's encoder on CPUs: torch (default), openvino (the same model compiled by OpenVINO in "
                         "f32: identical neighbours, ~1.2x on 2 cores after ~4 s of conversion per actor), "

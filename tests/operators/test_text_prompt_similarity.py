@@ -117,6 +117,30 @@ def test_folding_encodes_each_token_sequence_once_with_the_same_similarities(op)
     assert np.abs(folded[0] - folded[4]).max() > 1e-4   # the "!" is a token: not folded
 
 
+def test_off_encodes_each_input_row_once_not_each_exploded_copy(op):
+    """With folding off a caption naming two occupations is encoded once (the explode's two rows
+    share its caption_id) and both rows get the cosines of encoding every row; the same text under
+    another URL is another input row and is encoded again (no folding by text)."""
+    from operators.text_occupation_explode import OccupationExploder
+    from schemas.captions import URL
+
+    captions = ["An engineer and a teacher at a whiteboard", "A teacher reading to children",
+                "An engineer and a teacher at a whiteboard", "The engineer checks the bridge"]
+    scanned = pa.table({URL: ["u1", "u2", "u3", "u4"], "caption": captions,
+                        "occupations": [["engineer", "teacher"], ["teacher"], ["engineer", "teacher"], ["engineer"]]})
+    rows = OccupationExploder(seed=0)(scanned)
+    assert rows.num_rows == 6 and len(set(rows.column("caption_id").to_pylist())) == 4
+    off = PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", prompt_table(OCCS, TEMPLATES), device="cpu",
+                           fold_duplicates="off")
+    out = off(rows)
+    assert off.tally(out) == {"sbert_encoded": 4, "sbert_folded_duplicates": 2}
+    every = off(rows.drop_columns(["caption_id"]))   # no ids: every row encoded
+    assert off.tally(every) == {"sbert_encoded": 6, "sbert_folded_duplicates": 0}
+    np.testing.assert_allclose(np.array(out.column("prompt_similarity").to_pylist()),
+                               np.array(every.column("prompt_similarity").to_pylist()), atol=2e-6, rtol=0)
+    assert out.column("occupation").to_pylist() == every.column("occupation").to_pylist()
+
+
 def test_fold_mode_is_checked():
     with pytest.raises(ValueError, match="fold_duplicates"):
         PromptSimilarity("sentence-transformers/all-MiniLM-L6-v2", prompt_table(OCCS, TEMPLATES), device="cpu",

@@ -735,8 +735,9 @@ def with_join_key(table: pa.Table, column: str | None) -> pa.Table:
 
 
 def sbert_counts(counts: pa.Table, st: CaptionSettings, args) -> dict:
-    """How many (caption, occupation) rows SBERT embedded and how many reused the embedding of the
-    same token ids in their batch (``sbert_fold``), from the similarity stage's tallies."""
+    """How many (caption, occupation) rows SBERT embedded and how many reused the embedding of
+    another row of their batch: the same input row, or the same token ids (``sbert_fold``), from
+    the similarity stage's tallies."""
     c = outcomes_by_stage(counts).get(PromptSimilarity.stage_name, {})
     rows, encoded = c.get(C.OUTCOME_ROWS_IN, 0), c.get(SBERT_ENCODED, 0)
     return {"fold_duplicates": sbert_fold(st, args), "rows": rows, "encoded": encoded,
