@@ -68,6 +68,7 @@ def check_rows(markdown: str, stages: list[str]) -> list[dict]:
 # -- the smoke run ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow   # a subprocess that builds and runs the stand-ins: about 15-25 s, too long for the fast tier
 def test_smoke_generation_and_clip(tmp_path):
     """Generation side by side with its speed options, and the CLIP head, on the tiny stand-ins."""
     stdout, written = run_smoke(tmp_path, "generation,clip")

@@ -50,6 +50,12 @@ class FakeChat:
                 if kind == "slow":
                     time.sleep(1.0)
                 if kind == "wait":
+                    # hold the first request until a second is in flight (at most 2 s: a client that
+                    # sends one at a time never gets there), so overlap does not hinge on the
+                    # scheduler of a loaded machine; then long enough for more to pile up if unbounded
+                    deadline = time.monotonic() + 2.0
+                    while fake.peak < 2 and time.monotonic() < deadline:
+                        time.sleep(0.01)
                     time.sleep(0.2)
                 content, finish, extra = f"A paraphrase of {text}", "stop", {}
                 if kind == "empty":

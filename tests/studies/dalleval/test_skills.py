@@ -233,7 +233,8 @@ def test_summarize_skills_cli_prints_table2_and_writes_json(tmp_path):
                 for s in P.Skill.ALL:
                     fh.write(f"{r['model']},{s},{r[s]},{ {'object': 2325, 'count': 2160, 'spatial': 2700}[s] }\n")
     out = subprocess.run([sys.executable, str(REPO_ROOT / "pipelines" / "dalleval.py"), "summarize", "--skills",
-                          str(path), "--output", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                          str(path), "--output", str(tmp_path), "--interval-resamples", "200"],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "Stable Diffusion" in out.stdout and "47.3" in out.stdout and "62.7" in out.stdout
     assert "2,325/2,160/2,700" in out.stdout
