@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import conform, with_column
-from pipelines.studies.amplification.selection import SelectionConfig, candidates, similarity_matrix
+from pipelines.studies.amplification.selection import SelectionConfig, candidates, order_key, similarity_matrix
 from schemas.captions import CAPTION_ID, OCCUPATION, PROMPT_SIMILARITY, SAMPLE_KEY
 from schemas.subsets import ORDER_KEY, PROMPT_ID, SELECTION_INPUT, SIMILARITY, SOURCE_ROW, SUBSET, Subset
 
@@ -61,8 +61,8 @@ def limits(screen_pool: pa.Table, cfg: SelectionConfig, margin: float) -> pa.Tab
     pid = pc.fill_null(screen_pool.column(PROMPT_ID), 0).cast(pa.int32())
     keys = pa.table({OCCUPATION: screen_pool.column(OCCUPATION), SUBSET: screen_pool.column(SUBSET), PROMPT_ID: pid})
     similar = pc.is_in(keys.column(SUBSET), value_set=pa.array(Subset.PER_PROMPT)).to_numpy(zero_copy_only=False)
-    order = np.where(similar, -screen_pool.column(SIMILARITY).to_numpy(zero_copy_only=False).astype(np.float64),
-                     screen_pool.column(SAMPLE_KEY).to_numpy(zero_copy_only=False).astype(np.float64))
+    order = order_key(similar, screen_pool.column(SIMILARITY).to_numpy(zero_copy_only=False),
+                      screen_pool.column(SAMPLE_KEY).to_numpy(zero_copy_only=False))
     keys = keys.append_column("key", pa.array(order, pa.float64()))
     per = keys.group_by([OCCUPATION, SUBSET, PROMPT_ID], use_threads=False).aggregate([("key", "max"), ("key", "count")])
     subset = per.column(SUBSET).to_pylist()

@@ -149,15 +149,26 @@ def candidates(batch: pa.Table, cfg: SelectionConfig) -> pa.Table:
     sim = similarity_matrix(sims, cfg.n_prompts)
     key = batch.column(SAMPLE_KEY).to_numpy()
     src = np.arange(batch.num_rows, dtype=np.int64)
-    parts = [_block(batch, Subset.NAIVE, 0, key, sim.mean(axis=1), src)]
-    parts += [_block(batch, Subset.NN, p + 1, -sim[:, p].astype(np.float64), sim[:, p], src) for p in range(cfg.n_prompts)]
+    parts = [_block(batch, Subset.NAIVE, 0, order_key(False, None, key), sim.mean(axis=1), src)]
+    parts += [_block(batch, Subset.NN, p + 1, order_key(True, sim[:, p], key), sim[:, p], src)
+              for p in range(cfg.n_prompts)]
     if cfg.mode == "resample":
         none = pc.equal(batch.column(CAPTION_GENDER), CaptionGender.NONE).to_numpy(zero_copy_only=False)
         rows, s, k, r = batch.filter(pa.array(none)), sim[none], key[none], src[none]
-        parts.append(_block(rows, Subset.NO_INDICATORS, 0, k, s.mean(axis=1), r))
-        parts += [_block(rows, Subset.NN_NO_INDICATORS, p + 1, -s[:, p].astype(np.float64), s[:, p], r)
+        parts.append(_block(rows, Subset.NO_INDICATORS, 0, order_key(False, None, k), s.mean(axis=1), r))
+        parts += [_block(rows, Subset.NN_NO_INDICATORS, p + 1, order_key(True, s[:, p], k), s[:, p], r)
                   for p in range(cfg.n_prompts)]
     return pa.concat_tables(parts)
+
+
+def order_key(per_prompt, similarity, sample_key) -> np.ndarray:
+    """Rows' ascending order within their selection group: the per-prompt subsets
+    (``Subset.PER_PROMPT``: nearest neighbours first) by descending cosine to their prompt, the
+    others by ``sample_key`` (a seeded random order). ``per_prompt``: one bool for a group, or one
+    per row (``refine.limits`` on a pool of every group); ``similarity`` may be None where it is False."""
+    if np.ndim(per_prompt) == 0:
+        return (-np.asarray(similarity, np.float64) if per_prompt else np.asarray(sample_key, np.float64))
+    return np.where(per_prompt, -np.asarray(similarity, np.float64), np.asarray(sample_key, np.float64))
 
 
 def similarity_matrix(sims, n_prompts: int) -> np.ndarray:
