@@ -115,14 +115,15 @@ def unfused_scan(ray, inp, pipeline, schema):
 
 def before_pipeline(pipeline):
     """The stream's stages with the settings it had before issue 34 (NER on every matched caption,
-    the library's SBERT batches). One later change is not undone: SBERT encodes each input row once
+    SBERT loaded and batched by sentence-transformers). One later change is not undone: SBERT encodes each input row once
     (the explode's copies of a caption share it), 7.3% fewer encodes on the 4 M set."""
     out = []
     for s in pipeline:
         if s.name == "person_names":
             s = dataclasses.replace(s, kwargs=dict(s.kwargs) | {"prefilter": False})
         if s.name == "prompt_similarity":
-            s = dataclasses.replace(s, kwargs=dict(s.kwargs) | {"encode_batch_size": 256, "token_budget": 0},
+            s = dataclasses.replace(s, kwargs=dict(s.kwargs) | {"encode_batch_size": 256, "token_budget": 0,
+                                                                   "backend": "sentence-transformers"},
                                     resources=dataclasses.replace(s.declared(), batch_size=2048))
         out.append(s)
     return out
@@ -204,7 +205,7 @@ def parts_alone(ray, inp, pipeline, n: int, schema, args) -> dict:
                                                                        backend=backend)
     # the encoder as it batched before issue 34's token batches: the library's 64 texts by characters
     _, out["sbert torch, library batches"], out["sbert torch, library batches load"] = run(
-        rest["prompt_similarity"], exploded, backend="torch", token_budget=0)
+        rest["prompt_similarity"], exploded, backend="sentence-transformers", token_budget=0)
     first = args.sbert_backends[0]
     out["sum"] = out["scan"] + out.get("ner", 0.0) + out["explode"] + out[f"sbert {first}"]
     print(f"\nparts alone on {matched.num_rows:,} matched captions ({exploded.num_rows:,} rows after the explode), "
@@ -233,7 +234,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     ap.add_argument("--parts", nargs="+", default=["kernel", "scan", "stream"],
                     choices=["kernel", "scan", "stream", "parts"])
-    ap.add_argument("--sbert-backends", nargs="+", default=["torch"], choices=["torch", "openvino", "openvino-bf16"],
+    ap.add_argument("--sbert-backends", nargs="+", default=["torch"], choices=["torch", "sentence-transformers", "openvino", "openvino-bf16"],
                     help="SBERT encoders timed alone (--parts parts); the stream runs the first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of a part run alone (an actor's: 1)")
     ap.add_argument("--embed-actors", type=pool_arg, default=None,

@@ -78,12 +78,25 @@ def sbert_provenance(model: str, revision: str | None = None) -> dict:
     return record | weights_provenance(files, path)
 
 
-def load_sentence_transformer(model: str, revision: str | None = None, device: str = "auto"):
+def load_sentence_transformer(model: str, revision: str | None = None, device: str = "auto", lean: bool = False):
+    """The SBERT ``model`` loaded by sentence-transformers, or with ``lean`` on a CPU, where the saved
+    model is BERT + mean pooling in a local directory (the packaged all-MiniLM-L6-v2 is), the same
+    model through ``operators.support.sbert_lean.LeanSbert``: torch alone, without the library's
+    ~6 CPU-s start-up; the same vectors (``encode``, ``tokenizer``, ``max_seq_length``)."""
+    source, _ = resolve_sbert(model, revision)
+    target = pick_device(device)
+    if lean and target == "cpu":
+        from operators.support.sbert_lean import LeanSbert, lean_layout
+
+        if lean_layout(source) is None:
+            try:
+                return LeanSbert(source)
+            except Exception as exc:  # unreadable weights or tokenizer: say so, as the library would
+                raise ModelLoadError(f"cannot load SBERT model {model!r} from {source!r}: {exc}") from exc
     from sentence_transformers import SentenceTransformer
 
-    source, _ = resolve_sbert(model, revision)
     try:
-        return SentenceTransformer(source, device=pick_device(device), revision=revision)
+        return SentenceTransformer(source, device=target, revision=revision)
     except Exception as exc:  # the library raises OSError, ValueError, HTTP errors...
         raise ModelLoadError(
             f"cannot load sentence-transformers model {model!r} (from {source!r}): {exc}. "
@@ -125,22 +138,39 @@ def unit_embeddings(model, texts: list[str], batch_size: int, token_budget: int 
     return out
 
 
-# "screened": the stream encodes with "openvino-bf16" and the selection encodes its candidates again
-# with torch fp32 (pipelines/studies/amplification/refine.py): exact subsets, the screen's speed
-SBERT_BACKENDS = ("torch", "openvino", "openvino-bf16", "screened")
+# "torch": the model in torch (fp32 on CPUs, through the lean loader where the model's layout allows,
+# ``load_sentence_transformer(lean=True)``); "sentence-transformers": the same, always through the
+# library's own loader and encode; "screened": the stream encodes with "openvino-bf16" and the
+# selection encodes its candidates again with torch fp32 (pipelines/studies/amplification/refine.py):
+# exact subsets, the screen's speed
+SBERT_BACKENDS = ("torch", "sentence-transformers", "openvino", "openvino-bf16", "screened")
 BF16_BACKENDS = ("openvino-bf16", "screened")
+TORCH_BACKENDS = ("torch", "sentence-transformers")
 
 
 def sbert_backend(backend: str, on_gpu: bool) -> str:
-    """The encoder SBERT runs with: OpenVINO backends are CPU ones (on a GPU actor torch runs)."""
+    """The encoder SBERT runs with: OpenVINO backends are CPU ones (on a GPU actor torch runs,
+    through sentence-transformers)."""
     if backend not in SBERT_BACKENDS:
         raise ValueError(f"SBERT backend must be one of {SBERT_BACKENDS}, got {backend!r}")
-    if backend != "torch":
+    if backend not in TORCH_BACKENDS:
         from operators.support.sbert_openvino import available
 
         if not available():
             raise ModelLoadError(f"SBERT backend {backend!r} needs the openvino package (pip install openvino)")
-    return "torch" if on_gpu else backend
+    return "torch" if on_gpu and backend != "sentence-transformers" else backend
+
+
+def lean_loader(backend: str) -> bool:
+    """Whether ``backend`` loads SBERT with ``load_sentence_transformer(lean=True)`` (on CPUs)."""
+    return backend == "torch"
+
+
+def sbert_loader(model) -> str:
+    """What loaded ``model``, for the run's record: "lean" (``LeanSbert``) or "sentence-transformers"."""
+    from operators.support.sbert_lean import LeanSbert
+
+    return "lean" if isinstance(model, LeanSbert) else "sentence-transformers"
 
 
 class PromptSimilarity:
@@ -163,7 +193,10 @@ class PromptSimilarity:
         ``encode_batch_size`` (None: 256 on a GPU, 64 on a CPU). Cosines in fp16 differ from fp32 by
         about 1e-3 (``benchmarks/bench_sbert.py`` measures it).
 
-        ``backend`` (``sbert_backend``): "torch" (the default), "openvino" (the same model compiled
+        ``backend`` (``sbert_backend``): "torch" (the default; on a CPU through ``LeanSbert`` where
+        the model is BERT + mean pooling in a local directory, as the packaged all-MiniLM-L6-v2 is:
+        the same vectors without sentence-transformers' start-up), "sentence-transformers" (torch
+        through the library's loader and encode, always), "openvino" (the same model compiled
         by OpenVINO for the CPU in f32: cosines to torch >= 0.9999997, ~1.2x on real alt-text with 2
         threads, plus ~4 s to convert per actor), "openvino-bf16" (bf16 on CPUs with AVX512-BF16 /
         AMX: ~3x, cosines move by up to ~3e-3; an option, never the default) or "screened" (the
@@ -182,15 +215,16 @@ class PromptSimilarity:
             raise ValueError(f"fold_duplicates must be one of {FOLD_MODES}, got {fold_duplicates!r}")
         self.fold = fold_duplicates
         self._encoded = 0
-        self.model = load_sentence_transformer(model, revision, device)
-        on_gpu = str(self.model.device).startswith("cuda")
+        target = pick_device(device)
+        on_gpu = target.startswith("cuda")
+        self.backend, self._ov = sbert_backend(backend, on_gpu), None
+        self.model = load_sentence_transformer(model, revision, target, lean=lean_loader(self.backend))
         self.encode_batch_size = int(encode_batch_size or (256 if on_gpu else 64))
         self.token_budget = None if on_gpu else int(CPU_TOKEN_BUDGET if token_budget is None else token_budget) or None
         self.precision = sbert_precision(precision, str(self.model.device))
         if self.precision == "fp16":
             self.model.half()
-        self.backend, self._ov = sbert_backend(backend, on_gpu), None
-        if self.backend != "torch":
+        if self.backend not in TORCH_BACKENDS:
             import torch
 
             from operators.support.sbert_openvino import OpenVinoSbert

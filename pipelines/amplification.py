@@ -186,8 +186,10 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--sbert-fold", choices=["tokens", "off"],
                    help="SBERT encodes each distinct token-id sequence of a batch once (tokens, the default: the same "
                         "embeddings) or each input row (off: a caption naming two occupations is still encoded once)")
-    m.add_argument("--sbert-backend", choices=["torch", "openvino", "openvino-bf16", "screened"],
-                   help="SBERT's encoder on CPUs: torch (default), openvino (the same model compiled by OpenVINO in "
+    m.add_argument("--sbert-backend", choices=["torch", "sentence-transformers", "openvino", "openvino-bf16", "screened"],
+                   help="SBERT's encoder on CPUs: torch (default; the packaged model loads with torch alone, without "
+                        "sentence-transformers' ~6 CPU-s start-up per actor: the same vectors), sentence-transformers "
+                        "(torch through the library's loader, always), openvino (the same model compiled by OpenVINO in "
                         "f32: identical neighbours, ~1.2x on 2 cores after ~4 s of conversion per actor), "
                         "openvino-bf16 (~3x on CPUs with AVX512-BF16/AMX; cosines move by up to ~3e-3), screened "
                         "(openvino-bf16 in the stream, then the selection's candidates encoded again with torch fp32: "

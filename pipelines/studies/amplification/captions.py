@@ -24,8 +24,8 @@ from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, NameGe
 from operators.text_occupation_explode import OccupationExploder
 from operators.text_occupation_matcher import OccupationMatcher
 from operators.support.sbert_openvino import version as openvino_version
-from operators.text_prompt_similarity import (SBERT_ENCODED, SBERT_FOLDED, PromptSimilarity, load_sentence_transformer,
-                                              sbert_backend, sbert_provenance)
+from operators.text_prompt_similarity import (SBERT_ENCODED, SBERT_FOLDED, TORCH_BACKENDS, PromptSimilarity, lean_loader,
+                                              load_sentence_transformer, sbert_backend, sbert_loader, sbert_provenance)
 from pipelines.engine import config as study_config
 from pipelines.engine import io, rundir, runtime, scan, stages
 from pipelines.engine import shards as engine_shards
@@ -504,11 +504,14 @@ def load_caption_models(args, st: CaptionSettings) -> list[dict]:
                                                      "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
                                                      "pipes": nlp.pipe_names}})
     sbert, revision = st.sbert.model, st.sbert.revision
-    load_sentence_transformer(sbert, revision, "cpu")
     backend = sbert_backend(st.sbert.get("backend", "torch"), on_gpu=False)   # openvino missing: fails now
+    # loaded here the way the actors will load it (on GPUs through sentence-transformers)
+    gpu_actors = bool(getattr(args, "embed_gpus", False)) or getattr(args, "device", None) == "cuda"
+    model = load_sentence_transformer(sbert, revision, "cpu", lean=lean_loader(backend) and not gpu_actors)
     records.append({"role": "caption side (sbert)", "key": "sbert", "model": sbert, "standin": False,
                     "detail": sbert_provenance(sbert, revision)   # the hub commit and sha256 of what loaded
-                    | {"backend": backend, "openvino": openvino_version() if backend != "torch" else None}})
+                    | {"backend": backend, "loader": sbert_loader(model),
+                       "openvino": openvino_version() if backend not in TORCH_BACKENDS else None}})
     return records
 
 

@@ -19,7 +19,7 @@ class FakeChat:
 
     def __init__(self):
         self.requests, self.in_flight, self.peak, self.lock = [], 0, 0, threading.Lock()
-        self.failures_left = {}
+        self.failures_left, self.first_wait = {}, None
         fake = self
 
         class Handler(JsonHandler):
@@ -50,10 +50,13 @@ class FakeChat:
                 if kind == "slow":
                     time.sleep(1.0)
                 if kind == "wait":
-                    # hold the first request until a second is in flight (at most 2 s: a client that
-                    # sends one at a time never gets there), so overlap does not hinge on the
-                    # scheduler of a loaded machine; then long enough for more to pile up if unbounded
-                    deadline = time.monotonic() + 2.0
+                    # hold requests until a second is in flight (at most 10 s from the first "wait"
+                    # request, in all: a client that sends one at a time never gets there), so
+                    # overlap does not hinge on the scheduler of a loaded machine; then long enough
+                    # for more to pile up if unbounded
+                    with fake.lock:
+                        fake.first_wait = fake.first_wait or time.monotonic()
+                    deadline = fake.first_wait + 10.0
                     while fake.peak < 2 and time.monotonic() < deadline:
                         time.sleep(0.01)
                     time.sleep(0.2)
@@ -117,8 +120,8 @@ def test_concurrency_is_bounded_and_order_kept(fake):
     c = ChatClient(fake.url, "m", concurrency=3, max_retries=0)
     texts = [f"wait: caption {i}" for i in range(9)]
     out = c.complete_many([ask(t) for t in texts])
-    assert [r.text for r in out] == [f"A paraphrase of {t}" for t in texts]
-    assert fake.peak <= 3 and fake.peak >= 2
+    assert [r.text for r in out] == [f"A paraphrase of {t}" for t in texts], [(r.status, r.error) for r in out]
+    assert 2 <= fake.peak <= 3, fake.peak
 
 
 def test_no_key_sends_no_authorization_and_a_bad_endpoint_is_one_line(fake, monkeypatch):

@@ -119,6 +119,8 @@ def test_metrics_record_configuration(run):
                                         "training_sample": "counted_images", "nn_sample": "captions"}
     assert (out / "training_pool.parquet").exists()
     assert m["models"]["sbert"]["source"] == "package" and len(m["models"]["sbert"]["weights_sha256"]) == 64
+    # the packaged BERT + mean pooling model loads with torch alone on CPUs (sbert_lean)
+    assert (m["models"]["sbert"]["backend"], m["models"]["sbert"]["loader"]) == ("torch", "lean")
     assert m["models"]["spacy"]["version"]
     assert m["environment"]["packages"]["ray"]
     assert len(m["config"]["occupations"]) == 62 and len(m["input"]["files"]) == 3
@@ -229,6 +231,7 @@ def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path):
     assert screen["rounds"] == 1 and 0 < screen["max_screen_error"] <= screen["margin"] == 0.005
     assert screen["re_encoded"] == screen["candidates"] <= screen["annotated_rows"] == m["annotated_rows"]
     assert m["models"]["sbert"]["backend"] == "screened" and m["models"]["sbert"]["openvino"]
+    assert m["models"]["sbert"]["loader"] == "sentence-transformers"   # OpenVINO converts the library's modules
     assert m["config"]["models"]["sbert_screen_margin"] == 0.005
     # the annotated captions keep the screen's cosines: on a CPU that runs bf16 (AVX512-BF16 / AMX)
     # they differ from torch's by more than float noise (elsewhere OpenVINO runs the screen in f32)

@@ -1,0 +1,142 @@
+"""SBERT through torch alone (issue 34): the packaged all-MiniLM-L6-v2 gives sentence-transformers'
+vectors and token ids without the library's start-up; anything else goes through the library."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from helpers import REPO_ROOT
+
+from operators.support.models import ModelLoadError
+from operators.support.sbert_lean import LeanSbert, lean_layout
+from operators.text_prompt_similarity import (PromptSimilarity, load_sentence_transformer, resolve_sbert, sbert_loader,
+                                              unit_embeddings)
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+EDGE = ["", "a", "  leading and trailing spaces  ", "UPPER Case Ünïcödé café", "護士と医者", "tab\tand\nnewline",
+        "x " * 400, "emoji 👩‍⚕️ nurse", "[CLS] literal [SEP] tokens", "don't-stop", "12,345.67 $ %"]
+
+
+@pytest.fixture(scope="module")
+def captions():
+    sample = pq.read_table(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet", columns=["TEXT"])
+    return [c for c in sample.column("TEXT").to_pylist()[:600] if c is not None] + EDGE
+
+
+@pytest.fixture(scope="module")
+def lean():
+    model = load_sentence_transformer(MODEL, device="cpu", lean=True)
+    assert isinstance(model, LeanSbert)
+    return model
+
+
+def test_same_token_ids_and_vectors_as_the_library(lean, minilm, captions):
+    assert lean.max_seq_length == minilm.max_seq_length == 256
+    ids = lean.tokenizer(captions, truncation=True, max_length=256)["input_ids"]
+    assert ids == minilm.tokenizer(captions, truncation=True, max_length=256)["input_ids"]
+    assert max(map(len, ids)) == 256                                      # truncated like the library
+    # the CPU path (batches cut by tokens) and the library's batching (64 texts sorted by characters)
+    for budget in (1024, None):
+        got = unit_embeddings(lean, captions, 64, budget)
+        ref = unit_embeddings(minilm, captions, 64, budget)
+        assert got.shape == ref.shape == (len(captions), 384)
+        np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_nearest_neighbours_are_the_librarys(lean, minilm, captions):
+    """The top-50 captions per prompt, as paper 002's NN subsets take them, are the same sets."""
+    prompts = [f"A photo of the face of a {o}" for o in ("nurse", "doctor", "teacher", "engineer", "chef")]
+    got = unit_embeddings(lean, captions, 64, 1024) @ unit_embeddings(lean, prompts, 64, 1024).T
+    ref = unit_embeddings(minilm, captions, 64, 1024) @ unit_embeddings(minilm, prompts, 64, 1024).T
+    for j in range(len(prompts)):
+        assert set(np.argsort(-got[:, j], kind="stable")[:50]) == set(np.argsort(-ref[:, j], kind="stable")[:50])
+
+
+def test_without_normalize_it_is_the_librarys_mean_pooling(tmp_path):
+    """A saved model without the Normalize module: raw mean-pooled vectors, as the library gives."""
+    src = tmp_path / "plain"
+    shutil.copytree(resolve_sbert(MODEL)[0], src)
+    modules = json.loads((src / "modules.json").read_text())
+    (src / "modules.json").write_text(json.dumps([m for m in modules if not m["type"].endswith("Normalize")]))
+    model = load_sentence_transformer(str(src), device="cpu", lean=True)
+    assert isinstance(model, LeanSbert) and not model.normalize
+    texts = EDGE[:6]
+    raw = model.encode(texts, 4)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+    library = load_sentence_transformer(str(src), device="cpu")
+    assert sbert_loader(library) == "sentence-transformers"
+    np.testing.assert_allclose(raw, library.encode(texts, batch_size=4, normalize_embeddings=False), atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("change,why", [
+    (lambda d: (d / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 384, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})), "pooling"),
+    (lambda d: (d / "config.json").write_text(json.dumps(
+        json.loads((d / "config.json").read_text()) | {"hidden_act": "gelu_new"})), "erf GELU"),
+    (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer.json"),
+    (lambda d: (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": True})),
+     "do_lower_case"),
+])
+def test_layouts_it_does_not_compute_go_through_the_library(tmp_path, change, why):
+    src = tmp_path / "other"
+    shutil.copytree(resolve_sbert(MODEL)[0], src)
+    assert lean_layout(src) is None
+    change(src)
+    assert why in lean_layout(src)
+    model = load_sentence_transformer(str(src), device="cpu", lean=True)
+    assert sbert_loader(model) == "sentence-transformers"
+
+
+def test_non_float32_weights_and_hub_ids_go_through_the_library(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "half"
+    shutil.copytree(resolve_sbert(MODEL)[0], src)
+    weights = load_file(str(src / "model.safetensors"))
+    save_file({k: v.half() for k, v in weights.items()}, str(src / "model.safetensors"))
+    assert "F16" in lean_layout(src)
+    assert lean_layout("org/not-a-directory") == "not a local directory"
+
+
+def test_broken_weights_are_a_one_line_load_error(tmp_path):
+    src = tmp_path / "broken"
+    shutil.copytree(resolve_sbert(MODEL)[0], src)
+    weights = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(weights[:len(weights) // 2])   # a truncated download
+    with pytest.raises(ModelLoadError, match="cannot load SBERT model"):
+        load_sentence_transformer(str(src), device="cpu", lean=True)
+
+
+def test_the_default_backend_loads_lean_and_gives_the_librarys_similarities(captions):
+    import pyarrow as pa
+
+    prompts = {"nurse": ["A photo of a nurse", "A nurse at work"], "chef": ["A photo of a chef", "A chef cooking"]}
+    lean_op = PromptSimilarity(MODEL, prompts, device="cpu")
+    library_op = PromptSimilarity(MODEL, prompts, device="cpu", backend="sentence-transformers")
+    assert (sbert_loader(lean_op.model), sbert_loader(library_op.model)) == ("lean", "sentence-transformers")
+    t = pa.table({"caption": captions[:300], "occupation": ["nurse", "chef"] * 150})
+    got = np.array(lean_op(t).column("prompt_similarity").to_pylist())
+    ref = np.array(library_op(t).column("prompt_similarity").to_pylist())
+    np.testing.assert_allclose(got, ref, atol=2e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_an_actor_with_the_default_backend_never_imports_sentence_transformers():
+    """What an SBERT actor imports to start (a fresh process): torch and tokenizers, not
+    sentence-transformers or transformers (~4 CPU-s more); the library's backend does import them."""
+    code = (
+        "import sys\n"
+        "from operators.text_prompt_similarity import PromptSimilarity\n"
+        "def loaded(): return [m for m in ('sentence_transformers', 'transformers') if m in sys.modules]\n"
+        f"PromptSimilarity({MODEL!r}, {{'nurse': ['a nurse']}}, device='cpu')\n"
+        "print(loaded())\n"
+        f"PromptSimilarity({MODEL!r}, {{'nurse': ['a nurse']}}, device='cpu', backend='sentence-transformers')\n"
+        "print(loaded())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["[]", "['sentence_transformers', 'transformers']"]
