@@ -24,7 +24,7 @@ EDGE = ["", "a", "  leading and trailing spaces  ", "UPPER Case Ünïcödé caf�
 @pytest.fixture(scope="module")
 def captions():
     sample = pq.read_table(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet", columns=["TEXT"])
-    return [c for c in sample.column("TEXT").to_pylist()[:600] if c is not None] + EDGE
+    return [c for c in sample.column("TEXT").to_pylist()[:400] if c is not None] + EDGE
 
 
 @pytest.fixture(scope="module")
@@ -34,25 +34,31 @@ def lean():
     return model
 
 
-def test_same_token_ids_and_vectors_as_the_library(lean, minilm, captions):
+@pytest.fixture(scope="module")
+def vectors(lean, minilm, captions):
+    """Each loader's unit vectors of ``captions``, with the CPU path's batches cut by tokens (1024)
+    and with the library's batching (64 texts sorted by characters; None)."""
+    return {(name, budget): unit_embeddings(model, captions, 64, budget)
+            for name, model in (("lean", lean), ("library", minilm)) for budget in (1024, None)}
+
+
+def test_same_token_ids_and_vectors_as_the_library(lean, minilm, captions, vectors):
     assert lean.max_seq_length == minilm.max_seq_length == 256
     ids = lean.tokenizer(captions, truncation=True, max_length=256)["input_ids"]
     assert ids == minilm.tokenizer(captions, truncation=True, max_length=256)["input_ids"]
     assert max(map(len, ids)) == 256                                      # truncated like the library
-    # the CPU path (batches cut by tokens) and the library's batching (64 texts sorted by characters)
     for budget in (1024, None):
-        got = unit_embeddings(lean, captions, 64, budget)
-        ref = unit_embeddings(minilm, captions, 64, budget)
+        got, ref = vectors["lean", budget], vectors["library", budget]
         assert got.shape == ref.shape == (len(captions), 384)
         np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
 
 
-def test_nearest_neighbours_are_the_librarys(lean, minilm, captions):
+def test_nearest_neighbours_are_the_librarys(lean, minilm, vectors):
     """The top-50 captions per prompt, as paper 002's NN subsets take them, are the same sets."""
     prompts = [f"A photo of the face of a {o}" for o in ("nurse", "doctor", "teacher", "engineer", "chef")]
-    got = unit_embeddings(lean, captions, 64, 1024) @ unit_embeddings(lean, prompts, 64, 1024).T
-    ref = unit_embeddings(minilm, captions, 64, 1024) @ unit_embeddings(minilm, prompts, 64, 1024).T
+    got = vectors["lean", 1024] @ unit_embeddings(lean, prompts, 64, 1024).T
+    ref = vectors["library", 1024] @ unit_embeddings(minilm, prompts, 64, 1024).T
     for j in range(len(prompts)):
         assert set(np.argsort(-got[:, j], kind="stable")[:50]) == set(np.argsort(-ref[:, j], kind="stable")[:50])
 
