@@ -670,7 +670,9 @@ def stage_sbert(args, work: Path, ctx: dict) -> list[Row]:
 
     model = "sentence-transformers/all-MiniLM-L6-v2"
     _, where = resolve_sbert(model)
-    sim = PromptSimilarity(model, {"engineer": [PROMPT]}, device=args.device)
+    # the library's model (a GPU actor's; on a CPU the default would load the lean one, which has no
+    # torch module to cast to fp16)
+    sim = PromptSimilarity(model, {"engineer": [PROMPT]}, device=args.device, backend="sentence-transformers")
     st = sim.model
     bert = st[0].auto_model
     cfg = bert.config
