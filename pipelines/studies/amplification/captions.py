@@ -506,8 +506,7 @@ def load_caption_models(args, st: CaptionSettings) -> list[dict]:
     sbert, revision = st.sbert.model, st.sbert.revision
     backend = sbert_backend(st.sbert.get("backend", "torch"), on_gpu=False)   # openvino missing: fails now
     # loaded here the way the actors will load it (on GPUs through sentence-transformers)
-    gpu_actors = bool(getattr(args, "embed_gpus", False)) or getattr(args, "device", None) == "cuda"
-    model = load_sentence_transformer(sbert, revision, "cpu", lean=lean_loader(backend) and not gpu_actors)
+    model = load_sentence_transformer(sbert, revision, "cpu", lean=lean_loader(backend) and not sbert_on_gpus(args))
     records.append({"role": "caption side (sbert)", "key": "sbert", "model": sbert, "standin": False,
                     "detail": sbert_provenance(sbert, revision)   # the hub commit and sha256 of what loaded
                     | {"backend": backend, "loader": sbert_loader(model),
@@ -704,10 +703,15 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
     return pool, stats, annotated_rows
 
 
+def sbert_on_gpus(args) -> bool:
+    """Whether the stream's SBERT actors run on GPUs (``--embed-gpus``, or every model on cuda)."""
+    return bool(getattr(args, "embed_gpus", 0)) or getattr(args, "device", None) == "cuda"
+
+
 def screened(st: CaptionSettings, args) -> bool:
     """Whether the stream screened in bf16 (``--sbert-backend screened`` on CPU actors), so that the
     selection takes its candidates again with exact cosines (``refine``)."""
-    return st.sbert.get("backend", "torch") == "screened" and not args.embed_gpus and args.device != "cuda"
+    return st.sbert.get("backend", "torch") == "screened" and not sbert_on_gpus(args)
 
 
 def exact_stage(st: CaptionSettings, args) -> Stage:
