@@ -142,18 +142,19 @@ def unit_embeddings(model, texts: list[str], batch_size: int, token_budget: int 
 # ``load_sentence_transformer(lean=True)``); "sentence-transformers": the same, always through the
 # library's own loader and encode; "screened": the stream encodes with "openvino-bf16" and the
 # selection encodes its candidates again with torch fp32 (pipelines/studies/amplification/refine.py):
-# exact subsets, the screen's speed
-SBERT_BACKENDS = ("torch", "sentence-transformers", "openvino", "openvino-bf16", "screened")
+# exact subsets, the screen's speed; "auto": torch, except the occupations the run chose to screen
+# (``screen_occupations``: those with many more captions than their pools), which are "screened"
+SBERT_BACKENDS = ("auto", "torch", "sentence-transformers", "openvino", "openvino-bf16", "screened")
 BF16_BACKENDS = ("openvino-bf16", "screened")
-TORCH_BACKENDS = ("torch", "sentence-transformers")
+TORCH_BACKENDS = ("auto", "torch", "sentence-transformers")
 
 
-def sbert_backend(backend: str, on_gpu: bool) -> str:
+def sbert_backend(backend: str, on_gpu: bool, screens: bool = False) -> str:
     """The encoder SBERT runs with: OpenVINO backends are CPU ones (on a GPU actor torch runs,
-    through sentence-transformers)."""
+    through sentence-transformers). ``screens``: "auto" screens some occupations (it needs OpenVINO)."""
     if backend not in SBERT_BACKENDS:
         raise ValueError(f"SBERT backend must be one of {SBERT_BACKENDS}, got {backend!r}")
-    if backend not in TORCH_BACKENDS:
+    if (backend not in TORCH_BACKENDS or (backend == "auto" and screens)) and not on_gpu:
         from operators.support.sbert_openvino import available
 
         if not available():
@@ -163,7 +164,7 @@ def sbert_backend(backend: str, on_gpu: bool) -> str:
 
 def lean_loader(backend: str) -> bool:
     """Whether ``backend`` loads SBERT with ``load_sentence_transformer(lean=True)`` (on CPUs)."""
-    return backend == "torch"
+    return backend in ("torch", "auto")
 
 
 def sbert_loader(model) -> str:
@@ -181,7 +182,8 @@ class PromptSimilarity:
 
     def __init__(self, model: str, prompts: dict[str, list[str]], revision: str | None = None,
                  device: str = "auto", encode_batch_size: int | None = None, precision: str = "auto",
-                 backend: str = "torch", fold_duplicates: str = "tokens", token_budget: int | None = None):
+                 backend: str = "torch", fold_duplicates: str = "tokens", token_budget: int | None = None,
+                 screen_occupations=()):
         """``prompts``: occupation name -> its prompts, the same number for each (prompt_id =
         position + 1), e.g. the Table 1 prompts of every occupation.
 
@@ -201,7 +203,11 @@ class PromptSimilarity:
         threads, plus ~4 s to convert per actor), "openvino-bf16" (bf16 on CPUs with AVX512-BF16 /
         AMX: ~3x, cosines move by up to ~3e-3; an option, never the default) or "screened" (the
         bf16 encoder here; the selection then re-encodes its candidates with torch fp32:
-        ``refine.exact_pool``). On a GPU the torch path runs
+        ``refine.exact_pool``). "auto": torch, except the rows of ``screen_occupations``, whose
+        captions go through the bf16 encoder as with "screened" (a caption that also names an
+        occupation not screened is encoded with torch); the prompts always with torch. The run
+        chooses the occupations (``refine.screen_plan``: those with many more captions than their
+        pools); with none it is "torch" and loads nothing else. On a GPU the torch path runs
         whatever was asked (fp16 there is ``precision``'s).
 
         ``fold_duplicates``: "tokens" (the default) encodes once each distinct input the model sees in
@@ -217,7 +223,8 @@ class PromptSimilarity:
         self._encoded = 0
         target = pick_device(device)
         on_gpu = target.startswith("cuda")
-        self.backend, self._ov = sbert_backend(backend, on_gpu), None
+        self.screen = frozenset(screen_occupations) if backend == "auto" and not on_gpu else frozenset()
+        self.backend, self._ov, self._screen_ov = sbert_backend(backend, on_gpu, bool(self.screen)), None, None
         self.model = load_sentence_transformer(model, revision, target, lean=lean_loader(self.backend))
         self.encode_batch_size = int(encode_batch_size or (256 if on_gpu else 64))
         self.token_budget = None if on_gpu else int(CPU_TOKEN_BUDGET if token_budget is None else token_budget) or None
@@ -231,6 +238,14 @@ class PromptSimilarity:
 
             self._ov = OpenVinoSbert(self.model, threads=torch.get_num_threads(),
                                      precision="bf16" if self.backend in BF16_BACKENDS else "f32")
+        if self.screen:   # OpenVINO converts the library's modules, so the library loads them
+            import torch
+
+            from operators.support.sbert_openvino import OpenVinoSbert
+
+            self._screen_ov = OpenVinoSbert(load_sentence_transformer(model, revision, target),
+                                            threads=torch.get_num_threads(), precision="bf16")
+        self._screened = 0
         counts = {len(ps) for ps in prompts.values()}
         if len(counts) != 1 or 0 in counts:
             raise ValueError(f"every occupation needs the same, non-zero number of prompts, got {sorted(counts)}")
@@ -244,6 +259,24 @@ class PromptSimilarity:
         if self._ov is not None:
             return self._ov.encode(texts, self.encode_batch_size, self.token_budget)
         return unit_embeddings(self.model, texts, self.encode_batch_size, self.token_budget)
+
+    def encode_rows(self, texts: list[str], text_idx: np.ndarray, occupations: pa.Array) -> np.ndarray:
+        """``texts`` encoded (``text_idx``: each row's text, ``occupations``: each row's): with
+        "auto", a text all of whose rows are of screened occupations through the bf16 encoder,
+        every other text with torch."""
+        if self._screen_ov is None or not texts:
+            return self.encode(texts)
+        screened_row = pc.is_in(occupations, value_set=pa.array(sorted(self.screen), pa.string()))
+        exact = np.zeros(len(texts), bool)
+        exact[text_idx[~screened_row.to_numpy(zero_copy_only=False)]] = True
+        out = np.empty((len(texts), self.prompt_emb.shape[-1]), np.float32)
+        for mask, encode in ((exact, self.encode),
+                             (~exact, lambda t: self._screen_ov.encode(t, self.encode_batch_size, self.token_budget))):
+            idx = np.flatnonzero(mask)
+            if len(idx):
+                out[idx] = encode([texts[i] for i in idx])
+        self._screened = int((~exact).sum())
+        return out
 
     def distinct_inputs(self, captions: pa.Array, ids: pa.Array | None = None) -> tuple[list[str], np.ndarray]:
         """(texts to encode, the text index of each row): with "off" one text per input row, i.e.
@@ -278,7 +311,7 @@ class PromptSimilarity:
         captions = batch.column(CAPTION).combine_chunks()
         ids = batch.column(CAPTION_ID).combine_chunks() if CAPTION_ID in batch.column_names else None
         texts, cap_idx = self.distinct_inputs(captions, ids)
-        cap_emb = self.encode(texts)
+        cap_emb = self.encode_rows(texts, cap_idx, batch.column(OCCUPATION).combine_chunks())
         self._encoded = len(texts)
         occ_idx = pc.index_in(batch.column(OCCUPATION), value_set=self.occupation_names)
         if occ_idx.null_count:

@@ -186,8 +186,11 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--sbert-fold", choices=["tokens", "off"],
                    help="SBERT encodes each distinct token-id sequence of a batch once (tokens, the default: the same "
                         "embeddings) or each input row (off: a caption naming two occupations is still encoded once)")
-    m.add_argument("--sbert-backend", choices=["torch", "sentence-transformers", "openvino", "openvino-bf16", "screened"],
-                   help="SBERT's encoder on CPUs: torch (default; the packaged model loads with torch alone, without "
+    m.add_argument("--sbert-backend", choices=["auto", "torch", "sentence-transformers", "openvino", "openvino-bf16",
+                                               "screened"],
+                   help="SBERT's encoder on CPUs: auto (default: torch, except occupations the input is estimated to "
+                        "hold 10x their pool's rows for, which are screened as below: torch's subsets either way), "
+                        "torch (the packaged model loads with torch alone, without "
                         "sentence-transformers' ~6 CPU-s start-up per actor: the same vectors), sentence-transformers "
                         "(torch through the library's loader, always), openvino (the same model compiled by OpenVINO in "
                         "f32: identical neighbours, ~1.2x on 2 cores after ~4 s of conversion per actor), "
@@ -195,7 +198,8 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                         "(openvino-bf16 in the stream, then the selection's candidates encoded again with torch fp32: "
                         "torch's subsets; pays off with many captions per occupation). GPUs run torch")
     m.add_argument("--sbert-screen-margin", type=float,
-                   help="with --sbert-backend screened: the bound on |bf16 - fp32 cosine| the candidates are taken "
+                   help="with a screen (--sbert-backend screened or auto): the bound on |bf16 - fp32 cosine| the "
+                        "candidates are taken "
                         "with (default models.sbert_screen_margin, 0.005; widened when a re-encoded row exceeds it)")
     m.add_argument("--device", default="auto",
                    help="device of the models: auto (real models on GPU actors, SBERT where it lands), cuda, or cpu "

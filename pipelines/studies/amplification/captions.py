@@ -86,9 +86,11 @@ class CaptionSettings:
     def models(self) -> dict:
         """The ``models`` block as the study file writes it (fingerprinted and recorded)."""
         return {"sbert": self.sbert.model, "sbert_revision": self.sbert.revision,
-                "sbert_precision": self.sbert.get("precision"), "sbert_backend": self.sbert.get("backend", "torch"),
+                "sbert_precision": self.sbert.get("precision"), "sbert_backend": self.sbert.get("backend", "auto"),
                 **({"sbert_screen_margin": self.sbert.get("screen_margin")}
-                   if self.sbert.get("backend") == "screened" else {})}
+                   if self.sbert.get("backend", "auto") in ("screened", "auto") else {}),
+                **({"sbert_screen_factor": self.sbert.get("screen_factor")}
+                   if self.sbert.get("backend", "auto") == "auto" else {})}
 
 
 def settings(args) -> CaptionSettings:
@@ -132,9 +134,11 @@ def settings(args) -> CaptionSettings:
                            gender_indicators=gi, selection=sel, execution=ex, config=cfg, label=label,
                            sbert=ModelSpec(models["sbert"], models.get("sbert_revision"),
                                            options={"precision": models.get("sbert_precision", "auto"),
-                                                    "backend": models.get("sbert_backend", "torch"),
+                                                    "backend": models.get("sbert_backend", "auto"),
                                                     "screen_margin": float(models.get("sbert_screen_margin",
-                                                                                      refine.DEFAULT_MARGIN))}))
+                                                                                      refine.DEFAULT_MARGIN)),
+                                                    "screen_factor": float(models.get("sbert_screen_factor",
+                                                                                      refine.SCREEN_FACTOR))}))
 
 
 def effective_gender_words(gi: dict) -> dict:
@@ -306,8 +310,8 @@ def caption_stages(st: CaptionSettings, args, columns: dict) -> list[Stage]:
         # SBERT cosine between each caption and its occupation's Table 1 prompts (section 5.2)
         Stage(PromptSimilarity, {"model": sbert.model, "revision": sbert.revision,
                                  "prompts": prompt_table(st.occupations, st.prompts), "device": args.device,
-                                 "precision": sbert.get("precision", "auto"), "backend": sbert.get("backend", "torch"),
-                                 "fold_duplicates": sbert_fold(st, args)}),
+                                 "precision": sbert.get("precision", "auto"), "backend": sbert.get("backend", "auto"),
+                                 "fold_duplicates": sbert_fold(st, args), "screen_occupations": screen_occupations(st)}),
     ]
 
 
@@ -504,13 +508,15 @@ def load_caption_models(args, st: CaptionSettings) -> list[dict]:
                                                      "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
                                                      "pipes": nlp.pipe_names}})
     sbert, revision = st.sbert.model, st.sbert.revision
-    backend = sbert_backend(st.sbert.get("backend", "torch"), on_gpu=False)   # openvino missing: fails now
+    # openvino missing where a backend needs it: fails now
+    backend = sbert_backend(st.sbert.get("backend", "auto"), on_gpu=False, screens=bool(screen_occupations(st)))
     # loaded here the way the actors will load it (on GPUs through sentence-transformers)
     model = load_sentence_transformer(sbert, revision, "cpu", lean=lean_loader(backend) and not sbert_on_gpus(args))
     records.append({"role": "caption side (sbert)", "key": "sbert", "model": sbert, "standin": False,
                     "detail": sbert_provenance(sbert, revision)   # the hub commit and sha256 of what loaded
                     | {"backend": backend, "loader": sbert_loader(model),
-                       "openvino": openvino_version() if backend not in TORCH_BACKENDS else None}})
+                       "openvino": openvino_version() if backend not in TORCH_BACKENDS or screen_occupations(st)
+                       else None}})
     return records
 
 
@@ -585,6 +591,8 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         # --sbert-backend screened: how the subsets were made exact (refine.exact_pool); the annotated
         # captions keep the bf16 screen's cosines
         "sbert_screen": run.records.get("sbert_screen"),
+        # backend "auto": the occupations screened and the estimate behind it (refine.screen_plan)
+        "sbert_screen_plan": st.sbert.get("screen_plan"),
         "subset_rows": sizes,
         "caption_headline": head,   # (the caption side's means; "headline" is the interval contract)
         "_stats": stats,   # the per-occupation stats, for `run` to summarise its walked subsets (popped there)
@@ -697,7 +705,8 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
                   else exact_on_actors(run, exact))
         pool, record = refine.exact_pool(
             pool, pool_cfg, lambda rows: select_subsets_local(rows, pool_cfg, prompts)[0], candidates_of,
-            encode, st.sbert.get("screen_margin"))
+            encode, st.sbert.get("screen_margin"),
+            screened_occupations=screen_occupations(st) if st.sbert.get("backend", "auto") == "auto" else None)
         run.records["sbert_screen"] = record | {"annotated_rows": annotated_rows, "pool_rows": pool.num_rows,
                                                 "share_re_encoded": round(record["re_encoded"] / annotated_rows, 6)}
     return pool, stats, annotated_rows
@@ -709,9 +718,34 @@ def sbert_on_gpus(args) -> bool:
 
 
 def screened(st: CaptionSettings, args) -> bool:
-    """Whether the stream screened in bf16 (``--sbert-backend screened`` on CPU actors), so that the
-    selection takes its candidates again with exact cosines (``refine``)."""
-    return st.sbert.get("backend", "torch") == "screened" and not sbert_on_gpus(args)
+    """Whether the stream screened in bf16 (``--sbert-backend screened`` on CPU actors, or "auto"
+    with occupations to screen), so that the selection takes its candidates again with exact
+    cosines (``refine``)."""
+    backend = st.sbert.get("backend", "auto")
+    return not sbert_on_gpus(args) and (backend == "screened" or (backend == "auto" and bool(screen_occupations(st))))
+
+
+def screen_occupations(st: CaptionSettings) -> list[str]:
+    """The occupations backend "auto" screens in bf16 (``planned``; none before it ran, on GPUs
+    and with any other backend)."""
+    return list((st.sbert.get("screen_plan") or {}).get("screened") or [])
+
+
+def planned(args, st: CaptionSettings) -> CaptionSettings:
+    """``st`` (with its input) with the plan of backend "auto" in its SBERT options: which
+    occupations to screen in bf16 (``refine.screen_plan``). On GPUs, and with any other backend,
+    ``st`` unchanged."""
+    if st.sbert.get("backend", "auto") != "auto" or sbert_on_gpus(args) or st.input is None:
+        return st
+    inp, columns, _ = st.input
+    plan = refine.screen_plan(inp, columns["text_column"], st.occupations, st.occupation_forms,
+                              selection_config(st).pool(), factor=st.sbert.get("screen_factor", refine.SCREEN_FACTOR))
+    if plan["screened"]:
+        print(f"  SBERT (auto): {len(plan['screened'])} of {len(st.occupations)} occupation(s) screened in bf16 "
+              f"(estimated from {plan['sampled_rows']:,} rows: at least {plan['factor']:g}x the "
+              f"{plan['pool_rows_per_occupation']:,} rows of their pools), their candidates encoded again with torch")
+    return dataclasses.replace(st, sbert=dataclasses.replace(st.sbert, options={**st.sbert.options,
+                                                                                 "screen_plan": plan}))
 
 
 def exact_stage(st: CaptionSettings, args) -> Stage:
@@ -781,7 +815,7 @@ class CaptionStudy:
     def settings(self, args) -> CaptionSettings:
         st = settings(args)
         # a missing or unreadable input fails now, before any model loads
-        return dataclasses.replace(st, input=validate_input(args, st))
+        return planned(args, dataclasses.replace(st, input=validate_input(args, st)))
 
     def label(self, st: CaptionSettings) -> str:
         return st.label

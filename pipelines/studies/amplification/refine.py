@@ -44,8 +44,66 @@ from schemas.subsets import ORDER_KEY, PROMPT_ID, SELECTION_INPUT, SIMILARITY, S
 # largest difference measured on real and bundled captions (2.65e-3); checked on every re-encoded row
 DEFAULT_MARGIN = 0.005
 MAX_ROUNDS = 4
+# project choice (issue 34): the default backend "auto" screens an occupation when the input is
+# estimated to hold at least this many times the rows its pool can take (so about a tenth of its
+# rows or fewer are encoded twice, and the screen's ~2.6x shows); below it the occupation is torch's
+SCREEN_FACTOR = 10
+# project choice (issue 34): "auto" estimates each occupation's captions from at most this many rows
+# read from the start of the input (the same validation and occupation match as the scan)
+SAMPLE_ROWS = 262_144
 LIMITS = pa.schema([pa.field(OCCUPATION, pa.string()), pa.field(SUBSET, pa.string()),
                     pa.field(PROMPT_ID, pa.int32()), pa.field("limit", pa.float64())])
+
+
+def pool_rows(cfg: SelectionConfig) -> int:
+    """The most rows one occupation's pool can hold: k per random subset, k per prompt per NN subset."""
+    return sum(cfg.k(s) * (cfg.n_prompts if s in Subset.PER_PROMPT else 1) for s in Subset.ALL)
+
+
+def sample_captions(inp, text_column: str, rows: int) -> tuple[pa.Array, int]:
+    """The usable captions (validated as the scan does: null, empty and non-text ones left out)
+    among the first ``rows`` rows of the input (a ``ParquetInput``) in file order, and the rows read."""
+    import pyarrow.parquet as pq
+
+    from operators.text_caption_validator import CaptionValidator
+    from schemas.captions import CAPTION, CAPTION_STATUS, OUTCOME_KEPT
+
+    validate = CaptionValidator(text_column, None)
+    parts, read = [], 0
+    for path in inp.files:
+        if read >= rows:
+            break
+        with inp.filesystem.open_input_file(path) as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=min(65_536, rows), columns=[text_column]):
+                table = validate(pa.Table.from_batches([batch]).slice(0, rows - read))
+                read += table.num_rows
+                parts.append(table.column(CAPTION).filter(pc.equal(table.column(CAPTION_STATUS), OUTCOME_KEPT)))
+                if read >= rows:
+                    break
+    return pa.chunked_array([c for p in parts for c in p.chunks], pa.string()).combine_chunks(), read
+
+
+def screen_plan(inp, text_column: str, occupations, forms: str, cfg: SelectionConfig,
+                sample_rows: int = SAMPLE_ROWS, factor: float = SCREEN_FACTOR) -> dict:
+    """Which occupations backend "auto" screens in bf16: those whose captions, estimated from the
+    first ``sample_rows`` rows of the input (validated and matched as the scan does) and scaled to
+    its rows, are at least ``factor`` x the rows their pool can hold (``pool_rows``). The rest are
+    encoded with torch. Either way the subsets are torch's; only the time differs."""
+    from operators.text_occupation_matcher import OccupationMatcher
+
+    names = [o.name for o in occupations]
+    captions, sampled = sample_captions(inp, text_column, sample_rows) if inp.num_rows else (pa.array([], pa.string()), 0)
+    found = {n: 0 for n in names}
+    matcher = OccupationMatcher(occupations, forms)
+    hits = captions.filter(pa.array(matcher.any_match(captions))) if len(captions) else captions
+    if len(hits):
+        found |= {v["values"]: int(v["counts"]) for v in pc.value_counts(matcher.which(hits).flatten()).to_pylist()}
+    scale = inp.num_rows / sampled if sampled else 0.0
+    estimated = {n: int(round(found[n] * scale)) for n in names}
+    per_pool = pool_rows(cfg)
+    screened = [n for n in names if per_pool and estimated[n] >= factor * per_pool]
+    return {"sampled_rows": sampled, "input_rows": int(inp.num_rows), "pool_rows_per_occupation": per_pool,
+            "factor": float(factor), "estimated_captions": estimated, "screened": screened}
 
 
 class ScreenBoundExceeded(RuntimeError):
@@ -94,7 +152,7 @@ def _row_keys(table: pa.Table) -> pa.ChunkedArray:
 
 def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa.Table], pa.Table],
                candidates_of: Callable[[pa.Table], pa.Table], encode: Callable[[pa.Table], pa.Table],
-               margin: float = DEFAULT_MARGIN) -> tuple[pa.Table, dict]:
+               margin: float = DEFAULT_MARGIN, screened_occupations=None) -> tuple[pa.Table, dict]:
     """The pool an all-fp32 run selects (to torch's own float noise), from ``screen_pool`` (selected
     on the screen cosines), provided every row's screen cosines are within ``margin`` of the exact
     ones: the re-encoded rows check it, the others cannot (the bound is a measured one).
@@ -102,7 +160,9 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
     ``candidates_of(limits)``: the annotated rows within ``limits`` (``candidate_rows`` over the
     whole input, in this process or on workers); ``encode(rows)``: the rows with exact
     ``prompt_similarity``; ``select(rows)``: the pool of some rows (``selection.pool`` after the
-    partial top-k). Returns the pool and what the refinement did, for metrics.json."""
+    partial top-k). ``screened_occupations``: the occupations the stream screened ("auto"); the rows
+    of the others already hold torch's cosines and are taken as they are (None: every row was
+    screened). Returns the pool and what the refinement did, for metrics.json."""
     if not margin > 0:
         raise ValueError(f"the screen margin must be > 0, not {margin!r}")
     exact = SELECTION_INPUT.empty_table()
@@ -111,6 +171,10 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
         rows = conform(candidates_of(limits(screen_pool, cfg, margin)), SELECTION_INPUT)
         known = _row_keys(exact).combine_chunks()
         new = rows.filter(pc.invert(pc.is_in(_row_keys(rows), value_set=known)))
+        if new.num_rows and screened_occupations is not None:   # torch's already: kept as they are
+            mine = pc.is_in(new.column(OCCUPATION), value_set=pa.array(list(screened_occupations), pa.string()))
+            exact = pa.concat_tables([exact, new.filter(pc.invert(mine))])
+            new = new.filter(mine)
         if new.num_rows:
             new = _by_row(new)
             fresh = _by_row(conform(encode(new), SELECTION_INPUT))   # an encoder may return any order

@@ -192,9 +192,10 @@ class AmplificationStudy:
         elif any(getattr(args, f, None) for f in ("paraphrase_endpoint", "paraphrase_local", "paraphrase_file")):
             raise ValueError("--paraphrase-endpoint / --paraphrase-local / --paraphrase-file need --paraphrases")
         # a missing or unreadable input fails now, before any model loads
-        return AmplificationSettings(**{f.name: getattr(cs, f.name) for f in dataclasses.fields(cs)}
-                                     | {"input": captions.validate_input(args, cs), "image": image,
-                                        "image_recorded": recorded, "paraphrase": para})
+        return captions.planned(args, AmplificationSettings(
+            **{f.name: getattr(cs, f.name) for f in dataclasses.fields(cs)}
+            | {"input": captions.validate_input(args, cs), "image": image, "image_recorded": recorded,
+               "paraphrase": para}))
 
     def label(self, st: AmplificationSettings) -> str:
         return st.label

@@ -98,6 +98,31 @@ def test_openvino_bf16_is_close_not_exact(similarities):
         assert diff > 1e-6
 
 
+def test_auto_screens_only_the_rows_of_the_occupations_it_is_given(matched, similarities):
+    """Backend "auto" (issue 34): torch for every row, except the rows of ``screen_occupations``,
+    which go through the bf16 encoder; with none it loads nothing but torch."""
+    torch_sims, _ = similarities["torch"]
+    bf16, bf16_op = similarities["openvino-bf16"]
+    none = PromptSimilarity(MODEL, prompt_table(OCCS, TEMPLATES), device="cpu", backend="auto")
+    assert none._screen_ov is None and none._ov is None
+    assert np.abs(np.array(none(matched).column("prompt_similarity").to_pylist()) - torch_sims).max() < 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the torch tracer's notes while converting
+        op = PromptSimilarity(MODEL, prompt_table(OCCS, TEMPLATES), device="cpu", backend="auto",
+                              screen_occupations=["nurse"])
+    got = np.array(op(matched).column("prompt_similarity").to_pylist())
+    nurse = np.asarray(matched.column("occupation").to_pylist()) == "nurse"
+    assert 0 < nurse.sum() < len(nurse) and op._screened == nurse.sum()
+    assert np.abs(got[~nurse] - torch_sims[~nurse]).max() < 1e-6        # torch's, to its float noise
+    assert np.abs(got[nurse] - torch_sims[nurse]).max() < 5e-3           # the screen's
+    if "bfloat16" in bf16_op._ov.precision:
+        assert np.abs(got[nurse] - torch_sims[nurse]).max() > 1e-6
+    # a caption that also names an occupation not screened is encoded with torch for both rows
+    both = pa.table({"caption": ["a nurse and an engineer"] * 2, "occupation": ["nurse", "engineer"]})
+    ref = np.array(none(both).column("prompt_similarity").to_pylist())
+    assert np.abs(np.array(op(both).column("prompt_similarity").to_pylist()) - ref).max() < 1e-6
+
+
 def test_the_backend_is_a_cpu_choice_and_refused_when_unknown():
     assert sbert_backend("openvino", on_gpu=True) == "torch" and sbert_backend("openvino", on_gpu=False) == "openvino"
     with pytest.raises(ValueError, match="SBERT backend must be one of"):
@@ -133,5 +158,6 @@ def test_the_flag_names_another_run_and_is_recorded():
 
     parse = lambda *a: settings(amplification.build_parser().parse_args(  # noqa: E731
         ["captions", "--output", "/tmp/unused", "--occupations", "nurse", *a]))
-    assert parse().models["sbert_backend"] == "torch"
+    assert parse().models["sbert_backend"] == "auto"
+    assert parse("--sbert-backend", "torch").models["sbert_backend"] == "torch"
     assert parse("--sbert-backend", "openvino").models["sbert_backend"] == "openvino"

@@ -120,7 +120,12 @@ def test_metrics_record_configuration(run):
     assert (out / "training_pool.parquet").exists()
     assert m["models"]["sbert"]["source"] == "package" and len(m["models"]["sbert"]["weights_sha256"]) == 64
     # the packaged BERT + mean pooling model loads with torch alone on CPUs (sbert_lean)
-    assert (m["models"]["sbert"]["backend"], m["models"]["sbert"]["loader"]) == ("torch", "lean")
+    assert (m["models"]["sbert"]["backend"], m["models"]["sbert"]["loader"]) == ("auto", "lean")
+    # "auto" (issue 34): ~16 captions per occupation here, far under 10x a pool of 240 rows (the walked
+    # naive pool is 3x k): none screened
+    plan = m["sbert_screen_plan"]
+    assert plan["screened"] == [] and plan["pool_rows_per_occupation"] == 240 and plan["sampled_rows"] == 2000
+    assert m["sbert_screen"] is None and m["models"]["sbert"]["openvino"] is None
     assert m["models"]["spacy"]["version"]
     assert m["environment"]["packages"]["ray"]
     assert len(m["config"]["occupations"]) == 62 and len(m["input"]["files"]) == 3
@@ -203,6 +208,39 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
     assert m["counts"]["read_captions"] == {"rows_in": 5, "rows_out": 2,
                                             "dropped": {"empty_caption": 0, "non_text_caption": 2, "null_caption": 1}}
     assert sorted(pq.read_table(run / "annotated_captions")["occupation"].to_pylist()) == ["nurse", "pilot"]
+
+
+@pytest.mark.slow
+def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_torch_subsets(run, tmp_path):
+    """Backend "auto" (the default, issue 34) with a screen factor so low that the occupations with
+    the most captions are screened in bf16 and the others not: the same subsets as the torch run,
+    only the screened occupations' candidates encoded again, the others' cosines torch's."""
+    from pipelines.engine import config as study_config
+
+    base, out = run
+    config = yaml.safe_load(study_config.default_config_path().read_text())
+    config["models"]["sbert_screen_factor"] = 0.1       # 24 estimated captions per 240-row pool
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    root = tmp_path / "out"
+    assert amplification.main(["captions", "--captions", str(base / "laion"), "--output", str(root), "--run-id", "a",
+                               "--config", str(tmp_path / "c.yaml"), "--sample-size", str(K_SAMPLE),
+                               "--nn-k", str(K_NN), "--keep-columns", "WIDTH"]) == 0
+    for name in ("training_subsets.parquet", "training_pool.parquet"):
+        want, got = pq.read_table(out / name), pq.read_table(root / "a" / name)
+        assert got.num_rows > 0 and got.drop_columns(["similarity"]).equals(want.drop_columns(["similarity"]))
+        assert pc.max(pc.abs(pc.subtract(got["similarity"], want["similarity"]))).as_py() < 1e-5
+    m = json.loads((root / "a" / "metrics.json").read_text())
+    plan, screen = m["sbert_screen_plan"], m["sbert_screen"]
+    screened = set(plan["screened"])
+    assert 0 < len(screened) < 62 and all(plan["estimated_captions"][o] >= 24 for o in screened)
+    assert screen["rounds"] == 1 and 0 < screen["re_encoded"] < screen["candidates"]
+    assert m["models"]["sbert"]["backend"] == "auto" and m["models"]["sbert"]["openvino"]
+    assert m["config"]["models"]["sbert_screen_factor"] == 0.1
+    ann = [pq.read_table(p / "annotated_captions").sort_by([("caption_id", "ascending"), ("occupation", "ascending")])
+           for p in (out, root / "a")]
+    mask = pc.invert(pc.is_in(ann[1]["occupation"], value_set=pa.array(sorted(screened))))
+    keep = [pc.list_flatten(a.filter(mask)["prompt_similarity"]) for a in ann]
+    assert len(keep[0]) > 0 and pc.max(pc.abs(pc.subtract(keep[0], keep[1]))).as_py() < 1e-6
 
 
 @pytest.mark.slow

@@ -163,3 +163,63 @@ def test_a_screen_that_never_stays_within_a_margin_is_an_error(monkeypatch):
         refined(screen, exact, cfg, margin=1e-4)
     with pytest.raises(ValueError, match="margin"):
         refined(screen, exact, cfg, margin=0)
+
+
+def test_rows_of_occupations_not_screened_are_taken_as_they_are():
+    """Backend "auto" screens some occupations only: the rows of the others already hold torch's
+    cosines, so the refinement keeps them without encoding them again and the pool is still the exact
+    one. Told (wrongly) that none was screened, the screened rows' cosines would decide it."""
+    cfg = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2)
+    exact, screen = exact_and_screen()
+    nurse = pc.equal(screen["occupation"], "nurse")
+    # the stream screened the pilots only: the nurses' rows carry their exact cosines
+    mixed = pa.table({c: pc.if_else(nurse, exact[c], screen[c]) if c == "prompt_similarity" else screen[c]
+                      for c in screen.column_names})
+    want = select_subsets_local(exact, cfg, PROMPTS)[0]
+    screen_pool = select_subsets_local(mixed, cfg, PROMPTS)[0]
+    calls = []
+    got, record = refine.exact_pool(screen_pool, cfg, lambda rows: select_subsets_local(rows, cfg, PROMPTS)[0],
+                                    lambda limits: refine.candidate_rows(mixed, limits, cfg),
+                                    lookup_encoder(exact, calls), screened_occupations=["pilot"])
+    assert got.num_rows > 0 and got.equals(want)
+    pilots = pc.sum(pc.equal(want["occupation"], "pilot")).as_py()
+    assert 0 < sum(calls) == record["re_encoded"] < record["candidates"] and pilots > 0
+    # every row encoded again was a pilot's
+    encoded = []
+    refine.exact_pool(screen_pool, cfg, lambda rows: select_subsets_local(rows, cfg, PROMPTS)[0],
+                      lambda limits: refine.candidate_rows(mixed, limits, cfg),
+                      lambda rows: encoded.append(set(rows["occupation"].to_pylist())) or lookup_encoder(exact)(rows),
+                      screened_occupations=["pilot"])
+    assert encoded == [{"pilot"}]
+    # with no occupation screened nothing is encoded and the pool is the one selected as it is
+    calls.clear()
+    got, record = refine.exact_pool(select_subsets_local(exact, cfg, PROMPTS)[0], cfg,
+                                    lambda rows: select_subsets_local(rows, cfg, PROMPTS)[0],
+                                    lambda limits: refine.candidate_rows(exact, limits, cfg),
+                                    lookup_encoder(exact, calls), screened_occupations=[])
+    assert got.equals(want) and calls == [] and record["re_encoded"] == 0
+
+
+def test_the_screen_plan_estimates_each_occupations_captions_from_the_start_of_the_input(tmp_path):
+    """``screen_plan``: the captions naming each occupation in the first rows read, scaled to the
+    input's rows; screened where that is at least ``factor`` x what its pool can hold."""
+    import pyarrow.parquet as pq
+
+    from pipelines.engine import io
+
+    nurses = ["a nurse at work"] * 300 + ["two nurses"] * 100 + ["a pilot"] * 40 + ["a tree", None, ""] * 20
+    for i in range(2):
+        pq.write_table(pa.table({"TEXT": nurses, "URL": [f"u{j}" for j in range(len(nurses))]}),
+                       tmp_path / f"part-{i}.parquet")
+    inp = io.resolve_parquet_inputs([str(tmp_path)], "footer")
+    occs = [Occupation("nurse"), Occupation("pilot")]
+    cfg = SelectionConfig(sample_size=2, nn_k=3, n_prompts=2)
+    assert refine.pool_rows(cfg) == 2 + 2 + 3 * 2 + 3 * 2
+    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=250, factor=10)
+    # 250 rows read: 250 nurse captions, no pilot; scaled to the 1,000 rows of both files
+    assert plan["sampled_rows"] == 250 and plan["input_rows"] == 1000
+    assert plan["estimated_captions"] == {"nurse": 1000, "pilot": 0} and plan["screened"] == ["nurse"]
+    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=10_000, factor=2)
+    assert plan["sampled_rows"] == 1000 and plan["estimated_captions"] == {"nurse": 800, "pilot": 80}
+    assert plan["screened"] == ["nurse", "pilot"]
+    assert refine.screen_plan(inp, "TEXT", occs, "singular", cfg, factor=2)["estimated_captions"]["nurse"] == 600
