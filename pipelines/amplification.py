@@ -189,7 +189,8 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--sbert-backend", choices=["auto", "torch", "sentence-transformers", "openvino", "openvino-bf16",
                                                "screened"],
                    help="SBERT's encoder on CPUs: auto (default: torch, except occupations the input is estimated to "
-                        "hold 10x their pool's rows for, which are screened as below: torch's subsets either way), "
+                        "hold many more captions for than their pools take, models.sbert_screen_factor and "
+                        "sbert_screen_min_rows, which are screened as below: torch's subsets either way), "
                         "torch (the packaged model loads with torch alone, without "
                         "sentence-transformers' ~6 CPU-s start-up per actor: the same vectors), sentence-transformers "
                         "(torch through the library's loader, always), openvino (the same model compiled by OpenVINO in "

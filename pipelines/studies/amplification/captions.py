@@ -89,7 +89,8 @@ class CaptionSettings:
                 "sbert_precision": self.sbert.get("precision"), "sbert_backend": self.sbert.get("backend", "auto"),
                 **({"sbert_screen_margin": self.sbert.get("screen_margin")}
                    if self.sbert.get("backend", "auto") in ("screened", "auto") else {}),
-                **({"sbert_screen_factor": self.sbert.get("screen_factor")}
+                **({"sbert_screen_factor": self.sbert.get("screen_factor"),
+                    "sbert_screen_min_rows": self.sbert.get("screen_min_rows")}
                    if self.sbert.get("backend", "auto") == "auto" else {})}
 
 
@@ -138,7 +139,9 @@ def settings(args) -> CaptionSettings:
                                                     "screen_margin": float(models.get("sbert_screen_margin",
                                                                                       refine.DEFAULT_MARGIN)),
                                                     "screen_factor": float(models.get("sbert_screen_factor",
-                                                                                      refine.SCREEN_FACTOR))}))
+                                                                                      refine.SCREEN_FACTOR)),
+                                                    "screen_min_rows": int(models.get("sbert_screen_min_rows",
+                                                                                      refine.SCREEN_MIN_ROWS))}))
 
 
 def effective_gender_words(gi: dict) -> dict:
@@ -739,11 +742,13 @@ def planned(args, st: CaptionSettings) -> CaptionSettings:
         return st
     inp, columns, _ = st.input
     plan = refine.screen_plan(inp, columns["text_column"], st.occupations, st.occupation_forms,
-                              selection_config(st).pool(), factor=st.sbert.get("screen_factor", refine.SCREEN_FACTOR))
+                              selection_config(st).pool(), factor=st.sbert.get("screen_factor", refine.SCREEN_FACTOR),
+                              min_rows=st.sbert.get("screen_min_rows", refine.SCREEN_MIN_ROWS))
     if plan["screened"]:
         print(f"  SBERT (auto): {len(plan['screened'])} of {len(st.occupations)} occupation(s) screened in bf16 "
               f"(estimated from {plan['sampled_rows']:,} rows: at least {plan['factor']:g}x the "
-              f"{plan['pool_rows_per_occupation']:,} rows of their pools), their candidates encoded again with torch")
+              f"{plan['pool_rows_per_occupation']:,} rows their pools can hold), their candidates encoded again "
+              f"with torch")
     return dataclasses.replace(st, sbert=dataclasses.replace(st.sbert, options={**st.sbert.options,
                                                                                  "screen_plan": plan}))
 

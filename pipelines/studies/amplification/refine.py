@@ -45,9 +45,14 @@ from schemas.subsets import ORDER_KEY, PROMPT_ID, SELECTION_INPUT, SIMILARITY, S
 DEFAULT_MARGIN = 0.005
 MAX_ROUNDS = 4
 # project choice (issue 34): the default backend "auto" screens an occupation when the input is
-# estimated to hold at least this many times the rows its pool can take (so about a tenth of its
-# rows or fewer are encoded twice, and the screen's ~2.6x shows); below it the occupation is torch's
-SCREEN_FACTOR = 10
+# estimated to hold at least this many times the rows its pool can take (an upper bound: the pools
+# measured hold about half of it), so that at most about a quarter of its rows are encoded twice
+# (the screen costs ~0.39 of torch, docs/benchmarks.md); below it the occupation is torch's
+SCREEN_FACTOR = 2
+# project choice (issue 34): ... and only when the occupations to screen are estimated to hold at
+# least this many captions together: each SBERT actor then loads the library and converts the model
+# for OpenVINO (~9 CPU-s), which a smaller screen does not pay back
+SCREEN_MIN_ROWS = 50_000
 # project choice (issue 34): "auto" estimates each occupation's captions from at most this many rows
 # read from the start of the input (the same validation and occupation match as the scan)
 SAMPLE_ROWS = 262_144
@@ -84,11 +89,12 @@ def sample_captions(inp, text_column: str, rows: int) -> tuple[pa.Array, int]:
 
 
 def screen_plan(inp, text_column: str, occupations, forms: str, cfg: SelectionConfig,
-                sample_rows: int = SAMPLE_ROWS, factor: float = SCREEN_FACTOR) -> dict:
+                sample_rows: int = SAMPLE_ROWS, factor: float = SCREEN_FACTOR, min_rows: int = SCREEN_MIN_ROWS) -> dict:
     """Which occupations backend "auto" screens in bf16: those whose captions, estimated from the
     first ``sample_rows`` rows of the input (validated and matched as the scan does) and scaled to
-    its rows, are at least ``factor`` x the rows their pool can hold (``pool_rows``). The rest are
-    encoded with torch. Either way the subsets are torch's; only the time differs."""
+    its rows, are at least ``factor`` x the rows their pool can hold (``pool_rows``), provided they
+    hold at least ``min_rows`` captions together (else none). The rest are encoded with torch.
+    Either way the subsets are torch's; only the time differs."""
     from operators.text_occupation_matcher import OccupationMatcher
 
     names = [o.name for o in occupations]
@@ -102,8 +108,10 @@ def screen_plan(inp, text_column: str, occupations, forms: str, cfg: SelectionCo
     estimated = {n: int(round(found[n] * scale)) for n in names}
     per_pool = pool_rows(cfg)
     screened = [n for n in names if per_pool and estimated[n] >= factor * per_pool]
+    if sum(estimated[n] for n in screened) < min_rows:
+        screened = []
     return {"sampled_rows": sampled, "input_rows": int(inp.num_rows), "pool_rows_per_occupation": per_pool,
-            "factor": float(factor), "estimated_captions": estimated, "screened": screened}
+            "factor": float(factor), "min_rows": int(min_rows), "estimated_captions": estimated, "screened": screened}
 
 
 class ScreenBoundExceeded(RuntimeError):

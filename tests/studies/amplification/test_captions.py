@@ -121,7 +121,7 @@ def test_metrics_record_configuration(run):
     assert m["models"]["sbert"]["source"] == "package" and len(m["models"]["sbert"]["weights_sha256"]) == 64
     # the packaged BERT + mean pooling model loads with torch alone on CPUs (sbert_lean)
     assert (m["models"]["sbert"]["backend"], m["models"]["sbert"]["loader"]) == ("auto", "lean")
-    # "auto" (issue 34): ~16 captions per occupation here, far under 10x a pool of 240 rows (the walked
+    # "auto" (issue 34): ~16 captions per occupation here, far under 2x a pool of 240 rows (the walked
     # naive pool is 3x k): none screened
     plan = m["sbert_screen_plan"]
     assert plan["screened"] == [] and plan["pool_rows_per_occupation"] == 240 and plan["sampled_rows"] == 2000
@@ -220,6 +220,7 @@ def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_tor
     base, out = run
     config = yaml.safe_load(study_config.default_config_path().read_text())
     config["models"]["sbert_screen_factor"] = 0.1       # 24 estimated captions per 240-row pool
+    config["models"]["sbert_screen_min_rows"] = 0
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     root = tmp_path / "out"
     assert amplification.main(["captions", "--captions", str(base / "laion"), "--output", str(root), "--run-id", "a",

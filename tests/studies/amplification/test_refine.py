@@ -215,11 +215,13 @@ def test_the_screen_plan_estimates_each_occupations_captions_from_the_start_of_t
     occs = [Occupation("nurse"), Occupation("pilot")]
     cfg = SelectionConfig(sample_size=2, nn_k=3, n_prompts=2)
     assert refine.pool_rows(cfg) == 2 + 2 + 3 * 2 + 3 * 2
-    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=250, factor=10)
+    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=250, factor=10, min_rows=0)
     # 250 rows read: 250 nurse captions, no pilot; scaled to the 1,000 rows of both files
     assert plan["sampled_rows"] == 250 and plan["input_rows"] == 1000
     assert plan["estimated_captions"] == {"nurse": 1000, "pilot": 0} and plan["screened"] == ["nurse"]
-    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=10_000, factor=2)
+    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=10_000, factor=2, min_rows=880)
     assert plan["sampled_rows"] == 1000 and plan["estimated_captions"] == {"nurse": 800, "pilot": 80}
     assert plan["screened"] == ["nurse", "pilot"]
+    # too few captions to screen in all (the actors' OpenVINO start-up would not pay back): none
+    assert refine.screen_plan(inp, "TEXT", occs, "plural", cfg, factor=2, min_rows=881)["screened"] == []
     assert refine.screen_plan(inp, "TEXT", occs, "singular", cfg, factor=2)["estimated_captions"]["nurse"] == 600
