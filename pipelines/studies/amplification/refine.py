@@ -65,27 +65,33 @@ def pool_rows(cfg: SelectionConfig) -> int:
     return sum(cfg.k(s) * (cfg.n_prompts if s in Subset.PER_PROMPT else 1) for s in Subset.ALL)
 
 
-def sample_captions(inp, text_column: str, rows: int) -> tuple[pa.Array, int]:
+def sample_captions(inp, text_column: str, rows: int) -> tuple[pa.Array, int, str | None]:
     """The usable captions (validated as the scan does: null, empty and non-text ones left out)
-    among the first ``rows`` rows of the input (a ``ParquetInput``) in file order, and the rows read."""
+    among the first ``rows`` rows of the input (a ``ParquetInput``) in file order, the rows read,
+    and why reading stopped early (None: it did not). A file that cannot be read ends the sample
+    there: the estimate is only advisory, and the scan then reports the file as it does any."""
     import pyarrow.parquet as pq
 
     from operators.text_caption_validator import CaptionValidator
     from schemas.captions import CAPTION, CAPTION_STATUS, OUTCOME_KEPT
 
     validate = CaptionValidator(text_column, None)
-    parts, read = [], 0
+    parts, read, stopped = [], 0, None
     for path in inp.files:
         if read >= rows:
             break
-        with inp.filesystem.open_input_file(path) as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=min(65_536, rows), columns=[text_column]):
-                table = validate(pa.Table.from_batches([batch]).slice(0, rows - read))
-                read += table.num_rows
-                parts.append(table.column(CAPTION).filter(pc.equal(table.column(CAPTION_STATUS), OUTCOME_KEPT)))
-                if read >= rows:
-                    break
-    return pa.chunked_array([c for p in parts for c in p.chunks], pa.string()).combine_chunks(), read
+        try:
+            with inp.filesystem.open_input_file(path) as f:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=min(65_536, rows), columns=[text_column]):
+                    table = validate(pa.Table.from_batches([batch]).slice(0, rows - read))
+                    read += table.num_rows
+                    parts.append(table.column(CAPTION).filter(pc.equal(table.column(CAPTION_STATUS), OUTCOME_KEPT)))
+                    if read >= rows:
+                        break
+        except (OSError, pa.ArrowException) as exc:
+            stopped = f"{inp.display(path)}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            break
+    return pa.chunked_array([c for p in parts for c in p.chunks], pa.string()).combine_chunks(), read, stopped
 
 
 def screen_plan(inp, text_column: str, occupations, forms: str, cfg: SelectionConfig,
@@ -98,7 +104,8 @@ def screen_plan(inp, text_column: str, occupations, forms: str, cfg: SelectionCo
     from operators.text_occupation_matcher import OccupationMatcher
 
     names = [o.name for o in occupations]
-    captions, sampled = sample_captions(inp, text_column, sample_rows) if inp.num_rows else (pa.array([], pa.string()), 0)
+    captions, sampled, stopped = (sample_captions(inp, text_column, sample_rows) if inp.num_rows
+                                  else (pa.array([], pa.string()), 0, None))
     found = {n: 0 for n in names}
     matcher = OccupationMatcher(occupations, forms)
     hits = captions.filter(pa.array(matcher.any_match(captions))) if len(captions) else captions
@@ -111,7 +118,8 @@ def screen_plan(inp, text_column: str, occupations, forms: str, cfg: SelectionCo
     if sum(estimated[n] for n in screened) < min_rows:
         screened = []
     return {"sampled_rows": sampled, "input_rows": int(inp.num_rows), "pool_rows_per_occupation": per_pool,
-            "factor": float(factor), "min_rows": int(min_rows), "estimated_captions": estimated, "screened": screened}
+            "factor": float(factor), "min_rows": int(min_rows), "estimated_captions": estimated, "screened": screened,
+            **({"sample_stopped": stopped} if stopped else {})}
 
 
 class ScreenBoundExceeded(RuntimeError):

@@ -225,3 +225,10 @@ def test_the_screen_plan_estimates_each_occupations_captions_from_the_start_of_t
     # too few captions to screen in all (the actors' OpenVINO start-up would not pay back): none
     assert refine.screen_plan(inp, "TEXT", occs, "plural", cfg, factor=2, min_rows=881)["screened"] == []
     assert refine.screen_plan(inp, "TEXT", occs, "singular", cfg, factor=2)["estimated_captions"]["nurse"] == 600
+    # a file that cannot be read ends the sample (the scan reports it): the estimate is from what was read
+    data = bytearray((tmp_path / "part-1.parquet").read_bytes())
+    data[4:400] = bytes(b ^ 0x5A for b in data[4:400])
+    (tmp_path / "part-1.parquet").write_bytes(bytes(data))
+    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=10_000, factor=2, min_rows=0)
+    assert plan["sampled_rows"] == 500 and "part-1.parquet" in plan["sample_stopped"]
+    assert plan["estimated_captions"] == {"nurse": 800, "pilot": 80}
