@@ -130,6 +130,8 @@ def unit_embeddings(model, texts: list[str], batch_size: int, token_budget: int 
 
     if not token_budget or not texts:
         return encode(texts, batch_size)
+    if hasattr(model, "encode_by_tokens"):   # the lean loader's model: tokenized once
+        return model.encode_by_tokens(texts, token_budget)
     parts = [(idx, encode([texts[i] for i in idx], len(idx)))
              for idx in token_batches(token_lengths(model.tokenizer, texts, model.max_seq_length), token_budget)]
     out = np.empty((len(texts), parts[0][1].shape[1]), np.float32)

@@ -54,6 +54,19 @@ def test_same_token_ids_and_vectors_as_the_library(lean, minilm, captions, vecto
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
 
 
+def test_tokenized_once_the_batches_give_what_encoding_each_batch_gives(lean, captions, vectors):
+    """The CPU path tokenizes each text once (``encode_by_tokens``): bit for bit what cutting the
+    batches by the tokenizer's lengths and calling ``encode`` on each batch's texts gives."""
+    from operators.support.sbert_batches import token_batches, token_lengths
+
+    ref = np.empty_like(vectors["lean", 1024])
+    for idx in token_batches(token_lengths(lean.tokenizer, captions, lean.max_seq_length), 1024):
+        ref[idx] = lean.encode([captions[i] for i in idx], batch_size=len(idx), normalize_embeddings=True)
+    assert np.array_equal(vectors["lean", 1024], ref)
+    assert np.array_equal(lean.encode_by_tokens(captions, 256), unit_embeddings(lean, captions, 64, 256))
+    assert lean.encode_by_tokens([], 1024).shape == (0, 384)
+
+
 def test_nearest_neighbours_are_the_librarys(lean, minilm, vectors):
     """The top-50 captions per prompt, as paper 002's NN subsets take them, are the same sets."""
     prompts = [f"A photo of the face of a {o}" for o in ("nurse", "doctor", "teacher", "engineer", "chef")]
