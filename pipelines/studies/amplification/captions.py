@@ -519,7 +519,8 @@ def load_caption_models(args, st: CaptionSettings) -> list[dict]:
                     "detail": sbert_provenance(sbert, revision)   # the hub commit and sha256 of what loaded
                     | {"backend": backend, "loader": sbert_loader(model),
                        "openvino": openvino_version() if backend not in TORCH_BACKENDS or screen_occupations(st)
-                       else None}})
+                       else None}
+                    | ({"screened": screen_note(st)} if screen_occupations(st) else {})})
     return records
 
 
@@ -734,6 +735,12 @@ def screen_occupations(st: CaptionSettings) -> list[str]:
     return list((st.sbert.get("screen_plan") or {}).get("screened") or [])
 
 
+def screen_note(st: CaptionSettings) -> str:
+    """What backend "auto" screened, as the report's model table and the console say it."""
+    return (f"{len(screen_occupations(st))} of {len(st.occupations)} occupations screened in bf16, their subsets "
+            f"made exact with torch fp32 (annotated_captions keep the screen's cosines for them)")
+
+
 def planned(args, st: CaptionSettings) -> CaptionSettings:
     """``st`` (with its input) with the plan of backend "auto" in its SBERT options: which
     occupations to screen in bf16 (``refine.screen_plan``). On GPUs, and with any other backend,
@@ -744,13 +751,11 @@ def planned(args, st: CaptionSettings) -> CaptionSettings:
     plan = refine.screen_plan(inp, columns["text_column"], st.occupations, st.occupation_forms,
                               selection_config(st).pool(), factor=st.sbert.get("screen_factor", refine.SCREEN_FACTOR),
                               min_rows=st.sbert.get("screen_min_rows", refine.SCREEN_MIN_ROWS))
+    st = dataclasses.replace(st, sbert=dataclasses.replace(st.sbert, options={**st.sbert.options, "screen_plan": plan}))
     if plan["screened"]:
-        print(f"  SBERT (auto): {len(plan['screened'])} of {len(st.occupations)} occupation(s) screened in bf16 "
-              f"(estimated from {plan['sampled_rows']:,} rows: at least {plan['factor']:g}x the "
-              f"{plan['pool_rows_per_occupation']:,} rows their pools can hold), their candidates encoded again "
-              f"with torch")
-    return dataclasses.replace(st, sbert=dataclasses.replace(st.sbert, options={**st.sbert.options,
-                                                                                 "screen_plan": plan}))
+        print(f"  SBERT (auto): {screen_note(st)}; chosen from the input's first {plan['sampled_rows']:,} rows: "
+              f"at least {plan['factor']:g}x the {plan['pool_rows_per_occupation']:,} rows their pools can hold")
+    return st
 
 
 def exact_stage(st: CaptionSettings, args) -> Stage:

@@ -126,6 +126,7 @@ def test_metrics_record_configuration(run):
     plan = m["sbert_screen_plan"]
     assert plan["screened"] == [] and plan["pool_rows_per_occupation"] == 240 and plan["sampled_rows"] == 2000
     assert m["sbert_screen"] is None and m["models"]["sbert"]["openvino"] is None
+    assert "screened" not in m["models"]["sbert"]
     assert m["models"]["spacy"]["version"]
     assert m["environment"]["packages"]["ray"]
     assert len(m["config"]["occupations"]) == 62 and len(m["input"]["files"]) == 3
@@ -236,6 +237,7 @@ def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_tor
     assert 0 < len(screened) < 62 and all(plan["estimated_captions"][o] >= 24 for o in screened)
     assert screen["rounds"] == 1 and 0 < screen["re_encoded"] < screen["candidates"]
     assert m["models"]["sbert"]["backend"] == "auto" and m["models"]["sbert"]["openvino"]
+    assert m["models"]["sbert"]["screened"].startswith(f"{len(screened)} of 62 occupations screened in bf16")
     assert m["config"]["models"]["sbert_screen_factor"] == 0.1
     ann = [pq.read_table(p / "annotated_captions").sort_by([("caption_id", "ascending"), ("occupation", "ascending")])
            for p in (out, root / "a")]
