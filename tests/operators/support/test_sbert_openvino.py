@@ -98,6 +98,7 @@ def test_openvino_bf16_is_close_not_exact(similarities):
         assert diff > 1e-6
 
 
+@pytest.mark.slow   # converts the model for OpenVINO once more (about 10 s in the fast tier)
 def test_auto_screens_only_the_rows_of_the_occupations_it_is_given(matched, similarities):
     """Backend "auto" (issue 34): torch for every row, except the rows of ``screen_occupations``,
     which go through the bf16 encoder; with none it loads nothing but torch."""
