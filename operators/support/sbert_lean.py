@@ -200,24 +200,16 @@ class LeanSbert:
         out = (x * m).sum(1) / torch.clamp(m.sum(1), min=1e-9)
         return F.normalize(out, p=2, dim=1) if self.normalize else out
 
-    def encode_by_tokens(self, texts: list[str], token_budget: int, normalize_embeddings: bool = True) -> np.ndarray:
-        """``texts`` in batches cut by tokens (``sbert_batches.token_batches``), tokenized once: the
-        same batches, row order and arithmetic as ``encode`` called on each batch's texts (bit for
-        bit), without tokenizing every text a second time to cut them."""
+    def _encode_batches(self, texts: list[str], encs: list, batches, normalize_embeddings: bool) -> np.ndarray:
+        """Unit (or raw) vectors of ``texts`` (``encs``: their tokenizer encodings), batch by batch
+        of ``batches`` (row indices), each batch's rows ordered as sentence-transformers orders them:
+        longest text in characters first. Returned in input order."""
         import torch
         import torch.nn.functional as F
 
-        from operators.support.sbert_batches import token_batches
-
-        texts = list(texts)
         out = np.empty((len(texts), self.w["embeddings.word_embeddings.weight"].shape[1]), np.float32)
-        if not texts:
-            return out
-        encs = self.tokenizer.encode(texts, self.max_seq_length)
-        lengths = np.fromiter((len(e.ids) for e in encs), np.int64, len(encs))
         with torch.inference_mode():
-            for part in token_batches(lengths, token_budget):
-                # within a batch, as ``encode`` orders it: longest text in characters first
+            for part in batches:
                 idx = part[np.argsort([-len(texts[i]) for i in part], kind="stable")]
                 ids, types, mask = padded([encs[i].ids for i in idx], [encs[i].type_ids for i in idx])
                 vec = self._forward(ids, types, mask)
@@ -226,23 +218,23 @@ class LeanSbert:
                 out[idx] = vec.numpy()
         return out
 
+    def encode_by_tokens(self, texts: list[str], token_budget: int, normalize_embeddings: bool = True) -> np.ndarray:
+        """``texts`` in batches cut by tokens (``sbert_batches.token_batches``), tokenized once: the
+        same batches, row order and arithmetic as ``encode`` called on each batch's texts (bit for
+        bit), without tokenizing every text a second time to cut them."""
+        from operators.support.sbert_batches import token_batches
+
+        texts = list(texts)
+        encs = self.tokenizer.encode(texts, self.max_seq_length) if texts else []
+        lengths = np.fromiter((len(e.ids) for e in encs), np.int64, len(encs))
+        return self._encode_batches(texts, encs, token_batches(lengths, token_budget), normalize_embeddings)
+
     def encode(self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = False,
                convert_to_numpy: bool = True, show_progress_bar: bool = False) -> np.ndarray:
         """``SentenceTransformer.encode`` for a list of texts: sorted by length in characters
         (longest first), batches of ``batch_size`` padded to their longest, returned in input order."""
-        import torch
-        import torch.nn.functional as F
-
         texts = list(texts)
-        out = np.empty((len(texts), self.w["embeddings.word_embeddings.weight"].shape[1]), np.float32)
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        with torch.inference_mode():
-            for s in range(0, len(texts), batch_size):
-                idx = order[s:s + batch_size]
-                encs = self.tokenizer.encode([texts[i] for i in idx], self.max_seq_length)
-                ids, types, mask = padded([e.ids for e in encs], [e.type_ids for e in encs])
-                vec = self._forward(ids, types, mask)
-                if normalize_embeddings:
-                    vec = F.normalize(vec, p=2, dim=1)
-                out[idx] = vec.numpy()
-        return out
+        encs = self.tokenizer.encode(texts, self.max_seq_length) if texts else []
+        return self._encode_batches(texts, encs, [order[s:s + batch_size] for s in range(0, len(texts), batch_size)],
+                                    normalize_embeddings)
