@@ -748,8 +748,11 @@ def planned(args, st: CaptionSettings) -> CaptionSettings:
     if st.sbert.get("backend", "auto") != "auto" or sbert_on_gpus(args) or st.input is None:
         return st
     inp, columns, _ = st.input
-    plan = refine.screen_plan(inp, columns["text_column"], st.occupations, st.occupation_forms,
-                              selection_config(st).pool(), factor=st.sbert.get("screen_factor", refine.SCREEN_FACTOR),
+    # the run's own validation and occupation match, as the scan runs them
+    match = [s for s in caption_stages(st, args, columns) if s.op in (CaptionValidator, OccupationMatcher)]
+    read = [c for c in (columns["text_column"], columns["url_column"]) if c]
+    plan = refine.screen_plan(inp, read, match, [o.name for o in st.occupations], selection_config(st).pool(),
+                              factor=st.sbert.get("screen_factor", refine.SCREEN_FACTOR),
                               min_rows=st.sbert.get("screen_min_rows", refine.SCREEN_MIN_ROWS))
     st = dataclasses.replace(st, sbert=dataclasses.replace(st.sbert, options={**st.sbert.options, "screen_plan": plan}))
     if plan["screened"]:

@@ -65,56 +65,49 @@ def pool_rows(cfg: SelectionConfig) -> int:
     return sum(cfg.k(s) * (cfg.n_prompts if s in Subset.PER_PROMPT else 1) for s in Subset.ALL)
 
 
-def sample_captions(inp, text_column: str, rows: int) -> tuple[pa.Array, int, str | None]:
-    """The usable captions (validated as the scan does: null, empty and non-text ones left out)
-    among the first ``rows`` rows of the input (a ``ParquetInput``) in file order, the rows read,
-    and why reading stopped early (None: it did not). A file that cannot be read ends the sample
-    there: the estimate is only advisory, and the scan then reports the file as it does any."""
-    import pyarrow.parquet as pq
+def sample_occupations(inp, columns: list[str], stages: list, rows: int) -> tuple[dict, int, str | None]:
+    """What the scan's own stages (``stages``: the run's caption validation and occupation match,
+    through ``scan.FragmentScan``, as its read tasks run them) find in the first ``rows`` rows of
+    the input, in file order: captions per occupation, the rows read, and why reading stopped early
+    (None: it did not). A file that cannot be read ends the sample there: the estimate is only
+    advisory, and the scan then reports the file as it does any."""
+    from pipelines.engine.scan import FragmentScan
+    from schemas.captions import OCCUPATIONS
 
-    from operators.text_caption_validator import CaptionValidator
-    from schemas.captions import CAPTION, CAPTION_STATUS, OUTCOME_KEPT
-
-    validate = CaptionValidator(text_column, None)
-    parts, read, stopped = [], 0, None
+    scan = FragmentScan(inp.filesystem, columns, stages, None, min(65_536, rows))
+    found, read, stopped = {}, 0, None
     for path in inp.files:
         if read >= rows:
             break
         try:
-            with inp.filesystem.open_input_file(path) as f:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=min(65_536, rows), columns=[text_column]):
-                    table = validate(pa.Table.from_batches([batch]).slice(0, rows - read))
-                    read += table.num_rows
-                    parts.append(table.column(CAPTION).filter(pc.equal(table.column(CAPTION_STATUS), OUTCOME_KEPT)))
-                    if read >= rows:
-                        break
+            for table in scan.read(path, None):
+                table = table.slice(0, rows - read)
+                read += table.num_rows
+                kept = scan.run_stages(table, {})
+                if kept.num_rows:
+                    for v in pc.value_counts(pc.list_flatten(kept.column(OCCUPATIONS))).to_pylist():
+                        found[v["values"]] = found.get(v["values"], 0) + int(v["counts"])
+                if read >= rows:
+                    break
         except (OSError, pa.ArrowException) as exc:
             stopped = f"{inp.display(path)}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             break
-    return pa.chunked_array([c for p in parts for c in p.chunks], pa.string()).combine_chunks(), read, stopped
+    return found, read, stopped
 
 
-def screen_plan(inp, text_column: str, occupations, forms: str, cfg: SelectionConfig,
+def screen_plan(inp, columns: list[str], stages: list, occupations: list[str], cfg: SelectionConfig,
                 sample_rows: int = SAMPLE_ROWS, factor: float = SCREEN_FACTOR, min_rows: int = SCREEN_MIN_ROWS) -> dict:
-    """Which occupations backend "auto" screens in bf16: those whose captions, estimated from the
-    first ``sample_rows`` rows of the input (validated and matched as the scan does) and scaled to
-    its rows, are at least ``factor`` x the rows their pool can hold (``pool_rows``), provided they
-    hold at least ``min_rows`` captions together (else none). The rest are encoded with torch.
-    Either way the subsets are torch's; only the time differs."""
-    from operators.text_occupation_matcher import OccupationMatcher
-
-    names = [o.name for o in occupations]
-    captions, sampled, stopped = (sample_captions(inp, text_column, sample_rows) if inp.num_rows
-                                  else (pa.array([], pa.string()), 0, None))
-    found = {n: 0 for n in names}
-    matcher = OccupationMatcher(occupations, forms)
-    hits = captions.filter(pa.array(matcher.any_match(captions))) if len(captions) else captions
-    if len(hits):
-        found |= {v["values"]: int(v["counts"]) for v in pc.value_counts(matcher.which(hits).flatten()).to_pylist()}
+    """Which ``occupations`` (names) backend "auto" screens in bf16: those whose captions, estimated
+    from the first ``sample_rows`` rows of the input (``sample_occupations``: read, validated and
+    matched by the scan's ``stages``) and scaled to its rows, are at least ``factor`` x the rows
+    their pool can hold (``pool_rows``), provided they hold at least ``min_rows`` captions together
+    (else none). The rest are encoded with torch. Either way the subsets are torch's; only the
+    time differs."""
+    found, sampled, stopped = sample_occupations(inp, columns, stages, sample_rows) if inp.num_rows else ({}, 0, None)
     scale = inp.num_rows / sampled if sampled else 0.0
-    estimated = {n: int(round(found[n] * scale)) for n in names}
+    estimated = {n: int(round(found.get(n, 0) * scale)) for n in occupations}
     per_pool = pool_rows(cfg)
-    screened = [n for n in names if per_pool and estimated[n] >= factor * per_pool]
+    screened = [n for n in occupations if per_pool and estimated[n] >= factor * per_pool]
     if sum(estimated[n] for n in screened) < min_rows:
         screened = []
     return {"sampled_rows": sampled, "input_rows": int(inp.num_rows), "pool_rows_per_occupation": per_pool,

@@ -211,24 +211,34 @@ def test_the_screen_plan_estimates_each_occupations_captions_from_the_start_of_t
     for i in range(2):
         pq.write_table(pa.table({"TEXT": nurses, "URL": [f"u{j}" for j in range(len(nurses))]}),
                        tmp_path / f"part-{i}.parquet")
+    from operators.base import Stage
+    from operators.text_caption_validator import CaptionValidator
+    from operators.text_occupation_matcher import OccupationMatcher
+
     inp = io.resolve_parquet_inputs([str(tmp_path)], "footer")
     occs = [Occupation("nurse"), Occupation("pilot")]
     cfg = SelectionConfig(sample_size=2, nn_k=3, n_prompts=2)
+
+    def screen_plan(forms, cfg, **kw):   # through the scan's own stages, as `planned` calls it
+        stages = [Stage(CaptionValidator, {"text_column": "TEXT", "url_column": "URL"}),
+                  Stage(OccupationMatcher, {"occupations": occs, "forms": forms})]
+        return refine.screen_plan(inp, ["TEXT", "URL"], stages, ["nurse", "pilot"], cfg, **kw)
+
     assert refine.pool_rows(cfg) == 2 + 2 + 3 * 2 + 3 * 2
-    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=250, factor=10, min_rows=0)
+    plan = screen_plan("plural", cfg, sample_rows=250, factor=10, min_rows=0)
     # 250 rows read: 250 nurse captions, no pilot; scaled to the 1,000 rows of both files
     assert plan["sampled_rows"] == 250 and plan["input_rows"] == 1000
     assert plan["estimated_captions"] == {"nurse": 1000, "pilot": 0} and plan["screened"] == ["nurse"]
-    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=10_000, factor=2, min_rows=880)
+    plan = screen_plan("plural", cfg, sample_rows=10_000, factor=2, min_rows=880)
     assert plan["sampled_rows"] == 1000 and plan["estimated_captions"] == {"nurse": 800, "pilot": 80}
     assert plan["screened"] == ["nurse", "pilot"]
     # too few captions to screen in all (the actors' OpenVINO start-up would not pay back): none
-    assert refine.screen_plan(inp, "TEXT", occs, "plural", cfg, factor=2, min_rows=881)["screened"] == []
-    assert refine.screen_plan(inp, "TEXT", occs, "singular", cfg, factor=2)["estimated_captions"]["nurse"] == 600
+    assert screen_plan("plural", cfg, factor=2, min_rows=881)["screened"] == []
+    assert screen_plan("singular", cfg, factor=2)["estimated_captions"]["nurse"] == 600
     # a file that cannot be read ends the sample (the scan reports it): the estimate is from what was read
     data = bytearray((tmp_path / "part-1.parquet").read_bytes())
     data[4:400] = bytes(b ^ 0x5A for b in data[4:400])
     (tmp_path / "part-1.parquet").write_bytes(bytes(data))
-    plan = refine.screen_plan(inp, "TEXT", occs, "plural", cfg, sample_rows=10_000, factor=2, min_rows=0)
+    plan = screen_plan("plural", cfg, sample_rows=10_000, factor=2, min_rows=0)
     assert plan["sampled_rows"] == 500 and "part-1.parquet" in plan["sample_stopped"]
     assert plan["estimated_captions"] == {"nurse": 800, "pilot": 80}
