@@ -148,6 +148,9 @@ class Run:
     safety_counts: dict = field(default_factory=dict)
     # what a study's steps learned on the way, for its metrics (e.g. the caption side's SBERT screen)
     records: dict = field(default_factory=dict)
+    # what a study's steps keep for its later steps, never written out (e.g. the exact SBERT cosines
+    # of the caption side's refinement, which a walk's reselection reuses)
+    memo: dict = field(default_factory=dict)
 
     @property
     def generator_models(self) -> list[str]:

@@ -710,7 +710,8 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
         pool, record = refine.exact_pool(
             pool, pool_cfg, lambda rows: select_subsets_local(rows, pool_cfg, prompts)[0], candidates_of,
             encode, st.sbert.get("screen_margin"),
-            screened_occupations=screen_occupations(st) if st.sbert.get("backend", "auto") == "auto" else None)
+            screened_occupations=screen_occupations(st) if st.sbert.get("backend", "auto") == "auto" else None,
+            memo=run.memo.setdefault("sbert_exact", {}))   # a walk's reselection encodes only new rows
         run.records["sbert_screen"] = record | {"annotated_rows": annotated_rows, "pool_rows": pool.num_rows,
                                                 "share_re_encoded": round(record["re_encoded"] / annotated_rows, 6)}
     return pool, stats, annotated_rows

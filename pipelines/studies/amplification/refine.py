@@ -161,7 +161,8 @@ def _row_keys(table: pa.Table) -> pa.ChunkedArray:
 
 def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa.Table], pa.Table],
                candidates_of: Callable[[pa.Table], pa.Table], encode: Callable[[pa.Table], pa.Table],
-               margin: float = DEFAULT_MARGIN, screened_occupations=None) -> tuple[pa.Table, dict]:
+               margin: float = DEFAULT_MARGIN, screened_occupations=None, memo: dict | None = None
+               ) -> tuple[pa.Table, dict]:
     """The pool an all-fp32 run selects (to torch's own float noise), from ``screen_pool`` (selected
     on the screen cosines), provided every row's screen cosines are within ``margin`` of the exact
     ones: the re-encoded rows check it, the others cannot (the bound is a measured one).
@@ -171,11 +172,17 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
     ``prompt_similarity``; ``select(rows)``: the pool of some rows (``selection.pool`` after the
     partial top-k). ``screened_occupations``: the occupations the stream screened ("auto"); the rows
     of the others already hold torch's cosines and are taken as they are (None: every row was
-    screened). Returns the pool and what the refinement did, for metrics.json."""
+    screened). ``memo`` (a dict, empty at first) carries the exact rows and the largest screen error
+    from one call to the next over the same annotated rows (a walk's reselection with a larger
+    pool): a row encoded once is never encoded again, and the margin starts at least as wide as
+    the errors seen. Returns the pool and what the refinement did (``re_encoded`` counted over
+    every call with the memo), for metrics.json."""
     if not margin > 0:
         raise ValueError(f"the screen margin must be > 0, not {margin!r}")
-    exact = SELECTION_INPUT.empty_table()
-    record = {"margin": float(margin), "rounds": 0, "candidates": 0, "re_encoded": 0, "max_screen_error": 0.0}
+    memo = {} if memo is None else memo
+    exact = memo.get("exact", SELECTION_INPUT.empty_table())
+    record = {"margin": float(margin), "rounds": 0, "candidates": 0, "re_encoded": memo.get("re_encoded", 0),
+              "max_screen_error": memo.get("max_screen_error", 0.0), "refinements": memo.get("refinements", 0) + 1}
     for rnd in range(1, MAX_ROUNDS + 1):
         rows = conform(candidates_of(limits(screen_pool, cfg, margin)), SELECTION_INPUT)
         known = _row_keys(exact).combine_chunks()
@@ -196,6 +203,8 @@ def exact_pool(screen_pool: pa.Table, cfg: SelectionConfig, select: Callable[[pa
             record["re_encoded"] += new.num_rows
             exact = pa.concat_tables([exact, fresh])
         record.update(rounds=rnd, candidates=rows.num_rows, margin=float(margin))
+        memo.update(exact=exact, re_encoded=record["re_encoded"], max_screen_error=record["max_screen_error"],
+                    refinements=record["refinements"])
         if record["max_screen_error"] <= margin:
             # this margin's candidates, each with the exact cosines of its (caption_id, occupation):
             # exact repeats of a row share that key and their text, so one encode serves them all

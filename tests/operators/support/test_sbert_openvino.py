@@ -57,6 +57,7 @@ def neighbours(sims, occupations, k=25):
     return out
 
 
+@pytest.mark.slow   # the OpenVINO backends are options; converting the model twice costs ~20 s of the fast tier
 def test_openvino_f32_is_torch_to_1e6_and_its_neighbours_differ_at_most_in_ties(matched, similarities):
     """The bundled sample's captions repeat templates, so neighbours at rank k can be ties to 1e-7:
     a subset may swap such a caption (benchmarks/bench_sbert.py --backends: 1 of 248 top-50 subsets
@@ -75,6 +76,7 @@ def test_openvino_f32_is_torch_to_1e6_and_its_neighbours_differ_at_most_in_ties(
     assert swapped <= 2 * len(ref) // 10      # ties are rare
 
 
+@pytest.mark.slow   # the OpenVINO backends are options; converting the model twice costs ~20 s of the fast tier
 def test_cpu_operators_cut_batches_by_tokens_with_the_librarys_results(matched, similarities):
     """On a CPU every backend cuts its batches by tokens (sbert_batches); with the library's batches
     (token_budget 0) the cosines are the same to float rounding."""
@@ -89,6 +91,7 @@ def test_cpu_operators_cut_batches_by_tokens_with_the_librarys_results(matched, 
     assert PromptSimilarity(MODEL, prompt_table(OCCS, TEMPLATES), device="cpu", token_budget=0).token_budget is None
 
 
+@pytest.mark.slow   # the OpenVINO backends are options; converting the model twice costs ~20 s of the fast tier
 def test_openvino_bf16_is_close_not_exact(similarities):
     torch_sims, _ = similarities["torch"]
     bf16, op = similarities["openvino-bf16"]
@@ -98,7 +101,7 @@ def test_openvino_bf16_is_close_not_exact(similarities):
         assert diff > 1e-6
 
 
-@pytest.mark.slow   # converts the model for OpenVINO once more (about 10 s in the fast tier)
+@pytest.mark.slow   # converts the model for OpenVINO once more
 def test_auto_screens_only_the_rows_of_the_occupations_it_is_given(matched, similarities):
     """Backend "auto" (issue 34): torch for every row, except the rows of ``screen_occupations``,
     which go through the bf16 encoder; with none it loads nothing but torch."""

@@ -53,11 +53,11 @@ def lookup_encoder(exact: pa.Table, calls: list | None = None):
     return encode
 
 
-def refined(screen, exact, cfg, margin=refine.DEFAULT_MARGIN, encode=None):
+def refined(screen, exact, cfg, margin=refine.DEFAULT_MARGIN, encode=None, memo=None):
     screen_pool = select_subsets_local(screen, cfg, PROMPTS)[0]
     return refine.exact_pool(screen_pool, cfg, lambda rows: select_subsets_local(rows, cfg, PROMPTS)[0],
                              lambda limits: refine.candidate_rows(screen, limits, cfg),
-                             encode or lookup_encoder(exact), margin)
+                             encode or lookup_encoder(exact), margin, memo=memo)
 
 
 @pytest.mark.parametrize("cfg", [
@@ -153,6 +153,29 @@ def test_exact_repeats_of_a_row_with_different_screens_are_all_kept(duplicates):
     assert record["rounds"] >= 2
     want = select_subsets_local(exact2, cfg, PROMPTS)[0]
     assert got.num_rows > 0 and got.equals(want)
+
+
+def test_a_walk_s_reselection_encodes_only_rows_not_encoded_before():
+    """A walk that runs out of candidates selects again with a larger pool (study.py's reselect):
+    with the run's memo the rows already encoded exactly are not encoded again, and the pool is
+    the one a refinement from scratch gives."""
+    exact, screen = exact_and_screen()
+    walk = SelectionConfig(sample_size=100, nn_k=150, n_prompts=2, training_sample="counted_images", pool_factor=3)
+    memo, first, again, scratch = {}, [], [], []
+    got, record = refined(screen, exact, walk.pool(), encode=lookup_encoder(exact, first), memo=memo)
+    assert got.equals(select_subsets_local(exact, walk.pool(), PROMPTS)[0]) and record["refinements"] == 1
+    larger = walk.pool(6)
+    got, record = refined(screen, exact, larger, encode=lookup_encoder(exact, again), memo=memo)
+    want, fresh = refined(screen, exact, larger, encode=lookup_encoder(exact, scratch))
+    assert got.num_rows > 0 and got.equals(want) and want.equals(select_subsets_local(exact, larger, PROMPTS)[0])
+    assert 0 < sum(again) < sum(scratch) == fresh["re_encoded"]      # only the rows the larger pool added
+    assert record["re_encoded"] == sum(first) + sum(again) and record["refinements"] == 2
+    assert memo["exact"].num_rows == sum(first) + sum(again)
+    # the margin starts no narrower than the errors seen before: a memo that saw a larger error
+    # widens the next call's margin at once (one more round), and the pool is still the exact one
+    memo["max_screen_error"] = 0.01
+    got, record = refined(screen, exact, larger, encode=lookup_encoder(exact), memo=memo)
+    assert got.equals(want) and record["rounds"] == 2 and record["margin"] == 0.02
 
 
 def test_a_screen_that_never_stays_within_a_margin_is_an_error(monkeypatch):
