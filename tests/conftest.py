@@ -6,6 +6,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# pytest-xdist runs as many test processes as the machine has cores (pyproject.toml): one intra-op
+# thread each (torch, BLAS), so that two processes' thread pools do not spin against each other on
+# the same cores (docs/testing.md: the fast tier 164 -> 154 s). Set before anything imports torch;
+# Ray instances started by a test process inherit it. A single process (-n 0) keeps the default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipelines.engine.config import load_config  # noqa: E402
 from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
