@@ -54,8 +54,11 @@ SCREEN_FACTOR = 2
 # for OpenVINO (~9 CPU-s), which a smaller screen does not pay back
 SCREEN_MIN_ROWS = 50_000
 # project choice (issue 34): "auto" estimates each occupation's captions from at most this many rows
-# read from the start of the input (the same validation and occupation match as the scan)
+# of the input (the same validation and occupation match as the scan), read in SAMPLE_SPOTS runs
+# spread evenly over the input's rows, so that an input sorted by caption is sampled across its
+# order rather than at its start
 SAMPLE_ROWS = 262_144
+SAMPLE_SPOTS = 8
 LIMITS = pa.schema([pa.field(OCCUPATION, pa.string()), pa.field(SUBSET, pa.string()),
                     pa.field(PROMPT_ID, pa.int32()), pa.field("limit", pa.float64())])
 
@@ -65,29 +68,50 @@ def pool_rows(cfg: SelectionConfig) -> int:
     return sum(cfg.k(s) * (cfg.n_prompts if s in Subset.PER_PROMPT else 1) for s in Subset.ALL)
 
 
-def sample_occupations(inp, columns: list[str], stages: list, rows: int) -> tuple[dict, int, str | None]:
+def sample_spots(inp, rows: int, spots: int = SAMPLE_SPOTS) -> list[tuple[str, list[int] | None, int]]:
+    """Where ``sample_occupations`` reads: (file, row groups, most rows) in input order. An input of
+    at most ``rows`` rows (or without its footers' row groups) is read from its start; a larger one
+    at ``spots`` places evenly spread over its rows, ``rows / spots`` rows from the start of the row
+    group holding each place (places in one row group are read there once, their rows added up)."""
+    if inp.num_rows <= rows or not inp.row_groups or spots <= 1:
+        return [(path, None, rows) for path in inp.files]
+    quota = -(-rows // spots)
+    groups = [(f, g, n) for f, sizes in enumerate(inp.row_groups) for g, n in enumerate(sizes) if n]
+    ends = np.cumsum([n for _, _, n in groups])
+    out: dict[tuple[int, int], int] = {}
+    for j in range(spots):
+        f, g, _ = groups[int(np.searchsorted(ends, (j + 0.5) * inp.num_rows / spots, side="right"))]
+        out[(f, g)] = out.get((f, g), 0) + quota
+    # from the row group on to the file's end: a row group smaller than its share does not cut it short
+    return [(inp.files[f], list(range(g, len(inp.row_groups[f]))), n) for (f, g), n in sorted(out.items())]
+
+
+def sample_occupations(inp, columns: list[str], stages: list, rows: int, spots: int = SAMPLE_SPOTS
+                       ) -> tuple[dict, int, str | None]:
     """What the scan's own stages (``stages``: the run's caption validation and occupation match,
-    through ``scan.FragmentScan``, as its read tasks run them) find in the first ``rows`` rows of
-    the input, in file order: captions per occupation, the rows read, and why reading stopped early
-    (None: it did not). A file that cannot be read ends the sample there: the estimate is only
-    advisory, and the scan then reports the file as it does any."""
+    through ``scan.FragmentScan``, as its read tasks run them) find in at most ``rows`` rows of the
+    input, read where ``sample_spots`` says: captions per occupation, the rows read, and why reading
+    stopped early (None: it did not). A file that cannot be read ends the sample there: the
+    estimate is only advisory, and the scan then reports the file as it does any."""
     from pipelines.engine.scan import FragmentScan
     from schemas.captions import OCCUPATIONS
 
-    scan = FragmentScan(inp.filesystem, columns, stages, None, min(65_536, rows))
+    places = sample_spots(inp, rows, spots)
+    scan = FragmentScan(inp.filesystem, columns, stages, None, min(65_536, max(n for _, _, n in places or [(0, 0, 1)])))
     found, read, stopped = {}, 0, None
-    for path in inp.files:
+    for path, groups, most in places:
         if read >= rows:
             break
+        here = 0
         try:
-            for table in scan.read(path, None):
-                table = table.slice(0, rows - read)
-                read += table.num_rows
+            for table in scan.read(path, groups):
+                table = table.slice(0, min(most - here, rows - read))
+                read, here = read + table.num_rows, here + table.num_rows
                 kept = scan.run_stages(table, {})
                 if kept.num_rows:
                     for v in pc.value_counts(pc.list_flatten(kept.column(OCCUPATIONS))).to_pylist():
                         found[v["values"]] = found.get(v["values"], 0) + int(v["counts"])
-                if read >= rows:
+                if here >= most or read >= rows:
                     break
         except (OSError, pa.ArrowException) as exc:
             stopped = f"{inp.display(path)}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
@@ -98,8 +122,8 @@ def sample_occupations(inp, columns: list[str], stages: list, rows: int) -> tupl
 def screen_plan(inp, columns: list[str], stages: list, occupations: list[str], cfg: SelectionConfig,
                 sample_rows: int = SAMPLE_ROWS, factor: float = SCREEN_FACTOR, min_rows: int = SCREEN_MIN_ROWS) -> dict:
     """Which ``occupations`` (names) backend "auto" screens in bf16: those whose captions, estimated
-    from the first ``sample_rows`` rows of the input (``sample_occupations``: read, validated and
-    matched by the scan's ``stages``) and scaled to its rows, are at least ``factor`` x the rows
+    from ``sample_rows`` rows of the input spread over it (``sample_occupations``: read, validated
+    and matched by the scan's ``stages``) and scaled to its rows, are at least ``factor`` x the rows
     their pool can hold (``pool_rows``), provided they hold at least ``min_rows`` captions together
     (else none). The rest are encoded with torch. Either way the subsets are torch's; only the
     time differs."""
@@ -110,7 +134,9 @@ def screen_plan(inp, columns: list[str], stages: list, occupations: list[str], c
     screened = [n for n in occupations if per_pool and estimated[n] >= factor * per_pool]
     if sum(estimated[n] for n in screened) < min_rows:
         screened = []
-    return {"sampled_rows": sampled, "input_rows": int(inp.num_rows), "pool_rows_per_occupation": per_pool,
+    where = "all" if inp.num_rows <= sample_rows else "spread" if inp.row_groups else "start"
+    return {"sampled_rows": sampled, "sampled_from": where, "input_rows": int(inp.num_rows),
+            "pool_rows_per_occupation": per_pool,
             "factor": float(factor), "min_rows": int(min_rows), "estimated_captions": estimated, "screened": screened,
             **({"sample_stopped": stopped} if stopped else {})}
 

@@ -125,6 +125,7 @@ def test_metrics_record_configuration(run):
     # naive pool is 3x k): none screened
     plan = m["sbert_screen_plan"]
     assert plan["screened"] == [] and plan["pool_rows_per_occupation"] == 240 and plan["sampled_rows"] == 2000
+    assert plan["sampled_from"] == "all"                 # an input under 262,144 rows is read whole
     assert m["sbert_screen"] is None and m["models"]["sbert"]["openvino"] is None
     assert "screened" not in m["models"]["sbert"]
     assert m["models"]["spacy"]["version"]
