@@ -70,13 +70,18 @@ def pool_rows(cfg: SelectionConfig) -> int:
 
 def sample_spots(inp, rows: int, spots: int = SAMPLE_SPOTS) -> list[tuple[str, list[int] | None, int]]:
     """Where ``sample_occupations`` reads: (file, row groups, most rows) in input order. An input of
-    at most ``rows`` rows (or without its footers' row groups) is read from its start; a larger one
-    at ``spots`` places evenly spread over its rows, ``rows / spots`` rows from the start of the row
-    group holding each place (places in one row group are read there once, their rows added up)."""
-    if inp.num_rows <= rows or not inp.row_groups or spots <= 1:
+    at most ``rows`` rows, or of fewer than 8 row groups (or without its footers' row groups), is
+    read from its start; a larger one at ``spots`` places (at most a quarter of its row groups)
+    evenly spread over its rows, ``rows / spots`` rows from the start of the row group holding each
+    (places in one row group are read there once, their rows added up)."""
+    groups = [(f, g, n) for f, sizes in enumerate(inp.row_groups or []) for g, n in enumerate(sizes) if n]
+    # a place reads its row group's caption and URL column chunks whole (parquet's unit of I/O): at
+    # most a quarter of the input's row groups, so that an input of few large row groups is not
+    # read once more before the stream
+    spots = min(spots, len(groups) // 4)
+    if inp.num_rows <= rows or spots <= 1:
         return [(path, None, rows) for path in inp.files]
     quota = -(-rows // spots)
-    groups = [(f, g, n) for f, sizes in enumerate(inp.row_groups) for g, n in enumerate(sizes) if n]
     ends = np.cumsum([n for _, _, n in groups])
     out: dict[tuple[int, int], int] = {}
     for j in range(spots):
@@ -134,7 +139,8 @@ def screen_plan(inp, columns: list[str], stages: list, occupations: list[str], c
     screened = [n for n in occupations if per_pool and estimated[n] >= factor * per_pool]
     if sum(estimated[n] for n in screened) < min_rows:
         screened = []
-    where = "all" if inp.num_rows <= sample_rows else "spread" if inp.row_groups else "start"
+    where = "all" if inp.num_rows <= sample_rows else \
+        "spread" if sample_spots(inp, sample_rows)[0][1] is not None else "start"
     return {"sampled_rows": sampled, "sampled_from": where, "input_rows": int(inp.num_rows),
             "pool_rows_per_occupation": per_pool,
             "factor": float(factor), "min_rows": int(min_rows), "estimated_captions": estimated, "screened": screened,

@@ -278,37 +278,46 @@ def test_the_screen_plan_samples_an_input_sorted_by_caption_across_its_order(tmp
     from operators.text_occupation_matcher import OccupationMatcher
     from pipelines.engine import io
 
+    def write(folder, rows, group_rows):
+        folder.mkdir()
+        for i, (a, b) in enumerate(zip([0, *np.cumsum(rows)[:-1]], np.cumsum(rows))):
+            pq.write_table(pa.table({"TEXT": text[a:b], "URL": [f"u{j}" for j in range(a, b)]}),
+                           folder / f"part-{i}.parquet", row_group_size=group_rows[i])
+        return io.resolve_parquet_inputs([str(folder)], "footer")
+
     text = ["a nurse at work"] * 400 + ["a pilot in the cockpit"] * 400 + ["a tree"] * 200
-    for i in range(2):
-        rows = text[500 * i:500 * (i + 1)]
-        pq.write_table(pa.table({"TEXT": rows, "URL": [f"u{i}-{j}" for j in range(500)]}),
-                       tmp_path / f"part-{i}.parquet", row_group_size=50)
-    inp = io.resolve_parquet_inputs([str(tmp_path)], "footer")
+    inp = write(tmp_path / "sorted", [500, 500], [25, 25])      # 40 row groups of 25 rows
     occs = [Occupation("nurse"), Occupation("pilot")]
     stages = [Stage(CaptionValidator, {"text_column": "TEXT", "url_column": "URL"}),
               Stage(OccupationMatcher, {"occupations": occs, "forms": "plural"})]
     cfg = SelectionConfig(sample_size=2, nn_k=3, n_prompts=2)
 
-    def plan(rows):
+    def plan(inp, rows):
         return refine.screen_plan(inp, ["TEXT", "URL"], stages, ["nurse", "pilot"], cfg, sample_rows=rows,
                                   factor=2, min_rows=0)
 
-    # 8 places of 30 rows: rows 50, 150, 300 (nurses), 400, 550, 650 (pilots), 800, 900 (trees)
-    places = refine.sample_spots(inp, 240)
-    assert [(p.rsplit("/", 1)[-1], g[0], n) for p, g, n in places] == [
-        ("part-0.parquet", 1, 30), ("part-0.parquet", 3, 30), ("part-0.parquet", 6, 30), ("part-0.parquet", 8, 30),
-        ("part-1.parquet", 1, 30), ("part-1.parquet", 3, 30), ("part-1.parquet", 6, 30), ("part-1.parquet", 8, 30)]
-    got = plan(240)
+    def where(inp, rows, **kw):
+        return [(p.rsplit("/", 1)[-1], g[0] if g else None, n) for p, g, n in refine.sample_spots(inp, rows, **kw)]
+
+    # 8 places of 30 rows from rows 50, 175, 300 (nurses), 425, 550, 675 (pilots), 800, 925 (trees)
+    assert where(inp, 240) == [(f"part-{f}.parquet", g, 30) for f in (0, 1) for g in (2, 7, 12, 17)]
+    got = plan(inp, 240)
     assert got["sampled_rows"] == 240 and got["sampled_from"] == "spread"
     assert got["estimated_captions"] == {"nurse": 375, "pilot": 375}        # 90 of 240 each, of 1,000 rows
     # read from the start (one place) the sorted input shows nurses only
     found, read, _ = refine.sample_occupations(inp, ["TEXT", "URL"], stages, 240, spots=1)
     assert read == 240 and found == {"nurse": 240}
     # an input no larger than the sample is read whole: the counts themselves
-    whole = plan(1000)
+    whole = plan(inp, 1000)
     assert whole["sampled_from"] == "all" and whole["estimated_captions"] == {"nurse": 400, "pilot": 400}
     # a place reads on through its file's later row groups (rows 250-499 and 750-999), not beyond
-    assert [(g, n) for _, g, n in refine.sample_spots(inp, 800, spots=2)] == [(list(range(5, 10)), 400)] * 2
+    assert [g for _, g, _ in refine.sample_spots(inp, 800, spots=2)] == [list(range(10, 20))] * 2
     assert refine.sample_occupations(inp, ["TEXT", "URL"], stages, 800, spots=2)[:2] == ({"nurse": 150, "pilot": 150}, 500)
-    # places in one row group (two of every 50-row group here) are read there once, their rows added up
-    assert [(g[0], n) for _, g, n in refine.sample_spots(inp, 400, spots=40)] == [(g, 20) for g in range(10)] * 2
+    # at most a quarter of the row groups: 9 row groups give 2 places; here both fall in the first
+    # file's one row group of 800 rows, read there once with both places' rows
+    uneven = write(tmp_path / "uneven", [800, 200], [800, 25])
+    assert where(uneven, 240) == [("part-0.parquet", 0, 240)]
+    # under 8 row groups: read from the start of the input, as it comes
+    few = write(tmp_path / "few", [500, 500], [100, 500])
+    assert where(few, 240) == [("part-0.parquet", None, 240), ("part-1.parquet", None, 240)]
+    assert plan(few, 240)["sampled_from"] == "start" and plan(few, 240)["estimated_captions"]["pilot"] == 0
