@@ -757,8 +757,8 @@ def planned(args, st: CaptionSettings) -> CaptionSettings:
                               min_rows=st.sbert.get("screen_min_rows", refine.SCREEN_MIN_ROWS))
     st = dataclasses.replace(st, sbert=dataclasses.replace(st.sbert, options={**st.sbert.options, "screen_plan": plan}))
     if plan["screened"]:
-        print(f"  SBERT (auto): {screen_note(st)}; chosen from {plan['sampled_rows']:,} rows "
-              f"{ {'all': 'of', 'spread': 'spread over'}.get(plan['sampled_from'], 'at the start of')} the input: "
+        where = {"all": "of", "spread": "spread over"}.get(plan["sampled_from"], "at the start of")
+        print(f"  SBERT (auto): {screen_note(st)}; chosen from {plan['sampled_rows']:,} rows {where} the input: "
               f"at least {plan['factor']:g}x the {plan['pool_rows_per_occupation']:,} rows their pools can hold")
     return st
 

@@ -102,7 +102,7 @@ def sample_occupations(inp, columns: list[str], stages: list, rows: int, spots: 
     from schemas.captions import OCCUPATIONS
 
     places = sample_spots(inp, rows, spots)
-    scan = FragmentScan(inp.filesystem, columns, stages, None, min(65_536, max(n for _, _, n in places or [(0, 0, 1)])))
+    scan = FragmentScan(inp.filesystem, columns, stages, None, min([65_536, *(n for _, _, n in places)]))
     found, read, stopped = {}, 0, None
     for path, groups, most in places:
         if read >= rows:

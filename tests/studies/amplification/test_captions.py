@@ -213,7 +213,7 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
 
 
 @pytest.mark.slow
-def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_torch_subsets(run, tmp_path):
+def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_torch_subsets(run, tmp_path, capsys):
     """Backend "auto" (the default, issue 34) with a screen factor so low that the occupations with
     the most captions are screened in bf16 and the others not: the same subsets as the torch run,
     only the screened occupations' candidates encoded again, the others' cosines torch's."""
@@ -239,6 +239,9 @@ def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_tor
     assert screen["rounds"] == 1 and 0 < screen["re_encoded"] < screen["candidates"]
     assert m["models"]["sbert"]["backend"] == "auto" and m["models"]["sbert"]["openvino"]
     assert m["models"]["sbert"]["screened"].startswith(f"{len(screened)} of 62 occupations screened in bf16")
+    out = capsys.readouterr().out       # and on the console, with how the plan read the input (all of it)
+    assert f"SBERT (auto): {len(screened)} of 62 occupations screened in bf16" in out
+    assert plan["sampled_from"] == "all" and f"chosen from {plan['sampled_rows']:,} rows of the input" in out
     assert m["config"]["models"]["sbert_screen_factor"] == 0.1
     ann = [pq.read_table(p / "annotated_captions").sort_by([("caption_id", "ascending"), ("occupation", "ascending")])
            for p in (out, root / "a")]
