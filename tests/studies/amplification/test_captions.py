@@ -239,9 +239,9 @@ def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_tor
     assert screen["rounds"] == 1 and 0 < screen["re_encoded"] < screen["candidates"]
     assert m["models"]["sbert"]["backend"] == "auto" and m["models"]["sbert"]["openvino"]
     assert m["models"]["sbert"]["screened"].startswith(f"{len(screened)} of 62 occupations screened in bf16")
-    out = capsys.readouterr().out       # and on the console, with how the plan read the input (all of it)
-    assert f"SBERT (auto): {len(screened)} of 62 occupations screened in bf16" in out
-    assert plan["sampled_from"] == "all" and f"chosen from {plan['sampled_rows']:,} rows of the input" in out
+    console = capsys.readouterr().out    # and on the console, with how the plan read the input (all of it)
+    assert f"SBERT (auto): {len(screened)} of 62 occupations screened in bf16" in console
+    assert plan["sampled_from"] == "all" and f"chosen from {plan['sampled_rows']:,} rows of the input" in console
     assert m["config"]["models"]["sbert_screen_factor"] == 0.1
     ann = [pq.read_table(p / "annotated_captions").sort_by([("caption_id", "ascending"), ("occupation", "ascending")])
            for p in (out, root / "a")]
