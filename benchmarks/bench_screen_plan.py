@@ -55,14 +55,10 @@ def main(argv=None) -> None:
     names = list(args.occupations)
 
     def plan(inp, rows, spots):
-        sample = refine.sample_occupations
-        refine.sample_occupations = lambda *a, **kw: sample(*a, **{**kw, "spots": spots})
-        try:
-            start = time.perf_counter()
-            out = refine.screen_plan(inp, ["TEXT", "URL"], stages, names, cfg, sample_rows=rows, factor=2, min_rows=0)
-            return out, time.perf_counter() - start
-        finally:
-            refine.sample_occupations = sample
+        start = time.perf_counter()
+        out = refine.screen_plan(inp, ["TEXT", "URL"], stages, names, cfg, sample_rows=rows, factor=2, min_rows=0,
+                                 spots=spots)
+        return out, time.perf_counter() - start
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in (("as given", table), ("sorted by caption", table.sort_by([("TEXT", "ascending")]))):

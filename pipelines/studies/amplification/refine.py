@@ -125,22 +125,25 @@ def sample_occupations(inp, columns: list[str], stages: list, rows: int, spots: 
 
 
 def screen_plan(inp, columns: list[str], stages: list, occupations: list[str], cfg: SelectionConfig,
-                sample_rows: int = SAMPLE_ROWS, factor: float = SCREEN_FACTOR, min_rows: int = SCREEN_MIN_ROWS) -> dict:
+                sample_rows: int = SAMPLE_ROWS, factor: float = SCREEN_FACTOR, min_rows: int = SCREEN_MIN_ROWS,
+                spots: int = SAMPLE_SPOTS) -> dict:
     """Which ``occupations`` (names) backend "auto" screens in bf16: those whose captions, estimated
     from ``sample_rows`` rows of the input spread over it (``sample_occupations``: read, validated
     and matched by the scan's ``stages``) and scaled to its rows, are at least ``factor`` x the rows
     their pool can hold (``pool_rows``), provided they hold at least ``min_rows`` captions together
     (else none). The rest are encoded with torch. Either way the subsets are torch's; only the
-    time differs."""
-    found, sampled, stopped = sample_occupations(inp, columns, stages, sample_rows) if inp.num_rows else ({}, 0, None)
+    time differs. ``spots``: the places the sample is read at (``sample_spots``; 1: the start)."""
+    found, sampled, stopped = (sample_occupations(inp, columns, stages, sample_rows, spots) if inp.num_rows
+                               else ({}, 0, None))
     scale = inp.num_rows / sampled if sampled else 0.0
     estimated = {n: int(round(found.get(n, 0) * scale)) for n in occupations}
     per_pool = pool_rows(cfg)
     screened = [n for n in occupations if per_pool and estimated[n] >= factor * per_pool]
     if sum(estimated[n] for n in screened) < min_rows:
         screened = []
+    # read whole, at places spread over it (row groups named), or from its start
     where = "all" if inp.num_rows <= sample_rows else \
-        "spread" if sample_spots(inp, sample_rows)[0][1] is not None else "start"
+        "spread" if sample_spots(inp, sample_rows, spots)[0][1] is not None else "start"
     return {"sampled_rows": sampled, "sampled_from": where, "input_rows": int(inp.num_rows),
             "pool_rows_per_occupation": per_pool,
             "factor": float(factor), "min_rows": int(min_rows), "estimated_captions": estimated, "screened": screened,

@@ -307,6 +307,8 @@ def test_the_screen_plan_samples_an_input_sorted_by_caption_across_its_order(tmp
     # read from the start (one place) the sorted input shows nurses only
     found, read, _ = refine.sample_occupations(inp, ["TEXT", "URL"], stages, 240, spots=1)
     assert read == 240 and found == {"nurse": 240}
+    start = refine.screen_plan(inp, ["TEXT", "URL"], stages, ["nurse", "pilot"], cfg, sample_rows=240, spots=1)
+    assert start["sampled_from"] == "start" and start["estimated_captions"] == {"nurse": 1000, "pilot": 0}
     # an input no larger than the sample is read whole: the counts themselves
     whole = plan(inp, 1000)
     assert whole["sampled_from"] == "all" and whole["estimated_captions"] == {"nurse": 400, "pilot": 400}
