@@ -61,6 +61,8 @@ STAGE_CAPTIONS = "read_captions"
 DROP_NULL = "null_caption"
 DROP_EMPTY = "empty_caption"
 DROP_NON_TEXT = "non_text_caption"
+# Control and invisible characters made spaces or removed (a rewrite, not a filter: it counts them).
+STAGE_NORMALISE = "normalise_captions"
 # Outcomes of occupation matching.
 STAGE_OCCUPATIONS = "occupation_match"
 DROP_NO_OCCUPATION = "no_occupation"

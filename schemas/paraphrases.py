@@ -24,7 +24,7 @@ STAGE_PARAPHRASE = "paraphrase"                # the run summary's stage
 STAGE_PARAPHRASE_SIMILARITY = "paraphrase_similarity"
 
 # --- the paraphrase table (one row per (caption, occupation) of section 6's captions) -----------------
-PARAPHRASE_KEY = "paraphrase_key"              # sha256 of (caption, occupation word, backend, model, prompt, temperature)
+PARAPHRASE_KEY = "paraphrase_key"              # sha256 of (caption id, caption, occupation word, backend, model, prompt, temperature)
 PARAPHRASE = "paraphrase"                      # the answer (kept for inspection whatever its status)
 PARAPHRASE_STATUS = "paraphrase_status"        # one of ParaphraseStatus
 PARAPHRASE_ERROR = "paraphrase_error"          # detail of a non-ok status

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from operators.base import Stage, conform
+from operators.text_caption_normaliser import CaptionNormaliser
 from operators.text_caption_validator import CaptionValidator, holds_text
 from operators.text_gender_words import GenderWordIndicators
 from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, NameGenderIndicators, load_spacy
@@ -253,9 +254,10 @@ class _TallyBudget:
         self.budget = budget
 
     def add(self, tallies: pa.Table) -> None:
-        rows = tallies.filter(pc.equal(tallies.column(C.TALLY_STAGE), C.STAGE_CAPTIONS)).to_pylist()
-        self.budget.count(sum(r[C.TALLY_COUNT] for r in rows),
-                          {r[C.TALLY_OUTCOME]: r[C.TALLY_COUNT] for r in rows if r[C.TALLY_OUTCOME] in CAPTION_FAILURES})
+        """Count a block of tally rows: a block holds one row per (stage, outcome) per scan
+        fragment, so the counts of one outcome are summed over its rows."""
+        counts = outcomes_by_stage(stage_counts(tallies)).get(C.STAGE_CAPTIONS, {})
+        self.budget.count(sum(counts.values()), {o: n for o, n in counts.items() if o in CAPTION_FAILURES})
 
     def check(self, final: bool = False) -> None:
         self.budget.check(final)
@@ -298,6 +300,9 @@ def caption_stages(st: CaptionSettings, args, columns: dict) -> list[Stage]:
     return [
         # rows with a usable caption; null, empty and non-text captions are counted drops (section 3.2)
         Stage(CaptionValidator, {"text_column": columns["text_column"], "url_column": columns["url_column"]}),
+        # control characters as spaces, invisible marks removed, so every later stage reads one text
+        # (project choice, docs/method.md)
+        Stage(CaptionNormaliser, {}),
         # captions naming an occupation of Table 4, whole words, regular plurals (sections 2.3, 3.2)
         # ("singular": the terms exactly as listed, --occupation-forms)
         Stage(OccupationMatcher, {"occupations": st.occupations, "forms": st.occupation_forms}),

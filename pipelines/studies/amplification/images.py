@@ -136,8 +136,7 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
     """
     urls = unique_urls(subsets, st.url_rewrite)
     out_schema = TRAINING_RESULT_SCHEMA
-    done = first_per_key(run.read_parts(TRAINING_CHECKPOINT, out_schema), URL) if run else out_schema.empty_table()
-    done = done.filter(pc.is_in(done.column(URL), urls.column(URL)))
+    done = checkpointed_results(run, urls) if run else out_schema.empty_table()
     todo = urls.filter(pc.invert(pc.is_in(urls.column(URL), done.column(URL))))
     phase = Phase("training images", "URLs", urls.num_rows, reused=done.num_rows)
     for b in budgets:
@@ -155,8 +154,7 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
         for b in budgets:
             b.check(final=True)
     if run:
-        results = first_per_key(run.read_parts(TRAINING_CHECKPOINT, out_schema), URL)
-        results = results.filter(pc.is_in(results.column(URL), urls.column(URL)))
+        results = checkpointed_results(run, urls)
     else:
         results = pa.concat_tables([done] + [conform(t, out_schema) for t in new_parts])
     got = results.column(URL)
@@ -165,6 +163,13 @@ def training_images(ray, subsets: pa.Table, st: ImageSettings, run=None, budgets
         raise RuntimeError(f"training images: {urls.num_rows} distinct URLs went in, {results.num_rows} rows "
                            f"({pc.count_distinct(got).as_py()} distinct URLs) came back")
     return results.sort_by(URL), phase
+
+
+def checkpointed_results(run, urls: pa.Table) -> pa.Table:
+    """The checkpointed result of every URL of ``urls`` that an attempt finished: one row per URL,
+    the first written (a block that a retried task wrote twice counts once)."""
+    done = first_per_key(run.read_parts(TRAINING_CHECKPOINT, TRAINING_RESULT_SCHEMA), URL)
+    return done.filter(pc.is_in(done.column(URL), urls.column(URL)))
 
 
 def _from_shards(ray, todo: pa.Table, subsets: pa.Table, st: ImageSettings, sink, phase, budgets, echo) -> pa.Table:
@@ -192,7 +197,18 @@ def _from_shards(ray, todo: pa.Table, subsets: pa.Table, st: ImageSettings, sink
                                 st.fetch_block_rows)
         ds = stages.run(ds, training_stages(st, from_shards=True))
         ds = ds.drop_columns(PAYLOAD + [SHARD, SHARD_FORMAT, SHARD_ORDER, SHARD_KEY, SHARD_URL, JOIN_KEY])
-        drain(ds, sink, phase, budgets=budgets, flush_rows=st.fetch_block_rows, echo=echo)
+        failed_reads: list[pa.Table] = []
+
+        def keep(t: pa.Table) -> None:   # and the samples the shards could not deliver, for the note below
+            failed_reads.append(t.filter(pc.equal(t.column(I.FETCH_STATUS), I.FetchStatus.SHARD_FAILED))
+                                .select([I.FETCH_STATUS, I.FETCH_ERROR]))
+            sink(t)
+
+        drain(ds, keep, phase, budgets=budgets, flush_rows=st.fetch_block_rows, echo=echo)
+        note = training_shards.corrupt_note(training_shards.corrupt_shards(pa.concat_tables(failed_reads))) \
+            if failed_reads else None
+        if note:   # a damaged shard is named (metrics.json records every one: images.training_shards)
+            print(note)
     if st.fetch_missing:
         return todo.filter(pc.is_in(urls, lacking.column(URL)))
     if lacking.num_rows:

@@ -171,8 +171,11 @@ def requests_from(rows: pa.Table, pst: ParaphraseSettings, occupations) -> pa.Ta
         table = first_per_key(table, [CAPTION_ID, OCCUPATION])
     words = occupation_words(occupations)
     ident = json.dumps(pst.identity(), sort_keys=True)
-    keys = [hashlib.sha256(json.dumps([c, words.get(o, o), ident]).encode()).hexdigest()
-            for c, o in zip(table.column(CAPTION).to_pylist(), table.column(OCCUPATION).to_pylist())]
+    # one key per request: the caption id is part of it, so two ids with the same text keep answers of
+    # their own (a paraphrase file answers per id; a resumed run counts every request it reuses)
+    keys = [hashlib.sha256(json.dumps([i, c, words.get(o, o), ident]).encode()).hexdigest()
+            for i, c, o in zip(table.column(CAPTION_ID).to_pylist(), table.column(CAPTION).to_pylist(),
+                               table.column(OCCUPATION).to_pylist())]
     table = table.set_column(table.schema.get_field_index(P.PARAPHRASE_KEY), P.PARAPHRASE_KEY, pa.array(keys, pa.string()))
     return table.sort_by([(OCCUPATION, "ascending"), (CAPTION_ID, "ascending")])
 
@@ -216,6 +219,12 @@ def paraphrase(ray, rd, requests: pa.Table, pst: ParaphraseSettings, occupations
         ds = stages.run(ds, stages_of(pst, occupations, forms, sbert, device, gpus))
         drain(ds, lambda t: rd.write_part(CHECKPOINT, conform(t, P.PARAPHRASES)), phase, budgets=budgets,
               flush_rows=pst.batch_size, echo=echo)
+    return with_answers(rd, requests), phase
+
+
+def with_answers(rd, requests: pa.Table) -> pa.Table:
+    """The requests, each with its checkpointed answer (``_answers``): one per request's key."""
+    keys = requests.column(P.PARAPHRASE_KEY)
     answers = _answers(rd, keys, final_only=False)
     position = pc.index_in(keys, answers.column(P.PARAPHRASE_KEY))
     if position.null_count:
@@ -225,7 +234,7 @@ def paraphrase(ray, rd, requests: pa.Table, pst: ParaphraseSettings, occupations
     for f in P.PARAPHRASES:
         if f.name not in out.column_names:
             out = out.append_column(f, got.column(f.name))
-    return out, phase
+    return out
 
 
 def _answers(rd, keys, final_only: bool = True) -> pa.Table:
