@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipelines.engine.io import WRITE_OPTIONS  # noqa: E402 (page checksums, as every parquet file the project writes)
 from schemas.occupations import indefinite_article, plural  # noqa: E402
 
 DEFAULT_OCCUPATIONS = [
@@ -131,14 +132,14 @@ def write(table: pa.Table, path: str | Path, files: int = 1) -> list[Path]:
     path = Path(path)
     if files == 1:
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path, row_group_size=8192)
+        pq.write_table(table, path, row_group_size=8192, **WRITE_OPTIONS)
         return [path]
     path.mkdir(parents=True, exist_ok=True)
     bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
     out = []
     for i in range(files):
         p = path / f"part-{i:05d}.parquet"
-        pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), p, row_group_size=8192)
+        pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), p, row_group_size=8192, **WRITE_OPTIONS)
         out.append(p)
     return out
 

@@ -7,7 +7,10 @@ message naming the file and the column.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import os
 import posixpath
 import re
 import uuid
@@ -44,6 +47,7 @@ class ParquetInput:
     row_counts: list[int] | None = None  # rows per file
     identities: list[str] | None = None  # per file, what identifies its data (see ``file_identity``)
     row_groups: list[list[int]] | None = None  # per file, the rows of each row group (from the footers)
+    checksums: list[bool | None] | None = None  # per file, whether its pages carry CRCs (``page_checksummed``)
 
     def subset(self, files: list[str]) -> "ParquetInput":
         """The same input restricted to ``files`` (a shard)."""
@@ -51,8 +55,18 @@ class ParquetInput:
         counts = [self.row_counts[i] for i in idx] if self.row_counts else None
         idents = [self.identities[i] for i in idx] if self.identities else None
         groups = [self.row_groups[i] for i in idx] if self.row_groups else None
+        sums = [self.checksums[i] for i in idx] if self.checksums else None
         return ParquetInput(list(files), self.filesystem, self.protocol, [self.schemas[i] for i in idx],
-                            sum(counts) if counts else 0, counts, idents, groups)
+                            sum(counts) if counts else 0, counts, idents, groups, sums)
+
+    def checksum_record(self) -> dict:
+        """How many files a read can verify page by page (their pages carry CRCs), how many it
+        cannot (written without them: a flipped bit there reads as other data), and how many hold
+        no page to tell by; the first few unverifiable files by name."""
+        sums = self.checksums or [None] * len(self.files)
+        without = [self.display(f) for f, c in zip(self.files, sums) if c is False]
+        return {"files": len(self.files), "verified": sum(c is True for c in sums), "without_checksums": len(without),
+                "no_pages": sum(c is None for c in sums), "without_checksums_examples": without[:5]}
 
     def data_identity(self) -> dict[str, str]:
         """{file as the user writes it: its identity}: a run's fingerprint includes it, so a file
@@ -150,9 +164,63 @@ def resolve_parquet_inputs(paths: list[str] | str, identity: str = "footer") -> 
     with ThreadPoolExecutor(max_workers=16) as pool:
         idents = list(pool.map(lambda fm: file_identity(fs0, fm[0], fm[1], protocol, full=identity == "full"),
                                zip(files, metas)))
+        sums = list(pool.map(lambda fm: _checksummed(pyfs, fm[0], fm[1], protocol), zip(files, metas)))
     return ParquetInput(files, pyfs, protocol, [m.schema.to_arrow_schema() for m in metas],
                         sum(m.num_rows for m in metas), [m.num_rows for m in metas], idents,
-                        [[m.row_group(i).num_rows for i in range(m.num_row_groups)] for m in metas])
+                        [[m.row_group(i).num_rows for i in range(m.num_row_groups)] for m in metas], sums)
+
+
+def _checksummed(fs: pafs.FileSystem, path: str, meta: pq.FileMetaData, protocol: str) -> bool | None:
+    try:
+        with fs.open_input_file(path) as fh:
+            return page_checksummed(fh, meta)
+    except Exception as exc:  # noqa: BLE001 -- the file could be listed and its footer read a moment ago
+        raise InputError(listing_error(_display(protocol, path), exc, "parquet file ")) from None
+
+
+def page_checksummed(fh, meta: pq.FileMetaData) -> bool | None:
+    """Whether the pages of a parquet file carry CRC checksums (which ``READ_OPTIONS`` verifies),
+    judged by the header of its first page: True, False, or None for a file with no page (no rows
+    or no columns). A writer sets the option for the whole file.
+
+    pyarrow does not expose page headers, so the first one (Thrift compact protocol, the fields in
+    order of their ids) is read here: ``crc`` is field 4, after the page type and the two sizes;
+    the next field header says whether it is there."""
+    if meta.num_row_groups == 0 or meta.num_columns == 0:
+        return None
+    chunk = meta.row_group(0).column(0)
+    offset = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    if offset is None or chunk.total_compressed_size == 0:
+        return None
+    fh.seek(int(offset))
+    data, at, field = fh.read(64), 0, 0
+
+    def varint() -> int:
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    try:
+        while True:
+            head = data[at]
+            at += 1
+            if head == 0:                      # the end of the struct: no crc
+                return False
+            delta, kind = head >> 4, head & 0x0F
+            field = field + delta if delta else varint()
+            if field == 4:
+                return True
+            if field > 4 or kind != 5:         # past the crc, or not one of the three i32 fields before it
+                return False
+            varint()
+    except IndexError:                         # not a page header we can read: say we cannot tell
+        return None
 
 
 # What identifies a file's data without reading it. An object store's ETag (or version) changes
@@ -376,11 +444,59 @@ def temp_path(path: str) -> str:
     return posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
 
 
+# ENOSPC and EDQUOT: the disk, or the user's quota, is full (the command line's exit code 5)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_OS_ERROR_CODE = re.compile(r"\[Errno (\d+)\]|\(os error (\d+)\)|\bOs \{ code: (\d+)")
+
+
+def disk_full_errno(exc: BaseException | str) -> int | None:
+    """ENOSPC or EDQUOT when ``exc`` says the disk (or quota) is full, else None: an OSError with
+    that errno, or another library's error that gives the OS error only in its text (safetensors'
+    ``SafetensorError: ... No space left on device (os error 28)``), or such a text (what a Ray
+    task raised, as the driver gets it)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno if exc.errno in DISK_FULL else None
+    text = exc if isinstance(exc, str) else str(exc)
+    for match in _OS_ERROR_CODE.finditer(text):
+        code = int(next(g for g in match.groups() if g))
+        if code in DISK_FULL:
+            return code
+    if "No space left on device" in text:
+        return errno.ENOSPC
+    if "Disk quota exceeded" in text:
+        return errno.EDQUOT
+    return None
+
+
 def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a
     part of it, whatever kills the writer (also a Ray task retried after its worker died): on an
     object store one upload of the whole object; elsewhere a temporary name in the same directory,
-    then a rename (atomic on POSIX, and it replaces the target)."""
+    then a rename (atomic on POSIX, and it replaces the target). A full disk is an OSError naming
+    ``path`` (pyarrow's names no file)."""
+    try:
+        _write_bytes(fs, path, data)
+    except OSError as exc:
+        code = disk_full_errno(exc)
+        if code is None or exc.filename:
+            raise
+        raise OSError(code, os.strerror(code), path) from exc
+
+
+@contextlib.contextmanager
+def naming_disk_full(where: str):
+    """A full disk inside (an OSError naming no file, or a library's own error that says so only in
+    its text: safetensors' ``SafetensorError``) is raised as an OSError naming ``where``."""
+    try:
+        yield
+    except Exception as exc:
+        code = disk_full_errno(exc)
+        if code is None or getattr(exc, "filename", None):
+            raise
+        raise OSError(code, os.strerror(code), where) from exc
+
+
+def _write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     fs.create_dir(posixpath.dirname(path), recursive=True)
     store = _object_store(fs)
     if store is not None:
@@ -465,12 +581,34 @@ def check_output(uri: str, flag: str = "--output") -> None:
     under a file, or a place this process cannot create or write files in. Checked by writing
     and deleting a small probe file (permission bits alone say nothing for root or object stores),
     before any model loads or data is read."""
-    import uuid
-
     try:
         fs, path = output_fs(uri)
     except Exception as exc:  # unknown protocol, missing driver, bad URI
         raise InputError(f"{flag} {uri}: {type(exc).__name__}: {exc}") from None
+    try:
+        _probe_output(fs, path, uri, flag)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a store's own error: no credentials, offline, unreachable
+        raise InputError(output_error(uri, exc, flag)) from None
+
+
+def output_error(uri: str, exc: BaseException, flag: str = "--output") -> str:
+    """One line for a failure to reach the output ``uri`` that is not an OSError: botocore's
+    NoCredentialsError, huggingface_hub's OfflineModeIsEnabled, a connection error."""
+    first = (plain(str(exc)).strip().splitlines() or [""])[0]
+    name = type(exc).__name__
+    hint = ""
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+        hint = (" (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run where an instance "
+                "role gives credentials)")
+    elif uri.startswith("hf://"):
+        hint = (" (writing to the Hugging Face Hub needs the network and a token with write access in HF_TOKEN; "
+                "or write locally and upload the run directory)")
+    return f"{flag} {uri} cannot be reached: {name}: {first}{hint}"
+
+
+def _probe_output(fs: pafs.FileSystem, path: str, uri: str, flag: str) -> None:
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File:
         raise InputError(f"{flag} {uri} is an existing file; it must be a directory (it is created if missing)")

@@ -717,3 +717,52 @@ def test_rundir_parts_are_checksummed(tmp_path):
         rd.read_parts("scan", _table().schema)
     with pytest.raises(OSError, match="(?i)crc|checksum"):
         rd.read_part("scan", "a", _table().schema)
+
+
+@pytest.mark.parametrize("options", [{}, {"use_dictionary": False}, {"data_page_version": "2.0"},
+                                     {"compression": "none"}, {"compression": "zstd", "use_dictionary": False}])
+def test_page_checksums_are_told_from_the_first_page_header(tmp_path, options):
+    """Whether a file's pages carry CRCs, read from its first page header, as the writer set it."""
+    for checksum in (True, False):
+        path = tmp_path / f"t-{checksum}.parquet"
+        pq.write_table(_table(), path, write_page_checksum=checksum, **options)
+        with open(path, "rb") as fh:
+            assert io.page_checksummed(fh, pq.read_metadata(path)) is checksum, (options, checksum)
+    empty = tmp_path / "empty.parquet"   # no row group: no page to tell by
+    pq.ParquetWriter(empty, _table().schema).close()
+    with open(empty, "rb") as fh:
+        assert io.page_checksummed(fh, pq.read_metadata(empty)) is None
+
+
+def test_the_input_record_says_how_many_files_can_be_verified(tmp_path, capsys):
+    """An input of files with and without page checksums: the record counts and names them, the
+    captions study says so once before any work, and the bundled sample has them."""
+    from pipelines import amplification
+    from pipelines.studies.amplification import captions
+
+    for i, checksum in enumerate((True, False, False)):
+        pq.write_table(_table(), tmp_path / f"part-{i}.parquet", write_page_checksum=checksum)
+    inp = io.resolve_parquet_inputs(str(tmp_path))
+    rec = inp.checksum_record()
+    assert rec | {"without_checksums_examples": None} == {"files": 3, "verified": 1, "without_checksums": 2,
+                                                          "no_pages": 0, "without_checksums_examples": None}
+    assert rec["without_checksums_examples"] == [str(tmp_path / "part-1.parquet"), str(tmp_path / "part-2.parquet")]
+    assert inp.subset([inp.files[0]]).checksum_record()["verified"] == 1
+    args = amplification.build_parser().parse_args(["captions", "--output", str(tmp_path / "out"),
+                                                    "--captions", str(tmp_path)])
+    captions.validate_input(args)
+    out = capsys.readouterr().out
+    assert out.count("written without page checksums") == 1 and "2 of 3 input file(s)" in out
+    from helpers import REPO_ROOT
+
+    sample = io.resolve_parquet_inputs(str(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet"))
+    assert sample.checksum_record()["verified"] == 1
+    written = synthetic_written(tmp_path / "syn")
+    assert io.resolve_parquet_inputs(str(written)).checksum_record()["verified"] == 2
+
+
+def synthetic_written(path):
+    from pipelines.synthetic_laion import generate, write
+
+    write(generate(50, 1, 0.5), path, files=2)
+    return path

@@ -463,6 +463,11 @@ def validate_input(args, st: CaptionSettings | None = None):
     print(f"  {choice.line()}")
     text_col = choice.caption
     _check_text_type(inp, text_col, (st or settings(args)).execution)
+    sums = inp.checksum_record()
+    if sums["without_checksums"]:   # said once; metrics.json's input.page_checksums has the counts
+        print(f"  note: {sums['without_checksums']:,} of {sums['files']:,} input file(s) were written without page "
+              f"checksums (e.g. {sums['without_checksums_examples'][0]}): a damaged page there cannot be detected "
+              f"and reads as other data; {sums['verified']:,} file(s) are verified page by page")
     if inp.num_rows == 0:
         print(f"warning: the input holds no rows ({len(inp.files)} file(s), per their parquet footers): every "
               f"count, subset and table of this run will be empty", file=sys.stderr)
@@ -572,7 +577,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         "stage": "captions",
         "attempt_summary": summarize(stage_counts(attempt), order),
         "input": {"paths": list(args.captions), "files": [inp.display(f) for f in inp.files], "rows": inp.num_rows,
-                  **columns},
+                  **columns, "page_checksums": inp.checksum_record()},
         "output": rd.display(),
         "config": {
             "occupations": [o.__dict__ | {"forms": list(o.forms(st.occupation_forms == "plural"))}
