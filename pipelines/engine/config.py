@@ -35,8 +35,7 @@ def load_config(path: str | Path | None = None, preset: str = DEFAULT_CONFIG, re
         base = yaml.safe_load(fh)
     if path is None:
         return base
-    with open(path) as fh:
-        user = yaml.safe_load(fh) or {}
+    user = read_yaml(path, "config file") or {}
     if not isinstance(user, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     unknown = set(user) - set(base)
@@ -51,7 +50,71 @@ def load_config(path: str | Path | None = None, preset: str = DEFAULT_CONFIG, re
             merged[key].update(value)
         else:
             merged[key] = value
+    check_types(user, base, path)
     return merged
+
+
+def read_yaml(path: str | Path, what: str = "file"):
+    """The YAML document in ``path``; a one-line ValueError when it cannot be read or parsed
+    (the problem, with its line and column)."""
+    try:
+        with open(path) as fh:
+            return yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {what} {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{what} {path} is not valid YAML: {yaml_problem(exc)}") from None
+
+
+def yaml_problem(exc: Exception) -> str:
+    """A YAML parse error in one line: the problem at its line and column, and what it was in."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = problem + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "")
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        text += f" ({context}" + (f" at line {cmark.line + 1}, column {cmark.column + 1}" if cmark else "") + ")"
+    return text
+
+
+def _type_of(value) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return type(value).__name__
+
+
+def check_types(user: dict, base: dict, path, where: str = "") -> None:
+    """Values of a user's config file whose type contradicts the preset's (``seed: one`` where the
+    preset has ``seed: 0``): a ValueError naming the key, before any work. Only scalars are checked,
+    and mappings key by key: where the preset has a number, a number; true/false, true or false;
+    text, anything but true/false (YAML reads an unquoted no/yes/off/on as those; a number may
+    stand for text, ``tol: 0.01``). Null is always allowed (it means "the default" or "none" where
+    a study reads it); lists, and keys the preset leaves null or empty, are the study's to check."""
+    for key, value in user.items():
+        ref = base.get(key) if isinstance(base, dict) else None
+        name = f"{where}{key}"
+        if isinstance(ref, dict) and isinstance(value, dict):
+            check_types(value, ref, path, f"{name}.")
+            continue
+        if not isinstance(value, (str, int, float, bool)) or not isinstance(ref, (str, int, float, bool)):
+            continue
+        if isinstance(ref, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(ref, (int, float)):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = not isinstance(value, bool)
+        if not ok:
+            quote = (" (quote it: YAML reads an unquoted no, yes, off or on as false or true)"
+                     if isinstance(ref, str) else "")
+            raise ValueError(f"{path}: {name} must be {_type_of(ref)} like the preset's {ref!r}, "
+                             f"got {value!r}{quote}")
 
 
 def execution_settings(execution: dict, args, flags=("max_retries", "max_error_rate")) -> dict:

@@ -251,15 +251,16 @@ def run_study(study: Study, args) -> dict:
             if standin:  # written into the run directory, so only once it is open (and checked)
                 root = standin_root(rd)
                 print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
-                st = study.use_standins(args, st, root)
-                if st is None:
-                    raise TypeError(f"{type(study).__name__}.use_standins must return the run's settings")
-                if specs:
-                    specs = generation.build_standin_generators(
-                        specs, root, getattr(study, "standin_generator_names", None),
-                        getattr(study, "standin_shared_text_encoder", ()))
-                if safety is not None:
-                    safety = generation.build_standin_checker(safety, root, specs)
+                with io.naming_disk_full(root):  # safetensors' own error names no file
+                    st = study.use_standins(args, st, root)
+                    if st is None:
+                        raise TypeError(f"{type(study).__name__}.use_standins must return the run's settings")
+                    if specs:
+                        specs = generation.build_standin_generators(
+                            specs, root, getattr(study, "standin_generator_names", None),
+                            getattr(study, "standin_shared_text_encoder", ()))
+                    if safety is not None:
+                        safety = generation.build_standin_checker(safety, root, specs)
                 with standin_hint(True):
                     models = (study.load_models(args, st, gp) + _load_generators(study, specs, True)
                               + generation.load_nsfw_check(safety, True))

@@ -749,7 +749,7 @@ def test_the_input_record_says_how_many_files_can_be_verified(tmp_path, capsys):
     assert rec["without_checksums_examples"] == [str(tmp_path / "part-1.parquet"), str(tmp_path / "part-2.parquet")]
     assert inp.subset([inp.files[0]]).checksum_record()["verified"] == 1
     args = amplification.build_parser().parse_args(["captions", "--output", str(tmp_path / "out"),
-                                                    "--captions", str(tmp_path)])
+                                                    "--captions", str(tmp_path), "--url-column", "none"])
     captions.validate_input(args)
     out = capsys.readouterr().out
     assert out.count("written without page checksums") == 1 and "2 of 3 input file(s)" in out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.engine.config import DEFAULT_CONFIG, load_config
+from pipelines.engine.config import DEFAULT_CONFIG, load_config, yaml_problem
 from schemas.occupations import Occupation, parse_occupations
 
 JOB_KEYS = ("name", "occupations", "prompts")
@@ -22,6 +22,8 @@ def read_job_file(path: str | Path) -> dict:
             data = yaml.safe_load(fh)
     except OSError as exc:
         raise ValueError(f"cannot read occupations file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"occupations file {path} is not valid YAML: {yaml_problem(exc)}") from None
     if isinstance(data, list):
         data = {"occupations": data}
     if not isinstance(data, dict) or not isinstance(data.get("occupations"), list) or not data["occupations"]:
