@@ -5,7 +5,10 @@ occurrence per wanted URL, grouped by shard), out the same rows with the fetch p
 filter and CLIP read (``image``, ``image_encoding``...), ``fetch_status`` ok and
 ``image_origin`` "shards". The bytes are the ones img2dataset stored (its resize and encoding; no
 second resize). A sample the metadata calls stored but whose image is not in the shard gets
-``shard_failed`` with the reason; nothing is dropped.
+``shard_failed`` with the reason; nothing is dropped. A damaged shard (a ``.tar`` whose header is
+broken in mid-archive, or that is cut short) gives the samples it could not deliver the shard's
+path, the byte where it breaks and the cause as their reason
+(``img2dataset_shards.corrupt_detail``), instead of "no image for its key".
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from schemas.images import (ENCODED, FETCH_ERROR, FETCH_STATUS, IMAGE, IMAGE_ENC
                             ImageOrigin)
 
 STAGE_SHARD_READ = "shard_read"
+NO_IMAGE = "the metadata lists the sample, the shard has no image for its key"
 
 
 class ShardImageReader:
@@ -31,6 +35,7 @@ class ShardImageReader:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         images: list = [None] * batch.num_rows
+        errors: list = [NO_IMAGE] * batch.num_rows   # why a sample the metadata lists has no image
         rows = batch.select([SHARD, SHARD_FORMAT, SHARD_KEY]).to_pylist()
         by_shard: dict[tuple[str, str], list[int]] = {}
         for i, r in enumerate(rows):
@@ -39,19 +44,20 @@ class ShardImageReader:
         for (shard, fmt), idx in by_shard.items():
             fs, path = shards.filesystem(shard)
             try:
-                got = shards.read_images(fs, path, fmt, [rows[i][SHARD_KEY] for i in idx])
+                got, corrupt = shards.read_shard(fs, path, fmt, [rows[i][SHARD_KEY] for i in idx])
             except Exception as exc:  # noqa: BLE001 -- the shard and the cause in one line
                 raise RuntimeError(f"cannot read img2dataset shard {shard}: {type(exc).__name__}: {exc}") from None
             for i in idx:
                 images[i] = got.get(rows[i][SHARD_KEY])
+                if images[i] is None and corrupt is not None:
+                    errors[i] = shards.corrupt_detail(shard, corrupt)
         data = pa.array(images, pa.binary())
         status = batch.column(FETCH_STATUS)
         missing = pc.and_(pc.equal(status, FetchStatus.OK), pc.is_null(data))
         out = batch
         for name, values in (
                 (FETCH_STATUS, pc.if_else(missing, FetchStatus.SHARD_FAILED, status)),
-                (FETCH_ERROR, pc.if_else(missing, "the metadata lists the sample, the shard has no image for its key",
-                                         batch.column(FETCH_ERROR))),
+                (FETCH_ERROR, pc.if_else(missing, pa.array(errors, pa.string()), batch.column(FETCH_ERROR))),
                 (IMAGE, pc.if_else(pc.equal(status, FetchStatus.OK), data, pa.scalar(None, pa.binary()))),
                 (IMAGE_ENCODING, pc.if_else(pc.is_null(data), pa.scalar(None, pa.string()), ENCODED)),
                 (IMAGE_ORIGIN, pa.array([ImageOrigin.SHARDS] * batch.num_rows, pa.string()))):

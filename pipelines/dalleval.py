@@ -38,6 +38,17 @@ if __package__ in (None, ""):  # run as a script (python pipelines/dalleval.py, 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.engine import arguments, cli  # noqa: E402
+from schemas import alignment as A  # noqa: E402
+
+PAIRING_HELP = {"captions": "only the drawn captions' own images, matched by image id (--caption-group-column), "
+                            "with Table 19's real-image R-precision row",
+                "all": "every reference image"}
+
+
+def _pairing_help() -> str:
+    """--reference-pairing's help: each choice, the default (the one the settings fall back to) named."""
+    return "; ".join(f"{k}{' (default)' if k == A.DEFAULT_REFERENCE_PAIRING else ''}: {PAIRING_HELP[k]}"
+                     for k in A.REFERENCE_PAIRINGS)
 
 
 def _generation_args(p) -> None:
@@ -136,9 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "or parquet with an image column (default: scikit-image's "
                                                        "bundled photos, a stand-in)")
     s.add_argument("--max-reference-images", type=int, metavar="N", help="at most N reference images")
-    s.add_argument("--reference-pairing", choices=["all", "captions"],
-                   help="all: every reference image (default); captions: only the drawn captions' own images, "
-                        "matched by image id (--caption-group-column), with Table 19's real-image R-precision row")
+    s.add_argument("--reference-pairing", choices=list(A.REFERENCE_PAIRINGS), help=_pairing_help())
     s.add_argument("--reference-statistics", metavar="NPZ",
                    help="precomputed FID statistics (.npz with mu and sigma, e.g. DM-GAN's coco_val.npz, which "
                         "the released code pairs with --fid-extractor torchvision) instead of reference images")

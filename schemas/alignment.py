@@ -17,6 +17,12 @@ from schemas.images import IMAGE_ID
 from schemas.images import GENERATION_DETAIL, GENERATION_STATUS, IMAGE_INDEX, MODEL, NSFW, SAFETY_CHECKER, SEED
 from schemas.subsets import PROMPT
 
+# reference.pairing (App. D.2): which reference images FID compares with. captions: the drawn captions'
+# own images, found by image id (the paper's words); all: every given reference image. The default is
+# configs/dalleval_alignment.yaml's, which the settings fall back to and the --reference-pairing help names.
+REFERENCE_PAIRINGS = ("captions", "all")
+DEFAULT_REFERENCE_PAIRING = "captions"
+
 CAPTION_ID = "caption_id"              # the user's id of the caption (or its row number in the input)
 CLIP_IMAGE_EMBEDDING = "clip_image_embedding"  # list<float32>, unit L2 norm
 CLIP_TEXT_EMBEDDING = "clip_text_embedding"    # list<float32>, unit L2 norm, of the prompt (the caption)

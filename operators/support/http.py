@@ -14,7 +14,7 @@ import ssl
 import sys
 import urllib.request
 from collections.abc import Callable
-from urllib.parse import quote, urljoin, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 from schemas.images import FetchStatus
 
@@ -291,7 +291,8 @@ def normalize_url(url: str) -> str:
 def check_url(url) -> str | None:
     """Why ``url`` cannot be fetched (``None`` if it can): null, not a string, control characters,
     not http(s), userinfo (``user[:password]@``: urllib would send it to DNS as part of the host
-    name, and no image URL needs credentials), no host, bad port."""
+    name, and no image URL needs credentials), no host, a percent-encoded host name
+    (:func:`percent_encoded_host`), a host IDNA refuses, bad port."""
     if url is None:
         return "null URL"
     if not isinstance(url, str):
@@ -309,8 +310,24 @@ def check_url(url) -> str | None:
         return "URL has userinfo (user@host)"
     if not parts.hostname:
         return "URL has no host"
+    if "%" in parts.hostname and _ip_literal(parts.hostname) is None:   # (an IPv6 zone id is "%25" + its name)
+        return percent_encoded_host(parts.hostname)
     try:
         ascii_host(parts.hostname)
     except UnicodeError as exc:
         return f"host {parts.hostname!r} is not a valid internationalized domain name ({exc})"
     return None
+
+
+def percent_encoded_host(host: str) -> str:
+    """Why a percent-encoded host name is not fetched. urllib would decode it and send the result
+    to DNS (``%E2%93%9Bocalhost`` is ``ⓛocalhost``, which IDNA maps to ``localhost``): a look-alike
+    that no image URL needs, so it is refused as it is, before any lookup or connection."""
+    decoded = unquote(host, errors="replace")
+    try:
+        mapped = ascii_host(decoded).lower()
+    except UnicodeError:
+        mapped = None
+    maps = f", which IDNA maps to {mapped!r}" if mapped is not None and mapped != decoded else ""
+    return (f"invalid host name {host!r}: percent-encoded (it decodes to {decoded!r}{maps}); refused, not looked "
+            f"up")

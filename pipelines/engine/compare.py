@@ -73,14 +73,31 @@ def load_run(uri: str) -> Run:
     except Exception as exc:  # noqa: BLE001
         raise CompareError(f"{uri}: cannot read metrics.json: {type(exc).__name__}: {exc}") from None
     if "headline" not in metrics:
-        raise CompareError(f"{uri}: its metrics.json has no headline numbers (a run made before intervals; run its "
-                           f"command again to resume it and write them)")
+        raise CompareError(no_headline(uri, metrics))
     try:
         units = pq.read_table(pa.BufferReader(_read(uri, headline.HEADLINE_UNITS_FILE)))
     except Exception as exc:  # noqa: BLE001
         raise CompareError(f"{uri}: cannot read {headline.HEADLINE_UNITS_FILE}: {type(exc).__name__}: {exc}") from None
     run_id = metrics.get("run_id") or uri.rstrip("/").rsplit("/", 1)[-1]
     return Run(uri, str(run_id), metrics["headline"], units, metrics)
+
+
+def no_headline(uri: str, metrics: dict) -> str:
+    """Why a run without headline numbers cannot be compared, and what to compare instead: a run of
+    a command that measures no generated images (paper 002's ``captions`` and ``paraphrase``) never
+    has them; only a study run made before intervals gets them by running its command again."""
+    if metrics.get("stage") == "captions":
+        return (f"{uri}: a captions-only run (t2i-amplification captions): it measured the training captions and "
+                f"generated no images, so it has no generated side and no headline numbers (E[A]) to compare. "
+                f"Compare runs of `t2i-amplification run` (the caption side, the training and the generated "
+                f"images); this run's caption numbers are in its similarity_summary.csv and metrics.json "
+                f"(caption_headline)")
+    if metrics.get("study") == "paper002-paraphrases":
+        return (f"{uri}: a paraphrase-only run (t2i-amplification paraphrase): it paraphrased captions and "
+                f"generated no images, so it has no headline numbers to compare. Compare runs of "
+                f"`t2i-amplification run --paraphrases` (its images from the paraphrases, App. A.6)")
+    return (f"{uri}: its metrics.json has no headline numbers (a run made before intervals; run its command again "
+            f"to resume it and write them)")
 
 
 def model_key(identity: dict) -> str:

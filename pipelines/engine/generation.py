@@ -308,6 +308,11 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
         value = getattr(args, attr, None) if args is not None else None
         if value is not None:
             globals_[key] = _coerce(key, value, f"--{attr.replace('_', '-')}")
+    for model in models:   # before any work: a model no run could load is one line now, not a failure later
+        problem = model_id_problem(model)
+        if problem:
+            raise ValueError(problem)
+    standin = bool(getattr(args, "standin_models", False)) if args is not None else False
     file_revisions = {str(k): str(v) for k, v in dict(block.get("revisions") or {}).items() if v}
     flag_revisions = _revisions(models, args)
     specs, per_model_policy = [], []
@@ -320,6 +325,9 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
         flag_pin = {"revision": flag_revisions[model]} if model in flag_revisions else {}
         picked = {**pins, **own_file, **globals_, **flag_pin, **own_cli}
         own = model_defaults(model, picked.get("revision"), picked.get("family") or defaults.get("family"))
+        family_given = bool(picked.get("family") or defaults.get("family"))
+        if standin and own["spec"]["family"] == UNKNOWN_FAMILY and not family_given and not Path(model).is_dir():
+            raise ValueError(unknown_standin(model))
         # the study file's settings are the paper's protocol: for its models and their family's
         in_file = model in file_models or own["spec"]["family"] in file_families
         given = {**(defaults if in_file else {}), **picked}
@@ -339,6 +347,47 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
     return GenerationSettings(tuple(specs), int(block.get("seed", 0) if seed is None else seed),
                               int(block.get("images_per_prompt", 1) if ipp is None else ipp),
                               int(block.get("caption_images", 0) if cap is None else cap), safety)
+
+
+UNKNOWN_FAMILY = "unknown"   # operators.support.families.UNKNOWN.name
+
+
+def model_id_problem(model: str) -> str | None:
+    """Why ``model`` cannot name a generator, known without the network (None when it can): a path
+    (absolute, relative with ``./`` or ``../``, ``~``, a backslash, more than one ``/``, a file) that
+    is not a directory, or a name that is neither a directory nor a valid Hugging Face repo id
+    (``NAME`` or ``ORG/NAME``; huggingface_hub's own rules). Whether a valid hub id exists on the
+    hub cannot be known offline: a real run finds out when it loads the model, before any work."""
+    import os
+
+    if os.path.isdir(model):
+        return None
+    if model.startswith(("/", ".", "~")) or "\\" in model or model.count("/") > 1 or model.endswith("/") \
+            or os.path.exists(model):
+        return (f"generator {model!r}: no such directory (a local model is the folder diffusers' save_pretrained "
+                f"writes; a hub id is NAME or ORG/NAME)")
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:   # pragma: no cover -- diffusers depends on huggingface_hub
+        return None
+    try:
+        validate_repo_id(model)
+    except HFValidationError as exc:
+        return f"generator {model!r} is neither a local directory nor a Hugging Face repo id ({exc})"
+    return None
+
+
+def unknown_standin(model: str) -> str:
+    """Why --standin-models refuses a hub id of no known family: a stand-in replaces the model
+    without looking for it, so a mistyped or invented id would run as if it existed, and the
+    stand-in's family would be a guess."""
+    from operators.support import families
+
+    known = ", ".join([*families.FAMILIES, UNKNOWN_FAMILY])
+    return (f"generator {model!r}: not a local directory, not a hub id this project knows (operators/support/"
+            f"families.py KNOWN_IDS) and not in the hub cache, so --standin-models cannot tell that it exists nor "
+            f"which family's stand-in replaces it: check the id, or give its family: --generator "
+            f"{model}:family=FAMILY ({known}; unknown runs an SD 1.x stand-in at the library's defaults)")
 
 
 def safety_settings(block: Mapping, policy: str | None, args=None) -> SafetySettings:

@@ -115,6 +115,31 @@ def test_a_run_without_headline_numbers_is_one_line(tmp_path, capsys):
     assert "no metrics.json" in capsys.readouterr().err
 
 
+def test_a_captions_only_run_says_what_it_is_and_what_to_compare_instead(tmp_path, capsys):
+    """Issue 52: a captions-only run (metrics.json as the caption side writes it: stage "captions",
+    the caption side's own means, no headline) can never get headline numbers by running it again."""
+    from pipelines.studies.amplification import study
+
+    (tmp_path / "caps").mkdir()
+    (tmp_path / "caps" / "metrics.json").write_text(json.dumps(
+        {"study": study.AmplificationStudy.name, "stage": "captions", "caption_headline": {"nn_mean_cosine": 0.5}}))
+    assert t2i.main(["compare", str(tmp_path / "caps"), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "a captions-only run" in err and "no generated side and no headline numbers" in err
+    assert "Compare runs of `t2i-amplification run`" in err and "caption_headline" in err
+    assert "made before intervals" not in err and "run its command again" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+    # a paraphrase-only run neither
+    (tmp_path / "para").mkdir()
+    from pipelines.studies.amplification.paraphrase_job import ParaphraseJob
+
+    (tmp_path / "para" / "metrics.json").write_text(json.dumps({"study": ParaphraseJob.name, "paraphrases": {}}))
+    assert t2i.main(["compare", str(tmp_path / "para"), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "a paraphrase-only run" in err and "t2i-amplification run --paraphrases" in err
+    assert "run its command again" not in err
+
+
 def test_runs_on_an_object_store(s3_server, tmp_path):  # noqa: F811
     rng = np.random.default_rng(2)
     uris = [_write_run(s3_server.url("runs", name), "paper001-gep", [_subject(f"m/{name}", name, rng.normal(0, 1, 30))])

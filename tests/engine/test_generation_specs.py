@@ -245,3 +245,39 @@ def test_execution_stages_reach_the_heads_inside_the_generator():
                                                                    ("generate.fid_features", 8)]
     with pytest.raises(ValueError, match="runs inside generate"):
         stages.configure([gen], {"generate.fid_features": {"actors": 4}})
+
+
+@pytest.mark.parametrize("model,match", [
+    ("/no/such/models/sd", "no such directory"), ("./models/sd", "no such directory"),
+    ("org/sd/unet", "no such directory"), ("org/has space", "neither a local directory nor a Hugging Face repo id"),
+    ("org--x/model", "neither a local directory nor a Hugging Face repo id")])
+def test_a_generator_that_names_no_loadable_model_is_refused_before_any_work(model, match, tmp_path):
+    """Issue 52: known offline, with or without --standin-models: a path that is no directory, a
+    name that is no hub repo id. (A valid hub id may exist: a real run finds out when it loads it.)"""
+    for standin in ([], ["--standin-models"]):
+        with pytest.raises(ValueError, match=match):
+            generation_settings(BLOCK, args_of(["--generators", model, *standin]))
+    (tmp_path / "sd").mkdir()   # an existing directory is a local model (its files are checked when it loads)
+    (spec,) = generation_settings(BLOCK, args_of(["--generators", str(tmp_path / "sd"), "--standin-models"])).generators
+    assert spec.model == str(tmp_path / "sd")
+    assert generation_settings(BLOCK, args_of(["--generators", "org/invented-model"])).generators[0].family == "unknown"
+
+
+def test_standin_models_refuse_a_hub_id_of_no_known_family_unless_its_family_is_given(capsys):
+    """Issue 52: a stand-in replaces the model without looking for it, so an invented id ran as if it
+    existed. A hub id this project knows, or one with its family given, is accepted."""
+    with pytest.raises(ValueError, match=r"generator 'org/invented-model': not a local directory, not a hub id this "
+                                         r"project knows .* --generator org/invented-model:family=FAMILY"):
+        generation_settings(BLOCK, args_of(["--generators", "org/invented-model", "--standin-models"]))
+    known = generation_settings(BLOCK, args_of(["--generators", "stabilityai/sdxl-turbo", "--standin-models"]))
+    assert known.generators[0].family == "sdxl"
+    for family in ("sd", "unknown"):
+        (spec,) = generation_settings(BLOCK, args_of(["--generator", f"org/invented-model:family={family}",
+                                                      "--standin-models"])).generators
+        assert spec.family == family
+    # the command line: one line, exit 2, before Ray or any model starts
+    assert dalleval.main(["run", "--output", "unused-never-written", "--standin-models", "--generators",
+                          "org/invented-model"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: generator 'org/invented-model': not a local directory") and len(err.splitlines()) == 1
+    assert "Traceback" not in err and not Path("unused-never-written").exists()

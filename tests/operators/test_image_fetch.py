@@ -384,6 +384,28 @@ def test_a_non_ascii_host_is_asked_for_in_its_idna_form_and_a_bad_one_is_invalid
     assert asked == ["xn--bcher-kva.example"]
 
 
+def test_a_percent_encoded_look_alike_of_localhost_is_an_invalid_host_never_looked_up(server):
+    """Issue 52: ``%E2%93%9B`` is U+24DB (circled l): the host decodes to a look-alike of localhost
+    that IDNA maps to ``localhost``. Refused with a clear reason, not a UnicodeEncodeError text; no
+    lookup and no connection, in production and with local addresses allowed, directly or through
+    a redirect. Its non-encoded form is the IDNA name ``localhost``: refused in production."""
+    resolve, asked = recording_resolver({"localhost": ["127.0.0.1"], "public.test": ["127.0.0.1"]})
+    lookalike = f"http://%E2%93%9Bocalhost:{server.port}/photo/coffee.jpg"
+    for fetcher in (ImageFetcher(timeout=2, resolver=resolve), local(resolver=resolve)):
+        row = one(fetcher, lookalike)
+        assert row[FETCH_STATUS] == FetchStatus.INVALID_URL, row[FETCH_ERROR]
+        assert row[FETCH_ERROR].startswith("invalid host name '%E2%93%9Bocalhost': percent-encoded")
+        assert "'\u24dbocalhost'" in row[FETCH_ERROR] and "IDNA maps to 'localhost'" in row[FETCH_ERROR]
+        assert "Unicode" not in row[FETCH_ERROR]
+    redirected = one(ImageFetcher(timeout=2, resolver=resolve, address_filter=only_local_server),
+                     f"http://public.test:{server.port}/redirect?to=" + quote(lookalike, safe=""))
+    assert redirected[FETCH_STATUS] == FetchStatus.INVALID_URL and "invalid host name" in redirected[FETCH_ERROR]
+    assert asked == ["public.test"] and server.hits["/photo/coffee.jpg"] == 0
+    plain = one(ImageFetcher(timeout=2, resolver=resolve), f"http://\u24dbocalhost:{server.port}/photo/coffee.jpg")
+    assert plain[FETCH_STATUS] == FetchStatus.REFUSED and "blocked address 127.0.0.1" in plain[FETCH_ERROR]
+    assert asked == ["public.test", "localhost"] and server.hits["/photo/coffee.jpg"] == 0
+
+
 def test_trailing_dot_is_checked_as_the_name_it_ends(server):
     resolve, asked = recording_resolver({"localhost": ["127.0.0.1"], "images.example.org": ["127.0.0.1"]})
     rows = fetch(ImageFetcher(resolver=resolve), [f"http://localhost.:{server.port}/x.jpg",

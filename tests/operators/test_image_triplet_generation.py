@@ -199,3 +199,29 @@ def test_a_pipeline_that_hides_latents_or_prompt_embeds_is_refused():
         check_capture(Pipe(), "some/model")
     Pipe._callback_tensor_inputs = ["latents", "prompt_embeds", "negative_prompt_embeds"]
     check_capture(Pipe(), "some/model")
+
+
+def test_an_image_with_nan_values_is_invalid_and_its_unit_gets_no_disparities(sd_dirs, monkeypatch):
+    """Issue 52: a decode with NaN values (float16 overflow) is ``invalid_image`` with the reason,
+    never stored, and its unit measures no disparities; a few NaN pixels in an otherwise bright
+    image, so only the NaN check (not the all-black one) can find it."""
+    gen = TripletGenerator(sd_dirs[0], steps=STEPS, device="cpu", micro_batch=2)
+    real = gen.pipe.__class__.__call__
+
+    def nan_decode(self, *args, **kw):
+        out = real(self, *args, **kw)
+        out.images[1, :, :4, :4] = float("nan")   # the call's second image: unit 0's feminine one
+        return out
+
+    monkeypatch.setattr(gen.pipe.__class__, "__call__", nan_decode)
+    out = gen(units(TRIPLETS, [1, 2]))
+    ok, bad = GenerationStatus.OK, GenerationStatus.INVALID_IMAGE
+    assert out.column(GENERATION_STATUS).to_pylist() == [ok, bad, ok, ok, ok, ok]
+    detail = out.column("generation_detail").to_pylist()
+    assert "NaN or infinite" in detail[1] and detail[0] is None and detail[3:] == [None] * 3
+    assert out.column(UNIT_STATUS).to_pylist() == [bad] * 3 + [ok] * 3
+    for space in (Space.PROMPT, Space.DENOISING):
+        values = out.column(disparity_column(space)).to_pylist()
+        assert values[:3] == [None] * 3 and all(v is not None for v in values[3:])
+    imgs = batch_images(out)
+    assert imgs[1] is None and all(a is not None for i, a in enumerate(imgs) if i != 1)

@@ -383,7 +383,10 @@ class AmplificationStudy:
             "image_models": model_records,
             "image_counts": counts.to_dict("records"),
             "images": {"training_rows": train_rows.num_rows, "distinct_urls": url_results.num_rows,
-                       "generated_rows": gen_rows.num_rows},
+                       "generated_rows": gen_rows.num_rows,
+                       # --training-images: the shards read, and the corrupt ones named with their lost samples
+                       **({"training_shards": training_shards.shard_statistics(st.shards, url_results)}
+                          if st.shards is not None else {})},
             "training_walk": walk_record,
             "results": {
                 "table3": t3.to_dict("records"),

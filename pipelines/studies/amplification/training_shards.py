@@ -16,6 +16,11 @@ the whole folder on the driver:
 2. **read** (``operators.image_shard_reader``): the chosen samples' image bytes, only from the
    shards that hold one, then the same face filter and CLIP stages as fetched images.
 
+A damaged shard (a ``.tar`` with a broken header in mid-archive, or cut short) is named: the
+samples it could not deliver are ``shard_failed`` with "shard PATH is corrupt at byte N: cause",
+and the run records each corrupt shard, its cause and its lost samples (``corrupt_shards``:
+metrics.json's ``images.training_shards``, and a line on the console).
+
 With ``--fetch-missing`` the URLs the shards lack (``not_in_shards`` and ``shard_failed``) are
 fetched live instead, through the ordinary fetch stream. Images come as img2dataset stored them
 (its resize and JPEG encoding, not resized again): with img2dataset's defaults of this project's
@@ -167,3 +172,39 @@ def absent_rows(urls: pa.Array, found: pa.Table, key: str | None = None) -> pa.T
     why = f"its {key} in no shard's metadata (or no {key} in the caption row)" if key else "in no shard's metadata"
     return pa.table({URL: missing, I.FETCH_STATUS: pa.array([I.FetchStatus.NOT_IN_SHARDS] * n, pa.string()),
                      I.FETCH_ERROR: pa.array([why] * n, pa.string())})
+
+
+def corrupt_shards(results: pa.Table) -> list[dict]:
+    """The corrupt shards named in the status details of ``results`` (rows with ``fetch_status``
+    and ``fetch_error``: the training URLs' results): one record per shard, in path order, with
+    the byte where it breaks, the cause and how many samples it could not deliver."""
+    failed = results.filter(pc.equal(results.column(I.FETCH_STATUS), I.FetchStatus.SHARD_FAILED))
+    found: dict[str, dict] = {}
+    for detail in failed.column(I.FETCH_ERROR).to_pylist():
+        parsed = shard_io.parse_corrupt_detail(detail)
+        if parsed is None:
+            continue
+        shard, corrupt = parsed
+        rec = found.setdefault(shard, {"shard": shard, "at_byte": corrupt.at_byte, "cause": corrupt.cause,
+                                       "samples_lost": 0})
+        rec["samples_lost"] += 1
+    return [found[k] for k in sorted(found)]
+
+
+def shard_statistics(source: ShardSource, results: pa.Table) -> dict:
+    """What the run read from the shards (metrics.json's ``images.training_shards``): shards
+    listed, corrupt shards (``corrupt_shards``) and the samples they lost."""
+    corrupt = corrupt_shards(results)
+    return {"shards": len(source.shards), "corrupt": len(corrupt),
+            "samples_lost_to_corrupt_shards": sum(c["samples_lost"] for c in corrupt), "corrupt_shards": corrupt}
+
+
+def corrupt_note(corrupt: list[dict]) -> str | None:
+    """One console line naming the corrupt shards (None when there are none)."""
+    if not corrupt:
+        return None
+    named = "; ".join(f"{c['shard']} at byte {c['at_byte']:,}: {c['cause']}" for c in corrupt[:3])
+    more = f"; and {len(corrupt) - 3} more (metrics.json: images.training_shards)" if len(corrupt) > 3 else ""
+    lost = sum(c["samples_lost"] for c in corrupt)
+    return (f"  {len(corrupt)} corrupt img2dataset shard(s), {lost:,} sample(s) they could not deliver counted "
+            f"shard_failed: {named}{more}")

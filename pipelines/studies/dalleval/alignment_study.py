@@ -430,9 +430,10 @@ def settings(args) -> AlignmentSettings:
                       ("statistics", "reference_statistics"), ("caption_column", "reference_caption_column")):
         if getattr(args, attr, None) is not None:
             ref[key] = getattr(args, attr)
-    ref.setdefault("pairing", "captions")
-    if ref["pairing"] not in ("all", "captions"):
-        raise ValueError(f"reference.pairing must be 'all' or 'captions', not {ref['pairing']!r}")
+    ref.setdefault("pairing", A.DEFAULT_REFERENCE_PAIRING)
+    if ref["pairing"] not in A.REFERENCE_PAIRINGS:
+        raise ValueError(f"reference.pairing must be one of {', '.join(map(repr, A.REFERENCE_PAIRINGS))}, not "
+                         f"{ref['pairing']!r}")
     fid = fid_settings(cfg["fid"], args)
     rp = dict(cfg["r_precision"])
     if getattr(args, "negatives", None) is not None:

@@ -157,7 +157,8 @@ def test_protocol_ignores_the_generators_and_execution():
         return study.protocol(study.AmplificationStudy().settings(args), args, standin=True)
 
     base = protocol()
-    assert protocol("--generators", "org/other-model", "--gen-batch-size", "2", "--fetch-threads", "4") == base
+    assert protocol("--generators", "stabilityai/stable-diffusion-2-base", "--gen-batch-size", "2",
+                    "--fetch-threads", "4") == base
     assert protocol("--images-per-prompt", "7")["images_per_prompt"] == 7 != base["images_per_prompt"]
     assert protocol("--occupations", "nurse,judge")["occupations"] != base["occupations"]
     assert protocol("--gender-threshold", "0.8")["gender_classifier"] != base["gender_classifier"]

@@ -4,6 +4,8 @@ reference sources, and a run identity that follows the captions' content."""
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -132,3 +134,19 @@ def test_the_announcement_states_the_negatives_actually_drawn(capsys):
         study = AS.AlignmentStudy()
         study.announce(args, study.settings(args))
         assert expect in capsys.readouterr().out
+
+
+def test_the_reference_pairing_help_names_the_default_the_settings_use(capsys):
+    """Issue 52: the help said "all (default)" while a run without the flag pairs by captions."""
+    from pipelines import dalleval
+
+    parser = dalleval.build_parser()
+    default = AS.AlignmentStudy().settings(parser.parse_args(["alignment", "--output", "unused"])).reference["pairing"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["alignment", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    m = re.search(r"--reference-pairing \{(?P<choices>[^}]*)\} (?P<help>.*?) --", text)
+    assert sorted(m.group("choices").split(",")) == sorted(A.REFERENCE_PAIRINGS)
+    helped = m.group("help")
+    assert f"{default} (default):" in helped
+    assert [c for c in A.REFERENCE_PAIRINGS if f"{c} (default)" in helped] == [default]

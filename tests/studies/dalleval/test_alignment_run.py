@@ -20,7 +20,7 @@ from schemas import alignment as A
 pytestmark = pytest.mark.ray
 
 ARGS = ["--standin-models", "--max-captions", "6", "--steps", "2", "--run-id", "a", "--no-progress",
-        "--gen-batch-size", "3", "--generators", "one"]
+        "--gen-batch-size", "3", "--generator", "one:family=unknown"]
 
 
 def _vectors(series) -> np.ndarray:
@@ -111,7 +111,7 @@ def test_parquet_captions_one_per_image_and_a_reference_directory(ray_local, tmp
                           str(tmp_path / "caps.parquet"), "--caption-group-column", "image_id",
                           "--caption-id-column", "id", "--reference", str(ref), "--reference-pairing", "all",
                           "--steps", "2", "--run-id", "p",
-                          "--no-progress", "--generators", "one", "--no-save-images"]) == 0
+                          "--no-progress", "--generator", "one:family=unknown", "--no-save-images"]) == 0
     m = json.loads((out / "p" / "metrics.json").read_text())
     assert m["captions"]["read"] == 7 and m["captions"]["null_or_blank"] == 2 and m["captions"]["kept"] == 3
     images = pq.read_table(out / "p" / "images.parquet").to_pandas()
@@ -130,7 +130,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     captions = tmp_path / "captions.txt"
     captions.write_text("".join(f"caption number {i} of a small test\n" for i in range(40)))
     args = ["--standin-models", "--captions", str(captions), "--steps", "2", "--run-id", "k", "--no-progress",
-            "--gen-batch-size", "1", "--generators", "one", "--no-save-images"]
+            "--gen-batch-size", "1", "--generator", "one:family=unknown", "--no-save-images"]
     assert dalleval.main(["alignment", "--output", str(tmp_path / "clean"), *args]) == 0
     real = RunDir.write_part
     calls = []
@@ -188,7 +188,8 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     assert dalleval.main(["alignment", "--output", str(out), "--standin-models", "--captions",
                           str(tmp_path / "caps.parquet"), "--caption-group-column", "image_id", "--reference", str(ref),
                           "--r-precision-reading", "released", "--steps", "2",   # pairing captions: the default
-                          "--run-id", "q", "--no-progress", "--generators", "one", "--no-save-images"]) == 0
+                          "--run-id", "q", "--no-progress", "--generator", "one:family=unknown",
+                          "--no-save-images"]) == 0
     run = out / "q"
     m = json.loads((run / "metrics.json").read_text())
     pairing = m["fid_reference"]

@@ -19,7 +19,9 @@ from schemas import paintskills as P
 pytestmark = pytest.mark.ray
 
 ARGS = ["--standin-models", "--prompts-per-skill", "4", "--steps", "2", "--run-id", "s", "--no-progress",
-        "--gen-batch-size", "4", "--generator", "one:negative_prompt=blurry, low quality,guidance_scale=5"]
+        "--gen-batch-size", "4",
+        # an invented id: with its family given, --standin-models builds its stand-in (issue 52)
+        "--generator", "one:negative_prompt=blurry, low quality,guidance_scale=5,family=unknown"]
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +155,7 @@ class _Killed(BaseException):
 def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
     # 36 images: the first checkpoint part holds at most 32 (drain's flush size), so some are left to do
     args = ["--standin-models", "--prompts-per-skill", "12", "--steps", "2", "--run-id", "k", "--no-progress",
-            "--gen-batch-size", "1", "--generators", "one", "--no-save-images"]
+            "--gen-batch-size", "1", "--generator", "one:family=unknown", "--no-save-images"]
     assert dalleval.main(["skills", "--output", str(tmp_path / "clean"), *args]) == 0
     real = RunDir.write_part
     calls = []

@@ -245,7 +245,8 @@ class _Killed(BaseException):
 
 def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
     args = ["--standin-models", "--no-captions", "--per-topic", "1", "--max-triplets", "3", "--steps", "2",
-            "--generators", "one", "--gen-batch-size", "1", "--run-id", "k", "--no-progress", "--no-save-images",
+            "--generator", "one:family=unknown", "--gen-batch-size", "1", "--run-id", "k", "--no-progress",
+            "--no-save-images",
             "--spaces", "ssim", "diff_pix", "dino"]
     assert exposed.main(["run", "--output", str(tmp_path / "clean"), *args]) == 0
     real = RunDir.write_part
@@ -290,7 +291,8 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
 
 def test_without_objects(ray_local, tmp_path):
     args = ["--standin-models", "--no-captions", "--per-topic", "1", "--max-triplets", "1", "--steps", "2",
-            "--generators", "one", "--run-id", "n", "--no-progress", "--no-save-images", "--spaces", "ssim",
+            "--generator", "one:family=unknown", "--run-id", "n", "--no-progress", "--no-save-images",
+            "--spaces", "ssim",
             "--no-objects", "--seeds-per-triplet", "profession=1"]
     assert exposed.main(["run", "--output", str(tmp_path), *args]) == 0
     images = pq.read_table(tmp_path / "n" / "images.parquet").to_pandas()
