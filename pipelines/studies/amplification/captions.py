@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from operators.base import Stage, conform
-from operators.text_caption_normaliser import CaptionNormaliser
+from operators.text_caption_normaliser import CONTROL_CHARACTERS, INVISIBLE_CHARACTERS, CaptionNormaliser
 from operators.text_caption_validator import CaptionValidator, holds_text
 from operators.text_gender_words import GenderWordIndicators
 from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, NameGenderIndicators, load_spacy
@@ -602,6 +602,9 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         "annotated_rows": annotated_rows,
         "names_ner": names,
         "sbert_encoded": encoded,
+        # captions whose control or invisible characters were made spaces or removed (normalise_captions)
+        "captions_normalised": {k: outcomes_by_stage(counts).get(C.STAGE_NORMALISE, {}).get(k, 0)
+                                for k in (CONTROL_CHARACTERS, INVISIBLE_CHARACTERS)},
         # --sbert-backend screened: how the subsets were made exact (refine.exact_pool); the annotated
         # captions keep the bf16 screen's cosines
         "sbert_screen": run.records.get("sbert_screen"),

@@ -157,8 +157,9 @@ def test_same_result_from_one_file_and_a_run_id_is_never_mixed(run, synthetic, c
 
 
 def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
-    pq.write_table(pa.table({"url": ["a", "b", "c", "d"],
-                             "text": ["Two dog walkers in the park", "A barista pouring coffee", "her barista job", "a nurse"]}),
+    pq.write_table(pa.table({"url": ["a", "b", "c", "d", "e", "f"],
+                             "text": ["Two dog walkers in the park", "A barista pouring coffee", "her barista job", "a nurse",
+                                      "two dog\x00walkers", "a bar\u00adista"]}),
                    tmp_path / "in.parquet")
     (tmp_path / "occ.yaml").write_text(yaml.safe_dump(["dog walker", "barista"]))
     out = tmp_path / "out"
@@ -166,9 +167,12 @@ def test_ad_hoc_occupations_without_names(ray_local, tmp_path):
     assert amplification.main(["captions", "--captions", str(tmp_path / "in.parquet"), "--output", str(out), "--run-id", "r",
                                "--occupations-file", str(tmp_path / "occ.yaml"), "--no-names", "--nn-k", "1"]) == 0
     ann = pq.read_table(run / "annotated_captions").sort_by("url").to_pydict()
-    assert ann["occupation"] == ["dog walker", "barista", "barista"]
-    assert ann["caption_gender"] == ["none", "none", "female"]
+    assert ann["occupation"] == ["dog walker", "barista", "barista", "dog walker", "barista"]
+    assert ann["caption_gender"] == ["none", "none", "female", "none", "none"]
+    assert ann["caption"][3:] == ["two dog walkers", "a barista"]   # a NUL is a space, a soft hyphen goes
     m = json.loads((run / "metrics.json").read_text())
+    assert m["captions_normalised"] == {"control_characters": 1, "invisible_characters": 1}
+    assert m["counts"]["normalise_captions"] == {"rows_in": 6, "rows_out": 6, "dropped": {}}
     assert "person_names" not in m["counts"] and m["counts"]["occupation_match"]["dropped"]["no_occupation"] == 1
     nn = pq.read_table(run / "training_subsets.parquet").filter(pc.equal(pc.field("subset"), "nn")).to_pydict()
     assert nn["prompt"][:4] == ["A photo of the face of a barista", "A portrait photo of a barista",
