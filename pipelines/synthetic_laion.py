@@ -8,6 +8,8 @@ the embedded default run check the caption side end to end:
 * ``gt_caption_gender`` male / female / both / none: the explicit indicators put in the caption
 * ``gt_indicator_kinds`` which kinds of evidence were put in (word, pronoun, name)
 
+A few captions carry a NUL or a zero-width space where a space belongs, as scraped captions do.
+
 Usage: python pipelines/synthetic_laion.py --rows 30000 --output data/synthetic/laion_synthetic_sample.parquet
 """
 
@@ -93,6 +95,17 @@ def make_caption(rng: np.random.Generator, occupations: list[str]) -> tuple[str,
     return f"{occ.capitalize()} and {other} discussing a project", both, "none", []
 
 
+def _scraped(text: str, i: int, kinds: list[str]) -> str:
+    """Some captions as web text holds them (ground truth unchanged, no random draw): a NUL between
+    the occupation and a person's name (1 name caption in 50), a zero-width space for a space (1
+    caption without indicators in 97). The caption scan makes both spaces (normalise_captions)."""
+    if kinds == ["name"] and i % 50 == 7:
+        return text.replace(" ", "\x00", 1)
+    if not kinds and i % 97 == 11:
+        return text.replace(" ", "\u200b", 1)
+    return text
+
+
 def generate(rows: int, seed: int = 0, occupation_share: float = 0.5, bad_share: float = 0.01,
              occupations: list[str] | None = None) -> pa.Table:
     """``rows`` synthetic LAION-like rows; ``occupation_share`` of them name an occupation."""
@@ -105,6 +118,7 @@ def generate(rows: int, seed: int = 0, occupation_share: float = 0.5, bad_share:
             t, o, g, k = (None, "", "   ")[i % 3], [], "none", []
         elif r < bad_share + occupation_share:
             t, o, g, k = make_caption(rng, occupations)
+            t = _scraped(t, i, k)
         else:
             t, o, g, k = NON_OCCUPATION[rng.integers(len(NON_OCCUPATION))] + f" {rng.integers(1000)}", [], "none", []
         text.append(t)
