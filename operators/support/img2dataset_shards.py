@@ -10,7 +10,7 @@ img2dataset (``--output_format``) writes, per shard ``NNNNN``:
 
 and ``NNNNN_stats.json``. Every path here is an fsspec path or URI (local, s3://, hf://...).
 
-A damaged ``.tar`` shard (issue 52) is named, never read short in silence: Python's ``tarfile``
+A damaged ``.tar`` shard is named, never read short in silence: Python's ``tarfile``
 takes a bad header in mid-archive (a failed checksum, a zeroed block) for the end of the archive
 and stops without an error, so when the wanted keys were not all found, ``read_shard`` looks at
 where the reading stopped: tar's end-of-archive blocks with nothing but zeros after them is a

@@ -1,4 +1,4 @@
-"""Errors of the study command lines as one line (issue 52): what a Ray task raised, out of Ray's
+"""Errors of the study command lines as one line: what a Ray task raised, out of Ray's
 wrappers, with its exit code; an output that cannot be reached; malformed YAML; config values of
 the wrong type; a full disk while stand-ins are saved. Exit codes: pipelines/engine/cli.py."""
 

@@ -116,7 +116,7 @@ def test_a_run_without_headline_numbers_is_one_line(tmp_path, capsys):
 
 
 def test_a_captions_only_run_says_what_it_is_and_what_to_compare_instead(tmp_path, capsys):
-    """Issue 52: a captions-only run (metrics.json as the caption side writes it: stage "captions",
+    """A captions-only run (metrics.json as the caption side writes it: stage "captions",
     the caption side's own means, no headline) can never get headline numbers by running it again."""
     from pipelines.studies.amplification import study
 

@@ -252,7 +252,7 @@ def test_execution_stages_reach_the_heads_inside_the_generator():
     ("org/sd/unet", "no such directory"), ("org/has space", "neither a local directory nor a Hugging Face repo id"),
     ("org--x/model", "neither a local directory nor a Hugging Face repo id")])
 def test_a_generator_that_names_no_loadable_model_is_refused_before_any_work(model, match, tmp_path):
-    """Issue 52: known offline, with or without --standin-models: a path that is no directory, a
+    """Known offline, with or without --standin-models: a path that is no directory, a
     name that is no hub repo id. (A valid hub id may exist: a real run finds out when it loads it.)"""
     for standin in ([], ["--standin-models"]):
         with pytest.raises(ValueError, match=match):
@@ -264,7 +264,7 @@ def test_a_generator_that_names_no_loadable_model_is_refused_before_any_work(mod
 
 
 def test_standin_models_refuse_a_hub_id_of_no_known_family_unless_its_family_is_given(capsys):
-    """Issue 52: a stand-in replaces the model without looking for it, so an invented id ran as if it
+    """A stand-in replaces the model without looking for it, so an invented id ran as if it
     existed. A hub id this project knows, or one with its family given, is accepted."""
     with pytest.raises(ValueError, match=r"generator 'org/invented-model': not a local directory, not a hub id this "
                                          r"project knows .* --generator org/invented-model:family=FAMILY"):

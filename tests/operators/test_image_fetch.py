@@ -385,7 +385,7 @@ def test_a_non_ascii_host_is_asked_for_in_its_idna_form_and_a_bad_one_is_invalid
 
 
 def test_a_percent_encoded_look_alike_of_localhost_is_an_invalid_host_never_looked_up(server):
-    """Issue 52: ``%E2%93%9B`` is U+24DB (circled l): the host decodes to a look-alike of localhost
+    """``%E2%93%9B`` is U+24DB (circled l): the host decodes to a look-alike of localhost
     that IDNA maps to ``localhost``. Refused with a clear reason, not a UnicodeEncodeError text; no
     lookup and no connection, in production and with local addresses allowed, directly or through
     a redirect. Its non-encoded form is the IDNA name ``localhost``: refused in production."""

@@ -1,4 +1,4 @@
-"""Damaged img2dataset shards (issue 52): a webdataset ``.tar`` whose header is broken in
+"""Damaged img2dataset shards: a webdataset ``.tar`` whose header is broken in
 mid-archive (a failed checksum, a zeroed block), that is cut inside a member, or that is no tar at
 all is named as corrupt (its path, the byte where it breaks, the cause) in the status detail of
 every sample it could not deliver, never read short in silence nor raised as a traceback; the run

@@ -202,7 +202,7 @@ def test_a_pipeline_that_hides_latents_or_prompt_embeds_is_refused():
 
 
 def test_an_image_with_nan_values_is_invalid_and_its_unit_gets_no_disparities(sd_dirs, monkeypatch):
-    """Issue 52: a decode with NaN values (float16 overflow) is ``invalid_image`` with the reason,
+    """A decode with NaN values (float16 overflow) is ``invalid_image`` with the reason,
     never stored, and its unit measures no disparities; a few NaN pixels in an otherwise bright
     image, so only the NaN check (not the all-black one) can find it."""
     gen = TripletGenerator(sd_dirs[0], steps=STEPS, device="cpu", micro_batch=2)

@@ -137,7 +137,7 @@ def test_the_announcement_states_the_negatives_actually_drawn(capsys):
 
 
 def test_the_reference_pairing_help_names_the_default_the_settings_use(capsys):
-    """Issue 52: the help said "all (default)" while a run without the flag pairs by captions."""
+    """The help said "all (default)" while a run without the flag pairs by captions."""
     from pipelines import dalleval
 
     parser = dalleval.build_parser()

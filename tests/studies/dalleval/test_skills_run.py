@@ -20,7 +20,7 @@ pytestmark = pytest.mark.ray
 
 ARGS = ["--standin-models", "--prompts-per-skill", "4", "--steps", "2", "--run-id", "s", "--no-progress",
         "--gen-batch-size", "4",
-        # an invented id: with its family given, --standin-models builds its stand-in (issue 52)
+        # an invented id: with its family given, --standin-models builds its stand-in
         "--generator", "one:negative_prompt=blurry, low quality,guidance_scale=5,family=unknown"]
 
 
