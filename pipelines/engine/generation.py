@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from operators.base import Stage, conform
+from operators.support import families
 
 # the spec's own keys (with the spelling a user may type for some); anything else is an extra
 # pipeline argument, checked against the loaded pipeline's signature on the driver
@@ -326,7 +327,7 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
         picked = {**pins, **own_file, **globals_, **flag_pin, **own_cli}
         own = model_defaults(model, picked.get("revision"), picked.get("family") or defaults.get("family"))
         family_given = bool(picked.get("family") or defaults.get("family"))
-        if standin and own["spec"]["family"] == UNKNOWN_FAMILY and not family_given and not Path(model).is_dir():
+        if standin and own["spec"]["family"] == families.UNKNOWN.name and not family_given and not Path(model).is_dir():
             raise ValueError(unknown_standin(model))
         # the study file's settings are the paper's protocol: for its models and their family's
         in_file = model in file_models or own["spec"]["family"] in file_families
@@ -347,9 +348,6 @@ def generation_settings(generation: Mapping, args=None) -> GenerationSettings:
     return GenerationSettings(tuple(specs), int(block.get("seed", 0) if seed is None else seed),
                               int(block.get("images_per_prompt", 1) if ipp is None else ipp),
                               int(block.get("caption_images", 0) if cap is None else cap), safety)
-
-
-UNKNOWN_FAMILY = "unknown"   # operators.support.families.UNKNOWN.name
 
 
 def model_id_problem(model: str) -> str | None:
@@ -381,9 +379,7 @@ def unknown_standin(model: str) -> str:
     """Why --standin-models refuses a hub id of no known family: a stand-in replaces the model
     without looking for it, so a mistyped or invented id would run as if it existed, and the
     stand-in's family would be a guess."""
-    from operators.support import families
-
-    known = ", ".join([*families.FAMILIES, UNKNOWN_FAMILY])
+    known = ", ".join([*families.FAMILIES, families.UNKNOWN.name])
     return (f"generator {model!r}: not a local directory, not a hub id this project knows (operators/support/"
             f"families.py KNOWN_IDS) and not in the hub cache, so --standin-models cannot tell that it exists nor "
             f"which family's stand-in replaces it: check the id, or give its family: --generator "
@@ -427,7 +423,6 @@ def _revisions(models: list[str], args) -> dict:
 def model_defaults(model: str, revision: str | None = None, family: str | None = None) -> dict:
     """A model's own defaults as spec values and extra call arguments: {"spec": {...}, "extra":
     {max_sequence_length}, "defaults_from": text} (``operators.support.families.defaults``)."""
-    from operators.support import families
 
     d = families.defaults(model, revision, family)
     spec = {"family": d["family"], "steps": d["steps"], "guidance_scale": d["guidance_scale"],

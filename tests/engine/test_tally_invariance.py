@@ -86,6 +86,13 @@ def tallies_of(table: pa.Table) -> pa.Table:
     return table.filter(pc.is_valid(table.column(C.TALLY_STAGE)))
 
 
+def kept_rows(outputs: list[pa.Table]) -> list[tuple]:
+    """The (caption, url) of the data rows the scan kept, sorted."""
+    rows = pa.concat_tables(outputs)
+    rows = rows.filter(pc.is_null(rows.column(C.TALLY_STAGE)))
+    return sorted(zip(rows.column(C.CAPTION).to_pylist(), rows.column(C.URL).to_pylist()))
+
+
 def caption_budget() -> ErrorBudget:
     return ErrorBudget(C.STAGE_CAPTIONS, {}, 0.05, 1)
 
@@ -125,9 +132,7 @@ def test_the_caption_scan_counts_the_same_however_the_input_is_cut_and_resumed(c
         assert got == want
         check_chain(got)
         assert got[C.STAGE_CAPTIONS]["rows_in"] == len(captions)
-        kept = lambda ts: sorted(zip(*(pa.concat_tables(ts).filter(pc.is_null(pa.concat_tables(ts).column(  # noqa: E731
-            C.TALLY_STAGE))).column(c).to_pylist() for c in (C.CAPTION, C.URL))))
-        assert kept(cut) == kept(one)
+        assert kept_rows(cut) == kept_rows(one)
         # the caption budget: every fragment's tally rows, in stream blocks of several fragments,
         # some of them from shards a killed attempt finished (read back from their tally part)
         reference = caption_budget()
