@@ -60,8 +60,6 @@ def read_yaml(path: str | Path, what: str = "file"):
     try:
         with open(path) as fh:
             return yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise ValueError(f"{what} {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {what} {path}: {exc}") from None
     except yaml.YAMLError as exc:

@@ -474,13 +474,8 @@ def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     object store one upload of the whole object; elsewhere a temporary name in the same directory,
     then a rename (atomic on POSIX, and it replaces the target). A full disk is an OSError naming
     ``path`` (pyarrow's names no file)."""
-    try:
+    with naming_disk_full(path):
         _write_bytes(fs, path, data)
-    except OSError as exc:
-        code = disk_full_errno(exc)
-        if code is None or exc.filename:
-            raise
-        raise OSError(code, os.strerror(code), path) from exc
 
 
 @contextlib.contextmanager

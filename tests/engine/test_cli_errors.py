@@ -122,8 +122,9 @@ def test_unwrapping_reads_the_nearest_cause_and_names_the_file():
     assert te.cls is io.InputError and te.message == "x"
 
 
-def test_write_bytes_names_the_file_on_a_full_disk(tmp_path):
-    """pyarrow's error for a full disk names no file; ``io.write_bytes`` raises one that does."""
+def full_disk():
+    """A local filesystem whose writes fail as pyarrow's do on a full disk (naming no file), its
+    classes built where it is called (in a Ray worker too: fsspec classes do not pickle by value)."""
     import io as pyio
 
     import fsspec.implementations.local as local
@@ -140,10 +141,14 @@ def test_write_bytes_names_the_file_on_a_full_disk(tmp_path):
         def open(self, path, mode="rb", **kwargs):
             return Full() if "w" in mode else super().open(path, mode, **kwargs)
 
-    fs = pafs.PyFileSystem(pafs.FSSpecHandler(FullDisk()))
+    return pafs.PyFileSystem(pafs.FSSpecHandler(FullDisk()))
+
+
+def test_write_bytes_names_the_file_on_a_full_disk(tmp_path):
+    """pyarrow's error for a full disk names no file; ``io.write_bytes`` raises one that does."""
     path = str(tmp_path / "part-1.parquet")
     with pytest.raises(OSError) as err:
-        io.write_bytes(fs, path, b"data")
+        io.write_bytes(full_disk(), path, b"data")
     assert err.value.errno == errno.ENOSPC and err.value.filename == path
     assert cli.report(err.value, "/out") == (5, f"No space left on device while writing {path}; free space there "
                                                 "and run the same command again: it resumes from the finished work")
@@ -275,27 +280,6 @@ def test_errors_raised_inside_ray_data_tasks_reach_the_console_as_raised(ray_loc
 
     class TaskBroke(Exception):   # defined here: Ray pickles it by value into the worker
         pass
-
-    def full_disk():
-        """A local filesystem whose writes fail as pyarrow's do on a full disk (naming no file),
-        built in the worker (fsspec classes do not pickle by value)."""
-        import io as pyio
-
-        import fsspec.implementations.local as local
-        import pyarrow.fs as pafs
-
-        class Full(pyio.RawIOBase):
-            def writable(self):
-                return True
-
-            def write(self, b):
-                raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
-
-        class FullDisk(local.LocalFileSystem):
-            def open(self, path, mode="rb", **kwargs):
-                return Full() if "w" in mode else super().open(path, mode, **kwargs)
-
-        return pafs.PyFileSystem(pafs.FSSpecHandler(FullDisk()))
 
     def task(kind):
         def fn(batch):

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from pipelines.engine.config import DEFAULT_CONFIG, load_config, yaml_problem
+from pipelines.engine.config import DEFAULT_CONFIG, load_config, read_yaml
 from schemas.occupations import Occupation, parse_occupations
 
 JOB_KEYS = ("name", "occupations", "prompts")
@@ -17,13 +15,7 @@ def read_job_file(path: str | Path) -> dict:
     """An ad-hoc job file (e.g. jobs/new.yaml): a YAML list of occupations, or a mapping with
     ``occupations`` (required), and optionally ``prompts`` (templates with ``{occupation}`` and
     ``{article}``) and ``name`` (the label of the run id)."""
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise ValueError(f"cannot read occupations file {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"occupations file {path} is not valid YAML: {yaml_problem(exc)}") from None
+    data = read_yaml(path, "occupations file")
     if isinstance(data, list):
         data = {"occupations": data}
     if not isinstance(data, dict) or not isinstance(data.get("occupations"), list) or not data["occupations"]:
