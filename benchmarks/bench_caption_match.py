@@ -23,9 +23,10 @@ import pyarrow as pa  # noqa: E402
 pa.set_cpu_count(1)
 pa.set_io_thread_count(1)
 
+from benchmarks.common import best_of  # noqa: E402
 from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from pipelines.engine.config import load_config  # noqa: E402
+from pipelines.engine.cli.config import load_config  # noqa: E402
 from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
 from pipelines.synthetic_laion import generate  # noqa: E402
 
@@ -35,15 +36,6 @@ BATCH = 262144  # the pipeline's default --scan-batch-size
 def batches(captions: pa.Array):
     for i in range(0, len(captions), BATCH):
         yield pa.table({"caption": captions.slice(i, BATCH)})
-
-
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 class PythonLoop:

@@ -14,11 +14,11 @@ Four measurements on the same files and the same cores, one after the other:
    after the Ray workers have started (as the baseline's processes have);
 3. **stream** (before / after): the whole caption stream with spaCy NER and SBERT, with Ray
    Data's per-operator statistics: "before" is the unfused scan, NER on every matched caption and
-   SBERT at its old batching (2,048 per Ray batch, 256 per encode call); "after" is the stream
-   as it runs now (``--streams`` picks them and their order; a name given twice runs twice). Ray's
+   SBERT batched by rows (2,048 per Ray batch, 256 per encode call); "after" is the stream as the
+   pipeline runs it (``--streams`` picks them and their order; a name given twice runs twice). Ray's
    ``ds.stats()`` and ``ray.timeline()`` of each are written next to the table (``--stats-dir``).
 
-4. **parts alone** (``--parts parts``, issue 34): the fused scan's matched rows collected once, then
+4. **parts alone** (``--parts parts``): the fused scan's matched rows collected once, then
    each model stage alone on them in this process, as the stream's actors run it (spaCy NER with
    its prefilter; the explode + SBERT with each ``--sbert-backends``), and the stream's wall time
    against the sum of its parts (scan + NER + SBERT).
@@ -46,8 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from operators.text_caption_validator import CaptionValidator  # noqa: E402
 from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from pipelines.engine import config as study_config  # noqa: E402
-from pipelines.engine import io, scan, stages  # noqa: E402
+from pipelines.engine.cli import config as study_config  # noqa: E402
+from pipelines.engine.cli.options import RunOptions  # noqa: E402
+from pipelines.engine.storage.inputs import resolve_parquet_inputs
+from pipelines.engine.stream import scan, stages  # noqa: E402
 from pipelines.studies.amplification import captions, jobs  # noqa: E402
 from schemas import captions as C  # noqa: E402
 
@@ -114,9 +116,9 @@ def unfused_scan(ray, inp, pipeline, schema):
 
 
 def before_pipeline(pipeline):
-    """The stream's stages with the settings it had before issue 34 (NER on every matched caption,
-    SBERT loaded and batched by sentence-transformers). One later change is not undone: SBERT encodes each input row once
-    (the explode's copies of a caption share it), 7.3% fewer encodes on the 4 M set."""
+    """The stream's stages in the "before" configuration: NER on every matched caption, SBERT loaded
+    and batched by sentence-transformers. SBERT still encodes each input row once (the explode's
+    copies of a caption share it), 7.3% fewer encodes on the 4 M set."""
     out = []
     for s in pipeline:
         if s.name == "person_names":
@@ -178,7 +180,7 @@ def collect(ds) -> pa.Table:
 def parts_alone(ray, inp, pipeline, n: int, schema, args) -> dict:
     """Each part of the stream alone on the same rows: the scan (Ray, as in the stream), then NER and
     the explode + SBERT in this process on the scan's matched rows, one Ray batch at a time."""
-    import torch
+    import torch  # deferred: torch
 
     torch.set_num_threads(args.threads)
     t = time.perf_counter()
@@ -203,7 +205,7 @@ def parts_alone(ray, inp, pipeline, n: int, schema, args) -> dict:
     for backend in args.sbert_backends:
         _, out[f"sbert {backend}"], out[f"sbert {backend} load"] = run(rest["prompt_similarity"], exploded,
                                                                        backend=backend)
-    # the encoder as it batched before issue 34's token batches: the library's 64 texts by characters
+    # the encoder without token batches: the library's 64 texts by characters
     _, out["sbert torch, library batches"], out["sbert torch, library batches load"] = run(
         rest["prompt_similarity"], exploded, backend="sentence-transformers", token_budget=0)
     first = args.sbert_backends[0]
@@ -254,7 +256,7 @@ def main(argv=None) -> None:
     ap.add_argument("--laion-share", type=float, nargs="+", default=[0.01, 0.02],
                     help="share of LAION-2B-en captions naming an occupation, for the projection")
     args = ap.parse_args(argv)
-    inp = io.resolve_parquet_inputs(args.input)
+    inp = resolve_parquet_inputs(args.input)
     print(f"{inp.num_rows:,} rows in {len(inp.files)} files ({args.input}); {args.cores} cores")
     results: dict = {}
     if "kernel" in args.parts:
@@ -269,10 +271,10 @@ def main(argv=None) -> None:
     if "parts" in args.parts and "stream" not in args.parts:
         args.parts.append("stream")
     if "scan" in args.parts or "stream" in args.parts:
-        import ray
+        import ray  # deferred: ray
 
         ray.init(num_cpus=max(args.cores, 4), include_dashboard=False, log_to_driver=False)
-        from ray.data import DataContext
+        from ray.data import DataContext  # deferred: ray
 
         DataContext.get_current().enable_progress_bars = False
         from pipelines import amplification
@@ -281,9 +283,10 @@ def main(argv=None) -> None:
         st = captions.settings(cli)   # the preset's settings, as `captions` builds them
         columns = {"text_column": "TEXT", "url_column": "URL", "kept_columns": []}
         schema = C.stream_schema()
-        pipeline = captions.caption_stages(st, cli, columns)
         cli.embed_actors = args.embed_actors
-        actors = captions.embed_actors(cli, st, ray)
+        opts = RunOptions.from_args(cli)
+        pipeline = captions.caption_stages(st, opts, columns)
+        actors = captions.embed_actors(opts, st, ray)
         print(f"SBERT: {actors} actor(s), folding {args.sbert_fold}, backend {args.sbert_backends[0]}")
         pipeline = [dataclasses.replace(s, kwargs=dict(s.kwargs) | {"backend": args.sbert_backends[0],
                                                                      "fold_duplicates": args.sbert_fold},

@@ -106,8 +106,8 @@ def bench_measures(n: int, baseline_n: int) -> None:
 
 
 def bench_blip2(images: int) -> None:
-    import torch
-    from skimage import data
+    import torch  # deferred: torch
+    from skimage import data  # deferred: skimage
 
     from operators.image_blip2_vqa import Blip2Detector
     from pipelines.standins.blip2 import build_tiny_blip2
@@ -145,7 +145,7 @@ def bench_blip2(images: int) -> None:
 
 
 def bench_skin(images: int) -> None:
-    from skimage import data
+    from skimage import data  # deferred: skimage
 
     from operators.image_skin_tone import SkinToneDetector
 

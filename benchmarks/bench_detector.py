@@ -46,6 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import add_child_process_arguments  # noqa: E402
+
 # facebook/detr-resnet-101-dc5 / facebook/detr-resnet-50 config.json (DETR's architecture; transformers
 # DetrConfig defaults, checked below) and their preprocessor_config.json sizes
 DETR_COMMON = {"num_queries": 100, "d_model": 256, "encoder_layers": 6, "decoder_layers": 6, "encoder_ffn_dim": 2048,
@@ -74,7 +76,7 @@ def peak_rss_gb() -> float:
 
 def sync(device: str) -> None:
     if str(device).startswith("cuda"):
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.synchronize()
 
@@ -85,8 +87,8 @@ def sync(device: str) -> None:
 def build_full_size(directory: Path, name: str) -> dict:
     """The full-size DETR ``name`` (MODELS) with random weights and its checkpoint's image processor,
     saved in ``directory``; returns its parameter count."""
-    import torch
-    from transformers import DetrConfig, DetrForObjectDetection
+    import torch  # deferred: torch
+    from transformers import DetrConfig, DetrForObjectDetection  # deferred: transformers
 
     from pipelines.standins.detection import coco_id2label, detr_image_processor
 
@@ -176,7 +178,7 @@ def measure(det, images_by_batch: dict, repeats: int, warmup: bool) -> dict:
 
 
 def images_for(batches, size: int, device: str) -> dict:
-    import torch
+    import torch  # deferred: torch
 
     g = torch.Generator().manual_seed(0)
     biggest = torch.rand(max(batches), 3, size, size, generator=g)
@@ -221,8 +223,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny stand-ins (pipelines.standins.detection: transformers-ResNet and timm resnet10t DC5), "
                          "64 px, one call")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--workdir", help="where the models are saved (default: a temporary directory, removed after)")
+    add_child_process_arguments(ap)
     args = ap.parse_args()
     try:
         batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
@@ -234,7 +235,7 @@ def main() -> None:
         args.size = 64 if args.size == 512 else args.size
         args.repeats = 1
 
-    import torch
+    import torch  # deferred: torch
 
     from operators.image_object_detection import ObjectDetector
     from operators.support.models import pick_device
@@ -242,7 +243,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     with contextlib.suppress(ImportError):   # no "Loading weights" bars in the log
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # deferred: transformers
 
         hf_logging.disable_progress_bar()
     device = pick_device(args.device)

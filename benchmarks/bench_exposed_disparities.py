@@ -58,6 +58,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import add_child_process_arguments, save_open_clip  # noqa: E402
+
 HEADS = ("ssim", "resnet", "dino", "split-product", "clip")
 HEAD_MODEL = {"ssim": None, "resnet": "resnet-50", "dino": "dino-vits16", "split-product": "dino-vitb8",
               "clip": "clip-b32"}
@@ -102,13 +104,13 @@ def peak_rss_bytes() -> int:
 
 
 def build_resnet50(directory: Path) -> dict:
-    import torch
-    from transformers import (
+    import torch  # deferred: torch
+    from transformers import (  # deferred: transformers
         ConvNextImageProcessor,
         ResNetConfig,
         ResNetForImageClassification,
     )
-    from transformers.image_utils import PILImageResampling
+    from transformers.image_utils import PILImageResampling  # deferred: transformers
 
     defaults = ResNetConfig()
     checked = {k: getattr(defaults, k) for k in ("layer_type", "depths", "hidden_sizes", "embedding_size")}
@@ -130,9 +132,9 @@ def build_resnet50(directory: Path) -> dict:
 
 
 def build_dino(directory: Path, key: str) -> dict:
-    import torch
-    from transformers import ViTConfig, ViTImageProcessor, ViTModel
-    from transformers.image_utils import PILImageResampling
+    import torch  # deferred: torch
+    from transformers import ViTConfig, ViTImageProcessor, ViTModel  # deferred: transformers
+    from transformers.image_utils import PILImageResampling  # deferred: transformers
 
     config = ViTConfig(**DINO_VIT[key], **DINO_COMMON)
     torch.manual_seed(0)
@@ -150,9 +152,8 @@ def build_dino(directory: Path, key: str) -> dict:
 
 
 def build_clip_b32(directory: Path) -> dict:
-    import open_clip
-    import safetensors.torch
-    import torch
+    import open_clip  # deferred: open_clip
+    import torch  # deferred: torch
 
     cfg = json.loads(json.dumps(CLIP_B32))
     bundled = open_clip.get_model_config("ViT-B-32")
@@ -160,14 +161,8 @@ def build_clip_b32(directory: Path) -> dict:
         raise SystemExit(f"open_clip's ViT-B-32 config differs from the one written here: {bundled}")
     torch.manual_seed(0)
     model = open_clip.model.CLIP(**cfg)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    safetensors.torch.save_file(state, str(directory / "open_clip_model.safetensors"))
-    (directory / "open_clip_config.json").write_text(json.dumps({
-        "model_cfg": cfg,
-        "preprocess_cfg": {"mean": OPENAI_MEAN, "std": OPENAI_STD, "interpolation": "bicubic",
-                           "resize_mode": "shortest"},
-        "standin": "open_clip ViT-B-32 (QuickGELU) architecture, random weights; outputs are meaningless",
-    }, indent=2))
+    save_open_clip(model, cfg, directory, OPENAI_MEAN, OPENAI_STD,
+                   "open_clip ViT-B-32 (QuickGELU) architecture, random weights; outputs are meaningless")
     return {"params": n_params(model), "visual_params": n_params(model.visual),
             "config": "open_clip ViT-B-32 + quick_gelu (= ViT-B-32-quickgelu)"}
 
@@ -204,8 +199,8 @@ def build(args, key: str) -> dict:
 
 def make_units(units: int, size: int, kind: str, device: str):
     """(U, 3, 3, size, size) float32 images in [0, 1] on ``device`` (module docstring)."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # deferred: torch
+    import torch.nn.functional as F  # deferred: torch
 
     g = torch.Generator("cpu").manual_seed(0)
     if kind == "noise":
@@ -249,7 +244,7 @@ def load_head(args, name: str):
 
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.synchronize()
 
@@ -267,7 +262,7 @@ def timed(args, fn) -> float:
 
 def run(args, name: str) -> dict:
     import numpy as np
-    import torch
+    import torch  # deferred: torch
 
     out: dict = {"head": name, "device": args.device, "torch_threads": torch.get_num_threads()}
     cuda = args.device.startswith("cuda")
@@ -338,12 +333,12 @@ def run(args, name: str) -> dict:
 
 
 def child(args) -> None:
-    import torch
+    import torch  # deferred: torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:  # no "Loading weights" / "Writing model shards" bars in the log
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # deferred: transformers
 
         hf_logging.disable_progress_bar()
     except ImportError:
@@ -420,8 +415,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per mode, after one warm-up call")
     ap.add_argument("--images", choices=("structured", "noise"), default="structured")
     ap.add_argument("--smoke", action="store_true", help="tiny stand-in models (pipelines.standins) instead of full size")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--workdir", help="where the models are saved (default: a temporary directory, removed after)")
+    add_child_process_arguments(ap)
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.units < 1 or args.repeats < 1 or args.batch_size < 1:

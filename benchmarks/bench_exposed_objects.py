@@ -132,7 +132,7 @@ def reset_peak_rss() -> None:
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.synchronize()
 
@@ -156,15 +156,15 @@ def tokenizer_words() -> list[str]:
 
 
 def build_grounding_dino(directory: Path) -> dict:
-    import torch
-    from transformers import (
+    import torch  # deferred: torch
+    from transformers import (  # deferred: transformers
         BertTokenizer,
         GroundingDinoConfig,
         GroundingDinoForObjectDetection,
         GroundingDinoImageProcessor,
         GroundingDinoProcessor,
     )
-    from transformers.image_utils import PILImageResampling
+    from transformers.image_utils import PILImageResampling  # deferred: transformers
 
     config = GroundingDinoConfig()
     got = {k: getattr(config, k) for k in GROUNDING_DINO_T}
@@ -194,9 +194,10 @@ def build_grounding_dino(directory: Path) -> dict:
 
 
 def build_sam(directory: Path, kind: str) -> dict:
-    import torch
+    import torch  # deferred: torch
+    # deferred: transformers
     from transformers import SamConfig, SamImageProcessor, SamModel, SamProcessor, SamVisionConfig
-    from transformers.image_utils import PILImageResampling
+    from transformers.image_utils import PILImageResampling  # deferred: transformers
 
     directory.mkdir(parents=True, exist_ok=True)
     config = SamConfig(vision_config=SamVisionConfig(**SAM_VISION[kind], **SAM_COMMON).to_dict())
@@ -215,8 +216,8 @@ def build_sam(directory: Path, kind: str) -> dict:
 
 def build_unet(args):
     """(UNet on the device, CLIP tokenizer): SD 1.5's UNet, or with --smoke the tiny stand-in's."""
-    import torch
-    from diffusers import UNet2DConditionModel
+    import torch  # deferred: torch
+    from diffusers import UNet2DConditionModel  # deferred: diffusers
 
     from pipelines.standins.diffusion import build_clip_tokenizer, build_tiny_stable_diffusion
 
@@ -271,8 +272,8 @@ class Timers:
 
 def make_images(n: int, size: int, device: str):
     """(n, 3, size, size) float32 in [0, 1]: smooth random fields with fine noise."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # deferred: torch
+    import torch.nn.functional as F  # deferred: torch
 
     g = torch.Generator("cpu").manual_seed(0)
     coarse = torch.rand(n, 3, max(size // 32, 2), max(size // 32, 2), generator=g)
@@ -285,8 +286,8 @@ def make_images(n: int, size: int, device: str):
 
 def run_generation(args, out: dict):
     """UNet evaluations with and without the recorder; returns (capture with the recorded sums, tokenizer)."""
-    import torch
-    from diffusers import PNDMScheduler
+    import torch  # deferred: torch
+    from diffusers import PNDMScheduler  # deferred: diffusers
 
     from operators.support.cross_attention import CrossAttentionCapture
     from pipelines.standins.diffusion import SD1_SCHEDULER
@@ -341,10 +342,10 @@ def run_generation(args, out: dict):
 
 
 def run_analysis(args, capture, tokenizer, out: dict) -> None:
-    import torch
+    import torch  # deferred: torch
 
     import operators.image_prompt_dependency as dependency_module
-    from operators.image_grounded_segmentation import image_vocabulary, read_tags
+    from operators.support.grounding import image_vocabulary, read_tags
     from operators.image_prompt_dependency import PromptDependency
     from schemas.exposed import DETECTION_DETAIL, DETECTION_STATUS, OBJECT_LABELS, PROMPT_NOUNS, DetectionStatus
 
@@ -501,14 +502,14 @@ def main() -> None:
     if args.size % 8:
         ap.error("--size must be a multiple of 8")
 
-    import torch
+    import torch  # deferred: torch
 
     from operators.support.models import resolve_dtype
 
     if args.threads:
         torch.set_num_threads(args.threads)
     with contextlib.suppress(ImportError):   # no "Loading weights" bars in the log
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # deferred: transformers
 
         hf_logging.disable_progress_bar()
     args.unet_dtype = resolve_dtype(args.unet_dtype, args.device, cuda_auto="float16")

@@ -29,14 +29,14 @@ CARDS_GB = ((24, "24 GB (A10G, L4)"), (48, "48 GB (L40S, A6000)"), (80, "80 GB (
 
 
 def t5_xxl():
-    from transformers import T5Config, T5EncoderModel
+    from transformers import T5Config, T5EncoderModel  # deferred: transformers
 
     return T5EncoderModel(T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
                                    feed_forward_proj="gated-gelu"))
 
 
 def clip_text(big: bool, projection: bool):
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection  # deferred: transformers
 
     cfg = (CLIPTextConfig(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
                           projection_dim=1280, hidden_act="gelu") if big else
@@ -46,7 +46,7 @@ def clip_text(big: bool, projection: bool):
 
 
 def vae(latent_channels: int):
-    from diffusers import AutoencoderKL
+    from diffusers import AutoencoderKL  # deferred: diffusers
 
     return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=latent_channels,
                          down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
@@ -54,7 +54,7 @@ def vae(latent_channels: int):
 
 
 def sdxl_unet():
-    from diffusers import UNet2DConditionModel
+    from diffusers import UNet2DConditionModel  # deferred: diffusers
 
     return UNet2DConditionModel(
         sample_size=128, block_out_channels=(320, 640, 1280), layers_per_block=2,
@@ -66,8 +66,8 @@ def sdxl_unet():
 
 
 def models():
-    import torch
-    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+    import torch  # deferred: torch
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel  # deferred: diffusers
 
     def flux_forward(m):
         return m(hidden_states=torch.randn(1, 4096, 64), encoder_hidden_states=torch.randn(1, 512, 4096),
@@ -107,7 +107,7 @@ def models():
 
 
 def main() -> None:
-    import torch
+    import torch  # deferred: torch
 
     from operators.support.diffusion import MEMORY_HEADROOM
     from operators.support.families import defaults

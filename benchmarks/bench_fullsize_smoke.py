@@ -18,7 +18,7 @@ one small batch:
             wide), the Q-Former (32 queries) and a Flan-T5 with the XL widths but only --t5-layers
             encoder and decoder layers (24 each would be ~3.9B parameters, ~16 GB in float32, more
             than this benchmark's ~12 GB budget), saved with save_pretrained with a Blip2Processor,
-            loaded by operators.image_blip2_vqa.load_blip2 inside Blip2Detector, asked the
+            loaded by operators.support.blip2_models.load_blip2 inside Blip2Detector, asked the
             DALL-Eval gender question and the 15 attribute questions of configs/dalleval.yaml.
             The tokenizer is the stand-in's word-level one (T5's SentencePiece model is a download).
 
@@ -45,6 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import add_child_process_arguments  # noqa: E402
 
 MODELS = ("clip-l14", "clip-b32", "sd", "blip2")
 RESULT = "RESULT "
@@ -146,7 +148,7 @@ class Phase:
         self.name, self.device, self.out = name, device, out
 
     def __enter__(self):
-        import torch
+        import torch  # deferred: torch
 
         self.reset = _reset_peak()
         if self.device.startswith("cuda"):
@@ -156,7 +158,7 @@ class Phase:
         return self
 
     def __exit__(self, *exc):
-        import torch
+        import torch  # deferred: torch
 
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -171,7 +173,7 @@ class Phase:
 
 def _describe(x):
     """Shapes and dtypes of the tensors in a (nested) value, None where there are none."""
-    import torch
+    import torch  # deferred: torch
 
     if torch.is_tensor(x):
         return f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}"
@@ -226,7 +228,7 @@ def run_phases(args) -> list[str]:
 def run_head(args, head, parts: dict, out: dict):
     """Push the benchmark images through a device head (``classify_tensor``) once per phase,
     recording the shapes and dtypes ``parts`` see; returns (io record, last result)."""
-    import torch
+    import torch  # deferred: torch
 
     io: dict = {}
     hooks = watch(parts, io)
@@ -241,7 +243,7 @@ def run_head(args, head, parts: dict, out: dict):
 
 def images_for(args):
     """The (B, 3, size, size) float images in [0, 1] a generator hands its heads, on the device."""
-    import torch
+    import torch  # deferred: torch
 
     g = torch.Generator("cpu").manual_seed(0)
     return torch.rand(args.batch, 3, args.size, args.size, generator=g).to(args.device)
@@ -251,8 +253,8 @@ def images_for(args):
 
 
 def build_clip(args, key: str, out: dict) -> None:
-    import open_clip
-    import safetensors.torch
+    import open_clip  # deferred: open_clip
+    import safetensors.torch  # deferred: safetensors
 
     cfg = json.loads(json.dumps(CLIP_CFGS[key]))
     bundled = open_clip.get_model_config(CLIP_NAMES[key])  # the same values, as open_clip ships them
@@ -275,9 +277,10 @@ def build_clip(args, key: str, out: dict) -> None:
 
 
 def build_sd(args, out: dict) -> None:
-    import torch
+    import torch  # deferred: torch
+    # deferred: diffusers
     from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPTextConfig, CLIPTextModel
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPTextConfig, CLIPTextModel  # deferred: transformers
 
     from pipelines.standins.diffusion import SD1_SCHEDULER, build_clip_tokenizer
 
@@ -288,6 +291,7 @@ def build_sd(args, out: dict) -> None:
         text = CLIPTextModel(CLIPTextConfig(**SD1_TEXT))
         safety = feature_extractor = None
         if args.safety_checker == "model-default":  # what paper002.yaml keeps (SD 1.x ships one)
+            # deferred: diffusers
             from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
 
             safety = StableDiffusionSafetyChecker(CLIPConfig(
@@ -306,8 +310,8 @@ def build_sd(args, out: dict) -> None:
 
 
 def build_blip2(args, out: dict) -> None:
-    import torch
-    from transformers import (
+    import torch  # deferred: torch
+    from transformers import (  # deferred: transformers
         Blip2Config,
         Blip2ForConditionalGeneration,
         Blip2Processor,
@@ -407,7 +411,7 @@ def run_sd(args, out: dict) -> None:
 
 
 def run_blip2(args, out: dict) -> None:
-    import yaml
+    import yaml  # deferred: yaml
 
     from operators.image_blip2_vqa import Blip2Detector
     from schemas.dalleval import ATTRIBUTE_ANSWERS, DETECTED_GENDER, GENDER_ANSWER
@@ -447,7 +451,7 @@ STAGES = {
 
 
 def child(args) -> None:
-    import torch
+    import torch  # deferred: torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -481,12 +485,11 @@ def main() -> None:
     ap.add_argument("--safety-checker", choices=("model-default", "off"), default="model-default",
                     help="build SD's real-size safety checker and keep it (paper002.yaml) or leave it out")
     ap.add_argument("--repeats", type=int, default=2, help="calls per model: the first, then warm ones")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--workdir", help="where the models are saved (default: a temporary directory, removed after)")
+    add_child_process_arguments(ap)
     ap.add_argument("--stage", choices=sorted(STAGES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.device == "auto":
-        import torch
+        import torch  # deferred: torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.stage:

@@ -1,4 +1,4 @@
-"""Which reading of paper 001's SGD settings gives the CLS probabilities the paper reports (issue 12, item 15).
+"""Which reading of paper 001's SGD settings gives the CLS probabilities the paper reports.
 
 Section 6 "Experiment Details": "SGD, with learning rate 1e-3, maximum iterations 5000, validation fraction
 10%, and early stopping with 5 iterations in scikit-learn"; section 6.2 (error analysis): the classifiers
@@ -44,7 +44,7 @@ from operators.support.attribute_classifier import (  # noqa: E402
 )
 from operators.support.attribute_classifier import classifier_sentences
 from pipelines.studies.gep.prompts import parse_attributes  # noqa: E402
-from pipelines.engine.config import load_config  # noqa: E402
+from pipelines.engine.cli.config import load_config  # noqa: E402
 
 # name -> ClassifierSettings overrides. The first two are the named readings (SGD_READINGS); the rest are
 # the other schedules scikit-learn offers, with the tolerance it defaults to. "optimal" (scikit-learn's
@@ -135,7 +135,7 @@ class ClipLike:
 
 
 def minilm():
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # deferred: sentence_transformers
 
     from operators.text_prompt_similarity import resolve_sbert
 

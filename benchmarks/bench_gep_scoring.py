@@ -27,7 +27,7 @@ from operators.support.attribute_classifier import (  # noqa: E402
     train_attribute_classifiers,
 )
 from pipelines.studies.gep.prompts import parse_attributes  # noqa: E402
-from pipelines.engine.config import load_config  # noqa: E402
+from pipelines.engine.cli.config import load_config  # noqa: E402
 
 
 def unit(x):
@@ -67,7 +67,7 @@ def main() -> None:
         best = min(best, time.perf_counter() - t0)
 
     # baseline: per image, per attribute, per member, scikit-learn-style probability
-    from sklearn.linear_model import SGDClassifier
+    from sklearn.linear_model import SGDClassifier  # deferred: sklearn
 
     members = []
     for ens in ensembles:

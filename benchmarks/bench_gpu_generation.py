@@ -28,14 +28,14 @@ PAPER_SECONDS_PER_IMAGE = 3.5  # SD 1.4/1.5, one TITAN RTX, 50 steps (paper 002,
 
 def build_sd1_random(directory: str) -> str:
     """Save an SD 1.x pipeline with the real architecture and random weights (fp16 on disk)."""
-    import torch
-    from diffusers import (
+    import torch  # deferred: torch
+    from diffusers import (  # deferred: diffusers
         AutoencoderKL,
         PNDMScheduler,
         StableDiffusionPipeline,
         UNet2DConditionModel,
     )
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from transformers import CLIPTextConfig, CLIPTextModel  # deferred: transformers
 
     from pipelines.standins.diffusion import SD1_SCHEDULER, build_clip_tokenizer
 
@@ -64,7 +64,7 @@ def build_sd1_random(directory: str) -> str:
 
 def bench_generation(args) -> None:
     import pyarrow as pa
-    import torch
+    import torch  # deferred: torch
 
     from operators.image_generation import ImageGenerator
 
@@ -92,8 +92,8 @@ def bench_generation(args) -> None:
 
 
 def bench_clip(args) -> None:
-    import open_clip
-    import torch
+    import open_clip  # deferred: open_clip
+    import torch  # deferred: torch
 
     from operators.image_clip_gender import ClipGenderClassifier
 

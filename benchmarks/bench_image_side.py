@@ -51,7 +51,7 @@ def bench_fetch(n: int, latency: float) -> None:
 
 
 def photos(n: int) -> list[np.ndarray]:
-    from skimage import data
+    from skimage import data  # deferred: skimage
 
     coffee = np.pad(data.coffee(), ((0, 112), (0, 0), (0, 0)))[:512, :512]  # 512 x 512 like the others
     base = [data.astronaut(), np.repeat(data.camera()[:, :, None], 3, 2), coffee]
@@ -59,7 +59,7 @@ def photos(n: int) -> list[np.ndarray]:
 
 
 def bench_face(n: int) -> None:
-    from PIL import Image
+    from PIL import Image  # deferred: PIL
 
     from operators.image_face_filter import FaceFilter
 
@@ -77,8 +77,8 @@ def bench_face(n: int) -> None:
 
 
 def bench_clip(n: int, arch: str, device: str) -> None:
-    import torch
-    from PIL import Image
+    import torch  # deferred: torch
+    from PIL import Image  # deferred: PIL
 
     from operators.image_clip_gender import ClipGenderClassifier
 
@@ -88,7 +88,7 @@ def bench_clip(n: int, arch: str, device: str) -> None:
 
             spec, pretrained = build_tiny_open_clip(tmp), None
         else:  # the real architecture, random weights, saved as a checkpoint file (no download)
-            import open_clip
+            import open_clip  # deferred: open_clip
 
             model = open_clip.create_model(arch, pretrained=None)
             ckpt = str(Path(tmp) / "random.pt")
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["fetch", "face", "clip"])
     ap.add_argument("--latency", type=float, default=0.05, help="simulated server latency for fetch (s)")
     args = ap.parse_args()
-    import torch
+    import torch  # deferred: torch
 
     print(f"{args.images} images, torch threads {torch.get_num_threads()}")
     if args.only in (None, "fetch"):

@@ -7,21 +7,11 @@ scipy.stats.bootstrap (BCa, vectorised) on the same data, for the unit counts th
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from scipy import stats as sps
 
-from pipelines.engine import intervals as iv
-
-
-def timed(fn, repeat: int = 3) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
+from benchmarks.common import timed
+from pipelines.engine.stats import intervals as iv
 
 
 def main() -> None:

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_name_gender import NameGenderIndicators  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from pipelines.engine import config as study_config  # noqa: E402
-from pipelines.engine import io  # noqa: E402
+from pipelines.engine.cli import config as study_config  # noqa: E402
+from pipelines.engine.storage.inputs import resolve_column, resolve_parquet_inputs  # noqa: E402
 from pipelines.studies.amplification import jobs  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "synthetic" / "laion_synthetic_sample.parquet"
@@ -37,8 +37,8 @@ COMPARED = ("male_indicators", "female_indicators", "caption_gender")
 
 
 def load(paths: list[str], column: str, all_captions: bool, limit: int | None, occupations) -> tuple[pa.Table, int]:
-    inp = io.resolve_parquet_inputs(paths)
-    col = io.resolve_column(inp, column, "text")
+    inp = resolve_parquet_inputs(paths)
+    col = resolve_column(inp, column, "text")
     parts = []
     for f in inp.files:
         with inp.filesystem.open_input_file(f) as fh:

@@ -1,9 +1,9 @@
-"""Per-occupation caption counts on a skewed input: the combinable aggregation against the
-group-by it replaced (issue 12, item 6).
+"""Per-occupation caption counts on a skewed input: the combinable aggregation against a
+plain group-by.
 
 One occupation holds 90% of the annotated captions (as "student" or "author" would at LAION
-scale). The baseline is the old plan: ``groupby(occupation).map_groups(...)``, which shuffles every
-caption and hands one worker all of that occupation's rows. The new plan maps each block to at
+scale). The baseline is a plain group-by: ``groupby(occupation).map_groups(...)``, which shuffles every
+caption and hands one worker all of that occupation's rows. The combinable plan maps each block to at
 most one row per occupation and sums those on the driver. Both results must be equal.
 
 Peak memory per worker is the peak RSS any Ray worker process reaches while the plan runs
@@ -57,7 +57,7 @@ class RssSampler:
     """Peak RSS of any Ray worker process while a plan runs."""
 
     def __init__(self):
-        import psutil
+        import psutil  # deferred: psutil
 
         self.psutil, self.peak, self.stop = psutil, 0, threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=2)
     args = ap.parse_args()
 
-    import ray
+    import ray  # deferred: ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -115,9 +115,9 @@ def main() -> None:
                 out = pa.concat_tables(ray.get(ds.to_arrow_refs()))
                 out = out.sort_by(OCCUPATION)
             else:
-                from pipelines.studies.amplification import captions
+                from pipelines.studies.amplification import caption_selection
 
-                ds = captions.partial_occupation_stats(data)
+                ds = caption_selection.partial_occupation_stats(data)
                 out = report.combine_occupation_stats(ray.get(ds.to_arrow_refs()))
             wall = time.perf_counter() - t0
         results[name] = out

@@ -3,10 +3,10 @@
     python benchmarks/bench_sbert.py                       # CPU, the bundled sample's matched captions
     python benchmarks/bench_sbert.py --device cuda         # adds fp16 next to fp32
     python benchmarks/bench_sbert.py --captions FILE.parquet --text-column TEXT
-    python benchmarks/bench_sbert.py --backends --threads 2   # torch vs OpenVINO f32 / bf16 (issue 34)
+    python benchmarks/bench_sbert.py --backends --threads 2   # torch vs OpenVINO f32 / bf16
     python benchmarks/bench_sbert.py --fold --captions real.parquet --all-captions --limit 200000 --threads 2
 
-``--fold`` (issue 34): how many encodes folding saves, per Ray batch of ``--ray-batch`` rows in file
+``--fold``: how many encodes folding saves, per Ray batch of ``--ray-batch`` rows in file
 order, as ``PromptSimilarity`` folds them: exact repeats, then equal token ids after the tokenizer's
 normalisation; and the similarity stage timed with folding off and on over the first
 ``--fold-timed`` rows (the same rows; the largest difference between the two outputs is printed).
@@ -32,10 +32,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import timed  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
 from operators.support.sbert_batches import CPU_TOKEN_BUDGET  # noqa: E402
 from operators.text_prompt_similarity import load_sentence_transformer, unit_embeddings  # noqa: E402
-from pipelines.engine import config as study_config  # noqa: E402
+from pipelines.engine.cli import config as study_config  # noqa: E402
 from pipelines.studies.amplification import jobs  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "synthetic" / "laion_synthetic_sample.parquet"
@@ -48,15 +49,6 @@ def matched_captions(path: str, column: str, limit: int, all_captions: bool = Fa
         occupations = jobs.occupations_from(study_config.load_config(None))
         captions = captions.filter(pa.array(OccupationMatcher(occupations).any_match(captions)))
     return [c for c in captions.to_pylist() if c][:limit]
-
-
-def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
 
 
 def measure_folding(caps: list[str], args) -> None:
@@ -113,7 +105,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fold", action="store_true", help="only measure duplicate folding (see above)")
     ap.add_argument("--fold-timed", type=int, default=16384, help="rows timed with folding off and on (--fold)")
     args = ap.parse_args(argv)
-    import torch
+    import torch  # deferred: torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,7 +169,7 @@ def compare_backends(model, caps: list[str], args) -> None:
     embeddings, and whether each (occupation, Table 1 prompt)'s top-k neighbours are the same set."""
     import warnings
 
-    import torch
+    import torch  # deferred: torch
 
     from operators.support.sbert_openvino import OpenVinoSbert, version
     from pipelines.studies.amplification.prompts import prompt_table

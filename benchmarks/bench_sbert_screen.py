@@ -1,4 +1,4 @@
-"""SBERT screened in bf16, its candidates re-encoded in fp32 (``--sbert-backend screened``, issue 34),
+"""SBERT screened in bf16, its candidates re-encoded in fp32 (``--sbert-backend screened``),
 against torch fp32 on every row, on the same (caption, occupation) rows, in one run.
 
     python benchmarks/bench_sbert_screen.py --captions real.parquet --text-column TEXT \\
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from operators.support.sbert_openvino import version as openvino_version  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
 from operators.text_prompt_similarity import PromptSimilarity  # noqa: E402
-from pipelines.engine import config as study_config  # noqa: E402
+from pipelines.engine.cli import config as study_config  # noqa: E402
 from pipelines.studies.amplification import jobs, refine  # noqa: E402
-from pipelines.studies.amplification.captions import select_subsets_local  # noqa: E402
+from pipelines.studies.amplification.caption_selection import select_subsets_local  # noqa: E402
 from pipelines.studies.amplification.prompts import prompt_table  # noqa: E402
 from pipelines.studies.amplification.selection import SelectionConfig  # noqa: E402
 from schemas.occupations import Occupation  # noqa: E402
@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     ap.add_argument("--margin", type=float, default=refine.DEFAULT_MARGIN)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
-    import torch
+    import torch  # deferred: torch
 
     if args.threads:
         torch.set_num_threads(args.threads)

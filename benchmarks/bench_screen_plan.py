@@ -1,4 +1,4 @@
-"""Backend "auto"'s plan (issue 34): each occupation's captions estimated from a sample of the input,
+"""Backend "auto"'s plan: each occupation's captions estimated from a sample of the input,
 read at places spread over it (``refine.sample_spots``, the default) against the input's start
 (one place), on the same captions as given and sorted by caption text, in one run.
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from operators.base import Stage  # noqa: E402
 from operators.text_caption_validator import CaptionValidator  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from pipelines.engine import io  # noqa: E402
+from pipelines.engine.storage.inputs import resolve_parquet_inputs  # noqa: E402
 from pipelines.studies.amplification import refine  # noqa: E402
 from pipelines.studies.amplification.selection import SelectionConfig  # noqa: E402
 from schemas.occupations import Occupation  # noqa: E402
@@ -65,7 +65,7 @@ def main(argv=None) -> None:
             folder = Path(tmp) / name.split()[0]
             folder.mkdir()
             pq.write_table(data, folder / "part-0.parquet", row_group_size=args.row_group_rows)
-            inp = io.resolve_parquet_inputs([str(folder)], "footer")
+            inp = resolve_parquet_inputs([str(folder)], "footer")
             truth = plan(inp, inp.num_rows, 1)[0]
             counts = truth["estimated_captions"]
             print(f"\n{name}: {inp.num_rows:,} rows in {sum(map(len, inp.row_groups))} row groups; "

@@ -26,6 +26,7 @@ import pyarrow.compute as pc  # noqa: E402
 pa.set_cpu_count(1)
 pa.set_io_thread_count(1)
 
+from benchmarks.common import best_of  # noqa: E402
 from operators.text_triplet_filter import TripletFilter, python_loop_filter  # noqa: E402
 from schemas.exposed import FEMININE, HUMAN_WORD, MASCULINE, TRIPLET_STATUS  # noqa: E402
 
@@ -53,15 +54,6 @@ def synthetic_captions(rows: int, seed: int = 0, person_share: float = 0.02, hum
     place = np.where(human, np.array(HUMANS, object)[rng.integers(len(HUMANS), size=rows)], place)
     return pc.binary_join_element_wise(pa.array(subj, pa.string()), pa.array(verb, pa.string()),
                                        pa.array(place, pa.string()), " ")
-
-
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> None:

@@ -66,6 +66,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import save_open_clip  # noqa: E402
+
 STAGES = ("generation", "families", "clip", "sbert", "blip2", "detr", "grounding")
 # today's families at full size (random weights, the published configs of bench_family_sizes), each at
 # its model card's defaults (operators.support.families): SDXL, SD 3 medium, SD 3.5 large, FLUX.1
@@ -101,7 +103,7 @@ def is_cuda(device: str) -> bool:
 
 def sync(device: str) -> None:
     if is_cuda(device):
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.synchronize()
 
@@ -109,7 +111,7 @@ def sync(device: str) -> None:
 def free(device: str) -> None:
     gc.collect()
     if is_cuda(device):
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.empty_cache()
 
@@ -117,7 +119,7 @@ def free(device: str) -> None:
 def _num_ooms(device: str) -> int:
     if not is_cuda(device):
         return 0
-    import torch
+    import torch  # deferred: torch
 
     return int(torch.cuda.memory_stats().get("num_ooms", 0))
 
@@ -139,7 +141,7 @@ class Timing:
 
 def measure(fn, device: str, items: int, args) -> Timing:
     """One warm-up call, then at least ``args.repeats`` timed calls and at least ``args.min_seconds``."""
-    import torch
+    import torch  # deferred: torch
 
     ooms = _num_ooms(device)
     sync(device)
@@ -179,7 +181,7 @@ class Row:
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    import torch
+    import torch  # deferred: torch
 
     return isinstance(exc, torch.cuda.OutOfMemoryError) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
@@ -199,6 +201,17 @@ def timed_row(row: Row, fn, items: int, args) -> bool:
         print(f"    FAILED: {row.error}", flush=True)
         free(args.device)
         return False
+
+
+def inference_call(fn, *fn_args):
+    """A callable for ``timed_row``: ``fn(*fn_args)`` under torch.inference_mode."""
+    import torch  # deferred: torch
+
+    def call():
+        with torch.inference_mode():
+            return fn(*fn_args)
+
+    return call
 
 
 def n_params(module) -> int:
@@ -233,7 +246,7 @@ def resolve_peak(device: str, override: float | None) -> tuple[float | None, str
         return float(override), f"{override:g} TFLOP/s (--peak-tflops)"
     if not is_cuda(device):
         return None, "n/a (not a GPU; give --peak-tflops to compare against one)"
-    import torch
+    import torch  # deferred: torch
 
     name = torch.cuda.get_device_name(torch.device(device))
     found = known_peak(name)
@@ -247,8 +260,8 @@ def sd_flops_per_image(pipe, size: int, unet_calls: int, guidance: float) -> flo
     """FLOPs of one image: ``unet_calls`` UNet evaluations (two samples each with guidance), one VAE
     decode, the text encoder on the prompt (and the empty prompt), counted by torch's FlopCounterMode
     on meta-device copies of the pipeline's models (no memory, no time)."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    import torch  # deferred: torch
+    from torch.utils.flop_counter import FlopCounterMode  # deferred: torch
 
     try:
         cfg = 2 if guidance > 1 else 1
@@ -289,9 +302,9 @@ def attention_check(pipe, size: int, device: str) -> str:
     """Which attention kernels one UNet evaluation runs: each ``scaled_dot_product_attention`` call
     (seen by a dispatch mode) with the backend PyTorch picks for its inputs (flash, efficient, cuDNN
     or the unfused math path; ``torch._fused_sdp_choice``, the dispatcher's own choice)."""
-    import torch
-    from torch.nn.attention import SDPBackend
-    from torch.utils._python_dispatch import TorchDispatchMode
+    import torch  # deferred: torch
+    from torch.nn.attention import SDPBackend  # deferred: torch
+    from torch.utils._python_dispatch import TorchDispatchMode  # deferred: torch
 
     class Ops(TorchDispatchMode):
         def __init__(self):
@@ -331,14 +344,14 @@ def attention_check(pipe, size: int, device: str) -> str:
 def build_sd15(directory: Path, device: str) -> str:
     """SD 1.5's architecture (unet/vae/text_encoder configs of runwayml/stable-diffusion-v1-5, PNDM with
     the v1 settings, the real CLIP tokenizer), random weights, no safety checker; float16 on CUDA."""
-    import torch
-    from diffusers import (
+    import torch  # deferred: torch
+    from diffusers import (  # deferred: diffusers
         AutoencoderKL,
         PNDMScheduler,
         StableDiffusionPipeline,
         UNet2DConditionModel,
     )
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from transformers import CLIPTextConfig, CLIPTextModel  # deferred: transformers
 
     from benchmarks.bench_fullsize_smoke import SD1_TEXT, SD1_UNET, SD1_VAE
     from pipelines.standins.diffusion import SD1_SCHEDULER, build_clip_tokenizer
@@ -359,9 +372,8 @@ def build_sd15(directory: Path, device: str) -> str:
 
 def build_clip_l14(directory: Path) -> str:
     """open_clip ViT-L/14 with QuickGELU as a local-dir model (open_clip_config.json + safetensors)."""
-    import open_clip
-    import safetensors.torch
-    import torch
+    import open_clip  # deferred: open_clip
+    import torch  # deferred: torch
 
     from benchmarks.bench_fullsize_smoke import CLIP_CFGS, OPENAI_MEAN, OPENAI_STD
 
@@ -370,13 +382,8 @@ def build_clip_l14(directory: Path) -> str:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = open_clip.model.CLIP(**cfg)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    safetensors.torch.save_file(state, str(directory / "open_clip_model.safetensors"))
-    (directory / "open_clip_config.json").write_text(json.dumps({
-        "model_cfg": cfg,
-        "preprocess_cfg": {"mean": OPENAI_MEAN, "std": OPENAI_STD, "interpolation": "bicubic", "resize_mode": "shortest"},
-        "standin": "ViT-L-14-quickgelu architecture, random weights; outputs are meaningless",
-    }, indent=2))
+    save_open_clip(model, cfg, directory, OPENAI_MEAN, OPENAI_STD,
+                   "ViT-L-14-quickgelu architecture, random weights; outputs are meaningless")
     return f"local-dir:{directory}"
 
 
@@ -385,8 +392,8 @@ def build_blip2_xl(directory: Path, device: str, t5_layers: int) -> str:
     decoder layers, random weights (initialised on the GPU when there is one, saved in bfloat16 there),
     the published processor settings and the stand-in's word-level tokenizer (T5's SentencePiece model
     is a download)."""
-    import torch
-    from transformers import (
+    import torch  # deferred: torch
+    from transformers import (  # deferred: transformers
         Blip2Config,
         Blip2ForConditionalGeneration,
         Blip2Processor,
@@ -428,7 +435,7 @@ def build_blip2_xl(directory: Path, device: str, t5_layers: int) -> str:
 
 def images_for(n: int, size: int, device: str):
     """(n, 3, size, size) float images in [0, 1] on the device, as a generator hands its heads."""
-    import torch
+    import torch  # deferred: torch
 
     g = torch.Generator("cpu").manual_seed(0)
     return torch.rand(n, 3, size, size, generator=g).to(device)
@@ -436,7 +443,7 @@ def images_for(n: int, size: int, device: str):
 
 def stage_generation(args, work: Path, ctx: dict) -> list[Row]:
     import pyarrow as pa
-    import torch
+    import torch  # deferred: torch
 
     from operators.image_generation import ImageGenerator
     from schemas.images import GENERATION_STATUS, SEED, GenerationStatus
@@ -528,8 +535,8 @@ def build_family(model: str, directory: Path, device: str) -> str:
     """``model``'s pipeline at full size with random weights (bench_family_sizes' configs; FLUX.1-schnell:
     FLUX.1-dev's transformer without the guidance embedding), in its family's dtype on CUDA, with the
     stand-in tokenizers (their ids are in the real vocabularies' ranges), saved with save_pretrained."""
-    import torch
-    from diffusers import (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,
+    import torch  # deferred: torch
+    from diffusers import (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,  # deferred: diffusers
                            FluxTransformer2DModel, StableDiffusion3Pipeline, StableDiffusionXLPipeline)
 
     from benchmarks.bench_family_sizes import models
@@ -664,7 +671,7 @@ def captions(n: int) -> list[str]:
 
 
 def stage_sbert(args, work: Path, ctx: dict) -> list[Row]:
-    import torch
+    import torch  # deferred: torch
 
     from operators.text_prompt_similarity import PromptSimilarity, resolve_sbert
 
@@ -697,7 +704,7 @@ def stage_sbert(args, work: Path, ctx: dict) -> list[Row]:
 
 
 def stage_blip2(args, work: Path, ctx: dict) -> list[Row]:
-    import yaml
+    import yaml  # deferred: yaml
 
     from operators.image_blip2_vqa import Blip2Detector
 
@@ -778,7 +785,7 @@ def stage_detr(args, work: Path, ctx: dict) -> list[Row]:
 
 
 def stage_grounding(args, work: Path, ctx: dict) -> list[Row]:
-    import torch
+    import torch  # deferred: torch
 
     from operators.image_grounded_segmentation import (
         GroundedSegmenter,
@@ -817,10 +824,7 @@ def stage_grounding(args, work: Path, ctx: dict) -> list[Row]:
         row = Row("grounding", f"open-vocabulary boxes: {len(vocab)} labels, {n_queries} queries per image, NMS",
                   f"{gd_name}, {mparams(seg.detector.model)}", b, seg.detector.record["dtype"], "images")
 
-        def detect(x=x, vocabs=vocabs):
-            with torch.inference_mode():
-                return seg._detect(x, vocabs)
-
+        detect = inference_call(seg._detect, x, vocabs)
         rows.append(row)
         if timed_row(row, detect, b, args):
             found = detect()
@@ -834,10 +838,7 @@ def stage_grounding(args, work: Path, ctx: dict) -> list[Row]:
         row = Row("grounding", f"masks: image embedding + {k} boxes per image",
                   f"{sam_name}, {mparams(seg.segmenter.model)}", b, seg.segmenter.record["dtype"], "images")
 
-        def segment(x=x, boxes=boxes):
-            with torch.inference_mode():
-                return seg._segment(x, boxes)
-
+        segment = inference_call(seg._segment, x, boxes)
         rows.append(row)
         if not timed_row(row, segment, b, args):
             continue
@@ -881,7 +882,7 @@ def table(rows: list[Row]) -> str:
 
 
 def header(args, ctx: dict, command: str) -> str:
-    import torch
+    import torch  # deferred: torch
 
     versions = []
     for dist in ("torch", "diffusers", "transformers", "open_clip_torch", "sentence-transformers"):
@@ -993,7 +994,7 @@ def parse_args(argv=None):
     if min(args.steps, args.repeats, args.sam_boxes, args.t5_layers, args.sbert_captions) < 1 or args.warmup < 0:
         ap.error("--steps, --repeats, --sam-boxes, --t5-layers and --sbert-captions must be >= 1, --warmup >= 0")
     if args.device == "auto":
-        import torch
+        import torch  # deferred: torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.channels_last is None:
@@ -1006,7 +1007,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     command = "python benchmarks/gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    import torch
+    import torch  # deferred: torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -1015,11 +1016,11 @@ def main(argv=None) -> int:
         # threads make each call several times slower (as tests/operators/test_image_generation.py notes)
         torch.set_num_threads(1)
     with contextlib.suppress(ImportError):   # no progress bars in the log
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # deferred: transformers
 
         hf_logging.disable_progress_bar()
     with contextlib.suppress(ImportError):
-        from diffusers.utils import logging as df_logging
+        from diffusers.utils import logging as df_logging  # deferred: diffusers
 
         df_logging.disable_progress_bar()
     peak, peak_text = resolve_peak(args.device, args.peak_tflops)

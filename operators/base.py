@@ -22,6 +22,7 @@ it claims):
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -50,7 +51,7 @@ class Resources:
     # the stage's model once. (min, max): a pool Ray Data grows from min to max actors as inputs queue.
     actors: int | tuple[int, int] | None = None
     # Custom Ray resources each task/actor also asks for ({name: amount}), e.g. {"large_gpu": 1}
-    # for a generator too large for the ordinary GPU node (pipelines/engine/gpus.py). None: none.
+    # for a generator too large for the ordinary GPU node (pipelines/engine/run/gpus.py). None: none.
     resources: dict | None = None
 
 
@@ -105,8 +106,6 @@ class DisparityHead(Protocol):
 def declares(cls: type, contract: type) -> list[str]:
     """The members of ``contract`` (a Protocol above) that ``cls`` lacks: [] when it declares them
     all (checked on the class, without building it)."""
-    import typing
-
     def has(name: str) -> bool:   # every class is callable: a method must be defined by the class
         if name.startswith("__"):
             return any(name in vars(k) for k in cls.__mro__ if k is not object)
@@ -120,7 +119,7 @@ def declares(cls: type, contract: type) -> list[str]:
 class Stage:
     """One line of a pipeline: an operator class, its keyword arguments, and the resources it runs
     with (None: what the operator declares in its ``resources``). A pipeline is a list of these,
-    run by ``pipelines.engine.stages.run``; a head that runs inside another stage on its device
+    run by ``pipelines.engine.stream.stages.run``; a head that runs inside another stage on its device
     (CLIP on the generator's images) is a Stage given to that stage as an argument."""
 
     op: type
@@ -222,7 +221,7 @@ def outcome_tally(stage: str, status: pa.Array | pa.ChunkedArray, outcomes: Sequ
 
 def run_counted(op: Callable[[pa.Table], pa.Table], table: pa.Table) -> tuple[pa.Table, dict[str, int] | None]:
     """Run ``op`` on ``table``: (the rows it passes on, its counts) -- the one row accounting of
-    every stream (``StreamStage``) and of the fused scan (``pipelines.engine.scan``).
+    every stream (``StreamStage``) and of the fused scan (``pipelines.engine.stream.scan``).
 
     A ``FilterOperator`` passes on its "kept" rows and counts every outcome; any other named
     operator counts rows in and out, plus what its ``tally(out)`` adds; an unnamed one is not

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.base import Resources, conform
-from operators.image_clip_embedding import embeddings_of
+from operators.image_clip_embedding import ClipImageEmbedder, embeddings_of
 from operators.support.attribute_classifier import (
     ClassifierSettings,
     Ensemble,
@@ -64,8 +64,6 @@ class AttributeScorer:
 
     def __init__(self, attributes: list[dict], clip: dict, reference: str = DEFAULT_REFERENCE,
                  classifier: dict | None = None, device: str = "auto", embedder=None):
-        from operators.image_clip_embedding import ClipImageEmbedder
-
         self.attributes = [Attribute(**a) if isinstance(a, dict) else a for a in attributes]
         if not self.attributes:
             raise ValueError("no attributes to score")

@@ -62,25 +62,9 @@ import numpy as np
 
 from operators.base import Resources
 from operators.support.codec import rgb_levels
-from operators.support.disparity import (
-    check_units,
-    flatten_units,
-    pair_cosines,
-    unflatten_units,
-)
-from operators.support.models import (
-    ModelLoadError,
-    loading,
-    local_record,
-    source_record,
-    check_loading_info,
-    dtype_kwarg,
-    package_version,
-    pick_device,
-    resolve_dtype,
-    resolved_dir,
-    weights_record,
-)
+from operators.support.disparity import unit_similarities
+from operators.support.models import (ModelLoadError, check_loading_info, dtype_kwarg, hub_load_error, loaded_record,
+                                     loading, local_record, pick_device, resolve_dtype)
 from schemas.exposed import Space
 
 STAGE_BACKBONE_DISPARITY = "backbone_disparity"
@@ -214,7 +198,7 @@ def fixed_output_size(settings: dict) -> tuple[int, int] | None:
 def _resize_levels(x, size: tuple[int, int], interpolation: str):
     """Resize (B, 3, H, W) 0-255 levels to ``size``: the width, then the height, each pass
     antialiased and clamped and rounded to levels, as PIL and torch's uint8 CPU kernels do."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # deferred: torch
 
     th, tw = size
     if tuple(x.shape[-2:]) == (th, tw):
@@ -231,7 +215,7 @@ def _resize_levels(x, size: tuple[int, int], interpolation: str):
 
 def _center_crop(x, size: tuple[int, int]):
     """The processors' center crop: offsets ``int((H - h) / 2)``, zero padding where smaller."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # deferred: torch
 
     h, w = x.shape[-2:]
     th, tw = size
@@ -248,7 +232,7 @@ def preprocess(images, settings: dict):
     """(B, 3, H, W) float images in [0, 1] on any device -> pixel values (B, 3, h, w) float32 on
     that device, as the image processor described by ``settings`` makes them of the RGB8 image
     (module docstring)."""
-    import torch
+    import torch  # deferred: torch
 
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
@@ -294,14 +278,11 @@ class BackboneBundle:
 def _load_error(model: str, revision: str | None, arch: str, exc: BaseException) -> ModelLoadError:
     what = ("an image classifier (e.g. ResNetForImageClassification, microsoft/resnet-50)" if arch == ARCH_CLASSIFIER
             else "a ViT encoder (ViTModel, e.g. facebook/dino-vits16 or facebook/dino-vitb8)")
-    return ModelLoadError(
-        f"cannot load vision backbone {model!r} (revision {revision!r}): {type(exc).__name__}: "
-        f"{str(exc).rstrip('. ')}. Provide {what} as a local directory written by save_pretrained() "
-        f"(config.json, model.safetensors and the image processor's preprocessor_config.json), or as a hub id "
-        f"reachable from every node: already in the Hugging Face cache (pre-fill HF_HOME / HF_HUB_CACHE; "
-        f"HF_HUB_OFFLINE=1 then loads it from there) or with network access to the hub (pin a revision). "
-        f"--standin-models builds tiny random ones (pipelines.standins.vision)."
-    )
+    return hub_load_error(
+        "vision backbone", model, revision, exc,
+        f"Provide {what} as a local directory written by save_pretrained() (config.json, model.safetensors and "
+        f"the image processor's preprocessor_config.json), or as a hub id",
+        "--standin-models builds tiny random ones (pipelines.standins.vision).")
 
 
 def load_backbone(model: str, arch: str, revision: str | None = None, device: str = "auto",
@@ -310,7 +291,7 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
     saying how to provide it. ``arch``: ``ARCH_CLASSIFIER`` (AutoModelForImageClassification; its
     logits are the feature) or ``ARCH_VIT`` (a ViTModel, loaded without the pooling layer).
     ``dtype="auto"``: float32 everywhere."""
-    from transformers import (
+    from transformers import (  # deferred: transformers
         AutoConfig,
         AutoImageProcessor,
         AutoModel,
@@ -344,21 +325,11 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
                                  f"{tuple(image_size)} (config.image_size)")
         net = net.to(dev).eval()
 
-    resolved = resolved_dir(model, revision)
-    record = {
-        **source_record(model, revision, resolved),
-        "arch": arch,
-        "model_class": type(net).__name__,
-        "config_class": type(config).__name__,
+    record = loaded_record(model, revision, net, config, torch_dtype, dev, lead={"arch": arch}, fields={
         "model_type": model_type,
         "activation": getattr(config, "hidden_act", None),
         **settings,
-        "dtype": str(torch_dtype).replace("torch.", ""),
-        "device": dev,
-        "transformers_version": package_version("transformers"),
-        "torch_version": package_version("torch"),
-        **weights_record(model, resolved, config),
-    }
+    })
     if ignored:
         record["ignored_checkpoint_weights"] = ignored
     if arch == ARCH_VIT:
@@ -374,7 +345,7 @@ def load_backbone(model: str, arch: str, revision: str | None = None, device: st
 def run_backbone(bundle: BackboneBundle, images, batch_size: int, take):
     """``take(model outputs)`` of (B, 3, H, W) float images in [0, 1] on any device, computed in
     batches of ``batch_size`` on the model's device and concatenated (float32)."""
-    import torch
+    import torch  # deferred: torch
 
     out = []
     with torch.inference_mode():
@@ -418,8 +389,4 @@ class BackboneDisparity:
 
     def triplet_similarities(self, images) -> dict[str, np.ndarray]:
         """{space: (U, 3) float64 cosines in PAIRS order} of (U, 3, 3, H, W) float images in [0, 1]."""
-        check_units(images)
-        if images.shape[0] == 0:
-            return {self.space: np.zeros((0, 3), np.float64)}
-        feats = self.features(flatten_units(images))
-        return {self.space: pair_cosines(unflatten_units(feats, images.shape[0]))}
+        return unit_similarities(images, self.space, self.features)

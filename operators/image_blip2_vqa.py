@@ -44,29 +44,15 @@ float32).
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from operators.support.models import (
-    ModelLoadError,
-    loading,
-    local_record,
-    source_record,
-    dtype_kwarg,
-    package_version,
-    resolved_dir,
-    weights_record,
-)
 from operators.base import Resources, with_column
 from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
-from operators.support.models import resolve_dtype
-from operators.support.models import pick_device
+from operators.support.blip2_models import DEFAULT_MODEL, load_blip2
 from schemas.dalleval import (
     ATTRIBUTE_ANSWERS,
     ATTRIBUTE_NAMES,
@@ -81,7 +67,6 @@ from schemas.dalleval import (
 from schemas.images import P_FEMALE, P_MALE
 
 STAGE_BLIP2_VQA = "blip2_vqa"
-DEFAULT_MODEL = "Salesforce/blip2-flan-t5-xl"
 DEFAULT_GENDER_QUESTION = "the person looks like a male or a female?"  # paper 000, section 4.2.3, verbatim
 DEFAULT_ATTRIBUTE_QUESTION = "Is the person wearing {attribute}?"
 DEFAULT_PROMPT_TEMPLATE = "Question: {question} Answer:"  # BLIP-2's VQA prompt format
@@ -163,159 +148,6 @@ def normalize_attributes(attributes) -> list[tuple[str, str]]:
     return out
 
 
-# --- loading -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Blip2Bundle:
-    """A loaded BLIP-2: the model (eval mode, on ``device``), its processor and provenance."""
-
-    model: Any        # Blip2ForConditionalGeneration
-    processor: Any    # Blip2Processor (image_processor + tokenizer)
-    device: str
-    dtype: Any        # torch dtype the model was loaded in
-    record: dict = field(default_factory=dict)
-
-
-def _load_error(model: str, revision: str | None, exc: BaseException) -> ModelLoadError:
-    return ModelLoadError(
-        f"cannot load BLIP-2 model {model!r} (revision {revision!r}): {type(exc).__name__}: {str(exc).rstrip('. ')}. "
-        f"Provide it as a local directory holding a Blip2ForConditionalGeneration and its Blip2Processor, "
-        f"both written with save_pretrained() (config.json with model_type blip-2, the weights, "
-        f"processor_config.json and the tokenizer files), or as a hub id (e.g. {DEFAULT_MODEL}) reachable "
-        f"from every node: already in the Hugging Face cache (pre-fill HF_HOME / HF_HUB_CACHE; "
-        f"HF_HUB_OFFLINE=1 then loads it from there) or with network access to the hub (pin a revision)."
-    )
-
-
-def _image_settings(image_processor) -> dict:
-    size = image_processor.size
-    get = (lambda k: getattr(size, k, None)) if not isinstance(size, Mapping) else size.get
-    height, width = get("height"), get("width")
-    if not height or not width:
-        raise ValueError(f"image processor size {size!r} has no (height, width); only fixed-size resizing is supported")
-    if getattr(image_processor, "do_center_crop", None) or getattr(image_processor, "do_pad", None):
-        raise ValueError("image processors that center-crop or pad are not supported")
-    resample = getattr(image_processor, "resample", None)
-    if resample is None:
-        interpolation = "bilinear"  # what the torchvision backend does without one
-    elif isinstance(getattr(resample, "value", None), str):  # a torchvision InterpolationMode
-        interpolation = resample.value
-    else:  # a PIL resampling code
-        interpolation = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(int(resample), str(resample))
-    if interpolation not in ("nearest", "bilinear", "bicubic"):
-        raise ValueError(f"image processor resample {resample!r} is not supported (nearest, bilinear, bicubic)")
-    mean = image_processor.image_mean
-    std = image_processor.image_std
-    mean = [float(mean)] * 3 if isinstance(mean, (int, float)) else [float(m) for m in mean]
-    std = [float(std)] * 3 if isinstance(std, (int, float)) else [float(s) for s in std]
-    return {
-        "image_size": [int(height), int(width)],
-        "interpolation": interpolation,
-        "do_resize": bool(getattr(image_processor, "do_resize", True)),
-        "do_rescale": bool(getattr(image_processor, "do_rescale", True)),
-        "rescale_factor": float(getattr(image_processor, "rescale_factor", 1 / 255)),
-        "do_normalize": bool(getattr(image_processor, "do_normalize", True)),
-        "image_mean": mean,
-        "image_std": std,
-    }
-
-
-def load_blip2(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto") -> Blip2Bundle:
-    """Load a BLIP-2 (``Blip2ForConditionalGeneration`` + its processor) for inference, or raise
-    ModelLoadError naming the model and saying how to provide it.
-
-    ``model`` is a local directory written by ``save_pretrained`` or a hub id (pinned to
-    ``revision``). ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``: bfloat16 on
-    CUDA, float32 on the CPU. A directory whose config is not a BLIP-2, or whose weights do not
-    cover the model, is an error, never a silently random model.
-    """
-    from transformers import AutoConfig, AutoProcessor, Blip2ForConditionalGeneration
-
-    dev = pick_device(device)
-    torch_dtype = resolve_dtype(dtype, dev, cuda_auto="bfloat16")  # Flan-T5 overflows in float16
-    with loading(lambda exc: _load_error(model, revision, exc)):
-        config = AutoConfig.from_pretrained(model, revision=revision)
-        if getattr(config, "model_type", None) != "blip-2":
-            raise ValueError(f"its config is a {getattr(config, 'model_type', None)!r} model, not a 'blip-2' one")
-        net, info = Blip2ForConditionalGeneration.from_pretrained(
-            model, revision=revision, output_loading_info=True, **dtype_kwarg(torch_dtype)
-        )
-        missing = list(info.get("missing_keys") or [])
-        if missing:
-            raise ValueError(f"the weights lack {len(missing)} parameters of the model (e.g. {missing[:3]})")
-        processor = AutoProcessor.from_pretrained(model, revision=revision)
-        if not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):
-            raise ValueError(f"its processor is a {type(processor).__name__}, without an image processor and a tokenizer")
-        settings = _image_settings(processor.image_processor)
-        if config.image_token_index is None:
-            raise ValueError("config.image_token_index is not set (a checkpoint saved before transformers 4.47); "
-                             "re-save it with a current transformers")
-        n_query = getattr(processor, "num_query_tokens", None)
-        if n_query is not None and int(n_query) != int(config.num_query_tokens):
-            raise ValueError(f"processor num_query_tokens {n_query} != config num_query_tokens {config.num_query_tokens}")
-        net = net.to(dev).eval()
-
-    resolved = resolved_dir(model, revision)
-    record = {
-        **source_record(model, revision, resolved),
-        "model_class": type(net).__name__,
-        "config_class": type(config).__name__,
-        "vision_config_class": type(config.vision_config).__name__,
-        "qformer_config_class": type(config.qformer_config).__name__,
-        "text_config_class": type(config.text_config).__name__,
-        "language_model_class": type(net.language_model).__name__,
-        "processor_class": type(processor).__name__,
-        "image_processor_class": type(processor.image_processor).__name__,
-        "tokenizer_class": type(processor.tokenizer).__name__,
-        "num_query_tokens": int(config.num_query_tokens),
-        "image_token_index": int(config.image_token_index),
-        **settings,
-        "dtype": str(torch_dtype).replace("torch.", ""),
-        "device": dev,
-        "transformers_version": package_version("transformers"),
-        "torch_version": package_version("torch"),
-        **weights_record(model, resolved, config),
-    }
-    record.update(local_record(model))
-    return Blip2Bundle(model=net, processor=processor, device=dev, dtype=torch_dtype, record=record)
-
-
-def check_blip2(model: str, revision: str | None = None) -> dict:
-    """What a driver checks before a run, without loading the (large) weights: the config is a
-    BLIP-2 with image tokens, the processor matches it, and a local directory has weight files.
-    Returns a provenance record; raises ModelLoadError naming the model otherwise."""
-    from transformers import AutoConfig, AutoProcessor
-
-    try:
-        config = AutoConfig.from_pretrained(model, revision=revision)
-        if getattr(config, "model_type", None) != "blip-2":
-            raise ValueError(f"its config is a {getattr(config, 'model_type', None)!r} model, not a 'blip-2' one")
-        if config.image_token_index is None:
-            raise ValueError("config.image_token_index is not set (a checkpoint saved before transformers 4.47); "
-                             "re-save it with a current transformers")
-        processor = AutoProcessor.from_pretrained(model, revision=revision)
-        if not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):
-            raise ValueError(f"its processor is a {type(processor).__name__}, without an image processor and a tokenizer")
-        n_query = getattr(processor, "num_query_tokens", None)
-        if n_query is not None and int(n_query) != int(config.num_query_tokens):
-            raise ValueError(f"processor num_query_tokens {n_query} != config num_query_tokens {config.num_query_tokens}")
-        local = os.path.isdir(model)
-        if local and not any(p.suffix in {".safetensors", ".bin"} for p in Path(model).rglob("*")):
-            raise ValueError("the directory has no weight files (.safetensors / .bin)")
-    except Exception as exc:  # OSError, ValueError, HTTP errors
-        raise _load_error(model, revision, exc) from exc
-    record = {"model": model, "revision": revision, "source": "directory" if local else "hub",
-              "config_class": type(config).__name__,
-              "text_config_class": type(config.text_config).__name__, "processor_class": type(processor).__name__,
-              "num_query_tokens": int(config.num_query_tokens), "transformers_version": package_version("transformers"),
-              "weights_loaded": False,
-              # the files the actors will load, where they are here already (a local or pre-filled cache)
-              **weights_record(model, resolved_dir(model, revision), config)}
-    record.update(local_record(model))
-    return record
-
-
 # --- the operator ------------------------------------------------------------------------------------
 
 
@@ -333,7 +165,7 @@ class Blip2Detector:
                  prompt_template: str = DEFAULT_PROMPT_TEMPLATE, max_new_tokens: int = 10,
                  batch_size: int = 16, device: str = "auto", dtype: str = "auto",
                  male_words: Sequence[str] | None = None, female_words: Sequence[str] | None = None):
-        import torch
+        import torch  # deferred: torch
 
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -401,7 +233,7 @@ class Blip2Detector:
         clamped to 0-255 as torch's uint8 antialiased kernels do; then rescaled and normalised.
         On the CPU this matches ``BlipImageProcessor`` to within one level in under 1% of pixels.
         """
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # deferred: torch
 
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
@@ -422,7 +254,7 @@ class Blip2Detector:
     def _pixels_from_arrays(self, arrays: list[np.ndarray]):
         """Decoded (H, W, 3) uint8 images -> pixel_values on the model's device; same-size images
         are resized together."""
-        import torch
+        import torch  # deferred: torch
 
         th, tw = self.image_size
         out = torch.empty((len(arrays), 3, th, tw), dtype=torch.float32, device=self.device)
@@ -444,7 +276,7 @@ class Blip2Detector:
         """(input_ids, attention_mask) of the prompts, on the device: ``num_query_tokens`` image
         tokens, then the tokenised prompt (with the tokenizer's special tokens, as the processor
         adds them); padded on the right (left for a decoder-only language model)."""
-        import torch
+        import torch  # deferred: torch
 
         key = tuple(prompts)
         if key not in self._prompt_cache:
@@ -470,7 +302,7 @@ class Blip2Detector:
     def image_features(self, pixel_values):
         """The projected Q-Former outputs (B, num_query_tokens, d_text) of preprocessed images,
         computed as ``Blip2ForConditionalGeneration.generate`` computes them."""
-        import torch
+        import torch  # deferred: torch
 
         m = self.model
         pv = pixel_values.to(self.device, dtype=m.vision_model.dtype if hasattr(m.vision_model, "dtype") else m.dtype)
@@ -508,7 +340,7 @@ class Blip2Detector:
     def ask(self, pixel_values, questions: list[str]) -> list[list[str]]:
         """Greedy answers ``answers[image][question]`` of preprocessed images (B, 3, h, w) to
         ``questions`` (each put in the prompt template). The image side runs once per image."""
-        import torch
+        import torch  # deferred: torch
 
         questions = list(questions)
         n = int(pixel_values.shape[0])

@@ -18,21 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from operators.support.clip import (
-    DEFAULT_MODEL,
-    DEFAULT_PRETRAINED,
-    encode_image_arrays,
-    encode_image_tensor,
-    encode_texts,
-    load_clip,
-)
+from operators.support.clip import (DEFAULT_MODEL, DEFAULT_PRETRAINED, encode_image_arrays, encode_image_batch,
+                                   encode_texts, load_clip)
 from operators.support.codec import decode_rows
-from operators.support.disparity import (
-    check_units,
-    flatten_units,
-    pair_cosines,
-    unflatten_units,
-)
+from operators.support.disparity import unit_similarities
 from schemas.exposed import Space
 from schemas.gep import EMBEDDING, EMBEDDING_COLUMNS
 
@@ -94,9 +83,7 @@ class ClipImageEmbedder:
 
     def embed_tensor(self, images) -> np.ndarray:
         """(B, d) float32 unit vectors of (B, 3, H, W) float images in [0, 1] on any device."""
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
-        return normalise(encode_image_tensor(self.bundle, images, self.batch_size))
+        return normalise(encode_image_batch(self.bundle, images, self.batch_size))
 
     def classify_tensor(self, images) -> dict:
         """The generator's hook: {EMBEDDING: (B, d) unit vectors}."""
@@ -106,11 +93,7 @@ class ClipImageEmbedder:
         """The disparity-head hook (paper 004, section 4: CLIP): {CLIP: (U, 3) float64 cosines of
         the image embeddings, PAIRS order} of (U, 3, 3, H, W) float images in [0, 1] on any device.
         Paper 004 uses CLIP ViT-B/32 with OpenAI's weights (DISPARITY_MODEL / DISPARITY_PRETRAINED)."""
-        check_units(images)
-        if images.shape[0] == 0:
-            return {Space.CLIP: np.zeros((0, 3), np.float64)}
-        vectors = self.embed_tensor(flatten_units(images))
-        return {Space.CLIP: pair_cosines(unflatten_units(vectors, images.shape[0]))}
+        return unit_similarities(images, Space.CLIP, self.embed_tensor)
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """(n, d) float32 unit vectors of ``texts`` (the same CLIP)."""

@@ -23,15 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from operators.support.clip import (
-    DEFAULT_MODEL,
-    DEFAULT_PRETRAINED,
-    encode_image_arrays,
-    encode_image_tensor,
-    encode_texts,
-    load_clip,
-    unit_embeddings,
-)
+from operators.support.clip import (DEFAULT_MODEL, DEFAULT_PRETRAINED, encode_image_arrays, encode_image_batch,
+                                   encode_image_tensor, encode_texts, load_clip, unit_embeddings)
 from operators.support.codec import decode_rows
 from schemas.images import (
     CLIP_EMBEDDING,
@@ -116,7 +109,7 @@ class ClipGenderClassifier:
         """``embeddings``: also add CLIP_EMBEDDING, each classified image's L2-normalised CLIP image
         embedding in float16 (paper 002, section 5.2: the similarity of training and generated
         images)."""
-        import torch
+        import torch  # deferred: torch
 
         if len(prompts) != 2:
             raise ValueError(f"prompts must be two texts [male, female], got {prompts!r}")
@@ -153,9 +146,7 @@ class ClipGenderClassifier:
     def classify_tensor(self, images) -> dict:
         """Classify (B, 3, H, W) float images in [0, 1] on any device (e.g. the generator's output),
         preprocessed where they are. Returns {GENDER: str array, P_MALE, P_FEMALE: float32 arrays}."""
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
-        return self._result(self.encode_images(images))
+        return self._result(encode_image_batch(self.bundle, images, self.batch_size))
 
     # -- payload batches ------------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from operators.base import Resources, with_column
 from operators.support.codec import as_rgb, decode_rows
-from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MEDIAPIPE_PIN, MediaPipeGraph
+from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MediaPipeGraph, mediapipe_load_error
 from operators.support.models import ModelLoadError, file_sha256
 from schemas.images import (
     FACE_BOX_HEIGHT,
@@ -65,12 +65,9 @@ DEFAULT_MODEL_SELECTION = 0
 
 def _load_error(model_selection: int, why: str, exc: BaseException | None = None) -> ModelLoadError:
     name, file = BLAZEFACE_MODELS.get(model_selection, ("?", "?"))
-    return ModelLoadError(
-        f"cannot load MediaPipe BlazeFace face detector ({name}, {file}, model_selection="
-        f"{model_selection}): {why}{f': {exc}' if exc is not None else ''}. The model ships inside the "
-        f"mediapipe wheel under mediapipe/modules/face_detection/; install {MEDIAPIPE_PIN} on every "
-        f"node that runs the face filter (no download is needed or attempted)."
-    )
+    return mediapipe_load_error(
+        f"BlazeFace face detector ({name}, {file}, model_selection={model_selection})", why, exc,
+        "The model ships inside the mediapipe wheel under mediapipe/modules/face_detection/", "the face filter")
 
 
 def blazeface_file(model_selection: int) -> Path:
@@ -78,7 +75,7 @@ def blazeface_file(model_selection: int) -> Path:
     if model_selection not in BLAZEFACE_MODELS:
         raise ValueError(f"model_selection must be 0 (short-range) or 1 (full-range), got {model_selection!r}")
     try:
-        import mediapipe
+        import mediapipe  # deferred: mediapipe
     except Exception as exc:  # ImportError, or a broken native extension
         raise _load_error(model_selection, "the mediapipe package cannot be imported", exc) from exc
     path = Path(mediapipe.__file__).resolve().parent / "modules" / "face_detection" / BLAZEFACE_MODELS[model_selection][1]
@@ -115,7 +112,7 @@ class FaceFilter(MediaPipeGraph):
         self.detector = None
         path = blazeface_file(self.model_selection)
         try:
-            import mediapipe as mp
+            import mediapipe as mp  # deferred: mediapipe
 
             # One graph per instance (so one per Ray actor); it is not shared between threads.
             self.detector = mp.solutions.face_detection.FaceDetection(

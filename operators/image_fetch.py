@@ -101,8 +101,8 @@ def load_img2dataset() -> tuple[type, Callable, str]:
 
 def _load_img2dataset() -> tuple[type, Callable, str]:
     try:
-        from img2dataset.downloader import is_disallowed
-        from img2dataset.resizer import Resizer
+        from img2dataset.downloader import is_disallowed  # deferred: img2dataset
+        from img2dataset.resizer import Resizer  # deferred: img2dataset
 
         return Resizer, is_disallowed, "package"
     except Exception as exc:  # noqa: BLE001 -- any failure of the package import: use its files
@@ -315,7 +315,7 @@ class ImageFetcher:
         """Resize and re-encode the downloaded bytes with img2dataset's Resizer (in place)."""
         data, result.data = result.data, None
         try:  # pixel-area limit on the header, before anything is decoded
-            from PIL import Image
+            from PIL import Image  # deferred: PIL
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

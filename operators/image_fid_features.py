@@ -87,14 +87,14 @@ class _FirstOutput:
 
 def _cached_inception_weights() -> str | None:
     """Where torch hub keeps torch-fidelity's Inception weights once fetched (None when absent)."""
-    import torch
+    import torch  # deferred: torch
 
     path = os.path.join(torch.hub.get_dir(), "checkpoints", INCEPTION_WEIGHTS_FILE)
     return path if os.path.isfile(path) else None
 
 
 def _load_inception(weights: str | None, dev: str):
-    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3  # deferred: torch_fidelity
 
     if weights is not None and not os.path.isfile(weights):
         raise FileNotFoundError(f"no weights file at {weights!r}")
@@ -107,8 +107,8 @@ def _load_torchvision(weights: str | None, dev: str):
     ``transform_input=True``), its ImageNet weights from ``weights`` or the torch hub cache, the
     classifier removed: uint8 (B, 3, H, W) -> bilinear 299 x 299 -> [0, 1] -> ImageNet mean/std ->
     (B, 2048) pool features."""
-    import torch
-    from torchvision.models import inception_v3
+    import torch  # deferred: torch
+    from torchvision.models import inception_v3  # deferred: torchvision
 
     path = weights or os.path.join(torch.hub.get_dir(), "checkpoints", TORCHVISION_WEIGHTS_FILE)
     if not os.path.isfile(path):
@@ -121,7 +121,7 @@ def _load_torchvision(weights: str | None, dev: str):
 
 def _torchvision_module():
     """The feature module's class (defined on first use: the module imports torch lazily)."""
-    import torch
+    import torch  # deferred: torch
 
     class TorchvisionFeatures(torch.nn.Module):
         num_features = 2048
@@ -144,7 +144,7 @@ def _torchvision_module():
 def _load_plugin(spec: str, weights: str | None, dev: str, factory=None):
     """A plug-in extractor: ``factory`` (a callable given by the caller), else the one the user's
     ``package.module:callable`` string names (a study file's setting)."""
-    import torch
+    import torch  # deferred: torch
 
     if factory is None:
         module_name, _, attr = spec.partition(":")
@@ -194,7 +194,7 @@ def load_fid_extractor(extractor: str = INCEPTION, weights: str | None = None, d
             raise ValueError(f"unknown extractor {extractor!r}: use {INCEPTION!r}, {TORCHVISION!r} or "
                              f"'package.module:callable'")
     except Exception as exc:  # noqa: BLE001 -- download, file, import and state-dict errors alike
-        import torch
+        import torch  # deferred: torch
 
         cache = os.path.join(torch.hub.get_dir(), "checkpoints", INCEPTION_WEIGHTS_FILE)
         hint = (f"For {INCEPTION!r}: torch-fidelity fetches {INCEPTION_WEIGHTS_FILE} from GitHub on first use; "
@@ -216,7 +216,7 @@ def load_fid_extractor(extractor: str = INCEPTION, weights: str | None = None, d
 
 def extract_features(extractor: FidExtractor, images_uint8, batch_size: int = 32) -> np.ndarray:
     """(B, d) float32 features of uint8 (B, 3, H, W) images on any device."""
-    import torch
+    import torch  # deferred: torch
 
     feats = []
     with torch.inference_mode():
@@ -231,7 +231,7 @@ def extract_features(extractor: FidExtractor, images_uint8, batch_size: int = 32
 
 def extract_array_features(extractor: FidExtractor, arrays: list[np.ndarray], batch_size: int = 32) -> np.ndarray:
     """(n, d) float32 features of decoded (H, W, 3) uint8 images, in order; same-size images go together."""
-    import torch
+    import torch  # deferred: torch
 
     out = np.zeros((len(arrays), extractor.dim), np.float32)
     by_shape: dict[tuple, list[int]] = {}
@@ -266,7 +266,7 @@ class FidFeatureExtractor:
     def features_tensor(self, images) -> np.ndarray:
         """(B, d) float32 features of (B, 3, H, W) float images in [0, 1] on any device, quantised to
         the 8-bit levels of their RGB8 payload."""
-        import torch
+        import torch  # deferred: torch
 
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")

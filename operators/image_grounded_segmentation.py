@@ -85,9 +85,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -95,19 +93,25 @@ import pyarrow as pa
 from operators.base import Resources, with_column
 from operators.support import rle
 from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
-from operators.support.models import (
-    ModelLoadError,
-    loading,
-    local_record,
-    source_record,
-    check_loading_info,
-    dtype_kwarg,
-    package_version,
-    pick_device,
-    resolve_dtype,
-    resolved_dir,
-    weights_record,
+from operators.support.grounding import (
+    assign_labels,
+    boxes_to_pixels,
+    chunk_labels,
+    grounding_caption,
+    image_vocabulary,
+    merge_and_suppress,
+    normalize_label,
+    read_tags,
 )
+from operators.support.grounding_models import (
+    DEFAULT_DETECTOR,
+    DEFAULT_SEGMENTER,
+    FAMILY_GROUNDING_DINO,
+    _pixels,
+    load_detector,
+    load_segmenter,
+)
+from operators.support.models import ModelLoadError
 from schemas.exposed import (
     DETECTION_COLUMNS,
     DETECTION_STATUS,
@@ -122,10 +126,6 @@ from schemas.exposed import (
 log = logging.getLogger(__name__)
 
 STAGE_GROUNDED_SEGMENTATION = "grounded_segmentation"
-DEFAULT_DETECTOR = "IDEA-Research/grounding-dino-tiny"
-DEFAULT_SEGMENTER = "facebook/sam-vit-huge"
-ALTERNATIVE_DETECTOR = "google/owlv2-base-patch16-ensemble"
-DEFAULT_TAGS_FILE = Path(__file__).resolve().parents[1] / "configs" / "exposed_tags.txt"
 
 # the Grounded-SAM demo's thresholds (automatic_label_ram_demo.py)
 BOX_THRESHOLD = 0.25
@@ -133,241 +133,6 @@ TEXT_THRESHOLD = 0.2
 NMS_IOU = 0.5
 MASK_THRESHOLD = 0.0  # SAM's mask logits > 0
 SAM_BOX_CHUNK = 32    # boxes per SAM decoder call (bounds memory; each box is decoded independently)
-
-FAMILY_GROUNDING_DINO = "grounding-dino"
-FAMILY_OWLV2 = "owlv2"
-DETECTOR_CLASSES = {FAMILY_GROUNDING_DINO: "GroundingDinoForObjectDetection", FAMILY_OWLV2: "Owlv2ForObjectDetection"}
-SEGMENTER_TYPE = "sam"
-
-
-# --- vocabulary ---------------------------------------------------------------------------------------------
-
-
-def normalize_label(label) -> str:
-    """A vocabulary entry as a label: lower case, "." replaced by a space, whitespace collapsed."""
-    return " ".join(str(label).lower().replace(".", " ").split())
-
-
-def image_vocabulary(nouns, vocabulary) -> list[str]:
-    """An image's labels: its prompt nouns, then the configured vocabulary, normalised
-    (``normalize_label``), without empty entries and duplicates (first occurrence kept)."""
-    seen: dict[str, None] = {}
-    for word in [*(nouns or ()), *(vocabulary or ())]:
-        label = normalize_label(word)
-        if label and label not in seen:
-            seen[label] = None
-    return list(seen)
-
-
-def read_tags(path=DEFAULT_TAGS_FILE) -> list[str]:
-    """The tags of a tag file: one per line, blank lines and lines starting with # skipped."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [s.strip() for s in lines if s.strip() and not s.strip().startswith("#")]
-
-
-def chunk_labels(costs: Sequence[int], budget: int | None, max_labels: int | None = None) -> list[list[int]]:
-    """Split labels (their ``costs``, e.g. tokens each takes in a caption) into consecutive groups,
-    greedily in order, each costing at most ``budget`` (None: no limit) and holding at most
-    ``max_labels`` labels (None: no limit). Returns the label indices of each group."""
-    if max_labels is not None and max_labels < 1:
-        raise ValueError(f"max_labels must be >= 1 or None, got {max_labels}")
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for i, cost in enumerate(costs):
-        cost = int(cost)
-        if budget is not None and cost > budget:
-            raise ValueError(f"label {i} takes {cost} tokens, more than a query holds ({budget})")
-        full = (budget is not None and used + cost > budget) or (max_labels is not None and len(current) >= max_labels)
-        if current and full:
-            chunks.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += cost
-    if current:
-        chunks.append(current)
-    return chunks
-
-
-def grounding_caption(labels: Sequence[str]) -> str:
-    """GroundingDINO's text prompt: ``"label one. label two."``."""
-    return ". ".join(labels) + "."
-
-
-# --- post-processing helpers ----------------------------------------------------------------------------
-
-
-def assign_labels(probs, position_labels, num_labels: int, text_threshold: float):
-    """Map GroundingDINO boxes to one label each, by token position.
-
-    ``probs`` (Q, L): token probabilities of Q boxes over a caption of L positions;
-    ``position_labels`` (L,): the label index of each position, -1 for separators, special tokens
-    and padding. A label is a candidate for a box when one of its tokens has a probability >
-    ``text_threshold`` (the demo's phrase); the box gets the candidate with the highest token score
-    (its best token probability; ties: the lower index). Returns (labels (Q,) long, -1 where no
-    label is a candidate; label_scores (Q,) float, the chosen label's token score, 0 for -1)."""
-    import torch
-
-    probs = torch.as_tensor(probs).float()
-    pos = torch.as_tensor(position_labels, device=probs.device).long()
-    q, length = probs.shape
-    if pos.shape != (length,):
-        raise ValueError(f"position_labels must have {length} entries, got {tuple(pos.shape)}")
-    if q == 0 or num_labels == 0:
-        return torch.full((q,), -1, dtype=torch.long, device=probs.device), torch.zeros(q, device=probs.device)
-    column = torch.where(pos >= 0, pos, torch.full_like(pos, num_labels))  # -1 -> a dropped extra column
-    index = column.unsqueeze(0).expand(q, length)
-    score = torch.zeros(q, num_labels + 1, device=probs.device).scatter_reduce(
-        1, index, probs, reduce="amax", include_self=True)[:, :num_labels]
-    hit = torch.zeros(q, num_labels + 1, device=probs.device).scatter_reduce(
-        1, index, (probs > text_threshold).float(), reduce="amax", include_self=True)[:, :num_labels] > 0
-    masked = torch.where(hit, score, torch.full_like(score, -1.0))
-    best_score, best = masked.max(dim=1)      # first maximum on ties
-    none = ~hit.any(dim=1)
-    labels = torch.where(none, torch.full_like(best, -1), best)
-    return labels, torch.where(none, torch.zeros_like(best_score), best_score)
-
-
-def boxes_to_pixels(cxcywh, width: float, height: float, scale_w: float | None = None, scale_h: float | None = None):
-    """Relative (cx, cy, w, h) boxes -> [x0, y0, x1, y1] pixels (relative to ``scale_w`` x
-    ``scale_h``, default the image), clipped to the ``width`` x ``height`` image."""
-    import torch
-
-    b = torch.as_tensor(cxcywh).float()
-    sw = float(width if scale_w is None else scale_w)
-    sh = float(height if scale_h is None else scale_h)
-    cx, cy, w, h = b.unbind(-1)
-    xyxy = torch.stack([(cx - 0.5 * w) * sw, (cy - 0.5 * h) * sh, (cx + 0.5 * w) * sw, (cy + 0.5 * h) * sh], -1)
-    limit = torch.tensor([width, height, width, height], dtype=xyxy.dtype, device=xyxy.device)
-    return torch.minimum(xyxy.clamp(min=0.0), limit)
-
-
-def merge_and_suppress(boxes, scores, labels, iou: float):
-    """Class-agnostic NMS over one image's merged boxes (from all its queries): boxes without area
-    dropped first, then ``torchvision.ops.nms`` (IoU > ``iou`` suppresses the lower-scoring box,
-    whatever the labels). Returns (boxes, scores, labels) of the kept boxes by decreasing score."""
-    import torch
-    from torchvision.ops import nms
-
-    boxes = torch.as_tensor(boxes).float().reshape(-1, 4)
-    scores = torch.as_tensor(scores, device=boxes.device).float().reshape(-1)
-    labels = torch.as_tensor(labels, device=boxes.device).long().reshape(-1)
-    area = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-    boxes, scores, labels = boxes[area], scores[area], labels[area]
-    if boxes.shape[0] == 0:
-        return boxes, scores, labels
-    keep = nms(boxes, scores, float(iou))  # sorted by decreasing score
-    return boxes[keep], scores[keep], labels[keep]
-
-
-# --- loading ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ModelBundle:
-    """A loaded model (eval mode, on ``device``) with its processor and provenance."""
-
-    model: Any
-    processor: Any
-    family: str
-    device: str
-    dtype: Any
-    record: dict = field(default_factory=dict)
-
-
-def _load_error(role: str, model: str, revision: str | None, exc: BaseException) -> ModelLoadError:
-    if role == "detector":
-        what = (f"an open-vocabulary detector, GroundingDinoForObjectDetection (e.g. {DEFAULT_DETECTOR}) or "
-                f"Owlv2ForObjectDetection (e.g. {ALTERNATIVE_DETECTOR}), with its processor (image processor and "
-                f"tokenizer)")
-    else:
-        what = f"a SamModel (e.g. {DEFAULT_SEGMENTER}) with its SamProcessor"
-    return ModelLoadError(
-        f"cannot load the grounded-segmentation {role} {model!r} (revision {revision!r}): {type(exc).__name__}: "
-        f"{str(exc).rstrip('. ')}. Provide {what} as a local directory written by save_pretrained() (config.json, "
-        f"model.safetensors and the processor files), or as a hub id reachable from every node: already in the "
-        f"Hugging Face cache (pre-fill HF_HOME / HF_HUB_CACHE; HF_HUB_OFFLINE=1 then loads it from there) or with "
-        f"network access to the hub (pin a revision). --standin-models builds tiny random ones "
-        f"(pipelines.standins.grounding).")
-
-
-def _on_device(image_processor) -> bool:
-    """Whether the image processor runs torch ops on the tensors' device (transformers 5's
-    torchvision backend, 4.x's fast processors)."""
-    return getattr(image_processor, "backend", None) == "torchvision" or type(image_processor).__name__.endswith("Fast")
-
-
-def _load(role: str, model: str, revision: str | None, device: str, dtype: str) -> ModelBundle:
-    import transformers
-    from transformers import AutoConfig, AutoProcessor
-
-    dev = pick_device(device)
-    torch_dtype = resolve_dtype(dtype, dev, cuda_auto="float32")
-    with loading(lambda exc: _load_error(role, model, revision, exc)):
-        config = AutoConfig.from_pretrained(model, revision=revision)
-        family = getattr(config, "model_type", None)
-        if role == "detector":
-            if family not in DETECTOR_CLASSES:
-                raise ValueError(f"its config is a {family!r} model, not one of {sorted(DETECTOR_CLASSES)}")
-            cls = getattr(transformers, DETECTOR_CLASSES[family])
-        else:
-            if family != SEGMENTER_TYPE:
-                raise ValueError(f"its config is a {family!r} model, not a {SEGMENTER_TYPE!r} one")
-            cls = transformers.SamModel
-        net, info = cls.from_pretrained(model, revision=revision, output_loading_info=True, **dtype_kwarg(torch_dtype))
-        check_loading_info(info)
-        processor = AutoProcessor.from_pretrained(model, revision=revision)
-        if getattr(processor, "image_processor", None) is None:
-            raise ValueError(f"its processor {type(processor).__name__} has no image processor")
-        if role == "detector" and getattr(processor, "tokenizer", None) is None:
-            raise ValueError(f"its processor {type(processor).__name__} has no tokenizer")
-        net = net.to(dev).eval()
-
-    resolved = resolved_dir(model, revision)
-    image_processor = processor.image_processor
-    record = {
-        **source_record(model, revision, resolved),
-        "model_class": type(net).__name__,
-        "config_class": type(config).__name__,
-        "model_type": family,
-        "processor_class": type(processor).__name__,
-        "image_processor_class": type(image_processor).__name__,
-        "preprocessing_on_device": _on_device(image_processor),
-        "dtype": str(torch_dtype).replace("torch.", ""),
-        "device": dev,
-        "transformers_version": package_version("transformers"),
-        "torch_version": package_version("torch"),
-        **weights_record(model, resolved, config),
-    }
-    if getattr(processor, "tokenizer", None) is not None:
-        record["tokenizer_class"] = type(processor.tokenizer).__name__
-    record.update(local_record(model))
-    return ModelBundle(model=net, processor=processor, family=family, device=dev, dtype=torch_dtype, record=record)
-
-
-def load_detector(model: str = DEFAULT_DETECTOR, revision: str | None = None, device: str = "auto",
-                  dtype: str = "auto") -> ModelBundle:
-    """Load a GroundingDINO or OWLv2 detector and its processor, or raise ModelLoadError."""
-    return _load("detector", model, revision, device, dtype)
-
-
-def load_segmenter(model: str = DEFAULT_SEGMENTER, revision: str | None = None, device: str = "auto",
-                   dtype: str = "auto") -> ModelBundle:
-    """Load a SAM model and its processor, or raise ModelLoadError."""
-    return _load("segmenter", model, revision, device, dtype)
-
-
-def _pixels(bundle: ModelBundle, u8) -> dict:
-    """The image processor's outputs for (B, 3, H, W) uint8 images, computed on their device when
-    the processor can (module docstring), else on CPU copies; tensors moved to the model's device."""
-    import torch
-
-    ip = bundle.processor.image_processor
-    if _on_device(ip):
-        out = ip(images=list(u8), return_tensors="pt", device=u8.device)
-    else:
-        out = ip(images=[a.permute(1, 2, 0).cpu().numpy() for a in u8], return_tensors="pt")
-    return {k: (v.to(bundle.device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
 
 # --- the stage ---------------------------------------------------------------------------------------------
@@ -481,7 +246,7 @@ class GroundedSegmenter:
     # -- detection ----------------------------------------------------------------------------------------
 
     def _grounding_dino(self, pixels: dict, idx: list[int], queries: list[_Query], height: int, width: int):
-        import torch
+        import torch  # deferred: torch
 
         model = self.detector.model
         length = max(len(q.input_ids) for q in queries)
@@ -512,7 +277,7 @@ class GroundedSegmenter:
 
     def _owlv2(self, pixels: dict, idx: list[int], queries: list[_Query], vocabs: list[list[str]],
                height: int, width: int):
-        import torch
+        import torch  # deferred: torch
 
         tok = self.detector.processor.tokenizer
         n_max = max(len(q.labels) for q in queries)
@@ -544,7 +309,7 @@ class GroundedSegmenter:
     def _detect(self, u8, vocabs: list[list[str]]):
         """Boxes of (B, 3, H, W) uint8 images on the model's device: per image (boxes (n, 4) pixels,
         scores (n,), label indices into its vocabulary (n,)) after NMS, by decreasing score."""
-        import torch
+        import torch  # deferred: torch
 
         b, _, height, width = u8.shape
         queries = [self.queries(v) for v in vocabs]
@@ -577,8 +342,8 @@ class GroundedSegmenter:
 
     def _segment(self, u8, boxes: list) -> list:
         """SAM masks, (n_i, H, W) bool on the device, of ``boxes[i]`` (n_i, 4) pixels of image i."""
-        import torch
-        import torch.nn.functional as F
+        import torch  # deferred: torch
+        import torch.nn.functional as F  # deferred: torch
 
         b, _, height, width = u8.shape
         masks = [torch.zeros(0, height, width, dtype=torch.bool, device=u8.device) for _ in range(b)]
@@ -613,7 +378,7 @@ class GroundedSegmenter:
     def detect_u8(self, u8, nouns_per_image) -> list[dict]:
         """Detect and segment (B, 3, H, W) uint8 images: per image {"labels": [str], "scores": (n,),
         "boxes": (n, 4), "masks": (n, H, W) bool}, tensors on the models' device."""
-        import torch
+        import torch  # deferred: torch
 
         b = int(u8.shape[0])
         if len(nouns_per_image) != b:
@@ -652,7 +417,7 @@ class GroundedSegmenter:
         return self._run_u8(to_u8(images), [list(x or ()) for x in labels_per_image])
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        import torch
+        import torch  # deferred: torch
 
         n = batch.num_rows
         columns: dict[str, list] = {OBJECT_LABELS: [[] for _ in range(n)], OBJECT_SCORES: [[] for _ in range(n)],
@@ -681,7 +446,7 @@ class GroundedSegmenter:
 
 def to_u8(images):
     """(B, 3, H, W) floats in [0, 1] -> uint8 levels as the RGB8 payload has them (round(x * 255))."""
-    import torch
+    import torch  # deferred: torch
 
     return rgb_levels(images).to(torch.uint8)
 

@@ -77,13 +77,14 @@ def load_safety_checker(model: str = DEFAULT_CHECKER, revision: str | None = Non
             f"generation.safety_checker to off (no check) or model-default (each model's own checker)")
 
     with loading(error):
+        # deferred: diffusers
         from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-        from transformers import CLIPImageProcessor
+        from transformers import CLIPImageProcessor  # deferred: transformers
 
         if os.path.isdir(model):
             root = model
         else:
-            from huggingface_hub import snapshot_download
+            from huggingface_hub import snapshot_download  # deferred: huggingface_hub
 
             root = snapshot_download(model, revision=revision, allow_patterns=HUB_PATTERNS)
         checker_dir, processor_dir = checker_folders(root)
@@ -113,8 +114,8 @@ class NsfwCheck:
 
     def flags(self, images) -> list[bool]:
         """Per image of a (B, 3, H, W) float batch in [0, 1]: whether the checker flags it."""
-        import torch
-        from PIL import Image
+        import torch  # deferred: torch
+        from PIL import Image  # deferred: PIL
 
         levels = rgb_levels(images.detach().float()).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
         pil = [Image.fromarray(a) for a in levels]   # what the SD pipeline hands its feature extractor
@@ -145,7 +146,7 @@ def check_generated(head, images, unusable, exclude: bool):
     """Run a generator's NSFW check ``head`` (or nothing, when None) on the usable images of a
     (B, 3, H, W) batch: (per image its flag or None where it was not checked, ``unusable`` with
     the flagged images added when ``exclude``)."""
-    import torch
+    import torch  # deferred: torch
 
     checked = np.full(len(unusable), None, dtype=object)
     if head is None or unusable.all():

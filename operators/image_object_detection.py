@@ -67,19 +67,8 @@ import pyarrow as pa
 
 from operators.base import Resources, with_column
 from operators.support.codec import decode_rows, generated_image_rows, rgb_levels
-from operators.support.models import (
-    ModelLoadError,
-    loading,
-    local_record,
-    source_record,
-    check_loading_info,
-    dtype_kwarg,
-    package_version,
-    pick_device,
-    resolve_dtype,
-    resolved_dir,
-    weights_record,
-)
+from operators.support.models import (ModelLoadError, check_loading_info, dtype_kwarg, hub_load_error, loaded_record,
+                                     loading, local_record, pick_device, resolve_dtype)
 from schemas.paintskills import DET_BOXES, DET_LABELS, DET_SCORES, DETECTION_COLUMNS, DETECTOR
 
 STAGE_DETECT_OBJECTS = "detect_objects"
@@ -105,18 +94,17 @@ class DetectorBundle:
 
 
 def _load_error(model: str, revision: str | None, exc: BaseException) -> ModelLoadError:
-    return ModelLoadError(
-        f"cannot load the object detector {model!r} (revision {revision!r}): {type(exc).__name__}: "
-        f"{str(exc).rstrip('. ')}. Provide a transformers object detector (AutoModelForObjectDetection: DETR, e.g. "
-        f"{DEFAULT_DETECTOR}, Deformable DETR, YOLOS, RT-DETR, ...) with its image processor as a local directory "
-        f"written by save_pretrained() (config.json, model.safetensors, preprocessor_config.json), or as a hub id "
-        f"reachable from every node: already in the Hugging Face cache (pre-fill HF_HOME / HF_HUB_CACHE; "
-        f"HF_HUB_OFFLINE=1 then loads it from there) or with network access to the hub (pin a revision). "
-        f"--standin-models builds a tiny random one (pipelines.standins.detection).")
+    return hub_load_error(
+        "the object detector", model, revision, exc,
+        f"Provide a transformers object detector (AutoModelForObjectDetection: DETR, e.g. {DEFAULT_DETECTOR}, "
+        f"Deformable DETR, YOLOS, RT-DETR, ...) with its image processor as a local directory written by "
+        f"save_pretrained() (config.json, model.safetensors, preprocessor_config.json), or as a hub id",
+        "--standin-models builds a tiny random one (pipelines.standins.detection).")
 
 
 def _detection_types() -> dict[str, str]:
     """model_type -> class name of every transformers object detector (AutoModelForObjectDetection)."""
+    # deferred: transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES
 
     return dict(MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES)
@@ -140,8 +128,8 @@ def legacy_timm_backbone(config_dict: dict) -> dict | None:
 
 def _config(model: str, revision: str | None):
     """The model's config, and whether a legacy timm-backbone config was converted."""
-    from transformers import AutoConfig, PretrainedConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers import AutoConfig, PretrainedConfig  # deferred: transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # deferred: transformers
 
     config_dict, _ = PretrainedConfig.get_config_dict(model, revision=revision)
     fixed = legacy_timm_backbone(config_dict)
@@ -191,7 +179,7 @@ def load_object_detector(model: str = DEFAULT_DETECTOR, revision: str | None = N
     """Load a transformers object detector (``AutoModelForObjectDetection``) and its image processor
     (``AutoImageProcessor``) for inference, or raise ModelLoadError naming the model and saying how
     to provide it. ``device="auto"``: cuda when available, else cpu; ``dtype="auto"``: float32."""
-    from transformers import AutoImageProcessor, AutoModelForObjectDetection
+    from transformers import AutoImageProcessor, AutoModelForObjectDetection  # deferred: transformers
 
     dev = pick_device(device)
     torch_dtype = resolve_dtype(dtype, dev, cuda_auto="float32")
@@ -213,11 +201,8 @@ def load_object_detector(model: str = DEFAULT_DETECTOR, revision: str | None = N
             raise ValueError("its config has no id2label (class names)")
         net = net.to(dev).eval()
 
-    resolved = resolved_dir(model, revision)
-    record = {
-        **source_record(model, revision, resolved),
-        "model_class": type(net).__name__,
-        "config_class": type(config).__name__,
+    record = loaded_record(model, revision, net, config, torch_dtype, dev,
+                           packages=("transformers", "torch", "timm"), fields={
         "model_type": model_type,
         **backbone_settings(config),
         "legacy_backbone_config_converted": converted,
@@ -226,13 +211,7 @@ def load_object_detector(model: str = DEFAULT_DETECTOR, revision: str | None = N
         "image_processor_class": type(image_processor).__name__,
         "image_size": _size_record(image_processor),
         "preprocessing_on_device": _on_device(image_processor),
-        "dtype": str(torch_dtype).replace("torch.", ""),
-        "device": dev,
-        "transformers_version": package_version("transformers"),
-        "torch_version": package_version("torch"),
-        "timm_version": package_version("timm"),
-        **weights_record(model, resolved, config),
-    }
+    })
     record.update(local_record(model))
     return DetectorBundle(model=net, image_processor=image_processor, device=dev, dtype=torch_dtype, record=record)
 
@@ -286,7 +265,7 @@ class ObjectDetector:
 
     def _pixels(self, u8) -> dict:
         """The image processor's outputs for (B, 3, H, W) uint8 images, on their device when it can."""
-        import torch
+        import torch  # deferred: torch
 
         ip = self.bundle.image_processor
         if _on_device(ip):
@@ -297,7 +276,7 @@ class ObjectDetector:
 
     def _forward(self, u8) -> list[dict]:
         """Detections of one micro-batch of equally sized (b, 3, H, W) uint8 images on the device."""
-        import torch
+        import torch  # deferred: torch
 
         b, _, height, width = u8.shape
         pixels = self._pixels(u8)
@@ -324,7 +303,7 @@ class ObjectDetector:
     def detect_u8(self, u8) -> dict[str, list]:
         """Detect (B, 3, H, W) uint8 images of one size on any device, in micro-batches of
         ``batch_size``; returns each of ``output_fields`` as a list of length B."""
-        import torch
+        import torch  # deferred: torch
 
         if u8.ndim != 4 or u8.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(u8.shape)}")
@@ -342,7 +321,7 @@ class ObjectDetector:
     def classify_tensor(self, images) -> dict[str, list]:
         """The generator's hook: detect (B, 3, H, W) float images in [0, 1] on any device, quantised
         to the RGB8 payload's levels first. Returns each of ``output_fields`` as a list of length B."""
-        import torch
+        import torch  # deferred: torch
 
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
@@ -352,7 +331,7 @@ class ObjectDetector:
         """Detect the image payload of each row (IMAGE + IMAGE_ENCODING / IMAGE_HEIGHT / IMAGE_WIDTH);
         rows without a usable image (null or undecodable payload, GENERATION_STATUS other than ok)
         get null detection columns. No row is dropped; a detector failure raises."""
-        import torch
+        import torch  # deferred: torch
 
         n = batch.num_rows
         columns: dict[str, list] = {f.name: [None] * n for f in DETECTION_COLUMNS}

@@ -52,7 +52,7 @@ from operators.image_grounded_segmentation import (
 )
 from operators.support import rle
 from operators.support.cross_attention import CrossAttentionCapture
-from operators.support.joint_attention import capture_for
+from operators.support.attention_capture import capture_for
 from operators.support.dependency import (
     SIGMA,
     SIGMA_HUMAN,
@@ -100,8 +100,6 @@ def no_image() -> dict:
 
 def _word_position(text: str, word: str) -> int:
     """Where ``word`` first occurs in ``text`` as a whole word (not inside a longer word), or -1."""
-    import re
-
     m = re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", text)
     return m.start() if m else -1
 
@@ -297,8 +295,8 @@ class PromptDependency:
         return out
 
     def _analyse(self, images, prompts, forms, capture, tokenizer, latent_hw, todo, out, unit_nouns) -> None:
-        import torch
-        import torch.nn.functional as F
+        import torch  # deferred: torch
+        import torch.nn.functional as F  # deferred: torch
 
         height, width = int(images.shape[-2]), int(images.shape[-1])
         positions = []

@@ -1,4 +1,4 @@
-"""Training images already downloaded (issue 31): where each wanted URL is in img2dataset's shards.
+"""Training images already downloaded: where each wanted URL is in img2dataset's shards.
 
 The first of the two shard stages of ``--training-images``. Each input row is one shard (its
 path, format, metadata file and position in the listing); the stage reads the shard's metadata

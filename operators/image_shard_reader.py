@@ -1,4 +1,4 @@
-"""Training images already downloaded (issue 31): the image bytes of chosen samples of img2dataset's shards.
+"""Training images already downloaded: the image bytes of chosen samples of img2dataset's shards.
 
 The second shard stage of ``--training-images``: rows from ``ShardIndex`` (one chosen
 occurrence per wanted URL, grouped by shard), out the same rows with the fetch payload the face

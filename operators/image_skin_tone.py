@@ -67,7 +67,7 @@ import pyarrow as pa
 
 from operators.base import Resources, with_column
 from operators.support.codec import as_rgb, decode_rows
-from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MEDIAPIPE_PIN, MediaPipeGraph
+from operators.support.mediapipe_graph import MEDIAPIPE_DIST, MediaPipeGraph, mediapipe_load_error
 from operators.support.models import ModelLoadError, file_sha256
 from schemas.dalleval import (
     MST_TONES,
@@ -111,7 +111,7 @@ def rgb_to_lab(rgb) -> np.ndarray:
     ``rgb`` is (..., 3) in RGB channel order: uint8 (0..255) or float in [0, 1] (values outside
     are clipped). L* is in 0..100, a* and b* are unscaled (white -> (100, 0, 0)).
     """
-    from skimage.color import rgb2lab
+    from skimage.color import rgb2lab  # deferred: skimage
 
     a = np.asarray(rgb)
     if a.ndim == 0 or a.shape[-1] != 3:
@@ -220,7 +220,7 @@ def _connection_points(connections) -> list[int]:
 
 
 def _region_indices() -> tuple[list[int], list[list[int]]]:
-    from mediapipe.python.solutions import face_mesh_connections as fmc
+    from mediapipe.python.solutions import face_mesh_connections as fmc  # deferred: mediapipe
 
     oval = _connection_ring(fmc.FACEMESH_FACE_OVAL)
     features = [_connection_points(c) for c in (fmc.FACEMESH_LEFT_EYE, fmc.FACEMESH_RIGHT_EYE,
@@ -268,17 +268,14 @@ def skin_region_mask(shape, landmarks_px) -> np.ndarray:
 
 def _load_error(why: str, exc: BaseException | None = None) -> ModelLoadError:
     files = ", ".join("/".join(f) for f in FACE_MESH_FILES.values())
-    return ModelLoadError(
-        f"cannot load MediaPipe Face Mesh ({files}): {why}{f': {exc}' if exc is not None else ''}. "
-        f"The models ship inside the mediapipe wheel; install {MEDIAPIPE_PIN} on every node that "
-        f"runs the skin-tone stage (no download is needed or attempted)."
-    )
+    return mediapipe_load_error(f"Face Mesh ({files})", why, exc, "The models ship inside the mediapipe wheel",
+                                "the skin-tone stage")
 
 
 def face_mesh_files() -> dict[str, Path]:
     """Paths of the Face Mesh .tflite files inside the installed mediapipe package."""
     try:
-        import mediapipe
+        import mediapipe  # deferred: mediapipe
     except Exception as exc:  # ImportError, or a broken native extension
         raise _load_error("the mediapipe package cannot be imported", exc) from exc
     root = Path(mediapipe.__file__).resolve().parent
@@ -331,7 +328,7 @@ class SkinToneDetector(MediaPipeGraph):
         self.mesh = None
         paths = face_mesh_files()
         try:
-            import mediapipe as mp
+            import mediapipe as mp  # deferred: mediapipe
 
             # One graph per instance (so one per Ray actor); it is not shared between threads.
             self.mesh = mp.solutions.face_mesh.FaceMesh(

@@ -47,12 +47,7 @@ from operators.image_backbone_disparity import (
     load_backbone,
     run_backbone,
 )
-from operators.support.disparity import (
-    PAIR_INDEX,
-    check_units,
-    flatten_units,
-    unflatten_units,
-)
+from operators.support.disparity import PAIR_INDEX, unit_similarities
 from schemas.exposed import Space
 
 STAGE_SPLIT_PRODUCT = "split_product"
@@ -71,7 +66,7 @@ def chunk_vectors(grid_tokens, chunks: int | None):
     """(B, h, w, D) -> (B, n_chunks, L) float64 unit vectors: the grid split into ``chunks`` x
     ``chunks`` equal spatial chunks (row-major), each flattened and L2-normalised; ``chunks=None``:
     one chunk per patch token."""
-    import torch
+    import torch  # deferred: torch
 
     b, gh, gw, d = grid_tokens.shape
     x = grid_tokens.to(torch.float64)
@@ -87,7 +82,7 @@ def chunk_vectors(grid_tokens, chunks: int | None):
 
 def chunk_cosines(unit_chunks):
     """(U, 3, n_chunks, L) unit chunk vectors -> (U, 3 pairs, n_chunks) cosines, PAIRS order."""
-    import torch
+    import torch  # deferred: torch
 
     return torch.stack([(unit_chunks[:, i] * unit_chunks[:, j]).sum(-1) for i, j in PAIR_INDEX], dim=1)
 
@@ -141,8 +136,4 @@ class SplitProductDisparity:
 
     def triplet_similarities(self, images) -> dict[str, np.ndarray]:
         """{SPLIT_PRODUCT: (U, 3) float64 in PAIRS order} of (U, 3, 3, H, W) float images in [0, 1]."""
-        check_units(images)
-        if images.shape[0] == 0:
-            return {Space.SPLIT_PRODUCT: np.zeros((0, 3), np.float64)}
-        feats = self.chunk_features(flatten_units(images))
-        return {Space.SPLIT_PRODUCT: split_product(unflatten_units(feats, images.shape[0]))}
+        return unit_similarities(images, Space.SPLIT_PRODUCT, self.chunk_features, split_product)

@@ -77,7 +77,7 @@ _OTSU_EPS = float(np.finfo(np.float32).eps)  # OpenCV's FLT_EPSILON guard on the
 def to_uint8_levels(images):
     """(..., 3, H, W) float in [0, 1] -> int32 levels 0-255, as the generator's RGB8 payload
     (``round(x * 255)`` clamped)."""
-    import torch
+    import torch  # deferred: torch
 
     return rgb_levels(images).to(torch.int32)
 
@@ -95,7 +95,7 @@ def grayscale(images):
 
 
 def _symmetric_index(n: int, p: int, device):
-    import torch
+    import torch  # deferred: torch
 
     return torch.cat([torch.arange(p - 1, -1, -1, device=device), torch.arange(n, device=device),
                       torch.arange(n - 1, n - 1 - p, -1, device=device)])
@@ -104,7 +104,7 @@ def _symmetric_index(n: int, p: int, device):
 def box_mean(x, win_size: int):
     """Mean over a ``win_size`` x ``win_size`` window centred on each pixel of (B, H, W) float64,
     with half-sample symmetric padding (scipy.ndimage.uniform_filter's ``mode="reflect"``)."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # deferred: torch
 
     p = win_size // 2
     h, w = x.shape[-2:]
@@ -116,7 +116,7 @@ def ssim_map(a, b, win_size: int = 7, data_range: float = DATA_RANGE):
     """The full SSIM map (B, H, W) float64 of gray images ``a``, ``b`` (B, H, W), computed as
     ``skimage.metrics.structural_similarity(..., full=True)`` with its defaults (uniform window,
     sample covariance, K1 = 0.01, K2 = 0.03)."""
-    import torch
+    import torch  # deferred: torch
 
     x = a.to(torch.float64)
     y = b.to(torch.float64)
@@ -147,7 +147,7 @@ def mean_ssim(smap, win_size: int = 7):
 
 def map_to_uint8(smap):
     """SSIM map -> int64 levels 0-255: clipped to [0, 1], then ``(map * 255).astype(uint8)``."""
-    import torch
+    import torch  # deferred: torch
 
     return (smap.clamp(0.0, 1.0) * 255.0).floor().to(torch.int64)
 
@@ -157,7 +157,7 @@ def otsu_threshold(levels):
     level t maximising the between-class variance of {<= t} and {> t}. Returns (thresholds (B,)
     int64, split (B,) bool); ``split`` is False where the map has a single level (no threshold
     separates anything)."""
-    import torch
+    import torch  # deferred: torch
 
     bsz = levels.shape[0]
     flat = levels.reshape(bsz, -1)
@@ -190,7 +190,7 @@ def differing_pixels(smap):
 def fill_holes(mask, check_every: int = CHECK_EVERY):
     """(B, H, W) bool ``mask`` with its holes filled: background pixels not 4-connected to the
     image border become foreground (the area inside ``mask``'s outer contours)."""
-    import torch
+    import torch  # deferred: torch
 
     background = ~mask
     outside = torch.zeros_like(mask)
@@ -214,7 +214,7 @@ def fill_holes(mask, check_every: int = CHECK_EVERY):
 def diff_pix(smap, check_every: int = CHECK_EVERY):
     """(B,) float64 Diff. Pix. of full SSIM maps (B, H, W): 100 x the share of pixels inside the
     outer contours of the Otsu-thresholded low-SSIM pixels (module docstring)."""
-    import torch
+    import torch  # deferred: torch
 
     filled = fill_holes(differing_pixels(smap), check_every)
     h, w = smap.shape[-2:]
@@ -253,7 +253,7 @@ class SsimDisparity:
 
     def pair_maps(self, images):
         """Full SSIM maps of every pair: (U, 3, H, W) float64 in PAIRS order."""
-        import torch
+        import torch  # deferred: torch
 
         check_units(images)
         h, w = images.shape[-2:]
@@ -268,7 +268,7 @@ class SsimDisparity:
 
     def triplet_similarities(self, images) -> dict[str, np.ndarray]:
         """{SSIM: (U, 3), DIFF_PIX: (U, 3)} float64 of (U, 3, 3, H, W) float images in [0, 1]."""
-        import torch
+        import torch  # deferred: torch
 
         check_units(images)
         if images.shape[0] == 0:

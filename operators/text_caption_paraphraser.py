@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
+from operators.support.chat_client import ChatClient
+from operators.support.chat_local import LocalChatModel
 from operators.text_occupation_matcher import OccupationMatcher
 from schemas.captions import CAPTION, OCCUPATION
 from schemas.occupations import parse_occupations
@@ -48,12 +50,8 @@ def make_backend(spec: dict):
     spec = dict(spec)
     kind = spec.pop("kind", None)
     if kind == "endpoint":
-        from operators.support.chat_client import ChatClient
-
         return ChatClient(**spec)
     if kind == "transformers":
-        from operators.support.chat_local import LocalChatModel
-
         return LocalChatModel(**spec)
     raise ValueError(f"paraphrase backend {kind!r}: one of {BACKENDS}")
 

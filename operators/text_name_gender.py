@@ -26,7 +26,12 @@ name). ``prefilter=False`` runs NER on every caption.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
+import os
 import re
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -100,7 +105,7 @@ AMBIGUOUS_FIRST_NAMES = frozenset(
 
 
 def load_spacy(model: str):
-    import spacy
+    import spacy  # deferred: spacy
 
     try:
         nlp = spacy.load(model, exclude=_NOT_NEEDED)
@@ -117,10 +122,6 @@ def needs_torch(model: str) -> bool | None:
     """Whether the installed spaCy pipeline ``model`` (a package name or a directory) needs torch,
     from its meta.json (a transformer component, or a requirement on spacy-transformers,
     spacy-curated-transformers or torch); None when its meta cannot be read."""
-    import importlib.util
-    import json
-    import os
-
     try:
         if os.path.isdir(model):
             meta = os.path.join(model, "meta.json")
@@ -140,12 +141,9 @@ def import_spacy_without_torch(model: str) -> bool:
     """Imports spaCy with torch hidden from thinc, in a process that has imported neither, when the
     pipeline ``model`` does not need torch (``needs_torch`` is False). thinc imports torch at import
     time, for its PyTorch layers, only to offer them: about 1.2 of the ~2 CPU-s a NER actor spends
-    starting (issue 34), and en_core_web_sm/md/lg never use it. torch stays importable afterwards;
+    starting, and en_core_web_sm/md/lg never use it. torch stays importable afterwards;
     only thinc's view of it (``thinc.compat.has_torch``) stays off in this process, so this is for
     the NER stage's own actor. Returns whether it did so."""
-    import importlib
-    import sys
-
     if any(m in sys.modules for m in ("spacy", "thinc", "torch")) or needs_torch(model) is not False:
         return False
     sys.modules["torch"] = None   # ``import torch`` raises ImportError: thinc takes its no-torch path
@@ -177,7 +175,7 @@ class NameGenderIndicators:
 
     def __init__(self, spacy_model: str, count_mostly: bool = True, skip_words=(), n_process: int = 1,
                  prefilter: bool = True):
-        import gender_guesser.detector as gender_detector
+        import gender_guesser.detector as gender_detector  # deferred: gender_guesser
 
         import_spacy_without_torch(spacy_model)
         self.nlp = load_spacy(spacy_model)

@@ -28,7 +28,7 @@ _NOT_NEEDED = ["parser", "ner", "senter", "textcat"]
 
 
 def load_tagger(model: str = DEFAULT_SPACY_MODEL):
-    import spacy
+    import spacy  # deferred: spacy
 
     try:
         nlp = spacy.load(model, exclude=_NOT_NEEDED)

@@ -21,6 +21,8 @@ import pyarrow.compute as pc
 from operators.support.models import ModelLoadError, hub_snapshot, loaded_weight_files, pick_device, weights_provenance
 from operators.base import Resources, with_column
 from operators.support.sbert_batches import CPU_TOKEN_BUDGET, token_batches, token_lengths
+from operators.support.sbert_lean import LeanSbert, lean_layout
+from operators.support.sbert_openvino import OpenVinoSbert, available
 from schemas.captions import CAPTION, CAPTION_ID, OCCUPATION, PROMPT_SIMILARITY
 
 STAGE_SIMILARITY = "prompt_similarity"
@@ -86,14 +88,12 @@ def load_sentence_transformer(model: str, revision: str | None = None, device: s
     source, _ = resolve_sbert(model, revision)
     target = pick_device(device)
     if lean and target == "cpu":
-        from operators.support.sbert_lean import LeanSbert, lean_layout
-
         if lean_layout(source) is None:
             try:
                 return LeanSbert(source)
             except Exception as exc:  # unreadable weights or tokenizer: say so, as the library would
                 raise ModelLoadError(f"cannot load SBERT model {model!r} from {source!r}: {exc}") from exc
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # deferred: sentence_transformers
 
     try:
         return SentenceTransformer(source, device=target, revision=revision)
@@ -157,8 +157,6 @@ def sbert_backend(backend: str, on_gpu: bool, screens: bool = False) -> str:
     if backend not in SBERT_BACKENDS:
         raise ValueError(f"SBERT backend must be one of {SBERT_BACKENDS}, got {backend!r}")
     if (backend not in TORCH_BACKENDS or (backend == "auto" and screens)) and not on_gpu:
-        from operators.support.sbert_openvino import available
-
         if not available():
             raise ModelLoadError(f"SBERT backend {backend!r} needs the openvino package (pip install openvino)")
     return "torch" if on_gpu and backend != "sentence-transformers" else backend
@@ -171,8 +169,6 @@ def lean_loader(backend: str) -> bool:
 
 def sbert_loader(model) -> str:
     """What loaded ``model``, for the run's record: "lean" (``LeanSbert``) or "sentence-transformers"."""
-    from operators.support.sbert_lean import LeanSbert
-
     return "lean" if isinstance(model, LeanSbert) else "sentence-transformers"
 
 
@@ -234,16 +230,12 @@ class PromptSimilarity:
         if self.precision == "fp16":
             self.model.half()
         if self.backend not in TORCH_BACKENDS:
-            import torch
-
-            from operators.support.sbert_openvino import OpenVinoSbert
+            import torch  # deferred: torch
 
             self._ov = OpenVinoSbert(self.model, threads=torch.get_num_threads(),
                                      precision="bf16" if self.backend in BF16_BACKENDS else "f32")
         if self.screen:   # OpenVINO converts the library's modules, so the library loads them
-            import torch
-
-            from operators.support.sbert_openvino import OpenVinoSbert
+            import torch  # deferred: torch
 
             self._screen_ov = OpenVinoSbert(load_sentence_transformer(model, revision, target),
                                             threads=torch.get_num_threads(), precision="bf16")

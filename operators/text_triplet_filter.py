@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, status_array, with_column
-from operators.support.tokens import regex_escape
+from operators.support.tokens import regex_escape, word_runs
 from schemas.captions import LAION_TEXT
 from schemas.exposed import (
     FEMININE,
@@ -252,23 +252,7 @@ class TextBytes(NamedTuple):
         w = self.spaced != 0x20
         if not len(w):
             return pa.array([], pa.large_string()), np.empty(0, np.int64), np.empty(0, np.int64)
-        row_start = np.zeros(len(w) + 1, bool)
-        row_start[self.offsets] = True  # a word never continues across rows
-        prev = np.empty_like(w)
-        prev[0] = False
-        prev[1:] = w[:-1]
-        prev &= ~row_start[:-1]
-        nxt = np.empty_like(w)
-        nxt[-1] = False
-        nxt[:-1] = w[1:]
-        nxt &= ~row_start[1:]
-        starts = np.flatnonzero(w & ~prev)
-        ends = np.flatnonzero(w & ~nxt) + 1
-        rows = np.searchsorted(self.offsets, starts, side="right") - 1
-        tok_offsets = np.zeros(len(starts) + 1, np.int64)
-        np.cumsum(ends - starts, out=tok_offsets[1:])
-        tokens = pa.LargeStringArray.from_buffers(len(starts), pa.py_buffer(tok_offsets), pa.py_buffer(self.data[w]))
-        return tokens, starts, rows
+        return word_runs(self.data, w, self.offsets)
 
 
 def _split_words(spaced: pa.Array) -> tuple[pa.Array, np.ndarray]:

@@ -25,7 +25,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/amplification.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import arguments, cli, gpus  # noqa: E402
+from pipelines.engine.cli import arguments, entry  # noqa: E402
+from pipelines.engine.run import gpus  # noqa: E402
+from pipelines.studies.amplification import paraphrases  # noqa: E402
 from pipelines.studies.amplification.captions import SAMPLE_INPUT  # noqa: E402
 
 
@@ -216,8 +218,6 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
 
 
 def _paraphrase_args(g, run: bool) -> None:
-    from pipelines.studies.amplification import paraphrases
-
     paraphrases.add_arguments(g, run)
 
 
@@ -280,34 +280,15 @@ def _image_args(p: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------------- commands
-def run_captions(args) -> dict:
-    from pipelines.studies.amplification import captions
-
-    return captions.run_captions(args)
-
-
-def run_all(args) -> dict:
-    from pipelines.studies.amplification import study
-
-    return study.run(args)
-
-
-def run_paraphrase(args) -> dict:
-    from pipelines.studies.amplification import paraphrase_job
-
-    return paraphrase_job.run(args)
-
-
-def run_summarize(args) -> dict:
-    from pipelines.studies.amplification import summarize
-
-    return summarize.run(args)
+COMMANDS = {"captions": "pipelines.studies.amplification.captions:run_captions",
+            "run": "pipelines.studies.amplification.study:run",
+            "paraphrase": "pipelines.studies.amplification.paraphrase_job:run",
+            "summarize": "pipelines.studies.amplification.summarize:run"}
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    commands = {"captions": run_captions, "run": run_all, "paraphrase": run_paraphrase, "summarize": run_summarize}
-    return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
+    return entry.main(build_parser(), COMMANDS, argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -37,7 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/dalleval.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import arguments, cli  # noqa: E402
+from pipelines.engine.cli import arguments, entry  # noqa: E402
 from schemas import alignment as A  # noqa: E402
 
 PAIRING_HELP = {"captions": "only the drawn captions' own images, matched by image id (--caption-group-column), "
@@ -58,11 +58,13 @@ def _generation_args(p) -> None:
 
 
 def _execution_args(p, heads: bool = False) -> None:
+    """The last groups of a study subcommand: execution, then the intervals."""
     x = p.add_argument_group("execution")
     arguments.add_run_control(x)
     arguments.add_generation_execution(x, "generator")
     if heads:
         x.add_argument("--skin-actors", type=int, default=1, help="skin-tone (CPU) actors (default 1)")
+    _interval_args(p)
 
 
 def _output_arg(p) -> None:
@@ -73,16 +75,23 @@ def _interval_args(p) -> None:
     arguments.add_intervals(p.add_argument_group("intervals of the headline numbers (bootstrap over the units)"))
 
 
+def _study_parser(sub, name: str, help: str, group: str, where: str, config: str):
+    """A study subcommand (one Ray job) with --output, and its first group (``group``, from the
+    paper's ``where``) with --config, a study file overriding ``config``: (parser, group)."""
+    p = sub.add_parser(name, help=help)
+    _output_arg(p)
+    s = p.add_argument_group(f"{group} ({where}; any key of {config} in --config)")
+    s.add_argument("--config", metavar="YAML", help=f"study file overriding {config}")
+    return p, s
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dalleval.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="social bias: generate, detect gender / attributes / skin tone, and measure bias "
-                                   "(one Ray job)")
-    _output_arg(r)
-    s = r.add_argument_group("study (section 4.2.1; any key of configs/dalleval.yaml in --config)")
-    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval.yaml")
+    r, s = _study_parser(sub, "run", "social bias: generate, detect gender / attributes / skin tone, and measure bias "
+                                     "(one Ray job)", "study", "section 4.2.1", "configs/dalleval.yaml")
     s.add_argument("--professions", metavar="P,Q,...", help="only these professions of the configured list")
     s.add_argument("--max-professions", type=int, metavar="N", help="only the first N professions (quick runs)")
     s.add_argument("--no-bare-prompts", action="store_true", help="leave out the bare '[G]' prompts")
@@ -99,13 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators, BLIP-2 and CLIP (offline smoke run; numbers are meaningless)")
     _execution_args(r, heads=True)
-    _interval_args(r)
 
-    k = sub.add_parser("skills", help="PaintSkills visual reasoning: object / count / spatial prompts, generation, "
-                                      "zero-shot DETR detection and the section 4.1 accuracies (one Ray job)")
-    _output_arg(k)
-    s = k.add_argument_group("prompts (section 3.2; any key of configs/dalleval_skills.yaml in --config)")
-    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval_skills.yaml")
+    k, s = _study_parser(sub, "skills", "PaintSkills visual reasoning: object / count / spatial prompts, generation, "
+                                        "zero-shot DETR detection and the section 4.1 accuracies (one Ray job)",
+                         "prompts", "section 3.2", "configs/dalleval_skills.yaml")
     s.add_argument("--skills", metavar="S,T", help="only these skills (object, count, spatial)")
     s.add_argument("--prompts-per-skill", type=int, metavar="N",
                    help="N prompts per skill instead of the test-split sizes 2,325 / 2,160 / 2,700 (quick runs)")
@@ -127,13 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--standin-models", action="store_true",
                    help="tiny random-weight generators and detector (offline smoke run; numbers are meaningless)")
     _execution_args(k)
-    _interval_args(k)
 
-    a = sub.add_parser("alignment", help="image-text alignment and quality: CLIP R-precision, CLIPScore and FID of "
-                                         "images generated from captions (App. D; one Ray job)")
-    _output_arg(a)
-    s = a.add_argument_group("inputs (App. D; any key of configs/dalleval_alignment.yaml in --config)")
-    s.add_argument("--config", metavar="YAML", help="study file overriding configs/dalleval_alignment.yaml")
+    a, s = _study_parser(sub, "alignment", "image-text alignment and quality: CLIP R-precision, CLIPScore and FID of "
+                                           "images generated from captions (App. D; one Ray job)",
+                         "inputs", "App. D", "configs/dalleval_alignment.yaml")
     s.add_argument("--captions", metavar="FILE", help="captions: parquet, CSV or text (one per line); default: the "
                                                       "bundled 24-caption sample")
     s.add_argument("--caption-column", metavar="COL", help="caption column of parquet / CSV input (default: recognised from the columns: "
@@ -171,7 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny random-weight generators, CLIP and FID extractor (offline smoke run; numbers are "
                         "meaningless)")
     _execution_args(a)
-    _interval_args(a)
 
     q = sub.add_parser("summarize", help="re-analyse published numbers: average gender / skin tone and MAD from "
                                          "per-prompt counts, or Table 2 from per-skill accuracies")
@@ -192,34 +194,14 @@ def _clip_args(group, what: str) -> None:
     arguments.add_clip(group, what, "ViT-B-32")
 
 
-def run_summarize(args) -> dict:
-    from pipelines.studies.dalleval import summarize
-
-    return summarize.run(args)
-
-
-def run(args) -> dict:
-    from pipelines.studies.dalleval import study as dalleval_study
-
-    return dalleval_study.run(args)
-
-
-def run_skills(args) -> dict:
-    from pipelines.studies.dalleval import skills_study
-
-    return skills_study.run(args)
-
-
-def run_alignment(args) -> dict:
-    from pipelines.studies.dalleval import alignment_study
-
-    return alignment_study.run(args)
+COMMANDS = {"run": "pipelines.studies.dalleval.study:run",
+            "skills": "pipelines.studies.dalleval.skills_study:run",
+            "alignment": "pipelines.studies.dalleval.alignment_study:run",
+            "summarize": "pipelines.studies.dalleval.summarize:run"}
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    commands = {"run": run, "skills": run_skills, "alignment": run_alignment, "summarize": run_summarize}
-    return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
+    return entry.main(build_parser(), COMMANDS, argv)
 
 
 if __name__ == "__main__":

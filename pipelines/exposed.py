@@ -27,7 +27,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/exposed.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import arguments, cli  # noqa: E402
+from pipelines.engine.cli import arguments, entry  # noqa: E402
 
 SPACES = ("prompt", "prompt_pooled", "denoising", "ssim", "diff_pix", "resnet", "clip", "dino", "split_product")
 
@@ -126,22 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args) -> dict:
-    from pipelines.studies.exposed import study
-
-    return study.run(args)
-
-
-def triplets(args) -> dict:
-    from pipelines.studies.exposed import triplets as T
-
-    return T.run_command(args)
+COMMANDS = {"run": "pipelines.studies.exposed.study:run",
+            "triplets": "pipelines.studies.exposed.triplets:run_command"}
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    commands = {"run": run, "triplets": triplets}
-    return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
+    return entry.main(build_parser(), COMMANDS, argv)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (python pipelines/gep.py, ray submit)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine import arguments, cli  # noqa: E402
+from pipelines.engine.cli import arguments, entry  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,28 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_summarize(args) -> dict:
-    from pipelines.studies.gep import summarize
-
-    return summarize.run(args)
-
-
-def run(args) -> dict:
-    from pipelines.studies.gep import study as gep_study
-
-    return gep_study.run(args)
-
-
-def evaluate(args) -> dict:
-    from pipelines.studies.gep import study as gep_study
-
-    return gep_study.evaluate_run(args)
+COMMANDS = {"run": "pipelines.studies.gep.study:run",
+            "evaluate": "pipelines.studies.gep.study:evaluate_run",
+            "summarize": "pipelines.studies.gep.summarize:run"}
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    commands = {"run": run, "evaluate": evaluate, "summarize": run_summarize}
-    return cli.exit_code(lambda: commands[args.command](args), output=getattr(args, "output", None))
+    return entry.main(build_parser(), COMMANDS, argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.engine.io import WRITE_OPTIONS  # noqa: E402 (page checksums, as every parquet file the project writes)
+from pipelines.engine.storage.io import WRITE_OPTIONS  # noqa: E402 (page checksums, as every parquet file the project writes)
 from schemas.occupations import indefinite_article, plural  # noqa: E402
 
 DEFAULT_OCCUPATIONS = [

@@ -15,7 +15,7 @@ if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines import amplification, dalleval, exposed, gep  # noqa: E402
-from pipelines.engine import compare  # noqa: E402
+from pipelines.engine.stats import compare  # noqa: E402
 
 # study -> (its entry point, what it is)
 STUDIES = {

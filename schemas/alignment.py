@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from schemas.images import IMAGE_ID
-from schemas.images import GENERATION_DETAIL, GENERATION_STATUS, IMAGE_INDEX, MODEL, NSFW, SAFETY_CHECKER, SEED
+from schemas.fields import typed
+from schemas.images import IMAGE_ID, generated_images, prompt_index_seed
 from schemas.subsets import PROMPT
 
 # reference.pairing (App. D.2): which reference images FID compares with. captions: the drawn captions'
@@ -43,38 +43,19 @@ class ReferenceStatus:
     ALL = (OK, DECODE_ERROR)
 
 
-ALIGNMENT_REQUESTS = pa.schema([
-    pa.field(IMAGE_ID, pa.string()),
-    pa.field(CAPTION_ID, pa.string()),
-    pa.field(PROMPT, pa.string()),
-    pa.field(IMAGE_INDEX, pa.int32()),
-    pa.field(SEED, pa.int64()),
-])
+ALIGNMENT_REQUESTS = pa.schema([*typed(pa.string(), IMAGE_ID, CAPTION_ID), *prompt_index_seed()])
 
 CLIP_ALIGNMENT_COLUMNS = pa.schema([
-    pa.field(CLIP_IMAGE_EMBEDDING, pa.list_(pa.float32())),
-    pa.field(CLIP_TEXT_EMBEDDING, pa.list_(pa.float32())),
-    pa.field(CLIP_COSINE, pa.float32()),
-    pa.field(CLIP_IMAGE_NORM, pa.float32()),
-    pa.field(CLIP_TEXT_NORM, pa.float32()),
+    *typed(pa.list_(pa.float32()), CLIP_IMAGE_EMBEDDING, CLIP_TEXT_EMBEDDING),
+    *typed(pa.float32(), CLIP_COSINE, CLIP_IMAGE_NORM, CLIP_TEXT_NORM),
 ])
 
 FID_COLUMNS = pa.schema([pa.field(FID_FEATURES, pa.list_(pa.float32()))])
 
-ALIGNMENT_IMAGES = pa.schema([
-    *ALIGNMENT_REQUESTS,
-    pa.field(MODEL, pa.string()),
-    pa.field(GENERATION_STATUS, pa.string()),
-    pa.field(GENERATION_DETAIL, pa.string()),
-    pa.field(NSFW, pa.bool_()),
-    pa.field(SAFETY_CHECKER, pa.string()),
-    *CLIP_ALIGNMENT_COLUMNS,
-    *FID_COLUMNS,
-])
+ALIGNMENT_IMAGES = generated_images(ALIGNMENT_REQUESTS, *CLIP_ALIGNMENT_COLUMNS, *FID_COLUMNS)
 
 REFERENCE_FEATURES = pa.schema([
-    pa.field(REFERENCE_ID, pa.string()),
-    pa.field(REFERENCE_STATUS, pa.string()),
+    *typed(pa.string(), REFERENCE_ID, REFERENCE_STATUS),
     *FID_COLUMNS,
     # with captions for the reference images (pairing "captions", or a parquet caption column): the
     # caption and the CLIP columns, for Table 19's real-image R-precision row; null otherwise

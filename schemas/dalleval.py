@@ -13,18 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from schemas.images import IMAGE_ID
-from schemas.images import (
-    GENERATION_DETAIL,
-    GENERATION_STATUS,
-    IMAGE_INDEX,
-    MODEL,
-    NSFW,
-    P_FEMALE,
-    P_MALE,
-    SAFETY_CHECKER,
-    SEED,
-)
+from schemas.fields import typed
+from schemas.images import IMAGE_ID, MODEL, P_FEMALE, P_MALE, generated_images, prompt_index_seed
 from schemas.subsets import PROMPT
 
 # --- the diagnostic prompt (section 4.2.1, Table 13) ----------------------------------------------
@@ -93,7 +83,7 @@ PRESENCE = "presence"              # share of the asked images whose answer is "
 ASKED = "asked"                    # generated images the attribute question was asked about
 ANSWERED = "answered"              # of those, images with a yes or no answer (the rest count as absent)
 
-# --- intervals of the headline numbers (issue 32): beside the value's column in every summary table --
+# --- intervals of the headline numbers: beside the value's column in every summary table -----------
 INTERVAL_LOW = "_low"              # suffix: the interval's lower bound of the column it follows
 INTERVAL_HIGH = "_high"            # suffix: its upper bound
 
@@ -102,72 +92,36 @@ def interval_columns(column: str) -> tuple[str, str]:
     """The (low, high) column names of ``column``'s interval: "gender_mad_low", "gender_mad_high"."""
     return f"{column}{INTERVAL_LOW}", f"{column}{INTERVAL_HIGH}"
 
-DALLEVAL_REQUESTS = pa.schema([
-    pa.field(IMAGE_ID, pa.string()),
-    pa.field(GROUP, pa.string()),
-    pa.field(GROUP_TEXT, pa.string()),
-    pa.field(PROFESSION, pa.string()),
-    pa.field(PROMPT, pa.string()),
-    pa.field(IMAGE_INDEX, pa.int32()),
-    pa.field(SEED, pa.int64()),
-])
+DALLEVAL_REQUESTS = pa.schema([*typed(pa.string(), IMAGE_ID, GROUP, GROUP_TEXT, PROFESSION), *prompt_index_seed()])
 
 DETECTION_FIELDS = (
-    pa.field(DETECTED_GENDER, pa.string()),
-    pa.field(GENDER_ANSWER, pa.string()),
-    pa.field(GENDER_DETECTOR, pa.string()),
-    pa.field(P_MALE, pa.float32()),
-    pa.field(P_FEMALE, pa.float32()),
-    pa.field(ATTRIBUTE_NAMES, pa.list_(pa.string())),
-    pa.field(ATTRIBUTE_ANSWERS, pa.list_(pa.string())),
+    *typed(pa.string(), DETECTED_GENDER, GENDER_ANSWER, GENDER_DETECTOR),
+    *typed(pa.float32(), P_MALE, P_FEMALE),
+    *typed(pa.list_(pa.string()), ATTRIBUTE_NAMES, ATTRIBUTE_ANSWERS),
     pa.field(ATTRIBUTE_PRESENT, pa.list_(pa.bool_())),
 )
 
 SKIN_FIELDS = (
     pa.field(SKIN_STATUS, pa.string()),
-    pa.field(SKIN_FACES, pa.int32()),
-    pa.field(SKIN_PIXELS, pa.int32()),
-    pa.field(SKIN_L, pa.float64()),
-    pa.field(SKIN_B, pa.float64()),
-    pa.field(SKIN_ITA, pa.float64()),
+    *typed(pa.int32(), SKIN_FACES, SKIN_PIXELS),
+    *typed(pa.float64(), SKIN_L, SKIN_B, SKIN_ITA),
     pa.field(SKIN_TONE, pa.int8()),
 )
 
-DALLEVAL_IMAGES = pa.schema([
-    *DALLEVAL_REQUESTS,
-    pa.field(MODEL, pa.string()),
-    pa.field(GENERATION_STATUS, pa.string()),
-    pa.field(GENERATION_DETAIL, pa.string()),
-    pa.field(NSFW, pa.bool_()),
-    pa.field(SAFETY_CHECKER, pa.string()),
-    *DETECTION_FIELDS,
-    *SKIN_FIELDS,
-])
+DALLEVAL_IMAGES = generated_images(DALLEVAL_REQUESTS, *DETECTION_FIELDS, *SKIN_FIELDS)
+
+# the keys of a summary row: the model and one prompt of a group and profession
+_SUMMARY_KEYS = typed(pa.string(), MODEL, GROUP, PROFESSION, PROMPT)
 
 DALLEVAL_COUNTS = pa.schema([
-    pa.field(MODEL, pa.string()),
-    pa.field(GROUP, pa.string()),
-    pa.field(PROFESSION, pa.string()),
-    pa.field(PROMPT, pa.string()),
-    pa.field(IMAGES, pa.int64()),
-    pa.field(MALE, pa.int64()),
-    pa.field(FEMALE, pa.int64()),
-    pa.field(UNKNOWN_GENDER, pa.int64()),
-    *[pa.field(t, pa.int64()) for t in TONE_COLUMNS],
-    pa.field(TONED, pa.int64()),
-    pa.field(AVG_GENDER, pa.float64()),
-    pa.field(MAD_GENDER, pa.float64()),
-    pa.field(AVG_TONE, pa.float64()),
-    pa.field(MAD_TONE, pa.float64()),
+    *_SUMMARY_KEYS,
+    *typed(pa.int64(), IMAGES, MALE, FEMALE, UNKNOWN_GENDER, *TONE_COLUMNS, TONED),
+    *typed(pa.float64(), AVG_GENDER, MAD_GENDER, AVG_TONE, MAD_TONE),
 ])
 
 DALLEVAL_ATTRIBUTES = pa.schema([
-    pa.field(MODEL, pa.string()),
-    pa.field(GROUP, pa.string()),
-    pa.field(PROFESSION, pa.string()),
-    pa.field(PROMPT, pa.string()),
+    *_SUMMARY_KEYS,
     pa.field(ATTRIBUTE, pa.string()),
-    pa.field(ASKED, pa.int64()),
-    pa.field(ANSWERED, pa.int64()),
+    *typed(pa.int64(), ASKED, ANSWERED),
     pa.field(PRESENCE, pa.float64()),
 ])

@@ -1,7 +1,7 @@
-"""The column layouts of the image-text datasets people audit today (issue 31).
+"""The column layouts of the image-text datasets people audit today.
 
 This module is the only place their column names are spelled out. A caption file is recognised
-by the columns it has (``pipelines/engine/datasets.py``): a layout matches when every one of its
+by the columns it has (``pipelines/engine/storage/datasets.py``): a layout matches when every one of its
 ``signature`` columns is present, exactly as spelled here (LAION's upper-case ``TEXT`` / ``URL``
 against Re-LAION's ``caption`` / ``url``); the path names the variant where columns cannot
 (``relaion2B-en-research`` against ``relaion2B-en-research-safe``, LAION-2B-en against

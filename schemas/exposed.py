@@ -25,15 +25,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from schemas.images import (
-    IMAGE_ID,
-    GENERATION_DETAIL,
-    GENERATION_STATUS,
-    MODEL,
-    NSFW,
-    SAFETY_CHECKER,
-    SEED,
-)
+from schemas.fields import typed
+from schemas.images import GENERATION_OUTCOME, IMAGE_ID, MODEL, SEED
 from schemas.subsets import PROMPT
 
 # ---------------------------------------------------------------------------------------------
@@ -63,14 +56,9 @@ class TripletOutcome:
 
 
 TRIPLETS = pa.schema([
-    pa.field(TRIPLET_ID, pa.string()),
-    pa.field(TRIPLET_SOURCE, pa.string()),
+    *typed(pa.string(), TRIPLET_ID, TRIPLET_SOURCE),
     pa.field(SOURCE_ROW, pa.int64()),
-    pa.field(NEUTRAL, pa.string()),
-    pa.field(FEMININE, pa.string()),
-    pa.field(MASCULINE, pa.string()),
-    pa.field(TOPIC, pa.string()),
-    pa.field(PROFESSION, pa.string()),
+    *typed(pa.string(), NEUTRAL, FEMININE, MASCULINE, TOPIC, PROFESSION),
 ])
 
 # counts of the triplet filter: one row per (source, outcome, human word); HUMAN_WORD is null on
@@ -78,9 +66,7 @@ TRIPLETS = pa.schema([
 # human words counts once under the outcome and once under each word)
 COUNT = "count"
 TRIPLET_COUNTS = pa.schema([
-    pa.field(TRIPLET_SOURCE, pa.string()),
-    pa.field(TRIPLET_STATUS, pa.string()),
-    pa.field(HUMAN_WORD, pa.string()),
+    *typed(pa.string(), TRIPLET_SOURCE, TRIPLET_STATUS, HUMAN_WORD),
     pa.field(COUNT, pa.int64()),
 ])
 
@@ -158,10 +144,7 @@ def high_column(name: str) -> str:
 
 
 DISPARITIES = pa.schema([
-    pa.field(MODEL, pa.string()),
-    pa.field(TRIPLET_SOURCE, pa.string()),
-    pa.field(PAIR, pa.string()),
-    pa.field(SPACE, pa.string()),
+    *typed(pa.string(), MODEL, TRIPLET_SOURCE, PAIR, SPACE),
     pa.field(MEAN, pa.float64()),
     pa.field(low_column(MEAN), pa.float64()),      # null until the headline intervals are attached
     pa.field(high_column(MEAN), pa.float64()),
@@ -398,10 +381,7 @@ EXPOSED_IMAGES = pa.schema([
     pa.field(PROMPT, pa.string()),
     pa.field(MODEL, pa.string()),
     pa.field(SEED, pa.int64()),
-    pa.field(GENERATION_STATUS, pa.string()),
-    pa.field(GENERATION_DETAIL, pa.string()),
-    pa.field(NSFW, pa.bool_()),
-    pa.field(SAFETY_CHECKER, pa.string()),
+    *GENERATION_OUTCOME,
     pa.field(UNIT_STATUS, pa.string()),
     *DISPARITY_COLUMNS,
     *DEPENDENCY_COLUMNS,
@@ -414,14 +394,9 @@ OBJECT_SCORE = "score"
 OBJECT_BOX = "box"               # [x0, y0, x1, y1] pixels
 OBJECT_MASK = "mask"             # uncompressed COCO RLE counts at the image's size
 OBJECTS = pa.schema([
-    pa.field(IMAGE_ID, pa.string()),
-    pa.field(UNIT_ID, pa.string()),
-    pa.field(TRIPLET_SOURCE, pa.string()),
-    pa.field(MODEL, pa.string()),
-    pa.field(VARIANT, pa.string()),
+    *typed(pa.string(), IMAGE_ID, UNIT_ID, TRIPLET_SOURCE, MODEL, VARIANT),
     pa.field(OBJECT_INDEX, pa.int32()),
-    pa.field(OBJECT, pa.string()),
-    pa.field(DEPENDENCY_GROUP, pa.string()),
+    *typed(pa.string(), OBJECT, DEPENDENCY_GROUP),
     pa.field(OBJECT_SCORE, pa.float32()),
     pa.field(OBJECT_BOX, pa.list_(pa.float32())),
     pa.field(OBJECT_MASK, pa.list_(pa.int32())),

@@ -19,17 +19,8 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from schemas.images import (
-    IMAGE_ID,
-    GENERATION_DETAIL,
-    GENERATION_STATUS,
-    IMAGE_INDEX,
-    MODEL,
-    NSFW,
-    SAFETY_CHECKER,
-    SEED,
-)
-from schemas.subsets import PROMPT
+from schemas.fields import typed
+from schemas.images import IMAGE_ID, MODEL, generated_images, prompt_index_seed
 
 SETTING = "setting"            # "neutral" ("[g] [c]") or "explicit" ("[g] [a] [c]")
 GENDER = "gender"              # label of the gender indicator (group) of the prompt
@@ -78,54 +69,34 @@ class Estimator:
 
 
 GEP_REQUESTS = pa.schema([
-    pa.field(IMAGE_ID, pa.string(), nullable=False),
-    pa.field(SETTING, pa.string(), nullable=False),
-    pa.field(GENDER, pa.string(), nullable=False),
-    pa.field(GENDER_TEXT, pa.string()),
-    pa.field(ATTRIBUTE, pa.string()),
+    *typed(pa.string(), IMAGE_ID, SETTING, GENDER, nullable=False),
+    *typed(pa.string(), GENDER_TEXT, ATTRIBUTE),
     pa.field(CONTEXT_ID, pa.int32()),
     pa.field(CONTEXT, pa.string()),
-    pa.field(PROMPT, pa.string(), nullable=False),
-    pa.field(IMAGE_INDEX, pa.int32(), nullable=False),
-    pa.field(SEED, pa.int64(), nullable=False),
+    *prompt_index_seed(nullable=False),
 ])
 
 EMBEDDING_COLUMNS = pa.schema([pa.field(EMBEDDING, pa.list_(pa.float32()))])
 
-GEP_IMAGES = pa.schema(list(GEP_REQUESTS) + [
-    pa.field(MODEL, pa.string()),
-    pa.field(GENERATION_STATUS, pa.string()),
-    pa.field(GENERATION_DETAIL, pa.string()),
-    pa.field(NSFW, pa.bool_()),
-    pa.field(SAFETY_CHECKER, pa.string()),
-    EMBEDDING_COLUMNS.field(EMBEDDING),
-])
+GEP_IMAGES = generated_images(GEP_REQUESTS, *EMBEDDING_COLUMNS)
 
 GEP_SCORES = pa.schema([
     pa.field(IMAGE_ID, pa.string(), nullable=False),
     pa.field(MODEL, pa.string()),
-    pa.field(SETTING, pa.string(), nullable=False),
-    pa.field(GENDER, pa.string(), nullable=False),
-    pa.field(ATTRIBUTE, pa.string(), nullable=False),
+    *typed(pa.string(), SETTING, GENDER, ATTRIBUTE, nullable=False),
     pa.field(CONTEXT_ID, pa.int32()),
-    pa.field(SCORE_C, pa.float32()),
-    pa.field(SCORE_CC, pa.float32()),
-    pa.field(SCORE_CLS, pa.float32()),
+    *typed(pa.float32(), SCORE_C, SCORE_CC, SCORE_CLS),
 ])
 
 GEP_FREQUENCIES = pa.schema([
     pa.field(MODEL, pa.string()),
-    pa.field(SETTING, pa.string(), nullable=False),
-    pa.field(GENDER, pa.string(), nullable=False),
-    pa.field(ATTRIBUTE, pa.string(), nullable=False),
-    pa.field(ESTIMATOR, pa.string(), nullable=False),
+    *typed(pa.string(), SETTING, GENDER, ATTRIBUTE, ESTIMATOR, nullable=False),
     pa.field(FREQUENCY, pa.float64()),
     pa.field(IMAGES, pa.int64()),
 ])
 
 ANNOTATIONS = pa.schema([
-    pa.field(IMAGE_ID, pa.string(), nullable=False),
-    pa.field(ATTRIBUTE, pa.string(), nullable=False),
+    *typed(pa.string(), IMAGE_ID, ATTRIBUTE, nullable=False),
     pa.field(PRESENT, pa.int8(), nullable=False),
 ])
 

@@ -64,7 +64,7 @@ class FetchStatus:
     NETWORK_ERROR = "network_error"    # DNS failure, connection refused/reset, TLS error
     INVALID_URL = "invalid_url"        # null, not http(s), no host
     DISALLOWED = "disallowed"          # the site opted out (X-Robots-Tag noai/noimageai/...), as img2dataset honours
-    # --training-images (img2dataset's shards instead of a live fetch, issue 31)
+    # --training-images (img2dataset's shards instead of a live fetch)
     NOT_IN_SHARDS = "not_in_shards"    # the URL is in no shard's metadata
     SHARD_FAILED = "shard_failed"      # img2dataset recorded a failed download or resize (its error kept)
     ALL = (OK, HTTP_ERROR, TIMEOUT, NOT_IMAGE, TOO_LARGE, REFUSED, NETWORK_ERROR, INVALID_URL, DISALLOWED,
@@ -194,3 +194,25 @@ TRAINING_GROUP = "training"
 
 # the image bytes and their shape: dropped from a stream once its stages are done with them
 PAYLOAD = [IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH]
+
+# --- the per-generated-image tables of the other studies -------------------------------------------------
+# what the generator says about each image it was asked for
+GENERATION_OUTCOME = (
+    pa.field(GENERATION_STATUS, pa.string()),
+    pa.field(GENERATION_DETAIL, pa.string()),
+    pa.field(NSFW, pa.bool_()),
+    pa.field(SAFETY_CHECKER, pa.string()),
+)
+
+
+def prompt_index_seed(nullable: bool = True) -> list[pa.Field]:
+    """The last columns of a study's generation requests: the prompt, the image's index among
+    those of its prompt, and its seed."""
+    return [pa.field(PROMPT, pa.string(), nullable), pa.field(IMAGE_INDEX, pa.int32(), nullable),
+            pa.field(SEED, pa.int64(), nullable)]
+
+
+def generated_images(requests: pa.Schema, *columns: pa.Field) -> pa.Schema:
+    """A study's per-generated-image table: its ``requests`` columns, the generator MODEL and the
+    GENERATION_OUTCOME, then the study's own ``columns``."""
+    return pa.schema([*requests, pa.field(MODEL, pa.string()), *GENERATION_OUTCOME, *columns])

@@ -1,4 +1,4 @@
-"""Column names and the pyarrow schema of the link-rot table (issue 31): per occupation, training
+"""Column names and the pyarrow schema of the link-rot table: per occupation, training
 subset and cause, the captions whose image could not be obtained and the test of whether their
 gender indicators differ from the kept ones' (``pipelines/studies/amplification/link_rot.py``)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas.captions import OCCUPATION, CaptionGender
+from schemas.fields import typed
 from schemas.images import FetchStatus
 from schemas.subsets import SUBSET
 
@@ -43,11 +44,9 @@ LINK_ROT_SCHEMA = pa.schema(
         pa.field(OCCUPATION, pa.string()),
         pa.field(SUBSET, pa.string()),
         pa.field(CAUSE, pa.string(), nullable=False),
-        pa.field(CAPTIONS, pa.int64(), nullable=False),
-        pa.field(LOST, pa.int64(), nullable=False),
-        pa.field(KEPT, pa.int64(), nullable=False),
+        *typed(pa.int64(), CAPTIONS, LOST, KEPT, nullable=False),
         pa.field(LOST_SHARE, pa.float64(), nullable=False),
-        *[pa.field(n, pa.int64(), nullable=False) for n in _COUNT_COLUMNS],
+        *typed(pa.int64(), *_COUNT_COLUMNS, nullable=False),
         pa.field(STATISTIC, pa.float64()),
         pa.field(P_VALUE, pa.float64()),
         pa.field(METHOD, pa.string(), nullable=False),

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from schemas.images import IMAGE_ID
-from schemas.images import GENERATION_DETAIL, GENERATION_STATUS, IMAGE_INDEX, MODEL, NSFW, SAFETY_CHECKER, SEED
-from schemas.subsets import PROMPT
+from schemas.fields import typed
+from schemas.images import IMAGE_ID, generated_images, prompt_index_seed
 
 
 class Skill:
@@ -65,17 +64,10 @@ ACCURACY = "accuracy"            # % of judged images
 JUDGED = "n"                     # images behind the accuracy (generated and judged)
 
 SKILL_REQUESTS = pa.schema([
-    pa.field(IMAGE_ID, pa.string()),
-    pa.field(PROMPT_ID, pa.string()),
-    pa.field(SKILL, pa.string()),
-    pa.field(OBJECT_A, pa.string()),
-    pa.field(OBJECT_B, pa.string()),
+    *typed(pa.string(), IMAGE_ID, PROMPT_ID, SKILL, OBJECT_A, OBJECT_B),
     pa.field(COUNT, pa.int8()),
-    pa.field(RELATION, pa.string()),
-    pa.field(TEMPLATE, pa.string()),
-    pa.field(PROMPT, pa.string()),
-    pa.field(IMAGE_INDEX, pa.int32()),
-    pa.field(SEED, pa.int64()),
+    *typed(pa.string(), RELATION, TEMPLATE),
+    *prompt_index_seed(),
 ])
 
 DETECTION_COLUMNS = pa.schema([
@@ -88,18 +80,8 @@ DETECTION_COLUMNS = pa.schema([
 VERDICT_COLUMNS = pa.schema([
     pa.field(PREDICTED_COUNT, pa.int32()),
     pa.field(TOP_LABEL, pa.string()),
-    pa.field(CORRECT, pa.bool_()),
-    pa.field(NUMBER_CORRECT, pa.bool_()),
-    pa.field(OBJECTS_CORRECT, pa.bool_()),
+    *typed(pa.bool_(), CORRECT, NUMBER_CORRECT, OBJECTS_CORRECT),
     pa.field(PREDICTED_RELATION, pa.string()),
 ])
 
-SKILL_IMAGES = pa.schema([
-    *SKILL_REQUESTS,
-    pa.field(MODEL, pa.string()),
-    pa.field(GENERATION_STATUS, pa.string()),
-    pa.field(GENERATION_DETAIL, pa.string()),
-    pa.field(NSFW, pa.bool_()),
-    pa.field(SAFETY_CHECKER, pa.string()),
-    *DETECTION_COLUMNS,
-])
+SKILL_IMAGES = generated_images(SKILL_REQUESTS, *DETECTION_COLUMNS)

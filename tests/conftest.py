@@ -13,7 +13,7 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipelines.engine.config import load_config  # noqa: E402
+from pipelines.engine.cli.config import load_config  # noqa: E402
 from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def occupations(paper_config):
 def word_indicators(paper_config):
     from operators.text_gender_words import GenderWordIndicators
 
-    from pipelines.studies.amplification.captions import effective_gender_words
+    from pipelines.studies.amplification.caption_settings import effective_gender_words
 
     g = effective_gender_words(paper_config["gender_indicators"])  # the paper preset: App. A.5 verbatim
     return GenderWordIndicators(g["male_words"], g["female_words"], g["male_pronouns"], g["female_pronouns"])
@@ -41,7 +41,7 @@ def word_indicators(paper_config):
 def word_indicators_with_plurals(paper_config):
     """The --gender-word-plurals option: App. A.5's words and their plurals."""
     from operators.text_gender_words import GenderWordIndicators
-    from pipelines.studies.amplification.captions import effective_gender_words
+    from pipelines.studies.amplification.caption_settings import effective_gender_words
 
     g = effective_gender_words(paper_config["gender_indicators"] | {"gender_word_plurals": True})
     return GenderWordIndicators(g["male_words"], g["female_words"], g["male_pronouns"], g["female_pronouns"])

@@ -173,9 +173,9 @@ def test_declared_resources_match_the_instance_types(config):
 
 def _big_models():
     """(model, bytes it needs on a GPU in its card's dtype) of every known model that
-    pipelines/engine/gpus.py routes to the large GPU node type."""
+    pipelines/engine/run/gpus.py routes to the large GPU node type."""
     from operators.support.families import defaults
-    from pipelines.engine import gpus
+    from pipelines.engine.run import gpus
     from pipelines.engine.generation import GeneratorSpec
 
     out = []
@@ -194,7 +194,7 @@ def test_big_models_are_known():
 
 
 def test_large_gpu_worker_type(config):
-    from pipelines.engine import gpus
+    from pipelines.engine.run import gpus
 
     large = {k: v for k, v in worker_types(config).items() if gpus.LARGE_GPU_RESOURCE in v["resources"]}
     assert set(large) == {"gpu_worker_large"}, large
@@ -212,7 +212,7 @@ def test_large_gpu_worker_type(config):
 def test_only_the_large_type_declares_the_large_resource(config):
     """The ordinary GPU type never gets a big-model actor: it does not declare the resource, and
     its card holds what gpus.GPU_WORKER_MEMORY says (so the routing threshold is not too high)."""
-    from pipelines.engine import gpus
+    from pipelines.engine.run import gpus
 
     types = node_types(config)
     assert gpus.LARGE_GPU_RESOURCE not in types["gpu_worker"]["resources"]
@@ -232,7 +232,7 @@ ALTERNATIVE = re.compile(r"^\s*#\s+([a-z0-9]+\.[a-z0-9]+)\s+(\d+) x ([\w-]+) (\d
 def test_commented_alternatives_match_the_instances(text):
     """The alternatives suggested in comments (``<type>  N x CARD MEMGB, V vCPU -> {resources}``)
     declare what their instance has; a large-GPU alternative holds the big models."""
-    from pipelines.engine import gpus
+    from pipelines.engine.run import gpus
 
     found = ALTERNATIVE.findall(text)
     assert {m[0] for m in found} >= {"g6e.2xlarge", "p4de.24xlarge", "p5.48xlarge"}, found

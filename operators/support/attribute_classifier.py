@@ -17,6 +17,7 @@ members and attributes (the fitted weights are kept as arrays, not as scikit-lea
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -132,7 +133,7 @@ def sgd_classifier():
     """scikit-learn's ``SGDClassifier``, except that with tol=None (where the validation score cannot stop
     anything) the score is not computed: scikit-learn computes it every epoch through ``estimator.score``,
     ~9 ms of input checks, which would make a 5000-epoch fit ~45 s instead of ~1 s. Same fit, bit for bit."""
-    from sklearn.linear_model import SGDClassifier
+    from sklearn.linear_model import SGDClassifier  # deferred: sklearn
 
     class SGD(SGDClassifier):
         def _make_validation_score_cb(self, *args, **kwargs):
@@ -147,8 +148,6 @@ def check_validation_split(n: int, st: ClassifierSettings, attribute: str = "") 
     """Early stopping holds out ``validation_fraction`` of the ``n`` training sentences, stratified:
     both the held-out and the training part need at least one sentence per class (two classes).
     Too few sentences (e.g. one context) is a clear error, not scikit-learn's inside a worker."""
-    import math
-
     held = math.ceil(st.validation_fraction * n)
     if held < 2 or n - held < 2:
         raise ValueError(f"classifier {attribute!r}: {n} training sentences per attribute leave {held} for early "

@@ -5,7 +5,7 @@ never an exception deep inside a worker. The API key is read from an environment
 never recorded (``record()`` names the variable, not its value).
 
 Paper 002, App. A.6 paraphrases the training captions with gpt-3.5-turbo at temperature 0; this is
-the backend (a) of that step (issue 33).
+the backend (a) of that step.
 """
 
 from __future__ import annotations

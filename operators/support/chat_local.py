@@ -1,7 +1,7 @@
 """A local chat model through transformers: the same interface as ``chat_client.ChatClient``
 (``complete``, ``complete_many``, ``record``; one ``ChatResult`` with a ``schemas.paraphrases``
 status per request), for paraphrasing the training captions (paper 002, App. A.6) without an
-API (issue 33, the local backend).
+API (the local backend).
 
 Rules chosen where the paper is silent (it used gpt-3.5-turbo through the API at temperature 0):
 
@@ -33,6 +33,7 @@ from operators.support.chat_client import ChatResult
 from operators.support.models import (
     ModelLoadError,
     check_loading_info,
+    hub_load_error,
     dtype_kwarg,
     loading,
     local_record,
@@ -49,18 +50,12 @@ from schemas.paraphrases import ParaphraseStatus as S
 _GENERATION_KEEP = ("eos_token_id", "bos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def _load_error(model: str, revision: str | None, exc: BaseException) -> ModelLoadError:
-    return ModelLoadError(_one_line(
-        f"cannot load the local paraphrase model {model!r} (revision {revision!r}): {type(exc).__name__}: "
-        f"{str(exc).rstrip('. ')}. Provide a causal language model and its tokenizer that "
-        f"AutoModelForCausalLM and AutoTokenizer load, as a local directory written with save_pretrained() "
-        f"(config.json, the weights as model.safetensors or shards, the tokenizer files) or as a hub id reachable "
-        f"from every node: already in the Hugging Face cache (pre-fill HF_HOME / HF_HUB_CACHE; HF_HUB_OFFLINE=1 then "
-        f"loads it from there) or with network access to the hub (pin a revision)."))
+    return hub_load_error(
+        "the local paraphrase model", model, revision, exc,
+        "Provide a causal language model and its tokenizer that AutoModelForCausalLM and AutoTokenizer load, as a "
+        "local directory written with save_pretrained() (config.json, the weights as model.safetensors or shards, "
+        "the tokenizer files) or as a hub id", one_line=True)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -81,6 +76,7 @@ class LocalChatModel:
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device: str = "auto",
                  max_new_tokens: int = 128, batch_size: int = 16, seed: int = 0):
+        # deferred: transformers
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         if int(max_new_tokens) < 1 or int(batch_size) < 1:
@@ -184,7 +180,7 @@ class LocalChatModel:
         return results
 
     def _generate(self, prompts: list[str], temperature: float, chunk: int) -> list[ChatResult]:
-        import torch
+        import torch  # deferred: torch
 
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True,
                              add_special_tokens=not self.has_chat_template)

@@ -121,7 +121,7 @@ def clip_architecture(name: str, pretrained: str | None) -> tuple[dict, str | No
 
     open_clip builds ``ViT-L-14`` with GELU while OpenAI's weights (tag ``openai``) were trained
     with QuickGELU (its registry says ``quick_gelu=True``); the ``-quickgelu`` names build QuickGELU."""
-    import open_clip
+    import open_clip  # deferred: open_clip
 
     if not pretrained or name.startswith((LOCAL_DIR, HF_HUB)):
         return {}, None
@@ -145,7 +145,7 @@ def _resolve_weights(name: str, tag: str | None, record: dict,
                      revision: str | None) -> tuple[str, str | None, str | None]:
     """(model name, pretrained value for ``create_model``, the local weight file it loads), reading
     or downloading hub files into the Hugging Face cache pinned to ``revision``; errors propagate."""
-    from open_clip import pretrained as oc_pretrained
+    from open_clip import pretrained as oc_pretrained  # deferred: open_clip
 
     source = record["source"]
     if revision is not None and source in (SOURCE_CHECKPOINT, SOURCE_LOCAL_DIR):
@@ -187,8 +187,8 @@ def load_clip(model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETR
     whose weights cannot be found is an error, never a silently random model; so is one built with
     another activation than its weights were trained with (``openai`` tags get QuickGELU).
     """
-    import open_clip
-    import torch
+    import open_clip  # deferred: open_clip
+    import torch  # deferred: torch
 
     name, tag, where = resolve_clip_spec(model, pretrained)
     record = {"model": model, "pretrained": tag, "revision": revision, **where}  # pretrained: None where ignored
@@ -266,7 +266,7 @@ def load_clip(model: str = DEFAULT_MODEL, pretrained: str | None = DEFAULT_PRETR
 
 
 def _resize(x, size: tuple[int, int], interpolation: str):
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # deferred: torch
 
     mode = "bilinear" if interpolation == "bilinear" else "bicubic"
     if tuple(x.shape[-2:]) == tuple(size):
@@ -277,7 +277,7 @@ def _resize(x, size: tuple[int, int], interpolation: str):
 
 def _center_crop(x, size: tuple[int, int], fill: float):
     """torchvision's center_crop (crop offsets rounded), padding with ``fill`` where the image is smaller."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # deferred: torch
 
     h, w = x.shape[-2:]
     th, tw = size
@@ -321,7 +321,7 @@ def preprocess_tensor(images, bundle: ClipBundle):
 
 def _encode_preprocessed(bundle: ClipBundle, x):
     """Image features of preprocessed images (fp16 autocast on CUDA), float32 on the model's device."""
-    import torch
+    import torch  # deferred: torch
 
     x = x.to(bundle.device)
     if x.device.type == "cuda":
@@ -331,7 +331,7 @@ def _encode_preprocessed(bundle: ClipBundle, x):
 
 
 def _empty_features(bundle: ClipBundle):
-    import torch
+    import torch  # deferred: torch
 
     dim = getattr(bundle.model, "embed_dim", None) or bundle.model.text_projection.shape[-1]
     return torch.zeros((0, int(dim)), dtype=torch.float32)
@@ -340,7 +340,7 @@ def _empty_features(bundle: ClipBundle):
 def encode_image_tensor(bundle: ClipBundle, images, batch_size: int = 64):
     """CLIP image features (float32, on the model's device) of (B, 3, H, W) float images in [0, 1]
     on any device, preprocessed where they are (never copied to the CPU)."""
-    import torch
+    import torch  # deferred: torch
 
     feats = []
     with torch.inference_mode():
@@ -349,9 +349,17 @@ def encode_image_tensor(bundle: ClipBundle, images, batch_size: int = 64):
     return torch.cat(feats) if feats else _empty_features(bundle)
 
 
+def encode_image_batch(bundle: ClipBundle, images, batch_size: int = 64):
+    """``encode_image_tensor`` of a (B, 3, H, W) batch, the shape a stage's ``classify_tensor``
+    takes; ValueError for any other shape."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
+    return encode_image_tensor(bundle, images, batch_size)
+
+
 def encode_image_arrays(bundle: ClipBundle, arrays: list[np.ndarray], batch_size: int = 64):
     """Features of decoded (H, W, 3) uint8 images, in order: same-size images are resized together."""
-    import torch
+    import torch  # deferred: torch
 
     dev = bundle.device
     th, tw = bundle.image_size
@@ -372,7 +380,7 @@ def encode_image_arrays(bundle: ClipBundle, arrays: list[np.ndarray], batch_size
 
 def encode_texts(bundle: ClipBundle, texts: list[str], batch_size: int = 256):
     """CLIP text features (float32, on the model's device) of ``texts``, in order."""
-    import torch
+    import torch  # deferred: torch
 
     feats = []
     with torch.inference_mode():
@@ -384,7 +392,7 @@ def encode_texts(bundle: ClipBundle, texts: list[str], batch_size: int = 256):
 
 def unit_embeddings(features) -> list:
     """Each row of CLIP image ``features`` (torch, any device) L2-normalised, as float16 numpy rows."""
-    import torch
+    import torch  # deferred: torch
 
     with torch.no_grad():
         unit = torch.nn.functional.normalize(features.float(), dim=-1)

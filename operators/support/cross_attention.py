@@ -15,7 +15,7 @@ maps are combined, is ``layers``:
   down- and up-block layers, those whose grid is 1/8 of the latent's left out (for SD 1.x at 512 px
   that is only the mid block's 8 x 8 maps: 15 layers at 64, 32 and 16 remain), each upsampled to
   the latent grid, clamped, averaged, then expanded to the image (bicubic, no clamp).
-- ``"all"`` (this project's earlier reading): every ``attn2``, the mid block's included, each
+- ``"all"`` (the other reading): every ``attn2``, the mid block's included, each
   upsampled straight to the image size, clamped, averaged.
 
 In both:
@@ -33,7 +33,7 @@ A word's heat map is the mean of the maps of its sub-word tokens (every occurren
 the prompt); ``objects.attention_mask`` then min-max normalises and binarises it at θ.
 
 Recording never changes the generated image: the wrapped processor computes the layer's output
-exactly as before (the recorder only reads the layer's inputs and recomputes the probabilities on
+exactly as without the capture (the recorder only reads the layer's inputs and recomputes the probabilities on
 the side, in float32); tests compare the images bit for bit. The original processors are restored
 when the context ends.
 """
@@ -106,7 +106,7 @@ class CrossAttentionCapture:
         return False
 
     def record(self, name: str, attn, hidden_states, encoder_hidden_states) -> None:
-        import torch
+        import torch  # deferred: torch
 
         with torch.no_grad():
             h = hidden_states
@@ -146,7 +146,7 @@ class CrossAttentionCapture:
         ``tokens``: only the first that many tokens (after BOS; the prompt's own, not the padding),
         so that the full-size maps of tokens nobody reads are never made. The per-layer sums are
         released."""
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # deferred: torch
 
         if not self.sums:
             raise RuntimeError("no cross-attention was recorded: was the pipeline called inside the context?")

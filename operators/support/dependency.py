@@ -60,7 +60,7 @@ def coverage(object_mask, word_mask) -> float:
 def coverage_matrix_torch(object_masks, word_masks):
     """(objects, words) coverage of each object mask (n, H, W) by each word mask (k, H, W), on
     their device, as float64 numpy."""
-    import torch
+    import torch  # deferred: torch
 
     o = object_masks.flatten(1).float()
     w = word_masks.flatten(1).float().to(o.device)

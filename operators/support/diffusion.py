@@ -8,13 +8,17 @@ single-image generator (``operators.image_generation``) and the triplet generato
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import json
 import os
+import struct
 from pathlib import Path
+
 import numpy as np
 
 from operators.support.codec import rgb_levels
+from operators.support.families import family_of_pipeline
 from operators.support.models import ModelLoadError, loaded_weight_files, pick_device, resolve_dtype, weights_provenance
 
 # vae_slicing="auto": decode calls of this many images or more one image at a time. The VAE
@@ -32,7 +36,7 @@ class SafetyCheckerPolicy:
 def _dtype_keyword() -> str:
     """``dtype`` where diffusers accepts it (it deprecates ``torch_dtype``), else ``torch_dtype``."""
     try:
-        from diffusers.utils import deprecation_utils
+        from diffusers.utils import deprecation_utils  # deferred: diffusers
 
         return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     except ImportError:
@@ -73,7 +77,7 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
                          f"{device} (leave cpu_offload off, or run on a GPU)")
     torch_dtype = resolve_dtype(dtype, device, cuda_auto=cuda_dtype)
     kwargs = {_dtype_keyword(): torch_dtype, "revision": revision}
-    import torch
+    import torch  # deferred: torch
 
     used_variant = variant if (variant and torch_dtype == torch.float16 and not os.path.isdir(model)) else None
     if used_variant:
@@ -81,7 +85,7 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if safety_checker == SafetyCheckerPolicy.OFF:
         kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument
     try:
-        from diffusers import AutoPipelineForText2Image, DiffusionPipeline
+        from diffusers import AutoPipelineForText2Image, DiffusionPipeline  # deferred: diffusers
 
         # a hub id: fetch (or find in the cache) the files this pipeline loads, at ``revision``, and
         # load from that snapshot directory: its name is the commit, its files the weights recorded
@@ -110,7 +114,6 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if scheduler:
         pipe.scheduler = _scheduler(scheduler, pipe)
     pipe.set_progress_bar_config(disable=True)
-    from operators.support.families import family_of_pipeline
 
     record = {
         "model": model,
@@ -149,8 +152,6 @@ def pipeline_parameters(source: str) -> int | None:
 
 def component_parameters(source: str) -> dict[str, int] | None:
     """{component: parameters} of a pipeline directory (``pipeline_parameters``)."""
-    import struct
-
     out: dict[str, int] = {}
     root = Path(source)
     try:
@@ -183,7 +184,7 @@ def check_fits(model: str, source: str, torch_dtype, device: str, total_bytes: i
     ``torch_dtype`` (times MEMORY_HEADROOM) exceed the card's memory; with ``offload`` (one component
     on the GPU at a time), one whose largest component does. ``total_bytes``: the card's memory
     (default: what torch reports for ``device``)."""
-    import torch
+    import torch  # deferred: torch
 
     if not str(device).startswith("cuda") and total_bytes is None:
         return
@@ -230,14 +231,14 @@ def _gated_message(model: str, exc: BaseException) -> str | None:
 def _loaded_files(pipe, root: str) -> list:
     """The weight files the pipeline's model components were read from: each component's folder,
     with the file its library prefers there (operators.base.LOADED_WEIGHT_NAMES)."""
-    import torch
+    import torch  # deferred: torch
 
     return [f for name, component in sorted(pipe.components.items()) if isinstance(component, torch.nn.Module)
             for f in loaded_weight_files(os.path.join(root, name))]
 
 
 def _scheduler(name: str, pipe):
-    import diffusers
+    import diffusers  # deferred: diffusers
 
     cls = getattr(diffusers, name, None)
     if cls is None or not hasattr(cls, "from_config") or not name.endswith("Scheduler"):
@@ -253,7 +254,7 @@ def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_s
     """One pipeline call: (B, 3, H, W) images in [0, 1] on the pipeline's device, and the safety
     checker's per-image flags (None when no checker ran). Row ``i`` is seeded with ``seeds[i]``
     alone. ``call_kwargs``: the generator spec's further call arguments (a negative prompt, ...)."""
-    import torch
+    import torch  # deferred: torch
 
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
     out = pipe(prompt=list(prompts), height=height, width=width, generator=generators, num_images_per_prompt=1,
@@ -277,7 +278,7 @@ def invalid_images(images, blocked=None) -> list[str | None]:
     """Per image of a (B, 3, H, W) float batch, why it is not a usable image, or None: non-finite
     values (a NaN/inf decode: float16 overflow), or all black without the safety checker having
     blanked it (``blocked``), which is what a NaN decode becomes once clamped and cast."""
-    import torch
+    import torch  # deferred: torch
 
     flat = images.detach().flatten(1)
     finite = torch.isfinite(flat)
@@ -308,7 +309,7 @@ def per_prompt(call_kwargs: dict | None, n: int) -> dict:
 def image_tensor(images):
     """A pipeline's output images as (B, 3, H, W) floats in [0, 1]: as they are for
     ``output_type="pt"``, converted for a pipeline that ignores it (PIL images or arrays)."""
-    import torch
+    import torch  # deferred: torch
 
     if torch.is_tensor(images):
         return images
@@ -319,7 +320,7 @@ def image_tensor(images):
 
 def _to_uint8(images):
     """(B, 3, H, W) floats in [0, 1] -> (B, H, W, 3) uint8, still on the images' device."""
-    import torch
+    import torch  # deferred: torch
 
     return rgb_levels(images).to(torch.uint8).permute(0, 2, 3, 1)
 
@@ -361,7 +362,7 @@ def set_vae_slicing(pipe, on: bool) -> None:
 def apply_speed_options(pipe, channels_last: bool, compile_mode: str | None, vae_slicing) -> dict:
     """Apply the generator's speed options to a loaded pipeline (module docstring); returns what to
     record. Raises ValueError when the pipeline lacks what an option needs."""
-    import torch
+    import torch  # deferred: torch
 
     unet = getattr(pipe, "unet", None)
     vae = getattr(pipe, "vae", None)
@@ -384,7 +385,7 @@ def apply_speed_options(pipe, channels_last: bool, compile_mode: str | None, vae
                 module.to(memory_format=torch.channels_last)
                 converted.append(name)
     if compile_mode:
-        # in place: pipe.unet / pipe.transformer stays itself (its config, processors and hooks as before)
+        # in place: pipe.unet / pipe.transformer stays itself (its config, processors and hooks unchanged)
         denoiser.compile(mode=None if compile_mode == "default" else compile_mode)
     record.update({
         "channels_last": converted if channels_last else False,
@@ -402,7 +403,7 @@ def _valid_prompt(p) -> bool:
 def _out_of_memory(exc: BaseException) -> bool:
     """CUDA's OutOfMemoryError, or a RuntimeError saying "out of memory" (cuBLAS/cuDNN workspaces,
     other backends)."""
-    import torch
+    import torch  # deferred: torch
 
     return isinstance(exc, torch.cuda.OutOfMemoryError) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
@@ -410,9 +411,7 @@ def _out_of_memory(exc: BaseException) -> bool:
 
 def _free_device_memory(device: str) -> None:
     """Give the allocator's cached blocks back before a smaller retry."""
-    import gc
-
-    import torch
+    import torch  # deferred: torch
 
     gc.collect()
     if str(device).startswith("cuda") and torch.cuda.is_available():

@@ -27,7 +27,7 @@ def pair_cosines(features) -> np.ndarray:
     """(U, 3) float64 cosine similarities of the PAIRS of (U, 3, ...) features (torch or numpy);
     everything after the second axis is flattened into one vector, computed in float64."""
     if hasattr(features, "detach"):
-        import torch
+        import torch  # deferred: torch
 
         x = features.detach().reshape(features.shape[0], features.shape[1], -1).to(torch.float64)
         x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
@@ -52,3 +52,14 @@ def unflatten_units(features, units: int):
 def check_units(images) -> None:
     if images.ndim != 5 or images.shape[1] != 3 or images.shape[2] != 3:
         raise ValueError(f"images must be (units, 3 variants, 3 channels, H, W), got {tuple(images.shape)}")
+
+
+def unit_similarities(images, space: str, features, compare=pair_cosines) -> dict[str, np.ndarray]:
+    """A feature head's ``triplet_similarities``: {``space``: (U, 3) float64 in PAIRS order} of
+    (U, 3, 3, H, W) float images, ``compare`` (default :func:`pair_cosines`) of the (U, 3, ...)
+    ``features`` of the images, computed in one call on every unit's images."""
+    check_units(images)
+    if images.shape[0] == 0:
+        return {space: np.zeros((0, 3), np.float64)}
+    feats = features(flatten_units(images))
+    return {space: compare(unflatten_units(feats, images.shape[0]))}

@@ -120,7 +120,7 @@ def detect(model: str, revision: str | None = None) -> tuple[Family, str]:
         if re.search(pattern, key):
             return FAMILIES[name], "known hub id"
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # deferred: huggingface_hub
 
         cached = try_to_load_from_cache(model, "model_index.json", revision=revision)
         if isinstance(cached, str):

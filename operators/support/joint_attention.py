@@ -43,11 +43,11 @@ Which evaluations are recorded:
   conditional] when ``guidance_scale > 1`` (``do_classifier_free_guidance``); with ``guidance``
   only the conditional half is kept (as in ``cross_attention.py``). FLUX.1 is guidance-distilled:
   ``guidance_scale`` is an embedding input of the transformer and the batch is never doubled, so
-  ``capture_for`` records the whole batch whatever the caller's guidance flag says. FluxPipeline's
-  "true CFG" (``true_cfg_scale > 1`` with a negative prompt) evaluates the negative prompt in a
-  second call, which the pipeline wraps in ``transformer.cache_context("uncond")``: that call is
-  not recorded (the context's name is read through a wrapper of ``cache_context`` put on the
-  transformer for the capture's duration);
+  ``attention_capture.capture_for`` records the whole batch whatever the caller's guidance flag
+  says. FluxPipeline's "true CFG" (``true_cfg_scale > 1`` with a negative prompt) evaluates the
+  negative prompt in a second call, which the pipeline wraps in
+  ``transformer.cache_context("uncond")``: that call is not recorded (the context's name is read
+  through a wrapper of ``cache_context`` put on the transformer for the capture's duration);
 - SD 3's skip-layer guidance evaluates the conditional batch once more with ``skip_layers`` (some
   blocks left out, a perturbed prediction): not recorded;
 - every other evaluation is: the steps are summed, as DAAM sums over time steps.
@@ -61,8 +61,9 @@ single-stream blocks alike, with equal weight: this project's choice. DAAM (cast
 aggregates the UNet's cross-attention maps over layers and time steps (upsample, clamp, sum), and
 its one layer selection, leaving out the UNet's coarsest (8 x 8) maps, is about resolution; an
 MMDiT's blocks all work on the same grid, so there is nothing to leave out on that ground, and
-picking blocks by their look would be a tuning nobody could check. ``layers`` of ``capture_for``
-applies to the UNet only. The heads are summed before the clamp (see ``cross_attention.py``).
+picking blocks by their look would be a tuning nobody could check. ``layers`` of
+``attention_capture.capture_for`` applies to the UNet only. The heads are summed before the clamp
+(see ``cross_attention.py``).
 
 A word's heat map is the mean of the maps of its tokens (every occurrence of the word in the
 prompt). Words are found by character offsets (a fast tokenizer's ``return_offsets_mapping``): the
@@ -73,14 +74,14 @@ ids of the word tokenized alone would miss occurrences. A piece that is only Sen
 marker "▁" carries no character of the word and belongs to none.
 
 Recording never changes the generated image: each wrapped processor computes the layer's output
-with the original processor, exactly as before, and the recorder only reads the layer's inputs
+with the original processor, exactly as without the capture, and the recorder only reads the layer's inputs
 (tests compare the images bit for bit). The original processors, and the transformer's
 ``cache_context``, are restored when the context ends.
 
 Memory: the sums hold images x positions x tokens float32 values per block (FLUX.1 at 1024 px: 4096
 positions; with 512 T5 tokens and 6 images, 50 MB per block, 57 blocks): pass ``tokens`` (the
 prompt tokens anyone will read) to keep only the first ones. The probabilities are computed in
-chunks of image queries of at most ``CHUNK_BYTES``.
+chunks of image queries of at most ``joint_scores.CHUNK_BYTES``.
 """
 
 from __future__ import annotations
@@ -91,19 +92,15 @@ import inspect
 import numpy as np
 
 from operators.support.cross_attention import WORD, CrossAttentionCapture, word_maps
-
-CHUNK_BYTES = 1 << 28          # at most this many bytes of float32 scores at once (per chunk of queries)
+from operators.support.joint_scores import attention_probabilities, project_added_keys, project_queries_keys
 
 # how the joint sequence of a recorded attention layer is laid out
 IMAGE_FIRST = "image-first"     # SD 3: queries/keys [image, text], text from encoder_hidden_states
 TEXT_FIRST = "text-first"       # FLUX double-stream: [text, image], text from encoder_hidden_states
 CONCATENATED = "concatenated"   # FLUX single-stream: hidden_states is already [text, image]
 
-_SD3 = "SD3Transformer2DModel"
-_FLUX = "FluxTransformer2DModel"
-
-
-def _class_names(obj) -> set[str]:
+def class_names(obj) -> set[str]:
+    """The names of ``obj``'s class and of its bases."""
     return {c.__name__ for c in type(obj).__mro__}
 
 
@@ -147,7 +144,7 @@ class JointAttentionCapture:
     ``tokens``: keep only the segment's first that many tokens (None: all of them);
     ``guidance``: the batch is [unconditional, conditional] and only the second half is recorded;
     ``text_offset`` / ``text_length``: the segment of the text sequence recorded (None: to its end).
-    ``tokenizer`` (set by ``capture_for``): the tokenizer of the segment, for ``word_positions``."""
+    ``tokenizer`` (set by ``attention_capture.capture_for``): the tokenizer of the segment, for ``word_positions``."""
 
     def __init__(self, transformer, tokens: int | None = None, guidance: bool = True, text_offset: int = 0,
                  text_length: int | None = None):
@@ -214,7 +211,7 @@ class JointAttentionCapture:
             block_path, _, attr = path.rpartition(".")
             if attr != "attn" or not block_path:
                 continue                       # SD 3.5's attn2: image tokens only
-            names = _class_names(self.transformer.get_submodule(block_path))
+            names = class_names(self.transformer.get_submodule(block_path))
             if "FluxSingleTransformerBlock" in names:
                 out[name] = CONCATENATED
             elif "FluxTransformerBlock" in names:
@@ -285,7 +282,7 @@ class JointAttentionCapture:
 
     def record(self, name: str, layout: str, attn, hidden_states, encoder_hidden_states, attention_mask,
                rotary) -> None:
-        import torch
+        import torch  # deferred: torch
 
         if attention_mask is not None:
             raise ValueError(f"{name}: an attention mask was passed; joint-attention maps are computed "
@@ -303,17 +300,17 @@ class JointAttentionCapture:
                 length = self._text_len
                 if length is None or length >= h.shape[1]:
                     raise ValueError(f"{name}: the text length of the concatenated sequence is unknown")
-                q, _ = _project(attn, h[:, length:])
-                _, k = _project(attn, h)
+                q, _ = project_queries_keys(attn, h[:, length:])
+                _, k = project_queries_keys(attn, h)
             elif e is None:
                 return                           # a block called without text (not a joint call)
             else:
                 length = int(e.shape[1])
-                q, k_image = _project(attn, h)
-                k_text = _project_added(attn, e)
+                q, k_image = project_queries_keys(attn, h)
+                k_text = project_added_keys(attn, e)
                 k = torch.cat([k_image, k_text] if layout == IMAGE_FIRST else [k_text, k_image], dim=2)
             if rotary is not None:
-                from diffusers.models.embeddings import apply_rotary_emb
+                from diffusers.models.embeddings import apply_rotary_emb  # deferred: diffusers
 
                 cos, sin = rotary
                 q = apply_rotary_emb(q, (cos[-q.shape[2]:], sin[-q.shape[2]:]))   # the image rows: last
@@ -328,7 +325,7 @@ class JointAttentionCapture:
                                  f"{self.text_offset}")
             self.text_tokens = segment
             n = segment if self.tokens is None else min(self.tokens, segment)
-            kept, total = _probabilities(q, k, start, n)
+            kept, total = attention_probabilities(q, k, start, n)
             if name in self.sums:
                 self.sums[name].add_(kept)
                 self.token_sums[name].add_(total)
@@ -351,7 +348,7 @@ class JointAttentionCapture:
         width, checked against the grid (it must be a whole multiple of it), or None (FLUX: the
         pipeline's latents are packed, their shape is no grid). ``tokens``: only the first that
         many tokens of the segment. The per-block sums are released."""
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # deferred: torch
 
         if not self.sums:
             raise RuntimeError("no joint attention was recorded: was the pipeline called inside the context?")
@@ -426,50 +423,6 @@ class JointAttentionCapture:
         return word_maps(JointAttentionCapture.word_positions(tokenizer, prompt, words), maps)
 
 
-def _heads(x, heads: int, norm):
-    """(B, S, heads * d) -> (B, heads, S, d), then the per-head norm (if any)."""
-    x = x.unflatten(-1, (heads, -1)).transpose(1, 2)
-    return x if norm is None else norm(x)
-
-
-def _project(attn, x):
-    """Queries and keys of the sequence ``x`` as the processor builds them: (B, heads, S, d) each."""
-    if getattr(attn, "fused_projections", False) and hasattr(attn, "to_qkv"):
-        q, k, _ = attn.to_qkv(x).chunk(3, dim=-1)
-    else:
-        q, k = attn.to_q(x), attn.to_k(x)
-    return _heads(q, attn.heads, getattr(attn, "norm_q", None)), _heads(k, attn.heads, getattr(attn, "norm_k", None))
-
-
-def _project_added(attn, e):
-    """Keys of the text ``e`` (the added projections of a joint block): (B, heads, L, d)."""
-    if getattr(attn, "fused_projections", False) and hasattr(attn, "to_added_qkv"):
-        _, k, _ = attn.to_added_qkv(e).chunk(3, dim=-1)
-    else:
-        k = attn.add_k_proj(e)
-    return _heads(k, attn.heads, getattr(attn, "norm_added_k", None))
-
-
-def _probabilities(q, k, start: int, n: int):
-    """softmax(q k^T / sqrt(d)) in float32 over all keys, summed over the heads, in chunks of
-    queries: ((B, S, n) the columns start..start+n, (B, S) each row's sum over all keys)."""
-    import torch
-
-    b, heads, positions, d = q.shape
-    keys = k.shape[2]
-    kt = k.float().transpose(-1, -2)
-    scale = d ** -0.5
-    kept = torch.empty(b, positions, n, dtype=torch.float32, device=q.device)
-    total = torch.empty(b, positions, dtype=torch.float32, device=q.device)
-    rows = max(1, CHUNK_BYTES // (4 * b * heads * keys))
-    for r in range(0, positions, rows):
-        p = (q[:, :, r:r + rows].float() @ kt).mul_(scale).softmax(dim=-1).sum(dim=1)   # (b, rows, keys)
-        kept[:, r:r + rows] = p[..., start:start + n]
-        total[:, r:r + rows] = p.sum(dim=-1)
-        del p
-    return kept, total
-
-
 def token_grid(positions: int, image_hw: tuple[int, int]) -> tuple[int, int]:
     """(rows, columns) of ``positions`` image tokens laid out with the image's aspect ratio."""
     height, width = int(image_hw[0]), int(image_hw[1])
@@ -477,46 +430,3 @@ def token_grid(positions: int, image_hw: tuple[int, int]) -> tuple[int, int]:
         if positions % rows == 0 and rows * width == (positions // rows) * height:
             return rows, positions // rows
     raise ValueError(f"{positions} image positions do not tile a {height}x{width} image")
-
-
-def capture_for(pipe, guidance: bool, layers: str = "daam", tokens: int | None = None):
-    """The word-heat-map recorder of ``pipe``, with ``tokenizer`` (the tokenizer of the recorded
-    tokens, for ``word_positions``) and ``prompt_tokens`` (how many prompt tokens its maps can
-    hold; for a transformer known once it recorded) set on it:
-
-    - a UNet pipeline (SD 1.x/2.x, SDXL): ``CrossAttentionCapture(pipe.unet, guidance, layers)``,
-      ``pipe.tokenizer``;
-    - SD 3 / 3.5: ``JointAttentionCapture`` of the T5 positions after the CLIP ones
-      (``text_offset`` = ``pipe.tokenizer_max_length``), ``pipe.tokenizer_3``; ``guidance``: the
-      pipeline runs CFG (``guidance_scale > 1``), the batch is doubled;
-    - FLUX.1: ``JointAttentionCapture`` of the T5 positions, ``pipe.tokenizer_2``; ``guidance`` is
-      ignored: FLUX's guidance is distilled (an embedding input), its batch never doubled.
-
-    ``layers`` is the UNet's (``CrossAttentionCapture.LAYERS``); ``tokens``: keep only the first that
-    many tokens (None: the UNet's 76 after BOS, a transformer's whole T5 segment). Any other
-    pipeline is refused with a ValueError."""
-    unet = getattr(pipe, "unet", None)
-    if unet is not None:
-        cap = CrossAttentionCapture(unet, guidance=guidance, layers=layers,
-                                    **({} if tokens is None else {"tokens": tokens}))
-        cap.tokenizer = pipe.tokenizer
-        cap.prompt_tokens = max(1, int(getattr(pipe.tokenizer, "model_max_length", 77)) - 2)
-        return cap
-    transformer = getattr(pipe, "transformer", None)
-    names = _class_names(transformer) if transformer is not None else set()
-    kind = type(pipe).__name__
-    if _SD3 in names:
-        if getattr(pipe, "text_encoder_3", None) is None or getattr(pipe, "tokenizer_3", None) is None:
-            raise ValueError(f"{kind} was loaded without its T5 encoder (text_encoder_3): its word heat maps are "
-                             f"read on the T5 tokens; load it with T5, or run without objects (--no-objects)")
-        cap = JointAttentionCapture(transformer, tokens=tokens, guidance=guidance,
-                                    text_offset=int(getattr(pipe, "tokenizer_max_length", 77)))
-        cap.tokenizer = pipe.tokenizer_3
-        return cap
-    if _FLUX in names:
-        cap = JointAttentionCapture(transformer, tokens=tokens, guidance=False, text_offset=0)
-        cap.tokenizer = pipe.tokenizer_2
-        return cap
-    denoiser = type(transformer).__name__ if transformer is not None else "no UNet or transformer"
-    raise ValueError(f"{kind} ({denoiser}): no word heat maps for this family (only UNet cross-attention and SD 3 / "
-                     f"FLUX joint attention are recorded); run without objects (--no-objects)")

@@ -1,5 +1,6 @@
 """MediaPipe models as the stages use them: the model files ship inside the pinned wheel (nothing
-is downloaded), and a stage holding a MediaPipe graph releases it exactly once.
+is downloaded; ``mediapipe_load_error`` says so when one does not load), and a stage holding a
+MediaPipe graph releases it exactly once.
 """
 
 from __future__ import annotations
@@ -7,8 +8,20 @@ from __future__ import annotations
 import contextlib
 from typing import Self
 
+from operators.support.models import ModelLoadError
+
 MEDIAPIPE_DIST = "mediapipe"
 MEDIAPIPE_PIN = "mediapipe==0.10.14"
+
+
+def mediapipe_load_error(what: str, why: str, exc: BaseException | None, ships: str, stage: str) -> ModelLoadError:
+    """The error of a MediaPipe model that did not load: ``what`` (the model and its files), ``why``
+    (and the cause, when there is one), where the model ``ships`` inside the wheel, and the
+    ``stage`` whose nodes need the pinned wheel."""
+    return ModelLoadError(
+        f"cannot load MediaPipe {what}: {why}{f': {exc}' if exc is not None else ''}. {ships}; install "
+        f"{MEDIAPIPE_PIN} on every node that runs {stage} (no download is needed or attempted)."
+    )
 
 
 class MediaPipeGraph:

@@ -23,6 +23,22 @@ class ModelLoadError(RuntimeError):
     """A configured model could not be loaded; the message names it and how to provide it."""
 
 
+HUB_ADVICE = ("reachable from every node: already in the Hugging Face cache (pre-fill HF_HOME / HF_HUB_CACHE; "
+              "HF_HUB_OFFLINE=1 then loads it from there) or with network access to the hub (pin a revision).")
+
+
+def hub_load_error(what: str, model: str, revision: str | None, exc: BaseException, provide: str,
+                   standin: str = "", one_line: bool = False) -> ModelLoadError:
+    """The error of a model, given as a local directory or a Hugging Face hub id, that did not load:
+    "cannot load ``what`` ``model`` (its revision): the cause. ``provide`` reachable from every
+    node ..." then ``standin`` (how to build a stand-in, when there is one). ``provide`` ends with
+    "as a hub id" (what to provide, as a directory or as a hub id). ``one_line``: the message's
+    white space (the cause's newlines included) collapsed to single spaces."""
+    text = (f"cannot load {what} {model!r} (revision {revision!r}): {type(exc).__name__}: "
+            f"{str(exc).rstrip('. ')}. {provide} {HUB_ADVICE}{f' {standin}' if standin else ''}")
+    return ModelLoadError(" ".join(text.split()) if one_line else text)
+
+
 GPU_HINT = ("To get a GPU: run on a node with one (on a cluster, each model actor asks for --gpus-per-actor GPUs, "
             "default 1 from the study's execution settings, and the autoscaler starts cluster.yaml's gpu_worker "
             "nodes for them; `ray status` shows them); to run the models on the CPU on purpose, pass --device cpu.")
@@ -32,13 +48,11 @@ def pick_device(device: str = "auto") -> str:
     """``auto``: cuda when torch sees a GPU, else cpu. ``cuda`` (a real model on a GPU actor) must
     be there: a GPU node whose torch cannot see its GPU fails here rather than computing on the CPU."""
     if device == "auto":
-        import torch
+        import torch  # deferred: torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     if str(device).startswith("cuda"):
-        import os
-
-        import torch
+        import torch  # deferred: torch
 
         if not torch.cuda.is_available():
             raise ModelLoadError(
@@ -51,7 +65,7 @@ def pick_device(device: str = "auto") -> str:
 def resolve_dtype(dtype: str, device: str, cuda_auto: str = "float16"):
     """The torch dtype for a model: ``dtype`` by name, or for "auto" ``cuda_auto`` on CUDA and
     float32 elsewhere."""
-    import torch
+    import torch  # deferred: torch
 
     if dtype == "auto":
         return getattr(torch, cuda_auto) if str(device).startswith("cuda") else torch.float32
@@ -124,7 +138,7 @@ def hub_snapshot(repo_id: str, filename: str, revision: str | None = None) -> Pa
     """The cached snapshot directory holding ``filename`` of hub repo ``repo_id`` at ``revision``
     (a commit, branch or tag; None: main), without network access; None when it is not cached."""
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # deferred: huggingface_hub
 
         found = try_to_load_from_cache(repo_id, filename, revision=revision)
     except Exception:  # noqa: BLE001 -- not a valid repo id, no cache: nothing to record
@@ -172,7 +186,7 @@ def resolved_dir(model: str, revision: str | None) -> str | None:
     if os.path.isdir(model):
         return str(Path(model).resolve())
     try:
-        from transformers.utils import cached_file
+        from transformers.utils import cached_file  # deferred: transformers
 
         path = cached_file(model, "config.json", revision=revision)
         return str(Path(path).parent) if path else None
@@ -224,6 +238,25 @@ def local_record(model: str) -> dict:
     if note.is_file():
         out["standin"] = note.read_text().strip()
     return out
+
+
+def loaded_record(model: str, revision: str | None, net, config, torch_dtype, device: str, fields: dict,
+                  lead: dict | None = None, packages: tuple[str, ...] = ("transformers", "torch")) -> dict:
+    """The provenance record of a loaded transformers model, in this key order: ``source_record``,
+    ``lead``, the model and config classes, the loader's own ``fields``, dtype and device, the
+    ``<package>_version`` of each of ``packages``, and ``weights_record``."""
+    resolved = resolved_dir(model, revision)
+    return {
+        **source_record(model, revision, resolved),
+        **(lead or {}),
+        "model_class": type(net).__name__,
+        "config_class": type(config).__name__,
+        **fields,
+        "dtype": str(torch_dtype).replace("torch.", ""),
+        "device": device,
+        **{f"{name}_version": package_version(name) for name in packages},
+        **weights_record(model, resolved, config),
+    }
 
 
 def check_loading_info(info: dict, ignore=lambda key: False) -> list[str]:

@@ -1,4 +1,4 @@
-"""SBERT's batches on a CPU, cut by tokens instead of rows (issue 34).
+"""SBERT's batches on a CPU, cut by tokens instead of rows.
 
 sentence-transformers sorts an ``encode`` call's texts by their length in *characters* and cuts
 batches of a fixed number of texts, each padded to its longest text in *tokens*: on real alt-text
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# project choice (issue 34): on CPUs SBERT's batches are cut by tokens, not rows: texts sorted by their
+# project choice: on CPUs SBERT's batches are cut by tokens, not rows: texts sorted by their
 # token count, each batch at most this many (rows x its longest text) tokens and MAX_BATCH_ROWS rows.
 # No padding is left to compute, and short captions go in large batches: 1.8x the rows/s of
 # sentence-transformers' 64 texts sorted by characters, on real alt-text (docs/benchmarks.md)

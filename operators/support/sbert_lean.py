@@ -1,4 +1,4 @@
-"""SBERT on a CPU without sentence-transformers' start-up (issue 34).
+"""SBERT on a CPU without sentence-transformers' start-up.
 
 A Ray actor that loads all-MiniLM-L6-v2 through sentence-transformers spends about 6 CPU-seconds
 before it encodes anything: the library's imports (transformers' model-loading code, which brings
@@ -14,7 +14,7 @@ query/key/value projections, ``scaled_dot_product_attention`` with the padding m
 projection, residual LayerNorm, erf GELU feed-forward, residual LayerNorm), so the vectors equal
 the library's to float rounding (tested against ``SentenceTransformer.encode`` on the paper's
 model). Only that layout is accepted (``lean_layout``); anything else, a hub id that is not a
-local directory, or a GPU, goes through sentence-transformers as before.
+local directory, or a GPU, goes through sentence-transformers.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from operators.support.sbert_batches import token_batches
 
 # what this module computes: BertModel (absolute positions, erf GELU) + mean pooling [+ Normalize]
 _MODULES = ("sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
@@ -81,7 +83,7 @@ class LeanTokenizer:
     tokenizer for the calls this project makes (special tokens added, no padding)."""
 
     def __init__(self, path: Path, max_length: int):
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # deferred: tokenizers
 
         self._tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         self._tok.no_padding()
@@ -108,7 +110,7 @@ class LeanTokenizer:
 def padded(ids: list[list[int]], type_ids: list[list[int]]):
     """(input ids, token type ids, attention mask) as (rows, longest) int64 tensors, padded with 0
     on the right, as transformers' tokenizer pads for BERT."""
-    import torch
+    import torch  # deferred: torch
 
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
     mask = np.arange(int(lengths.max())) < lengths[:, None]
@@ -125,8 +127,8 @@ class LeanSbert:
     ``tokenizer`` / ``max_seq_length`` / ``device`` as this project uses them."""
 
     def __init__(self, path: str | Path):
-        import torch
-        from safetensors.torch import load_file
+        import torch  # deferred: torch
+        from safetensors.torch import load_file  # deferred: safetensors
 
         path = Path(path)
         why = lean_layout(path)
@@ -168,8 +170,8 @@ class LeanSbert:
 
     def _forward(self, ids, types, mask):
         """Unit (or raw, without Normalize) sentence vectors of one padded batch."""
-        import torch
-        import torch.nn.functional as F
+        import torch  # deferred: torch
+        import torch.nn.functional as F  # deferred: torch
 
         w, eps = self.w, self.eps
         n, length = ids.shape
@@ -204,8 +206,8 @@ class LeanSbert:
         """Unit (or raw) vectors of ``texts`` (``encs``: their tokenizer encodings), batch by batch
         of ``batches`` (row indices), each batch's rows ordered as sentence-transformers orders them:
         longest text in characters first. Returned in input order."""
-        import torch
-        import torch.nn.functional as F
+        import torch  # deferred: torch
+        import torch.nn.functional as F  # deferred: torch
 
         out = np.empty((len(texts), self.w["embeddings.word_embeddings.weight"].shape[1]), np.float32)
         with torch.inference_mode():
@@ -222,8 +224,6 @@ class LeanSbert:
         """``texts`` in batches cut by tokens (``sbert_batches.token_batches``), tokenized once: the
         same batches, row order and arithmetic as ``encode`` called on each batch's texts (bit for
         bit), without tokenizing every text a second time to cut them."""
-        from operators.support.sbert_batches import token_batches
-
         texts = list(texts)
         encs = self.tokenizer.encode(texts, self.max_seq_length) if texts else []
         lengths = np.fromiter((len(e.ids) for e in encs), np.int64, len(encs))

@@ -1,4 +1,4 @@
-"""SBERT on a CPU through OpenVINO, the same model and the same numbers (issue 34).
+"""SBERT on a CPU through OpenVINO, the same model and the same numbers.
 
 The sentence-transformers model's torch modules (the BERT encoder, mean pooling over the attention
 mask, L2 normalisation) are converted as one graph with ``openvino.convert_model`` straight from the
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from operators.support.models import package_version
 from operators.support.sbert_batches import token_batches, token_lengths
 
 BACKENDS = ("torch", "openvino", "auto")
@@ -21,15 +22,13 @@ BACKENDS = ("torch", "openvino", "auto")
 
 def available() -> bool:
     try:
-        import openvino  # noqa: F401
+        import openvino  # noqa: F401  # deferred: openvino
     except ImportError:
         return False
     return True
 
 
 def version() -> str | None:
-    from operators.support.models import package_version
-
     return package_version("openvino")
 
 
@@ -55,8 +54,8 @@ class OpenVinoSbert:
         ~3e-3, 2.65e-3 measured; never the default)."""
         if precision not in ("f32", "bf16"):
             raise ValueError(f"OpenVINO SBERT precision must be f32 or bf16, got {precision!r}")
-        import openvino as ov
-        import torch
+        import openvino as ov  # deferred: openvino
+        import torch  # deferred: torch
 
         _check_pipeline(st_model)
         self.tokenizer = st_model.tokenizer

@@ -39,9 +39,18 @@ def words(text: pa.Array) -> tuple[pa.Array, np.ndarray]:
         return pa.array([], pa.string()), np.empty(0, np.int64)
     data = np.frombuffer(bufs[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
     rel = offsets - offsets[0]
-    is_word = _IS_WORD_BYTE[data]
-    row_start = np.zeros(len(data) + 1, bool)
-    row_start[rel] = True  # a word never continues across a row boundary
+    tokens, _, parent = word_runs(data, _IS_WORD_BYTE[data], rel, large=False)
+    return tokens, parent.astype(np.int64, copy=False)
+
+
+def word_runs(data: np.ndarray, is_word: np.ndarray, row_offsets: np.ndarray,
+              large: bool = True) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Split concatenated rows into words: the maximal runs of bytes of ``data`` where ``is_word``
+    holds, a run never continuing across a row boundary. ``row_offsets``: the start byte of each
+    row, then the end of the last (relative to ``data``). Returns (the words as strings, Arrow
+    ``large_string`` when ``large`` else ``string``; their start byte; their row), in text order."""
+    row_start = np.zeros(len(is_word) + 1, bool)
+    row_start[row_offsets] = True
     prev_word = np.empty_like(is_word)
     prev_word[0] = False
     prev_word[1:] = is_word[:-1]
@@ -52,12 +61,12 @@ def words(text: pa.Array) -> tuple[pa.Array, np.ndarray]:
     next_word &= ~row_start[1:]
     starts = np.flatnonzero(is_word & ~prev_word)
     ends = np.flatnonzero(is_word & ~next_word) + 1
-    parent = np.searchsorted(rel, starts, side="right") - 1
-    word_bytes = data[is_word]
-    tok_offsets = np.zeros(len(starts) + 1, np.int32)
+    rows = np.searchsorted(row_offsets, starts, side="right") - 1
+    tok_offsets = np.zeros(len(starts) + 1, np.int64 if large else np.int32)
     np.cumsum(ends - starts, out=tok_offsets[1:])
-    tokens = pa.StringArray.from_buffers(len(starts), pa.py_buffer(tok_offsets), pa.py_buffer(word_bytes))
-    return tokens, parent.astype(np.int64, copy=False)
+    string_array = pa.LargeStringArray if large else pa.StringArray
+    tokens = string_array.from_buffers(len(starts), pa.py_buffer(tok_offsets), pa.py_buffer(data[is_word]))
+    return tokens, starts, rows
 
 
 def ngrams(tokens: pa.Array, parent: np.ndarray, n: int, first_words: pa.Array | None = None) -> tuple[pa.Array, np.ndarray]:

@@ -20,7 +20,7 @@ The tokenizer is a word-level vocabulary over a small in-code corpus (built offl
 
 from __future__ import annotations
 
-from pathlib import Path
+from pipelines.standins.tiny import output_dir, save_model, seeded, write_note
 
 IMAGE_TOKEN = "<image>"
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"  # ids 0, 1, 2 as in T5
@@ -47,14 +47,8 @@ T5_INIT_FACTOR = 4.0
 
 def build_tokenizer():
     """A ``PreTrainedTokenizerFast`` with T5's special tokens and ``<image>``, built offline."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-    )
+    # deferred: tokenizers, transformers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     words = []
@@ -82,19 +76,12 @@ def build_tokenizer():
 def build_tiny_blip2(directory, seed: int = 0) -> str:
     """Build a tiny random BLIP-2 (T5 language model) and its processor in ``directory``
     (created if needed); return the absolute directory path. The same seed writes the same weights."""
+    # deferred: torch, transformers
     import torch
-    from transformers import (
-        Blip2Config,
-        Blip2ForConditionalGeneration,
-        Blip2Processor,
-        Blip2QFormerConfig,
-        Blip2VisionConfig,
-        BlipImageProcessor,
-        T5Config,
-    )
+    from transformers import (Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, Blip2QFormerConfig,
+                              Blip2VisionConfig, BlipImageProcessor, T5Config)
 
-    out = Path(directory).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(directory)
     tokenizer = build_tokenizer()
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
 
@@ -117,22 +104,18 @@ def build_tiny_blip2(directory, seed: int = 0) -> str:
         vision_config=vision.to_dict(), qformer_config=qformer.to_dict(), text_config=text.to_dict(),
         num_query_tokens=TINY_NUM_QUERY_TOKENS, image_token_index=image_token_id, initializer_range=INIT_RANGE,
     )
-    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = Blip2ForConditionalGeneration(config)
         # query tokens start at zero in transformers' init; give them values so the Q-Former's
         # outputs differ between queries, as in a trained model
         with torch.no_grad():
             model.query_tokens.normal_(0.0, INIT_RANGE)
-    model.eval()
     model.generation_config.max_new_tokens = 10
-    model.save_pretrained(out)
+    save_model(model, out)
 
     image_processor = BlipImageProcessor(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
     processor = Blip2Processor(image_processor=image_processor, tokenizer=tokenizer,
                                num_query_tokens=TINY_NUM_QUERY_TOKENS)
     processor.save_pretrained(out)
-    (out / "STANDIN.txt").write_text(
-        f"Tiny BLIP-2 stand-in: random weights (seed {seed}); its answers are meaningless.\n"
-    )
+    write_note(out, "BLIP-2", seed, "answers")
     return str(out)

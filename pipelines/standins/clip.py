@@ -14,6 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from pipelines.standins.face_decoder import TINT, face_templates
+
 # open_clip's file names for a local-dir / hf-hub model (open_clip.constants HF_CONFIG_NAME,
 # HF_SAFE_WEIGHTS_NAME).
 CONFIG_NAME = "open_clip_config.json"
@@ -38,6 +42,7 @@ def build_tiny_open_clip(directory, seed: int = 0, calibrate: bool = False) -> s
     """Build a tiny random CLIP in ``directory`` (created if needed) and return its model spec,
     ``"local-dir:<absolute path>"``. The same seed writes the same weights; with ``calibrate``,
     the weights ``calibrate`` sets too."""
+    # deferred: open_clip, safetensors, torch
     import open_clip
     import safetensors.torch
     import torch
@@ -83,13 +88,11 @@ def calibrate_gender_prompts(model, mean, std) -> str:
     embeddings +u and -u, and the logit scale is set so that every calibration image gets
     p = CALIBRATED_P for its gender. Any other image is read from where its random embedding falls
     along u: still meaningless. Returns a note to record."""
-    import numpy as np
+    # deferred: open_clip, torch, skimage
     import open_clip
     import torch
     import torch.nn.functional as F
     from skimage import data
-
-    from pipelines.standins.face_decoder import TINT, face_templates
 
     side = TINY_MODEL_CFG["vision_cfg"]["image_size"]
 

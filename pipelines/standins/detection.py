@@ -35,11 +35,10 @@ change with the image. ``logit_gain=1.0`` keeps the (larger-init) head as initia
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
-IMAGENET_MEAN = [0.485, 0.456, 0.406]
-IMAGENET_STD = [0.229, 0.224, 0.225]
+from pipelines.standins.tiny import IMAGENET_MEAN, IMAGENET_STD, output_dir, save_model, seeded
+
 TINY_SIZE = {"shortest_edge": 64, "longest_edge": 96}
 TINY_QUERIES = 20
 TINY_HIDDEN = 32
@@ -72,6 +71,7 @@ def coco_id2label() -> dict[int, str]:
 
 def detr_image_processor(shortest_edge: int, longest_edge: int):
     """``facebook/detr-resnet-101-dc5``'s image processor with another size."""
+    # deferred: transformers
     from transformers import DetrImageProcessor
     from transformers.image_utils import PILImageResampling
 
@@ -91,11 +91,11 @@ def build_tiny_detr(directory, seed: int = 0, timm_backbone: str | None = None, 
     ``logit_gain``: the factor on the class head (module docstring). ``favour``: labels whose class
     logits get ``favour_boost`` added (the objects a run's prompts name), so that the stand-in's
     detections are mostly of those labels, still chosen by random weights."""
+    # deferred: torch, transformers
     import torch
     from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
 
-    out = Path(directory).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(directory)
     id2label = coco_id2label()
     common = dict(num_queries=TINY_QUERIES, d_model=TINY_HIDDEN, encoder_layers=1, decoder_layers=2,
                   encoder_ffn_dim=2 * TINY_HIDDEN, decoder_ffn_dim=2 * TINY_HIDDEN, encoder_attention_heads=2,
@@ -108,8 +108,7 @@ def build_tiny_detr(directory, seed: int = 0, timm_backbone: str | None = None, 
         backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1],
                                 layer_type="basic", out_features=["stage4"])
         config = DetrConfig(backbone_config=backbone, use_timm_backbone=False, **common)
-    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = DetrForObjectDetection(config)
         with torch.no_grad():
             model.model.query_position_embeddings.weight.normal_(0.0, QUERY_SPREAD)
@@ -121,8 +120,7 @@ def build_tiny_detr(directory, seed: int = 0, timm_backbone: str | None = None, 
             for i, name in id2label.items():
                 if name in set(favour):
                     model.class_labels_classifier.bias[i] += float(favour_boost)
-    model.eval()
-    model.save_pretrained(out)
+    save_model(model, out)
     size = TINY_SIZE
     detr_image_processor(size["shortest_edge"], size["longest_edge"]).save_pretrained(out)
     backbone_note = f"timm {timm_backbone}{' (dilation, DC5)' if dilation else ''}" if timm_backbone \

@@ -19,6 +19,11 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from pipelines.standins.face_decoder import (LATENT_MEAN_STD, LATENT_PIXEL_STD, build_tiny_vae, face_templates,
+                                             load_face_decoder, target_images)
+
 # The SD v1 scheduler settings (scheduler_config.json of CompVis/stable-diffusion-v1-4).
 SD1_SCHEDULER = {
     "num_train_timesteps": 1000,
@@ -56,7 +61,7 @@ def clip_bpe_files(directory: str | os.PathLike) -> tuple[str, str]:
     the 256 byte symbols, their ``</w>`` variants, the first 49152-256-2 merges, then the two
     special tokens -- 49408 entries, the same ids as openai/clip-vit-large-patch14's tokenizer.
     """
-    import open_clip
+    import open_clip  # deferred: open_clip
 
     bpe = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
     with gzip.open(bpe, "rt", encoding="utf-8") as fh:
@@ -76,7 +81,7 @@ def clip_bpe_files(directory: str | os.PathLike) -> tuple[str, str]:
 
 def build_clip_tokenizer():
     """The real CLIP tokenizer (transformers ``CLIPTokenizer``), built without a download."""
-    from transformers import CLIPTokenizer
+    from transformers import CLIPTokenizer  # deferred: transformers
 
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file, _ = clip_bpe_files(tmp)
@@ -88,29 +93,10 @@ def build_clip_tokenizer():
     return tok
 
 
-def build_tiny_vae(seed: int = 0):
-    """The stand-in's ``AutoencoderKL``: SD's 8x down-scaling, 4 latent channels, tiny widths."""
-    import torch
-    from diffusers import AutoencoderKL
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 8, 16, 16),
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=8,
-            sample_size=64,
-        )
-
-
 def tiny_safety_checker(seed: int = 0):
     """A tiny random ``StableDiffusionSafetyChecker`` (its thresholds as initialised: 1, so it
     flags nothing) and its ``CLIPImageProcessor`` (32 px)."""
+    # deferred: torch, diffusers, transformers
     import torch
     from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
     from transformers import CLIPConfig, CLIPImageProcessor
@@ -142,10 +128,7 @@ def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagg
     *within* the generators, orthogonal to the differences between their mean embeddings, so that
     each generator gets flagged images, not one generator all of them. Default: the stand-in face
     decoder's targets at random latents and noise images."""
-    import numpy as np
-    import torch
-
-    from pipelines.standins.face_decoder import LATENT_MEAN_STD, LATENT_PIXEL_STD, face_templates, target_images
+    import torch  # deferred: torch
 
     checker, processor = tiny_safety_checker(seed)
     g = torch.Generator().manual_seed(seed)
@@ -197,12 +180,9 @@ def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, wit
     fitted ones of ``pipelines.standins.face_decoder`` (every image is one of two faces, blended and
     darkened by the latent; still meaningless), so that the face steps of the studies find faces.
     """
+    # deferred: torch, diffusers, transformers
     import torch
-    from diffusers import (
-        PNDMScheduler,
-        StableDiffusionPipeline,
-        UNet2DConditionModel,
-    )
+    from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
     directory = str(directory)
@@ -222,8 +202,6 @@ def build_tiny_stable_diffusion(directory: str | os.PathLike, seed: int = 0, wit
         )
         vae = build_tiny_vae(seed + 1)
         if faces:
-            from pipelines.standins.face_decoder import load_face_decoder
-
             load_face_decoder(vae)
         torch.manual_seed(seed + 2)
         text_encoder = CLIPTextModel(

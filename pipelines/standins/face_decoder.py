@@ -20,7 +20,8 @@ The fit is a few minutes of Adam on a CPU, too long to repeat in every run, so i
 beside this module (``sd_face_decoder.safetensors``, 160 KB: ``post_quant_conv`` and ``decoder``
 of the stand-in ``AutoencoderKL``); ``python -m pipelines.standins.face_decoder`` refits it
 (``--steps``/``--batch``/``--seed``). ``load_face_decoder`` checks the file's keys and shapes
-against the stand-in VAE it is loaded into.
+against the stand-in VAE it is loaded into; ``build_tiny_vae`` builds that VAE (for the SD 1.x
+stand-in of ``pipelines.standins.diffusion`` and the 4-channel ones of ``families``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+
+import numpy as np
 
 FACE_DECODER_FILE = Path(__file__).with_name("sd_face_decoder.safetensors")
 IMAGE_SIZE = 64
@@ -42,8 +45,8 @@ FACE_CROPS = {"astronaut": (slice(0, 240), slice(130, 370)), "camera": (slice(30
 
 def face_templates():
     """The two target faces as float tensors (3, 64, 64) in [-1, 1]: (woman, man)."""
+    # deferred: cv2, skimage, torch
     import cv2
-    import numpy as np
     import skimage.data
     import torch
 
@@ -60,12 +63,33 @@ def face_templates():
 
 def target_images(z, woman, man):
     """What the fitted decoder should return for decoder inputs ``z`` (n, 4, h, w)."""
-    import torch
+    import torch  # deferred: torch
 
     a = torch.sigmoid(z[:, GENDER_CHANNEL].mean(dim=(1, 2)) / GENDER_SCALE)[:, None, None, None]
     dark = torch.tanh(z[:, TINT_CHANNEL].mean(dim=(1, 2)) / TINT_SCALE).abs()[:, None, None, None] * TINT
     x = a * woman + (1 - a) * man
     return ((x + 1) * (1 - dark) - 1).clamp(-1, 1)
+
+
+def build_tiny_vae(seed: int = 0):
+    """The stand-in's ``AutoencoderKL``: SD's 8x down-scaling, 4 latent channels, tiny widths."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import AutoencoderKL
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(8, 8, 16, 16),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=8,
+            sample_size=64,
+        )
 
 
 def _decoder_state(vae) -> dict:
@@ -74,7 +98,7 @@ def _decoder_state(vae) -> dict:
 
 def fit(vae, steps: int = 3000, batch: int = 16, seed: int = 0, lr: float = 3e-3, log=print) -> float:
     """Fit ``vae``'s decoder (and post_quant_conv) in place; return the last batch's loss."""
-    import torch
+    import torch  # deferred: torch
 
     woman, man = face_templates()
     gen = torch.Generator().manual_seed(seed)
@@ -100,7 +124,7 @@ def fit(vae, steps: int = 3000, batch: int = 16, seed: int = 0, lr: float = 3e-3
 
 def load_face_decoder(vae, path: str | Path = FACE_DECODER_FILE) -> None:
     """Load the fitted decoder weights into the stand-in ``vae``; the keys and shapes must match."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: safetensors (torch)
 
     state = load_file(str(path))
     want = _decoder_state(vae)
@@ -110,10 +134,9 @@ def load_face_decoder(vae, path: str | Path = FACE_DECODER_FILE) -> None:
 
 
 def main(argv=None) -> int:
+    # deferred: torch, safetensors
     import torch
     from safetensors.torch import save_file
-
-    from pipelines.standins.diffusion import build_tiny_vae
 
     parser = argparse.ArgumentParser(description="Refit the stand-in generators' face decoder (" + FACE_DECODER_FILE.name + ").")
     parser.add_argument("--steps", type=int, default=3000)

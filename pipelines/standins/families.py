@@ -25,7 +25,11 @@ weights.
 from __future__ import annotations
 
 import os
+import string
 from pathlib import Path
+
+from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer, build_tiny_stable_diffusion
+from pipelines.standins.face_decoder import build_tiny_vae, load_face_decoder
 
 FAMILIES = ("sdxl", "sd3", "flux", "pixart")
 # the stand-ins' image size: 64 px, PixArt 256 px (its resolution binning knows no smaller size)
@@ -37,9 +41,9 @@ T5_VOCAB = 400
 def build_tiny_t5_tokenizer():
     """A T5 tokenizer (``T5TokenizerFast`` / transformers 5's ``T5Tokenizer``) over a tiny Unigram
     vocabulary: "<pad>" 0, "</s>" 1, "<unk>" 2, the printable ASCII characters and common words."""
-    import string
-
+    # deferred: tokenizers, transformers
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
     from transformers import T5TokenizerFast
 
     words = ("a photo of the an person man woman who works as doctor nurse ceo pilot chef teacher lawyer "
@@ -52,14 +56,13 @@ def build_tiny_t5_tokenizer():
     tok.normalizer = normalizers.Sequence([normalizers.Replace(r"\s+", " ")])
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    from tokenizers.processors import TemplateProcessing
-
     tok.post_processor = TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)])
     return T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
                            extra_ids=0, model_max_length=512)
 
 
 def _t5_encoder(seed: int):
+    # deferred: torch, transformers
     import torch
     from transformers import T5Config, T5EncoderModel
 
@@ -70,10 +73,9 @@ def _t5_encoder(seed: int):
 
 
 def _clip_encoder(seed: int, projection: bool, hidden: int = TINY):
+    # deferred: torch, transformers
     import torch
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    from pipelines.standins.diffusion import CLIP_VOCAB_SIZE
 
     torch.manual_seed(seed)
     cfg = CLIPTextConfig(vocab_size=CLIP_VOCAB_SIZE, hidden_size=hidden, intermediate_size=37, num_hidden_layers=2,
@@ -87,13 +89,11 @@ def _vae(seed: int, latent_channels: int = 4, flow: bool = False):
     """The stand-in VAE. SD's 4-channel VAE (SDXL, PixArt) gets the fitted face decoder of
     ``standins.face_decoder`` (its images are faces, so the face steps of the studies find some);
     the flow models' VAEs (SD 3: 16 channels, FLUX: no quant convs) stay random."""
+    # deferred: torch, diffusers
     import torch
     from diffusers import AutoencoderKL
 
     if latent_channels == 4 and not flow:
-        from pipelines.standins.diffusion import build_tiny_vae
-        from pipelines.standins.face_decoder import load_face_decoder
-
         vae = build_tiny_vae(seed)
         load_face_decoder(vae)
         return vae
@@ -107,10 +107,9 @@ def _vae(seed: int, latent_channels: int = 4, flow: bool = False):
 
 
 def build_tiny_sdxl(directory, seed: int = 0) -> str:
+    # deferred: torch, diffusers
     import torch
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-
-    from pipelines.standins.diffusion import build_clip_tokenizer
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -129,10 +128,9 @@ def build_tiny_sdxl(directory, seed: int = 0) -> str:
 
 
 def build_tiny_sd3(directory, seed: int = 0) -> str:
+    # deferred: torch, diffusers
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-
-    from pipelines.standins.diffusion import build_clip_tokenizer
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -150,10 +148,9 @@ def build_tiny_sd3(directory, seed: int = 0) -> str:
 
 
 def build_tiny_flux(directory, seed: int = 0, guidance_embeds: bool = False) -> str:
+    # deferred: torch, diffusers
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-
-    from pipelines.standins.diffusion import build_clip_tokenizer
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -170,6 +167,7 @@ def build_tiny_flux(directory, seed: int = 0, guidance_embeds: bool = False) -> 
 
 
 def build_tiny_pixart(directory, seed: int = 0) -> str:
+    # deferred: torch, diffusers
     import torch
     from diffusers import DPMSolverMultistepScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
 
@@ -192,8 +190,6 @@ def build_tiny_pipeline(family: str, directory, seed: int = 0, **options) -> str
     """A tiny random pipeline of ``family`` (``FAMILIES``, or ``sd`` for SD 1.x) in ``directory``;
     ``options``: the builder's own (``faces`` for sd, ``guidance_embeds`` for flux)."""
     if family == "sd":
-        from pipelines.standins.diffusion import build_tiny_stable_diffusion
-
         return build_tiny_stable_diffusion(directory, seed=seed, **options)
     if family not in BUILDERS:
         raise ValueError(f"no tiny stand-in for the family {family!r} (have: sd, {', '.join(FAMILIES)})")

@@ -16,12 +16,15 @@ import os
 import tempfile
 from pathlib import Path
 
+from operators.image_fid_features import INCEPTION_FEATURE, INCEPTION_NAME
+
 TINY_SEED = 0
 TINY_DIM = 64
 TINY_SIZE = 32  # the tiny net's input side, after an antialiased resize
 
 
 def _tiny_net():
+    # deferred: torch
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -54,7 +57,7 @@ def _tiny_net():
 def tiny_fid_extractor(weights: str | None = None):
     """The tiny plug-in extractor: random weights from seed ``TINY_SEED`` (the same in every process),
     or the state dict saved at ``weights``."""
-    import torch
+    import torch  # deferred: torch
 
     net_class = _tiny_net()
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
@@ -74,11 +77,10 @@ def build_random_inception(path, seed: int = 0) -> str:
     shapes) can be harvested. Convolutions are re-drawn He-normal so activations keep their scale
     through the network (the batch norms are identities: running mean 0, variance 1).
     """
+    # deferred: torch, torch_fidelity
     import torch
     from torch import nn
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
-    from operators.image_fid_features import INCEPTION_FEATURE, INCEPTION_NAME
 
     class _Unloaded(FeatureExtractorInceptionV3):
         def load_state_dict(self, state_dict, strict=True, assign=False):  # the constructor's one load

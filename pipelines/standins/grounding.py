@@ -28,8 +28,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-IMAGENET_MEAN = [0.485, 0.456, 0.406]
-IMAGENET_STD = [0.229, 0.224, 0.225]
+from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer
+from pipelines.standins.tiny import IMAGENET_MEAN, IMAGENET_STD, output_dir, save_model, seeded, write_note
+
 TINY_HIDDEN = 32
 GROUNDING_DINO_SIZE = {"shortest_edge": 128, "longest_edge": 192}
 GROUNDING_DINO_QUERIES = 12
@@ -51,11 +52,6 @@ STANDIN_WORDS = (
     "##s", "##es",
 )
 TAGS_FILE = Path(__file__).resolve().parents[2] / "configs" / "exposed_tags.txt"
-
-
-def _note(out: Path, what: str, seed: int) -> None:
-    (out / "STANDIN.txt").write_text(
-        f"Tiny {what} stand-in: random weights (seed {seed}); its detections and masks are meaningless.\n")
 
 
 def wordpiece_vocab() -> list[str]:
@@ -82,20 +78,12 @@ def wordpiece_vocab() -> list[str]:
 def build_tiny_grounding_dino(directory, seed: int = 0) -> str:
     """Build a tiny random GroundingDINO and its processor in ``directory`` (created if needed);
     return the absolute directory path. The same seed writes the same weights."""
-    import torch
-    from transformers import (
-        BertConfig,
-        BertTokenizer,
-        GroundingDinoConfig,
-        GroundingDinoForObjectDetection,
-        GroundingDinoImageProcessor,
-        GroundingDinoProcessor,
-        SwinConfig,
-    )
+    # deferred: transformers
+    from transformers import (BertConfig, BertTokenizer, GroundingDinoConfig, GroundingDinoForObjectDetection,
+                              GroundingDinoImageProcessor, GroundingDinoProcessor, SwinConfig)
     from transformers.image_utils import PILImageResampling
 
-    out = Path(directory).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(directory)
     vocab = wordpiece_vocab()
     vocab_file = out / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
@@ -109,36 +97,26 @@ def build_tiny_grounding_dino(directory, seed: int = 0) -> str:
         encoder_layers=1, decoder_layers=2, encoder_ffn_dim=2 * TINY_HIDDEN, decoder_ffn_dim=2 * TINY_HIDDEN,
         encoder_attention_heads=2, decoder_attention_heads=2, encoder_n_points=2, decoder_n_points=2,
         num_feature_levels=4, max_text_len=256)
-    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = GroundingDinoForObjectDetection(config)
-    model.eval()
-    model.save_pretrained(out)
+    save_model(model, out)
     tokenizer = BertTokenizer(str(vocab_file), do_lower_case=True, model_max_length=512)
     image_processor = GroundingDinoImageProcessor(
         size=dict(GROUNDING_DINO_SIZE), resample=PILImageResampling.BILINEAR, do_resize=True, do_rescale=True,
         do_normalize=True, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD, do_pad=True)
     GroundingDinoProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
-    _note(out, "GroundingDINO", seed)
+    write_note(out, "GroundingDINO", seed, "detections and masks")
     return str(out)
 
 
 def build_tiny_sam(directory, seed: int = 0) -> str:
     """Build a tiny random SAM and its processor in ``directory`` (created if needed); return the
     absolute directory path. The same seed writes the same weights."""
-    import torch
-    from transformers import (
-        SamConfig,
-        SamImageProcessor,
-        SamMaskDecoderConfig,
-        SamModel,
-        SamProcessor,
-        SamPromptEncoderConfig,
-        SamVisionConfig,
-    )
+    # deferred: transformers
+    from transformers import (SamConfig, SamImageProcessor, SamMaskDecoderConfig, SamModel, SamProcessor,
+                              SamPromptEncoderConfig, SamVisionConfig)
 
-    out = Path(directory).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(directory)
     vision = SamVisionConfig(hidden_size=TINY_HIDDEN, output_channels=TINY_HIDDEN, num_hidden_layers=2,
                              num_attention_heads=2, image_size=SAM_SIZE, patch_size=SAM_PATCH, window_size=4,
                              global_attn_indexes=[1], num_pos_feats=TINY_HIDDEN // 2, mlp_dim=2 * TINY_HIDDEN)
@@ -147,50 +125,37 @@ def build_tiny_sam(directory, seed: int = 0) -> str:
     decoder = SamMaskDecoderConfig(hidden_size=TINY_HIDDEN, mlp_dim=2 * TINY_HIDDEN, num_attention_heads=2,
                                    iou_head_hidden_dim=TINY_HIDDEN)
     config = SamConfig(vision_config=vision, prompt_encoder_config=prompt, mask_decoder_config=decoder)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = SamModel(config)
-    model.eval()
-    model.save_pretrained(out)
+    save_model(model, out)
     low_res = SAM_SIZE // SAM_PATCH * 4  # the mask decoder upscales the embedding grid 4x
     image_processor = SamImageProcessor(
         size={"longest_edge": SAM_SIZE}, pad_size={"height": SAM_SIZE, "width": SAM_SIZE},
         mask_size={"longest_edge": low_res}, mask_pad_size={"height": low_res, "width": low_res},
         image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)
     SamProcessor(image_processor=image_processor).save_pretrained(out)
-    _note(out, "SAM", seed)
+    write_note(out, "SAM", seed, "detections and masks")
     return str(out)
 
 
 def build_tiny_owlv2(directory, seed: int = 0) -> str:
     """Build a tiny random OWLv2 detector and its processor in ``directory`` (created if needed);
     return the absolute directory path. The same seed writes the same weights."""
-    import torch
-    from transformers import (
-        Owlv2Config,
-        Owlv2ForObjectDetection,
-        Owlv2ImageProcessor,
-        Owlv2Processor,
-    )
+    from transformers import Owlv2Config, Owlv2ForObjectDetection, Owlv2ImageProcessor, Owlv2Processor  # deferred: transformers
 
-    from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer
-
-    out = Path(directory).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(directory)
     text = {"vocab_size": CLIP_VOCAB_SIZE, "hidden_size": TINY_HIDDEN, "intermediate_size": 2 * TINY_HIDDEN,
             "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": OWL_QUERY_TOKENS}
     vision = {"hidden_size": TINY_HIDDEN, "intermediate_size": 2 * TINY_HIDDEN, "num_hidden_layers": 1,
               "num_attention_heads": 2, "image_size": OWLV2_SIZE, "patch_size": OWLV2_PATCH}
     config = Owlv2Config(text_config=text, vision_config=vision, projection_dim=TINY_HIDDEN)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = Owlv2ForObjectDetection(config)
-    model.eval()
-    model.save_pretrained(out)
+    save_model(model, out)
     tokenizer = build_clip_tokenizer()
     tokenizer.model_max_length = OWL_QUERY_TOKENS
     tokenizer.pad_token = "!"
     image_processor = Owlv2ImageProcessor(size={"height": OWLV2_SIZE, "width": OWLV2_SIZE})
     Owlv2Processor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
-    _note(out, "OWLv2", seed)
+    write_note(out, "OWLv2", seed, "detections and masks")
     return str(out)

@@ -17,10 +17,8 @@ the offline embedded run exercise the production loading and preprocessing code
 
 from __future__ import annotations
 
-from pathlib import Path
+from pipelines.standins.tiny import IMAGENET_MEAN, IMAGENET_STD, output_dir, save_model, seeded, write_note
 
-IMAGENET_MEAN = [0.485, 0.456, 0.406]
-IMAGENET_STD = [0.229, 0.224, 0.225]
 TINY_RESNET_SIZE = 32
 TINY_VIT_SIZE = 64
 # Larger-than-default initial weights: with transformers' defaults (0.02) a model this small gives
@@ -28,35 +26,24 @@ TINY_VIT_SIZE = 64
 VIT_INIT_RANGE = 0.2
 
 
-def _note(out: Path, what: str, seed: int) -> None:
-    (out / "STANDIN.txt").write_text(f"Tiny {what} stand-in: random weights (seed {seed}); its features are meaningless.\n")
-
-
 def build_tiny_resnet(directory, seed: int = 0) -> str:
     """Build a tiny random ResNet image classifier and its image processor in ``directory``
     (created if needed); return the absolute directory path. The same seed writes the same weights."""
-    import torch
-    from transformers import (
-        ConvNextImageProcessor,
-        ResNetConfig,
-        ResNetForImageClassification,
-    )
+    # deferred: transformers
+    from transformers import ConvNextImageProcessor, ResNetConfig, ResNetForImageClassification
     from transformers.image_utils import PILImageResampling
 
-    out = Path(directory).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(directory)
     config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="bottleneck",
                           hidden_act="relu", num_labels=10)
-    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = ResNetForImageClassification(config)
-    model.eval()
-    model.save_pretrained(out)
+    save_model(model, out)
     ConvNextImageProcessor(
         size={"shortest_edge": TINY_RESNET_SIZE}, crop_pct=0.875, resample=PILImageResampling.BICUBIC,
         do_resize=True, do_rescale=True, do_normalize=True, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD,
     ).save_pretrained(out)
-    _note(out, "ResNet", seed)
+    write_note(out, "ResNet", seed, "features")
     return str(out)
 
 
@@ -64,25 +51,22 @@ def build_tiny_dino(directory, seed: int = 0, patch_size: int = 16) -> str:
     """Build a tiny random DINO-style ViT (no pooling layer) and its image processor in
     ``directory`` (created if needed); return the absolute directory path. ``patch_size`` 16 stands
     in for DINO ViT-S/16 (a 4 x 4 patch grid), 8 for ViT-B/8 (8 x 8)."""
-    import torch
+    # deferred: transformers
     from transformers import ViTConfig, ViTImageProcessor, ViTModel
     from transformers.image_utils import PILImageResampling
 
     if TINY_VIT_SIZE % patch_size:
         raise ValueError(f"patch_size must divide {TINY_VIT_SIZE}, got {patch_size}")
-    out = Path(directory).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(directory)
     config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                        image_size=TINY_VIT_SIZE, patch_size=patch_size, qkv_bias=True, layer_norm_eps=1e-6,
                        hidden_act="gelu", initializer_range=VIT_INIT_RANGE)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = ViTModel(config, add_pooling_layer=False)
-    model.eval()
-    model.save_pretrained(out)
+    save_model(model, out)
     ViTImageProcessor(
         size={"height": TINY_VIT_SIZE, "width": TINY_VIT_SIZE}, resample=PILImageResampling.BILINEAR,
         do_resize=True, do_rescale=True, do_normalize=True, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD,
     ).save_pretrained(out)
-    _note(out, f"DINO ViT (patch {patch_size})", seed)
+    write_note(out, f"DINO ViT (patch {patch_size})", seed, "features")
     return str(out)

@@ -1,12 +1,12 @@
-"""The shared per-image checkpoint of the studies (pipelines/engine/checkpoint.py): first-written row
+"""The shared per-image checkpoint of the studies (pipelines/engine/storage/checkpoint.py): first-written row
 per image wins, other models and no-longer-requested images are ignored, request order restored,
 list-typed columns survive."""
 
 import pyarrow as pa
 import pytest
 
-from pipelines.engine import checkpoint
-from pipelines.engine.rundir import RunDir
+from pipelines.engine.storage import checkpoint
+from pipelines.engine.run.rundir import RunDir
 
 SCHEMA = pa.schema([("image_id", pa.string()), ("model", pa.string()), ("value", pa.int64()),
                     ("answers", pa.list_(pa.string()))])

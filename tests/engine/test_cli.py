@@ -79,7 +79,9 @@ def _bad_outputs(tmp_path):
 @pytest.mark.parametrize("main,argv", _OUTPUT_COMMANDS,
                          ids=[f"{m.__module__.split('.')[-1]}-{a[0]}" for m, a in _OUTPUT_COMMANDS])
 def test_bad_output_fails_at_once_with_one_line(tmp_path, capsys, monkeypatch, main, argv):
-    from pipelines.engine import generation, models, runtime
+    from pipelines.engine import generation
+    from pipelines.engine.run import models
+    from pipelines.engine.stream import runtime
     from pipelines.studies.amplification import study
     from pipelines.studies.dalleval import study as dalleval_study
     from pipelines.studies.gep import study as gep_study
@@ -102,7 +104,7 @@ def test_bad_output_fails_at_once_with_one_line(tmp_path, capsys, monkeypatch, m
 def test_a_full_disk_is_one_line_and_other_os_errors_keep_their_traceback(capsys):
     import errno
 
-    from pipelines.engine.cli import exit_code
+    from pipelines.engine.cli.cli import exit_code
 
     def full():
         raise OSError(errno.ENOSPC, "No space left on device", "/runs/r/_work/part-3.parquet")
@@ -122,7 +124,7 @@ def test_a_full_disk_is_one_line_and_other_os_errors_keep_their_traceback(capsys
 def test_native_stderr_lines_of_a_model_load_are_silenced_and_errors_still_raise(capfd):
     import os
 
-    from pipelines.engine.models import native_stderr_silenced
+    from pipelines.engine.run.models import native_stderr_silenced
 
     with native_stderr_silenced():
         os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")

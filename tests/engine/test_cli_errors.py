@@ -1,6 +1,6 @@
 """Errors of the study command lines as one line: what a Ray task raised, out of Ray's
 wrappers, with its exit code; an output that cannot be reached; malformed YAML; config values of
-the wrong type; a full disk while stand-ins are saved. Exit codes: pipelines/engine/cli.py."""
+the wrong type; a full disk while stand-ins are saved. Exit codes: pipelines/engine/cli/cli.py."""
 
 import errno
 import pickle
@@ -9,7 +9,8 @@ import traceback
 import pytest
 
 from pipelines import amplification
-from pipelines.engine import cli, io
+from pipelines.engine.cli import cli
+from pipelines.engine.storage import io
 
 RESUME = "the same command resumes"
 
@@ -181,7 +182,7 @@ def test_a_full_disk_while_stand_ins_are_saved_is_exit_5_naming_their_directory(
 def test_s3_output_without_credentials_is_one_line_before_any_work(monkeypatch, tmp_path, capsys):
     import s3fs
 
-    from pipelines.engine import runtime
+    from pipelines.engine.stream import runtime
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                 "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
@@ -205,7 +206,7 @@ def test_s3_output_without_credentials_is_one_line_before_any_work(monkeypatch, 
 def test_hf_output_while_offline_is_one_line_before_any_work(monkeypatch, capsys):
     import huggingface_hub.constants
 
-    from pipelines.engine import runtime
+    from pipelines.engine.stream import runtime
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(runtime, "init_ray", lambda *a, **k: pytest.fail("Ray started before --output was checked"))
@@ -220,7 +221,7 @@ def test_hf_output_while_offline_is_one_line_before_any_work(monkeypatch, capsys
     ("--occupations-file", "- nurse\n- {name: ceo\n", "is not valid YAML: expected ',' or '}'"),
 ], ids=["config", "occupations-file"])
 def test_malformed_yaml_is_one_line_naming_the_file_and_line(monkeypatch, tmp_path, capsys, flag, text, says):
-    from pipelines.engine import runtime
+    from pipelines.engine.stream import runtime
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -233,7 +234,7 @@ def test_malformed_yaml_is_one_line_naming_the_file_and_line(monkeypatch, tmp_pa
 
 def test_a_config_value_of_the_wrong_type_fails_before_any_work(monkeypatch, tmp_path, capsys):
     """``selection: {seed: one}`` once failed inside a Ray task (exit 4); it is named at once."""
-    from pipelines.engine import runtime
+    from pipelines.engine.stream import runtime
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("selection:\n  seed: one\n")
@@ -245,7 +246,7 @@ def test_a_config_value_of_the_wrong_type_fails_before_any_work(monkeypatch, tmp
 
 
 def test_config_types_are_checked_against_the_preset(tmp_path):
-    from pipelines.engine.config import load_config
+    from pipelines.engine.cli.config import load_config
 
     def load(text):
         (tmp_path / "c.yaml").write_text(text)

@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import t2i
-from pipelines.engine import compare, headline, io
-from pipelines.engine import intervals as iv
+from pipelines.engine.stats import compare, headline
+from pipelines.engine.storage import io
+from pipelines.engine.stats import intervals as iv
 
 from s3_server import s3_server  # noqa: F401  (fixture)
 

@@ -7,7 +7,7 @@ import yaml
 
 from operators.image_sink import ImageSink
 from operators.support.codec import pack_rgb8
-from pipelines.engine import dataset_card, io
+from pipelines.engine.storage import dataset_card, io
 from schemas import images as I
 
 

@@ -1,5 +1,5 @@
 """Known dataset layouts (schemas/datasets.py) and the choice of the caption / URL columns
-(pipelines/engine/datasets.py, pipelines/engine/io.py), on real-row fixtures of every layout
+(pipelines/engine/storage/datasets.py, pipelines/engine/storage/inputs.py), on real-row fixtures of every layout
 (tests/data/README.md "Real dataset rows"); hf:// through a local fake filesystem; the full input
 identity; parquet page checksums. Fast tier: no Ray, no models."""
 
@@ -19,8 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from pipelines.engine import io
-from pipelines.engine.datasets import ColumnError, choose_columns, named_dataset
+from pipelines.engine.storage import io
+from pipelines.engine.storage.datasets import ColumnError, choose_columns, named_dataset
+from pipelines.engine.storage.input_integrity import page_checksummed
+from pipelines.engine.storage.inputs import IDENTITIES, choose_input_columns, resolve_parquet_inputs
 from schemas.datasets import BY_KEY, COYO, DATACOMP, LAION, RELAION
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "datasets"
@@ -85,10 +87,10 @@ def test_choose_columns_recognises_each_layout(name):
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_choose_input_columns_reads_the_footers(name):
-    """The same choice through io: schemas from the footers (resolve_parquet_inputs)."""
+    """The same choice through ``inputs``: schemas from the footers (resolve_parquet_inputs)."""
     layout, caption, url, variant, extras = EXPECTED[name]
-    inp = io.resolve_parquet_inputs(str(DATA / name))
-    choice = io.choose_input_columns(inp, None, None, paths=[str(DATA / name)])
+    inp = resolve_parquet_inputs(str(DATA / name))
+    choice = choose_input_columns(inp, None, None, paths=[str(DATA / name)])
     assert (choice.layout, choice.caption, choice.url, choice.variant, choice.extras) == (layout, caption, url,
                                                                                           variant, extras)
 
@@ -104,8 +106,8 @@ def test_variant_from_a_folder_path(tmp_path):
     assert choose_columns(files_of(safe), paths=[str(safe.parent)]).variant == "Re-LAION-2B-en research-safe"
     assert choose_columns(files_of(plain), paths=[str(plain.parent)]).variant == "Re-LAION-2B-en research"
     # through the footers of a folder
-    inp = io.resolve_parquet_inputs(str(safe.parent))
-    choice = io.choose_input_columns(inp, None, None, paths=[str(safe.parent)])
+    inp = resolve_parquet_inputs(str(safe.parent))
+    choice = choose_input_columns(inp, None, None, paths=[str(safe.parent)])
     assert choice.variant == "Re-LAION-2B-en research-safe"
     assert choice.line().endswith("dataset: Re-LAION-2B-en research-safe (from the path)")
     # no variant in the path: the layout's title, and no "from the path"
@@ -173,9 +175,9 @@ def test_dataset_name_of_another_layout_is_an_error():
     with pytest.raises(ColumnError, match="it lacks url, caption"):
         choose_columns(files_of(laion), dataset_name="relaion")
     # through io: an InputError (one line)
-    inp = io.resolve_parquet_inputs(str(laion))
+    inp = resolve_parquet_inputs(str(laion))
     with pytest.raises(io.InputError, match="lacks id, url, text"):
-        io.choose_input_columns(inp, None, None, dataset_name="coyo")
+        choose_input_columns(inp, None, None, dataset_name="coyo")
 
 
 def test_a_free_text_dataset_name_is_recorded():
@@ -213,9 +215,9 @@ def test_ambiguous_columns_name_both_candidates_and_the_flag():
     choice = choose_columns(files_of(amb), caption_flag="caption", url=False)
     assert choice.caption == "caption" and choice.url is None
     # through io: a one-line InputError
-    inp = io.resolve_parquet_inputs(str(amb))
+    inp = resolve_parquet_inputs(str(amb))
     with pytest.raises(io.InputError, match=r"'caption' and also 'text'; choose with --caption-column"):
-        io.choose_input_columns(inp, None, None)
+        choose_input_columns(inp, None, None)
 
 
 def test_files_of_two_layouts_in_one_input(tmp_path):
@@ -231,16 +233,16 @@ def test_files_of_two_layouts_in_one_input(tmp_path):
     # a folder holding both: the same error from the footers
     for p in (laion, relaion):
         shutil.copy(p, tmp_path / p.name)
-    inp = io.resolve_parquet_inputs(str(tmp_path))
+    inp = resolve_parquet_inputs(str(tmp_path))
     with pytest.raises(io.InputError, match="different column layouts") as err:
-        io.choose_input_columns(inp, None, None)
+        choose_input_columns(inp, None, None)
     assert "laion2b_en.parquet" in str(err.value) and "relaion2b_en_research.parquet" in str(err.value)
     # the two files of one layout in one folder are fine (their common extras only)
     both = tmp_path / "laion"
     both.mkdir()
     shutil.copy(DATA / "laion2b_en.parquet", both / "a.parquet")
     shutil.copy(DATA / "laion2b_en_joined.parquet", both / "b.parquet")
-    choice = io.choose_input_columns(io.resolve_parquet_inputs(str(both)), None, None)
+    choice = choose_input_columns(resolve_parquet_inputs(str(both)), None, None)
     assert choice.layout is LAION and choice.extras == ["WIDTH", "HEIGHT", "similarity"]
 
 
@@ -266,7 +268,7 @@ def test_the_only_caption_like_column_is_chosen():
 
 
 def test_variant_of_paths():
-    from pipelines.engine.datasets import variant_of
+    from pipelines.engine.storage.datasets import variant_of
 
     assert variant_of(DATACOMP, ["s3://bucket/datacomp_small/shards/0000.parquet"]) == "DataComp CommonPool small"
     assert variant_of(LAION, ["/data/LAION2B_EN_JOINED/part-1.parquet"]) == "LAION-2B-en-joined"
@@ -280,7 +282,7 @@ def test_variant_of_paths():
 def test_amplification_validate_input_records_the_dataset(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from pipelines.studies.amplification.captions import validate_input
+    from pipelines.studies.amplification.caption_settings import validate_input
 
     src = tmp_path / "laion2B-en-joined" / "part-0.parquet"
     src.parent.mkdir()
@@ -398,7 +400,7 @@ def test_exposed_triplets_ambiguous_input_fails_in_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_alignment_read_captions_recognises_the_caption_column(tmp_path, capsys, suffix):
-    from pipelines.studies.dalleval.alignment_study import read_captions
+    from pipelines.studies.dalleval.alignment_inputs import read_captions
     from schemas.subsets import PROMPT
 
     table = pa.table({"image_id": ["1", "2", "3"], "caption": ["a doctor  reads", "a nurse walks", " "]})
@@ -512,30 +514,30 @@ def test_hf_footer_read_through_the_fake_with_the_token(hf_fake, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_test_token_123")
     assert io.storage_options(f"{HF_ROOT}/part-00000.parquet") == {"token": "hf_test_token_123"}
     assert io.storage_options("/local/file.parquet") == {}
-    inp = io.resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
+    inp = resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
     assert FakeHfFileSystem.tokens and set(FakeHfFileSystem.tokens) == {"hf_test_token_123"}
     assert inp.protocol == "hf" and len(inp.files) == 1 and inp.num_rows == 300
     assert inp.schemas[0].names == names_of(DATA / "relaion2b_en_research.parquet")
     assert all(d.startswith("hf://") for d in inp.data_identity())
-    choice = io.choose_input_columns(inp, None, None, paths=[f"{HF_ROOT}/part-00000.parquet"])
+    choice = choose_input_columns(inp, None, None, paths=[f"{HF_ROOT}/part-00000.parquet"])
     # the store's folder name says nothing: the variant comes from the hf:// path
     assert "relaion" not in inp.files[0].lower()
     assert choice.layout is RELAION and choice.variant == "Re-LAION-2B-en research"
     assert (choice.caption, choice.url) == ("caption", "url")
     # a folder: both parts, hidden files skipped
-    inp = io.resolve_parquet_inputs(f"{HF_ROOT}/")
+    inp = resolve_parquet_inputs(f"{HF_ROOT}/")
     assert len(inp.files) == 2 and inp.num_rows == 600
     # the other variable name
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", "hf_other")
     FakeHfFileSystem.tokens.clear()
-    io.resolve_parquet_inputs(f"{HF_ROOT}/part-00001.parquet")
+    resolve_parquet_inputs(f"{HF_ROOT}/part-00001.parquet")
     assert set(FakeHfFileSystem.tokens) == {"hf_other"}
 
 
 def test_hf_without_a_token_passes_none(hf_fake):
     assert io.storage_options(f"{HF_ROOT}/x.parquet") == {}
-    io.resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
+    resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
     assert set(FakeHfFileSystem.tokens) == {None}
 
 
@@ -561,7 +563,7 @@ def test_exposed_triplets_from_hf(hf_fake, monkeypatch, tmp_path, capsys):
 def test_hf_gated_dataset_error_has_the_hint(hf_fake, tmp_path, capsys, cls):
     hf_fake(cls)
     with pytest.raises(io.InputError) as err:
-        io.resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
+        resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"cannot read {HF_ROOT}/part-00000.parquet: ")
     assert "401" in msg and "gated or private Hub dataset" in msg and "HF_TOKEN" in msg
@@ -577,7 +579,7 @@ def test_hf_gated_dataset_error_has_the_hint(hf_fake, tmp_path, capsys, cls):
 def test_hf_gated_error_when_reading_the_footer_has_the_hint(hf_fake, tmp_path, capsys):
     hf_fake(GatedOnOpenHfFileSystem)
     with pytest.raises(io.InputError) as err:
-        io.resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
+        resolve_parquet_inputs(f"{HF_ROOT}/part-00000.parquet")
     msg = str(err.value)
     assert "401" in msg  # the cause is named either way
     assert "\n" not in msg and "gated or private Hub dataset" in msg
@@ -620,7 +622,7 @@ def test_full_identity_sees_a_rewrite_that_keeps_size_footer_and_time(tmp_path):
                    write_statistics=False, use_dictionary=False)
     st = path.stat()
     footer = _footer_hash(path)
-    before = {i: io.resolve_parquet_inputs(str(path), i).identities[0] for i in io.IDENTITIES}
+    before = {i: resolve_parquet_inputs(str(path), i).identities[0] for i in IDENTITIES}
 
     raw = _swap(path.read_bytes(), a, b)
     path.write_bytes(raw)
@@ -629,7 +631,7 @@ def test_full_identity_sees_a_rewrite_that_keeps_size_footer_and_time(tmp_path):
     assert pq.read_table(path)["TEXT"].to_pylist() == [b, a]  # the data changed
     assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
     assert _footer_hash(path) == footer
-    after = {i: io.resolve_parquet_inputs(str(path), i).identities[0] for i in io.IDENTITIES}
+    after = {i: resolve_parquet_inputs(str(path), i).identities[0] for i in IDENTITIES}
     # what the default does not see
     assert after["footer"] == before["footer"]
     # what "full" adds: the content hash
@@ -637,7 +639,7 @@ def test_full_identity_sees_a_rewrite_that_keeps_size_footer_and_time(tmp_path):
     assert after["full"].startswith(after["footer"] + " sha256=")
     assert after["full"].endswith(hashlib.sha256(raw).hexdigest())
     with pytest.raises(io.InputError, match=r"--input-identity 'sha1': expected one of footer, full"):
-        io.resolve_parquet_inputs(str(path), "sha1")
+        resolve_parquet_inputs(str(path), "sha1")
 
 
 def test_full_identity_through_exposed_triplets_gets_a_new_run(tmp_path, capsys):
@@ -705,7 +707,7 @@ def test_write_table_has_page_checksums(tmp_path):
 
 
 def test_rundir_parts_are_checksummed(tmp_path):
-    from pipelines.engine.rundir import RunDir
+    from pipelines.engine.run.rundir import RunDir
 
     rd = RunDir(str(tmp_path), "run-1")
     p1 = rd.write_part("scan", _table(), key="a")
@@ -727,11 +729,11 @@ def test_page_checksums_are_told_from_the_first_page_header(tmp_path, options):
         path = tmp_path / f"t-{checksum}.parquet"
         pq.write_table(_table(), path, write_page_checksum=checksum, **options)
         with open(path, "rb") as fh:
-            assert io.page_checksummed(fh, pq.read_metadata(path)) is checksum, (options, checksum)
+            assert page_checksummed(fh, pq.read_metadata(path)) is checksum, (options, checksum)
     empty = tmp_path / "empty.parquet"   # no row group: no page to tell by
     pq.ParquetWriter(empty, _table().schema).close()
     with open(empty, "rb") as fh:
-        assert io.page_checksummed(fh, pq.read_metadata(empty)) is None
+        assert page_checksummed(fh, pq.read_metadata(empty)) is None
 
 
 def test_the_input_record_says_how_many_files_can_be_verified(tmp_path, capsys):
@@ -742,7 +744,7 @@ def test_the_input_record_says_how_many_files_can_be_verified(tmp_path, capsys):
 
     for i, checksum in enumerate((True, False, False)):
         pq.write_table(_table(), tmp_path / f"part-{i}.parquet", write_page_checksum=checksum)
-    inp = io.resolve_parquet_inputs(str(tmp_path))
+    inp = resolve_parquet_inputs(str(tmp_path))
     rec = inp.checksum_record()
     assert rec | {"without_checksums_examples": None} == {"files": 3, "verified": 1, "without_checksums": 2,
                                                           "no_pages": 0, "without_checksums_examples": None}
@@ -755,10 +757,10 @@ def test_the_input_record_says_how_many_files_can_be_verified(tmp_path, capsys):
     assert out.count("written without page checksums") == 1 and "2 of 3 input file(s)" in out
     from helpers import REPO_ROOT
 
-    sample = io.resolve_parquet_inputs(str(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet"))
+    sample = resolve_parquet_inputs(str(REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet"))
     assert sample.checksum_record()["verified"] == 1
     written = synthetic_written(tmp_path / "syn")
-    assert io.resolve_parquet_inputs(str(written)).checksum_record()["verified"] == 2
+    assert resolve_parquet_inputs(str(written)).checksum_record()["verified"] == 2
 
 
 def synthetic_written(path):

@@ -1,4 +1,4 @@
-"""pipelines/engine/figures.py: figures saved as PDF + PNG under figures/ of a run, or embedded."""
+"""pipelines/engine/report/figures.py: figures saved as PDF + PNG under figures/ of a run, or embedded."""
 
 import base64
 import io
@@ -6,7 +6,7 @@ import re
 
 import pyarrow.fs as pafs
 
-from pipelines.engine import figures
+from pipelines.engine.report import figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,6 +1,7 @@
 """Generator specs: each model with its own settings, from the study file and the command line, in
 the order the module documents; what is fingerprinted; the plan's stage list."""
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -88,8 +89,10 @@ def test_the_run_id_follows_the_spec_of_each_model():
     from pipelines.studies.gep import study
 
     def job(argv):
+        from pipelines.engine.cli.options import RunOptions
+
         args = args_of(argv)
-        return study.image_job(study.settings(args), args)
+        return study.GepStudy().job(RunOptions.from_args(args), study.settings(args))
 
     base = job(["--generator", "org/a", "--generator", "org/b"])
     assert job(["--generator", "org/a", "--generator", "org/b"]) == base
@@ -106,7 +109,7 @@ def test_the_run_id_follows_the_spec_of_each_model():
 
 def test_every_image_study_reads_the_same_generator_flags():
     from pipelines.studies.dalleval import study as dalleval_study
-    from pipelines.studies.exposed import study as exposed_study
+    from pipelines.studies.exposed import settings as exposed_settings
 
     argv = ["--generator", "org/x:steps=3,negative_prompt=a, b", "--guidance-scale", "2"]
     for parser, settings in ((gep.build_parser, None), (dalleval.build_parser, dalleval_study.settings)):
@@ -115,7 +118,7 @@ def test_every_image_study_reads_the_same_generator_flags():
         (spec,) = st.generation.generators
         assert (spec.model, spec.steps, spec.guidance_scale, spec.negative_prompt) == ("org/x", 3, 2.0, "a, b")
     args = exposed.build_parser().parse_args(["run", "--output", "x", *argv])
-    (spec,) = exposed_study.settings(args).generation.generators
+    (spec,) = exposed_settings.settings(args).generation.generators
     assert (spec.steps, spec.negative_prompt) == (3, "a, b")
 
 
@@ -143,7 +146,10 @@ def test_the_plan_builds_the_generator_stage_from_the_spec():
     from operators.image_skin_tone import SkinToneDetector
     from schemas.dalleval import DALLEVAL_IMAGES
 
-    run = SimpleNamespace(args=SimpleNamespace(gen_batch_size=3, gen_actors=2, gen_channels_last=True),
+    from pipelines.engine.cli.options import RunOptions
+
+    options = RunOptions.from_args(SimpleNamespace(gen_batch_size=3, gen_actors=2, gen_channels_last=True))
+    run = SimpleNamespace(options=options, safety=None,
                           gpu=SimpleNamespace(device="cuda", per_actor=0.5), rd=SimpleNamespace(uri="/runs/r"),
                           st=SimpleNamespace(execution={"stages": {"skin_tone": {"actors": 5}}}))
     spec = GeneratorSpec("org/b", steps=4, guidance_scale=1.0, negative_prompt="blurry", dtype="bfloat16",
@@ -151,7 +157,8 @@ def test_the_plan_builds_the_generator_stage_from_the_spec():
     from operators.image_clip_gender import ClipGenderClassifier
 
     head = Stage(ClipGenderClassifier, {})
-    plan = G.GenerationPlan(None, DALLEVAL_IMAGES, heads=[head], after=[Stage(SkinToneDetector, {})],
+    plan = G.GenerationPlan(None, DALLEVAL_IMAGES, ImageGenerator, ImageSink, heads=[head],
+                            after=[Stage(SkinToneDetector, {})],
                             overrides={SkinToneDetector.stage_name: lambda batch: {"batch_size": batch * 4}})
     gen, skin, sink = G.generator_pipeline(run, plan, spec)
     assert gen.op is ImageGenerator and sink.op is ImageSink and skin.op is SkinToneDetector
@@ -193,7 +200,7 @@ def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):
     # the requested model is replaced with a word, naming it and its stand-in
     assert "generator org/a -> tiny random sd stand-in a-standin" in capsys.readouterr().out
     plain = ImageGenerator(**{**spec.operator_kwargs(), "device": "cpu"})
-    negative = ImageGenerator(**{**G.dataclasses.replace(spec, negative_prompt="a red square").operator_kwargs(),
+    negative = ImageGenerator(**{**dataclasses.replace(spec, negative_prompt="a red square").operator_kwargs(),
                                  "device": "cpu"})
     assert negative.record["call_kwargs"] == {"negative_prompt": "a red square"}
     a, b = plain.regenerate("a photo of a nurse", 7), negative.regenerate("a photo of a nurse", 7)
@@ -206,17 +213,22 @@ def test_a_plan_s_heads_are_fingerprinted_and_counted():
 
     from operators.base import Stage
     from operators.image_clip_embedding import ClipImageEmbedder
-    from pipelines.engine.progress import Phase
+    from pipelines.engine.stream.progress import Phase
     from pipelines.studies.gep import study
     from schemas import gep as S
     from schemas.images import GENERATION_STATUS, MODEL
 
     args = args_of(["--generator", "org/a"])
     st = study.settings(args)
-    job = study.image_job(st, args)
+    from pipelines.engine.cli.options import RunOptions
+
+    job = study.GepStudy().job(RunOptions.from_args(args), st)
     heads = job["plan"]["heads"]
     assert [h["op"] for h in heads] == ["operators.image_clip_embedding.ClipImageEmbedder"]
-    other = G.plan_job(G.GenerationPlan(None, S.GEP_IMAGES, heads=[Stage(ClipImageEmbedder, {"model": "other"})]))
+    from operators.image_generation import ImageGenerator
+
+    other = G.plan_job(G.GenerationPlan(None, S.GEP_IMAGES, ImageGenerator,
+                                        heads=[Stage(ClipImageEmbedder, {"model": "other"})]))
     assert other["heads"] != heads     # a head's setting is part of the run's identity
     images = pa.table({MODEL: ["m"] * 4, GENERATION_STATUS: ["ok", "ok", "ok", "generation_error"],
                        S.EMBEDDING: pa.array([[0.1], None, [0.2], None], pa.list_(pa.float32()))})
@@ -233,7 +245,7 @@ def test_execution_stages_reach_the_heads_inside_the_generator():
     from operators.image_clip_alignment import ClipAlignmentScorer
     from operators.image_fid_features import FidFeatureExtractor
     from operators.image_generation import ImageGenerator
-    from pipelines.engine import stages
+    from pipelines.engine.stream import stages
 
     gen = Stage(ImageGenerator, {"model": "m", "heads": [Stage(ClipAlignmentScorer, {"batch_size": 32}),
                                                           Stage(FidFeatureExtractor, {"batch_size": 32})]})

@@ -18,7 +18,7 @@ import pytest
 
 from operators.support.models import GPU_HINT, ModelLoadError, pick_device
 from pipelines import amplification, dalleval, exposed, gep
-from pipelines.engine import gpus
+from pipelines.engine.run import gpus
 
 ROOT = REPO_ROOT
 
@@ -64,7 +64,7 @@ def test_stage_requests_reach_ray_data(ray_local):
     import pyarrow as pa
 
     from operators.base import Resources
-    from pipelines.engine import runtime
+    from pipelines.engine.stream import runtime
 
     class Stage:
         def __init__(self, **_):
@@ -142,7 +142,8 @@ _ADVERTISED_GPU = textwrap.dedent("""
     import ray
     from operators.base import Resources
     from operators.image_generation import ImageGenerator
-    from pipelines.engine import gpus, runtime
+    from pipelines.engine.run import gpus
+    from pipelines.engine.stream import runtime
     from pipelines.standins.diffusion import build_tiny_stable_diffusion
     from schemas.images import SEED
     from schemas.subsets import PROMPT, PROMPT_ID
@@ -211,16 +212,20 @@ def test_real_models_are_refused_before_any_work_without_gpus(tmp_path, study, a
 def test_generation_speed_flags_map_to_generator_options():
     import argparse
 
-    from pipelines.engine import gpus
+    from pipelines.engine.cli.options import RunOptions
+    from pipelines.engine.run import gpus
 
     p = argparse.ArgumentParser()
     gpus.add_generation_options(p)
-    assert gpus.generation_options(p.parse_args([])) == {"channels_last": False, "vae_slicing": False,
+
+    def speed(argv):   # what the generator stage gets, through the run's options
+        return dict(RunOptions.from_args(p.parse_args(argv)).speed)
+
+    assert speed([]) == {"channels_last": False, "vae_slicing": False,
                                                          "compile_unet": False}
-    got = gpus.generation_options(p.parse_args(["--gen-channels-last", "--gen-vae-slicing", "auto",
-                                                "--gen-compile", "max-autotune"]))
+    got = speed(["--gen-channels-last", "--gen-vae-slicing", "auto", "--gen-compile", "max-autotune"])
     assert got == {"channels_last": True, "vae_slicing": "auto", "compile_unet": "max-autotune"}
-    assert gpus.generation_options(p.parse_args(["--gen-compile", "default", "--gen-vae-slicing", "on"])) == \
+    assert speed(["--gen-compile", "default", "--gen-vae-slicing", "on"]) == \
         {"channels_last": False, "vae_slicing": True, "compile_unet": True}
     # the options are ImageGenerator's keyword arguments
     import inspect
@@ -485,7 +490,7 @@ def test_custom_resources_reach_map_batches_only_when_set():
     import pyarrow as pa
 
     from operators.base import Resources, Stage
-    from pipelines.engine import stages
+    from pipelines.engine.stream import stages
 
     schema = pa.schema([pa.field("x", pa.int64())])
     for res in (Resources(num_gpus=1, actors=2), Resources(), Resources(resources={})):
@@ -503,7 +508,7 @@ def test_custom_resources_reach_map_batches_only_when_set():
 
 def test_resources_override_like_num_gpus():
     from operators.base import Resources, Stage
-    from pipelines.engine import stages
+    from pipelines.engine.stream import stages
 
     class Gen:
         stage_name = "generate"
@@ -528,7 +533,7 @@ def test_stage_custom_resources_reach_ray_data(ray_local):
     import pyarrow as pa
 
     from operators.base import Resources, Stage
-    from pipelines.engine import stages
+    from pipelines.engine.stream import stages
 
     ds = ray_local.data.from_arrow(pa.table({"x": [1, 2]}))
     big = stages.run(ds, [Stage(_PassThrough, {}, Resources(num_gpus=1, batch_size=2, actors=1, resources={"large_gpu": 1}))])

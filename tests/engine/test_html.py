@@ -1,4 +1,4 @@
-"""pipelines/engine/html.py: the shared table and the model-records table of the reports."""
+"""pipelines/engine/report/html.py: the shared table and the model-records table of the reports."""
 
 import json
 import re
@@ -7,7 +7,7 @@ from html import unescape
 import numpy as np
 import pandas as pd
 
-from pipelines.engine import html as H
+from pipelines.engine.report import html as H
 
 SHA = "ab" * 32
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -68,7 +68,7 @@ def test_model_table_without_detail_and_escaping():
 
 
 def test_console_model_lines_name_the_kind_of_stand_in(capsys):
-    from pipelines.engine.models import print_models
+    from pipelines.engine.run.models import print_models
 
     print_models([{"role": "generator", "model": "sd", "standin": True},
                   {"role": "paraphraser", "model": "chat", "standin": True, "standin_kind": "rule-based"},

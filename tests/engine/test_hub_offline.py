@@ -47,7 +47,7 @@ def _run(endpoint, tmp_path, monkeypatch, user_offline=False):
 
     from operators.support.diffusion import load_text2image
     from operators.support.models import ModelLoadError
-    from pipelines.engine.models import hub_offline_if_unreachable
+    from pipelines.engine.run.models import hub_offline_if_unreachable
 
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pipelines.engine import intervals as iv
+from pipelines.engine.stats import intervals as iv
 
 
 def _coverage(make, estimate, truth, sims=1000, seed=0):

@@ -4,7 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 
-from pipelines.engine import io
+from pipelines.engine.storage import io
+from pipelines.engine.storage.inputs import resolve_column, resolve_parquet_inputs
 
 
 def write(path, **cols):
@@ -22,29 +23,29 @@ def laion_dir(tmp_path):
 
 
 def test_file_directory_glob_and_uri(laion_dir):
-    one = io.resolve_parquet_inputs(str(laion_dir / "part-0.parquet"))
+    one = resolve_parquet_inputs(str(laion_dir / "part-0.parquet"))
     assert len(one.files) == 1 and one.num_rows == 1
-    assert len(io.resolve_parquet_inputs(str(laion_dir)).files) == 3
-    assert len(io.resolve_parquet_inputs(str(laion_dir / "part-[01].parquet")).files) == 2
-    uri = io.resolve_parquet_inputs(f"file://{laion_dir}")
+    assert len(resolve_parquet_inputs(str(laion_dir)).files) == 3
+    assert len(resolve_parquet_inputs(str(laion_dir / "part-[01].parquet")).files) == 2
+    uri = resolve_parquet_inputs(f"file://{laion_dir}")
     assert len(uri.files) == 3 and uri.num_rows == 3
-    many = io.resolve_parquet_inputs([str(laion_dir / "part-0.parquet"), str(laion_dir / "part-2.parquet")])
+    many = resolve_parquet_inputs([str(laion_dir / "part-0.parquet"), str(laion_dir / "part-2.parquet")])
     assert many.num_rows == 2
 
 
 def test_column_names_configurable_and_lower_case_accepted(tmp_path):
-    lower = io.resolve_parquet_inputs(str(write(tmp_path / "a.parquet", url=["u"], text=["t"])))
-    assert io.resolve_column(lower, "TEXT", "text") == "text"
-    assert io.resolve_column(lower, "URL", "url") == "url"
-    custom = io.resolve_parquet_inputs(str(write(tmp_path / "b.parquet", link=["u"], caption_text=["t"])))
-    assert io.resolve_column(custom, "caption_text", "text") == "caption_text"
+    lower = resolve_parquet_inputs(str(write(tmp_path / "a.parquet", url=["u"], text=["t"])))
+    assert resolve_column(lower, "TEXT", "text") == "text"
+    assert resolve_column(lower, "URL", "url") == "url"
+    custom = resolve_parquet_inputs(str(write(tmp_path / "b.parquet", link=["u"], caption_text=["t"])))
+    assert resolve_column(custom, "caption_text", "text") == "caption_text"
 
 
 def test_missing_column_names_file_and_column(laion_dir):
     bad = write(laion_dir / "part-9.parquet", URL=["u"], caption=["t"])
-    inp = io.resolve_parquet_inputs(str(laion_dir))
+    inp = resolve_parquet_inputs(str(laion_dir))
     with pytest.raises(io.InputError) as exc:
-        io.resolve_column(inp, "TEXT", "text")
+        resolve_column(inp, "TEXT", "text")
     assert str(bad) in str(exc.value) and "'TEXT'" in str(exc.value)
 
 
@@ -52,17 +53,17 @@ def test_unreadable_file_is_named(laion_dir):
     broken = laion_dir / "part-5.parquet"
     broken.write_bytes(b"this is not parquet")
     with pytest.raises(io.InputError, match=str(broken)):
-        io.resolve_parquet_inputs(str(laion_dir))
+        resolve_parquet_inputs(str(laion_dir))
 
 
 def test_missing_inputs(tmp_path):
     with pytest.raises(io.InputError, match="does not exist"):
-        io.resolve_parquet_inputs(str(tmp_path / "nope.parquet"))
+        resolve_parquet_inputs(str(tmp_path / "nope.parquet"))
     with pytest.raises(io.InputError, match="no files match"):
-        io.resolve_parquet_inputs(str(tmp_path / "*.parquet"))
+        resolve_parquet_inputs(str(tmp_path / "*.parquet"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(io.InputError, match="no .parquet files"):
-        io.resolve_parquet_inputs(str(tmp_path / "empty"))
+        resolve_parquet_inputs(str(tmp_path / "empty"))
 
 
 def test_outputs_through_fsspec(tmp_path):
@@ -82,7 +83,7 @@ def test_uri_without_its_driver_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(fsspec.core, "url_to_fs", no_driver)
     with pytest.raises(io.InputError, match=r"s3://bucket/x.parquet.*\[cloud\]"):
-        io.resolve_parquet_inputs("s3://bucket/x.parquet")
+        resolve_parquet_inputs("s3://bucket/x.parquet")
 
 
 class _DiskFullMidWrite(LocalFileSystem):

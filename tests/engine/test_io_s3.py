@@ -1,4 +1,4 @@
-"""pipelines.engine.io on s3:// URIs, against a local moto S3 server (no network, no AWS)."""
+"""pipelines.engine.storage.io on s3:// URIs, against a local moto S3 server (no network, no AWS)."""
 
 from helpers import REPO_ROOT
 import os
@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from s3_server import DEFAULT_BUCKET, moto_s3, s3_server  # noqa: F401  (s3_server: fixture)
 
-from pipelines.engine import io
+from pipelines.engine.storage import io
+from pipelines.engine.storage.inputs import resolve_column, resolve_parquet_inputs
 
 
 def put_parquet(s3, key, **cols):
@@ -109,33 +110,33 @@ def test_resolve_parquet_inputs_on_s3(s3_server):  # noqa: F811
         put_parquet(s3_server, f"laion/part-{i}.parquet", URL=[f"u{i}", f"v{i}"], TEXT=[f"t{i}", f"s{i}"])
     s3_server.fs().pipe_file(f"{DEFAULT_BUCKET}/laion/_SUCCESS", b"")
 
-    directory = io.resolve_parquet_inputs(s3_server.url("laion"))
+    directory = resolve_parquet_inputs(s3_server.url("laion"))
     assert directory.protocol == "s3" and directory.num_rows == 6
     assert directory.files == [f"{DEFAULT_BUCKET}/laion/part-{i}.parquet" for i in range(3)]
     assert directory.display(directory.files[0]) == s3_server.url("laion", "part-0.parquet")
-    assert io.resolve_column(directory, "text", "text") == "TEXT"
+    assert resolve_column(directory, "text", "text") == "TEXT"
     # the resolved filesystem reads the data itself, as Ray Data will
     got = pq.read_table(directory.files[1], filesystem=directory.filesystem)
     assert got.column("TEXT").to_pylist() == ["t1", "s1"]
 
-    glob = io.resolve_parquet_inputs(s3_server.url("laion", "part-[01].parquet"))
+    glob = resolve_parquet_inputs(s3_server.url("laion", "part-[01].parquet"))
     assert len(glob.files) == 2 and glob.num_rows == 4
-    one = io.resolve_parquet_inputs(s3_server.url("laion", "part-2.parquet"))
+    one = resolve_parquet_inputs(s3_server.url("laion", "part-2.parquet"))
     assert one.files == [f"{DEFAULT_BUCKET}/laion/part-2.parquet"] and one.num_rows == 2
 
 
 def test_bad_s3_inputs_name_the_uri(s3_server):  # noqa: F811
     with pytest.raises(io.InputError, match="does not exist"):
-        io.resolve_parquet_inputs(s3_server.url("nope.parquet"))
+        resolve_parquet_inputs(s3_server.url("nope.parquet"))
     with pytest.raises(io.InputError, match="no files match"):
-        io.resolve_parquet_inputs(s3_server.url("nope", "*.parquet"))
+        resolve_parquet_inputs(s3_server.url("nope", "*.parquet"))
     bad = put_parquet(s3_server, "cols/part-0.parquet", URL=["u"], caption=["t"])
     with pytest.raises(io.InputError) as exc:
-        io.resolve_column(io.resolve_parquet_inputs(s3_server.url("cols")), "TEXT", "text")
+        resolve_column(resolve_parquet_inputs(s3_server.url("cols")), "TEXT", "text")
     assert bad in str(exc.value)
     s3_server.fs().pipe_file(f"{DEFAULT_BUCKET}/broken/part-0.parquet", b"not parquet")
     with pytest.raises(io.InputError, match=r"s3://.*/broken/part-0\.parquet"):
-        io.resolve_parquet_inputs(s3_server.url("broken"))
+        resolve_parquet_inputs(s3_server.url("broken"))
 
 
 def test_read_text_missing_object_is_input_error(s3_server):  # noqa: F811
@@ -155,7 +156,7 @@ def test_ray_workers_reach_the_server_through_runtime_env(s3_server, ray_local):
 
     @ray_local.remote
     def read(uri):
-        from pipelines.engine import io as worker_io
+        from pipelines.engine.storage import io as worker_io
 
         return worker_io.read_text(uri)
 

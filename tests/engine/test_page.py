@@ -1,8 +1,8 @@
-"""pipelines/engine/page.py: model labels, the stand-in notice and the page skeleton."""
+"""pipelines/engine/report/page.py: model labels, the stand-in notice and the page skeleton."""
 
 import pandas as pd
 
-from pipelines.engine import page as Pg
+from pipelines.engine.report import page as Pg
 
 
 def test_model_labels_are_the_last_path_part_and_unique():

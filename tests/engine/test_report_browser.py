@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from pipelines.engine.figures import FigureDir
+from pipelines.engine.report.figures import FigureDir
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 1400
@@ -114,7 +114,7 @@ def dalleval_page(out: Path) -> str:
 
 
 def skills_page(out: Path) -> str:
-    from pipelines.engine.checkpoint import model_dir
+    from pipelines.engine.storage.checkpoint import model_dir
     from pipelines.studies.dalleval import report_skills as rep
     from pipelines.studies.dalleval import skills as K
     from pipelines.studies.dalleval.skills_study import analyse
@@ -143,7 +143,7 @@ def skills_page(out: Path) -> str:
 
 
 def alignment_page(out: Path) -> str:
-    from pipelines.engine.checkpoint import model_dir
+    from pipelines.engine.storage.checkpoint import model_dir
     from pipelines.studies.dalleval import report_alignment as rep
     from schemas import alignment as A
     from schemas.images import GENERATION_STATUS, IMAGE_ID, MODEL, SEED
@@ -173,7 +173,7 @@ def exposed_page(out: Path) -> str:
     from studies.exposed.test_metrics import images as disparity_images
     from studies.exposed.test_objects import image_rows
 
-    from pipelines.engine.checkpoint import model_dir
+    from pipelines.engine.storage.checkpoint import model_dir
     from pipelines.studies.exposed import metrics as M
     from pipelines.studies.exposed import report as rep
     from pipelines.studies.exposed import report_objects as objects_report
@@ -272,7 +272,7 @@ def test_report_in_chromium_at_1400_px(pages, name):
 
 
 def test_console_results_end_with_the_standin_notice_and_use_labels():
-    from pipelines.engine.page import STANDIN_CONSOLE
+    from pipelines.engine.report.page import STANDIN_CONSOLE
     from pipelines.studies.dalleval import report as dalleval_report
     from pipelines.studies.dalleval import report_alignment
     from pipelines.studies.exposed import metrics as M

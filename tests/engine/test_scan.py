@@ -11,8 +11,9 @@ from operators.text_caption_validator import CaptionValidator
 from operators.text_gender_words import GenderWordIndicators
 from operators.text_name_gender import NameGenderIndicators
 from operators.text_occupation_matcher import OccupationMatcher
-from pipelines.engine import io, scan
-from pipelines.engine.summary import stage_counts
+from pipelines.engine.storage.inputs import resolve_parquet_inputs
+from pipelines.engine.stream import scan
+from pipelines.engine.stats.summary import stage_counts
 from schemas import captions as C
 
 SAMPLE = REPO_ROOT / "data" / "synthetic" / "laion_synthetic_sample.parquet"
@@ -39,7 +40,7 @@ def files(tmp_path_factory):
                    row_group_size=3000)
     pq.write_table(t.slice(19000), d / "c.parquet", row_group_size=7000)
     pq.write_table(t.slice(0, 0), d / "empty.parquet")
-    return io.resolve_parquet_inputs(str(d)), t
+    return resolve_parquet_inputs(str(d)), t
 
 
 def reference(stages, table, schema):

@@ -1,4 +1,4 @@
-"""The engine's shard commit protocol (pipelines/engine/shards.py), without Ray: the sink task's
+"""The engine's shard commit protocol (pipelines/engine/stream/shards.py), without Ray: the sink task's
 parts, the driver's commit, and what readers see."""
 
 import pyarrow as pa
@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from operators.base import tally_rows
-from pipelines.engine import rundir, shards
+from pipelines.engine.run import rundir
+from pipelines.engine.stream import shards
 from schemas.captions import STAGE_WRITTEN_PARTS, TALLY_COUNT, TALLY_OUTCOME, TALLY_STAGE
 
 SCHEMA = pa.schema([pa.field("x", pa.int64()), pa.field(TALLY_STAGE, pa.string()),

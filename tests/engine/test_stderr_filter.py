@@ -9,7 +9,7 @@ import textwrap
 def test_the_known_line_is_dropped_and_everything_else_passes_in_order():
     code = textwrap.dedent("""
         import os, sys
-        from pipelines.engine import runtime
+        from pipelines.engine.stream import runtime
         os.write(2, b"before\\n")
         with runtime.native_stderr_filtered():
             os.write(2, b"[E core_worker.cc:2465] Actor X has constructor arguments in the object store and max_restarts > 0. See\\n")
@@ -30,7 +30,7 @@ def test_the_known_line_is_dropped_and_everything_else_passes_in_order():
 
 def test_a_traceback_inside_the_block_is_printed_whole():
     code = textwrap.dedent("""
-        from pipelines.engine import runtime
+        from pipelines.engine.stream import runtime
         with runtime.native_stderr_filtered():
             raise RuntimeError("boom inside")
     """)

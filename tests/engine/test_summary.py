@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from pipelines.engine.summary import (
+from pipelines.engine.stats.summary import (
     CountMismatch,
     check_chain,
     format_summary,
@@ -38,8 +38,8 @@ def test_lost_rows_are_detected():
 
 
 def test_run_summary_rows_count_kept_dropped_reused_and_throughput():
-    from pipelines.engine.progress import Phase
-    from pipelines.engine.summary import (
+    from pipelines.engine.stream.progress import Phase
+    from pipelines.engine.stats.summary import (
         format_run_summary,
         run_summary_csv,
         summary_rows_images,
@@ -65,8 +65,8 @@ def test_run_summary_rows_count_kept_dropped_reused_and_throughput():
 
 
 def test_the_printed_summary_is_one_line_per_branch_with_every_drop():
-    from pipelines.engine.progress import Phase
-    from pipelines.engine.summary import format_branch_summary, summary_rows_images
+    from pipelines.engine.stream.progress import Phase
+    from pipelines.engine.stats.summary import format_branch_summary, summary_rows_images
 
     phase = Phase("generate x", "images", total=10, reused=0, processed=10, seconds=4.0)
     counts = [{"branch": "generated: x", "stage": "fetch", "rows_in": 10, "outcome": o, "count": n}

@@ -10,8 +10,8 @@ import pyarrow.fs as pafs
 import pytest
 from helpers import REPO_ROOT, run_study_main
 
-from pipelines.engine import figures
-from pipelines.engine.summary_files import write_summary_files, wrote_line
+from pipelines.engine.report import figures
+from pipelines.engine.report.summary_files import write_summary_files, wrote_line
 
 # (study, stem, the docs' example command's arguments, as docs/studies/<study>.md shows them)
 MODES = [

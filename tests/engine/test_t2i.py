@@ -52,7 +52,7 @@ def _commands():
 
 
 def test_the_shared_options_are_declared_once_with_one_meaning():
-    """The run-control, output and CLIP options come from pipelines/engine/arguments.py: the same
+    """The run-control, output and CLIP options come from pipelines/engine/cli/arguments.py: the same
     flags, types and defaults in every study's run command (only the CLIP default's name differs)."""
     seen = {}
     for label, parser in _commands():

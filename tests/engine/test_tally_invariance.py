@@ -22,11 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.engine import checkpoint, io, scan
+from pipelines.engine.storage import checkpoint, io
+from pipelines.engine.storage.inputs import resolve_parquet_inputs
+from pipelines.engine.stream import scan
 from pipelines.engine.generation import generation_budget
-from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded
-from pipelines.engine.rundir import RunDir
-from pipelines.engine.summary import check_chain, stage_counts, summarize
+from pipelines.engine.stream.progress import ErrorBudget, ErrorBudgetExceeded
+from pipelines.engine.run.rundir import RunDir
+from pipelines.engine.stats.summary import check_chain, stage_counts, summarize
 from schemas import captions as C
 from schemas import images as I
 from schemas.occupations import Occupation
@@ -63,10 +65,12 @@ CAPTIONS = ["a nurse at work", "Portrait of a doctor and her son", "the pilot, a
 def caption_stages():
     """The fusable prefix of the real caption stage list (validate, normalise, occupations, words)."""
     from pipelines import amplification
-    from pipelines.studies.amplification.captions import caption_stages as stages_of, settings as caption_settings
+    from pipelines.engine.cli.options import RunOptions
+    from pipelines.studies.amplification.caption_settings import settings as caption_settings
+    from pipelines.studies.amplification.caption_stages import caption_stages as stages_of
 
     args = amplification.build_parser().parse_args(["captions", "--output", "/tmp/unused", "--no-names"])
-    pipeline = stages_of(caption_settings(args), args, {"text_column": "TEXT", "url_column": "URL"})
+    pipeline = stages_of(caption_settings(args), RunOptions.from_args(args), {"text_column": "TEXT", "url_column": "URL"})
     return pipeline[:scan.fusable(pipeline)]
 
 
@@ -77,7 +81,7 @@ def scan_once(stages, files: list[pa.Table], row_group: int, fragment_rows: int,
         old.unlink()
     for i, t in enumerate(files):
         pq.write_table(t, root / f"part-{i:03d}.parquet", row_group_size=row_group, **io.WRITE_OPTIONS)
-    inp = io.resolve_parquet_inputs(str(root))
+    inp = resolve_parquet_inputs(str(root))
     fused = scan.FragmentScan(inp.filesystem, ["TEXT", "URL"], stages, C.stream_schema(), batch_rows)
     return [fused.scan(f["path"], f["row_groups"]) for f in scan.fragments(inp, fragment_rows)]
 
@@ -116,7 +120,7 @@ def caption_cuts(draw):
 @PROPERTY
 @given(case=caption_cuts())
 def test_the_caption_scan_counts_the_same_however_the_input_is_cut_and_resumed(caption_stages, case):
-    from pipelines.studies.amplification.captions import CAPTION_TALLIES, TALLY_SCHEMA, _TallyBudget
+    from pipelines.studies.amplification.caption_scan import CAPTION_TALLIES, TALLY_SCHEMA, _TallyBudget
 
     captions = case["captions"]
     table = pa.table({"TEXT": pa.array(captions, pa.string()), "URL": [f"u{i}" for i in range(len(captions))]})
@@ -161,7 +165,7 @@ def test_the_caption_scan_counts_the_same_however_the_input_is_cut_and_resumed(c
 def test_one_block_of_many_fragments_sums_each_outcome():
     """The case that was wrong: 8 row groups of 5.4% null captions each, in one block, against a
     5% budget: the block's 8 null_caption rows were kept as the last one (216 for 864)."""
-    from pipelines.studies.amplification.captions import _TallyBudget
+    from pipelines.studies.amplification.caption_scan import _TallyBudget
     from operators.base import tally_rows
 
     block = pa.concat_tables([tally_rows(C.STAGE_CAPTIONS, {C.OUTCOME_KEPT: 1892, C.DROP_NULL: 108}, C.stream_schema())
@@ -327,10 +331,10 @@ def walk_cuts(draw):
 @PROPERTY
 @given(case=walk_cuts())
 def test_the_training_walk_and_its_budgets_do_not_depend_on_blocks_or_kill_points(case):
-    from pipelines.engine.progress import Phase
+    from pipelines.engine.stream.progress import Phase
     from pipelines.studies.amplification import images as image_side
     from pipelines.studies.amplification.selection import SelectionConfig
-    from pipelines.studies.amplification.study import image_budgets
+    from pipelines.studies.amplification.run_settings import image_budgets
     from pipelines.studies.amplification.training_walk import walk_training
     from schemas.subsets import TRAINING_SUBSETS
 

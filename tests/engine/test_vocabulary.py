@@ -65,7 +65,7 @@ def test_every_image_study_has_the_same_generation_options(parser, cmd):
 
 
 def test_a_subset_flag_keeps_the_configured_order_and_names_unknown_entries():
-    from pipelines.engine.config import only
+    from pipelines.engine.cli.config import only
 
     assert only(["nurse", "pilot", "chef"], "chef, nurse", "--professions") == ["nurse", "chef"]
     assert only(["a", "b"], None, "--x") == ["a", "b"]
@@ -74,8 +74,8 @@ def test_a_subset_flag_keeps_the_configured_order_and_names_unknown_entries():
 
 
 def test_every_error_budget_declares_the_budget_contract():
-    from pipelines.engine.progress import Budget, ErrorBudget
-    from pipelines.studies.amplification.captions import _TallyBudget
+    from pipelines.engine.stream.progress import Budget, ErrorBudget
+    from pipelines.studies.amplification.caption_scan import _TallyBudget
 
     assert isinstance(ErrorBudget("s", {}, 0.05, 10), Budget)
     assert isinstance(_TallyBudget(ErrorBudget("s", {}, 0.05, 10)), Budget)

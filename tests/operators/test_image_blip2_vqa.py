@@ -466,7 +466,7 @@ def test_without_gender_question_or_attributes(tiny_blip2, photos, monkeypatch):
 
 
 def test_check_blip2_without_loading_weights(tiny_blip2, tmp_path):
-    from operators.image_blip2_vqa import check_blip2
+    from operators.support.blip2_models import check_blip2
 
     rec = check_blip2(tiny_blip2)
     assert rec["weights_loaded"] is False and rec["config_class"] == "Blip2Config"

@@ -17,7 +17,7 @@ from operators.support.models import ModelLoadError
 from operators.support.codec import pack_rgb8
 from operators.image_face_filter import BLAZEFACE_MODELS, FaceFilter, blazeface_file, relative_extent
 from operators.support.codec import as_rgb
-from pipelines.engine.config import load_config
+from pipelines.engine.cli.config import load_config
 from pipelines.studies.amplification.sample_server import photo_arrays
 from schemas.images import (
     ENCODED,

@@ -354,7 +354,7 @@ def test_out_of_memory_halves_the_batch_down_to_one_image(batched_gen, monkeypat
 
 
 def test_an_image_out_of_memory_alone_gets_generation_error_and_is_counted(batched_gen, monkeypatch):
-    from pipelines.engine.progress import ErrorBudget
+    from pipelines.engine.stream.progress import ErrorBudget
 
     monkeypatch.setattr(batched_gen, "micro_batch", 4)
     calls, _ = oom_pipe(monkeypatch, batched_gen, lambda prompts: "a photo of an astronaut" in prompts)

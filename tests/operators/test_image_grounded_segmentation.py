@@ -13,12 +13,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from operators.image_grounded_segmentation import (
+from operators.image_grounded_segmentation import GroundedSegmenter
+from operators.support.grounding import (
     DEFAULT_TAGS_FILE,
-    FAMILY_GROUNDING_DINO,
-    FAMILY_OWLV2,
-    GroundedSegmenter,
-    _pixels,
     assign_labels,
     boxes_to_pixels,
     chunk_labels,
@@ -28,6 +25,7 @@ from operators.image_grounded_segmentation import (
     normalize_label,
     read_tags,
 )
+from operators.support.grounding_models import FAMILY_GROUNDING_DINO, FAMILY_OWLV2, _pixels
 from operators.support import rle
 from operators.support.codec import pack_rgb8
 from operators.support.models import ModelLoadError

@@ -102,7 +102,8 @@ def test_the_three_images_of_a_unit_reach_the_detector_with_identical_text(model
     """Issue 27 item 9: the neutral, feminine and masculine images of a unit are queried with the
     same vocabulary (the unit's nouns, then the tags) in the same order, while what is explicit is
     still decided by each image's own nouns."""
-    from operators.image_grounded_segmentation import GroundedSegmenter, image_vocabulary
+    from operators.image_grounded_segmentation import GroundedSegmenter
+    from operators.support.grounding import image_vocabulary
 
     dep = dependency(models)
     seen = []

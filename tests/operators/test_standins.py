@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pipelines.standins import face_decoder as F
-from pipelines.standins.diffusion import build_tiny_stable_diffusion, build_tiny_vae
+from pipelines.standins.diffusion import build_tiny_stable_diffusion
+from pipelines.standins.face_decoder import build_tiny_vae
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_generated_images_show_faces_of_both_templates_and_several_skin_tones(fa
 
 def test_the_calibrated_clip_counts_both_genders_among_the_standin_faces(face_images, tmp_path):
     from operators.image_clip_gender import ClipGenderClassifier
-    from pipelines.engine.models import build_standin_clip
+    from pipelines.engine.run.models import build_standin_clip
 
     from schemas.images import Gender
 

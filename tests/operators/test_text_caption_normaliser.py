@@ -41,8 +41,11 @@ def test_a_nul_cannot_change_a_captions_gender(word_indicators, name_indicators)
 
 def test_it_runs_right_after_the_validator_in_the_caption_scan():
     from pipelines import amplification
-    from pipelines.studies.amplification.captions import caption_stages, settings
+    from pipelines.engine.cli.options import RunOptions
+    from pipelines.studies.amplification.caption_settings import settings
+    from pipelines.studies.amplification.caption_stages import caption_stages
 
     args = amplification.build_parser().parse_args(["captions", "--output", "/tmp/unused"])
-    names = [s.op.__name__ for s in caption_stages(settings(args), args, {"text_column": "TEXT", "url_column": "URL"})]
+    names = [s.op.__name__ for s in caption_stages(settings(args), RunOptions.from_args(args),
+                                                   {"text_column": "TEXT", "url_column": "URL"})]
     assert names[:3] == ["CaptionValidator", "CaptionNormaliser", "OccupationMatcher"]

@@ -75,7 +75,7 @@ def test_plurals_count_only_with_the_option(word_indicators, word_indicators_wit
 
 
 def test_paper_preset_gender_words_are_app_a5_verbatim(paper_config):
-    from pipelines.studies.amplification.captions import effective_gender_words
+    from pipelines.studies.amplification.caption_settings import effective_gender_words
 
     g = effective_gender_words(paper_config["gender_indicators"])
     assert sorted(g["male_words"] + g["female_words"]) == sorted(

@@ -20,16 +20,18 @@ import pyarrow.compute as pc
 from operators.base import Resources, Stage, conform
 from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_face_filter import FaceFilter
+from operators.image_generation import ImageGenerator
 from operators.image_fetch import ImageFetcher
 from operators.image_shard_reader import ShardImageReader
 from operators.image_sink import ImageSink
 from operators.support.seeds import image_seeds
-from pipelines.engine import stages
-from pipelines.engine.checkpoint import first_per_key
+from pipelines.engine.stream import stages
+from pipelines.engine.storage.checkpoint import first_per_key
 from pipelines.engine.generation import GenerationPlan
-from pipelines.engine.models import ModelSpec
-from pipelines.engine import runtime
-from pipelines.engine.progress import Phase, drain
+from pipelines.engine.run.models import ModelSpec
+from pipelines.engine.stream import runtime
+from pipelines.engine.stream.progress import Phase, drain
+from pipelines.studies.amplification import training_shards
 from schemas import images as I
 from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, JOIN_KEY, OCCUPATION, URL
 from schemas.datasets import SHARD, SHARD_FORMAT, SHARD_KEY, SHARD_ORDER, SHARD_URL
@@ -43,6 +45,15 @@ TRAINING_URLS = "training (distinct URLs)"
 class ImageSettings:
     """Everything the image side needs: operator kwargs and resources (a run's own values, such as
     its device or the sample's local server, go into a copy: ``dataclasses.replace``)."""
+
+    not_in_run_id = (
+        "url_rewrite",        # a mirror of the same images (recorded in metrics.json): a run resumes against a new one
+        "fetch_block_rows",   # URLs per fetch task: how the fetch is batched
+        "face_actors",        # the face filter's actor pool: how the stage executes
+        "clip_actors",        # CLIP's actor pool: how the stage executes
+        "clip_gpus",          # GPUs per CLIP actor: the run's GPU plan
+        "save_images",        # where a run saves copies of the images (--save-images): the rows are the same
+    )
 
     fetch: dict
     face: dict
@@ -61,6 +72,7 @@ class ImageSettings:
     safety: Any = None                 # the run's safety policy (generation.SafetySettings)
     shards: Any = None                 # --training-images: the img2dataset output (training_shards.ShardSource)
     fetch_missing: bool = False        # --fetch-missing: fetch live what the shards lack
+    local_image_server: bool = True    # the bundled sample's images served locally (--no-local-image-server: not)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -113,7 +125,7 @@ def generation_plan(st: ImageSettings, requests: pa.Table | None, budgets_of=Non
     one seed: it is generated once and its row given to each (``share_key``)."""
     sink = [Stage(ImageSink, {"uri": f"{st.save_images}/generated", "keys": [
         I.MODEL, I.SOURCE, OCCUPATION, PROMPT_ID, PROMPT, I.IMAGE_INDEX, I.SEED, CAPTION_ID]})] if st.save_images else []
-    return GenerationPlan(requests, generated_schema(), heads=[Stage(ClipGenderClassifier, st.clip.record())],
+    return GenerationPlan(requests, generated_schema(), ImageGenerator, heads=[Stage(ClipGenderClassifier, st.clip.record())],
                           after=[*sink, Stage(FaceFilter, st.face)], key=PROMPT, share_key=GENERATION_KEY,
                           order=GENERATION_ORDER, save_images=False, budgets_of=budgets_of,
                           resource_flags={"face_actors": [(FaceFilter.stage_name, "actors")]})
@@ -177,8 +189,6 @@ def _from_shards(ray, todo: pa.Table, subsets: pa.Table, st: ImageSettings, sink
     to ``sink``; returns the URLs left to fetch live (with --fetch-missing those the shards lack,
     else none: they are written as not_in_shards / shard_failed). Joined by URL, or with
     --shard-key by the ``subsets`` rows' join_key."""
-    from pipelines.studies.amplification import training_shards
-
     urls = todo.column(URL)
     found = training_shards.index(ray, st.shards, training_shards.wanted_pairs(subsets, urls, st.shards.key))
     stored = found.filter(pc.equal(found.column(I.FETCH_STATUS), I.FetchStatus.OK))

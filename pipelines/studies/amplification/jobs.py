@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.engine.config import DEFAULT_CONFIG, load_config, read_yaml
+from pipelines.engine.cli.config import DEFAULT_CONFIG, load_config, read_yaml
 from schemas.occupations import Occupation, parse_occupations
 
 JOB_KEYS = ("name", "occupations", "prompts")

@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from pipelines.engine.headline import Metric
-from pipelines.engine.intervals import Interval
-from pipelines.engine.table_cells import numbers
-from schemas.captions import CAPTION_GENDER, OCCUPATION, CaptionGender
+from pipelines.engine.stats.headline import Metric
+from pipelines.engine.stats.intervals import Interval
+from pipelines.engine.stats.table_cells import numbers
+from schemas.captions import CAPTION_GENDER, CAPTION_ID, OCCUPATION, CaptionGender
 from schemas.images import CLIP_EMBEDDING, COUNTED, GENDER, MODEL, PERCENT_FEMALE, Gender
 from schemas.subsets import PROMPT_ID, SUBSET, Subset
 
@@ -100,7 +100,7 @@ class PromptResult:
 def expected_amplification(rows: pd.DataFrame, group: str) -> tuple[list[PromptResult], float | None]:
     """E[A] per value of ``group`` over its included occupations, the one-sample t-test of
     E[A] = 0, and the average of E[A] over the groups (None if no group has a value)."""
-    from scipy import stats
+    from scipy import stats  # deferred: scipy
 
     results = []
     for g, part in rows.groupby(group, sort=False):
@@ -124,7 +124,7 @@ def result_dict(results: list[PromptResult], average: float | None) -> dict:
 
 def pearson(x, y) -> dict:
     """Pearson r between two per-occupation series (NaNs dropped pairwise), with its p-value."""
-    from scipy import stats
+    from scipy import stats  # deferred: scipy
 
     x, y = np.asarray(x, float), np.asarray(y, float)
     ok = ~np.isnan(x) & ~np.isnan(y)
@@ -143,8 +143,6 @@ def indicator_gender_match(training: pd.DataFrame, caption_images: pd.DataFrame)
     whose gender is the training image's. Project choice: per generated image (pooled over
     occupations), not per caption. ``training`` and ``caption_images`` need occupation,
     caption_id, caption_gender, counted and gender."""
-    from schemas.captions import CAPTION_ID
-
     keys = [OCCUPATION, CAPTION_ID]
     t = training[(training[SUBSET] == Subset.NAIVE) & training[COUNTED].fillna(False).astype(bool)]
     g = caption_images[caption_images[COUNTED].fillna(False).astype(bool)
@@ -301,7 +299,7 @@ def _ends(low, high) -> str:
 
 
 # ------------------------------------------------------------------------ headline numbers (intervals)
-# E[A] as a mean over the occupations the paper samples (pipelines/engine/headline.py): the unit of
+# E[A] as a mean over the occupations the paper samples (pipelines/engine/stats/headline.py): the unit of
 # every interval is the occupation (its id: the occupation's name), resampled with replacement.
 EA_KEY = "expected_amplification"
 BETTER = "lower"   # lower E[A]: the generated images skew less than the training data (docs/method.md)

@@ -18,11 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.engine import config as study_config
-from pipelines.engine import io
-from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import ModelSpec
-from pipelines.studies.amplification import jobs, paraphrases as PP
+from operators.text_prompt_similarity import load_sentence_transformer, sbert_provenance
+from pipelines.engine.cli import config as study_config
+from pipelines.engine.storage import io
+from pipelines.engine.run.lifecycle import Outcome, Run, Study, run_study
+from pipelines.engine.run.models import ModelSpec
+from pipelines.studies.amplification import jobs, paraphrase_results as PR, paraphrases as PP
 from schemas import images as I
 from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL, CaptionGender
 from schemas.occupations import Occupation, parse_occupations
@@ -31,6 +32,13 @@ from schemas.subsets import SUBSET, Subset
 
 @dataclass(frozen=True)
 class ParaphraseJobSettings:
+    """The effective `paraphrase` job: the captions to paraphrase (``rows``) and how."""
+
+    not_in_run_id = (
+        "rows",     # the captions: in the run id as their sha256 (source_sha256)
+        "source",   # where the captions were read: their content is in the run id (source_sha256)
+    )
+
     label: str
     execution: dict
     occupations: list
@@ -80,7 +88,7 @@ def read_source(source: str) -> tuple[pa.Table, str]:
                              pa.field(URL, pa.string())])), "a caption file"
 
 
-class ParaphraseJob(StudyBase):
+class ParaphraseJob(Study):
     name = "paper002-paraphrases"
 
     def settings(self, args) -> ParaphraseJobSettings:
@@ -100,32 +108,23 @@ class ParaphraseJob(StudyBase):
                                      source=str(args.source),
                                      source_sha256=hashlib.sha256(io.parquet_bytes(rows)).hexdigest())
 
-    def job(self, args, st: ParaphraseJobSettings) -> dict:
-        return {"captions_sha256": st.source_sha256, "paraphrases": st.paraphrase.identity(),
-                "occupations": [jobs.occupation_spec(o) for o in st.occupations], "forms": st.occupation_forms}
-
-    def gpu_models(self, args, st) -> bool:
+    def gpu_models(self, opts, st) -> bool:
         return st.paraphrase.kind == "transformers"
 
-    def actor_cpus(self, args, st) -> float:
+    def actor_cpus(self, opts, st) -> float:
         return st.paraphrase.actors + 1
 
-    def generators(self, st) -> list:
-        return []
-
-    def load_models(self, args, st: ParaphraseJobSettings, gpu) -> list[dict]:
-        from operators.text_prompt_similarity import load_sentence_transformer, sbert_provenance
-
+    def load_models(self, opts, st: ParaphraseJobSettings, gpu) -> list[dict]:
         load_sentence_transformer(st.sbert.model, st.sbert.revision, "cpu")
-        return PP.check_backend(st.paraphrase, bool(args.standin_models)) + [
+        return PP.check_backend(st.paraphrase, opts.standin_models) + [
             {"role": "SBERT (caption-paraphrase cosine)", "model": st.sbert.model, "standin": False,
              "detail": sbert_provenance(st.sbert.model, st.sbert.revision)}]
 
-    def execute(self, run: Run) -> Outcome:
+    def analyse(self, run: Run, generated: None) -> Outcome:
         st: ParaphraseJobSettings = run.st
         para = PP.run_in_study(run, st, rows=st.rows)
         rows = para.summary_rows()
-        summary = PP.summary(para.table, PP.image_similarity(None), para.record())
+        summary = PR.summary(para.table, PR.image_similarity(None), para.record())
         para.summary = summary
         metrics = {"source": st.source, "paraphrases": summary, "error_budgets": [para.budget.as_dict()]}
         return Outcome(metrics, rows, {"summary": summary})

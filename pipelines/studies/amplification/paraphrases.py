@@ -16,9 +16,10 @@ its environment variable).
 from __future__ import annotations
 
 import hashlib
+import io as stdio
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -26,14 +27,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, Stage, conform
+from operators.support.chat_client import ChatClient
+from operators.support.models import ModelLoadError, loading, resolved_dir, source_record, weights_record
 from operators.support.seeds import image_seeds
 from operators.text_caption_paraphraser import CaptionParaphraser, check_template, names_occupation, occupation_words
 from operators.text_occupation_matcher import OccupationMatcher
 from operators.text_paraphrase_similarity import ParaphraseSimilarity
-from pipelines.engine import io, runtime, stages
-from pipelines.engine.checkpoint import first_per_key
+from pipelines.engine.storage import io
+from pipelines.engine.stream import runtime, stages
+from pipelines.engine.storage.checkpoint import first_per_key
+from pipelines.standins.chat import MODEL as STANDIN_MODEL, StandinChatServer
 from pipelines.studies.amplification.jobs import occupation_spec
-from pipelines.engine.progress import ErrorBudget, Phase, drain
+from pipelines.studies.amplification.paraphrase_results import image_similarity, summary, summary_rows
+from pipelines.engine.stream.progress import ErrorBudget, Phase, drain
 from schemas import images as I
 from schemas import paraphrases as P
 from schemas.captions import CAPTION, CAPTION_GENDER, CAPTION_ID, OCCUPATION, URL
@@ -42,15 +48,22 @@ from schemas.subsets import PROMPT, SUBSET, Subset
 
 CHECKPOINT = "paraphrases"
 FILES = {"paraphrases": "paraphrases", "table": "paraphrase_table", "image_similarity": "paraphrase_image_similarity"}
-BRANCH = "paraphrases (App. A.6)"
 STANDIN_ENDPOINT = "standin"   # --standin-models: the local stand-in server (pipelines/standins/chat.py)
-PAPER_VALUES = {"all_captions": 0.69, "no_indicator_captions": 2.49}          # App. A.6
-SECTION6_PAPER_VALUES = {"all_captions": 0.68, "no_indicator_captions": 2.05}  # section 6
 
 
 @dataclass(frozen=True)
 class ParaphraseSettings:
     """How paraphrases are obtained: ``backend`` (a ``make_backend`` spec) or ``file``."""
+
+    not_in_run_id = (
+        "file",                  # the file's path: its content is in the run id (file_sha256)
+        "backend.endpoint",      # where the endpoint lives: the answers are its model's (as in ``identity``)
+        "backend.api_key_env",   # the name of the API key's variable
+        "backend.timeout",       # how long a request waits: a transport failure is asked again on resume
+        "backend.max_retries",   # retries of a failed request: likewise
+        "backend.concurrency",   # requests in flight: how the requests execute
+        "backend.backoff",       # the wait between retries
+    )
 
     backend: dict | None
     file: str | None = None
@@ -99,9 +112,7 @@ def settings_from(args, standin: bool) -> ParaphraseSettings:
                                    "dtype": args.paraphrase_dtype, "max_new_tokens": args.paraphrase_max_tokens,
                                    "batch_size": common["batch_size"]}, **common)
     if standin and not endpoint:   # the rule-based stand-in server, started by the run; it answers at once
-        from pipelines.standins.chat import MODEL
-
-        endpoint, model, extra = STANDIN_ENDPOINT, MODEL, {"backoff": 0.05}
+        endpoint, model, extra = STANDIN_ENDPOINT, STANDIN_MODEL, {"backoff": 0.05}
     else:
         endpoint, model, extra = endpoint or P.PAPER_ENDPOINT, args.paraphrase_model or P.PAPER_MODEL, {}
         if endpoint == P.PAPER_ENDPOINT and not os.environ.get(args.paraphrase_api_key_env):
@@ -253,8 +264,6 @@ def _answers(rd, keys, final_only: bool = True) -> pa.Table:
 def read_paraphrase_file(path: str) -> tuple[pd.DataFrame, list[str]]:
     """A paraphrase CSV and the columns its rows are matched on: caption_id (as an integer) or
     caption, and occupation where the file has it."""
-    import io as stdio
-
     text = io.read_text(path)
     try:
         df = pd.read_csv(stdio.StringIO(text), dtype={"caption": "string", "paraphrase": "string",
@@ -328,67 +337,6 @@ def generation_requests(paraphrases: pa.Table, images_per_caption: int, seed: in
     return conform(table, schema)
 
 
-# ------------------------------------------------------------------------------------ accounting
-def status_counts(paraphrases: pa.Table) -> dict[str, int]:
-    values = paraphrases.column(P.PARAPHRASE_STATUS).to_pylist()
-    return {s: int(sum(v == s for v in values)) for s in S.ALL}
-
-
-def summary_rows(paraphrases: pa.Table, phase: Phase) -> list[dict]:
-    """The run summary's rows: requests in, ok kept, every other status a reason."""
-    from pipelines.engine.summary import stage_row
-
-    counts = status_counts(paraphrases)
-    dropped = {k: v for k, v in counts.items() if k != S.OK}
-    return [stage_row(phase, BRANCH, P.STAGE_PARAPHRASE, paraphrases.num_rows, counts[S.OK], dropped,
-                      phase.processed)]
-
-
-def image_similarity(generated: pa.Table | None) -> pd.DataFrame:
-    """Per (model, occupation, caption): the mean CLIP cosine between the images generated from the
-    caption (section 6) and those from its paraphrase (A.6), and, as the scale to read it against,
-    the mean cosine between two images of the same caption with different seeds (M >= 2)."""
-    cols = [I.MODEL, OCCUPATION, CAPTION_ID, "caption_images", "paraphrase_images", "caption_vs_paraphrase",
-            "caption_vs_caption"]
-    if generated is None or not generated.num_rows or I.CLIP_EMBEDDING not in generated.column_names:
-        return pd.DataFrame(columns=cols)
-    sel = generated.filter(pc.and_(pc.is_in(generated.column(I.SOURCE),
-                                            pa.array([I.Source.CAPTION_PROMPT, I.Source.PARAPHRASE_PROMPT])),
-                                   pc.is_valid(generated.column(I.CLIP_EMBEDDING))))
-    if not sel.num_rows:
-        return pd.DataFrame(columns=cols)
-    emb = np.asarray(sel.column(I.CLIP_EMBEDDING).to_pylist(), np.float32)
-    emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    df = sel.select([I.MODEL, OCCUPATION, CAPTION_ID, I.SOURCE]).to_pandas()
-    out = []
-    for (model, occ, cid), g in df.groupby([I.MODEL, OCCUPATION, CAPTION_ID], sort=True):
-        a = emb[g.index[g[I.SOURCE] == I.Source.CAPTION_PROMPT]]
-        b = emb[g.index[g[I.SOURCE] == I.Source.PARAPHRASE_PROMPT]]
-        if not len(a) or not len(b):
-            continue
-        sa = a.sum(0)
-        within = float((sa @ sa - len(a)) / (len(a) * (len(a) - 1))) if len(a) > 1 else np.nan
-        out.append([model, occ, int(cid), len(a), len(b), float(a.mean(0) @ b.mean(0)), within])
-    return pd.DataFrame(out, columns=cols)
-
-
-def summary(paraphrases: pa.Table, image_sim: pd.DataFrame, record: dict) -> dict:
-    """metrics.json's ``results.paraphrases`` (besides the E[A], which live with section 6's)."""
-    ok = paraphrases.filter(pc.equal(paraphrases.column(P.PARAPHRASE_STATUS), S.OK))
-    cos = np.asarray(ok.column(P.PARAPHRASE_SBERT).to_pylist(), float) if ok.num_rows else np.array([])
-    per_model = {}
-    for model, g in image_sim.groupby(I.MODEL, sort=True):
-        per_model[model] = {"captions": int(len(g)), "caption_vs_paraphrase": float(g["caption_vs_paraphrase"].mean()),
-                            "caption_vs_caption": (float(g["caption_vs_caption"].mean())
-                                                   if g["caption_vs_caption"].notna().any() else None)}
-    return {"config": record, "requests": paraphrases.num_rows, "statuses": status_counts(paraphrases),
-            "retried_without_occupation": int(pc.sum(paraphrases.column(P.PARAPHRASE_RETRIED)).as_py() or 0),
-            "sbert_cosine": {"mean": float(np.nanmean(cos)) if len(cos) else None,
-                             "median": float(np.nanmedian(cos)) if len(cos) else None, "n": int(len(cos))},
-            "image_similarity": per_model,
-            "paper": {"a6": PAPER_VALUES, "section6": SECTION6_PAPER_VALUES}}
-
-
 # ------------------------------------------------------------------------------------ in a run
 def check_backend(pst: ParaphraseSettings, standin: bool) -> list[dict]:
     """The paraphraser's provenance record, checked on the driver before the run opens: a local
@@ -402,8 +350,6 @@ def check_backend(pst: ParaphraseSettings, standin: bool) -> list[dict]:
     b = pst.backend
     if b["kind"] == "endpoint":
         if b["endpoint"] != STANDIN_ENDPOINT:
-            from operators.support.chat_client import ChatClient
-
             ChatClient(b["endpoint"], b["model"])   # a URL that is not http(s) fails here
         standin = b["endpoint"] == STANDIN_ENDPOINT
         return [{"role": role, "model": b["model"], "standin": standin, "detail": pst.record(),
@@ -435,12 +381,13 @@ class InStudy:
 
     def finish(self, rd, results: dict, generated: pa.Table | None, headline: dict) -> None:
         """After generation: the image similarity, the A.6 table, their files; into ``results``."""
-        from pipelines.studies.amplification import report as rep
+        # deferred: scipy (results -> pipelines.engine.stats.headline); the CLI parser imports this module
+        from pipelines.studies.amplification.results import a6_table
 
         sim = image_similarity(generated)
         self.summary = summary(self.table, sim, self.record())
         results["paraphrases"] = self.summary
-        results["a6_table"] = rep.a6_table(results, headline, self.summary)
+        results["a6_table"] = a6_table(results, headline, self.summary)
         io.write_table_and_csv(results["a6_table"], rd.fs, f"{rd.path}/{FILES['table']}")
         io.write_table_and_csv(sim, rd.fs, f"{rd.path}/{FILES['image_similarity']}")
 
@@ -455,15 +402,13 @@ def describe(model: str, revision: str | None) -> dict:
     """A local paraphraser's provenance without loading its weights: its configuration and
     tokenizer load (a missing model or a gated one fails here, in one line), the weight files'
     sha256 and the hub commit."""
-    from operators.support.models import ModelLoadError, loading, resolved_dir, source_record, weights_record
-
     def error(exc):
         return ModelLoadError(f"cannot load the paraphraser {model!r}: {str(exc).splitlines()[0][:300]}. Pass a "
                               f"local directory saved with save_pretrained or a hub id reachable from every node "
                               f"(pin it with --paraphrase-revision)")
 
     with loading(error):
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer  # deferred: transformers
 
         config = AutoConfig.from_pretrained(model, revision=revision)
         tok = AutoTokenizer.from_pretrained(model, revision=revision)
@@ -480,13 +425,9 @@ def run_in_study(run, cs, train_rows: pa.Table | None = None, rows: pa.Table | N
     (caption_id, occupation, caption, caption_gender, url), checkpointed in the run's directory;
     writes paraphrases.parquet/.csv. ``cs``: settings with paraphrase, occupations, occupation_forms,
     sbert and execution."""
-    from dataclasses import replace
-
     pst = cs.paraphrase
     standin = bool(pst.backend and pst.backend.get("endpoint") == STANDIN_ENDPOINT)
     if standin:
-        from pipelines.standins.chat import StandinChatServer
-
         server = run.stack.enter_context(StandinChatServer())
         pst = replace(pst, backend=pst.backend | {"endpoint": server.base_url})
         print(f"paraphrasing with a rule-based stand-in server at {server.base_url} (NOT a language model)")

@@ -1,4 +1,4 @@
-"""Exact training subsets from a bf16 screen (issue 34; ``models.sbert_backend: screened``).
+"""Exact training subsets from a bf16 screen (``models.sbert_backend: screened``).
 
 The stream encodes every caption with SBERT in bf16 (OpenVINO on CPUs with AVX512-BF16 / AMX, about
 3x torch fp32), which moves a cosine by up to ``margin`` (measured: at most 2.65e-3 on the bundled
@@ -36,24 +36,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import conform, with_column
+from pipelines.engine.stream.scan import FragmentScan
 from pipelines.studies.amplification.selection import SelectionConfig, candidates, order_key, similarity_matrix
-from schemas.captions import CAPTION_ID, OCCUPATION, PROMPT_SIMILARITY, SAMPLE_KEY
+from schemas.captions import CAPTION_ID, OCCUPATION, OCCUPATIONS, PROMPT_SIMILARITY, SAMPLE_KEY
 from schemas.subsets import ORDER_KEY, PROMPT_ID, SELECTION_INPUT, SIMILARITY, SOURCE_ROW, SUBSET, Subset
 
-# project choice (issue 34): the screen's bound on |bf16 cosine - fp32 cosine|, about twice the
+# project choice: the screen's bound on |bf16 cosine - fp32 cosine|, about twice the
 # largest difference measured on real and bundled captions (2.65e-3); checked on every re-encoded row
 DEFAULT_MARGIN = 0.005
 MAX_ROUNDS = 4
-# project choice (issue 34): the default backend "auto" screens an occupation when the input is
+# project choice: the default backend "auto" screens an occupation when the input is
 # estimated to hold at least this many times the rows its pool can take (an upper bound: the pools
 # measured hold about half of it), so that at most about a quarter of its rows are encoded twice
 # (the screen costs ~0.39 of torch, docs/benchmarks.md); below it the occupation is torch's
 SCREEN_FACTOR = 2
-# project choice (issue 34): ... and only when the occupations to screen are estimated to hold at
+# project choice: ... and only when the occupations to screen are estimated to hold at
 # least this many captions together: each SBERT actor then loads the library and converts the model
 # for OpenVINO (~9 CPU-s), which a smaller screen does not pay back
 SCREEN_MIN_ROWS = 50_000
-# project choice (issue 34): "auto" estimates each occupation's captions from at most this many rows
+# project choice: "auto" estimates each occupation's captions from at most this many rows
 # of the input (the same validation and occupation match as the scan), read in SAMPLE_SPOTS runs
 # spread evenly over the input's rows, so that an input sorted by caption is sampled across its
 # order rather than at its start
@@ -98,9 +99,6 @@ def sample_occupations(inp, columns: list[str], stages: list, rows: int, spots: 
     input, read where ``sample_spots`` says: captions per occupation, the rows read, and why reading
     stopped early (None: it did not). A file that cannot be read ends the sample there: the
     estimate is only advisory, and the scan then reports the file as it does any."""
-    from pipelines.engine.scan import FragmentScan
-    from schemas.captions import OCCUPATIONS
-
     places = sample_spots(inp, rows, spots)
     scan = FragmentScan(inp.filesystem, columns, stages, None, min([65_536, *(n for _, _, n in places)]))
     found, read, stopped = {}, 0, None

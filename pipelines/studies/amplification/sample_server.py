@@ -37,6 +37,7 @@ from functools import lru_cache
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
+from PIL import Image
 
 # The prefix of the bundled sample's URLs, and what replaces it (see LocalImageServer.localize).
 SAMPLE_URL_PREFIX = "https://images.example.org"
@@ -81,7 +82,7 @@ def synthetic_kind(index: int) -> str:
 
 def photo_arrays() -> dict[str, np.ndarray]:
     """The served photos as arrays (camera stays 2-D grey), as scikit-image ships them."""
-    from skimage import data
+    from skimage import data  # deferred: skimage
 
     astronaut, camera = data.astronaut(), data.camera()
     # two faces: the astronaut's head and shoulders (a 256 px crop) beside its mirror image. Whole
@@ -99,8 +100,6 @@ def photo_arrays() -> dict[str, np.ndarray]:
 
 
 def encode_jpeg(array: np.ndarray, quality: int = JPEG_QUALITY) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(array)).save(buf, format="JPEG", quality=quality)
     return buf.getvalue()

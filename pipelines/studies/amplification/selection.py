@@ -32,34 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import conform
-from schemas.captions import (
-    CAPTION,
-    CAPTION_GENDER,
-    CAPTION_ID,
-    JOIN_KEY,
-    OCCUPATION,
-    PROMPT_SIMILARITY,
-    SAMPLE_KEY,
-    URL,
-    CaptionGender,
-)
-from schemas.subsets import (
-    ORDER_KEY,
-    PROMPT,
-    PROMPT_ID,
-    RANK,
-    SELECTION_CANDIDATES,
-    SELECTION_INPUT,
-    SIMILARITY,
-    SOURCE_ROW,
-    SUBSET,
-    TRAINING_SUBSETS,
-    Subset,
-)
+from schemas.captions import CAPTION_GENDER, CAPTION_ID, OCCUPATION, PROMPT_SIMILARITY, SAMPLE_KEY, URL, CaptionGender
+from schemas.subsets import (ORDER_KEY, PROMPT, PROMPT_ID, RANK, SELECTION_CANDIDATES, SELECTION_INPUT, SIMILARITY,
+                             SOURCE_ROW, SUBSET, TRAINING_SUBSETS, Subset)
 
 MODES = ("split", "resample")
-
-
+# the columns of a selected row taken from its annotated caption (the rest are its candidate's)
+PAYLOAD = [n for n in SELECTION_INPUT.names if n in TRAINING_SUBSETS.names and n not in SELECTION_CANDIDATES.names]
 
 SAMPLE_UNITS = ("counted_images", "captions")
 # Rows of one URL within one selection group (LAION and its successors repeat rows): "fold" keeps
@@ -245,7 +224,7 @@ def pool(rows: pa.Table, cfg: SelectionConfig, prompts: dict[str, list[str]]) ->
     no_indicators, nn_no_indicators, each with up to ``cfg``'s k rows, ranked 1.. in their order."""
     rows = conform(rows, SELECTION_INPUT)
     best = top_k(candidates(rows, cfg), cfg)
-    payload = rows.take(best.column(SOURCE_ROW)).select([CAPTION, CAPTION_GENDER, SAMPLE_KEY, JOIN_KEY])  # (URL: in best)
+    payload = rows.take(best.column(SOURCE_ROW)).select(PAYLOAD)
     best = pa.Table.from_arrays(best.columns + payload.columns, names=best.column_names + payload.column_names)
     best, rank = _ranked(best)
     pid = best.column(PROMPT_ID).to_numpy()

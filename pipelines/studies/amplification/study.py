@@ -12,36 +12,30 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.engine.figures import FigureDir
-from pipelines.engine.page import model_labels
-from pipelines.engine.lifecycle import Outcome, Run, run_study
-from pipelines.engine import generation
-from pipelines.engine.generation import generation_settings
-from pipelines.engine.models import (
+from pipelines.engine.cli.options import RunOptions
+from pipelines.engine.report.figures import FigureDir
+from pipelines.engine.report.page import model_labels
+from pipelines.engine.run.lifecycle import ImageStudy, Outcome, Run, run_study
+from pipelines.engine.generation import Generated, GenerationPlan
+from pipelines.engine.run.models import (
     STANDIN_GENERATORS,
-    ModelSpec,
-    clip_record,
-    clip_revision,
-    native_stderr_silenced,
     standin_clip,
-    standin_hint,
 )
 from pipelines.studies.amplification import caption_report, captions, link_rot, paraphrases, training_shards
 from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
-from pipelines.engine import io, runtime
+from pipelines.engine.storage import io
+from pipelines.engine.stream import runtime
 from pipelines.studies.amplification import images as image_side
 from pipelines.studies.amplification.images import ImageSettings
-from pipelines.engine.progress import ErrorBudget, Phase
-from pipelines.engine.summary import (
+from pipelines.engine.stream.progress import Phase
+from pipelines.engine.stats.summary import (
     summary_rows_captions,
     summary_rows_images,
 )
@@ -49,6 +43,14 @@ from pipelines.studies.amplification.metrics import SIMILARITY_COLUMNS, image_si
 from schemas import images as I
 from schemas.captions import OCCUPATION, URL
 from schemas.subsets import PROMPT_ID, SUBSET
+from pipelines.studies.amplification.sample_server import LocalImageServer
+from pipelines.studies.amplification.jobs import occupation_spec
+from pipelines.engine.stats.headline import protocol_digest
+from pipelines.engine.stats import headline
+from pipelines.engine.report import page as Pg
+from pipelines.studies.amplification.results import (captions_key, compute, generated_images, model_metrics,
+                                                     paraphrases_key, table3)
+from pipelines.studies.amplification.run_settings import image_settings, load_image_models, image_budgets, AmplificationSettings
 
 SAMPLE_URL_PREFIX = "https://images.example.org/"
 
@@ -73,112 +75,8 @@ RUN_FILES = {  # what the run subcommand writes under --output, besides the capt
 }
 
 
-def image_settings(args, cfg: dict) -> tuple[ImageSettings, dict]:
-    """Operator settings from the config file with command-line overrides; and what to record."""
-    face, clip, fetch = (dict(cfg[k]) for k in ("face_filter", "gender_classifier", "fetch"))
-    gen = generation_settings(cfg["generation"], args)
-    clip = clip_revision(clip, args)
-    for key, value in (("model", args.clip_model), ("pretrained", args.clip_pretrained),
-                       ("threshold", args.gender_threshold)):
-        if value is not None:
-            clip[key] = value
-    if args.clip_model and args.clip_pretrained is None and (args.clip_model.startswith(("local-dir:", "hf-hub:"))
-                                                             or Path(args.clip_model).is_dir()):
-        clip["pretrained"] = None
-    for key, value in (("min_confidence", args.face_min_confidence), ("min_relative_size", args.face_min_size)):
-        if value is not None:
-            face[key] = value
-    for key, value in (("image_size", args.image_size), ("resize_mode", args.resize_mode),
-                       ("timeout", args.fetch_timeout), ("retries", args.fetch_retries),
-                       ("threads", args.fetch_threads), ("max_bytes", args.max_image_bytes)):
-        if value is not None:
-            fetch[key] = value
-    fetch["allow_local"] = bool(args.allow_local_urls)
-    rewrite = []
-    for spec in args.url_rewrite:
-        if "=" not in spec:
-            raise ValueError(f"--url-rewrite {spec!r}: expected FROM=TO")
-        a, b = spec.split("=", 1)
-        rewrite.append((a, b))
-    if args.fetch_missing and not args.training_images:
-        raise ValueError("--fetch-missing needs --training-images (without it every image is fetched live)")
-    if getattr(args, "shard_key", None) and not args.training_images:
-        raise ValueError("--shard-key needs --training-images (it joins the captions to img2dataset's metadata)")
-    shards = training_shards.discover(args.training_images, getattr(args, "shard_key", None)) \
-        if args.training_images else None
-    settings = ImageSettings(
-        fetch=fetch,
-        face={"model_selection": face["model_selection"], "min_confidence": face["min_confidence"],
-              "min_relative_size": face["min_relative_size"]},
-        clip=ModelSpec(clip["model"], clip["revision"], options={
-            "pretrained": clip["pretrained"], "prompts": tuple(clip["prompts"]), "threshold": clip["threshold"],
-            # section 5.2: the CLIP image embeddings, for the training-generated image similarity
-            "embeddings": True}),
-        generators=list(gen.generators), images_per_prompt=gen.images_per_prompt,
-        caption_images=gen.caption_images, seed=gen.seed, url_rewrite=rewrite,
-        face_actors=args.face_actors, clip_actors=args.clip_actors, execution=dict(cfg["execution"]),
-        safety=gen.safety, shards=shards, fetch_missing=bool(args.fetch_missing),
-    )
-    recorded = {"generation": gen.job(), "face_filter": face, "gender_classifier": clip, "fetch": fetch}
-    if shards is not None:
-        recorded["training_images"] = shards.record() | {"fetch_missing": bool(args.fetch_missing)}
-    return settings, recorded
-
-
-def load_image_models(st: ImageSettings, standin: bool) -> list[dict]:
-    """Load the face detector and CLIP once on the driver, before any data is read (the engine
-    loads the generators): an unloadable model fails the run now, naming it. Returns the
-    provenance records."""
-    from operators.image_face_filter import FaceFilter
-
-    with standin_hint(standin):
-        with native_stderr_silenced():   # MediaPipe's TF Lite / absl lines, which read like errors
-            face = FaceFilter(**st.face)
-            face.close()
-        records = [{"role": "face detector", "model": f"MediaPipe BlazeFace ({face.record.get('model_range')})",
-                    "standin": False, "detail": face.record}]
-        return records + [clip_record(st.clip, standin, "gender classifier (CLIP)")]
-
-
-def image_job(args, recorded: dict) -> dict:
-    """What the image side's results depend on (added to the caption side's for the run id):
-    execution settings (threads, actors, batch sizes, retries, budgets) are left out."""
-    fetch = {k: v for k, v in recorded["fetch"].items() if k != "threads"}
-    return {"generation": recorded["generation"], "face_filter": recorded["face_filter"],
-            "gender_classifier": recorded["gender_classifier"], "fetch": fetch,
-            **({"training_images": recorded["training_images"]} if "training_images" in recorded else {}),
-            "height": args.height, "width": args.width, "standin_models": bool(args.standin_models),
-            "local_image_server": not args.no_local_image_server, "save_images": bool(args.save_images)}
-    # --url-rewrite names a mirror of the same images (recorded in metrics.json): moving the mirror
-    # does not change the results, so a run resumes against a new mirror address
-
-
-def image_budgets(ex: dict) -> tuple[list, list]:
-    """Error budgets of the training-image phase and of a generation phase."""
-
-    n = int(ex["error_budget_min_rows"])
-    decode = {I.FACE_STATUS: (I.FaceStatus.DECODE_ERROR,), I.GENDER: (I.Gender.DECODE_ERROR,)}
-    training = [ErrorBudget("fetch (training images)", {I.FETCH_STATUS: I.FetchStatus.FAILURES},
-                            float(ex["max_fetch_failures"]), n, flag="--max-fetch-failures"),
-                ErrorBudget("decode (training images)", decode, float(ex["max_error_rate"]), n)]
-    generation = [ErrorBudget("generation", {I.GENERATION_STATUS: I.GenerationStatus.FAILURES, **decode},
-                              float(ex["max_error_rate"]), n)]
-    return training, generation
-
-
-@dataclass(frozen=True)
-class AmplificationSettings(captions.CaptionSettings):
-    """The caption side's settings and the image side's (``image``: operator settings, built once;
-    ``image_recorded``: what the run id and metrics.json record of them)."""
-
-    image: ImageSettings | None = None
-    image_recorded: dict | None = None
-    paraphrase: paraphrases.ParaphraseSettings | None = None   # App. A.6 (--paraphrases)
-
-
-class AmplificationStudy:
+class AmplificationStudy(ImageStudy):
     """`amplification.py run`: the whole of paper 002 as a study of the engine's lifecycle."""
-
     name = "paper002-amplification"
 
     def settings(self, args) -> AmplificationSettings:
@@ -192,28 +90,21 @@ class AmplificationStudy:
         elif any(getattr(args, f, None) for f in ("paraphrase_endpoint", "paraphrase_local", "paraphrase_file")):
             raise ValueError("--paraphrase-endpoint / --paraphrase-local / --paraphrase-file need --paraphrases")
         # a missing or unreadable input fails now, before any model loads
-        return captions.planned(args, AmplificationSettings(
+        return captions.planned(RunOptions.from_args(args), AmplificationSettings(
             **{f.name: getattr(cs, f.name) for f in dataclasses.fields(cs)}
             | {"input": captions.validate_input(args, cs), "image": image, "image_recorded": recorded,
                "paraphrase": para}))
 
-    def label(self, st: AmplificationSettings) -> str:
-        return st.label
+    def job(self, opts, st: AmplificationSettings) -> dict:
+        return super().job(opts, st) | captions.input_job(opts, st)
 
-    def job(self, args, st: AmplificationSettings) -> dict:
-        inp, columns, _ = st.input
-        job = captions.caption_job(args, st, inp, columns) | {"images": image_job(args, st.image_recorded)}
-        return job | ({"paraphrases": st.paraphrase.identity()} if st.paraphrase else {})
+    def plan_shape(self, st: AmplificationSettings) -> GenerationPlan:
+        return image_side.generation_plan(st.image, None)
 
-    def announce(self, args, st: AmplificationSettings) -> None:
-        pass
-
-    def gpu_models(self, args, st: AmplificationSettings) -> bool:
-        return True
-
-    def actor_cpus(self, args, st: AmplificationSettings) -> float:
-        return max(runtime.pool_max(captions.embed_actors(args, st)) + (0 if args.no_names else args.ner_actors),
-                   args.face_actors + args.clip_actors + args.gen_actors,
+    def actor_cpus(self, opts, st: AmplificationSettings) -> float:
+        f = opts.flags
+        return max(runtime.pool_max(captions.embed_actors(opts, st)) + (f["ner_actors"] if st.names_enabled else 0),
+                   f["face_actors"] + f["clip_actors"] + opts.gen_actors,
                    (st.paraphrase.actors + 1) if st.paraphrase else 0)
 
     standin_generator_names = STANDIN_GENERATORS
@@ -230,28 +121,26 @@ class AmplificationStudy:
     def safety(self, st: AmplificationSettings):
         return st.image.safety
 
-    def use_standins(self, args, st: AmplificationSettings, root: str) -> AmplificationSettings:
+    def use_standins(self, opts, st: AmplificationSettings, root: str) -> AmplificationSettings:
         return dataclasses.replace(st, image=dataclasses.replace(st.image, clip=standin_clip(st.image.clip, root)))
 
-    def load_models(self, args, st: AmplificationSettings, gpu) -> list[dict]:
-        records = load_image_models(st.image, args.standin_models) + captions.load_caption_models(args, st)
-        return records + (paraphrases.check_backend(st.paraphrase, bool(args.standin_models)) if st.paraphrase else [])
+    def load_models(self, opts, st: AmplificationSettings, gpu) -> list[dict]:
+        records = load_image_models(st.image, opts.standin_models) + captions.load_caption_models(opts, st)
+        return records + (paraphrases.check_backend(st.paraphrase, opts.standin_models) if st.paraphrase else [])
 
-    def execute(self, run: Run) -> Outcome:
-        args, rd, cs = run.args, run.rd, run.st
-        recorded = cs.image_recorded
+    def prepare(self, run: Run) -> GenerationPlan:
+        """The caption side, the training images (the walk), the paraphrases; then section 3's and 6's (and
+        App. A.6's) requests."""
+        opts, rd, cs = run.options, run.rd, run.st
         ray, gp, echo = run.ray, run.gpu, run.echo
         out_fs, out = rd.fs, rd.path
         run_files = RUN_FILES
         per_actor = gp.per_actor
         base: ImageSettings = cs.image
-        model_records = [r for r in run.models if not r.get("key")]
 
         server_url, rewrite, fetch = None, list(base.url_rewrite), dict(base.fetch)
-        uses_sample = [str(p) for p in args.captions] == [str(captions.SAMPLE_INPUT)]
-        if uses_sample and not rewrite and not args.no_local_image_server:
-            from pipelines.studies.amplification.sample_server import LocalImageServer
-
+        uses_sample = [str(p) for p in opts.flags["captions"]] == [str(captions.SAMPLE_INPUT)]
+        if uses_sample and not rewrite and base.local_image_server:
             server = run.stack.enter_context(LocalImageServer())
             server_url = server.base_url
             rewrite, fetch = [(SAMPLE_URL_PREFIX, server_url + "/")], fetch | {"allow_local": True}
@@ -259,7 +148,7 @@ class AmplificationStudy:
                   f"(rewriting {SAMPLE_URL_PREFIX}); local addresses allowed for this run")
         # what this run decided (where images are saved, GPUs, the device, the sample's server), in
         # this run's copy of the image settings: the settings built from preset, file and flags stay
-        st = dataclasses.replace(base, save_images=f"{rd.uri}/{run_files['saved_images']}" if args.save_images else None,
+        st = dataclasses.replace(base, save_images=f"{rd.uri}/{run_files['saved_images']}" if opts.save_images else None,
                                  clip_gpus=per_actor, clip=dataclasses.replace(base.clip, device=gp.device),
                                  fetch=fetch, url_rewrite=rewrite)
 
@@ -302,7 +191,6 @@ class AmplificationStudy:
         if para is not None:   # App. A.6: M images per ok paraphrase, after section 6's
             requests = pa.concat_tables([requests, paraphrases.generation_requests(
                 para.table, st.caption_images, st.seed, image_side.REQUEST_SCHEMA)])
-        models = run.generator_models
 
         def budgets_of(model: str) -> list:
             budgets = [copy.deepcopy(b) for b in gen_budgets]
@@ -310,15 +198,33 @@ class AmplificationStudy:
                 b.stage = f"generation ({model})"
             return budgets
 
+        run.memo.update(server_url=server_url, image_settings=st, caption_metrics=caption_metrics,
+                        caption_stats=caption_stats, subsets=subsets, occupations=occupations,
+                        train_budgets=train_budgets, selection=selection, walk=walk, url_results=url_results,
+                        train_phase=train_phase, train_rows=train_rows, para=para)
         # the engine generates with each generator (checkpointed per image, resumable), CLIP on the
-        # device tensor, the face filter after; per generator, the rows in the study's order
-        gen = generation.generate(run, image_side.generation_plan(st, requests, budgets_of))
+        # device tensor, the face filter after
+        return image_side.generation_plan(st, requests, budgets_of)
+
+    def analyse(self, run: Run, gen: Generated) -> Outcome:
+        """Section 5's and 6's tables from the training and generated images, per generator in the study's order."""
+        rd, cs = run.rd, run.st
+        recorded = cs.image_recorded
+        gp = run.gpu
+        out_fs, out = rd.fs, rd.path
+        run_files = RUN_FILES
+        per_actor = gp.per_actor
+        model_records = [r for r in run.models if not r.get("key")]
+        m = run.memo
+        server_url, st, caption_metrics, subsets = m["server_url"], m["image_settings"], m["caption_metrics"], m["subsets"]
+        occupations, train_budgets, selection, walk = m["occupations"], m["train_budgets"], m["selection"], m["walk"]
+        url_results, train_phase, train_rows, para = m["url_results"], m["train_phase"], m["train_rows"], m["para"]
+        models = run.generator_models
         gen_parts = [gen.images.filter(pc.equal(gen.images.column(I.MODEL), m)).sort_by(image_side.RESULT_ORDER)
                      for m in models] if gen.images is not None else []
         labels = model_labels(models)   # short names in the run summary (the full ids are in metrics.json)
         phases = {f"{source}: {labels[model]}": phase for model, phase in gen.phases.items()
                   for source in (I.Source.GENERATED, I.Source.CAPTION_PROMPT, I.Source.PARAPHRASE_PROMPT)}
-        train_budgets += gen.budgets
         generated = pa.concat_tables(gen_parts) if gen_parts else None
         gen_rows = image_side.generated_rows(generated) if generated is not None else I.IMAGE_RESULTS.empty_table()
 
@@ -329,11 +235,11 @@ class AmplificationStudy:
                                                  labels)
         counts = pd.DataFrame(count_rows)
         per_image_df = per_image.to_pandas()
-        results = rep.compute(per_image_df, occupations, len(cs.prompts), models)
+        results = compute(per_image_df, occupations, len(cs.prompts), models)
         head = headline_of(run, results, per_image_df)
         if para is not None:
             para.finish(rd, results, generated, head)
-        t3 = rep.table3(results["approaches"], len(cs.prompts), head)
+        t3 = table3(results["approaches"], len(cs.prompts), head)
 
         io.write_table(per_image, out_fs, f"{out}/{run_files['images']}")
         T = results["T"].assign(**{"prompt_id": results["T"]["prompt_id"].astype("Int64").replace(0, pd.NA)})
@@ -369,14 +275,14 @@ class AmplificationStudy:
         io.write_text("\n\n".join(stats) + "\n", out_fs, f"{out}/{run_files['ray_stats']}")
 
         # (the caption side's means, SBERT cosines and indicator shares, are "caption_headline":
-        # "headline" is the run's headline numbers with their intervals, pipelines/engine/headline.py)
+        # "headline" is the run's headline numbers with their intervals, pipelines/engine/stats/headline.py)
         metrics = caption_metrics | {
             "headline": head,
             "stage": "run",
             # fetch: as this run used it (the local image server of the bundled sample allows local addresses)
             "image_config": recorded | {"fetch": dict(st.fetch), "url_rewrite": st.url_rewrite,
                                         "local_image_server": server_url,
-                                        "standin_models": bool(args.standin_models),
+                                        "standin_models": run.options.standin_models,
                                         "gpus_per_actor": per_actor, "gpu_plan": gp.as_dict(),
                                         "generators": models,
                                         "clip": st.clip},
@@ -404,7 +310,7 @@ class AmplificationStudy:
         results["training_walk"] = walk_record
         data = {"results": results, "t3": t3, "counts": counts, "headline": head, "caption_counts": caption_metrics["counts"],
                 "models": model_records + _caption_models(caption_metrics),
-                "meta": {"output": rd.display(), "input": ", ".join(map(str, args.captions)),
+                "meta": {"output": rd.display(), "input": ", ".join(map(str, run.options.flags["captions"])),
                          "occupations": len(occupations), "images": per_image.num_rows,
                          "local_image_server": server_url}}
         return Outcome(metrics, summary_rows, data)
@@ -414,7 +320,6 @@ class AmplificationStudy:
         html_doc = rep.render_html(d["results"], d["t3"], d["counts"], d["caption_counts"], d["models"], d["meta"],
                                    figures=FigureDir(rd.fs, rd.path), headline=d["headline"])
         io.write_text(html_doc, rd.fs, f"{rd.path}/{RUN_FILES['report']}")
-        from pipelines.engine import page as Pg
 
         labels = Pg.model_labels(d["results"]["approaches"])    # models printed by their short labels
         head = {**d["headline"], "subjects": [{**s, "name": Pg.label(labels, s["name"]),
@@ -438,7 +343,7 @@ def training_generated_similarity(subsets: pa.Table, url_results: pa.Table, gene
     return image_similarity(train, gen)
 
 
-def _with_interval(metrics: dict, model: str, name: str, value, key=rep.captions_key) -> str:
+def _with_interval(metrics: dict, model: str, name: str, value, key=captions_key) -> str:
     """Section 6's (or with ``key`` App. A.6's) E[A] of ``model`` as printed, with its interval."""
     m = metrics.get((model, key(name)))
     return rep.interval_text(value, m["low"], m["high"]) if m else rep._fmt(value)
@@ -448,28 +353,25 @@ def _with_interval(metrics: dict, model: str, name: str, value, key=rep.captions
 def headline_of(run: Run, results: dict, images: pd.DataFrame) -> dict:
     """metrics.json's ``headline``: per generator, E[A] per approach (average and per prompt) and
     section 6's, each with its bootstrap interval over occupations; writes headline_units.parquet."""
-    from pipelines.engine import arguments, headline
 
-    standin = bool(run.args.standin_models)
-    per_model = rep.model_metrics(results["approaches"], results["caption_prompts"], results.get("paraphrase_prompts"))
+    standin = run.options.standin_models
+    per_model = model_metrics(results["approaches"], results["caption_prompts"], results.get("paraphrase_prompts"))
     subjects = []
     for model in run.generator_models:
         record = next((r for r in run.models if r.get("role") == "generator" and r.get("model") == model),
                       {"model": model})
-        counted, excluded = rep.generated_images(images, model)
+        counted, excluded = generated_images(images, model)
         subjects.append(headline.Subject(model, headline.subject_identity(record), per_model.get(model, []),
                                          images=counted, excluded=excluded))
-    return headline.write(run.rd, AmplificationStudy.name, subjects, protocol(run.st, run.args, standin),
-                          arguments.interval_settings(run.args), standin)
+    return headline.write(run.rd, AmplificationStudy.name, subjects, protocol(run.st, standin),
+                          run.options.intervals, standin)
 
 
-def protocol(st: AmplificationSettings, args, standin: bool = False) -> dict:
+def protocol(st: AmplificationSettings, standin: bool = False) -> dict:
     """What two runs must share for their E[A] to be compared: the occupations, prompts, training
     sample (selection, indicators, SBERT, the caption data's size), images per prompt and seed, the
     face filter and the gender classifier. Not the generators, not execution settings. A stand-in
     run's CLIP is recorded as the stand-in (its directory differs from run to run)."""
-    from pipelines.engine.headline import protocol_digest
-    from pipelines.studies.amplification.jobs import occupation_spec
 
     rec = st.image_recorded
     gen, clip = rec["generation"], rec["gender_classifier"]
@@ -483,7 +385,7 @@ def protocol(st: AmplificationSettings, args, standin: bool = False) -> dict:
             "seed": int(gen["seed"]), "safety": gen["safety"],
             "selection": {k: v for k, v in st.selection.items() if k != "pool_factor"},   # pool_factor: how much
             # is fetched per round of the walk, not what it selects
-            "gender_indicators": protocol_digest(st.gender_indicators | {"names_enabled": not args.no_names}),
+            "gender_indicators": protocol_digest(st.gender_indicators | {"names_enabled": st.names_enabled}),
             "sbert": st.models, "training_captions": None if inp is None else int(inp.num_rows),
             "training_image_size": {k: rec["fetch"].get(k) for k in ("image_size", "resize_mode")},
             "face_filter": rec["face_filter"], "gender_classifier": classifier | {"threshold": clip["threshold"]}}
@@ -553,7 +455,7 @@ def _print_summary(output: str, counts: pd.DataFrame, t3: pd.DataFrame, results:
             f"{k}: E[A] = {_with_interval(captions, model, k, v['average'])}" for k, v in cp.items()) + match)
     for model, pp in (results.get("paraphrase_prompts") or {}).items():
         print(f"paraphrases as prompts, App. A.6 ({model}): " + ", ".join(
-            f"{k}: E[A] = {_with_interval(captions, model, k, v['average'], rep.paraphrases_key)}"
+            f"{k}: E[A] = {_with_interval(captions, model, k, v['average'], paraphrases_key)}"
             for k, v in pp.items()) + " (the paper: 0.69 all, 2.49 no indicators; section 6 0.68 and 2.05)")
     if results.get("paraphrases"):
         ps = results["paraphrases"]

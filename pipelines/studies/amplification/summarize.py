@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipelines.engine import arguments, io
-from pipelines.engine.summary_files import write_summary_files, wrote_line
-from pipelines.engine.table_cells import read_cells
+from pipelines.engine.cli import arguments
+from pipelines.engine.storage import io
+from pipelines.engine.report.summary_files import write_summary_files, wrote_line
+from pipelines.engine.stats.table_cells import read_cells
 from pipelines.studies.amplification import report
 from pipelines.studies.amplification.metrics import format_results, summarize_percentages, summary_intervals
 

@@ -1,4 +1,4 @@
-"""Training images from img2dataset's output instead of a live fetch (``--training-images``, issue 31).
+"""Training images from img2dataset's output instead of a live fetch (``--training-images``).
 
 Researchers today often hold the images of Re-LAION, COYO or DataComp already downloaded by
 img2dataset. ``--training-images DIR_OR_URI`` reads that folder (any of img2dataset's three
@@ -37,11 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from operators.image_shard_index import INDEX_SCHEMA, ShardIndex
 from operators.support import img2dataset_shards as shard_io
 from operators.base import Stage
-from pipelines.engine import io, runtime, stages
+from pipelines.engine.storage import io
+from pipelines.engine.stream import runtime, stages
 from schemas import images as I
 from schemas.captions import JOIN_KEY, URL
 from schemas.datasets import I2D_FORMATS, I2D_IMAGE_EXTENSIONS, SHARD, SHARD_FORMAT, SHARD_KEY, SHARD_META, SHARD_ORDER
@@ -75,7 +77,7 @@ def discover(uri: str, key: str | None = None) -> ShardSource:
     (img2dataset always writes it), and with ``key`` (``--shard-key``) the first one must hold that
     column. A one-line InputError for anything else."""
     try:
-        fs, root = io._url_to_fs(uri)
+        fs, root = io.url_to_fs(uri)
         if not fs.isdir(root):
             raise io.InputError(f"--training-images {uri}: not a folder (give img2dataset's --output_folder)")
         entries = fs.ls(root, detail=True)
@@ -83,8 +85,8 @@ def discover(uri: str, key: str | None = None) -> ShardSource:
         raise
     except Exception as exc:  # noqa: BLE001
         raise io.InputError(io.listing_error(uri, exc)) from None
-    proto = io._protocol(fs)
-    full = lambda p: io._display(proto, p)   # noqa: E731
+    proto = io.fs_protocol(fs)
+    full = lambda p: io.display_path(proto, p)   # noqa: E731
     names = {posixpath.basename(e["name"].rstrip("/")): e for e in entries}
     stem_meta = {n[:-8]: e["name"] for n, e in names.items() if n.endswith(".parquet") and not n.startswith((".", "_"))}
     tars = sorted(e["name"] for n, e in names.items() if n.endswith(".tar"))
@@ -98,8 +100,6 @@ def discover(uri: str, key: str | None = None) -> ShardSource:
     elif stem_meta:
         fmt, shards = "parquet", sorted(stem_meta.values())
         with fs.open(shards[0], "rb") as fh:
-            import pyarrow.parquet as pq
-
             if shard_io.image_column(pq.ParquetFile(fh).schema_arrow) is None:
                 raise io.InputError(f"--training-images {uri}: the parquet files hold no image column "
                                     f"({', '.join(I2D_IMAGE_EXTENSIONS)}) "
@@ -117,8 +117,6 @@ def discover(uri: str, key: str | None = None) -> ShardSource:
                                        for s in shards).encode()).hexdigest()
     assert fmt in I2D_FORMATS
     if key:
-        import pyarrow.parquet as pq
-
         with fs.open(metas[0], "rb") as fh:
             names = pq.ParquetFile(fh).schema_arrow.names
         if key not in names:

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.engine.progress import Phase
+from pipelines.engine.stream.progress import Phase
 from pipelines.studies.amplification import images as image_side
 from pipelines.studies.amplification.selection import SelectionConfig, walk
 from schemas import images as I

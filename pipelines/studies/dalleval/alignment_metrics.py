@@ -19,6 +19,7 @@ and torch / torchmetrics for FID; no Ray, no models.
 
 from __future__ import annotations
 
+import fsspec
 import numpy as np
 
 R_PRECISION_NEGATIVES = 99   # App. D.1: "1 positive, 99 random negatives"
@@ -235,7 +236,7 @@ def clip_score(cosines, w: float = CLIPSCORE_W) -> dict:
 
 
 def _identity_features(d: int):
-    import torch
+    import torch  # deferred: torch
 
     class _StoredFeatures(torch.nn.Module):
         """The feature 'network' of torchmetrics' FID for features computed beforehand."""
@@ -261,7 +262,7 @@ def fid_from_statistics(gen_features, mu, sigma) -> dict:
     e.g. DM-GAN's coco_val.npz): ||mu_g - mu||^2 + Tr(S_g + S - 2 (S_g S)^(1/2)) in float64, the
     square root by scipy's sqrtm: 1e-6 added to both diagonals when it is not finite, its imaginary
     round-off dropped, an imaginary diagonal above 1e-3 an error (as DM-GAN's and pytorch-fid's code)."""
-    from scipy import linalg
+    from scipy import linalg  # deferred: scipy
 
     gen = np.asarray(gen_features, dtype=np.float64)
     if gen.ndim != 2 or gen.shape[0] < 2:
@@ -286,8 +287,6 @@ def fid_from_statistics(gen_features, mu, sigma) -> dict:
 
 def load_statistics(path: str) -> tuple[np.ndarray, np.ndarray]:
     """(mu, sigma) from an .npz file with arrays ``mu`` and ``sigma`` (pytorch-fid / DM-GAN format)."""
-    import fsspec
-
     with fsspec.open(path, "rb") as fh:
         data = np.load(fh)
         if "mu" not in data or "sigma" not in data:
@@ -299,7 +298,7 @@ def fid(gen_features, ref_features) -> dict:
     """FID (paper 000, App. D.2) between generated and reference feature matrices, (n_g, d) and
     (n_r, d), through torchmetrics' FrechetInceptionDistance in float64 (sample means, covariances
     with n - 1). Returns {fid, n_generated, n_reference, dims}."""
-    import torch
+    import torch  # deferred: torch, torchmetrics
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     gen = np.asarray(gen_features, dtype=np.float64)

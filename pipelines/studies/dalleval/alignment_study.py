@@ -19,12 +19,6 @@ the stored vectors every time (another negative sample needs no new image).
 from __future__ import annotations
 
 import dataclasses
-import glob as _glob
-import posixpath
-import re
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -33,29 +27,31 @@ import pyarrow.compute as pc
 
 from operators.base import Stage, conform
 from operators.image_clip_alignment import ClipAlignmentScorer
-from operators.image_fid_features import FidFeatureExtractor
-from operators.support.seeds import image_seeds
-from pipelines.engine import arguments, generation, io, runtime, stages
-from pipelines.engine import headline as HL
-from pipelines.engine import config as study_config
-from pipelines.engine.figures import FigureDir
-from pipelines.engine.io import InputError
-from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import ModelSpec, clip_record, clip_settings, standin_clip
-from pipelines.engine.progress import Phase
-from pipelines.engine.summary import stage_row
+from operators.image_fid_features import FidFeatureExtractor, load_fid_extractor
+from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
+from pipelines.engine.storage import io
+from pipelines.engine.stream import runtime, stages
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.report.figures import FigureDir
+from pipelines.engine.generation import Generated, GenerationPlan, generation_rows
+from pipelines.engine.run.lifecycle import ImageStudy, Outcome, Run, run_study
+from pipelines.engine.run.models import clip_record, standin_clip
+from pipelines.engine.stream.progress import Phase
+from pipelines.engine.stats.summary import stage_row
 from pipelines.studies.dalleval import alignment_metrics as AM
+from pipelines.standins.fid import tiny_fid_extractor
 from pipelines.studies.dalleval import headlines as H
+from pipelines.studies.dalleval import report_alignment
 from schemas import alignment as A
 from schemas.images import IMAGE_ID
-from schemas.images import ENCODED, IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_INDEX, IMAGE_WIDTH, MODEL, SEED
+from schemas.images import IMAGE, IMAGE_ENCODING, IMAGE_HEIGHT, IMAGE_WIDTH, MODEL
 from schemas.images import GENERATION_STATUS, GenerationStatus
 from schemas.subsets import PROMPT
+from operators.image_clip_embedding import embeddings_of
+from pipelines.studies.dalleval.alignment_inputs import read_captions, requests_of, reference_kind, reference_sources, bundled_reference, _payload, read_files, image_key, effective_pairing, reference_captions, paired_paths, _attach, _read_parquet
+from pipelines.studies.dalleval.alignment_settings import AlignmentSettings, fid_block, settings, captions_digest
 
-PRESET = "dalleval_alignment.yaml"
-SAMPLE_CAPTIONS = "dalleval_sample_captions.txt"
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 VECTORS = (A.CLIP_IMAGE_EMBEDDING, A.CLIP_TEXT_EMBEDDING, A.FID_FEATURES)
 FILES = {
     "images": "images",                         # per image: caption, seed, status, embeddings, cosine, FID features
@@ -65,219 +61,6 @@ FILES = {
     "report": "report.html",
     "images_dir": "images",
 }
-
-
-# ------------------------------------------------------------------------------------ inputs
-def read_captions(cap: dict) -> tuple[pa.Table, dict]:
-    """(caption_id, prompt) of the configured captions, and the counts: read, null or blank
-    dropped, kept after one-per-group and the sample."""
-    path = cap.get("input")
-    if path is None:
-        path = study_config.default_config_path(SAMPLE_CAPTIONS)
-    path = str(path)
-    group = None
-    try:
-        if path.endswith(".txt"):
-            texts = io.read_text(path).splitlines()
-            ids = [str(i) for i in range(len(texts))]
-        else:
-            if path.endswith(".csv"):
-                frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
-            else:
-                frame = io.read_parquet(path).to_pandas()   # page checksums verified where present
-            col = cap.get("column")
-            if not col:   # recognised from the columns (pipelines/engine/datasets.py)
-                from pipelines.engine.datasets import ColumnError, choose_columns
-
-                try:
-                    choice = choose_columns([(path, [str(c) for c in frame.columns])], None, None,
-                                            cap.get("dataset_name"), url=False, paths=[path])
-                except ColumnError as exc:
-                    raise InputError(f"captions {path}: {exc}; set captions.column / --caption-column") from None
-                col = choice.caption
-                print(f"  captions: {choice.line()}")
-            if col not in frame.columns:
-                raise InputError(f"captions {path}: no column {col!r} (columns: {list(frame.columns)}); "
-                                 f"set captions.column / --caption-column")
-            texts = frame[col].tolist()
-            idc = cap.get("id_column")
-            if idc and idc not in frame.columns:
-                raise InputError(f"captions {path}: no id column {idc!r}")
-            ids = [str(v) for v in (frame[idc] if idc else range(len(frame)))]
-            gc = cap.get("group_column")
-            if gc:
-                if gc not in frame.columns:
-                    raise InputError(f"captions {path}: no group column {gc!r}")
-                group = [str(v) for v in frame[gc]]
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, InputError):
-            raise
-        raise InputError(f"cannot read captions {path}: {type(exc).__name__}: {exc}") from exc
-    read = len(texts)
-    ok = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-    counts = {"read": read, "null_or_blank": read - len(ok)}
-    rng = np.random.default_rng(int(cap.get("seed") or 0))
-    if group is not None:  # one caption per group (COCO: five per image), drawn
-        by: dict[str, list[int]] = {}
-        for i in ok:
-            by.setdefault(group[i], []).append(i)
-        ok = sorted(v[int(rng.integers(len(v)))] for v in by.values())
-        counts["one_per_group"] = len(ok)
-    n = cap.get("sample")
-    if n is not None and len(ok) > int(n):
-        ok = sorted(rng.choice(ok, size=int(n), replace=False).tolist())
-    counts["kept"] = len(ok)
-    if not ok:
-        raise InputError(f"captions {path}: no usable caption")
-    table = pa.table({A.CAPTION_ID: pa.array([ids[i] for i in ok], pa.string()),
-                      PROMPT: pa.array([" ".join(texts[i].split()) for i in ok], pa.string()),
-                      A.CAPTION_GROUP: pa.array([group[i] for i in ok] if group is not None else [None] * len(ok),
-                                                pa.string())})
-    return table, counts
-
-
-def requests_of(captions: pa.Table, seed: int) -> pa.Table:
-    """One image per caption (ALIGNMENT_REQUESTS); its seed from (base seed, caption, row)."""
-    n = captions.num_rows
-    index = list(range(n))
-    return pa.Table.from_pydict({
-        IMAGE_ID: [f"caption-{k:06d}" for k in index], A.CAPTION_ID: captions.column(A.CAPTION_ID),
-        PROMPT: captions.column(PROMPT), IMAGE_INDEX: [0] * n,
-        SEED: image_seeds(seed, captions.column(PROMPT).to_pylist(), index).tolist()}, schema=A.ALIGNMENT_REQUESTS)
-
-
-def reference_kind(ref: dict) -> str:
-    """"statistics", "bundled", "parquet" or "files", without listing the files."""
-    if ref.get("statistics"):
-        return "statistics"
-    spec = ref.get("images")
-    if spec is None:
-        return "bundled"
-    spec = str(spec)
-    return "parquet" if spec.endswith(".parquet") or (Path(spec).is_dir() and any(Path(spec).glob("*.parquet"))) \
-        else "files"
-
-
-def reference_sources(ref: dict) -> tuple[str, list[str] | None]:
-    """("files", paths) for a directory or glob of images, ("parquet", [path]), ("statistics",
-    [npz]) for precomputed FID statistics, or ("bundled", None)."""
-    kind = reference_kind(ref)
-    if kind == "statistics":
-        path = str(ref["statistics"])
-        if not io.exists(*io.output_fs(path)):
-            raise InputError(f"reference statistics {path}: no such file")
-        return "statistics", [path]
-    if kind == "bundled":
-        return "bundled", None
-    spec = str(ref["images"])
-    if kind == "parquet":
-        return "parquet", [spec]
-    pattern = str(Path(spec) / "**" / "*") if Path(spec).is_dir() else spec
-    paths = sorted(p for p in _glob.glob(pattern, recursive=True) if p.lower().endswith(IMAGE_SUFFIXES))
-    if not paths:
-        raise InputError(f"reference images {spec}: no image file ({', '.join(IMAGE_SUFFIXES)}) found")
-    if ref.get("max_images") and ref.get("pairing", "all") != "captions":   # pairing: truncated after the match
-        paths = paths[:int(ref["max_images"])]
-    return "files", paths
-
-
-def bundled_reference() -> pa.Table:
-    """scikit-image's bundled colour photos as encoded PNGs (the smoke run's stand-in reference)."""
-    import io as _io
-
-    from PIL import Image
-    from skimage import data
-
-    names = ("astronaut", "coffee", "chelsea", "rocket", "retina", "immunohistochemistry", "camera", "cat")
-    blobs, ids = [], []
-    for name in names:
-        img = np.asarray(getattr(data, name)())
-        if img.ndim == 2:
-            img = np.stack([img] * 3, axis=-1)
-        buf = _io.BytesIO()
-        Image.fromarray(img[..., :3].astype(np.uint8)).save(buf, format="PNG")
-        blobs.append(buf.getvalue())
-        ids.append(f"skimage:{name}")
-    return _payload(ids, blobs)
-
-
-def _payload(ids: list[str], blobs: list) -> pa.Table:
-    n = len(ids)
-    return pa.table({A.REFERENCE_ID: pa.array(ids, pa.string()), IMAGE: pa.array(blobs, pa.binary()),
-                     IMAGE_ENCODING: pa.array([ENCODED] * n, pa.string()),
-                     IMAGE_HEIGHT: pa.nulls(n, pa.int32()), IMAGE_WIDTH: pa.nulls(n, pa.int32())})
-
-
-def read_files(batch: pa.Table) -> pa.Table:
-    """Ray Data map: the bytes of each path of REFERENCE_ID (an unreadable file: null bytes)."""
-    import fsspec
-
-    blobs = []
-    for path in batch.column(A.REFERENCE_ID).to_pylist():
-        try:
-            with fsspec.open(path, "rb") as fh:
-                blobs.append(fh.read())
-        except OSError:
-            blobs.append(None)
-    return _payload(batch.column(A.REFERENCE_ID).to_pylist(), blobs)
-
-
-def image_key(value) -> str:
-    """The key that pairs a reference image with a drawn caption's image id: the trailing digits of
-    a file name's stem as an integer (COCO_val2014_000000391895.jpg -> "391895"), else the stem."""
-    stem = posixpath.splitext(posixpath.basename(str(value)))[0]
-    m = re.search(r"(\d+)$", stem)
-    return str(int(m.group(1))) if m else stem
-
-
-def effective_pairing(ref: dict) -> str:
-    """The reference pairing that applies: "n/a" for the bundled stand-in photos and for
-    precomputed statistics (no images to pair), else the configured one."""
-    kind = reference_kind(ref)
-    return "n/a" if kind in ("bundled", "statistics") else ref.get("pairing", "all")
-
-
-def reference_captions(ref: dict, caption_groups: dict | None) -> dict[str, str] | None:
-    """image key -> drawn caption, for pairing "captions" (None otherwise); ``caption_groups``:
-    image id -> the drawn caption."""
-    if effective_pairing(ref) != "captions":
-        return None
-    groups = caption_groups or {}
-    if not groups:
-        raise InputError("reference.pairing: captions (App. D.2: the drawn captions' own images, the preset's "
-                         "default) needs the captions' image ids: --caption-group-column (e.g. COCO's image_id); "
-                         "--reference-pairing all compares with every given reference image instead")
-    if reference_kind(ref) == "parquet" and not ref.get("id_column"):
-        raise InputError("reference.pairing: captions with a parquet reference needs reference.id_column (the image "
-                         "id the captions' group column names); --reference-pairing all uses every image instead")
-    return {image_key(g): text for g, text in groups.items()}
-
-
-def paired_paths(paths: list[str], captions: dict[str, str], max_images=None) -> list[str]:
-    """The reference files of the drawn captions' images: one per image id (the first in path
-    order, when a folder holds the same id twice, e.g. COCO's train2014 and val2014 copies), then
-    at most ``max_images`` of them."""
-    first: dict[str, str] = {}
-    for p in sorted(paths):
-        if image_key(p) in captions:
-            first.setdefault(image_key(p), p)
-    out = sorted(first.values())
-    return out[:int(max_images)] if max_images else out
-
-
-def _attach(b: pa.Table, captions: dict | None, caption_col: str | None) -> pa.Table:
-    """The payload with PROMPT: the drawn caption of its image id (pairing "captions"; images of
-    no drawn caption are left out here and counted by the caller), or the parquet caption column."""
-    if captions is not None:   # the drawn caption (the one R-precision pairs with) wins over a caption column
-        keys = [image_key(v) for v in b.column(A.REFERENCE_ID).to_pylist()]
-        texts = [captions.get(k) for k in keys]
-        if PROMPT in b.column_names:
-            b = b.drop_columns([PROMPT])
-        b = b.append_column(PROMPT, pa.array(texts, pa.string()))
-        return b.filter(pc.is_valid(b.column(PROMPT)))
-    if caption_col:
-        return b
-    return b.append_column(PROMPT, pa.nulls(b.num_rows, pa.string()))
 
 
 def reference_features(ray, st: "AlignmentSettings", rd, per_actor: float, device: str = "auto") -> tuple[pa.Table, Phase]:
@@ -369,121 +152,18 @@ def pairing_record(st: "AlignmentSettings", reference: pa.Table) -> dict:
     return rec
 
 
-def _read_parquet(fs, path: str) -> pa.Table:
-    with fs.open_input_file(path) as fh:
-        return io.read_parquet(fh)
-
-
-# ------------------------------------------------------------------------------------ settings
-@dataclass(frozen=True)
-class AlignmentSettings:
-    """The effective alignment / quality study (preset < --config file < flags), built once; the
-    inputs read from it (``requests``, ``caption_counts``, ``caption_groups``) are filled in by
-    ``AlignmentStudy.settings``, and a stand-in run's models by ``use_standins`` (a new object)."""
-
-    label: str
-    captions: dict                     # input, column, id_column, group_column, sample, seed
-    reference: dict                    # images / statistics, pairing, columns, max_images (App. D.2)
-    generation: GenerationSettings
-    clip: ModelSpec                    # R-precision and CLIPScore (options: pretrained, batch_size)
-    r_precision: dict                  # negatives, r, seed, reading, repeats
-    clip_score: dict                   # w
-    fid: ModelSpec                     # model: the extractor ("torchvision", "inception", "pkg.mod:fn");
-                                       # options: weights (a local copy or None), batch_size
-    report: dict                       # examples
-    execution: dict
-    requests: pa.Table | None = None
-    caption_counts: dict | None = None  # read, null_or_blank, [one_per_group], kept
-    caption_groups: dict | None = None  # image id -> the drawn caption (pairing "captions" finds the images by it)
-    # a stand-in run's FID extractor: a function building the torch module (the recorded name is fid.model)
-    fid_factory: Callable | None = None
-
-
-def fid_settings(block: dict, args) -> ModelSpec:
-    """The FID extractor with --fid-extractor / --fid-weights applied, as a spec whose model is
-    the extractor's name."""
-    fid = dict(block)
-    for key, attr in (("extractor", "fid_extractor"), ("weights", "fid_weights")):
-        if getattr(args, attr, None) is not None:
-            fid[key] = getattr(args, attr)
-    extractor = fid.pop("extractor", None)
-    return ModelSpec.from_block(fid, model=extractor)
-
-
-def fid_block(fid: ModelSpec) -> dict:
-    """The FID extractor as the study file writes it ({extractor, weights, batch_size}): what
-    metrics.json and the report record."""
-    return {"extractor": fid.model, **fid.options}
-
-
-def settings(args) -> AlignmentSettings:
-    cfg = study_config.load_config(getattr(args, "config", None), preset=PRESET)
-    cap = dict(cfg["captions"])
-    for key, attr in (("input", "captions"), ("column", "caption_column"), ("id_column", "caption_id_column"),
-                      ("group_column", "caption_group_column"), ("sample", "max_captions")):
-        if getattr(args, attr, None) is not None:
-            cap[key] = getattr(args, attr)
-    ref = dict(cfg["reference"])
-    if getattr(args, "reference", None) is not None:
-        ref["images"] = args.reference
-    for key, attr in (("max_images", "max_reference_images"), ("pairing", "reference_pairing"),
-                      ("statistics", "reference_statistics"), ("caption_column", "reference_caption_column")):
-        if getattr(args, attr, None) is not None:
-            ref[key] = getattr(args, attr)
-    ref.setdefault("pairing", A.DEFAULT_REFERENCE_PAIRING)
-    if ref["pairing"] not in A.REFERENCE_PAIRINGS:
-        raise ValueError(f"reference.pairing must be one of {', '.join(map(repr, A.REFERENCE_PAIRINGS))}, not "
-                         f"{ref['pairing']!r}")
-    fid = fid_settings(cfg["fid"], args)
-    rp = dict(cfg["r_precision"])
-    if getattr(args, "negatives", None) is not None:
-        rp["negatives"] = args.negatives
-    if getattr(args, "r_precision_reading", None) is not None:
-        rp["reading"] = args.r_precision_reading
-    rp.setdefault("reading", "project")
-    rp.setdefault("repeats", 5)
-    if rp["reading"] not in ("project", "released"):
-        raise ValueError(f"r_precision.reading must be 'project' or 'released', not {rp['reading']!r}")
-    if int(rp["negatives"]) < 1 or int(rp["r"]) < 1:
-        raise ValueError(f"r_precision: negatives ({rp['negatives']}) and r ({rp['r']}) must be >= 1")
-    ex = study_config.execution_settings(cfg["execution"], args)
-    return AlignmentSettings(label=str(cfg.get("name") or "dalleval-alignment"), captions=cap, reference=ref,
-                             generation=generation_settings(cfg["generation"], args),
-                             clip=clip_settings(cfg["clip"], args), r_precision=rp,
-                             clip_score=dict(cfg["clip_score"]), fid=fid, report=dict(cfg.get("report") or {}),
-                             execution=ex)
-
-
-def image_job(st: AlignmentSettings, args) -> dict:
-    return {"study": "paper000-dalleval-alignment", "captions": st.captions, "reference": st.reference,
-            "captions_sha256": captions_digest(st.requests),
-            "generation": st.generation.job(),
-            "plan": generation.plan_job(generation_plan(st, st.requests, True)),
-            "clip": {k: st.clip.get(k) for k in ("model", "pretrained", "revision")},
-            "fid": {"extractor": st.fid.model, "weights": st.fid.get("weights")},
-            "standin_models": bool(args.standin_models)}
-
-
-def captions_digest(requests: pa.Table) -> str:
-    """sha256 of the drawn (caption id, caption) pairs: the run's identity follows the captions'
-    content, not only the input's path (a changed file at the same path is another run)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for cid, text in zip(requests.column(A.CAPTION_ID).to_pylist(), requests.column(PROMPT).to_pylist()):
-        h.update(f"{cid}\x1f{text}\x1e".encode())
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------ the study
-class AlignmentStudy(StudyBase):
+class AlignmentStudy(ImageStudy):
     """App. D of paper 000 as a study of the engine's lifecycle."""
-
     name = "paper000-dalleval-alignment"
+
+    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
+        return generation_plan(st, requests, save_images)
 
     def settings(self, args) -> AlignmentSettings:
         st = settings(args)
-        arguments.interval_settings(args)   # a bad interval option fails now, not after the images
         captions, counts = read_captions(st.captions)
         # image id -> the drawn caption (pairing "captions" finds the reference images by it)
         groups = {g: t for g, t in zip(captions.column(A.CAPTION_GROUP).to_pylist(),
@@ -494,10 +174,8 @@ class AlignmentStudy(StudyBase):
         reference_captions(st.reference, st.caption_groups)   # and so does pairing by image id without image ids
         return st
 
-    def job(self, args, st: AlignmentSettings) -> dict:
-        return image_job(st, args)
 
-    def announce(self, args, st: AlignmentSettings) -> None:
+    def announce(self, opts, st: AlignmentSettings) -> None:
         c = st.caption_counts
         kind, paths = reference_sources(st.reference)
         ref = {"bundled": "scikit-image's bundled photos (stand-in reference)", "parquet": f"parquet {paths and paths[0]}",
@@ -511,56 +189,52 @@ class AlignmentStudy(StudyBase):
         negatives = f"{k} negatives" + (f"; {wanted} configured, fewer other captions" if k < wanted else "")
         print(f"DALL-Eval alignment / quality: {c['kept']:,} captions ({c['read']:,} read), one image each per "
               f"generator; CLIP {st.clip.model} R-precision (1 + {negatives}), CLIPScore; "
-              f"FID ({'a tiny stand-in' if args.standin_models else st.fid.model}) against {ref}")
+              f"FID ({'a tiny stand-in' if opts.standin_models else st.fid.model}) against {ref}")
 
-    def actor_cpus(self, args, st: AlignmentSettings) -> float:
-        return args.gen_actors + 1
+    def actor_cpus(self, opts, st: AlignmentSettings) -> float:
+        return opts.gen_actors + 1
 
-    def use_standins(self, args, st: AlignmentSettings, root: str) -> AlignmentSettings:
+    def use_standins(self, opts, st: AlignmentSettings, root: str) -> AlignmentSettings:
         """The tiny random CLIP; the tiny FID extractor in place of a built-in one without local
         weights (a plug-in or given weights are kept)."""
-        from pipelines.standins.fid import tiny_fid_extractor
-
         fid, factory = st.fid, st.fid_factory
         if fid.model in ("inception", "torchvision") and fid.get("weights") is None:
             fid, factory = fid.standin_at(STANDIN_FID, weights=None), tiny_fid_extractor
         return dataclasses.replace(st, clip=standin_clip(st.clip, root), fid=fid, fid_factory=factory)
 
-    def load_models(self, args, st: AlignmentSettings, gpu) -> list[dict]:
-        from operators.image_fid_features import load_fid_extractor
-
-        records = [clip_record(st.clip, args.standin_models, "CLIP (R-precision, CLIPScore)")]
+    def load_models(self, opts, st: AlignmentSettings, gpu) -> list[dict]:
+        records = [clip_record(st.clip, opts.standin_models, "CLIP (R-precision, CLIPScore)")]
         fid = load_fid_extractor(st.fid.model, st.fid.get("weights"), device="cpu", factory=st.fid_factory)
-        records.append({"role": "FID features", "model": st.fid.model, "standin": args.standin_models,
+        records.append({"role": "FID features", "model": st.fid.model, "standin": opts.standin_models,
                         "detail": getattr(fid, "record", {})})
         del fid
         return records
 
-    def execute(self, run: Run) -> Outcome:
-        args, st, rd = run.args, run.st, run.rd
-        requests, per_actor = st.requests, run.gpu.per_actor
-        models = run.generator_models
-        reference, ref_phase = reference_features(run.ray, st, rd, per_actor, run.gpu.device)
-        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
-        images, phases, budgets = generated.images, generated.phases, generated.budgets
+    def prepare(self, run: Run) -> GenerationPlan:
+        run.memo["reference"] = reference_features(run.ray, run.st, run.rd, run.gpu.per_actor, run.gpu.device)
+        return super().prepare(run)
+
+    def analyse(self, run: Run, generated: Generated) -> Outcome:
+        st, rd = run.st, run.rd
+        requests = st.requests
+        reference, ref_phase = run.memo["reference"]
+        images, phases = generated.images, generated.phases
         table, units = measure_units(images, reference, st)
         headline = headline_section(run, images, reference, units)
         table = with_intervals(table, H.by_model(headline))
         pairing = pairing_record(st, reference)
         io.write_table_and_csv(images, rd.fs, f"{rd.path}/{FILES['images']}", csv_without=VECTORS)
         io.write_text(table.to_csv(index=False), rd.fs, f"{rd.path}/{FILES['table']}")
-        save_images = bool(args.save_images)
+        save_images = run.options.save_images
         ok_ref = int(pc.sum(pc.equal(reference.column(A.REFERENCE_STATUS), A.ReferenceStatus.OK)).as_py() or 0)
         metrics = {
-            "config": {"images": image_job(st, args), "r_precision": st.r_precision, "clip_score": st.clip_score,
-                       "execution": st.execution, "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
-                       "generators_loaded": models, "clip_loaded": st.clip, "fid_loaded": fid_block(st.fid),
-                       "save_images": save_images},
+            "config": {"images": run.rd.job, "r_precision": st.r_precision,
+                       "clip_score": st.clip_score, "execution": st.execution, **run.generation_config(),
+                       "clip_loaded": st.clip, "fid_loaded": fid_block(st.fid)},
             "captions": st.caption_counts,
             "reference": {"images": reference.num_rows, "ok": ok_ref},
             "fid_reference": pairing,
             "results": table.to_dict("records"),
-            "error_budgets": [b.as_dict() for b in budgets],
             "headline": headline,
         }
         c = st.caption_counts
@@ -574,18 +248,16 @@ class AlignmentStudy(StudyBase):
                                        "reference": reference, "pairing": pairing, "headline": headline})
 
     def report(self, run: Run, outcome: Outcome) -> None:
-        from pipelines.studies.dalleval import report_alignment
-
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "models": run.generator_models,
-                "standin": bool(run.args.standin_models), "captions": st.caption_counts,
+                "standin": run.options.standin_models, "captions": st.caption_counts,
                 "reference": reference_kind(st.reference), "fid": fid_block(st.fid), "clip": st.clip.record(),
                 "r_precision": st.r_precision, "pairing": d["pairing"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
                 "examples": int(st.report.get("examples", 8)), "headline": d["headline"]}
         html = report_alignment.render_html(meta, d["images"], d["table"], run.models, figures=FigureDir(rd.fs, rd.path))
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
-        print(report_alignment.format_table(d["table"], standin=bool(run.args.standin_models)))
+        print(report_alignment.format_table(d["table"], standin=run.options.standin_models))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
               f"{FILES['reference']}, {FILES['table']}" + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
 
@@ -608,13 +280,13 @@ def generation_plan(st: AlignmentSettings, requests: pa.Table, save_images: bool
                                          "revision": clip.revision, "batch_size": int(clip["batch_size"])}),
              Stage(FidFeatureExtractor, {"extractor": fid.model, "weights": fid.get("weights"),
                                          "factory": st.fid_factory, "batch_size": int(fid["batch_size"])})]
-    return GenerationPlan(requests, A.ALIGNMENT_IMAGES, heads=heads, key=IMAGE_ID, save_images=save_images,
+    return GenerationPlan(requests, A.ALIGNMENT_IMAGES, ImageGenerator, ImageSink, heads=heads, key=IMAGE_ID,
+                          save_images=save_images,
                           images_dir=FILES["images_dir"], what="generating and scoring")
 
 
 # ------------------------------------------------------------------------------------ measures
 def _vectors(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
-    from operators.image_clip_embedding import embeddings_of
 
     return embeddings_of(table.column(column))
 
@@ -692,8 +364,8 @@ def headline_section(run: Run, images: pa.Table, reference: pa.Table, units: dic
                                                  "pairing": effective_pairing(st.reference)},
                                    H.alignment_metrics(units[REAL_IMAGES]), kind="data",
                                    images=reference.num_rows))
-    return HL.write(run.rd, H.ALIGNMENT_STUDY, subjects, protocol(st), arguments.interval_settings(run.args),
-                    bool(run.args.standin_models))
+    return HL.write(run.rd, H.ALIGNMENT_STUDY, subjects, protocol(st), run.options.intervals,
+                    run.options.standin_models)
 
 
 def protocol(st: AlignmentSettings) -> dict:

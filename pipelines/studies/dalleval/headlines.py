@@ -1,5 +1,5 @@
 """The headline numbers of DALL-Eval's three commands as means over the units the paper samples
-(``pipelines.engine.headline``: per-unit values, their interval, ``metrics.json["headline"]``).
+(``pipelines.engine.stats.headline``: per-unit values, their interval, ``metrics.json["headline"]``).
 
 - ``run`` (social bias, section 4.2.4, Table 8): a model's MAD is the mean of its per-prompt MADs,
   so the unit is the prompt (its text) and a prompt's value is its own MAD: gender MAD and average
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.engine import headline as HL
+from pipelines.engine.stats import headline as HL
 from schemas import dalleval as S
 from schemas import paintskills as P
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus

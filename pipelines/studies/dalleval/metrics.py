@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.engine.table_cells import numbers
+from pipelines.engine.stats.table_cells import numbers
 from schemas import dalleval as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 from schemas.subsets import PROMPT
@@ -354,7 +354,7 @@ def summarize_counts(df: pd.DataFrame, neutral: str | None = None, intervals=Non
     summary = model_summary(measured, neutral)
     extra = {}
     if intervals is not None:
-        from pipelines.studies.dalleval import headlines as H
+        from pipelines.studies.dalleval import headlines as H  # deferred: scipy (pipelines.engine.stats.headline)
 
         metrics = H.bias_metrics(measured, neutral, S.AVG_TONE in measured)
         summary = H.summary_with_intervals(summary, H.summaries(metrics, intervals))
@@ -369,7 +369,7 @@ def summarize_counts(df: pd.DataFrame, neutral: str | None = None, intervals=Non
 def format_summary(result: dict) -> str:
     """The printed summary: per model the prompts, average gender and MAD (with their intervals
     where computed: "0.1984 [0.1500, 0.2500]"), skin tone where the counts have tones."""
-    from pipelines.studies.dalleval.headlines import value_text
+    from pipelines.studies.dalleval.headlines import value_text  # deferred: scipy (pipelines.engine.stats.headline)
 
     tone = any("skin_tone" in m for m in result["models"])
     head = f"{'model':<32}{'prompts':>8}{'avg gender':>28}{'MAD gender':>28}"

@@ -5,14 +5,15 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from matplotlib.patches import Patch
 
-from pipelines.engine import figures as _figures
-from pipelines.engine import html as H
-from pipelines.engine import page as Pg
-from pipelines.engine import headline as HL
+from pipelines.engine.report import figures as _figures
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
+from pipelines.engine.stats import headline as HL
 from pipelines.studies.dalleval import headlines as H_
 from pipelines.studies.dalleval import metrics as M
-from pipelines.engine.page import COLORS
+from pipelines.engine.report.page import COLORS
 from schemas import dalleval as S
 from schemas.images import MODEL
 
@@ -101,9 +102,7 @@ def tone_distribution(counts: pd.DataFrame, model: str, label: str | None = None
     """Stacked bars per profession: the share of each Monk Skin Tone among the images with a tone
     (Figure 9), drawn in the MST reference colours; titled with ``label`` (default: the model's last
     path part). Returns (figure, professions with a tone)."""
-    from matplotlib.patches import Patch
-
-    from operators.image_skin_tone import MST_HEX
+    from operators.image_skin_tone import MST_HEX  # deferred: cv2, skimage (operators.image_skin_tone)
 
     d = counts[counts[MODEL] == model].copy()
     d["_p"] = [M._profession_label(p) for p in d[S.PROFESSION]]
@@ -169,11 +168,9 @@ def render_html(meta: dict, results: dict, records: list[dict], *, figures: _fig
     detect = meta["detect"]
     labels = Pg.model_labels(meta.get("models", []), (m["model"] for m in results["summary"]),
                              results["counts"][MODEL] if MODEL in results["counts"] else [])
-    standin = Pg.any_standin(records, meta.get("standin"))
-    parts = ["<h1>DALL-Eval social bias (paper 000)</h1>"]
-    if standin:
-        parts.append(Pg.standin_banner("The generators, BLIP-2 and CLIP are tiny random-weight stand-ins; the run "
-                                       "only exercises the pipeline."))
+    parts = Pg.run_page_top("DALL-Eval social bias (paper 000)", meta, records,
+                            "The generators, BLIP-2 and CLIP are tiny random-weight stand-ins; the run "
+                            "only exercises the pipeline.")
     lead = ("<p class=lead>Bias per model (Table 8): MAD = (1/N) &Sigma;|p<sub>i</sub> &minus; 1/N| of the detected "
             "distribution of each prompt, averaged over prompts: 0 is unbiased, the one-hot row entirely biased. "
             "Gender (N = 2) over " + (f"the &ldquo;{H.esc(meta['neutral'])}&rdquo; prompts" if meta["neutral"]

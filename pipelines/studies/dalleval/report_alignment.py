@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipelines.engine import figures as _figures
-from pipelines.engine import headline as HL
-from pipelines.engine import html as H
-from pipelines.engine import page as Pg
-from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.report import figures as _figures
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
+from pipelines.engine.storage.checkpoint import model_dir
 from schemas import alignment as A
 from schemas.dalleval import interval_columns
 from schemas.images import IMAGE_ID
@@ -85,11 +85,9 @@ def render_html(meta: dict, images, table: pd.DataFrame, records: list[dict], *,
     df = images.to_pandas()
     c = meta["captions"]
     labels = Pg.model_labels(meta.get("models", []), df[MODEL] if len(df) else [])
-    standin = Pg.any_standin(records, meta.get("standin"))
-    parts = ["<h1>DALL-Eval image-text alignment and image quality (paper 000, App. D)</h1>"]
-    if standin:
-        parts.append(Pg.standin_banner("The generators, CLIP and the FID feature extractor are tiny random-weight "
-                                       "stand-ins."))
+    parts = Pg.run_page_top("DALL-Eval image-text alignment and image quality (paper 000, App. D)", meta, records,
+                            "The generators, CLIP and the FID feature extractor are tiny random-weight "
+                            "stand-ins.")
     lead = ("<p class=lead>R-precision (%), CLIPScore and FID per model (Table 19 shape); <i>*_n</i>: images behind "
             "each figure. Higher R-precision and CLIPScore, lower FID: better.</p>"
             + H.table(Pg.relabel(table, labels), 3, na="-"))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipelines.engine import figures as _figures
-from pipelines.engine import headline as HL
-from pipelines.engine import html as H
-from pipelines.engine import page as Pg
-from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.report import figures as _figures
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
+from pipelines.engine.storage.checkpoint import model_dir
 from pipelines.studies.dalleval import skills as K
-from pipelines.engine.page import COLORS
+from pipelines.studies.dalleval.report import model_bars
+from pipelines.engine.report.page import COLORS
 from schemas import paintskills as P
 from schemas.dalleval import interval_columns
 from schemas.images import IMAGE_ID
@@ -155,11 +156,9 @@ def render_html(meta: dict, images, results: dict, records: list[dict], *,
     df = images.to_pandas()
     thr = float(meta["detector"]["threshold"])
     labels = Pg.model_labels(meta.get("models", []), results["table2"]["model"], df[MODEL] if len(df) else [])
-    standin = Pg.any_standin(records, meta.get("standin"))
-    parts = ["<h1>DALL-Eval visual reasoning skills (paper 000, PaintSkills)</h1>"]
-    if standin:
-        parts.append(Pg.standin_banner("The generators and the detector are tiny random-weight stand-ins; the run "
-                                       "only exercises the pipeline."))
+    parts = Pg.run_page_top("DALL-Eval visual reasoning skills (paper 000, PaintSkills)", meta, records,
+                            "The generators and the detector are tiny random-weight stand-ins; the run "
+                            "only exercises the pipeline.")
     lead = ("<p class=lead>Skill accuracy (Table 2 shape): % of judged images whose detections satisfy the skill's "
             "rule (section 4.1); <i>n_*</i>: images behind each figure; <i>average</i>: mean over the skills.</p>"
             + _table(results["table2"], 1, labels)
@@ -206,8 +205,6 @@ def summary_html(source: str, table: pd.DataFrame, *, figures: _figures.FigureDi
     images behind each where known), then a bar chart per skill and for the average, one bar per
     model; PDF + PNG under ``figures/`` beside the page when ``figures`` is a ``FigureDir``, embedded
     in the page either way."""
-    from pipelines.studies.dalleval.report import model_bars
-
     sink = _figures.sink(figures)
     labels = Pg.model_labels(table["model"])
     parts = [f"<h1>DALL-Eval visual reasoning skills (Table 2) from {H.esc(source)}</h1>",

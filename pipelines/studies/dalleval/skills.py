@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.support.seeds import image_seeds
+from pipelines.engine.report.html import short_path
 from schemas import paintskills as P
 from schemas.dalleval import interval_columns
 from schemas.images import IMAGE_ID
@@ -74,7 +75,7 @@ RELATION_WORDS = {P.Relation.ABOVE: "above", P.Relation.BELOW: "below", P.Relati
 PLURALS = {"person": "people", "bench": "benches"}
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine",
                 10: "ten"}
-# Table 1's templates (the issue's defaults); Table 10's full lists are in configs/dalleval_skills.yaml
+# Table 1's templates (the defaults); Table 10's full lists are in configs/dalleval_skills.yaml
 TEMPLATES = {P.Skill.OBJECT: ["a photo of {a_obj}"], P.Skill.COUNT: ["a photo of {n} {objs}"],
              P.Skill.SPATIAL: ["{a_obj_b} is {rel} {a_obj_a}"]}
 PLACEHOLDERS = {
@@ -418,8 +419,6 @@ def table2(accuracies: pd.DataFrame) -> pd.DataFrame:
 
 def format_table2(table: pd.DataFrame) -> str:
     """Table 2 as text: Object, Count, Spatial, Avg. (%), and n per skill where known."""
-    from pipelines.engine.html import short_path
-
     has_n = any(c.startswith("n_") for c in table.columns)
     ranged = any(interval_columns(c)[0] in table.columns for c in (*P.Skill.ALL, "average"))   # intervals beside
     table = table.assign(model=[short_path(str(m)) for m in table["model"]])

@@ -18,20 +18,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
 from operators.base import Stage
-from operators.image_object_detection import ObjectDetector
-from pipelines.engine import arguments, generation, io
-from pipelines.engine import headline as HL
-from pipelines.engine import config as study_config
-from pipelines.engine.figures import FigureDir
-from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import ModelSpec
-from pipelines.engine.summary import stage_row
+from operators.image_generation import ImageGenerator
+from operators.image_object_detection import ObjectDetector, load_object_detector
+from operators.image_sink import ImageSink
+from pipelines.engine.storage import io
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.cli import config as study_config
+from pipelines.engine.report.figures import FigureDir
+from pipelines.engine.generation import Generated, GenerationPlan, GenerationSettings, generation_rows, generation_settings
+from pipelines.engine.report.page import STANDIN_CONSOLE
+from pipelines.engine.run.lifecycle import ImageStudy, Outcome, Run, run_study
+from pipelines.engine.run.models import ModelSpec
+from pipelines.engine.stats.summary import stage_row
+from pipelines.standins.detection import build_tiny_detr
 from pipelines.studies.dalleval import headlines as H
+from pipelines.studies.dalleval import report_skills
 from pipelines.studies.dalleval import skills as K
 from schemas import paintskills as P
 from schemas.subsets import PROMPT
@@ -55,6 +61,10 @@ FILES = {
 class SkillsSettings:
     """The effective PaintSkills study (preset < --config file < flags), built once; ``requests``
     is the input made from it (the skill prompts, each with its image's seed)."""
+
+    # left out of the run id: the scoring threshold and rules judge the checkpointed detections
+    # every time the tables are computed; the report's options only shape the page
+    not_in_run_id = ("detector.threshold", "detector.object_rule", "detector.count_rule", "report")
 
     label: str
     prompts: dict                      # sizes per skill, objects, counts, relations, the template set and its templates
@@ -125,60 +135,46 @@ def requests_of(st: SkillsSettings) -> pa.Table:
                            pr["same_class_pairs"], st.generation.seed, pr["plurals"], pr["relation_words"])
 
 
-def image_job(st: SkillsSettings, args) -> dict:
-    """What the per-image results depend on (the scoring threshold is not: it is applied after)."""
-    d = st.detector
-    det = {"model": d.model, "revision": d.revision, "record_threshold": d["record_threshold"], "dtype": d.dtype}
-    return {"study": "paper000-dalleval-skills", "prompts": st.prompts, "generation": st.generation.job(),
-            "plan": generation.plan_job(generation_plan(st, st.requests, True)), "detector": det,
-            "standin_models": bool(args.standin_models)}
 
 
 # ------------------------------------------------------------------------------------ the study
-class SkillsStudy(StudyBase):
+class SkillsStudy(ImageStudy):
     """PaintSkills (paper 000, section 4.1) as a study of the engine's lifecycle."""
 
     name = "paper000-dalleval-skills"
 
+    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
+        return generation_plan(st, requests, save_images)
+
     def settings(self, args) -> SkillsSettings:
         st = settings(args)
-        arguments.interval_settings(args)   # a bad interval option fails now, not after the images
         return dataclasses.replace(st, requests=requests_of(st))
 
-    def job(self, args, st: SkillsSettings) -> dict:
-        return image_job(st, args)
 
-    def announce(self, args, st: SkillsSettings) -> None:
+    def announce(self, opts, st: SkillsSettings) -> None:
         sizes = st.prompts["sizes"]
         print(f"DALL-Eval PaintSkills: {sizes[P.Skill.OBJECT]:,} object + {sizes[P.Skill.COUNT]:,} count + "
               f"{sizes[P.Skill.SPATIAL]:,} spatial prompts ({st.prompts['template_set']} templates), one image "
-              f"each per generator; detector {'a tiny stand-in' if args.standin_models else st.detector.model} "
+              f"each per generator; detector {'a tiny stand-in' if opts.standin_models else st.detector.model} "
               f"at threshold {st.detector['threshold']:g}")
 
-    def use_standins(self, args, st: SkillsSettings, root: str) -> SkillsSettings:
-        from pathlib import Path
-
-        from pipelines.standins.detection import build_tiny_detr
-
+    def use_standins(self, opts, st: SkillsSettings, root: str) -> SkillsSettings:
         return dataclasses.replace(st, detector=st.detector.standin_at(
             build_tiny_detr(str(Path(root) / "detr-standin"), seed=0, favour=st.prompts["objects"])))
 
-    def load_models(self, args, st: SkillsSettings, gpu) -> list[dict]:
-        from operators.image_object_detection import load_object_detector
-
+    def load_models(self, opts, st: SkillsSettings, gpu) -> list[dict]:
         det = st.detector
         bundle = load_object_detector(det.model, det.revision, device="cpu", dtype="float32")
-        records = [{"role": "skill detector (zero-shot)", "model": det.model, "standin": args.standin_models,
+        records = [{"role": "skill detector (zero-shot)", "model": det.model, "standin": opts.standin_models,
                     "detail": bundle.record}]
         del bundle
         return records
 
-    def execute(self, run: Run) -> Outcome:
-        args, st, rd = run.args, run.st, run.rd
-        requests, per_actor = st.requests, run.gpu.per_actor
-        models = run.generator_models
-        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
-        images, phases, budgets = generated.images, generated.phases, generated.budgets
+
+    def analyse(self, run: Run, generated: Generated) -> Outcome:
+        st, rd = run.st, run.rd
+        requests = st.requests
+        images, phases = generated.images, generated.phases
         threshold = st.detector["threshold"]
         judged = K.judge(images, threshold, st.detector["object_rule"], st.detector["count_rule"])
         results = analyse(judged)
@@ -188,18 +184,15 @@ class SkillsStudy(StudyBase):
         io.write_table_and_csv(judged, out_fs, f"{out}/{FILES['images']}")
         for key in ("accuracies", "table2", "splits", "tasks"):
             io.write_text(results[key].to_csv(index=False), out_fs, f"{out}/{FILES[key]}")
-        save_images = bool(args.save_images)
+        save_images = run.options.save_images
         metrics = {
-            "config": {"images": image_job(st, args), "threshold": threshold,
+            "config": {"images": run.rd.job, "threshold": threshold,
                        "object_rule": st.detector["object_rule"], "count_rule": st.detector["count_rule"],
-                       "execution": st.execution,
-                       "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
-                       "detector_loaded": st.detector, "save_images": save_images},
+                       "execution": st.execution, **run.generation_config(), "detector_loaded": st.detector},
             "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
                        "judged": K.judged_counts(judged)},
             "results": {k: results[k].to_dict("records") for k in ("accuracies", "table2", "splits", "tasks")},
             "zero_shot_note": ZERO_SHOT,
-            "error_budgets": [b.as_dict() for b in budgets],
             "headline": headline,
         }
         rows = generation_rows(judged, requests.num_rows, phases, detection_rows)
@@ -207,11 +200,9 @@ class SkillsStudy(StudyBase):
                                        "headline": headline})
 
     def report(self, run: Run, outcome: Outcome) -> None:
-        from pipelines.studies.dalleval import report_skills
-
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "models": run.generator_models,
-                "standin": bool(run.args.standin_models), "detector": st.detector.record(),
+                "standin": run.options.standin_models, "detector": st.detector.record(),
                 "templates": st.prompts["template_set"], "sizes": st.prompts["sizes"],
                 "images_dir": FILES["images_dir"] if d["save_images"] else None,
                 "examples": int(st.report.get("examples_per_skill", 6)), "headline": d["headline"]}
@@ -220,9 +211,7 @@ class SkillsStudy(StudyBase):
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
         print(K.format_table2(d["results"]["table2"]))
         print(ZERO_SHOT)
-        if run.args.standin_models:
-            from pipelines.engine.page import STANDIN_CONSOLE
-
+        if run.options.standin_models:
             print(STANDIN_CONSOLE)
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
               f"{FILES['accuracies']}, {FILES['table2']}, {FILES['splits']}, {FILES['tasks']}"
@@ -246,7 +235,8 @@ def generation_plan(st: SkillsSettings, requests: pa.Table, save_images: bool) -
     head = Stage(ObjectDetector, {"model": det.model, "revision": det.revision,
                                   "record_threshold": det["record_threshold"], "batch_size": int(det["batch_size"]),
                                   "dtype": det.dtype})
-    return GenerationPlan(requests, P.SKILL_IMAGES, heads=[head], key=P.IMAGE_ID, save_images=save_images,
+    return GenerationPlan(requests, P.SKILL_IMAGES, ImageGenerator, ImageSink, heads=[head], key=P.IMAGE_ID,
+                          save_images=save_images,
                           images_dir=FILES["images_dir"], what="generating and detecting")
 
 
@@ -266,8 +256,8 @@ def headline_section(run: Run, judged: pa.Table) -> dict:
     judged_n = {m: int((units["model"] == m).sum()) for m in metrics}
     excluded = {m: {"not generated or not judged": requested - n} for m, n in judged_n.items()}
     subjects = H.subjects(metrics, run.models, judged_n, excluded)
-    return HL.write(run.rd, H.SKILLS_STUDY, subjects, protocol(run.st), arguments.interval_settings(run.args),
-                    bool(run.args.standin_models))
+    return HL.write(run.rd, H.SKILLS_STUDY, subjects, protocol(run.st), run.options.intervals,
+                    run.options.standin_models)
 
 
 def protocol(st: SkillsSettings) -> dict:

@@ -27,6 +27,8 @@ from pipelines.studies.dalleval import metrics as M
 from operators.base import Stage, conform
 from operators.image_blip2_vqa import Blip2Detector
 from operators.image_clip_gender import ClipGenderClassifier
+from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
 from operators.image_skin_tone import SkinToneDetector
 from pipelines.studies.dalleval.prompts import (
     dalleval_requests,
@@ -34,20 +36,23 @@ from pipelines.studies.dalleval.prompts import (
     parse_groups,
     parse_professions,
 )
-from pipelines.engine import arguments, generation, io
-from pipelines.engine import headline as HL
+from pipelines.engine.storage import io
+from pipelines.engine.stats import headline as HL
 from pipelines.studies.dalleval import headlines as H
 from pipelines.studies.dalleval import report as dalleval_report
-from pipelines.engine import config as study_config
-from pipelines.engine.figures import FigureDir
-from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_rows, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.models import ModelSpec, clip_record, clip_settings, native_stderr_silenced, standin_clip
-from pipelines.engine.progress import outcome_counts
-from pipelines.engine.summary import stage_row
+from pipelines.engine.cli import config as study_config
+from pipelines.engine.report.figures import FigureDir
+from pipelines.engine.generation import Generated, GenerationPlan, GenerationSettings, generation_rows, generation_settings
+from pipelines.engine.run.lifecycle import ImageStudy, Outcome, Run, run_study
+from pipelines.engine.run.models import ModelSpec, clip_record, clip_settings, native_stderr_silenced, standin_clip
+from pipelines.engine.stream.progress import outcome_counts
+from pipelines.engine.stats.summary import stage_row
 from schemas import dalleval as S
 from schemas.images import GENDER, GENERATION_STATUS, Gender
 from schemas.subsets import PROMPT
+from pipelines.standins.blip2 import build_tiny_blip2
+from operators.support.blip2_models import check_blip2
+from operators.image_blip2_vqa import normalize_attributes
 
 PRESET = "dalleval.yaml"
 REPLACED = ("groups", "professions", "attributes", "articles")  # a study file's own sets, not merged
@@ -70,6 +75,10 @@ CLIP_TO_DETECTED = {Gender.MALE: S.DetectedGender.MALE, Gender.FEMALE: S.Detecte
 class DallEvalSettings:
     """The effective social-bias study (preset < --config file < flags), built once; ``requests``
     is the input read from it (the diagnostic prompts, each with its images' seeds)."""
+
+    # left out of the run id: the groups the tables compare are applied to the checkpointed rows
+    # every time the tables are computed
+    not_in_run_id = ("neutral", "compare")
 
     label: str
     groups: dict                       # label -> words in the prompt ("man" -> "a man")
@@ -126,7 +135,6 @@ def settings(args) -> DallEvalSettings:
         raise ValueError(f"detect.gender must be one of {S.GenderDetector.ALL}, got {detect['gender']!r}")
     blip2 = blip2_settings(cfg["blip2"], args)
     clip = clip_settings(cfg["clip"], args)
-    from operators.image_blip2_vqa import normalize_attributes
 
     attributes = [{"name": n, "text": " ".join(t.split())} for n, t in normalize_attributes(cfg.get("attributes"))]
     if detect["attributes"] and not attributes:
@@ -149,22 +157,6 @@ def uses_blip2(detect: dict) -> bool:
     return detect["gender"] == S.GenderDetector.BLIP2 or bool(detect["attributes"])
 
 
-def image_job(st: DallEvalSettings, args) -> dict:
-    """What the per-image results depend on: its fingerprint names the run."""
-    job = {"study": "paper000-dalleval", "groups": st.groups, "professions": st.professions,
-           "template": st.template, "bare_prompts": st.bare_prompts, "articles": st.articles,
-           "generation": st.generation.job(),
-           "plan": generation.plan_job(generation_plan(st, st.requests, True)), "detect": st.detect,
-           "standin_models": bool(args.standin_models)}
-    if uses_blip2(st.detect):
-        job["blip2"] = {k: v for k, v in st.blip2.record().items() if k != "batch_size"}
-    if st.detect["attributes"]:
-        job["attributes"] = st.attributes
-    if st.detect["gender"] == S.GenderDetector.CLIP:
-        job["clip"] = st.clip
-    if st.detect["skin_tone"]:
-        job["skin_tone"] = st.skin_tone
-    return job
 
 
 def detector_kwargs(st: DallEvalSettings) -> dict | None:
@@ -197,8 +189,6 @@ def load_models(st: DallEvalSettings, standin: bool) -> list[dict]:
     if st.detect["gender"] == S.GenderDetector.CLIP:
         records.append(clip_record(st.clip, standin, "gender detector (CLIP zero-shot)"))
     if uses_blip2(st.detect):
-        from operators.image_blip2_vqa import check_blip2
-
         records.append({"role": "BLIP-2 (gender / attributes)", "model": st.blip2.model, "standin": standin,
                         "detail": check_blip2(st.blip2.model, st.blip2.revision)})
     if st.detect["skin_tone"]:
@@ -212,27 +202,25 @@ def load_models(st: DallEvalSettings, standin: bool) -> list[dict]:
 def standins(st: DallEvalSettings, root: str) -> DallEvalSettings:
     """Tiny random BLIP-2 and CLIP under ``root`` (the engine builds the generators'): the
     settings pointed at them (``st`` is left as it is)."""
-    from pipelines.standins.blip2 import build_tiny_blip2
 
     return dataclasses.replace(st, clip=standin_clip(st.clip, root),
                                blip2=st.blip2.standin_at(build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0)))
 
 
 # ------------------------------------------------------------------------------------ the study
-class DallEvalStudy(StudyBase):
+class DallEvalStudy(ImageStudy):
     """The social-bias half of paper 000 as a study of the engine's lifecycle."""
-
     name = "paper000-dalleval"
+
+    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
+        return generation_plan(st, requests, save_images)
 
     def settings(self, args) -> DallEvalSettings:
         st = settings(args)
-        arguments.interval_settings(args)   # a bad interval option fails now, not after the images
         return dataclasses.replace(st, requests=requests_of(st))   # bad input fails now
 
-    def job(self, args, st: DallEvalSettings) -> dict:
-        return image_job(st, args)
 
-    def announce(self, args, st: DallEvalSettings) -> None:
+    def announce(self, opts, st: DallEvalSettings) -> None:
         requests = st.requests
         print(f"DALL-Eval social bias: {len(st.groups)} groups x {len(st.professions)} professions"
               f"{' + bare prompts' if st.bare_prompts else ''} = "
@@ -240,39 +228,35 @@ class DallEvalStudy(StudyBase):
               f"prompts, {requests.num_rows:,} images per generator; gender by {st.detect['gender']}, attributes "
               f"{'on' if st.detect['attributes'] else 'off'}, skin tone {'on' if st.detect['skin_tone'] else 'off'}")
 
-    def actor_cpus(self, args, st: DallEvalSettings) -> float:
-        return args.gen_actors + (args.skin_actors if st.detect["skin_tone"] else 0)
+    def actor_cpus(self, opts, st: DallEvalSettings) -> float:
+        return opts.gen_actors + (opts.flags["skin_actors"] if st.detect["skin_tone"] else 0)
 
-    def use_standins(self, args, st: DallEvalSettings, root: str) -> DallEvalSettings:
+    def use_standins(self, opts, st: DallEvalSettings, root: str) -> DallEvalSettings:
         return standins(st, root)
 
-    def load_models(self, args, st: DallEvalSettings, gpu) -> list[dict]:
-        return load_models(st, args.standin_models)
+    def load_models(self, opts, st: DallEvalSettings, gpu) -> list[dict]:
+        return load_models(st, opts.standin_models)
 
-    def execute(self, run: Run) -> Outcome:
-        args, st, rd = run.args, run.st, run.rd
-        requests, per_actor = st.requests, run.gpu.per_actor
-        models = run.generator_models
-        generated = generation.generate(run, generation_plan(st, requests, bool(args.save_images)))
-        images, phases, budgets = generated.images, generated.phases, generated.budgets
+
+    def analyse(self, run: Run, generated: Generated) -> Outcome:
+        st, rd = run.st, run.rd
+        requests = st.requests
+        images, phases = generated.images, generated.phases
         results = analyse(images, st.neutral, st.compare, st.detect)
         headline = headline_section(run, results)
         results = with_intervals(results, H.by_model(headline), st.compare)
         out_fs, out = rd.fs, rd.path
-        io.write_table_and_csv(images, out_fs, f"{out}/{FILES['images']}")
         io.write_text(results["counts"].to_csv(index=False), out_fs, f"{out}/{FILES['counts']}")
         io.write_text(results["presence"].to_csv(index=False), out_fs, f"{out}/{FILES['presence']}")
         for name, table in results["tables"].items():
             io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
         summary_rows = run_summary_rows(images, requests.num_rows, phases, st.detect)
-        save_images = bool(args.save_images)
+        save_images = run.options.save_images
         metrics = {
-            "config": {"images": image_job(st, args), "neutral": st.neutral, "compare": st.compare,
-                       "execution": st.execution, "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(),
-                       "generators_loaded": models,
+            "config": {"images": run.rd.job, "neutral": st.neutral, "compare": st.compare,
+                       "execution": st.execution, **run.generation_config(),
                        "blip2_loaded": st.blip2 if uses_blip2(st.detect) else None,
-                       "clip_loaded": st.clip if st.detect["gender"] == S.GenderDetector.CLIP else None,
-                       "save_images": save_images},
+                       "clip_loaded": st.clip if st.detect["gender"] == S.GenderDetector.CLIP else None},
             "models": run.models,
             "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
                        "generation_status": outcome_counts(images, GENERATION_STATUS),
@@ -280,7 +264,6 @@ class DallEvalStudy(StudyBase):
                        "skin_status": outcome_counts(images, S.SKIN_STATUS)},
             "results": {"models": results["summary"], "reference": M.reference_rows(),
                         "tables": {k: v.to_dict("records") for k, v in results["tables"].items()}},
-            "error_budgets": [b.as_dict() for b in budgets],
             "headline": headline,
         }
         return Outcome(metrics, summary_rows, {"images": images, "results": results, "save_images": save_images,
@@ -290,12 +273,12 @@ class DallEvalStudy(StudyBase):
         st, rd, d = run.st, run.rd, outcome.data
         results = d["results"]
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
-                "models": run.generator_models, "standin": bool(run.args.standin_models),
+                "models": run.generator_models, "standin": run.options.standin_models,
                 "detect": st.detect,
                 "neutral": st.neutral, "compare": st.compare, "attributes": [a["name"] for a in st.attributes],
                 "headline": d["headline"]}
         io.write_text(dalleval_report.render_html(meta, results, run.models, figures=FigureDir(rd.fs, rd.path)), rd.fs, f"{rd.path}/{FILES['report']}")
-        print(dalleval_report.format_results(results, standin=bool(run.args.standin_models)))
+        print(dalleval_report.format_results(results, standin=run.options.standin_models))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, {FILES['images']}.parquet/.csv, "
               f"{FILES['counts']}, {FILES['presence']}, {', '.join(sorted(n + '.csv' for n in results['tables']))}"
               + (f", {FILES['images_dir']}/" if d["save_images"] else ""))
@@ -337,7 +320,8 @@ def generation_plan(st: DallEvalSettings, requests: pa.Table, save_images: bool)
     heads = [*([Stage(ClipGenderClassifier, clip)] if clip else []), *([Stage(Blip2Detector, blip2)] if blip2 else [])]
     skin = st.detect["skin_tone"]
     return GenerationPlan(
-        requests, S.DALLEVAL_IMAGES, heads=heads, key=S.IMAGE_ID,
+        requests, S.DALLEVAL_IMAGES, ImageGenerator, ImageSink, heads=heads, key=S.IMAGE_ID,
+        images_file=FILES["images"], images_csv=True,
         after=[Stage(SkinToneDetector, dict(st.skin_tone))] if skin else [],
         finish=DetectedGenderColumns(st.detect["gender"]), save_images=save_images, images_dir=FILES["images_dir"],
         resource_flags={"skin_actors": [(SkinToneDetector.stage_name, "actors")]},
@@ -374,8 +358,8 @@ def headline_section(run: Run, results: dict) -> dict:
     for model in metrics:
         images[model], excluded[model] = H.bias_excluded(results["counts"], model, st.requests.num_rows, tones)
     subjects = H.subjects(metrics, run.models, images, excluded)
-    return HL.write(run.rd, H.BIAS_STUDY, subjects, protocol(st), arguments.interval_settings(run.args),
-                    bool(run.args.standin_models))
+    return HL.write(run.rd, H.BIAS_STUDY, subjects, protocol(st), run.options.intervals,
+                    run.options.standin_models)
 
 
 def protocol(st: DallEvalSettings) -> dict:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from pipelines.engine import arguments, io
-from pipelines.engine.summary_files import write_summary_files, wrote_line
-from pipelines.engine.table_cells import read_cells
+from pipelines.engine.cli import arguments
+from pipelines.engine.cli.entry import input_errors, write_summary
+from pipelines.engine.storage import io
+from pipelines.engine.stats.table_cells import read_cells
+from pipelines.studies.dalleval import headlines as H
+from pipelines.studies.dalleval import report, report_skills
 from pipelines.studies.dalleval.metrics import format_summary, summarize_counts
+from pipelines.studies.dalleval.skills import format_table2, table2
 
 
 def run(args) -> dict:
@@ -17,33 +21,21 @@ def run(args) -> dict:
     df = read_cells(args.counts)
     if args.group is not None and "group" not in df:
         raise io.InputError(f"--group {args.group}: {args.counts} has no group column")
-    try:
+    with input_errors(args.counts):
         result = summarize_counts(df, args.group, settings)
-    except ValueError as exc:
-        raise io.InputError(f"{args.counts}: {exc}") from None
     print(format_summary(result))
     if args.output:
-        from pipelines.studies.dalleval import report
-
-        out_fs, out = io.output_fs(args.output)
-        names = write_summary_files(out_fs, out, "dalleval_summary", {"input": args.counts, **result},
-                                    report.summary_table(result),
-                                    lambda figs: report.summary_html(args.counts, result, figures=figs))
-        print(wrote_line(args.output, names))
+        write_summary(args.output, "dalleval_summary", {"input": args.counts, **result}, report.summary_table(result),
+                      lambda figs: report.summary_html(args.counts, result, figures=figs))
     return result
 
 
 def run_skills(args) -> dict:
     """Table 2 (paper 000, section 5.2) from a CSV of per-skill accuracies: model,skill,accuracy[,n]."""
-    from pipelines.studies.dalleval import headlines as H
-    from pipelines.studies.dalleval.skills import format_table2, table2
-
     settings = arguments.interval_settings(args)
     df = read_cells(args.skills)
-    try:
+    with input_errors(args.skills):
         table = table2(df)
-    except ValueError as exc:
-        raise io.InputError(f"{args.skills}: {exc}") from None
     extra = {}
     if "n" in df.columns and df["n"].notna().any():   # the images behind each accuracy: intervals over them
         lookup = H.summaries(H.complete_averages(H.skill_metrics(H.accuracy_units(df)), table), settings)
@@ -52,10 +44,6 @@ def run_skills(args) -> dict:
     print(format_table2(table))
     result = {"input": args.skills, "table2": table.to_dict("records"), **extra}
     if args.output:
-        from pipelines.studies.dalleval import report_skills
-
-        out_fs, out = io.output_fs(args.output)
-        names = write_summary_files(out_fs, out, "dalleval_skills_summary", result, table,
-                                    lambda figs: report_skills.summary_html(args.skills, table, figures=figs))
-        print(wrote_line(args.output, names))
+        write_summary(args.output, "dalleval_skills_summary", result, table,
+                      lambda figs: report_skills.summary_html(args.skills, table, figures=figs))
     return result

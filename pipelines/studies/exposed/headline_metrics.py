@@ -1,4 +1,4 @@
-"""The headline numbers of `exposed.py run` with their intervals (issue 32; ``pipelines.engine.headline``).
+"""The headline numbers of `exposed.py run` with their intervals (``pipelines.engine.stats.headline``).
 
 Per generator (one ``headline.Subject`` each) and caption source, each a mean over units:
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.engine import headline as HL
-from pipelines.engine import html as H
-from pipelines.engine import page as Pg
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
 from pipelines.studies.exposed import metrics as M
 from schemas.exposed import (
     COSINE,
@@ -51,6 +51,10 @@ SEED_UNIT = "seed"                 # ... in a source of one triplet: its (triple
 GAP_TEXT = ("RQ1 gap: s(neutral, masculine) - s(neutral, feminine) (Diff. Pix.: the reverse), the mean of each "
             "unit's own difference; > 0: the neutral prompts' images are closer to the masculine ones'")
 LEAD_PAIRS = (M.NEUTRAL_FEMININE, M.NEUTRAL_MASCULINE)   # Table 4's pairs: s_O in the report's opening box
+# how each space is named in the metrics, the printed results and the report
+SPACE_LABELS = {Space.PROMPT: "prompt (t)", Space.PROMPT_POOLED: "pooled prompt", Space.DENOISING: "denoising (z\u2080)", Space.SSIM: "SSIM",
+                Space.DIFF_PIX: "Diff. Pix. (%)", Space.RESNET: "ResNet", Space.CLIP: "CLIP",
+                Space.DINO: "DINO", Space.SPLIT_PRODUCT: "split-product"}
 
 
 # ------------------------------------------------------------------------------------ metric keys
@@ -99,8 +103,6 @@ def _metric(key: str, label: str, better: str, rows: pd.DataFrame, unit: str) ->
 def disparity_metrics(pairs: pd.DataFrame, gaps: pd.DataFrame, by_seed=frozenset()) -> list[HL.Metric]:
     """One model's Table 3 numbers and RQ1 gaps (``resampled_means`` of ``M.pair_values`` and
     ``M.unit_gaps``, keyed by source and space (and pair)), per source and space in Space.ALL order."""
-    from pipelines.studies.exposed.report import SPACE_LABELS
-
     out = []
     pair_groups = dict(tuple(pairs.groupby([TRIPLET_SOURCE, SPACE, PAIR], sort=False)))
     gap_groups = dict(tuple(gaps.groupby([TRIPLET_SOURCE, SPACE], sort=False)))

@@ -99,7 +99,7 @@ def contingency(counts: pd.DataFrame, variants) -> pd.DataFrame:
 def chi_square(table: pd.DataFrame) -> dict:
     """Pearson's chi-square test of independence on a variants x objects contingency table (2 x K
     for a pair, 3 x K for the triplet): statistic, p-value, degrees of freedom, objects used."""
-    from scipy.stats import chi2_contingency
+    from scipy.stats import chi2_contingency  # deferred: scipy
 
     observed = np.asarray(table, dtype=np.float64)
     objects = observed.shape[1] if observed.ndim == 2 else 0

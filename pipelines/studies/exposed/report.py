@@ -9,21 +9,18 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipelines.engine import figures as _figures
-from pipelines.engine import headline as HL
-from pipelines.engine import html as H
-from pipelines.engine import page as Pg
-from pipelines.engine.checkpoint import model_dir
+from pipelines.engine.report import figures as _figures
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
+from pipelines.engine.storage.checkpoint import model_dir
 from pipelines.studies.exposed import headline_metrics as HM
+from pipelines.studies.exposed.headline_metrics import SPACE_LABELS
 from pipelines.studies.exposed import metrics as M
-from pipelines.engine.page import COLORS
+from pipelines.engine.report.page import COLORS
 from schemas import exposed as S
 from schemas.images import GENERATION_STATUS, MODEL, SEED, GenerationStatus
 from schemas.subsets import PROMPT
-
-SPACE_LABELS = {S.Space.PROMPT: "prompt (t)", S.Space.PROMPT_POOLED: "pooled prompt", S.Space.DENOISING: "denoising (z\u2080)", S.Space.SSIM: "SSIM",
-                S.Space.DIFF_PIX: "Diff. Pix. (%)", S.Space.RESNET: "ResNet", S.Space.CLIP: "CLIP",
-                S.Space.DINO: "DINO", S.Space.SPLIT_PRODUCT: "split-product"}
 
 
 def _table(df: pd.DataFrame, digits: int = 3, labels: dict | None = None) -> str:
@@ -178,11 +175,9 @@ def render_html(meta: dict, data: dict, counts, records: list[dict], *,
     c = counts.to_pandas()
     labels = Pg.model_labels(meta.get("models", []), table3[MODEL] if len(table3) else [],
                              images[MODEL] if len(images) else [])
-    standin = Pg.any_standin(records, meta.get("standin"))
-    parts = ["<h1>Stable Diffusion Exposed (papers 003/004)</h1>"]
-    if standin:
-        parts.append(Pg.standin_banner("The generators and the image models are tiny random-weight stand-ins; the "
-                                       "run only exercises the pipeline."))
+    parts = Pg.run_page_top("Stable Diffusion Exposed (papers 003/004)", meta, records,
+                            "The generators and the image models are tiny random-weight stand-ins; the "
+                            "run only exercises the pipeline.")
     head = data.get("headline")
     rq1 = rq1_table(direction, labels)
     lead = ("<p class=lead>RQ1: is the neutral set closer to the masculine set? Per model, caption source and space, "

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 
 from operators.support import rle
-from pipelines.engine import figures as _figures
-from pipelines.engine import html as H
-from pipelines.engine import page as Pg
+from pipelines.engine.report import figures as _figures
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
 from pipelines.studies.exposed import headline_metrics as HM
 from pipelines.studies.exposed import objects as O
-from pipelines.engine.page import COLORS
+from pipelines.engine.report.page import COLORS
 from schemas import exposed as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 from schemas.subsets import PROMPT

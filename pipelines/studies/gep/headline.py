@@ -1,4 +1,4 @@
-"""The headline numbers of a GEP run with their intervals (issue 32; contract: pipelines/engine/headline.py).
+"""The headline numbers of a GEP run with their intervals (contract: pipelines/engine/stats/headline.py).
 
 Per generator (one ``headline.Subject``), per setting, estimator (C, CC, CLS; human with annotations)
 and comparison (woman - man):
@@ -24,8 +24,8 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
-from pipelines.engine import headline as H
-from pipelines.engine import intervals as iv
+from pipelines.engine.stats import headline as H
+from pipelines.engine.stats import intervals as iv
 from pipelines.studies.gep import metrics as M
 from schemas import gep as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus

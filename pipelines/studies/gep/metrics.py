@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from pipelines.engine.table_cells import numbers
+from pipelines.engine.stats.table_cells import numbers
 from schemas.gep import ATTRIBUTE, ESTIMATOR, FREQUENCY, GENDER, MODEL, SETTING, high, low
 
 COMPARISON = "comparison"      # "woman - man": the pair (first, second) of a GEP vector
@@ -170,7 +170,7 @@ def _finite_or_none(v) -> float | None:
 def kendall_tau_b(x, y) -> float | None:
     """Kendall's tau-b (App. D; ties in either variable corrected for). NaN pairs are dropped; None when
     undefined: fewer than 2 values or a constant variable."""
-    from scipy import stats
+    from scipy import stats  # deferred: scipy
 
     x, y = _paired(x, y)
     if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
@@ -243,7 +243,7 @@ def compare_vectors(auto: pd.DataFrame, reference: pd.DataFrame, keys=(MODEL, SE
 
 
 def _ranks(values: np.ndarray) -> list[float]:
-    from scipy.stats import rankdata
+    from scipy.stats import rankdata  # deferred: scipy
 
     return [float(v) for v in rankdata(values, method="average")] if len(values) else []
 
@@ -304,7 +304,7 @@ def compare_scores(auto_scores: pd.DataFrame, reference_scores: pd.DataFrame) ->
 def roc_auc(labels, scores) -> float | None:
     """Area under the ROC curve of ``scores`` for 0/1 ``labels`` (Table 7 / 16): the Mann-Whitney U of
     the positives over n_pos * n_neg, ties counting one half. None when only one class is present."""
-    from scipy.stats import rankdata
+    from scipy.stats import rankdata  # deferred: scipy
 
     y = np.asarray(labels).ravel()
     s = np.asarray(scores, dtype=float).ravel()

@@ -9,11 +9,11 @@ import math
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
-from pipelines.engine import figures as _figures
-from pipelines.engine import headline as HL
-from pipelines.engine import html as H
-from pipelines.engine import page as Pg
-from pipelines.engine.page import COLORS
+from pipelines.engine.report import figures as _figures
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
+from pipelines.engine.report.page import COLORS
 from pipelines.studies.gep import headline as GH
 from pipelines.studies.gep import metrics as M
 from schemas import gep as S
@@ -253,11 +253,9 @@ def render_html(meta: dict, shown: dict, tables: dict[str, pd.DataFrame], evalua
     names = meta["attributes"]
     vectors, freq = shown["vectors"], shown["frequencies"]
     labels = Pg.model_labels(meta.get("models", []), shown["gep"][MODEL], freq[MODEL])
-    standin = Pg.any_standin(records, meta.get("standin"))
-    parts = ["<h1>Gender presentation differences (GEP, paper 001)</h1>"]
-    if standin:
-        parts.append(Pg.standin_banner("CLIP and the generators are tiny random-weight stand-ins; the run only "
-                                       "exercises the pipeline."))
+    parts = Pg.run_page_top("Gender presentation differences (GEP, paper 001)", meta, records,
+                            "CLIP and the generators are tiny random-weight stand-ins; the run only "
+                            "exercises the pipeline.")
     lead = ("<p class=lead>GEP score per model and estimator (mean |v<sub>j</sub>| over "
             f"{len(names)} attributes, Eq. 2; Tables 3 and 6); larger: the attributes differ more between the "
             "groups. The automatic estimators are on their own scales: compare ranks across models and "

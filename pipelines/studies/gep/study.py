@@ -32,6 +32,8 @@ from pipelines.studies.gep import headline as GH
 from pipelines.studies.gep import metrics as M
 from operators.base import Stage, conform
 from operators.image_clip_embedding import ClipImageEmbedder
+from operators.image_generation import ImageGenerator
+from operators.image_sink import ImageSink
 from operators.support.attribute_classifier import (
     TABLE2_CONTEXTS,
     ClassifierSettings,
@@ -39,20 +41,23 @@ from operators.support.attribute_classifier import (
     classifier_sentences,
 )
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-from pipelines.engine import arguments, headline, io, runtime
+from pipelines.engine.stats import headline
+from pipelines.engine.storage import io
+from pipelines.engine.stream import runtime
 from pipelines.studies.gep import report as gep_report
-from pipelines.engine import config as study_config
-from pipelines.engine.figures import FigureDir
+from pipelines.engine.cli import config as study_config
+from pipelines.engine.report.figures import FigureDir
 from pipelines.engine import generation
-from pipelines.engine.generation import GenerationPlan, GenerationSettings, generation_settings
-from pipelines.engine.lifecycle import Outcome, Run, StudyBase, run_study
-from pipelines.engine.checkpoint import model_dir
-from pipelines.engine.models import ModelSpec, clip_record, clip_settings, standin_clip
-from pipelines.engine.progress import Phase, outcome_counts
-from pipelines.engine.summary import stage_row
+from pipelines.engine.generation import Generated, GenerationPlan, GenerationSettings, generation_settings
+from pipelines.engine.run.lifecycle import ImageStudy, Outcome, Run, run_study
+from pipelines.engine.storage.checkpoint import model_dir
+from pipelines.engine.run.models import ModelSpec, clip_record, clip_settings, standin_clip
+from pipelines.engine.stream.progress import Phase, outcome_counts
+from pipelines.engine.stats.summary import stage_row
 from schemas import gep as S
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
 from schemas.subsets import PROMPT
+from operators.image_attribute_scores import AttributeScorer
 
 PRESET = "gep.yaml"
 REPLACED = ("genders", "comparisons", "attributes", "contexts", "settings")  # a study file's own sets, not merged
@@ -78,6 +83,11 @@ SCORE_BLOCK = 4096
 class GepSettings:
     """The effective GEP study (preset < --config file < flags), built once; ``requests`` and
     ``annotations`` are the inputs read from it (bad input fails when they are built)."""
+
+    # left out of the run id: the comparisons, the reference and the attribute classifier score the
+    # checkpointed embeddings every time (scores are not checkpointed); human annotations are read
+    # at the end of every run
+    not_in_run_id = ("comparisons", "reference", "classifier", "annotations")
 
     label: str
     genders: dict                      # label -> text in the prompt (section 3)
@@ -137,13 +147,6 @@ def requests_of(st: GepSettings) -> pa.Table:
                         gen.images_per_prompt, gen.seed)
 
 
-def image_job(st: GepSettings, args) -> dict:
-    """What the images depend on: its fingerprint names the run."""
-    return {"study": "paper001-gep", "genders": st.genders, "settings": st.settings,
-            "attributes": [{"name": a.name, "phrase": a.phrase} for a in st.attributes],
-            "contexts": st.contexts, "templates": {k: st.templates[k] for k in st.settings},
-            "generation": st.generation.job(), "plan": generation.plan_job(generation_plan(st, st.requests, True)),
-            "clip": st.clip, "standin_models": bool(args.standin_models)}
 
 
 def scoring_config(st: GepSettings) -> dict:
@@ -152,39 +155,37 @@ def scoring_config(st: GepSettings) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the study
-class GepStudy(StudyBase):
-    """Paper 001 as a study of the engine's lifecycle (pipelines/engine/lifecycle.py)."""
-
+class GepStudy(ImageStudy):
+    """Paper 001 as a study of the engine's lifecycle (pipelines/engine/run/lifecycle.py)."""
     name = "paper001-gep"
+
+    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
+        return generation_plan(st, requests, save_images)
 
     def settings(self, args) -> GepSettings:
         st = settings(args)
         return dataclasses.replace(st, requests=requests_of(st),  # bad input fails now
                                    annotations=read_annotations(args.annotations) if args.annotations else None)
 
-    def job(self, args, st: GepSettings) -> dict:
-        return image_job(st, args)
 
-    def announce(self, args, st: GepSettings) -> None:
+    def announce(self, opts, st: GepSettings) -> None:
         print(f"GEP study: {len(st.genders)} groups, {len(st.attributes)} attributes, {len(st.contexts)} "
               f"contexts, settings {', '.join(st.settings)}: {st.requests.num_rows:,} images per generator")
 
-    def actor_cpus(self, args, st: GepSettings) -> float:
-        return args.gen_actors + 1
+    def actor_cpus(self, opts, st: GepSettings) -> float:
+        return opts.gen_actors + 1
 
-    def use_standins(self, args, st: GepSettings, root: str) -> GepSettings:
+    def use_standins(self, opts, st: GepSettings, root: str) -> GepSettings:
         return dataclasses.replace(st, clip=standin_clip(st.clip, root))
 
-    def load_models(self, args, st: GepSettings, gpu) -> list[dict]:
-        return [clip_record(st.clip, args.standin_models, "CLIP (embeddings, estimators)")]
+    def load_models(self, opts, st: GepSettings, gpu) -> list[dict]:
+        return [clip_record(st.clip, opts.standin_models, "CLIP (embeddings, estimators)")]
 
-    def execute(self, run: Run) -> Outcome:
-        args, st, rd = run.args, run.st, run.rd
+
+    def analyse(self, run: Run, generated: Generated) -> Outcome:
+        st, rd = run.st, run.rd
         requests, per_actor = st.requests, run.gpu.per_actor
-        models = run.generator_models
-        plan = generation_plan(st, requests, bool(args.save_images))
-        generated = generation.generate(run, plan)
-        images, phases, budgets = generated.images, generated.phases, generated.budgets
+        images, phases = generated.images, generated.phases
 
         print(f"scoring {len(st.attributes)} attributes with C-f, CC-f and CLS-f "
               f"(ensembles of {st.classifier['ensemble']}) ...")
@@ -200,7 +201,6 @@ class GepStudy(StudyBase):
         results, shown = GH.with_intervals(results, head), GH.with_intervals(shown, head)
         if evaluation is not None:
             evaluation = GH.with_intervals(evaluation, head)
-        io.write_table(images, out_fs, f"{out}/{FILES['images']}")
         io.write_table_and_csv(scores, out_fs, f"{out}/{FILES['scores']}")
         io.write_table_and_csv(results["frequencies"], out_fs, f"{out}/{FILES['frequencies']}")
         io.write_table_and_csv(results["vectors"], out_fs, f"{out}/{FILES['vectors']}")
@@ -209,17 +209,17 @@ class GepStudy(StudyBase):
         tables = gep_report.paper_tables(shown, names)
         for name, table in tables.items():
             io.write_text(table.to_csv(index=False), out_fs, f"{out}/{name}.csv")
-        save_images = bool(args.save_images)
+        save_images = run.options.save_images
         io.write_text(annotation_tasks(images, st, rd if save_images else None).to_csv(index=False), out_fs,
                       f"{out}/{FILES['tasks']}")
         if evaluation is not None:
             write_evaluation(evaluation, out_fs, out)
 
-        summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows, plan.heads)
+        summary_rows = run_summary_rows(images, requests.num_rows, phases, score_phase, scores.num_rows,
+                                        generation_plan(st, None, save_images).heads)
         metrics = {
-            "config": {"images": image_job(st, args), "scoring": scoring_config(st), "execution": st.execution,
-                       "gpus_per_actor": per_actor, "gpu_plan": run.gpu.as_dict(), "generators_loaded": models,
-                       "clip_loaded": st.clip, "save_images": save_images},
+            "config": {"images": run.rd.job, "scoring": scoring_config(st), "execution": st.execution,
+                       **run.generation_config(), "clip_loaded": st.clip},
             "models": run.models, "scorer": scorer_record,
             "images": {"requested_per_generator": requests.num_rows, "rows": images.num_rows,
                        "status": outcome_counts(images, GENERATION_STATUS),
@@ -228,7 +228,6 @@ class GepStudy(StudyBase):
             "results": {"gep": results["gep"].to_dict("records"), "vectors": results["vectors"].to_dict("records"),
                         "frequencies": results["frequencies"].to_pylist()},
             "evaluation": evaluation_json(evaluation) if evaluation is not None else None,
-            "error_budgets": [b.as_dict() for b in budgets],
             "headline": head,
         }
         return Outcome(metrics, summary_rows, {"images": images, "shown": shown, "tables": tables,
@@ -238,13 +237,13 @@ class GepStudy(StudyBase):
     def report(self, run: Run, outcome: Outcome) -> None:
         st, rd, d = run.st, run.rd, outcome.data
         meta = {"run_id": rd.run_id, "output": rd.display(), "images": d["images"].num_rows,
-                "models": run.generator_models, "standin": bool(run.args.standin_models), "settings": st.settings,
+                "models": run.generator_models, "standin": run.options.standin_models, "settings": st.settings,
                 "reference": st.reference, "ensemble": st.classifier["ensemble"],
                 "attributes": [a.name for a in st.attributes]}
         io.write_text(gep_report.render_html(meta, d["shown"], d["tables"], d["evaluation"], run.models,
                                              figures=FigureDir(rd.fs, rd.path), headline=d["headline"]),
                       rd.fs, f"{rd.path}/{FILES['report']}")
-        print(gep_report.format_scores(d["shown"], d["evaluation"], standin=bool(run.args.standin_models),
+        print(gep_report.format_scores(d["shown"], d["evaluation"], standin=run.options.standin_models,
                                        level=d["headline"]["interval"]["level"]))
         print(f"\nwrote {rd.display()}/: {FILES['report']}, {FILES['metrics']}, "
               f"{', '.join(sorted(n + '.csv' for n in d['tables']))}, {FILES['tasks']}"
@@ -259,12 +258,12 @@ def run(args) -> dict:
 def headline_of(run: Run, shown: dict, scores: pa.Table, images: pa.Table, evaluation: dict | None) -> dict:
     """metrics.json's ``headline`` (GEP scores and vector entries with intervals, per generator);
     writes headline_units.parquet into the run directory."""
-    standin = bool(run.args.standin_models)
+    standin = run.options.standin_models
     cols = [MODEL, S.IMAGE_ID, PROMPT, GENERATION_STATUS]
     subjects, protocol = GH.build(run.st, shown, scores.to_pandas(), images.select(cols).to_pandas(),
                                   evaluation["labels"] if evaluation is not None else None,
                                   run.generator_models, run.models, standin)
-    return headline.write(run.rd, GepStudy.name, subjects, protocol, arguments.interval_settings(run.args), standin)
+    return headline.write(run.rd, GepStudy.name, subjects, protocol, run.options.intervals, standin)
 
 
 # ------------------------------------------------------------------------------------ generation
@@ -274,8 +273,8 @@ def generation_plan(st: GepSettings, requests: pa.Table, save_images: bool) -> G
     clip = st.clip
     embed = Stage(ClipImageEmbedder, {"model": clip["model"], "pretrained": clip.get("pretrained"),
                                       "revision": clip.get("revision")})
-    return GenerationPlan(requests, S.GEP_IMAGES, heads=[embed], key=S.IMAGE_ID, save_images=save_images,
-                          images_dir=FILES["images_dir"])
+    return GenerationPlan(requests, S.GEP_IMAGES, ImageGenerator, ImageSink, heads=[embed], key=S.IMAGE_ID,
+                          save_images=save_images, images_dir=FILES["images_dir"], images_file=FILES["images"])
 
 
 # ------------------------------------------------------------------------------------ scoring
@@ -286,8 +285,6 @@ def scorer_kwargs(st: GepSettings, device: str = "auto") -> dict:
 
 def score(ray, images: pa.Table, st: GepSettings, per_actor: float, device: str = "auto"):
     """Per-(image, attribute) scores from one scorer actor (CLIP text side + classifier ensembles)."""
-    from operators.image_attribute_scores import AttributeScorer
-
     phase = Phase("score attributes", "images", images.num_rows)
     t0 = time.time()
     opts = {"num_cpus": 1, **runtime.actor_retries()}

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from operators.support.cross_attention import CrossAttentionCapture
 from operators.support.diffusion import load_text2image
+from operators.support.attention_capture import capture_for
 from operators.support.joint_attention import (CONCATENATED, IMAGE_FIRST, TEXT_FIRST, JointAttentionCapture,
-                                               capture_for, token_grid)
+                                               token_grid)
 from pipelines.standins.families import build_tiny_flux, build_tiny_pixart, build_tiny_sd3, build_tiny_t5_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -64,9 +64,10 @@ def attempt(key, fn):
         out[key] = {"error": f"{type(exc).__name__}: {exc}"}
 
 from operators.support.diffusion import load_text2image
-from operators.image_blip2_vqa import check_blip2, load_blip2
+from operators.support.blip2_models import check_blip2, load_blip2
 from operators.support.clip import load_clip
-from pipelines.engine import models
+from pipelines.engine.cli.options import RunOptions
+from pipelines.engine.run import models
 from pipelines.studies.amplification import captions
 
 attempt("sd_main", lambda: load_text2image("org/tiny-sd", device="cpu", dtype="float32")[1])
@@ -89,7 +90,7 @@ attempt("clip_tag", lambda: load_clip("Tiny-Hub-ViT", "openai_like", device="cpu
 attempt("clip_tag_pinned", lambda: load_clip("Tiny-Hub-ViT", "openai_like", device="cpu", revision=PINNED).record)
 
 sbert = lambda revision: captions.caption_records(captions.load_caption_models(
-    SimpleNamespace(no_names=True), SimpleNamespace(sbert=models.ModelSpec("org/minilm", revision))))["sbert"]
+    RunOptions(), SimpleNamespace(names_enabled=False, sbert=models.ModelSpec("org/minilm", revision))))["sbert"]
 attempt("sbert", lambda: sbert(None))
 attempt("sbert_pinned", lambda: sbert(PINNED))
 
@@ -257,9 +258,12 @@ def test_revision_options_reach_the_study_settings():
                                           "--generator-revision", f"org/b={pin}", "--clip-revision", pin])
     st = gep_study.settings(args)
     assert [g.revision for g in st.generation.generators] == [None, pin] and st.clip["revision"] == pin
-    base = gep_study.image_job(gep_study.settings(gep.build_parser().parse_args(
-        ["run", "--output", "x", "--generators", "org/a", "org/b"])), args)
-    assert gep_study.image_job(st, args) != base  # another revision is another run
+    from pipelines.engine.cli.options import RunOptions
+
+    opts = RunOptions.from_args(args)
+    base = gep_study.GepStudy().job(opts, gep_study.settings(gep.build_parser().parse_args(
+        ["run", "--output", "x", "--generators", "org/a", "org/b"])))
+    assert gep_study.GepStudy().job(opts, st) != base  # another revision is another run
 
     args = dalleval.build_parser().parse_args(["run", "--output", "x", "--generators", "org/a",
                                                "--generator-revision", pin, "--blip2-revision", pin,
@@ -279,7 +283,7 @@ def test_revision_options_reach_the_study_settings():
 
 def test_amplification_image_settings_carry_the_revisions():
     from pipelines import amplification
-    from pipelines.studies.amplification import study as study
+    from pipelines.studies.amplification import run_settings as study
 
     pin = COMMIT["pinned"]
     args = amplification.build_parser().parse_args(

@@ -158,7 +158,7 @@ def test_only_mean_pooled_models_are_converted():
 
 def test_the_flag_names_another_run_and_is_recorded():
     from pipelines import amplification
-    from pipelines.studies.amplification.captions import settings
+    from pipelines.studies.amplification.caption_settings import settings
 
     parse = lambda *a: settings(amplification.build_parser().parse_args(  # noqa: E731
         ["captions", "--output", "/tmp/unused", "--occupations", "nurse", *a]))

@@ -221,7 +221,7 @@ def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_tor
     """Backend "auto" (the default, issue 34) with a screen factor so low that the occupations with
     the most captions are screened in bf16 and the others not: the same subsets as the torch run,
     only the screened occupations' candidates encoded again, the others' cosines torch's."""
-    from pipelines.engine import config as study_config
+    from pipelines.engine.cli import config as study_config
 
     base, out = run
     config = yaml.safe_load(study_config.default_config_path().read_text())
@@ -261,7 +261,7 @@ def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path):
     torch fp32 when selecting, in the driver and through the Ray Data reduction: the same members
     and order as the torch run (cosines to torch's float noise), fewer rows encoded twice than the
     input holds, and what was done recorded."""
-    from pipelines.engine import config as study_config
+    from pipelines.engine.cli import config as study_config
 
     base, out = run
     config = yaml.safe_load(study_config.default_config_path().read_text())

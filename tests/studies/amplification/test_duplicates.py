@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipelines.studies.amplification.captions import _url_rows, fold_counts, selected_keys
+from pipelines.studies.amplification.caption_selection import _url_rows, fold_counts, selected_keys
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, finalize, partial_top_k
 from schemas.occupations import Occupation

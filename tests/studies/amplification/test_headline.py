@@ -1,4 +1,4 @@
-"""E[A] as headline metrics (pipelines/engine/headline.py) on hand-made inputs, no Ray: per-unit
+"""E[A] as headline metrics (pipelines/engine/stats/headline.py) on hand-made inputs, no Ray: per-unit
 values (occupations) whose (weighted) mean is the E[A] the study reports, their intervals, Table 3's
 interval columns, the summarize intervals and the protocol."""
 
@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from helpers import REPO_ROOT
-from pipelines.engine import intervals as iv
-from pipelines.engine.headline import summarize
+from pipelines.engine.stats import intervals as iv
+from pipelines.engine.stats.headline import summarize
 from pipelines.studies.amplification import metrics as M
-from pipelines.studies.amplification import report as rep
+from pipelines.studies.amplification import report as rep, results
 from schemas import images as I
 
 SETTINGS = iv.IntervalSettings(resamples=400, seed=1)
@@ -76,18 +76,18 @@ def test_nothing_included_gives_no_value():
 def _approaches():
     rows = M.json_rows(_rows())
     per = {}
-    for subset in rep.APPROACH_TITLES:
+    for subset in results.APPROACH_TITLES:
         res, avg = M.expected_amplification(_rows(), "prompt_id")
         per[subset] = M.result_dict(res, avg) | {"rows": rows}
     return {"m": per}
 
 
 def test_table3_has_the_intervals_beside_each_value():
-    metrics = rep.model_metrics(_approaches(), {})
-    from pipelines.engine.headline import Subject
+    metrics = results.model_metrics(_approaches(), {})
+    from pipelines.engine.stats.headline import Subject
 
     head = summarize("s", [Subject("m", {"model": "m"}, metrics["m"])], {}, SETTINGS, False)
-    t3 = rep.table3(_approaches(), 2, head)
+    t3 = results.table3(_approaches(), 2, head)
     cols = list(t3.columns)
     assert cols[:11] == ["model", "approach", "#1", "#1_low", "#1_high", "#2", "#2_low", "#2_high", "average",
                          "average_low", "average_high"]
@@ -100,7 +100,7 @@ def test_table3_has_the_intervals_beside_each_value():
     assert "#1_low" not in shown and shown.iloc[0]["average"] == \
         f"{want.value:.2f} [{want.low:.2f}, {want.high:.2f}]"
     # without a headline: the values alone, as before
-    plain = rep.table3(_approaches(), 2)
+    plain = results.table3(_approaches(), 2)
     assert "#1_low" not in plain and rep.table3_text(plain) is plain
 
 
@@ -108,9 +108,9 @@ def test_model_metrics_cover_table3_and_section6():
     cp_rows = _rows()[lambda d: d.prompt_id == 1].drop(columns="prompt_id").assign(group="captions")
     res, avg = M.expected_amplification(cp_rows, "group")
     captions = {"m": {"all_captions": M.result_dict(res, avg) | {"rows": M.json_rows(cp_rows)}}}
-    out = rep.model_metrics(_approaches(), captions)["m"]
+    out = results.model_metrics(_approaches(), captions)["m"]
     keys = [m.key for m in out]
-    assert len(keys) == 4 * 3 + 1 and keys[-1] == rep.captions_key("all_captions")
+    assert len(keys) == 4 * 3 + 1 and keys[-1] == results.captions_key("all_captions")
     assert out[-1].interval(SETTINGS).value == pytest.approx(avg)
 
 
@@ -122,13 +122,13 @@ def test_generated_images_counts_and_reasons():
         I.FACE_STATUS: ["ok", "no_face", "ok", None, "ok", "ok", "ok"],
         I.GENDER: ["female", None, "male", None, "ambiguous", "male", "male"],
         I.COUNTED: [True, False, True, False, False, True, True]})
-    assert rep.generated_images(df, "m") == (2, {"no_face": 1, "nsfw_blocked": 1, "gender ambiguous": 1})
+    assert results.generated_images(df, "m") == (2, {"no_face": 1, "nsfw_blocked": 1, "gender ambiguous": 1})
 
 
 def test_summarize_intervals_keep_the_published_values():
     """Table 6 (SD 1.4): Table 3's naive row as published, each E[A] with an interval over the
     table's occupations."""
-    from pipelines.engine.table_cells import read_cells
+    from pipelines.engine.stats.table_cells import read_cells
 
     df = read_cells(str(REPO_ROOT / "tests" / "data" / "paper002_table6.csv"))
     plain = M.summarize_percentages(df)
@@ -154,7 +154,7 @@ def test_protocol_ignores_the_generators_and_execution():
     def protocol(*extra):
         args = amplification.build_parser().parse_args(["run", "--output", "/tmp/unused", "--standin-models",
                                                         "--occupations", "nurse,engineer", *extra])
-        return study.protocol(study.AmplificationStudy().settings(args), args, standin=True)
+        return study.protocol(study.AmplificationStudy().settings(args), standin=True)
 
     base = protocol()
     assert protocol("--generators", "stabilityai/stable-diffusion-2-base", "--gen-batch-size", "2",

@@ -11,7 +11,9 @@ import pytest
 from s3_server import s3_server  # noqa: F401  (fixture)
 
 from pipelines import amplification
-from pipelines.engine import io, rundir
+from pipelines.engine.storage import io
+from pipelines.engine.storage.inputs import resolve_parquet_inputs
+from pipelines.engine.run import rundir
 
 OCC = ["--occupations", "nurse,pilot", "--no-names", "--nn-k", "2", "--sample-size", "2", "--no-progress"]
 
@@ -38,13 +40,13 @@ def no_models(monkeypatch):
 def test_a_file_rewritten_with_the_same_size_and_time_changes_its_identity(tmp_path):
     f = tmp_path / "in.parquet"
     captions(f, ["a nurse at work", "a pilot"])
-    before = io.resolve_parquet_inputs(str(f)).data_identity()
-    assert io.resolve_parquet_inputs(str(f)).data_identity() == before  # stable while the file is
+    before = resolve_parquet_inputs(str(f)).data_identity()
+    assert resolve_parquet_inputs(str(f)).data_identity() == before  # stable while the file is
     stat = f.stat()
     captions(f, ["a pilot at work", "a nurse"])  # same rows, same byte count, other captions
     os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert f.stat().st_size == stat.st_size
-    after = io.resolve_parquet_inputs(str(f)).data_identity()
+    after = resolve_parquet_inputs(str(f)).data_identity()
     assert list(after) == list(before) == [str(f)] and after != before
 
 
@@ -59,11 +61,11 @@ def test_object_store_identity_follows_the_etag(s3_server):  # noqa: F811
         return fs.info(key)["ETag"].strip('"')
 
     etag = put(["a nurse"])
-    first = io.resolve_parquet_inputs(s3_server.url("laion")).data_identity()
+    first = resolve_parquet_inputs(s3_server.url("laion")).data_identity()
     assert f"etag={etag}" in first[s3_server.url("laion", "part-0.parquet")]
-    assert io.resolve_parquet_inputs(s3_server.url("laion")).data_identity() == first
+    assert resolve_parquet_inputs(s3_server.url("laion")).data_identity() == first
     put(["a pilot"])
-    assert io.resolve_parquet_inputs(s3_server.url("laion")).data_identity() != first
+    assert resolve_parquet_inputs(s3_server.url("laion")).data_identity() != first
 
 
 def test_run_id_of_other_input_data_is_refused_saying_the_input_changed(tmp_path):

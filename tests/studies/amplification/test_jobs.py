@@ -2,7 +2,7 @@ from helpers import REPO_ROOT
 import pytest
 import yaml
 
-from pipelines.engine.config import environment, load_config
+from pipelines.engine.cli.config import environment, load_config
 from pipelines.studies.amplification.jobs import occupations_from
 
 
@@ -78,11 +78,12 @@ def _run_id(*argv):
     from pipelines import amplification
 
     args = amplification.build_parser().parse_args(["run", "--output", "/tmp/unused", *argv])
-    from pipelines.engine.lifecycle import plan_run
+    from pipelines.engine.cli.options import RunOptions
+    from pipelines.engine.run.lifecycle import plan_run
     from pipelines.studies.amplification.captions import CaptionStudy
 
     study = CaptionStudy()
-    return plan_run(args, study, study.settings(args)).run_id
+    return plan_run(RunOptions.from_args(args), study, study.settings(args)).run_id
 
 
 def test_run_id_follows_the_study_not_the_execution():
@@ -98,7 +99,7 @@ def test_run_id_follows_the_study_not_the_execution():
 
 def _caption_settings(*argv):
     from pipelines import amplification
-    from pipelines.studies.amplification.captions import settings
+    from pipelines.studies.amplification.caption_settings import settings
 
     return settings(amplification.build_parser().parse_args(["captions", "--output", "/tmp/unused", *argv]))
 
@@ -128,7 +129,7 @@ def test_paper_preset_reads_the_paper_and_each_other_reading_is_one_flag():
 def test_occupations_matching_no_caption_are_named_and_none_matching_is_an_error(capsys):
     import pyarrow as pa
 
-    from pipelines.engine import io
+    from pipelines.engine.storage import io
     from pipelines.studies.amplification.captions import unmatched_occupations
     from schemas.subsets import SIMILARITY_SUMMARY
 
@@ -143,3 +144,68 @@ def test_occupations_matching_no_caption_are_named_and_none_matching_is_an_error
     assert unmatched_occupations(sim({"nurse": 3})) == [] and capsys.readouterr().out == ""
     with pytest.raises(io.InputError, match="no caption of the input names any of the 2 occupation"):
         unmatched_occupations(sim({"barista": 0, "dog walker": 0}))
+
+
+def test_a_caption_setting_enters_the_run_id_by_construction(tmp_path):
+    """The run id is derived from the settings object, not from a list of keys: a caption-stage
+    setting no hand-written job listed (the SBERT spec's screen margin with --sbert-backend torch,
+    from the configuration's models block) names another run, and so does a setting a settings
+    class gains later; what only changes how the run executes keeps the run id."""
+    import dataclasses
+
+    from pipelines import amplification
+    from pipelines.engine.cli.options import RunOptions
+    from pipelines.engine.run import rundir
+    from pipelines.studies.amplification.caption_settings import CaptionSettings
+    from pipelines.studies.amplification.captions import CaptionStudy
+
+    occupations = ("--occupations", "astronaut,plumber", "--sbert-backend", "torch")
+    base = _run_id(*occupations)
+    margin = tmp_path / "margin.yaml"
+    margin.write_text(yaml.safe_dump({"models": {"sbert_screen_margin": 0.01}}))
+    assert _run_id(*occupations, "--config", str(margin)) != base
+    execution = tmp_path / "execution.yaml"
+    execution.write_text(yaml.safe_dump({"execution": {"scan_fragment_rows": 1000, "sbert_fold_duplicates": "off",
+                                                       "files_per_shard": 1}}))
+    assert _run_id(*occupations, "--config", str(execution)) == base
+    for flags in (["--embed-actors", "3"], ["--scan-batch-size", "64"], ["--num-cpus", "3"], ["--sbert-fold", "off"],
+                  ["--embed-gpus", "1"], ["--device", "cpu"], ["--ner-actors", "3"]):
+        assert _run_id(*occupations, *flags) == base, flags
+    assert _run_id(*occupations, "--no-names") != base
+
+    @dataclasses.dataclass(frozen=True)
+    class WithNewSetting(CaptionSettings):
+        new_threshold: float = 0.5
+
+    args = amplification.build_parser().parse_args(["captions", "--output", "/tmp/unused", *occupations])
+    study, opts = CaptionStudy(), RunOptions.from_args(args)
+    st = study.settings(args)
+    new = WithNewSetting(**{f.name: getattr(st, f.name) for f in dataclasses.fields(st)})
+
+    def fingerprint(s):
+        return rundir.fingerprint(rundir.plain(study.job(opts, s)))
+
+    assert fingerprint(dataclasses.replace(new, new_threshold=0.6)) != fingerprint(new)
+    assert fingerprint(dataclasses.replace(st, execution=dict(st.execution, max_retries=9))) == fingerprint(st)
+
+
+def test_the_image_side_run_id_follows_its_settings_not_its_execution():
+    from pipelines import amplification
+    from pipelines.engine.cli.options import RunOptions
+    from pipelines.engine.run.lifecycle import plan_run
+    from pipelines.studies.amplification.study import AmplificationStudy
+
+    def run_id(*argv):
+        args = amplification.build_parser().parse_args(["run", "--output", "/tmp/unused", "--standin-models",
+                                                        "--occupations", "astronaut,plumber", *argv])
+        study = AmplificationStudy()
+        return plan_run(RunOptions.from_args(args), study, study.settings(args)).run_id
+
+    base = run_id()
+    for flags in (["--face-actors", "3", "--clip-actors", "2"], ["--gen-actors", "2", "--gen-batch-size", "3"],
+                  ["--fetch-threads", "4", "--num-cpus", "3"], ["--save-images"],
+                  ["--url-rewrite", "https://images.example.org/=http://mirror.example/"]):
+        assert run_id(*flags) == base, flags
+    for flags in (["--face-min-size", "0.2"], ["--gender-threshold", "0.8"], ["--steps", "3"],
+                  ["--images-per-prompt", "7"], ["--no-local-image-server"], ["--no-names"]):
+        assert run_id(*flags) != base, flags

@@ -61,14 +61,14 @@ def test_empty_and_all_null_inputs():
 
 @pytest.mark.ray
 def test_on_ray_without_a_shuffle(ray_local):
-    from pipelines.studies.amplification import captions
+    from pipelines.studies.amplification import caption_selection
 
     t = skewed(200_000, seed=1)
     data = ray_local.data.from_arrow([t.slice(i, 10_000) for i in range(0, t.num_rows, 10_000)])
-    got = captions.occupation_stats(ray_local, data)
+    got = caption_selection.occupation_stats(ray_local, data)
     pd.testing.assert_frame_equal(got.to_pandas(), expected(t), check_dtype=False)
     # the plan: map operators only (no group-by, shuffle, repartition or sort)
-    op, names = captions.partial_occupation_stats(data)._logical_plan.dag, []
+    op, names = caption_selection.partial_occupation_stats(data)._logical_plan.dag, []
     while op is not None:
         names.append(type(op).__name__)
         op = op.input_dependencies[0] if op.input_dependencies else None

@@ -17,9 +17,9 @@ import pytest
 
 from helpers import REPO_ROOT, kill_when
 from pipelines import amplification
-from pipelines.engine.rundir import RunDir
+from pipelines.engine.run.rundir import RunDir
 from pipelines.standins.chat import JsonHandler
-from pipelines.studies.amplification import paraphrases as PP
+from pipelines.studies.amplification import paraphrase_results as PR, paraphrases as PP
 from pipelines.studies.amplification.images import REQUEST_SCHEMA
 from schemas import images as I
 from schemas import paraphrases as P
@@ -130,12 +130,12 @@ def test_image_similarity_on_known_embeddings():
     t = pa.table({I.MODEL: ["m"] * 3, "occupation": ["nurse"] * 3, "caption_id": pa.array([5] * 3, pa.int64()),
                   I.SOURCE: [I.Source.CAPTION_PROMPT, I.Source.CAPTION_PROMPT, I.Source.PARAPHRASE_PROMPT],
                   I.CLIP_EMBEDDING: [a1.tolist(), a2.tolist(), b1.tolist()]})
-    sim = PP.image_similarity(t)
+    sim = PR.image_similarity(t)
     row = sim.iloc[0]
     assert (row.caption_images, row.paraphrase_images) == (2, 1)
     assert row.caption_vs_paraphrase == pytest.approx((a1 @ b1 + a2 @ b1) / 2)   # mean over pairs
     assert row.caption_vs_caption == pytest.approx(a1 @ a2)                    # two seeds of one caption
-    assert PP.image_similarity(None).empty
+    assert PR.image_similarity(None).empty
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -270,7 +270,7 @@ def test_a_local_model_runs_on_gpu_actors_and_an_endpoint_on_cpu_actors():
     """What a real cluster gets: the transformers paraphraser asks each actor for the run's GPUs and
     is given the run's device; an endpoint's actors ask for none; the SBERT cosine stays on the CPU
     and streams in the paraphraser's batches (a larger batch would hold every answer back)."""
-    from pipelines.engine.models import ModelSpec
+    from pipelines.engine.run.models import ModelSpec
     from schemas.occupations import parse_occupations
 
     occ, sbert = parse_occupations(OCCS), ModelSpec("sentence-transformers/all-MiniLM-L6-v2")

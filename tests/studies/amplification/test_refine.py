@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pipelines.studies.amplification import refine
-from pipelines.studies.amplification.captions import select_subsets_local
+from pipelines.studies.amplification.caption_selection import select_subsets_local
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification.selection import SelectionConfig, similarity_matrix
 from schemas.occupations import Occupation
@@ -228,7 +228,7 @@ def test_the_screen_plan_estimates_each_occupations_captions_from_the_start_of_t
     input's rows; screened where that is at least ``factor`` x what its pool can hold."""
     import pyarrow.parquet as pq
 
-    from pipelines.engine import io
+    from pipelines.engine.storage.inputs import resolve_parquet_inputs
 
     nurses = ["a nurse at work"] * 300 + ["two nurses"] * 100 + ["a pilot"] * 40 + ["a tree", None, ""] * 20
     for i in range(2):
@@ -238,7 +238,7 @@ def test_the_screen_plan_estimates_each_occupations_captions_from_the_start_of_t
     from operators.text_caption_validator import CaptionValidator
     from operators.text_occupation_matcher import OccupationMatcher
 
-    inp = io.resolve_parquet_inputs([str(tmp_path)], "footer")
+    inp = resolve_parquet_inputs([str(tmp_path)], "footer")
     occs = [Occupation("nurse"), Occupation("pilot")]
     cfg = SelectionConfig(sample_size=2, nn_k=3, n_prompts=2)
 
@@ -276,14 +276,14 @@ def test_the_screen_plan_samples_an_input_sorted_by_caption_across_its_order(tmp
     from operators.base import Stage
     from operators.text_caption_validator import CaptionValidator
     from operators.text_occupation_matcher import OccupationMatcher
-    from pipelines.engine import io
+    from pipelines.engine.storage.inputs import resolve_parquet_inputs
 
     def write(folder, rows, group_rows):
         folder.mkdir()
         for i, (a, b) in enumerate(zip([0, *np.cumsum(rows)[:-1]], np.cumsum(rows))):
             pq.write_table(pa.table({"TEXT": text[a:b], "URL": [f"u{j}" for j in range(a, b)]}),
                            folder / f"part-{i}.parquet", row_group_size=group_rows[i])
-        return io.resolve_parquet_inputs([str(folder)], "footer")
+        return resolve_parquet_inputs([str(folder)], "footer")
 
     text = ["a nurse at work"] * 400 + ["a pilot in the cockpit"] * 400 + ["a tree"] * 200
     inp = write(tmp_path / "sorted", [500, 500], [25, 25])      # 40 row groups of 25 rows

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.studies.amplification import report as rep
+from pipelines.studies.amplification import report as rep, results
 from schemas import images as I
 
 OCCS = ["nurse", "engineer", "teacher"]
@@ -50,7 +50,7 @@ def _table():
 
 
 def test_compute_four_approaches():
-    res = rep.compute(_table(), OCCS, n_prompts=2, models=["m"])
+    res = results.compute(_table(), OCCS, n_prompts=2, models=["m"])
     per = res["approaches"]["m"]
     naive = {p["group"]: p for p in per["naive"]["per_prompt"]}
     # prompt 1: nurse |100-50|-|80-50| = 20, engineer |10-50|-|20-50| = 10 -> 15
@@ -75,14 +75,14 @@ def test_compute_four_approaches():
     t6 = res["tables6"]["m"].set_index("occupation")
     assert t6.loc["nurse", "training"] == pytest.approx(80.0) and t6.loc["nurse", "n_training"] == 5
     assert t6.loc["engineer", "prompt_2"] == pytest.approx(30.0)
-    t3 = rep.table3(res["approaches"], 2)
-    assert list(t3["approach"]) == list(rep.APPROACH_TITLES.values())
+    t3 = results.table3(res["approaches"], 2)
+    assert list(t3["approach"]) == list(results.APPROACH_TITLES.values())
     assert t3.iloc[0]["#1"] == pytest.approx(15.0)
     assert t3.iloc[0]["n_#1"] == 2 and t3.iloc[0]["excluded_#2"] == "direction_switch=1; no_generated_images=1"
 
 
 def test_compute_caption_prompts_and_correlation():
-    res = rep.compute(_table(), OCCS, n_prompts=2, models=["m"])
+    res = results.compute(_table(), OCCS, n_prompts=2, models=["m"])
     cp = res["caption_prompts"]["m"]
     # all captions: nurse 80 -> 80 (A = 0); engineer 20 -> 50 switch (balanced is its own direction)
     assert cp["all_captions"]["average"] == pytest.approx(0.0)
@@ -100,7 +100,7 @@ def test_compute_caption_prompts_and_correlation():
 def test_missing_generation_is_listed_not_lost():
     df = _table()
     df = df[~((df[I.SOURCE] == "generated") & (df["occupation"] == "engineer"))]
-    res = rep.compute(df, OCCS, n_prompts=2, models=["m"])
+    res = results.compute(df, OCCS, n_prompts=2, models=["m"])
     naive = {p["group"]: p for p in res["approaches"]["m"]["naive"]["per_prompt"]}
     assert naive["1"]["excluded"]["no_generated_images"] == ["engineer", "teacher"]
 
@@ -128,8 +128,8 @@ def test_scatter_shading_and_points():
 
 
 def _render_inputs():
-    res = rep.compute(_table(), OCCS, n_prompts=2, models=["m"])
-    t3 = rep.table3(res["approaches"], 2)
+    res = results.compute(_table(), OCCS, n_prompts=2, models=["m"])
+    t3 = results.table3(res["approaches"], 2)
     counts = pd.DataFrame([{"branch": "generated", "stage": "face_filter", "rows_in": 40, "outcome": "kept", "count": 38},
                            {"branch": "generated", "stage": "face_filter", "rows_in": 40, "outcome": "no_face",
                             "count": 2}])
@@ -151,7 +151,7 @@ def test_render_html_tables_figures_and_models(tmp_path):
     import pyarrow.fs as pafs
     from html import unescape
 
-    from pipelines.engine import figures
+    from pipelines.engine.report import figures
 
     page = rep.render_html(*_render_inputs(), figures=figures.FigureDir(pafs.LocalFileSystem(), str(tmp_path)))
     # the tables
@@ -160,7 +160,7 @@ def test_render_html_tables_figures_and_models(tmp_path):
         assert heading in page, heading
     # headline, models, Table 3, Table 6/7, caption and image counts
     assert page.count("<table") == 1 + 1 + 1 + 1 + 2
-    for title in rep.APPROACH_TITLES.values():
+    for title in results.APPROACH_TITLES.values():
         assert f"<td>{title}</td>" in page
     assert "<th>n_#1</th>" in page and "<td class=n>15.00</td>" in page            # Table 3, naive #1
     assert "<th>prompt_2</th>" in page and "<td class=n>80.0</td>" in page        # Table 6/7, nurse training
@@ -201,7 +201,7 @@ def test_render_html_without_a_directory_embeds_the_figures(tmp_path, monkeypatc
 def test_summary_html_one_figure_per_model_and_prompt(tmp_path):
     import pyarrow.fs as pafs
 
-    from pipelines.engine import figures
+    from pipelines.engine.report import figures
     from pipelines.studies.amplification.metrics import summarize_percentages
 
     df = pd.DataFrame({"occupation": ["nurse", "nurse", "nurse", "engineer", "engineer", "engineer"],
@@ -217,7 +217,7 @@ def test_summary_html_one_figure_per_model_and_prompt(tmp_path):
 def test_clean_json_is_strict():
     import json
 
-    from pipelines.engine.io import clean_json
+    from pipelines.engine.storage.io import clean_json
 
     doc = clean_json({"a": float("nan"), "b": [np.float32(1.5), np.int64(3)], "c": {"d": float("inf")}})
     assert json.loads(json.dumps(doc, allow_nan=False)) == {"a": None, "b": [1.5, 3], "c": {"d": None}}
@@ -244,7 +244,7 @@ def test_section6_gender_match_of_captions_with_indicators():
                  "caption_gender": "female", I.GENDER: "male", I.COUNTED: True})  # another subset: not the naive one
     df = pd.DataFrame(rows)
     df["prompt_id"] = np.nan
-    res = rep.compute(df, ["nurse"], n_prompts=1, models=["m"])
+    res = results.compute(df, ["nurse"], n_prompts=1, models=["m"])
     gm = res["caption_gender_match"]["m"]
     assert (gm["images"], gm["matching"], gm["captions"]) == (5, 4, 2)
     assert gm["percent"] == pytest.approx(80.0) and gm["paper_percent"] == 98.41
@@ -253,14 +253,14 @@ def test_section6_gender_match_of_captions_with_indicators():
 def test_render_html_opens_with_the_interval_table():
     """With metrics.json's headline: the opening box has each average E[A] (and section 6's) with its
     interval, the images behind it and what was left out; Table 3 shows every E[A] with its interval."""
-    from pipelines.engine import headline as HL
-    from pipelines.engine.intervals import IntervalSettings
+    from pipelines.engine.stats import headline as HL
+    from pipelines.engine.stats.intervals import IntervalSettings
 
     res, _, counts, caption_counts, models, meta = _render_inputs()
-    metrics = rep.model_metrics(res["approaches"], res["caption_prompts"])
+    metrics = results.model_metrics(res["approaches"], res["caption_prompts"])
     subject = HL.Subject("m", HL.subject_identity(models[0]), metrics["m"], images=40, excluded={"no_face": 2})
     head = HL.summarize("paper002-amplification", [subject], {}, IntervalSettings(resamples=200), True)
-    t3 = rep.table3(res["approaches"], 2, head)
+    t3 = results.table3(res["approaches"], 2, head)
     page = rep.render_html(res, t3, counts, caption_counts, models, meta, headline=head)
     box = page[page.index("class=headline>"):page.index("</section>")]
     assert "class=headline-metrics" in box and "<th>value [95% interval]</th>" in box

@@ -16,12 +16,13 @@ from fsspec.implementations.local import LocalFileOpener, LocalFileSystem
 from operators.base import Resources
 from pipelines.engine.generation import SafetySettings
 from pipelines import amplification
-from pipelines.engine import rundir, runtime
+from pipelines.engine.run import rundir
+from pipelines.engine.stream import runtime
 from pipelines.studies.amplification import images as image_side
-from pipelines.engine import models
-from pipelines.studies.amplification import study
-from pipelines.engine.config import load_config
-from pipelines.engine.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain
+from pipelines.engine.run import models
+from pipelines.studies.amplification import run_settings
+from pipelines.engine.cli.config import load_config
+from pipelines.engine.stream.progress import ErrorBudget, ErrorBudgetExceeded, Phase, drain
 from pipelines.studies.amplification.sample_server import LocalImageServer
 from schemas import images as I
 from schemas.captions import URL
@@ -45,7 +46,7 @@ def settings(standins, server, extra=()):
     args = amplification.build_parser().parse_args(
         ["run", "--output", "unused", "--steps", "2", "--images-per-prompt", "3", "--caption-images", "0",
          "--allow-local-urls", "--url-rewrite", f"{PREFIX}={server.base_url}/", *extra])
-    st, _ = study.image_settings(args, load_config())
+    st, _ = run_settings.image_settings(args, load_config())
     # no NSFW check (its model is a hub download): what is resumed here does not depend on it
     return dataclasses.replace(st, clip=st.clip.standin_at(standins[0], pretrained=None),
                                generators=list(standins[1]), fetch_block_rows=4, safety=SafetySettings(policy="off"))
@@ -58,8 +59,11 @@ def generate(ray, requests, spec, st, rd):
 
     from pipelines.engine import generation
 
+    from pipelines.engine.cli.options import RunOptions
+
     args = amplification.build_parser().parse_args(["run", "--output", "unused"])
-    run = SimpleNamespace(args=args, gpu=None, rd=rd, ray=ray, st=st, generators=[spec], echo=lambda *a, **k: None)
+    run = SimpleNamespace(options=RunOptions.from_args(args), safety=st.safety, gpu=None, rd=rd, ray=ray, st=st,
+                          generators=[spec], echo=lambda *a, **k: None)
     plan = image_side.generation_plan(st, requests)
     out = generation.generate(run, plan)
     return out.images.sort_by(image_side.RESULT_ORDER), out.phases[spec.model], \
@@ -253,7 +257,7 @@ def test_crashed_workers_are_retried_within_bounds(ray_local, tmp_path, actors):
 
 
 def test_a_failed_checkpoint_flush_is_never_swallowed():
-    from pipelines.engine.progress import CheckpointError
+    from pipelines.engine.stream.progress import CheckpointError
 
     class _Failing(_FakeDataset):
         def __init__(self, blocks, error):
@@ -408,7 +412,7 @@ def test_caption_sink_crashes_at_every_point_then_resume_equals_an_uninterrupted
     both times and the run recovers by itself, reaching the shard's commit; there the driver is
     killed as it writes the shard's done marker (``done``). The same command then resumes to the
     uninterrupted run's results, and once more is a no-op on the finished run."""
-    from pipelines.engine import io
+    from pipelines.engine.storage import io
 
     base, argv = caption_runs
     out = tmp_path / "out"
@@ -519,7 +523,7 @@ def test_a_checkpoint_written_twice_counts_each_key_once_with_its_first_row():
     the wrong rows when a key repeated)."""
     t = pa.table({URL: ["a", "a", "b", "c", "b"], "v": [1, 2, 3, 4, 5],
                   "emb": pa.array([[0.0], [1.0], [2.0], [3.0], [4.0]], pa.list_(pa.float32()))})
-    from pipelines.engine.checkpoint import first_per_key   # the training images' checkpoint reader
+    from pipelines.engine.storage.checkpoint import first_per_key   # the training images' checkpoint reader
 
     out = first_per_key(t, [URL])
     assert out[URL].to_pylist() == ["a", "b", "c"] and out["v"].to_pylist() == [1, 3, 4]

@@ -177,11 +177,11 @@ def test_paraphrases_as_prompts_app_a6(run_dir):
             got = a6[(a6.model == model) & (a6.prompts == "paraphrases (App. A.6)")][name].iloc[0]
             assert got == pytest.approx(res["e_a"][model][name]) or (np.isnan(got) and res["e_a"][model][name] is None)
     # A.6's E[A] is over the paraphrases' images, against section 6's T
-    from pipelines.studies.amplification import report as rep
+    from pipelines.studies.amplification import results
 
     everything = table.to_pandas()
     for model in models:
-        want = rep.caption_prompt_results(everything[everything[I.SOURCE] == I.Source.TRAINING], everything[
+        want = results.caption_prompt_results(everything[everything[I.SOURCE] == I.Source.TRAINING], everything[
             (everything[I.SOURCE] == I.Source.PARAPHRASE_PROMPT) & (everything[I.MODEL] == model)], OCCS)
         for name, r in want.items():
             assert res["e_a"][model][name] == (pytest.approx(r["average"]) if r["average"] is not None else None)
@@ -364,7 +364,7 @@ def test_headline_numbers_have_intervals_and_units(run_dir):
     opens with the interval table."""
     import pandas as pd
 
-    from pipelines.studies.amplification import report as rep
+    from pipelines.studies.amplification import results
 
     m = _strict((run_dir / "metrics.json").read_text())
     head, amp = m["headline"], json.loads((run_dir / "amplification.json").read_text())
@@ -384,8 +384,8 @@ def test_headline_numbers_have_intervals_and_units(run_dir):
         model = subject["name"]
         keys = [x["key"] for x in subject["metrics"]]
         # Table 3's approaches (average and 4 prompts), section 6's two, App. A.6's two (--paraphrases)
-        assert len(keys) == 4 * 5 + 2 + 2 and rep.captions_key("all_captions") in keys
-        assert rep.paraphrases_key("no_indicator_captions") in keys
+        assert len(keys) == 4 * 5 + 2 + 2 and results.captions_key("all_captions") in keys
+        assert results.paraphrases_key("no_indicator_captions") in keys
         assert subject["images"] == int(pd.read_parquet(run_dir / "images.parquet").query(
             "model == @model and counted").shape[0])
         for metric in subject["metrics"]:
@@ -402,16 +402,16 @@ def test_headline_numbers_have_intervals_and_units(run_dir):
             assert np.average(mine.value, weights=mine.weight) == pytest.approx(metric["value"])
         by_key = {x["key"]: x for x in subject["metrics"]}
         for subset, res in amp["approaches"][model].items():
-            assert by_key[rep.approach_key(subset)]["value"] == pytest.approx(res["average"])
+            assert by_key[results.approach_key(subset)]["value"] == pytest.approx(res["average"])
             for p in res["per_prompt"]:
-                assert by_key[rep.approach_key(subset, p["group"])]["value"] == \
+                assert by_key[results.approach_key(subset, p["group"])]["value"] == \
                     pytest.approx(p["expected_amplification"])
-            row = t3[(t3.model == model) & (t3.approach == rep.APPROACH_TITLES[subset])].iloc[0]
-            ends = (by_key[rep.approach_key(subset)]["low"], by_key[rep.approach_key(subset)]["high"])
+            row = t3[(t3.model == model) & (t3.approach == results.APPROACH_TITLES[subset])].iloc[0]
+            ends = (by_key[results.approach_key(subset)]["low"], by_key[results.approach_key(subset)]["high"])
             assert [None if pd.isna(v) else v for v in (row.average_low, row.average_high)] == \
                 [pytest.approx(e) if e is not None else None for e in ends]
         for name, res in amp["caption_prompts"][model].items():
-            assert by_key[rep.captions_key(name)]["value"] == pytest.approx(res["average"])
+            assert by_key[results.captions_key(name)]["value"] == pytest.approx(res["average"])
     assert valued       # the stand-ins give some E[A] (section 6's at least): the units are checked
     html = (run_dir / "report.html").read_text()
     box = html[html.index("class=headline>"):html.index("</section>")]

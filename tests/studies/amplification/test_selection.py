@@ -127,20 +127,20 @@ def test_bad_configuration():
 def test_selection_in_the_driver_equals_the_distributed_one(ray_local, mode):
     """Small annotated sets are selected in the driver process: the same subsets and counts as the
     Ray Data reduction (partial top-k, shuffle by occupation, finalize) and its per-block counts."""
-    from pipelines.studies.amplification import captions
+    from pipelines.studies.amplification import caption_selection
 
     t, cfg = annotated(n=150_000, seed=3), SelectionConfig(sample_size=300, nn_k=200, n_prompts=2, mode=mode)
     # a kept --shard-key column (an int id, as COYO's) rides through both reductions as join_key text
     t = t.append_column("id", pc.multiply(t["caption_id"], 3))
     data = ray_local.data.from_arrow([t.slice(i, 20_000) for i in range(0, t.num_rows, 20_000)])
-    data = data.map_batches(captions.with_join_key, fn_args=("id",), batch_format="pyarrow", batch_size=None)
-    want_subsets, want_stats = captions.select_subsets(ray_local, data, t.num_rows, cfg, PROMPTS, 2)
-    subsets, stats = captions.select_subsets_local(captions.with_join_key(t, "id"), cfg, PROMPTS)
+    data = data.map_batches(caption_selection.with_join_key, fn_args=("id",), batch_format="pyarrow", batch_size=None)
+    want_subsets, want_stats = caption_selection.select_subsets(ray_local, data, t.num_rows, cfg, PROMPTS, 2)
+    subsets, stats = caption_selection.select_subsets_local(caption_selection.with_join_key(t, "id"), cfg, PROMPTS)
     assert subsets.num_rows > 0 and subsets.equals(want_subsets)
     assert stats.equals(want_stats)
     assert subsets["join_key"].to_pylist() == [str(3 * c) for c in subsets["caption_id"].to_pylist()]
     assert pc.all(pc.is_null(select(t, cfg)["join_key"])).as_py()      # without --shard-key: null
-    empty, no_stats = captions.select_subsets_local(t.slice(0, 0), cfg, PROMPTS)
+    empty, no_stats = caption_selection.select_subsets_local(t.slice(0, 0), cfg, PROMPTS)
     assert empty.num_rows == 0 and empty.schema.equals(TRAINING_SUBSETS) and no_stats.num_rows == 0
 
 
@@ -207,7 +207,7 @@ def test_walk_stops_at_the_kth_counted_image_in_order_and_reports_shortfalls():
 
 
 def test_a_walk_limit_below_k_is_refused():
-    from pipelines.studies.amplification.captions import selection_config
+    from pipelines.studies.amplification.caption_settings import selection_config
     from pipelines.studies.amplification.training_walk import walk_training
 
     cfg = SelectionConfig(sample_size=5, nn_k=5, n_prompts=2, training_sample="counted_images")

@@ -19,7 +19,7 @@ from operators.image_fetch import ImageFetcher
 from operators.image_shard_index import ShardIndex
 from operators.image_shard_reader import ShardImageReader
 from pipelines import synthetic_laion
-from pipelines.engine import io
+from pipelines.engine.storage import io
 from pipelines.studies.amplification import training_shards
 from pipelines.studies.amplification.sample_server import LocalImageServer
 from schemas import images as I

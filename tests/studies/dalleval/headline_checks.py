@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.engine import headline as HL
-from pipelines.engine.intervals import IntervalSettings
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.stats.intervals import IntervalSettings
 
 
 def check_headline(run: Path, study: str, keys: set[str], protocol_keys: set[str]) -> dict:

@@ -10,18 +10,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.engine.io import InputError
+from pipelines.engine.cli.options import RunOptions
+from pipelines.engine.storage.io import InputError
+from pipelines.studies.dalleval import alignment_inputs as AI
+from pipelines.studies.dalleval import alignment_settings as AST
 from pipelines.studies.dalleval import alignment_study as AS
 from schemas import alignment as A
 from schemas.subsets import PROMPT
 
 
 def test_bundled_sample_and_seeded_draw():
-    t, c = AS.read_captions({"input": None, "sample": None})
+    t, c = AI.read_captions({"input": None, "sample": None})
     assert c == {"read": 24, "null_or_blank": 0, "kept": 24} and t.num_rows == 24
-    a, _ = AS.read_captions({"input": None, "sample": 5, "seed": 1})
-    b, _ = AS.read_captions({"input": None, "sample": 5, "seed": 1})
-    d, _ = AS.read_captions({"input": None, "sample": 5, "seed": 2})
+    a, _ = AI.read_captions({"input": None, "sample": 5, "seed": 1})
+    b, _ = AI.read_captions({"input": None, "sample": 5, "seed": 1})
+    d, _ = AI.read_captions({"input": None, "sample": 5, "seed": 2})
     assert a.equals(b) and not a.equals(d) and a.num_rows == 5
     assert set(a.column(PROMPT).to_pylist()) <= set(t.column(PROMPT).to_pylist())
 
@@ -30,7 +33,7 @@ def test_parquet_with_nulls_blanks_groups_and_ids(tmp_path):
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"img": [1, 1, 2, 3, 3], "text": ["a dog", "a  brown\tdog", None, "  ", "a car"],
                              "cid": ["x1", "x2", "x3", "x4", "x5"]}), path)
-    t, c = AS.read_captions({"input": str(path), "column": "text", "id_column": "cid", "group_column": "img",
+    t, c = AI.read_captions({"input": str(path), "column": "text", "id_column": "cid", "group_column": "img",
                              "sample": None, "seed": 0})
     assert c == {"read": 5, "null_or_blank": 2, "one_per_group": 2, "kept": 2}
     rows = dict(zip(t.column(A.CAPTION_ID).to_pylist(), t.column(PROMPT).to_pylist()))
@@ -40,11 +43,11 @@ def test_parquet_with_nulls_blanks_groups_and_ids(tmp_path):
 
 def test_csv_and_text_inputs(tmp_path):
     (tmp_path / "c.csv").write_text("caption,other\nfirst one,1\n,2\nsecond one,3\n")
-    t, c = AS.read_captions({"input": str(tmp_path / "c.csv"), "sample": None})
+    t, c = AI.read_captions({"input": str(tmp_path / "c.csv"), "sample": None})
     assert t.column(PROMPT).to_pylist() == ["first one", "second one"] and c["null_or_blank"] == 1
     assert t.column(A.CAPTION_ID).to_pylist() == ["0", "2"]                      # row numbers
     (tmp_path / "c.txt").write_text("one\n\ntwo\n")
-    t, c = AS.read_captions({"input": str(tmp_path / "c.txt"), "sample": None})
+    t, c = AI.read_captions({"input": str(tmp_path / "c.txt"), "sample": None})
     assert t.column(PROMPT).to_pylist() == ["one", "two"] and c == {"read": 3, "null_or_blank": 1, "kept": 2}
 
 
@@ -57,46 +60,46 @@ def test_bad_caption_columns_are_named(tmp_path, cfg, message):
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"caption": ["a dog"]}), path)
     with pytest.raises(InputError, match=message):
-        AS.read_captions({"input": str(path), "sample": None, **cfg})
+        AI.read_captions({"input": str(path), "sample": None, **cfg})
 
 
 def test_missing_or_empty_inputs_are_clear_errors(tmp_path):
     with pytest.raises(InputError, match="cannot read captions"):
-        AS.read_captions({"input": str(tmp_path / "missing.parquet"), "sample": None})
+        AI.read_captions({"input": str(tmp_path / "missing.parquet"), "sample": None})
     (tmp_path / "blank.txt").write_text("\n  \n")
     with pytest.raises(InputError, match="no usable caption"):
-        AS.read_captions({"input": str(tmp_path / "blank.txt"), "sample": None})
+        AI.read_captions({"input": str(tmp_path / "blank.txt"), "sample": None})
     with pytest.raises(InputError, match="no image file"):
-        AS.reference_sources({"images": str(tmp_path / "nothing*")})
+        AI.reference_sources({"images": str(tmp_path / "nothing*")})
 
 
 def test_reference_sources(tmp_path):
-    assert AS.reference_sources({"images": None}) == ("bundled", None)
+    assert AI.reference_sources({"images": None}) == ("bundled", None)
     (tmp_path / "sub").mkdir()
     for name in ("b.png", "a.jpg", "sub/c.JPEG", "notes.txt"):
         (tmp_path / name).write_bytes(b"x")
-    kind, paths = AS.reference_sources({"images": str(tmp_path), "max_images": None})
+    kind, paths = AI.reference_sources({"images": str(tmp_path), "max_images": None})
     assert kind == "files" and [p.split("/")[-1] for p in paths] == ["a.jpg", "b.png", "c.JPEG"]
-    assert len(AS.reference_sources({"images": str(tmp_path), "max_images": 2})[1]) == 2
+    assert len(AI.reference_sources({"images": str(tmp_path), "max_images": 2})[1]) == 2
     pq.write_table(pa.table({"image": [b"x"]}), tmp_path / "r.parquet")
-    assert AS.reference_sources({"images": str(tmp_path / "r.parquet")})[0] == "parquet"
+    assert AI.reference_sources({"images": str(tmp_path / "r.parquet")})[0] == "parquet"
 
 
 def test_bundled_reference_decodes_to_colour_images():
     from operators.support.codec import batch_images
 
-    t = AS.bundled_reference()
+    t = AI.bundled_reference()
     arrays = batch_images(t)
     assert len(arrays) == 8 and all(a is not None and a.ndim == 3 and a.shape[2] == 3 for a in arrays)
 
 
 def test_run_identity_follows_the_captions_content():
-    t, _ = AS.read_captions({"input": None, "sample": None})
-    a = AS.captions_digest(AS.requests_of(t, 0))
+    t, _ = AI.read_captions({"input": None, "sample": None})
+    a = AST.captions_digest(AI.requests_of(t, 0))
     changed = t.set_column(1, PROMPT, pa.array(["x"] + t.column(PROMPT).to_pylist()[1:]))
-    assert AS.captions_digest(AS.requests_of(changed, 0)) != a
-    assert AS.captions_digest(AS.requests_of(t, 0)) == a
-    req = AS.requests_of(t, 0)
+    assert AST.captions_digest(AI.requests_of(changed, 0)) != a
+    assert AST.captions_digest(AI.requests_of(t, 0)) == a
+    req = AI.requests_of(t, 0)
     assert req.schema.equals(A.ALIGNMENT_REQUESTS) and req.column("seed").to_pandas().nunique() == 24
 
 
@@ -110,19 +113,19 @@ def test_pairing_by_image_id_one_image_per_id_then_at_most_n(tmp_path):
 
     captions = {"1": "a dog", "3": "a cat", "9": "a car"}
     paths = [f"/r/COCO_val2014_{i:012d}.jpg" for i in range(1, 6)] + ["/r/COCO_train2014_000000000003.jpg"]
-    assert AS.paired_paths(paths, captions) == ["/r/COCO_train2014_000000000003.jpg",
+    assert AI.paired_paths(paths, captions) == ["/r/COCO_train2014_000000000003.jpg",
                                                 "/r/COCO_val2014_000000000001.jpg"]
-    assert AS.paired_paths(paths, captions, max_images=1) == ["/r/COCO_train2014_000000000003.jpg"]
+    assert AI.paired_paths(paths, captions, max_images=1) == ["/r/COCO_train2014_000000000003.jpg"]
     batch = pa.table({A.REFERENCE_ID: ["1", "2", "3"], PROMPT: ["own 1", "own 2", "own 3"]})
-    out = AS._attach(batch, captions, "caption")
+    out = AI._attach(batch, captions, "caption")
     assert out[A.REFERENCE_ID].to_pylist() == ["1", "3"] and out[PROMPT].to_pylist() == ["a dog", "a cat"]
-    assert AS._attach(batch, None, "caption")[PROMPT].to_pylist() == ["own 1", "own 2", "own 3"]
+    assert AI._attach(batch, None, "caption")[PROMPT].to_pylist() == ["own 1", "own 2", "own 3"]
     # a parquet reference without an id column cannot be paired: refused before the run starts
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"image": [b"x"]}), tmp_path / "ref.parquet")
-    with pytest.raises(AS.InputError, match="id_column"):
-        AS.reference_captions({"images": str(tmp_path / "ref.parquet"), "pairing": "captions"}, {"1": "a"})
+    with pytest.raises(InputError, match="id_column"):
+        AI.reference_captions({"images": str(tmp_path / "ref.parquet"), "pairing": "captions"}, {"1": "a"})
 
 
 def test_the_announcement_states_the_negatives_actually_drawn(capsys):
@@ -132,7 +135,7 @@ def test_the_announcement_states_the_negatives_actually_drawn(capsys):
                           (["--max-captions", "24", "--negatives", "5"], "R-precision (1 + 5 negatives)")):
         args = dalleval.build_parser().parse_args(["alignment", "--output", "unused", *extra])
         study = AS.AlignmentStudy()
-        study.announce(args, study.settings(args))
+        study.announce(RunOptions.from_args(args), study.settings(args))
         assert expect in capsys.readouterr().out
 
 

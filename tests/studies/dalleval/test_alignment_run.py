@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import dalleval
-from pipelines.engine.rundir import RunDir
+from pipelines.engine.run.rundir import RunDir
 from pipelines.studies.dalleval import alignment_metrics as AM
 from schemas import alignment as A
 
@@ -174,6 +174,8 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     R-precision reading; and FID against precomputed statistics."""
     from PIL import Image
 
+    from pipelines.studies.dalleval import alignment_inputs as AI
+    from pipelines.studies.dalleval import alignment_settings as AST
     from pipelines.studies.dalleval import alignment_study as AS
 
     caps = pa.table({"image_id": [1, 1, 2, 3, 3, 5], "caption": ["a dog", "a brown dog", "a cat", "a red car",
@@ -197,11 +199,11 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     assert pairing["pairing"] == "captions" and pairing["comparable_with_table19_fid"] is False
     refs = pq.read_table(run / "reference_features.parquet").to_pandas()
     images = pq.read_table(run / "images.parquet").to_pandas()
-    assert sorted(AS.image_key(r) for r in refs["reference_id"]) == ["1", "2", "3"]
+    assert sorted(AI.image_key(r) for r in refs["reference_id"]) == ["1", "2", "3"]
     drawn = dict(zip(images["caption_id"].astype(int), images["prompt"]))    # row number -> drawn caption
     group_of = dict(enumerate(caps["image_id"].to_pylist()))
     by_image = {str(group_of[c]): p for c, p in drawn.items()}
-    assert {AS.image_key(r): p for r, p in zip(refs["reference_id"], refs["prompt"])} == \
+    assert {AI.image_key(r): p for r, p in zip(refs["reference_id"], refs["prompt"])} == \
         {k: by_image[k] for k in ("1", "2", "3")}                            # each image with its drawn caption
     table = pd.read_csv(run / "alignment_quality.csv").set_index("model")
     real = table.loc[AS.REAL_IMAGES]
@@ -234,7 +236,7 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     # reference features equals FID against the features
     mu, sigma = AM.statistics(_vectors(refs[A.FID_FEATURES]))
     np.savez(tmp_path / "stats.npz", mu=mu, sigma=sigma)
-    st = AS.settings(dalleval.build_parser().parse_args(   # the preset's measures (project reading, torchvision)
+    st = AST.settings(dalleval.build_parser().parse_args(   # the preset's measures (project reading, torchvision)
         ["alignment", "--output", "unused", "--reference-statistics", str(tmp_path / "stats.npz"),
          "--reference-pairing", "all"]))
     with_stats = AS.measures(pq.read_table(run / "images.parquet"), A.REFERENCE_FEATURES.empty_table(), st).iloc[0]

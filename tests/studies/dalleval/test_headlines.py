@@ -8,9 +8,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pipelines.engine import headline as HL
-from pipelines.engine import intervals as iv
-from pipelines.engine.models import ModelSpec
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.stats import intervals as iv
+from pipelines.engine.run.models import ModelSpec
 from pipelines.studies.dalleval import alignment_metrics as AM
 from pipelines.studies.dalleval import headlines as H
 from pipelines.studies.dalleval import metrics as M

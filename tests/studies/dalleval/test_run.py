@@ -68,7 +68,7 @@ def test_every_image_has_its_recorded_seed_and_parsed_answers(run):
         parse_groups,
         parse_professions,
     )
-    from pipelines.engine.config import load_config
+    from pipelines.engine.cli.config import load_config
 
     cfg = load_config(preset="dalleval.yaml")
     req = dalleval_requests(diagnostic_prompts(parse_groups(cfg["groups"]), parse_professions(cfg["professions"])[:2],

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import dalleval
-from pipelines.engine.rundir import RunDir
+from pipelines.engine.run.rundir import RunDir
 from pipelines.studies.dalleval import skills as K
 from schemas import paintskills as P
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.engine.intervals import IntervalSettings, mean_interval
+from pipelines.engine.stats.intervals import IntervalSettings, mean_interval
 
 ROOT = REPO_ROOT
 DATA = ROOT / "tests" / "data"

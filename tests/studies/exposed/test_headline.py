@@ -10,8 +10,8 @@ import pytest
 
 from operators.base import conform
 from pipelines import exposed
-from pipelines.engine import headline as HL
-from pipelines.engine.intervals import IntervalSettings
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.stats.intervals import IntervalSettings
 from pipelines.studies.exposed import headline_metrics as HM
 from pipelines.studies.exposed import metrics as M
 from pipelines.studies.exposed import objects as O

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import exposed
-from pipelines.engine.page import STANDIN_CONSOLE
-from pipelines.engine.rundir import RunDir
+from pipelines.engine.report.page import STANDIN_CONSOLE
+from pipelines.engine.run.rundir import RunDir
 from pipelines.studies.exposed import metrics as M
 from schemas.exposed import PAIR_NAMES, Space, disparity_column
 
@@ -312,8 +312,8 @@ def test_bad_inputs_fail_cleanly(tmp_path):
 def test_detection_errors_count_against_their_own_error_budget():
     import pyarrow as pa
 
-    from pipelines.engine.progress import ErrorBudgetExceeded
-    from pipelines.studies.exposed.study import error_budgets
+    from pipelines.engine.stream.progress import ErrorBudgetExceeded
+    from pipelines.studies.exposed.plan import error_budgets
 
     execution = {"max_error_rate": 0.1, "error_budget_min_rows": 5}
     generation, detection = error_budgets(execution, True, "m")

@@ -12,16 +12,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.studies.exposed.triplets import (
+from pipelines.studies.exposed.caption_files import read_captions
+from pipelines.studies.exposed.profession_set import (
     DEFAULT_TEMPLATES,
     article,
-    caption_triplets,
     profession_phrase,
     profession_triplets,
-    read_captions,
     sentence_triplets,
-    write_triplets,
 )
+from pipelines.studies.exposed.triplet_tables import write_triplets
+from pipelines.studies.exposed.triplets import caption_triplets
 from schemas.exposed import (
     COUNT,
     FEMININE,

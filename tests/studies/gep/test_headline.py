@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.engine import headline as HL
-from pipelines.engine.intervals import IntervalSettings
+from pipelines.engine.stats import headline as HL
+from pipelines.engine.stats.intervals import IntervalSettings
 from pipelines.studies.gep import headline as GH
 from pipelines.studies.gep import metrics as M
 from pipelines.studies.gep import report as R

@@ -5,7 +5,7 @@ import pytest
 from schemas.gep import Attribute, strip_preposition
 from operators.support.attribute_classifier import classifier_sentences, render
 from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-from pipelines.engine.config import load_config
+from pipelines.engine.cli.config import load_config
 from schemas.gep import GEP_REQUESTS
 
 

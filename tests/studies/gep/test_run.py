@@ -51,7 +51,7 @@ def test_run_writes_tables_report_and_records(run):
 
 
 def test_headline_numbers_have_intervals_and_their_units(run):
-    from pipelines.engine.headline import subject_identity
+    from pipelines.engine.stats.headline import subject_identity
 
     m = json.loads((run / "metrics.json").read_text())
     h = m["headline"]
@@ -98,7 +98,7 @@ def test_headline_numbers_have_intervals_and_their_units(run):
 
 def test_every_image_has_its_recorded_seed_and_a_unit_embedding(run):
     from pipelines.studies.gep.prompts import gep_requests, parse_attributes, parse_genders
-    from pipelines.engine.config import load_config
+    from pipelines.engine.cli.config import load_config
 
     cfg = load_config(preset="gep.yaml")
     attrs = [a for a in parse_attributes(cfg["attributes"]) if a.name in ("dress", "suit", "hat")]

@@ -1,0 +1,137 @@
+"""The run's generators on the driver: tiny random stand-ins of each spec's family, and loading
+every generator once (its provenance record) before the run starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import inspect
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from operators.image_nsfw_check import load_safety_checker
+from operators.support.diffusion import _generate, load_text2image
+from pipelines.engine.generation.safety import SafetySettings
+from pipelines.engine.generation.specs import GeneratorSpec
+from pipelines.standins.diffusion import build_tiny_safety_checker
+from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
+
+
+def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: Sequence[str] | None = None,
+                             shared_text_encoder: Sequence[int] = ()) -> list[GeneratorSpec]:
+    """Tiny random generators under ``root`` (seed i for the i-th), each of its spec's family
+    (SD 1.x draws faces, see ``pipelines.standins.face_decoder``; SDXL, SD3, FLUX and PixArt are
+    ``pipelines.standins.families``), the specs pointed at them with their settings kept, except a
+    size larger than the stand-in's (its own is used). ``shared_text_encoder``: indices whose text
+    encoder is copied from the first of them (models that share one, as SD v2.0 and v2.1 share
+    OpenCLIP-H)."""
+    own = [f"{spec.name}-standin" for spec in specs]   # the requested model's name, when the names are unique
+    if len(set(own)) < len(own):
+        own = [f"generator-{i + 1}-standin" for i in range(len(specs))]
+    names = list(names or own)
+    if len(names) < len(specs):
+        names += own[len(names):]
+    paths, out = [], []
+    for i, spec in enumerate(specs):
+        family = standin_family(spec.family)
+        target = str(Path(root) / names[i])
+        # sd: the fitted face decoder, so that the studies' face steps find faces; flux: FLUX.1-dev is
+        # guidance-distilled (a guidance embedding), schnell is not
+        options = {"sd": {"faces": True}, "flux": {"guidance_embeds": bool(spec.guidance_scale)}}.get(family, {})
+        paths.append(build_tiny_pipeline(family, target, seed=i, **options))
+        size = STANDIN_SIZE.get(family, 64)
+        fit = {side: None if family == "sd" else size for side in ("height", "width")
+               if getattr(spec, side) is None or getattr(spec, side) > size}
+        out.append(dataclasses.replace(spec.at(paths[-1]), standin_for=spec.model, **fit))
+    shared = [i for i in shared_text_encoder if i < len(paths) and standin_family(specs[i].family) == "sd"]
+    for i in shared[1:]:
+        target = Path(paths[i]) / "text_encoder"
+        shutil.rmtree(target)
+        shutil.copytree(Path(paths[shared[0]]) / "text_encoder", target)
+    for spec, path in zip(specs, paths):   # a requested model is never replaced without a word
+        print(f"  generator {spec.model} -> tiny random {standin_family(spec.family)} stand-in {Path(path).name} "
+              f"(its settings kept; the requested model is recorded, not run)")
+    return out
+
+
+def standin_family(family: str | None) -> str:
+    """The tiny stand-in family for a spec's family (SD 1.x for unknown ones)."""
+    return {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart"}.get(
+        family or "", "sd")
+
+
+def check_call_arguments(pipe, spec: GeneratorSpec) -> None:
+    """Every extra argument (and a negative prompt) is one the pipeline's call accepts: a typo
+    fails on the driver, naming the model and the arguments it takes, not inside a worker."""
+    wanted = set(spec.call_kwargs)
+    if not wanted:
+        return
+    # named parameters only: Stable Diffusion pipelines take **kwargs for deprecated callbacks and
+    # ignore anything else silently, so a misspelt argument would change nothing without a word
+    params = {n for n, p in inspect.signature(type(pipe).__call__).parameters.items()
+              if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+    unknown = sorted(wanted - set(params))
+    if unknown:
+        known = sorted(p for p in params if p not in ("self", "prompt", "generator", "output_type", "return_dict"))
+        raise ValueError(f"generator {spec.model} ({type(pipe).__name__}): its pipeline takes no {unknown}; it takes "
+                         f"{known}")
+
+
+def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
+                    check: Callable[[Any, GeneratorSpec], None] | None = None) -> list[dict]:
+    """Load every generator on the CPU once (and let it go), as its spec says: their provenance
+    records (hub commit, weight sha256s, the spec). ``check(pipe, spec)``: a study's own check."""
+    records = []
+    for spec in specs:
+        pipe, rec = load_text2image(spec.model, spec.revision, device="cpu", dtype="float32",
+                                    safety_checker=spec.operator_kwargs()["safety_checker"], scheduler=spec.scheduler)
+        check_call_arguments(pipe, spec)
+        if check is not None:
+            check(pipe, spec)
+        records.append({"role": "generator", "model": spec.model, "standin": standin,
+                        "detail": {**rec, "spec": spec.record(), "defaults_from": spec.defaults_from},
+                        **({"standin_for": spec.standin_for} if spec.standin_for else {})})
+        del pipe
+        gc.collect()
+    return records
+
+
+CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of a nurse", "a photo of a chef",
+                       "a photo of a pilot", "a photo of a baker", "a photo of a judge", "a photo of a farmer")
+
+
+def build_standin_checker(safety: SafetySettings, root: str, generators: Sequence[GeneratorSpec] = ()
+                          ) -> SafetySettings:
+    """A tiny random safety checker under ``root`` for a stand-in run (its settings kept), calibrated
+    on a few images of each stand-in generator at its settings, so that it flags some of what
+    the run generates (meaninglessly) and the demo reaches every branch (flagged, left out)."""
+    if not safety.checks:
+        return safety
+    import torch   # deferred: torch
+
+    images = []
+    for spec in generators:
+        pipe, _ = load_text2image(spec.model, device="cpu", dtype="float32", safety_checker="off",
+                                  scheduler=spec.scheduler)
+        with torch.inference_mode():
+            out, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
+                               spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
+        images.append(out.float())
+        del pipe
+    path = build_tiny_safety_checker(str(Path(root) / "nsfw-check-standin"), images=images or None)
+    print(f"  NSFW check {safety.model} -> tiny random stand-in {Path(path).name} (flags meaninglessly)")
+    return dataclasses.replace(safety, model=path, revision=None)
+
+
+def load_nsfw_check(safety: SafetySettings | None, standin: bool) -> list[dict]:
+    """The provenance record of the run's NSFW check, loaded once on the driver ([] without one)."""
+    if safety is None or not safety.checks:
+        return []
+    checker, _, rec = load_safety_checker(safety.model, safety.revision, device="cpu", dtype="float32")
+    del checker
+    gc.collect()
+    return [{"role": "NSFW check (every model's images)", "model": safety.model, "standin": standin,
+             "detail": {**rec, "policy": safety.policy, "exclude_flagged": safety.exclude}}]
+
+

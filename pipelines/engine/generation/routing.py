@@ -1,0 +1,108 @@
+"""One stage serving every generator of a run: each row goes to the operator of its model.
+
+A run that compares several generators runs them in one Ray Data execution: the requests of all
+generators form one stream, each row carrying the generator it asks for (MODEL), and a stage
+whose operators differ per generator (the generator itself, the image sink with its per-model
+folder) becomes one ``ByModel`` stage. Its actors build the operator of a model when its first
+row arrives and keep at most ``keep`` of them built (default one: a generator on a GPU holds
+gigabytes, and the requests reach the actors ordered by model, so each actor switches a few
+times per run, not per batch). Stages that are the same for every generator (a skin-tone or
+face stage after the generator) stay one ordinary stage.
+
+What it saves: every actor stage of every execution starts a Python process that imports its
+libraries (torch, diffusers, open_clip: about 5 CPU-seconds on a small machine), once per
+execution, whatever the number of images; one execution per run pays that once instead of once
+per generator (docs/testing.md has the measurements).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections import OrderedDict
+from typing import Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.base import Stage
+from schemas.images import MODEL
+
+
+class ByModel:
+    """Apply, to each row, the operator of ``stages[row's MODEL]`` (built on first use, at most
+    ``keep`` built at once); rows come back in their order."""
+
+    def __init__(self, stages: Mapping[str, Stage], keep: int = 1):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.stages = dict(stages)
+        self.keep = int(keep)
+        self.built: OrderedDict[str, object] = OrderedDict()
+
+    def operator(self, model: str):
+        """The built operator of ``model`` (the least recently used one let go when over ``keep``)."""
+        if model not in self.stages:
+            raise KeyError(f"no stage for model {model!r} (this stage serves {sorted(self.stages)})")
+        if model in self.built:
+            self.built.move_to_end(model)
+            return self.built[model]
+        while len(self.built) >= self.keep:
+            _, old = self.built.popitem(last=False)
+            del old
+            release_device_memory()
+        self.built[model] = self.stages[model].build()
+        return self.built[model]
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        models = batch.column(MODEL)
+        names = pc.unique(models).to_pylist()
+        if len(names) == 1:
+            return self.operator(names[0])(batch)
+        parts, rows = [], []
+        for name in names:
+            idx = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(models, name), False)))
+            parts.append(self.operator(name)(batch.take(pa.array(idx, pa.int64()))))
+            rows.append(idx)
+        out = pa.concat_tables(parts, promote_options="default")
+        order = np.argsort(np.concatenate(rows), kind="stable")
+        return out.take(pa.array(order, pa.int64()))
+
+
+def release_device_memory() -> None:
+    """Collect a let-go model and return its GPU memory to the device (where torch is in use)."""
+    gc.collect()
+    torch = sys.modules.get("torch")   # never imported here: only a process that already uses it
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def merge(pipelines: Mapping[str, list[Stage]]) -> list[Stage]:
+    """One stage list for the generators of ``pipelines`` ({model: its stage list}, all of the same
+    length and stage names): a stage equal for every model stays as it is; one that differs (its
+    arguments) becomes a ``ByModel`` stage with the resources they share."""
+    lists = list(pipelines.values())
+    out = []
+    for i, first in enumerate(lists[0]):
+        column = [p[i] for p in lists]
+        if any(s.name != first.name for s in column):
+            raise ValueError(f"the generators' stage lists differ at {i}: {[s.name for s in column]}")
+        if all(s == first for s in column):
+            out.append(first)
+            continue
+        resources = {repr(s.declared()) for s in column}   # Resources holds a dict: compared as text
+        if len(resources) > 1:
+            raise ValueError(f"stage {first.name}: the generators ask for different resources {sorted(resources)}")
+        out.append(Stage(ByModel, {"stages": dict(zip(pipelines, column))}, resources=first.declared()))
+    return out
+
+
+def resource_groups(pipelines: Mapping[str, list[Stage]]) -> list[list[str]]:
+    """The models whose stage lists ask for the same resources at every stage (so one execution can
+    serve them), in order: on a cluster, a model too large for ``gpu_worker``'s card asks for
+    ``gpu_worker_large``'s resource and runs in an execution of its own."""
+    groups: dict[tuple, list[str]] = {}
+    for model, stages in pipelines.items():
+        groups.setdefault(tuple((s.name, repr(s.declared())) for s in stages), []).append(model)
+    return list(groups.values())

@@ -1,0 +1,365 @@
+"""How many GPUs the model actors of a study ask for, and refusing to run real models on a CPU.
+
+The GPUs an actor asks for come from the study's configuration (``execution.gpus_per_model_actor``,
+default 1) or ``--gpus-per-actor``, never from what the cluster happens to hold when the job
+connects: on an autoscaling cluster (``cluster.yaml``: a CPU head, ``gpu_worker`` with
+``min_workers: 0``) there is no GPU at that moment, and it is the pending GPU actors themselves
+that make the autoscaler launch ``gpu_worker`` nodes. Asking for none would put SD, CLIP and
+BLIP-2 on CPU workers in fp32, where the paper's configuration never finishes.
+
+So:
+
+- ``--device cpu`` runs every model on the CPU on purpose (no GPU asked for);
+- real models asked to run with 0 GPUs per actor, without ``--device cpu``, are refused;
+- real models whose GPUs this Ray instance cannot provide (a local instance, which has no
+  autoscaler, with fewer GPUs than one actor needs; or a cluster whose autoscaler has no node
+  type with GPUs) are refused before any work starts;
+- on a cluster with no GPU up yet, the job says it is waiting for the autoscaler and how to check;
+- tiny random stand-in models follow the same request when GPUs are there, and otherwise run on
+  the CPU (they are smoke-test models; a laptop has no GPU);
+- inside the actor, a real model is put on ``cuda`` explicitly, so a GPU node whose torch cannot
+  see its GPU fails with a message instead of silently computing on the CPU
+  (``operators.base.pick_device``);
+- a generator too large for the ordinary GPU node's card (FLUX.1, SD 3.5 large in bf16: see
+  ``needs_large_gpu``) also asks for the custom resource ``LARGE_GPU_RESOURCE``, which only
+  ``cluster.yaml``'s ``gpu_worker_large`` declares (``actor_resources``); a run with such a model
+  on a Ray instance that cannot provide that resource is refused before any work
+  (``check_cluster(..., specs=...)``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+import yaml
+
+from operators.support import diffusion
+from operators.support.families import detect
+from operators.support.models import GPU_HINT, ModelLoadError
+
+DEFAULT_GPUS_PER_MODEL_ACTOR = 1.0
+
+# The custom Ray resource of the node types whose GPU holds the big text-to-image models: only
+# cluster.yaml's gpu_worker_large declares it ({CPU: 8, GPU: 1, large_gpu: 1}), and only the
+# generator actors of those models ask for it (actor_resources), so they never land on gpu_worker.
+LARGE_GPU_RESOURCE = "large_gpu"
+# The GPU memory of cluster.yaml's gpu_worker (g5.2xlarge: one A10G, "24 GB"; CUDA reports about
+# 22.5 GiB of it, so 24e9 bytes = 22.4 GiB stays under what the loader's check_fits compares with).
+# A generator that needs more than this asks for LARGE_GPU_RESOURCE.
+GPU_WORKER_MEMORY = 24 * 10**9
+# The GPU memory of cluster.yaml's gpu_worker_large (g6e.2xlarge: one L40S, 48 GB): named in the
+# refusal when a model does not fit even there.
+LARGE_GPU_WORKER_MEMORY = 48 * 10**9
+
+# Parameters of whole pipelines (denoiser, text encoders, VAE) by lower-case hub id, so the node a
+# generator needs is known without the network. From benchmarks/bench_family_sizes.py (full-size
+# networks on the meta device; docs/benchmarks.md, "Today's model families at full size") unless
+# said otherwise. Models not here (SD 1.x/2.x, PixArt, Playground, any other id) are not routed
+# (needs_large_gpu: False), except FLUX.1 by family (FAMILY_PARAMETERS).
+PIPELINE_PARAMETERS: dict[str, int] = {
+    "black-forest-labs/flux.1-dev": 16_870_600_467,                      # docs/benchmarks.md: 16.87B
+    # the same builder with guidance_embeds=False (schnell has no guidance embedder): 16.86B
+    "black-forest-labs/flux.1-schnell": 16_860_370_707,
+    "stabilityai/stable-diffusion-3.5-large": 13_721_069_331,            # docs/benchmarks.md: 13.72B
+    # the large transformer's config.json (the turbo is a step-distilled large, same network)
+    "stabilityai/stable-diffusion-3.5-large-turbo": 13_721_069_331,
+    # the benchmark's builders with the published medium transformer config (24 layers, 24 heads,
+    # caption_projection_dim 1536, pos_embed_max_size 384, qk_norm rms_norm, dual attention in
+    # layers 0-12): 2.24B transformer parameters (plus a 0.23B positional-embedding buffer, not
+    # counted, as the benchmark counts parameters) + CLIP-L, CLIP-G, T5-XXL, VAE: 7.91B
+    "stabilityai/stable-diffusion-3.5-medium": 7_907_613_331,
+    "stabilityai/stable-diffusion-3-medium-diffusers": 7_692_769_811,   # docs/benchmarks.md: 7.69B
+    "stabilityai/stable-diffusion-xl-base-1.0": 3_468_837_867,          # docs/benchmarks.md: 3.47B
+}
+# The largest single component of each (what the GPU holds at a time with CPU offload, diffusers'
+# enable_model_cpu_offload), from the same builds: the denoiser, or T5-XXL's encoder (4.76B) where
+# that is larger.
+LARGEST_COMPONENT: dict[str, int] = {
+    "black-forest-labs/flux.1-dev": 11_901_408_320,                      # transformer (docs: 11.90B)
+    "black-forest-labs/flux.1-schnell": 11_891_178_560,                  # transformer
+    "stabilityai/stable-diffusion-3.5-large": 8_056_627_520,             # transformer (docs: 8.06B)
+    "stabilityai/stable-diffusion-3.5-large-turbo": 8_056_627_520,
+    "stabilityai/stable-diffusion-3.5-medium": 4_762_310_656,            # T5-XXL (transformer 2.24B)
+    "stabilityai/stable-diffusion-3-medium-diffusers": 4_762_310_656,    # T5-XXL (transformer 2.03B)
+    "stabilityai/stable-diffusion-xl-base-1.0": 2_567_463_684,           # UNet (docs: 2.57B)
+}
+# A family every member of which is at least this large: another FLUX.1 (a fine-tune, a new id)
+# carries the same 12B transformer and T5-XXL, so it is taken to be FLUX.1-schnell's size.
+FAMILY_PARAMETERS: dict[str, int] = {"flux": PIPELINE_PARAMETERS["black-forest-labs/flux.1-schnell"]}
+FAMILY_LARGEST_COMPONENT: dict[str, int] = {"flux": LARGEST_COMPONENT["black-forest-labs/flux.1-schnell"]}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass
+class GpuPlan:
+    """What every model actor of a run asks for, and the device its model is put on."""
+
+    per_actor: float      # GPUs per generator / CLIP / BLIP-2 / scorer actor
+    device: str           # the ``device`` argument of the model operators: cuda, cpu or auto
+    source: str           # where ``per_actor`` came from (recorded in metrics.json)
+    note: str = ""        # what the console says about it
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def add_arguments(group, actors: str) -> None:
+    """--gpus-per-actor and --device of a study whose model actors are ``actors``."""
+    group.add_argument("--gpus-per-actor", type=float,
+                       help=f"GPUs per {actors} actor (default: execution.gpus_per_model_actor of the study file, 1; "
+                            "asked for even when no GPU is up yet, so the autoscaler starts GPU nodes)")
+    group.add_argument("--device", default="auto",
+                       help="auto (real models on GPU actors), cuda, or cpu (every model on the CPU on purpose; real "
+                            "models are otherwise refused on a CPU)")
+
+
+def add_generation_options(group) -> None:
+    """The generator's speed options (``operators.image_generation``; all off by default)."""
+    group.add_argument("--gen-channels-last", action="store_true",
+                       help="UNet and VAE in channels-last memory format (faster convolutions on GPUs; same images "
+                            "up to rounding)")
+    group.add_argument("--gen-vae-slicing", choices=["off", "on", "auto"], default="off",
+                       help="decode generated images one at a time (bounds the VAE's memory at large batches); auto: "
+                            "for calls of 8 or more images (default off)")
+    group.add_argument("--gen-compile", choices=["off", "default", "reduce-overhead", "max-autotune",
+                                                 "max-autotune-no-cudagraphs"], default="off",
+                       help="torch.compile the UNet in this mode (each new batch shape compiles first; pays off on "
+                            "long runs; default off)")
+
+
+def add_offload(group) -> None:
+    """--gen-cpu-offload: a generator larger than its GPU (every generator stage)."""
+    group.add_argument("--gen-cpu-offload", action="store_true",
+                       help="keep the generator's components in host memory and move each to the GPU while it runs "
+                            "(diffusers' enable_model_cpu_offload): a model larger than the card runs when its largest "
+                            "component fits; slower by the transfers; GPUs only")
+
+
+def plan(execution: dict, gpus_per_actor: float | None, device: str | None, standin: bool) -> GpuPlan:
+    """The request from configuration and flags alone (no Ray): what the README's commands ask for."""
+    device = (device or "auto").lower()
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"--device {device!r}: expected auto, cpu or cuda")
+    if gpus_per_actor is not None and gpus_per_actor < 0:
+        raise ValueError(f"--gpus-per-actor {gpus_per_actor}: must be >= 0")
+    if device == "cpu":
+        if gpus_per_actor:
+            raise ValueError(f"--device cpu with --gpus-per-actor {gpus_per_actor}: a CPU run asks for no GPU")
+        return GpuPlan(0.0, "cpu", "--device cpu")
+    if gpus_per_actor is not None:
+        per, source = float(gpus_per_actor), "--gpus-per-actor"
+    else:
+        per = float(execution.get("gpus_per_model_actor", DEFAULT_GPUS_PER_MODEL_ACTOR))
+        source = "execution.gpus_per_model_actor" if "gpus_per_model_actor" in execution else "default"
+    if per <= 0 and not standin:
+        raise ModelLoadError(
+            f"{source} = {per:g}: the real models (generators, CLIP, BLIP-2) would run on a CPU, where the "
+            f"paper's configuration takes days. {GPU_HINT}")
+    # a stand-in is tiny: "auto" lets it use the GPU it was given, or the CPU
+    return GpuPlan(per, "auto" if standin or per <= 0 else (device if device != "auto" else "cuda"), source)
+
+
+def check_cluster(ray, gp: GpuPlan, standin: bool, local: bool, specs: Iterable = (),
+                  offload: bool | None = None) -> GpuPlan:
+    """Hold ``gp`` against the Ray instance the job runs on, before any work starts.
+
+    ``local``: a Ray instance this process started (no autoscaler: its GPUs are all it will ever
+    have). On a cluster, GPUs that are not up yet are fine when the autoscaler can add them.
+    ``specs``: the run's generators (``GeneratorSpec``); those that need a large GPU
+    (``needs_large_gpu``, with the run's CPU ``offload``) must find ``LARGE_GPU_RESOURCE`` (see
+    ``check_large_gpus``).
+    """
+    gp = _check_gpus(ray, gp, standin, local)
+    return check_large_gpus(ray, gp, standin, local, specs, offload)
+
+
+def _check_gpus(ray, gp: GpuPlan, standin: bool, local: bool) -> GpuPlan:
+    if gp.per_actor <= 0:
+        return gp
+    gpus_now = float(ray.cluster_resources().get("GPU", 0))
+    if gpus_now >= gp.per_actor:
+        gp.note = f"{gpus_now:g} GPU(s) in the cluster now; each model actor asks for {gp.per_actor:g}"
+        return gp
+    if local:
+        can_add = False
+    else:
+        can_add = autoscaler_max_gpus(ray)
+        can_add = True if can_add is None else can_add >= gp.per_actor  # unknown: trust the cluster config
+    if standin:
+        if not can_add:
+            gp.per_actor, gp.device = 0.0, "auto"
+            gp.note = "no GPU in this Ray instance: the stand-in models run on the CPU"
+        return gp
+    if not can_add:
+        where = "this local Ray instance" if local else "this cluster (and its autoscaler has no node type with GPUs)"
+        raise ModelLoadError(
+            f"each model actor asks for {gp.per_actor:g} GPU(s) ({gp.source}), but {where} has "
+            f"{gpus_now:g}: the job would wait forever or the real models would run on a CPU. {GPU_HINT}")
+    gp.note = (f"no GPU in the cluster yet: the model actors ask for {gp.per_actor:g} GPU each and wait "
+               f"until the autoscaler starts GPU nodes (`ray status` shows them pending, then running)")
+    return gp
+
+
+def autoscaler_node_types(ray) -> dict[str, dict[str, float]] | None:
+    """{node type: its resources} of the cluster's autoscaler, or None when this cannot be read
+    (no autoscaler information published, or a Ray without the API)."""
+    try:  # the cluster config the autoscaler reports to the GCS (Ray >= 2.10)
+        from ray._private import state  # deferred: ray
+
+        cfg = state.state.get_cluster_config()
+        if cfg is not None and len(cfg.node_group_configs):
+            return {str(getattr(g, "name", "") or i): {str(k): float(v) for k, v in dict(g.resources).items()}
+                    for i, g in enumerate(cfg.node_group_configs)}
+    except Exception:
+        pass
+    try:  # `ray up` leaves the launcher config on the head, where `ray submit` runs this driver
+        path = Path.home() / "ray_bootstrap_config.yaml"
+        if path.is_file():
+            types = (yaml.safe_load(path.read_text()) or {}).get("available_node_types") or {}
+            if types:
+                return {str(name): {str(k): float(v) for k, v in (t.get("resources") or {}).items()}
+                        for name, t in types.items()}
+    except Exception:
+        pass
+    return None
+
+
+def autoscaler_max_gpus(ray) -> float | None:
+    """The most GPUs one node type of the cluster's autoscaler offers, or None when this cannot
+    be read (no autoscaler information published, or a Ray without the API)."""
+    types = autoscaler_node_types(ray)
+    if not types:
+        return None
+    return max(r.get("GPU", 0.0) for r in types.values())
+
+
+# --- generators too large for the ordinary GPU node ---------------------------------------------
+
+def _is_standin(model: str) -> bool:
+    """A tiny random stand-in (pipelines/standins: a directory with STANDIN.txt)."""
+    return os.path.isdir(model) and (Path(model) / "STANDIN.txt").is_file()
+
+
+def spec_dtype(spec) -> str:
+    """The dtype ``spec`` runs in on a GPU: its ``dtype``, or its ``cuda_dtype`` for "auto"."""
+    return spec.cuda_dtype if spec.dtype == "auto" else spec.dtype
+
+
+def _offload(spec, offload: bool | None) -> bool:
+    """CPU offload of ``spec``'s generator: ``offload`` where given, else the spec's own
+    ``cpu_offload`` (if it has one)."""
+    return bool(getattr(spec, "cpu_offload", False)) if offload is None else bool(offload)
+
+
+def pipeline_size(spec, offload: bool = False) -> tuple[int | None, str]:
+    """(parameters of ``spec``'s whole pipeline, or with ``offload`` of its largest component; or
+    None), and where the count comes from, without the network: a local directory's safetensors
+    headers, else ``PIPELINE_PARAMETERS`` / ``LARGEST_COMPONENT`` by hub id, else
+    ``FAMILY_PARAMETERS`` / ``FAMILY_LARGEST_COMPONENT`` by the spec's family."""
+    model = str(spec.model)
+    if os.path.isdir(model):
+        counts = getattr(diffusion, "component_parameters", None)
+        if offload and counts is not None:
+            parts = counts(model)
+            return (max(parts.values()) if parts else None), "its safetensors headers (largest component)"
+        return diffusion.pipeline_parameters(model), "its safetensors headers"
+    key = model.strip().lower()
+    table, by_family = (LARGEST_COMPONENT, FAMILY_LARGEST_COMPONENT) if offload else \
+        (PIPELINE_PARAMETERS, FAMILY_PARAMETERS)
+    if key in table:
+        return table[key], "bench_family_sizes (docs/benchmarks.md)"
+    family = spec.family
+    if family is None:
+        family = detect(model, getattr(spec, "revision", None))[0].name
+    if family in by_family:
+        return by_family[family], f"its family ({family})"
+    return None, "unknown"
+
+
+def memory_needed(spec, offload: bool | None = None) -> int | None:
+    """Bytes ``spec``'s generator needs on a GPU: its parameters (with CPU offload, its largest
+    component's) times the bytes of the dtype it runs in on CUDA, times the loader's headroom
+    (``check_fits``); None when its size is unknown. Stand-ins: None (never routed)."""
+    if _is_standin(str(spec.model)):
+        return None
+    params, _ = pipeline_size(spec, _offload(spec, offload))
+    if not params:
+        return None
+    return int(params * DTYPE_BYTES.get(spec_dtype(spec), 4) * diffusion.MEMORY_HEADROOM)
+
+
+def needs_large_gpu(spec, offload: bool | None = None) -> bool:
+    """Whether ``spec``'s generator needs more GPU memory than cluster.yaml's gpu_worker has
+    (``GPU_WORKER_MEMORY``): FLUX.1 and SD 3.5 large in bf16, SD 3 / 3.5 medium in float32; with
+    CPU offload (``offload``, default the spec's ``cpu_offload`` if it has one) only FLUX.1 in bf16,
+    whose 12B transformer alone needs ~28 GiB. A model of unknown size and a stand-in: False."""
+    need = memory_needed(spec, offload)
+    return need is not None and need > GPU_WORKER_MEMORY
+
+
+def actor_resources(spec, gp: GpuPlan | None = None, offload: bool | None = None) -> dict[str, float]:
+    """The custom Ray resources of ``spec``'s generator actor: {LARGE_GPU_RESOURCE: 1} when it
+    needs a large GPU, else {} (its GPU count stays ``gp.per_actor``). ``gp``: the run's GPU plan;
+    an actor that asks for no GPU (``--device cpu``, a stand-in run on the CPU) asks for nothing."""
+    if gp is not None and gp.per_actor <= 0:
+        return {}
+    return {LARGE_GPU_RESOURCE: 1.0} if needs_large_gpu(spec, offload) else {}
+
+
+def _large_offered(ray, per_actor: float) -> bool | None:
+    """Whether a node type of the cluster's autoscaler declares LARGE_GPU_RESOURCE with at least
+    ``per_actor`` GPUs; None when the autoscaler's config cannot be read."""
+    types = autoscaler_node_types(ray)
+    if types is None:
+        return None
+    return any(r.get(LARGE_GPU_RESOURCE, 0) >= 1 and r.get("GPU", 0) >= per_actor for r in types.values())
+
+
+def check_large_gpus(ray, gp: GpuPlan, standin: bool, local: bool, specs: Iterable = (),
+                     offload: bool | None = None) -> GpuPlan:
+    """Refuse, before any work and in one line, a run whose generators need a large GPU on a Ray
+    instance that cannot provide ``LARGE_GPU_RESOURCE``: a local instance without it (it has no
+    autoscaler), or a cluster without it whose autoscaler has no node type declaring it. An
+    autoscaler whose config cannot be read is trusted. Stand-in runs and runs that ask for no GPU
+    never need it."""
+    if standin or gp.per_actor <= 0:
+        return gp
+    big = [(s, memory_needed(s, offload)) for s in specs if needs_large_gpu(s, offload)]
+    if not big:
+        return gp
+    what = ", ".join(f"{s.model} (~{need / 2**30:.0f} GiB in {spec_dtype(s)}"
+                     f"{', its largest component with CPU offload' if _offload(s, offload) else ''})"
+                     for s, need in big)
+    up = float(ray.cluster_resources().get(LARGE_GPU_RESOURCE, 0))
+    if up >= 1:
+        note = f"{what} on nodes with {LARGE_GPU_RESOURCE} ({up:g} in the cluster now)"
+        gp.note = "; ".join(x for x in (gp.note, note) if x)
+        return gp
+    offered = False if local else _large_offered(ray, gp.per_actor)
+    if offered is False:
+        plural = len(big) > 1
+        too_big = [s.model for s, need in big if need > LARGE_GPU_WORKER_MEMORY]
+        offloadable = [s.model for s, _ in big if not _offload(s, offload) and not needs_large_gpu(s, True)]
+        where, remedy = (
+            ("this local Ray instance (no autoscaler) has no custom resource " + LARGE_GPU_RESOURCE,
+             "run on the cluster with cluster.yaml's gpu_worker_large node type") if local else
+            (f"this cluster's autoscaler has no node type with the custom resource {LARGE_GPU_RESOURCE} and "
+             f"{gp.per_actor:g} GPU(s)", "add cluster.yaml's gpu_worker_large node type to the cluster"))
+        raise ModelLoadError(
+            f"{what} {'need' if plural else 'needs'} more GPU memory than gpu_worker's "
+            f"{GPU_WORKER_MEMORY / 1e9:.0f} GB card, and {where}: {remedy} (g6e.2xlarge, one L40S "
+            f"{LARGE_GPU_WORKER_MEMORY / 1e9:.0f} GB: resources {{CPU: 8, GPU: 1, {LARGE_GPU_RESOURCE}: 1}})"
+            + (f", where {', '.join(too_big)} {'do' if len(too_big) > 1 else 'does'} not fit either (run "
+               f"{'them' if len(too_big) > 1 else 'it'} in bfloat16)" if too_big else "")
+            + f"; on a machine whose own GPU is large enough, start Ray there first with `ray start --head "
+            f"--resources='{{\"{LARGE_GPU_RESOURCE}\": 1}}'`"
+            + (f"; or run {', '.join(offloadable)} with CPU offload (one component on the GPU at a time: it "
+               f"then fits a 24 GB card, slower)" if offloadable else "")
+            + "; or use a model that fits a 24 GB card (SDXL, SD 3 / 3.5 medium).")
+    note = (f"{what} wait for a node with {LARGE_GPU_RESOURCE} (cluster.yaml gpu_worker_large), which the "
+            f"autoscaler starts")
+    gp.note = "; ".join(x for x in (gp.note, note) if x)
+    return gp
