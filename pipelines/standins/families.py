@@ -184,6 +184,14 @@ def build_tiny_pixart(directory, seed: int = 0) -> str:
 
 
 BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart}
+# each generator family (operators.support.families) and the tiny stand-in it runs as; a family
+# not listed runs as the SD 1.x stand-in
+STANDIN_OF_FAMILY = {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart"}
+
+
+def standin_family(family: str | None) -> str:
+    """The tiny stand-in family for a spec's family (SD 1.x for unknown ones)."""
+    return STANDIN_OF_FAMILY.get(family or "", "sd")
 
 
 def build_tiny_pipeline(family: str, directory, seed: int = 0, **options) -> str:

@@ -15,7 +15,7 @@ from operators.support.diffusion import _generate, load_text2image
 from pipelines.engine.generation.safety import SafetySettings
 from pipelines.engine.generation.specs import GeneratorSpec
 from pipelines.standins.diffusion import build_tiny_safety_checker
-from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
+from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline, standin_family
 
 
 def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: Sequence[str] | None = None,
@@ -53,12 +53,6 @@ def build_standin_generators(specs: Sequence[GeneratorSpec], root: str, names: S
         print(f"  generator {spec.model} -> tiny random {standin_family(spec.family)} stand-in {Path(path).name} "
               f"(its settings kept; the requested model is recorded, not run)")
     return out
-
-
-def standin_family(family: str | None) -> str:
-    """The tiny stand-in family for a spec's family (SD 1.x for unknown ones)."""
-    return {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart"}.get(
-        family or "", "sd")
 
 
 def check_call_arguments(pipe, spec: GeneratorSpec) -> None:
