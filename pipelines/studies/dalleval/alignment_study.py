@@ -152,6 +152,17 @@ def pairing_record(st: "AlignmentSettings", reference: pa.Table) -> dict:
     return rec
 
 
+# ------------------------------------------------------------------------------------ generation
+def generation_plan(st: AlignmentSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
+    """Each caption's image; CLIP embeddings + cosine and FID features on the generator's device."""
+    clip, fid = st.clip, st.fid
+    heads = [Stage(ClipAlignmentScorer, {"model": clip.model, "pretrained": clip.get("pretrained"),
+                                         "revision": clip.revision, "batch_size": int(clip["batch_size"])}),
+             Stage(FidFeatureExtractor, {"extractor": fid.model, "weights": fid.get("weights"),
+                                         "factory": st.fid_factory, "batch_size": int(fid["batch_size"])})]
+    return GenerationPlan(requests, A.ALIGNMENT_IMAGES, ImageGenerator, ImageSink, heads=heads, key=IMAGE_ID,
+                          save_images=save_images,
+                          images_dir=FILES["images_dir"], what="generating and scoring")
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -159,8 +170,7 @@ class AlignmentStudy(ImageStudy):
     """App. D of paper 000 as a study of the engine's lifecycle."""
     name = "paper000-dalleval-alignment"
 
-    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
-        return generation_plan(st, requests, save_images)
+    plan_of = staticmethod(generation_plan)
 
     def settings(self, args) -> AlignmentSettings:
         st = settings(args)
@@ -270,19 +280,6 @@ STANDIN_FID = "pipelines.standins.fid:tiny_fid_extractor"
 def run(args) -> dict:
     """`dalleval.py alignment`."""
     return run_study(AlignmentStudy(), args)
-
-
-# ------------------------------------------------------------------------------------ generation
-def generation_plan(st: AlignmentSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
-    """Each caption's image; CLIP embeddings + cosine and FID features on the generator's device."""
-    clip, fid = st.clip, st.fid
-    heads = [Stage(ClipAlignmentScorer, {"model": clip.model, "pretrained": clip.get("pretrained"),
-                                         "revision": clip.revision, "batch_size": int(clip["batch_size"])}),
-             Stage(FidFeatureExtractor, {"extractor": fid.model, "weights": fid.get("weights"),
-                                         "factory": st.fid_factory, "batch_size": int(fid["batch_size"])})]
-    return GenerationPlan(requests, A.ALIGNMENT_IMAGES, ImageGenerator, ImageSink, heads=heads, key=IMAGE_ID,
-                          save_images=save_images,
-                          images_dir=FILES["images_dir"], what="generating and scoring")
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -135,6 +135,16 @@ def requests_of(st: SkillsSettings) -> pa.Table:
                            pr["same_class_pairs"], st.generation.seed, pr["plurals"], pr["relation_words"])
 
 
+# ------------------------------------------------------------------------------------ generation
+def generation_plan(st: SkillsSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
+    """Each skill prompt's image, its detections on the generator's device, the image saved."""
+    det = st.detector
+    head = Stage(ObjectDetector, {"model": det.model, "revision": det.revision,
+                                  "record_threshold": det["record_threshold"], "batch_size": int(det["batch_size"]),
+                                  "dtype": det.dtype})
+    return GenerationPlan(requests, P.SKILL_IMAGES, ImageGenerator, ImageSink, heads=[head], key=P.IMAGE_ID,
+                          save_images=save_images,
+                          images_dir=FILES["images_dir"], what="generating and detecting")
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -143,8 +153,7 @@ class SkillsStudy(ImageStudy):
 
     name = "paper000-dalleval-skills"
 
-    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
-        return generation_plan(st, requests, save_images)
+    plan_of = staticmethod(generation_plan)
 
     def settings(self, args) -> SkillsSettings:
         st = settings(args)
@@ -226,18 +235,6 @@ ZERO_SHOT = ("Note: the detector is used zero-shot (COCO weights); the paper's D
 def run(args) -> dict:
     """`dalleval.py skills`."""
     return run_study(SkillsStudy(), args)
-
-
-# ------------------------------------------------------------------------------------ generation
-def generation_plan(st: SkillsSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
-    """Each skill prompt's image, its detections on the generator's device, the image saved."""
-    det = st.detector
-    head = Stage(ObjectDetector, {"model": det.model, "revision": det.revision,
-                                  "record_threshold": det["record_threshold"], "batch_size": int(det["batch_size"]),
-                                  "dtype": det.dtype})
-    return GenerationPlan(requests, P.SKILL_IMAGES, ImageGenerator, ImageSink, heads=[head], key=P.IMAGE_ID,
-                          save_images=save_images,
-                          images_dir=FILES["images_dir"], what="generating and detecting")
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -157,8 +157,6 @@ def uses_blip2(detect: dict) -> bool:
     return detect["gender"] == S.GenderDetector.BLIP2 or bool(detect["attributes"])
 
 
-
-
 def detector_kwargs(st: DallEvalSettings) -> dict | None:
     """The BLIP-2 head of the generator (None when nothing is asked)."""
     if not uses_blip2(st.detect):
@@ -207,13 +205,31 @@ def standins(st: DallEvalSettings, root: str) -> DallEvalSettings:
                                blip2=st.blip2.standin_at(build_tiny_blip2(str(Path(root) / "blip2-standin"), seed=0)))
 
 
+# ------------------------------------------------------------------------------------ generation
+def generation_plan(st: DallEvalSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
+    """Section 5 (social bias): each diagnostic prompt's images, their gender (CLIP zero-shot or
+    BLIP-2, on the generator's device) and attributes (BLIP-2), skin tone from the face (Monk
+    scale), and the images saved."""
+    clip, blip2 = classifier_kwargs(st), detector_kwargs(st)
+    heads = [*([Stage(ClipGenderClassifier, clip)] if clip else []), *([Stage(Blip2Detector, blip2)] if blip2 else [])]
+    skin = st.detect["skin_tone"]
+    return GenerationPlan(
+        requests, S.DALLEVAL_IMAGES, ImageGenerator, ImageSink, heads=heads, key=S.IMAGE_ID,
+        images_file=FILES["images"], images_csv=True,
+        after=[Stage(SkinToneDetector, dict(st.skin_tone))] if skin else [],
+        finish=DetectedGenderColumns(st.detect["gender"]), save_images=save_images, images_dir=FILES["images_dir"],
+        resource_flags={"skin_actors": [(SkinToneDetector.stage_name, "actors")]},
+        # a skin-tone batch: four generator calls' images
+        overrides={SkinToneDetector.stage_name: lambda batch: {"batch_size": batch * 4}} if skin else {},
+        what="generating and detecting")
+
+
 # ------------------------------------------------------------------------------------ the study
 class DallEvalStudy(ImageStudy):
     """The social-bias half of paper 000 as a study of the engine's lifecycle."""
     name = "paper000-dalleval"
 
-    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
-        return generation_plan(st, requests, save_images)
+    plan_of = staticmethod(generation_plan)
 
     def settings(self, args) -> DallEvalSettings:
         st = settings(args)
@@ -289,7 +305,7 @@ def run(args) -> dict:
     return run_study(DallEvalStudy(), args)
 
 
-# ------------------------------------------------------------------------------------ generation
+# ------------------------------------------------------------------------------------ generated rows
 class DetectedGenderColumns:
     """Per-image table rows from the stages' output: CLIP's labels as detected genders, the detector
     named, the schema's columns (a small CPU step on the driver's sink)."""
@@ -310,24 +326,6 @@ class DetectedGenderColumns:
             idx = t.schema.get_field_index(S.GENDER_DETECTOR)
             t = t.set_column(idx, S.GENDER_DETECTOR, named) if idx >= 0 else t.append_column(S.GENDER_DETECTOR, named)
         return conform(t, S.DALLEVAL_IMAGES)
-
-
-def generation_plan(st: DallEvalSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
-    """Section 5 (social bias): each diagnostic prompt's images, their gender (CLIP zero-shot or
-    BLIP-2, on the generator's device) and attributes (BLIP-2), skin tone from the face (Monk
-    scale), and the images saved."""
-    clip, blip2 = classifier_kwargs(st), detector_kwargs(st)
-    heads = [*([Stage(ClipGenderClassifier, clip)] if clip else []), *([Stage(Blip2Detector, blip2)] if blip2 else [])]
-    skin = st.detect["skin_tone"]
-    return GenerationPlan(
-        requests, S.DALLEVAL_IMAGES, ImageGenerator, ImageSink, heads=heads, key=S.IMAGE_ID,
-        images_file=FILES["images"], images_csv=True,
-        after=[Stage(SkinToneDetector, dict(st.skin_tone))] if skin else [],
-        finish=DetectedGenderColumns(st.detect["gender"]), save_images=save_images, images_dir=FILES["images_dir"],
-        resource_flags={"skin_actors": [(SkinToneDetector.stage_name, "actors")]},
-        # a skin-tone batch: four generator calls' images
-        overrides={SkinToneDetector.stage_name: lambda batch: {"batch_size": batch * 4}} if skin else {},
-        what="generating and detecting")
 
 
 # ------------------------------------------------------------------------------------ measures

@@ -54,8 +54,7 @@ class ExposedStudy(ImageStudy):
 
     name = "paper004-exposed"
 
-    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
-        return generation_plan(st, requests, save_images)
+    plan_of = staticmethod(generation_plan)
 
     def settings(self, args) -> ExposedSettings:
         st = settings(args)

@@ -147,11 +147,20 @@ def requests_of(st: GepSettings) -> pa.Table:
                         gen.images_per_prompt, gen.seed)
 
 
-
-
 def scoring_config(st: GepSettings) -> dict:
     return {"comparisons": [list(c) for c in st.comparisons], "reference": st.reference,
             "attributes": [asdict(a) for a in st.attributes], "classifier": st.classifier}
+
+
+# ------------------------------------------------------------------------------------ generation
+def generation_plan(st: GepSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
+    """Section 3: one image per prompt and seed; section 4: its L2-normalised CLIP image embedding,
+    computed on the generator's device; the image saved for annotators (section 5)."""
+    clip = st.clip
+    embed = Stage(ClipImageEmbedder, {"model": clip["model"], "pretrained": clip.get("pretrained"),
+                                      "revision": clip.get("revision")})
+    return GenerationPlan(requests, S.GEP_IMAGES, ImageGenerator, ImageSink, heads=[embed], key=S.IMAGE_ID,
+                          save_images=save_images, images_dir=FILES["images_dir"], images_file=FILES["images"])
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -159,8 +168,7 @@ class GepStudy(ImageStudy):
     """Paper 001 as a study of the engine's lifecycle (pipelines/engine/run/lifecycle.py)."""
     name = "paper001-gep"
 
-    def plan_of(self, st, requests, save_images: bool) -> GenerationPlan:
-        return generation_plan(st, requests, save_images)
+    plan_of = staticmethod(generation_plan)
 
     def settings(self, args) -> GepSettings:
         st = settings(args)
@@ -264,17 +272,6 @@ def headline_of(run: Run, shown: dict, scores: pa.Table, images: pa.Table, evalu
                                   evaluation["labels"] if evaluation is not None else None,
                                   run.generator_models, run.models, standin)
     return headline.write(run.rd, GepStudy.name, subjects, protocol, run.options.intervals, standin)
-
-
-# ------------------------------------------------------------------------------------ generation
-def generation_plan(st: GepSettings, requests: pa.Table, save_images: bool) -> GenerationPlan:
-    """Section 3: one image per prompt and seed; section 4: its L2-normalised CLIP image embedding,
-    computed on the generator's device; the image saved for annotators (section 5)."""
-    clip = st.clip
-    embed = Stage(ClipImageEmbedder, {"model": clip["model"], "pretrained": clip.get("pretrained"),
-                                      "revision": clip.get("revision")})
-    return GenerationPlan(requests, S.GEP_IMAGES, ImageGenerator, ImageSink, heads=[embed], key=S.IMAGE_ID,
-                          save_images=save_images, images_dir=FILES["images_dir"], images_file=FILES["images"])
 
 
 # ------------------------------------------------------------------------------------ scoring
