@@ -92,8 +92,8 @@ def safety_counts(images: pa.Table) -> dict:
 def record_safety(run, model: str, images: pa.Table) -> None:
     """Count ``model``'s images under the run's safety policy into ``run.safety_counts`` and onto
     its generator record (the report's model table shows it; metrics.json's "safety" holds it)."""
-    safety = getattr(run, "safety", None)
-    if safety is None or not hasattr(run, "safety_counts"):
+    safety = run.safety
+    if safety is None:
         return
     counts = safety_counts(images)
     run.safety_counts[model] = counts

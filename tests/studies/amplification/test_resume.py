@@ -63,7 +63,7 @@ def generate(ray, requests, spec, st, rd):
 
     args = amplification.build_parser().parse_args(["run", "--output", "unused"])
     run = SimpleNamespace(options=RunOptions.from_args(args), safety=st.safety, gpu=None, rd=rd, ray=ray, st=st,
-                          generators=[spec], echo=lambda *a, **k: None)
+                          generators=[spec], echo=lambda *a, **k: None, models=[], safety_counts={})
     plan = image_side.generation_plan(st, requests)
     out = generation.generate(run, plan)
     return out.images.sort_by(image_side.RESULT_ORDER), out.phases[spec.model], \
