@@ -12,6 +12,9 @@ from pipelines.engine.run import gpus, publish
 from pipelines.engine.storage.inputs import IDENTITIES
 from schemas.datasets import LAYOUTS
 
+GEN_BATCH_SIZE = 8   # images per generator call (a study's parser may choose another default)
+GEN_ACTORS = 1       # generator actors per model
+
 
 def add_output(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--output", required=True, metavar="DIR",
@@ -167,12 +170,12 @@ def add_save_images(group, default: bool, what: str) -> None:
                        help=f"write {what} (default: {'on' if default else 'off'})")
 
 
-def add_generation_execution(group, label: str, batch: int = 8, unit: str = "images", speed: bool = True,
+def add_generation_execution(group, label: str, batch: int = GEN_BATCH_SIZE, unit: str = "images", speed: bool = True,
                              save: str = "the images") -> None:
     """The execution options of a generation plan (pipelines/engine/generation/execute.py): generator
     actors and batch, GPUs per actor and device, the generator's speed options, the error budget,
     --save-images."""
-    group.add_argument("--gen-actors", type=int, default=1, help="generator actors per model (default 1)")
+    group.add_argument("--gen-actors", type=int, default=GEN_ACTORS, help=f"generator actors per model (default {GEN_ACTORS})")
     group.add_argument("--gen-batch-size", type=int, default=batch, help=f"{unit} per generator call (default {batch})")
     gpus.add_arguments(group, label)
     if speed:

@@ -16,9 +16,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from pipelines.engine.cli import arguments
-
-GEN_BATCH_SIZE = 8   # images per generator call when a study's parser does not say otherwise
-GEN_ACTORS = 1       # generator actors per model
+from pipelines.engine.cli.arguments import GEN_ACTORS, GEN_BATCH_SIZE
 
 
 def speed_options(flags: Mapping[str, Any]) -> dict:
