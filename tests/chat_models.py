@@ -1,4 +1,4 @@
-"""Tiny chat models built offline (issue 33, paper 002 App. A.6): a random LlamaForCausalLM and a
+"""Tiny chat models built offline (paper 002 App. A.6): a random LlamaForCausalLM and a
 WordLevel tokenizer with a chat template, and "scripted" variants whose weights make them a fixed
 bigram chain (no attention or MLP output, one-hot embeddings, an lm_head pointing each token at the
 next), so their answers are known: after the generation prompt's ":" the "chain" model says

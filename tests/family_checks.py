@@ -1,4 +1,4 @@
-"""The model-family matrix's shared checks (issue 30): which stand-in family ran for which requested
+"""The model-family matrix's shared checks: which stand-in family ran for which requested
 hub id, with that model's card defaults recorded; and paper 002's per-family image checks. Used by
 tests/studies/test_model_families_run.py and tests/studies/amplification/test_training_images.py."""
 
@@ -48,7 +48,7 @@ def check_records(run_dir, models, steps=2):
 
 
 def check_amplification_families(run_dir, models):
-    """Every family's images counted through the face filter and CLIP (issue 30), for a paper 002
+    """Every family's images counted through the face filter and CLIP, for a paper 002
     run with ``models``."""
     check_records(run_dir, models)
     images = pq.read_table(run_dir / "images.parquet").to_pandas()

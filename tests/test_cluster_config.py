@@ -1,4 +1,4 @@
-"""cluster.yaml is a valid Ray cluster launcher config and keeps the properties issue 4 asks for.
+"""cluster.yaml is a valid Ray cluster launcher config and keeps the properties the project needs of it.
 
 Validation goes through Ray's own code and schema (ray/autoscaler/ray-schema.json) the way
 `ray up` does: ``prepare_config`` (merges the provider's defaults.yaml) then
@@ -121,7 +121,7 @@ def test_ray_defaults_do_not_leak_in(config):
     assert prepared["docker"] == {} or "image" in prepared["docker"]
 
 
-# --- what issue 4 asks of the cluster ---------------------------------------------------------
+# --- what the cluster must provide ---------------------------------------------------------
 
 def test_provider_and_auth(config):
     assert config["provider"]["type"] == "aws" and config["provider"]["region"]
@@ -169,7 +169,7 @@ def test_declared_resources_match_the_instance_types(config):
         assert t["resources"].get("GPU", 0) == gpus, (name, itype)
 
 
-# --- the node type of the big text-to-image models (issue 30, item 7) ------------------------------
+# --- the node type of the big text-to-image models ------------------------------
 
 def _big_models():
     """(model, bytes it needs on a GPU in its card's dtype) of every known model that

@@ -1,4 +1,4 @@
-"""`t2i compare` on run directories holding the headline contract (issue 32 item 2); the stand-in
+"""`t2i compare` on run directories holding the headline contract; the stand-in
 runs of real studies are compared end to end in tests/test_compare_runs.py."""
 
 import json

@@ -1,4 +1,4 @@
-"""The dataset card of a run folder (issue 32 item 3): every table a datasets configuration."""
+"""The dataset card of a run folder: every table a datasets configuration."""
 
 import numpy as np
 import pyarrow as pa

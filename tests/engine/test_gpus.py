@@ -235,7 +235,7 @@ def test_generation_speed_flags_map_to_generator_options():
     assert set(got) <= set(inspect.signature(ImageGenerator).parameters)
 
 
-# --- generators too large for the ordinary GPU node (issue 30, item 7) ------------------------
+# --- generators too large for the ordinary GPU node ------------------------
 
 def _spec(model, dtype="auto", **kw):
     """The spec the study drivers build for ``model``: its family and card dtype from families.py."""

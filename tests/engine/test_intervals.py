@@ -1,4 +1,4 @@
-"""Intervals on headline numbers (issue 32): coverage on simulated data with a known answer."""
+"""Intervals on headline numbers: coverage on simulated data with a known answer."""
 
 import numpy as np
 import pytest

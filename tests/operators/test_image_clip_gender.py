@@ -309,7 +309,7 @@ def test_record_names_model_prompts_and_threshold(tiny_clip):
         ClipGenderClassifier(tiny_clip, prompts=("only one",), device="cpu")
 
 
-# --- activation: OpenAI's weights were trained with QuickGELU (issue 12, item 2) ---------------------------
+# --- activation: OpenAI's weights were trained with QuickGELU ---------------------------
 
 
 def _configured_clips() -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""One safety policy for every model (issue 30, item 3): the Stable Diffusion safety checker as a
+"""One safety policy for every model: the Stable Diffusion safety checker as a
 head (operators.image_nsfw_check) on every generator's images, the run-level exclusion, and the
 policy's settings. Tiny random pipelines built offline, loaded through the production loaders."""
 

@@ -99,7 +99,7 @@ def test_analysis_leaves_the_images_unchanged_and_fills_every_column(models):
 
 
 def test_the_three_images_of_a_unit_reach_the_detector_with_identical_text(models, monkeypatch):
-    """Issue 27 item 9: the neutral, feminine and masculine images of a unit are queried with the
+    """The neutral, feminine and masculine images of a unit are queried with the
     same vocabulary (the unit's nouns, then the tags) in the same order, while what is explicit is
     still decided by each image's own nouns."""
     from operators.image_grounded_segmentation import GroundedSegmenter
@@ -133,7 +133,7 @@ def test_the_three_images_of_a_unit_reach_the_detector_with_identical_text(model
 
 
 def test_a_unit_shares_one_noun_set_apart_from_its_gender_words():
-    """Issue 27 item 10: spaCy tags "botanist" an adjective in "A botanist studies ..." and a noun in
+    """spaCy tags "botanist" an adjective in "A botanist studies ..." and a noun in
     "A female botanist studies ...": the unit's three prompts still get the same nouns, apart from
     the words they differ in by construction."""
     triplet = ["A botanist studies samples in a bright laboratory",
@@ -164,7 +164,7 @@ class _Tagger:
 
 
 def test_a_profession_unit_reads_its_nouns_with_the_profession_out_of_the_taggers_way():
-    """Issue 27 item 10: with the profession known, the profession is a noun of all three prompts
+    """With the profession known, the profession is a noun of all three prompts
     and the template's verb is not (spaCy alone tags "studies" a noun in every variant)."""
     tagger = _Tagger()
     triplet = ["A botanist studies samples in a bright laboratory",

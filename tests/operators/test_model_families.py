@@ -1,4 +1,4 @@
-"""Today's model families (issue 30): each family's defaults (card, else pipeline), tiny random SDXL,
+"""Today's model families: each family's defaults (card, else pipeline), tiny random SDXL,
 SD 3, FLUX and PixArt pipelines built offline and loaded through the production loader, the
 per-model settings reaching the pipeline call, NaN images as ``invalid_image``, the denoiser's speed
 options, and the one-line error of a gated repository."""

@@ -148,7 +148,7 @@ def test_which_pipelines_need_torch(tmp_path, meta, needs):
 
 @pytest.mark.slow
 def test_a_fresh_ner_actor_starts_without_torch_and_finds_the_same_names():
-    """What the NER stage's actor does in a fresh process (issue 34): spaCy imported with torch
+    """What the NER stage's actor does in a fresh process: spaCy imported with torch
     hidden from thinc (torch never loads: ~1.2 CPU-s), the same person names as in this process,
     where torch is loaded; torch still imports afterwards."""
     import json

@@ -1,7 +1,7 @@
 """Today's model families in every study, end to end on a local Ray instance: `--standin-models`
 with SDXL, SD 3.5, FLUX.1 and PixArt hub ids builds a tiny random pipeline of each family, runs it
 at that model's defaults (its card's, recorded), checks every model's images with the run's one
-NSFW check, and measures them like SD's (issue 30): all four in amplification (face filter and
+NSFW check, and measures them like SD's: all four in amplification (face filter and
 CLIP), DALL-Eval (BLIP-2 and skin tone, PaintSkills, alignment) and GEP; SDXL, FLUX and SD 3.5 in
 Exposed, sections 3-7 (word maps from SDXL's cross-attention and from SD 3's and FLUX's joint
 attention; PixArt refused before any work). Amplification's family run is one of
@@ -109,7 +109,7 @@ def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local)
         assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}, part
 
 
-# ---------------------------------------------------------------- t2i compare (issue 32) on these runs
+# ---------------------------------------------------------------- t2i compare on these runs
 def test_compare_four_models_in_two_studies(gep_run, dalleval_run, tmp_path, capsys):
     """The cross-study table and overview from stand-in runs of two studies, four models each: the
     runs' own values with intervals, ranks and tie marks, pairs paired on shared prompts and seeds,

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible chat client (issue 33, backend a) against a fake endpoint on 127.0.0.1:
+"""The OpenAI-compatible chat client against a fake endpoint on 127.0.0.1:
 answers, 429 then success, 500 for good, timeouts, empty / refused / cut answers, the key sent and
 never recorded, bounded concurrency."""
 

@@ -1,4 +1,4 @@
-"""The local transformers chat backend (issue 33, paper 002 App. A.6 paraphrases) on tiny models
+"""The local transformers chat backend (paper 002 App. A.6 paraphrases) on tiny models
 built offline: a random LlamaForCausalLM and a WordLevel tokenizer with a chat template, and a
 "scripted" variant of it whose weights make it a fixed bigram chain (no attention or MLP output,
 one-hot embeddings, an lm_head pointing each token at the next), so its answers are known:

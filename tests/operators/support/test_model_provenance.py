@@ -1,5 +1,5 @@
 """Hub-loaded models record the commit they resolved to and the sha256 of the weight files they
-read, and every model family takes a revision (issue 12, item 13).
+read, and every model family takes a revision.
 
 The hub is a Hugging Face cache laid out in a temporary directory as huggingface_hub writes it
 (blobs named by content, snapshots/<commit>/ linking to them, refs/main naming a commit), holding

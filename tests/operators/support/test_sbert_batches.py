@@ -1,4 +1,4 @@
-"""SBERT's CPU batches cut by tokens (issue 34): every row once, within the budget, and the same
+"""SBERT's CPU batches cut by tokens: every row once, within the budget, and the same
 vectors as sentence-transformers' own batching (the operators' use of it: test_sbert_openvino.py)."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""SBERT through torch alone (issue 34): the packaged all-MiniLM-L6-v2 gives sentence-transformers'
+"""SBERT through torch alone: the packaged all-MiniLM-L6-v2 gives sentence-transformers'
 vectors and token ids without the library's start-up; anything else goes through the library."""
 
 import json

@@ -1,4 +1,4 @@
-"""SBERT through OpenVINO (issue 34): the same model compiled from its torch module, in f32 (exact:
+"""SBERT through OpenVINO: the same model compiled from its torch module, in f32 (exact:
 the same cosines to ~1e-7 and the same nearest neighbours as torch on the bundled sample's matched
 captions) or bf16 (an option: close, not exact), chosen per run and refused where it cannot run."""
 
@@ -103,7 +103,7 @@ def test_openvino_bf16_is_close_not_exact(similarities):
 
 @pytest.mark.slow   # converts the model for OpenVINO once more
 def test_auto_screens_only_the_rows_of_the_occupations_it_is_given(matched, similarities):
-    """Backend "auto" (issue 34): torch for every row, except the rows of ``screen_occupations``,
+    """Backend "auto": torch for every row, except the rows of ``screen_occupations``,
     which go through the bf16 encoder; with none it loads nothing but torch."""
     torch_sims, _ = similarities["torch"]
     bf16, bf16_op = similarities["openvino-bf16"]

@@ -1,4 +1,4 @@
-"""The caption stream's resources (issue 34). SBERT's actor pool when --embed-actors is not given: the
+"""The caption stream's resources. SBERT's actor pool when --embed-actors is not given: the
 cores of a local instance, a growing pool on a cluster, one actor with a GPU; a flag or the configuration
 file wins. A small input is scanned in several fragments."""
 

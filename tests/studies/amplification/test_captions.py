@@ -121,7 +121,7 @@ def test_metrics_record_configuration(run):
     assert m["models"]["sbert"]["source"] == "package" and len(m["models"]["sbert"]["weights_sha256"]) == 64
     # the packaged BERT + mean pooling model loads with torch alone on CPUs (sbert_lean)
     assert (m["models"]["sbert"]["backend"], m["models"]["sbert"]["loader"]) == ("auto", "lean")
-    # "auto" (issue 34): ~16 captions per occupation here, far under 2x a pool of 240 rows (the walked
+    # "auto": ~16 captions per occupation here, far under 2x a pool of 240 rows (the walked
     # naive pool is 3x k): none screened
     plan = m["sbert_screen_plan"]
     assert plan["screened"] == [] and plan["pool_rows_per_occupation"] == 240 and plan["sampled_rows"] == 2000
@@ -218,7 +218,7 @@ def test_files_with_a_non_text_caption_column_are_counted(ray_local, tmp_path):
 
 @pytest.mark.slow
 def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_torch_subsets(run, tmp_path, capsys):
-    """Backend "auto" (the default, issue 34) with a screen factor so low that the occupations with
+    """Backend "auto" (the default) with a screen factor so low that the occupations with
     the most captions are screened in bf16 and the others not: the same subsets as the torch run,
     only the screened occupations' candidates encoded again, the others' cosines torch's."""
     from pipelines.engine.cli import config as study_config
@@ -257,7 +257,7 @@ def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_tor
 @pytest.mark.slow
 @pytest.mark.parametrize("local_rows", [1_000_000, 0], ids=["in-driver", "distributed"])
 def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path):
-    """--sbert-backend screened (issue 34): bf16 in the stream, the candidates encoded again with
+    """--sbert-backend screened: bf16 in the stream, the candidates encoded again with
     torch fp32 when selecting, in the driver and through the Ray Data reduction: the same members
     and order as the torch run (cosines to torch's float noise), fewer rows encoded twice than the
     input holds, and what was done recorded."""

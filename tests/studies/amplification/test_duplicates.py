@@ -1,4 +1,4 @@
-"""Repeated rows in the training selection (issue 31): within each subset group a URL is selected
+"""Repeated rows in the training selection: within each subset group a URL is selected
 once (its best row), exact duplicate rows and the same URL under other captions are counted
 (duplicate_row / duplicate_url), ``keep`` selects them all, and the result does not depend on how
 the annotated captions were split into batches (the reduction tree)."""

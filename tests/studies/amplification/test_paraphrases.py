@@ -1,4 +1,4 @@
-"""Paper 002, App. A.6 (issue 33): the pieces of the paraphrase step without Ray (a user's file
+"""Paper 002, App. A.6: the pieces of the paraphrase step without Ray (a user's file
 with missing, extra, duplicate and bad rows; the cache keys; which checkpointed answer wins; the
 generation requests and their seeds; the image similarity), the command line's refusals, and on
 local Ray the `paraphrase` command with a tiny local transformers model through the production

@@ -1,4 +1,4 @@
-"""The bf16 screen's exact subsets (refine.py, issue 34): from cosines off by up to a margin, the
+"""The bf16 screen's exact subsets (refine.py): from cosines off by up to a margin, the
 candidates re-encoded exactly give the pool an all-exact run selects."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Training images already downloaded (issue 31): img2dataset's own output in each of its three
+"""Training images already downloaded: img2dataset's own output in each of its three
 formats, written by img2dataset from the local HTTP server, read back by the shard operators with
 the very bytes a live fetch gives; and paper 002 end to end on a Re-LAION-layout caption file
 without column flags, live against --training-images (with and without --fetch-missing): the same
@@ -153,7 +153,7 @@ def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(d
               "--nn-k", "4", "--images-per-prompt", "1", "--caption-images", "0", "--steps", "2", "--standin-models",
               "--allow-local-urls", "--no-progress", "--output", str(tmp_path)]
     sd = ["--generators", "CompVis/stable-diffusion-v1-4"]
-    # the run over the partial download also generates with every family of today (issue 30), at
+    # the run over the partial download also generates with every family of today, at
     # their card defaults, each image through the NSFW check, the face filter and CLIP
     families = ["--generators", ",".join(FAMILY), "--caption-images", "1"]
     # (every format's bytes equal a live fetch's: the test above; here the stream end to end, half the

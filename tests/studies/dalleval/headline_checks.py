@@ -1,4 +1,4 @@
-"""What every DALL-Eval run directory must hold about its headline numbers (issue 32): the
+"""What every DALL-Eval run directory must hold about its headline numbers: the
 ``headline`` section of metrics.json with an interval around each value, headline_units.parquet
 whose per-subject per-metric mean is the reported value, and the summary box in report.html."""
 

@@ -1,4 +1,4 @@
-"""The headline numbers of Stable Diffusion Exposed (issue 32) on hand-built per-image tables: each
+"""The headline numbers of Stable Diffusion Exposed on hand-built per-image tables: each
 metric's weighted mean over triplets is the number the tables report (Table 3's means, the RQ1 gap,
 Table 4's s_O), triplets are the resampled units (weights: their measured seeds), the intervals
 reach the tables, and the protocol names what two comparable runs share (not the generators)."""

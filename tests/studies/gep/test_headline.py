@@ -1,4 +1,4 @@
-"""The GEP headline (issue 32) on small hand-made inputs, no Ray: per-unit values whose mean is the
+"""The GEP headline on small hand-made inputs, no Ray: per-unit values whose mean is the
 reported number, units and strata, intervals beside the values in the tables, the summarize intervals."""
 
 import dataclasses
