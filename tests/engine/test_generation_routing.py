@@ -62,6 +62,21 @@ def test_by_model_routes_each_row_and_keeps_their_order():
         op(pa.table({MODEL: ["z"], SEED: [1]}))
 
 
+class Triple(Marker):
+    """Three rows per request (as the triplet generator gives a unit's images)."""
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out = super().__call__(batch)
+        return pa.concat_tables([out, out, out])
+
+
+def test_a_batch_of_several_models_with_several_rows_per_request_keeps_every_row():
+    op = routing.ByModel({m: Stage(Triple, {"model": m}) for m in ("a", "b")})
+    out = op(pa.table({MODEL: ["b", "a", "b"], SEED: [0, 1, 2]}))
+    assert out.num_rows == 9
+    assert sorted(out.column("value").to_pylist()) == sorted(["b:0", "b:2", "a:1"] * 3)
+
+
 def test_stages_differing_per_model_merge_into_one_and_other_resources_split():
     after = Stage(Marker, {"model": "shared"})
     pipelines = {"a": [Stage(Marker, {"model": "a"}), after], "b": [Stage(Marker, {"model": "b"}), after]}

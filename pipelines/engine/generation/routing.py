@@ -32,7 +32,8 @@ from schemas.images import MODEL
 
 class ByModel:
     """Apply, to each row, the operator of ``stages[row's MODEL]`` (built on first use, at most
-    ``keep`` built at once); rows come back in their order."""
+    ``keep`` built at once). Rows come back in their order; an operator that returns several rows
+    per row (a triplet unit's images) gives them back model by model."""
 
     def __init__(self, stages: Mapping[str, Stage], keep: int = 1):
         if keep < 1:
@@ -66,6 +67,8 @@ class ByModel:
             parts.append(self.operator(name)(batch.take(pa.array(idx, pa.int64()))))
             rows.append(idx)
         out = pa.concat_tables(parts, promote_options="default")
+        if out.num_rows != batch.num_rows:   # rows per request (a triplet unit's three images): model by model
+            return out
         order = np.argsort(np.concatenate(rows), kind="stable")
         return out.take(pa.array(order, pa.int64()))
 
