@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Mapping
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from operators.base import Stage, conform
+from operators.base import Stage, conform, with_column
 from pipelines.engine.generation import routing
 from pipelines.engine.generation.plan import GenerationPlan, Generated
 from pipelines.engine.generation.safety import SafetySettings, record_safety
 from pipelines.engine.generation.specs import GeneratorSpec
 from pipelines.engine.run import gpus
 from pipelines.engine.storage import checkpoint
-from pipelines.engine.stream import stages
+from pipelines.engine.stream import runtime, stages
 from pipelines.engine.stream.progress import ErrorBudget, Phase, drain
 from schemas import images as I
 
@@ -73,18 +72,10 @@ class ModelBudget:
         self.model, self.budget = model, budget
 
     def add(self, batch: pa.Table) -> None:
-        self.budget.add(batch.filter(pc.fill_null(pc.equal(batch.column(I.MODEL), self.model), False)))
+        self.budget.add(batch.filter(routing.of_model(batch, self.model)))
 
     def check(self, final: bool = False) -> None:
         self.budget.check(final)
-
-
-def with_model(table: pa.Table, model: str) -> pa.Table:
-    """``table`` with MODEL set to ``model`` on every row (the generator a request asks for)."""
-    values = pa.array([model] * table.num_rows, pa.string())
-    if I.MODEL in table.column_names:
-        return table.set_column(table.schema.get_field_index(I.MODEL), I.MODEL, values)
-    return table.append_column(I.MODEL, values)
 
 
 def generate(run, plan: GenerationPlan) -> Generated:
@@ -143,22 +134,21 @@ def _run_group(run, plan: GenerationPlan, models: list[str], pipelines: dict, to
     """One Ray Data execution generating the requests still to do of ``models``."""
     names = {m: checkpoint.generation_checkpoint(m) for m in models}
     rows_per_block = batch * 4
-    blocks = []
-    for m in models:   # blocks of one generator each, generator after generator
-        mine = with_model(todo[m], m).sort_by(order)
-        blocks += [mine.slice(i, rows_per_block) for i in range(0, mine.num_rows, rows_per_block)]
+    # each request with the generator it asks for; blocks of one generator each, generator after generator
+    requests = [with_column(todo[m], I.MODEL, pa.array([m] * todo[m].num_rows, pa.string())).sort_by(order)
+                for m in models]
     shared = Phase(phases[models[0]].name if len(models) == 1 else f"generate ({len(models)} models)", "images",
                    sum(phases[m].total for m in models), reused=sum(phases[m].reused for m in models))
     group_budgets = [ModelBudget(m, b) for m in models for b in budgets[m]]
 
     def sink(table: pa.Table) -> None:
         for m in models:
-            mine = table.filter(pc.fill_null(pc.equal(table.column(I.MODEL), m), False)) if len(models) > 1 else table
+            mine = table.filter(routing.of_model(table, m)) if len(models) > 1 else table
             if mine.num_rows:
                 phases[m].processed += mine.num_rows
                 run.rd.write_part(names[m], finish(mine))
 
-    ds = run.ray.data.from_arrow(blocks)
+    ds = runtime.from_tables(run.ray, requests, rows_per_block)
     ds = stages.run(ds, routing.merge(pipelines)).drop_columns(I.PAYLOAD)
     drain(ds, sink, shared, budgets=group_budgets, flush_rows=max(rows_per_block, 32), echo=run.echo)
     for m in models:   # the execution's time is every one of its generators' time

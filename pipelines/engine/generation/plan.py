@@ -9,6 +9,7 @@ from typing import Callable, Mapping, Sequence
 import pyarrow as pa
 
 from operators.base import Stage
+from pipelines.engine.run.fingerprint import qualified_name
 
 
 @dataclass
@@ -63,7 +64,7 @@ def _plain(v):
     if isinstance(v, Mapping):
         return {str(k): _plain(x) for k, x in v.items()}
     if callable(v):
-        return f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', type(v).__name__)}"
+        return qualified_name(v)
     return v
 
 

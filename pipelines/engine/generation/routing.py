@@ -63,7 +63,7 @@ class ByModel:
             return self.operator(names[0])(batch)
         parts, rows = [], []
         for name in names:
-            idx = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(models, name), False)))
+            idx = np.flatnonzero(np.asarray(of_model(batch, name)))
             parts.append(self.operator(name)(batch.take(pa.array(idx, pa.int64()))))
             rows.append(idx)
         out = pa.concat_tables(parts, promote_options="default")
@@ -71,6 +71,11 @@ class ByModel:
             return out
         order = np.argsort(np.concatenate(rows), kind="stable")
         return out.take(pa.array(order, pa.int64()))
+
+
+def of_model(table: pa.Table, model: str):
+    """Which rows of ``table`` belong to generator ``model`` (its MODEL column; a null is none's)."""
+    return pc.fill_null(pc.equal(table.column(MODEL), model), False)
 
 
 def release_device_memory() -> None:

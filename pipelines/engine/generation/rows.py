@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Stage
+from pipelines.engine.generation.routing import of_model
 from pipelines.engine.stats.summary import stage_row
 from pipelines.engine.stream.progress import outcome_counts
-from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
+from schemas.images import GENERATION_STATUS, GenerationStatus
 
 
 def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=None, heads: Sequence[Stage] = ()
@@ -22,7 +23,7 @@ def generation_rows(images: pa.Table, requested: int, phases: dict, head_rows=No
     output column not null), the others dropped as its ``unmeasured`` reason ("not_measured")."""
     rows = []
     for model, phase in phases.items():
-        mine = images.filter(pc.equal(images.column(MODEL), model))
+        mine = images.filter(of_model(images, model))
         branch = f"generated: {Path(model.rstrip('/')).name}"
         status = outcome_counts(mine, GENERATION_STATUS)
         ok = status.get(GenerationStatus.OK, 0)

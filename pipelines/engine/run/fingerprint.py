@@ -60,8 +60,13 @@ def settings_job(value: Any, skip: frozenset = frozenset()) -> Any:
     if isinstance(value, Path):
         return str(value)
     if callable(value):
-        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
+        return qualified_name(value)
     return json.loads(json.dumps(value, default=str))
+
+
+def qualified_name(fn) -> str:
+    """A function's or class's ``module.qualname``: what a fingerprint records of it."""
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def _below(skip: frozenset, name: str) -> frozenset:

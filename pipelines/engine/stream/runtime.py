@@ -312,6 +312,12 @@ def _apply_in_task(batch: pa.Table, factory, kwargs: dict) -> pa.Table:
 
 def from_table(ray, table: pa.Table, rows_per_block: int):
     """A Ray dataset over ``table`` in blocks of ``rows_per_block`` rows, so stages run in parallel."""
+    return from_tables(ray, [table], rows_per_block)
+
+
+def from_tables(ray, tables: list[pa.Table], rows_per_block: int):
+    """A Ray dataset over ``tables`` one after the other, each in blocks of ``rows_per_block`` rows
+    (a block never holds rows of two tables)."""
     step = max(1, rows_per_block)
-    parts = [table.slice(i, step) for i in range(0, table.num_rows, step)] or [table]
+    parts = [t.slice(i, step) for t in tables for i in range(0, t.num_rows, step)] or list(tables[:1])
     return ray.data.from_arrow(parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -107,8 +108,6 @@ def settings(args) -> AlignmentSettings:
 def captions_digest(requests: pa.Table) -> str:
     """sha256 of the drawn (caption id, caption) pairs: the run's identity follows the captions'
     content, not only the input's path (a changed file at the same path is another run)."""
-    import hashlib
-
     h = hashlib.sha256()
     for cid, text in zip(requests.column(A.CAPTION_ID).to_pylist(), requests.column(PROMPT).to_pylist()):
         h.update(f"{cid}\x1f{text}\x1e".encode())
