@@ -21,7 +21,9 @@ it claims):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
@@ -135,7 +137,24 @@ class Stage:
 
     def build(self, **defaults):
         """The operator, with ``defaults`` for arguments the stage does not set (e.g. the device)."""
-        return self.op(**{**defaults, **dict(self.kwargs)})
+        with gc_paused():
+            return self.op(**{**defaults, **dict(self.kwargs)})
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off while an operator is built. Building one imports its
+    libraries and loads its model: millions of long-lived objects, over which the collector would
+    run several full passes (a quarter of the CPU time of importing torch, diffusers and open_clip,
+    measured in docs/testing.md), paid in every Ray actor that starts. Reference counting frees
+    memory as usual meanwhile; cyclic garbage waits for the next collection after it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def with_column(table: pa.Table, name: str, values) -> pa.Table:
@@ -250,7 +269,8 @@ class StreamStage:
     """
 
     def __init__(self, factory: Callable[..., Callable[[pa.Table], pa.Table]], kwargs: dict, schema: pa.Schema):
-        self.op = factory(**kwargs)
+        with gc_paused():
+            self.op = factory(**kwargs)
         self.schema = schema
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -1,7 +1,8 @@
 """SBERT cosine between each training caption and its paraphrase (paper 002, App. A.6): how similar
 the paraphrases are is what A.6 is about. The same SBERT as section 5.2 (all-MiniLM-L6-v2, mean
-pooling, normalised), loaded by the caption side's loader; only rows whose paraphrase is ``ok``
-are encoded, the others get null."""
+pooling, normalised), loaded by the caption side's loader: on a CPU through ``LeanSbert`` where the
+saved model allows (the same vectors without sentence-transformers' start-up, as the caption side's
+"torch" backend); only rows whose paraphrase is ``ok`` are encoded, the others get null."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from operators.text_prompt_similarity import load_sentence_transformer, sbert_precision, unit_embeddings
+from operators.text_prompt_similarity import load_sentence_transformer, sbert_loader, sbert_precision, unit_embeddings
 from schemas.captions import CAPTION
 from schemas.paraphrases import PARAPHRASE, PARAPHRASE_SBERT, PARAPHRASE_STATUS, STAGE_PARAPHRASE_SIMILARITY
 from schemas.paraphrases import ParaphraseStatus as S
@@ -23,8 +24,11 @@ class ParaphraseSimilarity:
     resources = Resources(num_cpus=1, batch_size=1024, actors=1)
 
     def __init__(self, model: str, revision: str | None = None, device: str = "auto", precision: str = "auto",
-                 encode_batch_size: int = 64):
-        self.model = load_sentence_transformer(model, revision, device)
+                 encode_batch_size: int = 64, lean: bool = True):
+        """``lean``: on a CPU, load a BERT + mean-pooling model saved in a local directory with
+        ``LeanSbert`` (torch alone); False always loads it through sentence-transformers."""
+        self.model = load_sentence_transformer(model, revision, device, lean=lean)
+        self.loader = sbert_loader(self.model)
         if sbert_precision(precision, str(self.model.device)) == "fp16":
             self.model.half()
         self.encode_batch_size = int(encode_batch_size)

@@ -51,3 +51,46 @@ def test_stream_stage_passes_tallies_around_the_operator():
 def test_conform_fills_and_orders():
     t = conform(pa.table({"url": ["u"], "unknown": [1]}), SCHEMA)
     assert t.schema.equals(SCHEMA) and t["url"].to_pylist() == ["u"] and t["caption"].to_pylist() == [None]
+
+
+class _Probe:
+    """Records whether Python's cyclic collector was on while it was built."""
+
+    stage_name = "probe"
+
+    def __init__(self, x=0, fail=False):
+        import gc
+
+        self.collector_on, self.x = gc.isenabled(), x
+        if fail:
+            raise RuntimeError("cannot load")
+
+    def __call__(self, batch):
+        return batch
+
+
+def test_operators_are_built_with_the_collector_paused_and_it_comes_back_on():
+    """Every way an operator is built (a Stage, a stream stage, an actor of ``map_stage``: the class
+    Ray Data constructs, under the operator's own name) pauses the collector while it loads and turns
+    it back on after, also when the build fails; a collector a caller had turned off stays off."""
+    import gc
+
+    from ray import cloudpickle
+
+    from operators.base import Stage
+    from pipelines.engine.stream.runtime import built_with_gc_paused
+
+    actor_class = cloudpickle.loads(cloudpickle.dumps(built_with_gc_paused(_Probe)))   # as an actor gets it
+    assert actor_class.__name__ == "_Probe" and issubclass(actor_class, _Probe)
+    assert gc.isenabled()
+    built = [Stage(_Probe, {"x": 3}).build(), StreamStage(_Probe, {"x": 3}, SCHEMA).op, actor_class(x=3)]
+    assert [(b.collector_on, b.x) for b in built] == [(False, 3)] * 3 and gc.isenabled()
+    for build in (lambda: Stage(_Probe, {"fail": True}).build(), lambda: actor_class(fail=True)):
+        with pytest.raises(RuntimeError, match="cannot load"):
+            build()
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        assert Stage(_Probe).build().collector_on is False and not gc.isenabled()
+    finally:
+        gc.enable()

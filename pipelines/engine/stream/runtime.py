@@ -11,7 +11,7 @@ import warnings
 
 import pyarrow as pa
 
-from operators.base import Resources, StreamStage
+from operators.base import Resources, StreamStage, gc_paused
 from pipelines.engine.run.gpus import LARGE_GPU_RESOURCE, LARGE_GPU_WORKER_MEMORY
 
 log = logging.getLogger(__name__)
@@ -301,13 +301,26 @@ def map_stage(ds, factory, kwargs: dict, resources: Resources | None = None):
     if res.resources:   # custom Ray resources, e.g. {"large_gpu": 1} (pipelines/engine/run/gpus.py)
         common["resources"] = dict(res.resources)
     if res.actors:
-        return map_batches(ds, factory, actor_retries(), fn_constructor_kwargs=kwargs,
+        return map_batches(ds, built_with_gc_paused(factory), actor_retries(), fn_constructor_kwargs=kwargs,
                            compute=actor_pool(res.actors), **common)
     return map_batches(ds, _apply_in_task, task_retries(), fn_args=(factory, kwargs), **common)
 
 
+def built_with_gc_paused(cls: type) -> type:
+    """``cls`` as Ray Data constructs it in each actor: built under ``operators.base.gc_paused``
+    (its libraries' imports and its model's loading without the collector's full passes), under
+    the same name, which is the stage's name in Ray Data's progress bars and statistics."""
+    def __init__(self, *args, **kwargs):
+        with gc_paused():
+            cls.__init__(self, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__})
+
+
 def _apply_in_task(batch: pa.Table, factory, kwargs: dict) -> pa.Table:
-    return factory(**kwargs)(batch)
+    with gc_paused():
+        op = factory(**kwargs)
+    return op(batch)
 
 
 def from_table(ray, table: pa.Table, rows_per_block: int):

@@ -115,7 +115,7 @@ class ParaphraseJob(Study):
         return st.paraphrase.actors + 1
 
     def load_models(self, opts, st: ParaphraseJobSettings, gpu) -> list[dict]:
-        load_sentence_transformer(st.sbert.model, st.sbert.revision, "cpu")
+        load_sentence_transformer(st.sbert.model, st.sbert.revision, "cpu", lean=True)
         return PP.check_backend(st.paraphrase, opts.standin_models) + [
             {"role": "SBERT (caption-paraphrase cosine)", "model": st.sbert.model, "standin": False,
              "detail": sbert_provenance(st.sbert.model, st.sbert.revision)}]

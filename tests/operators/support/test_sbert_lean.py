@@ -144,6 +144,27 @@ def test_the_default_backend_loads_lean_and_gives_the_librarys_similarities(capt
     np.testing.assert_allclose(got, ref, atol=2e-6, rtol=0)
 
 
+def test_the_paraphrase_cosine_loads_lean_and_gives_the_librarys_cosines(captions):
+    """App. A.6's caption-paraphrase cosine: lean on a CPU by default, the library's cosines; rows
+    whose paraphrase is not ok get null with either loader."""
+    import pyarrow as pa
+
+    from operators.text_paraphrase_similarity import ParaphraseSimilarity
+    from schemas.paraphrases import PARAPHRASE, PARAPHRASE_SBERT, PARAPHRASE_STATUS
+
+    lean_op = ParaphraseSimilarity(MODEL, device="cpu")
+    library_op = ParaphraseSimilarity(MODEL, device="cpu", lean=False)
+    assert (lean_op.loader, library_op.loader) == ("lean", "sentence-transformers")
+    n = 120
+    t = pa.table({"caption": captions[:n], PARAPHRASE: captions[n:2 * n],
+                  PARAPHRASE_STATUS: (["ok"] * 5 + ["http_error"]) * (n // 6)})
+    got, ref = (np.array(op(t).column(PARAPHRASE_SBERT).to_pylist(), dtype=float) for op in (lean_op, library_op))
+    ok = np.array(t.column(PARAPHRASE_STATUS).to_pylist()) == "ok"
+    assert np.isnan(got[~ok]).all() and np.isnan(ref[~ok]).all() and np.isfinite(got[ok]).all()
+    assert np.ptp(got[ok]) > 0.1                                  # real cosines, not one value
+    np.testing.assert_allclose(got[ok], ref[ok], atol=2e-6, rtol=0)
+
+
 @pytest.mark.slow
 def test_an_actor_with_the_default_backend_never_imports_sentence_transformers():
     """What an SBERT actor imports to start (a fresh process): torch and tokenizers, not
