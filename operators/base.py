@@ -137,8 +137,14 @@ class Stage:
 
     def build(self, **defaults):
         """The operator, with ``defaults`` for arguments the stage does not set (e.g. the device)."""
-        with gc_paused():
-            return self.op(**{**defaults, **dict(self.kwargs)})
+        return build_operator(self.op, {**defaults, **dict(self.kwargs)})
+
+
+def build_operator(factory: Callable[..., Any], kwargs: Mapping) -> Any:
+    """``factory(**kwargs)`` built under ``gc_paused``: how every operator is built (a Stage, a
+    stream stage, a task's operator)."""
+    with gc_paused():
+        return factory(**kwargs)
 
 
 @contextlib.contextmanager
@@ -269,8 +275,7 @@ class StreamStage:
     """
 
     def __init__(self, factory: Callable[..., Callable[[pa.Table], pa.Table]], kwargs: dict, schema: pa.Schema):
-        with gc_paused():
-            self.op = factory(**kwargs)
+        self.op = build_operator(factory, kwargs)
         self.schema = schema
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.base import Resources, with_column
-from operators.text_prompt_similarity import load_sentence_transformer, sbert_loader, sbert_precision, unit_embeddings
+from operators.text_prompt_similarity import load_sentence_transformer, sbert_precision, unit_embeddings
 from schemas.captions import CAPTION
 from schemas.paraphrases import PARAPHRASE, PARAPHRASE_SBERT, PARAPHRASE_STATUS, STAGE_PARAPHRASE_SIMILARITY
 from schemas.paraphrases import ParaphraseStatus as S
@@ -28,7 +28,6 @@ class ParaphraseSimilarity:
         """``lean``: on a CPU, load a BERT + mean-pooling model saved in a local directory with
         ``LeanSbert`` (torch alone); False always loads it through sentence-transformers."""
         self.model = load_sentence_transformer(model, revision, device, lean=lean)
-        self.loader = sbert_loader(self.model)
         if sbert_precision(precision, str(self.model.device)) == "fp16":
             self.model.half()
         self.encode_batch_size = int(encode_batch_size)

@@ -11,7 +11,7 @@ import warnings
 
 import pyarrow as pa
 
-from operators.base import Resources, StreamStage, gc_paused
+from operators.base import Resources, StreamStage, build_operator, gc_paused
 from pipelines.engine.run.gpus import LARGE_GPU_RESOURCE, LARGE_GPU_WORKER_MEMORY
 
 log = logging.getLogger(__name__)
@@ -318,9 +318,7 @@ def built_with_gc_paused(cls: type) -> type:
 
 
 def _apply_in_task(batch: pa.Table, factory, kwargs: dict) -> pa.Table:
-    with gc_paused():
-        op = factory(**kwargs)
-    return op(batch)
+    return build_operator(factory, kwargs)(batch)
 
 
 def from_table(ray, table: pa.Table, rows_per_block: int):

@@ -154,7 +154,7 @@ def test_the_paraphrase_cosine_loads_lean_and_gives_the_librarys_cosines(caption
 
     lean_op = ParaphraseSimilarity(MODEL, device="cpu")
     library_op = ParaphraseSimilarity(MODEL, device="cpu", lean=False)
-    assert (lean_op.loader, library_op.loader) == ("lean", "sentence-transformers")
+    assert (sbert_loader(lean_op.model), sbert_loader(library_op.model)) == ("lean", "sentence-transformers")
     n = 120
     t = pa.table({"caption": captions[:n], PARAPHRASE: captions[n:2 * n],
                   PARAPHRASE_STATUS: (["ok"] * 5 + ["http_error"]) * (n // 6)})
