@@ -4,7 +4,11 @@
 ``wandb`` at module level, to log to Weights & Biases when asked to. Executing ``wandb``'s package
 costs about 1.3 CPU-seconds (most of it building its API models), paid in every Ray actor that
 loads CLIP, SBERT or the downloader: on a cluster, by every actor the autoscaler starts; in the
-test suite, by a hundred or more actor starts. No stage here logs to W&B.
+test suite, by a hundred or more actor starts. No stage here logs to W&B. ``img2dataset``'s
+package also imports ``webdataset`` (for its shard writers; the fetch stage writes no shards) and
+its resizer ``albumentations`` (its transforms resize an image larger than the target size, so a
+worker that meets one loads it then): together about 2.2 of the 3.0 CPU-seconds a fetch worker
+spent importing the downloader.
 
 ``defer("wandb")`` puts a placeholder module in ``sys.modules`` that carries the real module's
 identity (``__name__``, ``__spec__``, ``__file__``, ...), so ``import wandb`` binds it and
@@ -22,7 +26,10 @@ import sys
 import threading
 import types
 
-DEFERRED = ("wandb",)
+# wandb: imported at module level by timm (open_clip, sentence-transformers) and img2dataset's logger;
+# webdataset: by img2dataset's writers (the fetch stage only fetches and resizes: it writes no shards);
+# albumentations: by img2dataset's resizer, whose transforms run only on an image that needs resizing.
+DEFERRED = ("wandb", "webdataset", "albumentations")
 _lock = threading.RLock()
 
 

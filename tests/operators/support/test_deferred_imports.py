@@ -1,4 +1,5 @@
-"""Deferring an optional package (wandb) that libraries import but no stage uses."""
+"""Deferring optional packages (wandb, webdataset, albumentations) that libraries import but no stage uses
+(or uses only sometimes)."""
 
 import importlib
 import inspect
@@ -67,15 +68,29 @@ def test_not_deferred_when_missing_imported_or_a_submodule(fake_package):
     assert not defer(fake_package) and sys.t2i_fake_runs == 1
 
 
-def test_importing_operators_defers_wandb_for_timm():
+def test_importing_operators_defers_what_timm_and_img2dataset_import_unused():
     """In a fresh interpreter (as in a Ray worker): ``import operators`` first, then timm, which
-    imports wandb at module level (img2dataset's logger does the same: ``import wandb``); wandb's
-    code has not run, and runs when it is used."""
+    imports wandb at module level, and the fetch stage's downloader (img2dataset's package imports
+    wandb, webdataset and albumentations): none of their code has run. Each runs when it is used:
+    albumentations at the first image the resizer shrinks, webdataset at a shard writer's first
+    use, wandb at its first call."""
     code = (
-        "import sys, operators, timm.utils\n"
+        "import io, sys, numpy as np, operators, timm.utils\n"
+        "from PIL import Image\n"
+        "from operators.image_fetch import ImageFetcher\n"
+        "kind = lambda name: type(sys.modules[name]).__name__\n"
+        "fetcher = ImageFetcher(image_size=32)\n"
         "w = sys.modules['wandb']\n"
-        "print(type(w).__name__, timm.utils.summary.wandb is w)\n"
-        "print(callable(w.log), type(w).__name__)\n")
+        "print(kind('wandb'), timm.utils.summary.wandb is w, kind('webdataset'), kind('albumentations'))\n"
+        "buf = io.BytesIO()\n"
+        "Image.fromarray(np.full((64, 48, 3), 200, np.uint8)).save(buf, 'PNG')\n"
+        "img, width, height, *_, err = fetcher.resizer(io.BytesIO(buf.getvalue()))\n"
+        "print(err, (width, height), Image.open(io.BytesIO(img)).size, kind('albumentations'), kind('webdataset'))\n"
+        "import img2dataset.writer as writer\n"
+        "print(callable(writer.wds.TarWriter), kind('webdataset'), callable(w.log), kind('wandb'))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[:2] == ["DeferredModule True", "True module"]
+    assert out.stdout.split("\n")[:3] == [
+        "DeferredModule True DeferredModule DeferredModule",
+        f"None {(32, round(64 * 32 / 48))} {(32, round(64 * 32 / 48))} module DeferredModule",  # keep_ratio
+        "True module True module"]
