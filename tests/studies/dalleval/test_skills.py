@@ -9,14 +9,13 @@ from __future__ import annotations
 import collections
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, run_main
+from pipelines import dalleval
 from pipelines.studies.dalleval import skills as K
 from schemas import paintskills as P
 from schemas.images import IMAGE_ID
@@ -232,9 +231,8 @@ def test_summarize_skills_cli_prints_table2_and_writes_json(tmp_path):
             if r["table"] == "2":
                 for s in P.Skill.ALL:
                     fh.write(f"{r['model']},{s},{r[s]},{ {'object': 2325, 'count': 2160, 'spatial': 2700}[s] }\n")
-    out = subprocess.run([sys.executable, str(REPO_ROOT / "pipelines" / "dalleval.py"), "summarize", "--skills",
-                          str(path), "--output", str(tmp_path), "--interval-resamples", "200"],
-                         capture_output=True, text=True, timeout=120)
+    out = run_main(dalleval.main, ["summarize", "--skills", str(path), "--output", str(tmp_path),
+                                   "--interval-resamples", "200"])
     assert out.returncode == 0, out.stderr
     assert "Stable Diffusion" in out.stdout and "47.3" in out.stdout and "62.7" in out.stdout
     assert "2,325/2,160/2,700" in out.stdout
@@ -253,13 +251,11 @@ def test_summarize_skills_cli_prints_table2_and_writes_json(tmp_path):
 def test_summarize_skills_refuses_bad_input_clearly(tmp_path, content, message):
     path = tmp_path / "bad.csv"
     path.write_text(content)
-    out = subprocess.run([sys.executable, str(REPO_ROOT / "pipelines" / "dalleval.py"), "summarize", "--skills",
-                          str(path)], capture_output=True, text=True, timeout=120)
+    out = run_main(dalleval.main, ["summarize", "--skills", str(path)])
     assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
 
 
 def test_skills_preset_scores_by_the_papers_formulas_and_the_released_rules_are_options():
-    from pipelines import dalleval
     from pipelines.studies.dalleval import skills_study
 
     def det(*flags):
