@@ -31,22 +31,27 @@ I2D_ARGS = dict(image_size=512, resize_mode="keep_ratio", resize_only_if_bigger=
                 processes_count=1, thread_count=8, distributor="multiprocessing", disallowed_header_directives=[])
 
 
-def _download(args: dict) -> None:
+def _download(runs: list) -> None:
     from img2dataset import download
 
-    download(**args)
+    for args in runs:
+        download(**args)
 
 
-def img2dataset(url_list: str, out: str, fmt: str, per_shard: int = 200, extra: tuple = ()) -> None:
-    """img2dataset itself, in a fresh process (it starts its own pool, which needs a __main__ guard)."""
-    ctx = multiprocessing.get_context("spawn")
+def img2dataset_args(url_list: str, out: str, fmt: str, per_shard: int = 200, extra: tuple = ()) -> dict:
     more = {"save_additional_columns": list(extra)} if extra else {}
-    p = ctx.Process(target=_download, args=(dict(url_list=url_list, input_format="parquet", url_col="url",
-                                                 caption_col="caption", output_format=fmt, output_folder=out,
-                                                 number_sample_per_shard=per_shard, **I2D_ARGS, **more),))
+    return dict(url_list=url_list, input_format="parquet", url_col="url", caption_col="caption", output_format=fmt,
+                output_folder=out, number_sample_per_shard=per_shard, **I2D_ARGS, **more)
+
+
+def img2dataset(*runs: dict) -> None:
+    """img2dataset itself, each run in turn in one fresh process (it starts its own pool, which
+    needs a __main__ guard)."""
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_download, args=(list(runs),))
     p.start()
     p.join(300)
-    assert p.exitcode == 0, f"img2dataset {fmt} failed"
+    assert p.exitcode == 0, f"img2dataset {[r['output_format'] for r in runs]} failed"
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +73,8 @@ def data(tmp_path_factory):
         half = captions.take(list(range(0, captions.num_rows, 2)))
         half = half.set_column(0, "url", pc.replace_substring(half.column("url"), "/synthetic/1/", "/synthetic/2/"))
         pq.write_table(half, base / "half.parquet")
-        for fmt in ("webdataset", "files"):
-            img2dataset(str(path), str(base / fmt), fmt)
-        img2dataset(str(base / "half.parquet"), str(base / "parquet"), "parquet", extra=("uid",))
+        img2dataset(*(img2dataset_args(str(path), str(base / fmt), fmt) for fmt in ("webdataset", "files")),
+                    img2dataset_args(str(base / "half.parquet"), str(base / "parquet"), "parquet", extra=("uid",)))
         yield {"base": base, "captions": path, "urls": urls, "uids": captions.column("uid"), "server": server}
 
 
