@@ -15,13 +15,14 @@ project does it (``import operators`` first: deferred), and once with ``webdatas
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import fresh_process_json  # noqa: E402
 
 _CHILD = r"""
 import json, os, sys, time
@@ -40,9 +41,7 @@ print(json.dumps({{"cpu_s": time.process_time() - t,
 
 
 def build_once(how: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD.format(repo=str(REPO)), how],
-                         capture_output=True, text=True, timeout=600, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return fresh_process_json(_CHILD.format(repo=str(REPO)), how)
 
 
 def main(argv=None) -> None:

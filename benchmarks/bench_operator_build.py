@@ -14,14 +14,15 @@ side by side, with the full collections the build made.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import fresh_process_json  # noqa: E402
 
 _CHILD = r"""
 import gc, json, sys, time
@@ -40,16 +41,13 @@ print(json.dumps({{"cpu_s": time.process_time() - t, "full_collections": gc.get_
 
 
 def build_once(kind: str, how: str, path: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD.format(repo=str(REPO)), kind, how, path],
-                         capture_output=True, text=True, timeout=600, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return fresh_process_json(_CHILD.format(repo=str(REPO)), kind, how, path)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per operator and way (default 3)")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(REPO))
     from pipelines.standins.clip import build_tiny_open_clip
     from pipelines.standins.diffusion import build_tiny_stable_diffusion
 

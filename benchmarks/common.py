@@ -1,5 +1,6 @@
 """What several benchmark scripts share: best-of-N timing, the options of the benchmarks that run
-each model in a child process, and a random-weight open_clip model saved as a local directory.
+each model in a child process, a fresh Python process's JSON answer, and a random-weight open_clip
+model saved as a local directory.
 
 The scripts import it as ``benchmarks.common`` (each puts the repository root on ``sys.path``).
 """
@@ -7,6 +8,8 @@ The scripts import it as ``benchmarks.common`` (each puts the repository root on
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +27,15 @@ def timed(fn, repeat: int = 3) -> tuple[float, object]:
 def best_of(fn, repeat: int) -> float:
     """The shortest of ``repeat`` calls of ``fn``, in seconds."""
     return timed(fn, repeat)[0]
+
+
+def fresh_process_json(code: str, *args: str, timeout: float = 600) -> dict:
+    """Run ``code`` in a fresh Python process (``python -c code *args``, as a Ray worker starts) and
+    return the JSON object on the last line it prints; a failing child raises with its stderr."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"child process failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def add_child_process_arguments(ap) -> None:

@@ -14,6 +14,7 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from operators.base import gc_paused  # noqa: E402
 from pipelines.engine.cli.config import load_config  # noqa: E402
 from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
 
@@ -71,9 +72,13 @@ def _frozen_heap():
     end-to-end run made about 18 of them in the test process, 4.8 of its 17.8 CPU-s, most of it
     walking those imports again. What a module creates stays collectable; a frozen object that
     later dies is still freed by reference counting (only a cycle among frozen objects waits)."""
+    _freeze_survivors()
+    yield
+
+
+def _freeze_survivors() -> None:
     gc.collect()
     gc.freeze()
-    yield
 
 
 @pytest.fixture(scope="session")
@@ -160,15 +165,11 @@ def pytest_collection(session):
     of objects) and makes little cyclic garbage; the cyclic collector's automatic full passes over
     that growing heap cost about 0.2 CPU-s each, a dozen or more per process before the first
     test. Paused while collecting; then one collection and the heap frozen, as before each module."""
-    gc.disable()
-    try:
+    with gc_paused():
         yield
-    finally:
-        gc.enable()
-        gc.collect()
-        gc.freeze()
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
+    _freeze_survivors()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 def pytest_collection_modifyitems(config, items):
