@@ -116,3 +116,40 @@ def test_every_generator_runs_in_one_execution_and_resumes(ray_local, tmp_path, 
     assert len(executions) == 1 and [again.phases[m].reused for m in models] == [10, 10, 10]
     assert again.images.equals(out.images)
     assert np.all(np.asarray(again.images.column("value").to_pylist()) == np.asarray(out.images.column("value").to_pylist()))
+
+
+class Cyclic(Marker):
+    """A generator whose model sits in a reference cycle (as modules with hooks do)."""
+
+    def __init__(self, model: str, **kw):
+        super().__init__(model, **kw)
+        self.me = self
+
+
+def test_a_let_go_model_is_collected_and_only_an_empty_actor_is_frozen():
+    """A model let go is freed before the next is built; when none is left built, what survives is
+    frozen so that later collections skip it; a model still built is never frozen."""
+    import gc
+    import weakref
+
+    stages = {m: Stage(Cyclic, {"model": m}) for m in ("a", "b", "c")}
+    one = routing.ByModel(stages, keep=1)
+    one(pa.table({MODEL: ["a"], SEED: [0]}))
+    first = weakref.ref(one.built["a"])
+    frozen = gc.get_freeze_count()
+    one(pa.table({MODEL: ["b"], SEED: [1]}))
+    assert first() is None and list(one.built) == ["b"]
+    assert gc.get_freeze_count() > frozen
+    second = weakref.ref(one.built["b"])
+    one(pa.table({MODEL: ["c"], SEED: [2]}))
+    assert second() is None                 # built after the freeze: collected as usual
+
+    two = routing.ByModel(stages, keep=2)
+    two(pa.table({MODEL: ["a", "b"], SEED: [0, 1]}))
+    kept = weakref.ref(two.built["b"])
+    frozen = gc.get_freeze_count()
+    two(pa.table({MODEL: ["c"], SEED: [2]}))
+    assert list(two.built) == ["b", "c"] and gc.get_freeze_count() == frozen   # "b" still built: nothing frozen
+    del two
+    gc.collect()
+    assert kept() is None                   # so it is collected once let go

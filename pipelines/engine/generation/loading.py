@@ -4,12 +4,12 @@ every generator once (its provenance record) before the run starts."""
 from __future__ import annotations
 
 import dataclasses
-import gc
 import inspect
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from operators.base import collect_let_go, weak_parts
 from operators.image_nsfw_check import load_safety_checker
 from operators.support.diffusion import _generate, load_text2image
 from pipelines.engine.generation.safety import SafetySettings
@@ -86,8 +86,9 @@ def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
         records.append({"role": "generator", "model": spec.model, "standin": standin,
                         "detail": {**rec, "spec": spec.record(), "defaults_from": spec.defaults_from},
                         **({"standin_for": spec.standin_for} if spec.standin_for else {})})
+        parts = weak_parts(pipe)
         del pipe
-        gc.collect()
+        collect_let_go(parts)
     return records
 
 
@@ -123,8 +124,9 @@ def load_nsfw_check(safety: SafetySettings | None, standin: bool) -> list[dict]:
     if safety is None or not safety.checks:
         return []
     checker, _, rec = load_safety_checker(safety.model, safety.revision, device="cpu", dtype="float32")
+    parts = weak_parts(checker)
     del checker
-    gc.collect()
+    collect_let_go(parts)
     return [{"role": "NSFW check (every model's images)", "model": safety.model, "standin": standin,
              "detail": {**rec, "policy": safety.policy, "exclude_flagged": safety.exclude}}]
 

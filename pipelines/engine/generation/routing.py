@@ -52,7 +52,7 @@ class ByModel:
         while len(self.built) >= self.keep:
             _, old = self.built.popitem(last=False)
             del old
-            release_device_memory()
+            release_device_memory(freeze=not self.built)
         self.built[model] = self.stages[model].build()
         return self.built[model]
 
@@ -78,9 +78,15 @@ def of_model(table: pa.Table, model: str):
     return pc.fill_null(pc.equal(table.column(MODEL), model), False)
 
 
-def release_device_memory() -> None:
-    """Collect a let-go model and return its GPU memory to the device (where torch is in use)."""
+def release_device_memory(freeze: bool = False) -> None:
+    """Collect a let-go model and return its GPU memory to the device (where torch is in use).
+    ``freeze``: no model is left built, so what survives the collection is the process's own (its
+    libraries, the actor's state): it is frozen (``gc.freeze``), and the next let-go model's
+    collection walks only what was allocated since, not every imported library again (about 0.8 s
+    per switch in a generator actor). Never with a model still built: it could not be collected."""
     gc.collect()
+    if freeze:
+        gc.freeze()
     torch = sys.modules.get("torch")   # never imported here: only a process that already uses it
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()

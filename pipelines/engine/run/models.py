@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import os
 import sys
 import urllib.error
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from operators.base import collect_let_go, weak_parts
 from operators.support.clip import load_clip
 from operators.support.models import ModelLoadError
 from pipelines.standins.clip import build_tiny_open_clip
@@ -196,8 +196,9 @@ def clip_record(clip: ModelSpec, standin: bool, role: str) -> dict:
     sha256s, its activation)."""
     bundle = load_clip(clip["model"], clip.get("pretrained"), device="cpu", revision=clip.get("revision"))
     record = {"role": role, "model": clip["model"], "standin": standin, "detail": bundle.record}
+    parts = weak_parts(bundle)
     del bundle
-    gc.collect()
+    collect_let_go(parts)
     return record
 
 
