@@ -163,6 +163,19 @@ def gc_paused():
             gc.enable()
 
 
+def settle_heap() -> None:
+    """For a process that has just built what it keeps for the rest of its life (an actor and its
+    operator): one full collection, then what survives is frozen (``gc.freeze``). Built under
+    ``gc_paused``, the libraries and the model (millions of objects) all sit in the youngest
+    generation, and turning the collector back on would walk them three times over the next
+    moments (young, middle, then a full collection); settled, they are walked once and never again,
+    and later collections see only what the batches allocate. Not for a process that lets what it
+    built go (a task's operator, ``ByModel``'s models): a frozen object in a reference cycle is
+    never collected."""
+    gc.collect()
+    gc.freeze()
+
+
 def weak_parts(model: Any) -> list:
     """Weak references to ``model`` and to its parts (a diffusers pipeline's ``components``, else
     the values of its attributes), taken before the caller lets it go: what ``collect_let_go``

@@ -155,3 +155,38 @@ def test_a_model_that_survived_a_collection_gets_the_full_one():
         del bundle
         assert _collections(lambda: collect_let_go(refs)) == [0, 2]
         assert all(r() is None for r in refs)
+
+
+def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_model(monkeypatch):
+    """An actor keeps what it built for its whole life: once built, one collection and the survivors
+    frozen, so no later collection walks its libraries and model again. Both kinds of actor stage
+    (``stage`` with tally rows, ``map_stage``) get that class; tasks, which let their operator go
+    after each batch, do not. ``ByModel`` collects once after each model it builds and freezes
+    nothing then (the model may be let go)."""
+    import gc
+
+    from operators.base import Resources, Stage
+    from pipelines.engine.generation import routing
+    from pipelines.engine.stream import runtime
+
+    actor_class = runtime.built_with_gc_paused(_Probe)
+    before = gc.get_freeze_count()
+    young = [[] for _ in range(2000)]           # what a build leaves in the youngest generation
+    full = lambda fn: _collections(fn).count(2)   # noqa: E731  (full collections while fn runs)
+    assert full(lambda: actor_class(x=1)) == 1
+    assert gc.isenabled() and gc.get_freeze_count() >= before + len(young)
+
+    seen = []
+    monkeypatch.setattr(runtime, "map_batches", lambda ds, fn, retries, **kw: seen.append(fn))
+    actors, task = Resources(actors=1), Resources()
+    runtime.stage(None, _Probe, {}, SCHEMA, actors)
+    runtime.map_stage(None, _Probe, {}, actors)
+    runtime.stage(None, _Probe, {}, SCHEMA, task)
+    runtime.map_stage(None, _Probe, {}, task)
+    assert [fn.__name__ for fn in seen] == ["StreamStage", "_Probe", "_run_in_task", "_apply_in_task"]
+    assert full(lambda: seen[0](_Probe, {"x": 2}, SCHEMA)) == full(lambda: seen[1](x=2)) == 1
+
+    by_model = routing.ByModel({"a": Stage(_Probe, {"x": 1})})
+    frozen = gc.get_freeze_count()
+    assert full(lambda: by_model.operator("a")) == 1 and gc.get_freeze_count() == frozen
+    assert full(lambda: by_model.operator("a")) == 0     # built once

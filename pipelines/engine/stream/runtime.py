@@ -11,7 +11,7 @@ import warnings
 
 import pyarrow as pa
 
-from operators.base import Resources, StreamStage, build_operator, gc_paused
+from operators.base import Resources, StreamStage, build_operator, gc_paused, settle_heap
 from pipelines.engine.run.gpus import LARGE_GPU_RESOURCE, LARGE_GPU_WORKER_MEMORY
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,8 @@ def stage(ds, factory, kwargs: dict, schema: pa.Schema, resources: Resources | N
     if res.resources:   # custom Ray resources, e.g. {"large_gpu": 1} (pipelines/engine/run/gpus.py)
         common["resources"] = dict(res.resources)
     if res.actors:
-        return map_batches(ds, StreamStage, actor_retries(), fn_constructor_args=(factory, kwargs, schema),
+        return map_batches(ds, built_with_gc_paused(StreamStage), actor_retries(),
+                           fn_constructor_args=(factory, kwargs, schema),
                            compute=actor_pool(res.actors), **common)
     return map_batches(ds, _run_in_task, task_retries(), fn_args=(factory, kwargs, schema), **common)
 
@@ -308,11 +309,14 @@ def map_stage(ds, factory, kwargs: dict, resources: Resources | None = None):
 
 def built_with_gc_paused(cls: type) -> type:
     """``cls`` as Ray Data constructs it in each actor: built under ``operators.base.gc_paused``
-    (its libraries' imports and its model's loading without the collector's full passes), under
-    the same name, which is the stage's name in Ray Data's progress bars and statistics."""
+    (its libraries' imports and its model's loading without the collector's full passes), then
+    the heap settled (``operators.base.settle_heap``: an actor keeps its operator for its whole
+    life), under the same name, which is the stage's name in Ray Data's progress bars and
+    statistics."""
     def __init__(self, *args, **kwargs):
         with gc_paused():
             cls.__init__(self, *args, **kwargs)
+        settle_heap()
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__})
 

@@ -287,7 +287,7 @@ def score(ray, images: pa.Table, st: GepSettings, per_actor: float, device: str 
     opts = {"num_cpus": 1, **runtime.actor_retries()}
     if per_actor:
         opts["num_gpus"] = per_actor
-    actor = ray.remote(**opts)(AttributeScorer).remote(**scorer_kwargs(st, device))
+    actor = ray.remote(**opts)(runtime.built_with_gc_paused(AttributeScorer)).remote(**scorer_kwargs(st, device))
     try:
         record = ray.get(actor.describe.remote())
         cols = [S.IMAGE_ID, MODEL, S.SETTING, S.GENDER, S.ATTRIBUTE, S.CONTEXT_ID, S.EMBEDDING]
