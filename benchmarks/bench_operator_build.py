@@ -1,14 +1,19 @@
-"""What an actor pays to build its operator, with Python's cyclic collector paused and without.
+"""What an actor pays to build its operator and start on its batches, with Python's cyclic
+collector on, paused while it builds, and paused then settled.
 
     python benchmarks/bench_operator_build.py --repeats 3
 
 Every Ray actor of a stage is a fresh process that imports its operator's libraries and loads its
 model when it builds the operator. This builds, each in a fresh Python process as an actor would,
 the CLIP gender classifier on a tiny random open_clip stand-in (open_clip, torch, transformers,
-timm) and the image generator on a tiny random Stable Diffusion stand-in (diffusers, transformers),
-once through ``operators.base.Stage.build`` (the collector paused: ``gc_paused``) and once by
-calling the class (the baseline: the collector on), and prints the CPU seconds of each build
-side by side, with the full collections the build made.
+timm) and the image generator on a tiny random Stable Diffusion stand-in (diffusers, transformers)
+three ways: by calling the class (the baseline: the collector on), through
+``operators.base.Stage.build`` (the collector paused: ``gc_paused``), and as the actor class Ray
+Data builds (``runtime.built_with_gc_paused``: paused, then ``settle_heap``: one collection and
+the survivors frozen). Then it allocates what running batches allocates (2 million short-lived
+containers), which is when the collector, back on, walks what the build left in its youngest
+generation. It prints the CPU seconds of the build and of the batches, side by side, with the full
+collections of each.
 """
 
 from __future__ import annotations
@@ -31,12 +36,24 @@ import operators
 from operators.base import Stage
 from operators.image_clip_gender import ClipGenderClassifier
 from operators.image_generation import ImageGenerator
+from pipelines.engine.stream.runtime import built_with_gc_paused
 kind, how, path = sys.argv[1:4]
 stage = Stage(ClipGenderClassifier, {{"model": path, "pretrained": None, "device": "cpu"}}) if kind == "clip" else \
     Stage(ImageGenerator, {{"model": path, "device": "cpu", "steps": 2}})
 t = time.process_time()
-op = stage.build() if how == "paused" else stage.op(**stage.kwargs)
-print(json.dumps({{"cpu_s": time.process_time() - t, "full_collections": gc.get_stats()[2]["collections"]}}))
+if how == "on":
+    op = stage.op(**stage.kwargs)
+elif how == "paused":
+    op = stage.build()
+else:
+    op = built_with_gc_paused(stage.op)(**stage.kwargs)
+built, full = time.process_time() - t, gc.get_stats()[2]["collections"]
+t = time.process_time()
+for _ in range(2000):            # what batches allocate: short-lived containers, 1,000 at a time
+    junk = [[i] for i in range(1000)]
+del junk
+print(json.dumps({{"build_s": built, "batches_s": time.process_time() - t, "full_build": full,
+                  "full_batches": gc.get_stats()[2]["collections"] - full}}))
 """
 
 
@@ -54,13 +71,19 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = {"clip": build_tiny_open_clip(str(Path(tmp) / "clip")),
                  "generator": build_tiny_stable_diffusion(str(Path(tmp) / "sd"))}
-        print(f"{'operator':<10} {'collector on (s)':>17} {'paused (s)':>11} {'saved':>7}   full collections on / paused")
+        ways = ("on", "paused", "settled")
+        print(f"{'operator':<10} {'way':<8} {'build (s)':>10} {'batches (s)':>12} {'total (s)':>10} {'saved':>7}"
+              f"   full collections (build + batches)")
         for kind, path in paths.items():
-            runs = {how: [build_once(kind, how, path) for _ in range(args.repeats)] for how in ("on", "paused")}
-            cpu = {how: statistics.median(r["cpu_s"] for r in rs) for how, rs in runs.items()}
-            cols = {how: runs[how][0]["full_collections"] for how in runs}
-            print(f"{kind:<10} {cpu['on']:>17.2f} {cpu['paused']:>11.2f} {1 - cpu['paused'] / cpu['on']:>7.0%}"
-                  f"   {cols['on']} / {cols['paused']}")
+            runs = {how: [build_once(kind, how, path) for _ in range(args.repeats)] for how in ways}
+            med = {how: {k: statistics.median(r[k] for r in rs) for k in ("build_s", "batches_s")}
+                   for how, rs in runs.items()}
+            base = med["on"]["build_s"] + med["on"]["batches_s"]
+            for how in ways:
+                total = med[how]["build_s"] + med[how]["batches_s"]
+                r = runs[how][0]
+                print(f"{kind:<10} {how:<8} {med[how]['build_s']:>10.2f} {med[how]['batches_s']:>12.2f} {total:>10.2f}"
+                      f" {1 - total / base:>7.0%}   {r['full_build']} + {r['full_batches']}")
 
 
 if __name__ == "__main__":

@@ -148,12 +148,15 @@ def build_operator(factory: Callable[..., Any], kwargs: Mapping) -> Any:
 
 
 @contextlib.contextmanager
-def gc_paused():
+def gc_paused(collect_after: bool = False):
     """Python's cyclic garbage collector off while an operator is built. Building one imports its
     libraries and loads its model: millions of long-lived objects, over which the collector would
     run several full passes (a quarter of the CPU time of importing torch, diffusers and open_clip,
     measured in docs/testing.md), paid in every Ray actor that starts. Reference counting frees
-    memory as usual meanwhile; cyclic garbage waits for the next collection after it."""
+    memory as usual meanwhile; cyclic garbage waits for the next collection after it.
+    ``collect_after``: one full collection when the block has finished, for a block whose objects
+    mostly outlive it (a run's models and stand-ins on the driver): turned back on, the collector
+    would otherwise walk them three times (young, middle, then a full collection)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -161,6 +164,8 @@ def gc_paused():
     finally:
         if was:
             gc.enable()
+    if collect_after:
+        gc.collect()
 
 
 def settle_heap() -> None:

@@ -190,3 +190,42 @@ def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_m
     frozen = gc.get_freeze_count()
     assert full(lambda: by_model.operator("a")) == 1 and gc.get_freeze_count() == frozen
     assert full(lambda: by_model.operator("a")) == 0     # built once
+
+
+def test_a_task_worker_settles_its_heap_after_its_first_task_only(monkeypatch):
+    """A task builds its operator, applies it and lets it go; the worker process settles its heap
+    once, after its first task (its libraries imported by then), and never again."""
+    from pipelines.engine.stream import runtime
+
+    monkeypatch.setattr(runtime, "_worker_settled", [False])
+    batch = pa.table({"caption": ["a"]})
+    full = lambda fn: _collections(fn).count(2)   # noqa: E731
+    assert full(lambda: runtime._apply_in_task(batch, _Probe, {"x": 1})) == 1
+    assert full(lambda: runtime._apply_in_task(batch, _Probe, {"x": 2})) == 0
+    monkeypatch.setattr(runtime, "_worker_settled", [False])
+    out = {}
+    assert full(lambda: out.setdefault("t", runtime._run_in_task(batch, _Probe, {}, SCHEMA))) == 1
+    assert split_tallies(out["t"])[0].column("caption").to_pylist() == ["a"]
+
+
+def test_a_paused_block_can_end_with_one_full_collection():
+    """``collect_after``: the run's model loads on the driver end with one full collection (not the
+    three passes turning the collector back on starts); the default ends with none, and a block
+    that fails raises without collecting."""
+    import gc
+
+    from operators.base import gc_paused
+
+    def block(**kw):
+        with gc_paused(**kw):
+            assert not gc.isenabled()
+
+    def failing():
+        with pytest.raises(RuntimeError, match="cannot load"):
+            with gc_paused(collect_after=True):
+                raise RuntimeError("cannot load")
+
+    full = lambda fn: _collections(fn).count(2)   # noqa: E731
+    assert full(lambda: block(collect_after=True)) == 1 and gc.isenabled()
+    assert full(block) == 0
+    assert full(failing) == 0 and gc.isenabled()

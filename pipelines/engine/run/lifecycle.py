@@ -314,8 +314,9 @@ def run_study(study: Study, args) -> dict:
 def _load_models(study: Study, opts: RunOptions, st, gp, specs: list, safety) -> list[dict]:
     """Every model of the run loaded once on the driver, in this order: the study's, the
     generators, the NSFW check (the first that cannot load is the error). The collector is paused
-    meanwhile, as in every actor that builds an operator (``operators.base.gc_paused``)."""
-    with gc_paused():
+    meanwhile, as in every actor that builds an operator (``operators.base.gc_paused``), and what
+    outlives the loads is collected once after."""
+    with gc_paused(collect_after=True):
         own = study.load_models(opts, st, gp)
         generators = generation.load_generators(specs, opts.standin_models, study.check_generator) if specs else []
         return own + generators + generation.load_nsfw_check(safety, opts.standin_models)
@@ -325,7 +326,7 @@ def _build_standins(study: Study, opts: RunOptions, st, rd: rundir.RunDir, specs
     """The study's stand-ins, the generators' and the NSFW check's, built into the run's stand-in directory."""
     root = standin_root(rd)
     print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
-    with io.naming_disk_full(root), gc_paused():  # safetensors' own error names no file
+    with io.naming_disk_full(root), gc_paused(collect_after=True):  # safetensors' own error names no file
         st = study.use_standins(opts, st, root)
         if st is None:
             raise TypeError(f"{type(study).__name__}.use_standins must return the run's settings")

@@ -285,7 +285,22 @@ def actor_pool(actors: int | tuple[int, int]):
 
 
 def _run_in_task(batch: pa.Table, factory, kwargs: dict, schema: pa.Schema) -> pa.Table:
-    return StreamStage(factory, kwargs, schema)(batch)
+    out = StreamStage(factory, kwargs, schema)(batch)
+    settle_task_worker()
+    return out
+
+
+_worker_settled = [False]
+
+
+def settle_task_worker() -> None:
+    """After the first task a worker process runs: its operator's libraries are imported by then
+    (under ``gc_paused``), and the operator is let go; settle the heap once (``settle_heap``), so
+    that the libraries are walked once, not three times once the collector is back on, and never
+    again. Later tasks build their operators as before; what each leaves is young and cheap."""
+    if not _worker_settled[0]:
+        _worker_settled[0] = True
+        settle_heap()
 
 
 def map_stage(ds, factory, kwargs: dict, resources: Resources | None = None):
@@ -322,7 +337,9 @@ def built_with_gc_paused(cls: type) -> type:
 
 
 def _apply_in_task(batch: pa.Table, factory, kwargs: dict) -> pa.Table:
-    return build_operator(factory, kwargs)(batch)
+    out = build_operator(factory, kwargs)(batch)
+    settle_task_worker()
+    return out
 
 
 def from_table(ray, table: pa.Table, rows_per_block: int):

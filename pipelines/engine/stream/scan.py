@@ -145,7 +145,9 @@ def scan_parquet(ray, inp, columns: list[str], stages: list[Stage], schema: pa.S
 
 
 def _scan_task(batch: pa.Table, scan: FragmentScan) -> pa.Table:
-    return scan(batch)
+    out = scan(batch)
+    runtime.settle_task_worker()
+    return out
 
 
 def describe(stages: list[Stage], fragment_rows: int) -> dict:
