@@ -229,3 +229,23 @@ def test_a_paused_block_can_end_with_one_full_collection():
     assert full(lambda: block(collect_after=True)) == 1 and gc.isenabled()
     assert full(block) == 0
     assert full(failing) == 0 and gc.isenabled()
+
+
+def test_the_driver_loads_a_run_s_models_with_the_collector_paused_then_collects_once():
+    import gc
+
+    from types import SimpleNamespace
+
+    from pipelines.engine.run import lifecycle
+
+    class Study:
+        check_generator = None
+
+        def load_models(self, opts, st, gp):
+            assert not gc.isenabled()
+            return [{"role": "captions"}]
+
+    full = lambda fn: _collections(fn).count(2)   # noqa: E731
+    got, opts = {}, SimpleNamespace(standin_models=True)
+    assert full(lambda: got.setdefault("records", lifecycle._load_models(Study(), opts, None, None, [], None))) == 1
+    assert got["records"] == [{"role": "captions"}] and gc.isenabled()
