@@ -149,7 +149,7 @@ def test_a_let_go_model_is_collected_and_only_an_empty_actor_is_frozen():
     kept = weakref.ref(two.built["b"])
     frozen = gc.get_freeze_count()
     two(pa.table({MODEL: ["c"], SEED: [2]}))
-    assert list(two.built) == ["b", "c"] and gc.get_freeze_count() == frozen   # "b" still built
+    assert list(two.built) == ["b", "c"] and gc.get_freeze_count() <= frozen   # "b" still built
     del two
     gc.collect()
     assert kept() is None                   # so it is collected once let go

@@ -188,7 +188,8 @@ def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_m
 
     by_model = routing.ByModel({"a": Stage(_Probe, {"x": 1})})
     frozen = gc.get_freeze_count()
-    assert full(lambda: by_model.operator("a")) == 1 and gc.get_freeze_count() == frozen
+    assert full(lambda: by_model.operator("a")) == 1
+    assert gc.get_freeze_count() <= frozen        # nothing frozen (frozen objects may still die meanwhile)
     assert full(lambda: by_model.operator("a")) == 0     # built once
 
 
