@@ -182,21 +182,39 @@ def settle_heap() -> None:
 
 
 def weak_parts(model: Any) -> list:
-    """Weak references to ``model`` and to its parts (a diffusers pipeline's ``components``, else
-    the values of its attributes), taken before the caller lets it go: what ``collect_let_go``
-    checks. Parts that take no weak reference (strings, numbers, None) are left out."""
+    """Weak references to ``model``, its parts (a diffusers pipeline's ``components``, else the
+    values of its attributes, and a pipeline such a part holds) and every submodule of the torch
+    modules among them, taken before the caller lets it go: what ``collect_let_go`` checks. Parts
+    that take no weak reference (strings, numbers, None, containers) are left out."""
     import weakref
 
-    parts = getattr(model, "components", None)
-    if not isinstance(parts, Mapping):
-        parts = vars(model) if hasattr(model, "__dict__") else {}
-    refs = []
-    for obj in (model, *parts.values()):
+    def parts_of(obj) -> list:
+        comps = getattr(obj, "components", None)
+        if isinstance(comps, Mapping):
+            return list(comps.values())
+        return [] if _is_module(obj) or not hasattr(obj, "__dict__") else list(vars(obj).values())
+
+    found = [model]
+    for part in parts_of(model):
+        found.append(part)
+        if isinstance(getattr(part, "components", None), Mapping):   # an operator holding a pipeline
+            found += list(part.components.values())
+    found += [sub for obj in found if _is_module(obj) for sub in obj.modules()]
+    refs, seen = [], set()
+    for obj in found:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
         try:
             refs.append(weakref.ref(obj))
         except TypeError:
             continue
     return refs
+
+
+def _is_module(obj) -> bool:
+    """A torch ``nn.Module`` (told by its interface: nothing here imports torch)."""
+    return hasattr(obj, "_modules") and callable(getattr(obj, "modules", None))
 
 
 def collect_let_go(refs: Sequence) -> None:

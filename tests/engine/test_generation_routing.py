@@ -153,3 +153,15 @@ def test_a_let_go_model_is_collected_and_only_an_empty_actor_is_frozen():
     del two
     gc.collect()
     assert kept() is None                   # so it is collected once let go
+
+    held = routing.ByModel(stages, keep=1)
+    held(pa.table({MODEL: ["a"], SEED: [0]}))
+    elsewhere = held.built["a"]             # something else still holds the model let go
+    ref = weakref.ref(elsewhere)
+    frozen = gc.get_freeze_count()
+    held(pa.table({MODEL: ["b"], SEED: [1]}))
+    assert gc.get_freeze_count() <= frozen  # not frozen with it
+    del elsewhere
+    gc.collect()
+    assert ref() is None
+    gc.unfreeze()                           # this test process's heap as the module left it (conftest freezes per module)

@@ -109,14 +109,28 @@ class _Pipeline:
         self.components["unet"].owner = self
 
 
-def _collections(fn):
-    """The generations the cyclic collector ran over while ``fn()`` ran."""
+@pytest.fixture
+def explicit_collections_only():
+    """No automatic collection while a test counts collections (only those the code makes), and
+    this process's heap unfrozen after it (conftest.py freezes it again per module)."""
     import gc
 
-    seen = []
+    before = gc.get_threshold()
+    gc.set_threshold(10**9, 10**9, 10**9)
+    yield
+    gc.set_threshold(*before)
+    gc.unfreeze()
+
+
+def _collections(fn):
+    """The generations the cyclic collector ran over, in this thread, while ``fn()`` ran."""
+    import gc
+    import threading
+
+    seen, me = [], threading.get_ident()
 
     def note(phase, info):
-        if phase == "start":
+        if phase == "start" and threading.get_ident() == me:
             seen.append(info["generation"])
 
     gc.callbacks.append(note)
@@ -127,7 +141,7 @@ def _collections(fn):
     return seen
 
 
-def test_a_model_let_go_under_the_paused_collector_is_freed_by_a_young_collection_only():
+def test_a_model_let_go_under_the_paused_collector_is_freed_by_a_young_collection_only(explicit_collections_only):
     """What a model allocated while the collector is paused is all in the youngest generation: it
     is freed, cycles included, without a full collection (which walks every imported library)."""
     from operators.base import collect_let_go, gc_paused, weak_parts
@@ -142,7 +156,7 @@ def test_a_model_let_go_under_the_paused_collector_is_freed_by_a_young_collectio
         assert all(r() is None for r in refs)
 
 
-def test_a_model_that_survived_a_collection_gets_the_full_one():
+def test_a_model_that_survived_a_collection_gets_the_full_one(explicit_collections_only):
     import gc
 
     from operators.base import collect_let_go, gc_paused, weak_parts
@@ -157,7 +171,7 @@ def test_a_model_that_survived_a_collection_gets_the_full_one():
         assert all(r() is None for r in refs)
 
 
-def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_model(monkeypatch):
+def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_model(monkeypatch, explicit_collections_only):
     """An actor keeps what it built for its whole life: once built, one collection and the survivors
     frozen, so no later collection walks its libraries and model again. Both kinds of actor stage
     (``stage`` with tally rows, ``map_stage``) get that class; tasks, which let their operator go
@@ -193,7 +207,7 @@ def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_m
     assert full(lambda: by_model.operator("a")) == 0     # built once
 
 
-def test_a_task_worker_settles_its_heap_after_its_first_task_only(monkeypatch):
+def test_a_task_worker_settles_its_heap_after_its_first_task_only(monkeypatch, explicit_collections_only):
     """A task builds its operator, applies it and lets it go; the worker process settles its heap
     once, after its first task (its libraries imported by then), and never again."""
     from pipelines.engine.stream import runtime
@@ -209,7 +223,7 @@ def test_a_task_worker_settles_its_heap_after_its_first_task_only(monkeypatch):
     assert split_tallies(out["t"])[0].column("caption").to_pylist() == ["a"]
 
 
-def test_a_paused_block_can_end_with_one_full_collection():
+def test_a_paused_block_can_end_with_one_full_collection(explicit_collections_only):
     """``collect_after``: the run's model loads on the driver end with one full collection (not the
     three passes turning the collector back on starts); the default ends with none, and a block
     that fails raises without collecting."""
@@ -232,7 +246,7 @@ def test_a_paused_block_can_end_with_one_full_collection():
     assert full(failing) == 0 and gc.isenabled()
 
 
-def test_the_driver_loads_a_run_s_models_with_the_collector_paused_then_collects_once():
+def test_the_driver_loads_a_run_s_models_with_the_collector_paused_then_collects_once(explicit_collections_only):
     import gc
 
     from types import SimpleNamespace
@@ -250,3 +264,26 @@ def test_the_driver_loads_a_run_s_models_with_the_collector_paused_then_collects
     got, opts = {}, SimpleNamespace(standin_models=True)
     assert full(lambda: got.setdefault("records", lifecycle._load_models(Study(), opts, None, None, [], None))) == 1
     assert got["records"] == [{"role": "captions"}] and gc.isenabled()
+
+
+def test_weak_parts_reach_every_submodule_of_a_pipeline_an_operator_holds():
+    """A cycle anywhere in a let-go model's modules keeps ``collect_let_go`` from trusting the
+    young collection alone: the references reach the operator, its pipeline's components and
+    every submodule of them."""
+    import torch
+
+    from operators.base import weak_parts
+
+    class Pipe:
+        def __init__(self):
+            self.unet = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU()))
+            self.components = {"unet": self.unet, "tokenizer": "text", "scheduler": None}
+
+    class Operator:
+        def __init__(self):
+            self.pipe, self.heads = Pipe(), [object()]
+
+    op = Operator()
+    alive = {id(r()) for r in weak_parts(op)}
+    assert {id(op), id(op.pipe), *(id(m) for m in op.pipe.unet.modules())} <= alive
+    assert len(alive) == 2 + 4                 # the operator, its pipeline, the four modules; no lists or text

@@ -20,13 +20,13 @@ from __future__ import annotations
 import gc
 import sys
 from collections import OrderedDict
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.base import Stage
+from operators.base import Stage, weak_parts
 from schemas.images import MODEL
 
 
@@ -51,8 +51,9 @@ class ByModel:
             return self.built[model]
         while len(self.built) >= self.keep:
             _, old = self.built.popitem(last=False)
+            parts = weak_parts(old)
             del old
-            release_device_memory(freeze=not self.built)
+            release_device_memory(freeze=not self.built, let_go=parts)
         self.built[model] = self.stages[model].build()
         # built under the paused collector: one full collection now instead of the three passes
         # over the build's objects that turning it back on starts (nothing frozen: it may be let go)
@@ -81,14 +82,16 @@ def of_model(table: pa.Table, model: str):
     return pc.fill_null(pc.equal(table.column(MODEL), model), False)
 
 
-def release_device_memory(freeze: bool = False) -> None:
+def release_device_memory(freeze: bool = False, let_go: Sequence = ()) -> None:
     """Collect a let-go model and return its GPU memory to the device (where torch is in use).
     ``freeze``: no model is left built, so what survives the collection is the process's own (its
     libraries, the actor's state): it is frozen (``gc.freeze``), and the next let-go model's
     collection walks only what was allocated since, not every imported library again (about 0.8 s
-    per switch in a generator actor). Never with a model still built: it could not be collected."""
+    per switch in a generator actor). Never with a model still built, nor while any part of the
+    let-go one (``let_go``: ``weak_parts`` taken before it was dropped) is still alive, held by
+    something else: frozen, it could never be collected once that lets it go."""
     gc.collect()
-    if freeze:
+    if freeze and not any(ref() is not None for ref in let_go):
         gc.freeze()
     torch = sys.modules.get("torch")   # never imported here: only a process that already uses it
     if torch is not None and torch.cuda.is_available():
