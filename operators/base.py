@@ -151,12 +151,12 @@ def build_operator(factory: Callable[..., Any], kwargs: Mapping) -> Any:
 def gc_paused(collect_after: bool = False):
     """Python's cyclic garbage collector off while an operator is built. Building one imports its
     libraries and loads its model: millions of long-lived objects, over which the collector would
-    run several full passes (a quarter of the CPU time of importing torch, diffusers and open_clip,
-    measured in docs/testing.md), paid in every Ray actor that starts. Reference counting frees
-    memory as usual meanwhile; cyclic garbage waits for the next collection after it.
-    ``collect_after``: one full collection when the block has finished, for a block whose objects
-    mostly outlive it (a run's models and stand-ins on the driver): turned back on, the collector
-    would otherwise walk them three times (young, middle, then a full collection)."""
+    run several full passes during the build. Paused, they all stay in the youngest generation, and
+    once the collector is back on it walks them three times (young, middle, then a full
+    collection): the pause alone only moves that cost (docs/benchmarks.md). What keeps its objects
+    ends the pause with one pass: ``settle_heap`` (an actor), or ``collect_after``, one full
+    collection when the block has finished (the driver's model loads and stand-ins). Reference
+    counting frees memory as usual meanwhile; cyclic garbage waits for the next collection."""
     was = gc.isenabled()
     gc.disable()
     try:

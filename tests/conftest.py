@@ -14,7 +14,7 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from operators.base import gc_paused  # noqa: E402
+from operators.base import gc_paused, settle_heap  # noqa: E402
 from pipelines.engine.cli.config import load_config  # noqa: E402
 from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
 
@@ -72,13 +72,8 @@ def _frozen_heap():
     end-to-end run made about 18 of them in the test process, 4.8 of its 17.8 CPU-s, most of it
     walking those imports again. What a module creates stays collectable; a frozen object that
     later dies is still freed by reference counting (only a cycle among frozen objects waits)."""
-    _freeze_survivors()
+    settle_heap()
     yield
-
-
-def _freeze_survivors() -> None:
-    gc.collect()
-    gc.freeze()
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +162,7 @@ def pytest_collection(session):
     test. Paused while collecting; then one collection and the heap frozen, as before each module."""
     with gc_paused():
         yield
-    _freeze_survivors()
+    settle_heap()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
