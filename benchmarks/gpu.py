@@ -441,6 +441,20 @@ def images_for(n: int, size: int, device: str):
     return torch.rand(n, 3, size, size, generator=g).to(device)
 
 
+def generation_variants(args) -> list[tuple[str, dict]]:
+    """The generator's speed options measured side by side: (row label, ImageGenerator options)."""
+    variants = [("plain", {})]
+    if args.channels_last:
+        variants.append(("channels-last", {"channels_last": True}))
+    if args.vae_slicing:
+        variants.append(("vae-slicing", {"vae_slicing": True}))
+    if args.compile:
+        variants.append(("compile", {"compile_unet": args.compile_mode}))
+        if args.channels_last:
+            variants.append(("channels-last + compile", {"channels_last": True, "compile_unet": args.compile_mode}))
+    return variants
+
+
 def stage_generation(args, work: Path, ctx: dict) -> list[Row]:
     import pyarrow as pa
     import torch  # deferred: torch
@@ -457,17 +471,9 @@ def stage_generation(args, work: Path, ctx: dict) -> list[Row]:
     else:
         model = build_sd15(work / "sd", args.device)
     print(f"  built in {time.perf_counter() - t:.1f} s", flush=True)
-    variants = [("plain", {})]
-    if args.channels_last:
-        variants.append(("channels-last", {"channels_last": True}))
-    if args.vae_slicing:
-        variants.append(("vae-slicing", {"vae_slicing": True}))
-    if args.compile:
-        variants.append(("compile", {"compile_unet": args.compile_mode}))
-        if args.channels_last:
-            variants.append(("channels-last + compile", {"channels_last": True, "compile_unet": args.compile_mode}))
     rows: list[Row] = []
     flops = None
+    variants = generation_variants(args)
     for label, options in variants:
         print(f"  variant {label}", flush=True)
         gen = ImageGenerator(model=model, steps=args.steps, guidance_scale=args.guidance, height=args.size,

@@ -68,12 +68,23 @@ def check_rows(markdown: str, stages: list[str]) -> list[dict]:
 # -- the smoke run ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow   # a subprocess that builds and runs the stand-ins: about 15-25 s, too long for the fast tier
-def test_smoke_generation_and_clip(tmp_path):
+EVERY_STAGE = ["generation", "families", "clip", "sbert", "blip2", "detr", "grounding"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One `python benchmarks/gpu.py --smoke` over every stage, with the speed options at their
+    defaults (on for --smoke): what it printed and what it wrote. One subprocess for the module's
+    tests, as a user runs it: its imports and stand-in builds are paid once."""
+    return run_smoke(tmp_path_factory.mktemp("smoke"), ",".join(EVERY_STAGE))
+
+
+@pytest.mark.slow   # a subprocess that builds and runs the stand-ins: about 30 s, too long for the fast tier
+def test_smoke_generation_and_clip(smoke):
     """Generation side by side with its speed options, and the CLIP head, on the tiny stand-ins."""
-    stdout, written = run_smoke(tmp_path, "generation,clip")
+    stdout, written = smoke
     assert written.strip() in stdout
-    rows = check_rows(written, ["generation", "clip"])
+    rows = [r for r in check_rows(written, EVERY_STAGE) if r["stage"] in ("generation", "clip")]
     gen = [r for r in rows if r["stage"] == "generation"]
     what = {(r["batch"], r["what"]) for r in gen}
     assert what == {("1", "text-to-image, plain"), ("2", "text-to-image, plain"),
@@ -88,11 +99,10 @@ def test_smoke_generation_and_clip(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_every_stage(tmp_path):
+def test_smoke_every_stage(smoke):
     """Every stage of the command, as `python benchmarks/gpu.py --smoke` runs it."""
-    _, written = run_smoke(tmp_path, ",".join(("generation", "families", "clip", "sbert", "blip2", "detr", "grounding")),
-                           "--no-channels-last", "--no-vae-slicing")
-    rows = check_rows(written, ["generation", "families", "clip", "sbert", "blip2", "detr", "grounding"])
+    _, written = smoke
+    rows = check_rows(written, EVERY_STAGE)
     # today's families at their cards' defaults: each model, batch 1 and 2, every image ok
     families = [r for r in rows if r["stage"] == "families"]
     assert len(families) == 2 * 5 and not any(r["notes"] for r in families)
@@ -100,7 +110,9 @@ def test_smoke_every_stage(tmp_path):
     assert {r["dtype"] for r in rows if r["stage"] == "sbert"} == {"float32", "float16"}
     assert "answers/s" in next(r for r in rows if r["stage"] == "blip2")["throughput"]
     assert len([r for r in rows if r["stage"] == "grounding"]) == 2   # GroundingDINO boxes, SAM masks
-    assert {r["what"] for r in rows if r["stage"] == "generation"} == {"text-to-image, plain"}
+    # the speed options' rows are generation's alone: every other stage is measured once per batch
+    assert {r["what"] for r in rows if r["stage"] == "generation"} == {
+        "text-to-image, plain", "text-to-image, channels-last", "text-to-image, vae-slicing"}
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -132,8 +144,13 @@ def test_arguments_defaults_full_and_smoke(gpu):
     assert smoke.stages == ["generation", "clip"]   # in the command's order
     assert smoke.batch_sizes == [1, 2] and smoke.steps == 2 and smoke.size == 64 and smoke.repeats == 1
     assert smoke.channels_last and smoke.vae_slicing
+    assert [label for label, _ in gpu.generation_variants(smoke)] == ["plain", "channels-last", "vae-slicing"]
+    off = gpu.parse_args(["--smoke", "--device", "cpu", "--no-channels-last", "--no-vae-slicing"])
+    assert not off.channels_last and not off.vae_slicing
+    assert [label for label, _ in gpu.generation_variants(off)] == ["plain"]   # the flags take their rows away
     cpu = gpu.parse_args(["--device", "cpu", "--batch-sizes", "1", "4", "--compile"])
     assert cpu.batch_sizes == [1, 4] and not cpu.channels_last and not cpu.vae_slicing and cpu.compile
+    assert [label for label, _ in gpu.generation_variants(cpu)] == ["plain", "compile"]
     with pytest.raises(SystemExit):
         gpu.parse_args(["--device", "cpu", "--only", "generation,unknown"])
     with pytest.raises(SystemExit):
