@@ -463,10 +463,12 @@ with LocalImageServer() as server:
 
 @pytest.mark.timeout(1500)
 def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
-    """Kill a run (SIGKILL to its whole process group, local Ray included) while it generates
-    images; the same command then skips the finished caption shards, the fetched URLs and the
-    generated images, and ends with the results of the uninterrupted run (``run_dir``, which read
-    the same captions from one file instead of two shards of one file each)."""
+    """Kill a run's driver (SIGKILL to its whole process group) while it generates images, as a
+    cluster loses a `ray submit` driver: the driver is attached to the tests' Ray instance (an
+    address, so CPU actors are asked for), which ends the killed job's actors. The same command then skips the finished caption shards, the
+    fetched URLs and the generated images, and ends with the results of the uninterrupted run
+    (``run_dir``, which read the same captions from one file instead of two shards of one file
+    each)."""
     import glob
     import sys
 
@@ -475,9 +477,11 @@ def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
     synthetic_laion.write(synthetic_laion.generate(3000, seed=1), tmp_path / "laion", files=2)
     out = tmp_path / "out"
     argv = ["run", "--captions", str(tmp_path / "laion"), "--output", str(out), "--run-id", "k",
-            "--files-per-shard", "1", "--gen-batch-size", "2", *study_args()]
+            "--files-per-shard", "1", "--gen-batch-size", "2", "--gpus-per-actor", "0", "--device", "cpu",
+            *study_args()]
     parts = str(out / "k" / "_work" / "generated" / "*" / "part-*.parquet")
-    kill_when([sys.executable, "-c", _DRIVER, *argv, "--ray-address", "local", "--num-cpus", "4", "--no-progress"],
+    address = ray_local.get_runtime_context().gcs_address
+    kill_when([sys.executable, "-c", _DRIVER, *argv, "--ray-address", address, "--no-progress"],
               parts, tmp_path / "killed.log")
     assert glob.glob(parts), (tmp_path / "killed.log").read_text()[-3000:]
     run = out / "k"
