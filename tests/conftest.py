@@ -109,7 +109,21 @@ def ray_local():
     if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < RAY_LOCAL_CPUS:
         ray.shutdown()
     if not ray.is_initialized():
-        ray.init(num_cpus=RAY_LOCAL_CPUS, include_dashboard=False, log_to_driver=False)
+        # Ray's log monitor ships workers' output to a driver that asked for it; this one did not
+        # (log_to_driver=False), yet with fewer than 1,000 log files the monitor globs the session's
+        # log folder every 0.1 s for the whole session. Its variables, for the processes this
+        # ray.init starts only: once every 5 s.
+        quieter = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "5"}
+        before = {k: os.environ.get(k) for k in quieter}
+        os.environ.update(quieter)
+        try:
+            ray.init(num_cpus=RAY_LOCAL_CPUS, include_dashboard=False, log_to_driver=False)
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
     yield ray
     ray.shutdown()
 
