@@ -210,9 +210,10 @@ def command(src, out, run_id, url):
 
 @pytest.mark.timeout(600)
 def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_local):
-    """Kill the `paraphrase` command (SIGKILL to its process group, its local Ray included) after
-    its first checkpointed answers; the same command asks only what it had no answer for and ends
-    with the table of an uninterrupted run."""
+    """Kill the `paraphrase` command (SIGKILL to its process group) after its first checkpointed
+    answers: attached to the tests' Ray instance (an address, so CPU actors are asked for), as a
+    cluster loses a `ray submit` driver. The same command asks only what it had no answer for and
+    ends with the table of an uninterrupted run."""
     import glob
     import sys
 
@@ -224,15 +225,17 @@ def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_loca
     with SlowEndpoint(delay=0.3) as slow:
         out = tmp_path / "b"
         parts = str(out / "k" / "_work" / PP.CHECKPOINT / "part-*.parquet")
+        on_cpus = ["--gpus-per-actor", "0", "--device", "cpu"]
         kill_when([sys.executable, str(REPO_ROOT / "pipelines" / "amplification.py"), *command(src, out, "k", slow.url),
-                   "--ray-address", "local", "--num-cpus", "2"], parts, tmp_path / "killed.log", timeout=300)
+                   *on_cpus, "--ray-address", ray_local.get_runtime_context().gcs_address],
+                  parts, tmp_path / "killed.log", timeout=300)
         assert glob.glob(parts), (tmp_path / "killed.log").read_text()[-3000:]
         assert not (out / "k" / "paraphrases.parquet").exists()
         asked_before = slow.count
         done = pq.read_table(parts.rsplit("/", 1)[0]).num_rows
         assert 0 < done < 24
         slow.delay = 0.0
-        assert amplification.main(command(src, out, "k", slow.url)) == 0
+        assert amplification.main(command(src, out, "k", slow.url) + on_cpus) == 0
         assert slow.count - asked_before < 24 + 24 // 5 + 1   # the checkpointed answers were not asked again
     resumed = pq.read_table(out / "k" / "paraphrases.parquet")
     assert resumed.equals(whole)
