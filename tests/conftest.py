@@ -113,17 +113,10 @@ def ray_local():
         # (log_to_driver=False), yet with fewer than 1,000 log files the monitor globs the session's
         # log folder every 0.1 s for the whole session. Its variables, for the processes this
         # ray.init starts only: once every 5 s.
-        quieter = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "5"}
-        before = {k: os.environ.get(k) for k in quieter}
-        os.environ.update(quieter)
-        try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+            env.setenv("LOG_NAME_UPDATE_INTERVAL_S", "5")
             ray.init(num_cpus=RAY_LOCAL_CPUS, include_dashboard=False, log_to_driver=False)
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k)
-                else:
-                    os.environ[k] = v
     yield ray
     ray.shutdown()
 

@@ -164,4 +164,4 @@ def test_a_let_go_model_is_collected_and_only_an_empty_actor_is_frozen():
     del elsewhere
     gc.collect()
     assert ref() is None
-    gc.unfreeze()                           # this test process's heap as the module left it (conftest freezes per module)
+    gc.unfreeze()       # the test process's heap as the module left it (conftest freezes per module)

@@ -171,7 +171,8 @@ def test_a_model_that_survived_a_collection_gets_the_full_one(explicit_collectio
         assert all(r() is None for r in refs)
 
 
-def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_model(monkeypatch, explicit_collections_only):
+def test_an_actor_settles_its_heap_once_built_and_by_model_collects_after_each_model(monkeypatch,
+                                                                                      explicit_collections_only):
     """An actor keeps what it built for its whole life: once built, one collection and the survivors
     frozen, so no later collection walks its libraries and model again. Both kinds of actor stage
     (``stage`` with tally rows, ``map_stage``) get that class; tasks, which let their operator go

@@ -465,10 +465,10 @@ with LocalImageServer() as server:
 def test_killed_run_resumes_to_identical_results(run_dir, tmp_path, ray_local):
     """Kill a run's driver (SIGKILL to its whole process group) while it generates images, as a
     cluster loses a `ray submit` driver: the driver is attached to the tests' Ray instance (an
-    address, so CPU actors are asked for), which ends the killed job's actors. The same command then skips the finished caption shards, the
-    fetched URLs and the generated images, and ends with the results of the uninterrupted run
-    (``run_dir``, which read the same captions from one file instead of two shards of one file
-    each)."""
+    address, so CPU actors are asked for), which ends the killed job's actors. The same command
+    then skips the finished caption shards, the fetched URLs and the generated images, and ends
+    with the results of the uninterrupted run (``run_dir``, which read the same captions from one
+    file instead of two shards of one file each)."""
     import glob
     import sys
 
