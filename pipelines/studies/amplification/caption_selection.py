@@ -14,6 +14,7 @@ from operators.base import conform
 from operators.text_prompt_similarity import PromptSimilarity
 from pipelines.engine.run.lifecycle import Run
 from pipelines.engine.storage import io
+from pipelines.engine.stream import scan
 from pipelines.studies.amplification import caption_report as report
 from pipelines.studies.amplification import refine
 from pipelines.studies.amplification.caption_scan import caption_shards, committed_parts
@@ -51,7 +52,7 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
         def candidates_of(limits):
             return refine.candidate_rows(table, limits, pool_cfg)
     else:
-        data = run.ray.data.read_parquet(parts, filesystem=rd.fs, schema=annotated_schema)
+        data = scan.read_parquet_files(run.ray, rd.fs, parts, schema=annotated_schema)
         if join:
             data = data.map_batches(with_join_key, fn_args=(join,), batch_format="pyarrow", batch_size=None)
         pool, stats = select_subsets(run.ray, data, annotated_rows, pool_cfg, prompts, len(st.occupations))

@@ -31,7 +31,8 @@ from operators.image_fid_features import FidFeatureExtractor, load_fid_extractor
 from operators.image_generation import ImageGenerator
 from operators.image_sink import ImageSink
 from pipelines.engine.storage import io
-from pipelines.engine.stream import runtime, stages
+from pipelines.engine.storage.inputs import resolve_parquet_inputs
+from pipelines.engine.stream import runtime, scan, stages
 from pipelines.engine.stats import headline as HL
 from pipelines.engine.report.figures import FigureDir
 from pipelines.engine.generation import Generated, GenerationPlan, generation_rows
@@ -61,6 +62,24 @@ FILES = {
     "report": "report.html",
     "images_dir": "images",
 }
+
+
+def parquet_reference(ray, spec: str, col: str, idc: str | None, caption_col: str | None):
+    """A Ray dataset of reference-image payloads from parquet (a file, or every ``*.parquet`` under a
+    directory): the image bytes of ``col`` (raw bytes or Hugging Face image structs), the id of
+    ``idc`` and the caption of ``caption_col`` where given."""
+    inp = resolve_parquet_inputs(spec)
+    columns = [col] + ([idc] if idc else []) + ([caption_col] if caption_col else [])
+    ds = scan.read_parquet_files(ray, inp.filesystem, inp.files, columns=columns)
+
+    def to_payload(b: pa.Table) -> pa.Table:
+        blobs = b.column(col).to_pylist()
+        blobs = [v.get("bytes") if isinstance(v, dict) else v for v in blobs]  # HF image structs
+        ids = [str(v) for v in b.column(idc).to_pylist()] if idc else [None] * len(blobs)
+        out = _payload(ids, blobs)
+        return out.append_column(PROMPT, b.column(caption_col).cast(pa.string())) if caption_col else out
+
+    return ds.map_batches(to_payload, batch_format="pyarrow")
 
 
 def reference_features(ray, st: "AlignmentSettings", rd, per_actor: float, device: str = "auto") -> tuple[pa.Table, Phase]:
@@ -98,18 +117,8 @@ def reference_features(ray, st: "AlignmentSettings", rd, per_actor: float, devic
         ds = runtime.from_table(ray, pa.table({A.REFERENCE_ID: pa.array(paths, pa.string())}), 64)
         ds = ds.map_batches(read_files, batch_format="pyarrow")
     else:
-        col = st.reference.get("image_column") or "image"
-        idc = st.reference.get("id_column")
-        ds = ray.data.read_parquet(paths[0], columns=[col] + ([idc] if idc else []) + ([caption_col] if caption_col
-                                                                                        else []))
-        def to_payload(b: pa.Table) -> pa.Table:
-            blobs = b.column(col).to_pylist()
-            blobs = [v.get("bytes") if isinstance(v, dict) else v for v in blobs]  # HF image structs
-            ids = [str(v) for v in b.column(idc).to_pylist()] if idc else [None] * len(blobs)
-            out = _payload(ids, blobs)
-            return out.append_column(PROMPT, b.column(caption_col).cast(pa.string())) if caption_col else out
-
-        ds = ds.map_batches(to_payload, batch_format="pyarrow")
+        ds = parquet_reference(ray, paths[0], st.reference.get("image_column") or "image",
+                               st.reference.get("id_column"), caption_col)
     ds = ds.map_batches(_attach, fn_args=(captions, caption_col), batch_format="pyarrow")
     if kind == "parquet" and st.reference.get("max_images"):   # after the pairing filter: N paired images
         ds = ds.limit(int(st.reference["max_images"]))

@@ -242,3 +242,22 @@ def test_reference_images_of_the_drawn_captions_by_image_id_and_the_real_image_r
     with_stats = AS.measures(pq.read_table(run / "images.parquet"), A.REFERENCE_FEATURES.empty_table(), st).iloc[0]
     assert with_stats["fid"] == pytest.approx(gen["fid"], rel=1e-6) and with_stats["fid_n_reference"] is None
     assert AS.pairing_record(st, A.REFERENCE_FEATURES.empty_table())["comparable_with_table19_fid"] is True
+
+
+def test_a_parquet_reference_gives_every_file_s_images_ids_and_captions(ray_local, tmp_path):
+    """A parquet reference (a directory of files; Hugging Face image structs and raw bytes) read
+    in tasks: one payload per row with its bytes, id and caption."""
+    from pipelines.studies.dalleval import alignment_study as AS
+    from schemas.images import IMAGE
+    from schemas.subsets import PROMPT
+
+    (tmp_path / "ref").mkdir()
+    structs = [{"bytes": b"a1", "path": None}, {"bytes": b"a2", "path": None}]
+    pq.write_table(pa.table({"img": structs, "key": [1, 2], "text": ["a dog", "a cat"], "other": [0, 0]}),
+                   tmp_path / "ref" / "a.parquet")
+    pq.write_table(pa.table({"img": [b"b3"], "key": [3], "text": ["a car"], "other": [0]}), tmp_path / "ref" / "b.parquet")
+    rows = AS.parquet_reference(ray_local, str(tmp_path / "ref"), "img", "key", "text").take_all()
+    assert sorted((r[A.REFERENCE_ID], r[IMAGE], r[PROMPT]) for r in rows) == [
+        ("1", b"a1", "a dog"), ("2", b"a2", "a cat"), ("3", b"b3", "a car")]
+    plain = AS.parquet_reference(ray_local, str(tmp_path / "ref" / "b.parquet"), "img", None, None).take_all()
+    assert [(r[A.REFERENCE_ID], r[IMAGE]) for r in plain] == [(None, b"b3")] and PROMPT not in plain[0]
