@@ -109,7 +109,7 @@ def test_scan_on_ray_equals_separate_stages(ray_local, files, scan_stages):
 
 
 def test_parquet_files_read_in_tasks_without_a_footer_actor_pool(ray_local, files, tmp_path):
-    """``read_parquet_files``: every row of every file (the large_string file read as the schema's
+    """``parquet_dataset``: every row of every file (the large_string file read as the schema's
     string), no actor started for it (Ray Data's ``read_parquet`` starts 32 footer readers per
     execution), a column selection, and a file that is not parquet named in the error."""
     import ray._private.state as ray_state
@@ -118,13 +118,13 @@ def test_parquet_files_read_in_tasks_without_a_footer_actor_pool(ray_local, file
     schema = pa.schema([("URL", pa.string()), ("TEXT", pa.string())])
     ray_local.data.range(1).take_all()      # Ray Data's own helper actors, once per instance
     actors = set(ray_state.actors())
-    ds = scan.read_parquet_files(ray_local, inp.filesystem, inp.files, schema=schema)
+    ds = scan.parquet_dataset(ray_local, inp.filesystem, inp.files, schema=schema)
     out = pa.concat_tables(ray_local.get(ds.to_arrow_refs()))
     assert out.schema.equals(schema) and out.num_rows == table.num_rows
     assert sorted(out.column("URL").to_pylist()) == sorted(table.column("URL").to_pylist())
     assert set(ray_state.actors()) - actors == set()
-    texts = scan.read_parquet_files(ray_local, inp.filesystem, inp.files[:1], columns=["TEXT"])
+    texts = scan.parquet_dataset(ray_local, inp.filesystem, inp.files[:1], columns=["TEXT"])
     assert texts.take_all()[0].keys() == {"TEXT"} and texts.count() == 10000
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(Exception, match="bad.parquet"):
-        scan.read_parquet_files(ray_local, inp.filesystem, [str(tmp_path / "bad.parquet")]).take_all()
+        scan.parquet_dataset(ray_local, inp.filesystem, [str(tmp_path / "bad.parquet")]).take_all()

@@ -126,6 +126,17 @@ def read_parquet(source, **kwargs) -> pa.Table:
     return pq.read_table(source, **READ_OPTIONS, **kwargs)
 
 
+def read_parquet_file(fs: pafs.FileSystem, path: str, **kwargs) -> pa.Table:
+    """The parquet file ``path`` of ``fs`` (``read_parquet``'s ``kwargs``: columns, schema); a read
+    error names the file (a Ray task passes its exception on as text)."""
+    try:
+        with fs.open_input_file(path) as fh:
+            return read_parquet(fh, **kwargs)
+    except (OSError, pa.ArrowException) as err:
+        err.add_note(f"while reading parquet file {path}")
+        raise
+
+
 def write_table(table: pa.Table, fs: pafs.FileSystem, path: str) -> None:
     """``table`` as parquet (with page checksums) at ``path``, atomically (see ``write_bytes``)."""
     write_bytes(fs, path, parquet_bytes(table))
@@ -252,12 +263,8 @@ def clear_dir(fs: pafs.FileSystem, path: str) -> None:
 
 def read_parquet_files(fs: pafs.FileSystem, files: list[str], schema: pa.Schema) -> pa.Table:
     """The rows of ``files`` as one table of ``schema`` (read in parallel threads)."""
-    def one(path: str) -> pa.Table:
-        with fs.open_input_file(path) as fh:
-            return read_parquet(fh, schema=schema)
-
     with ThreadPoolExecutor(max_workers=8) as pool:
-        tables = list(pool.map(one, files))
+        tables = list(pool.map(lambda path: read_parquet_file(fs, path, schema=schema), files))
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 

@@ -145,41 +145,24 @@ def scan_parquet(ray, inp, columns: list[str], stages: list[Stage], schema: pa.S
                                num_cpus=res.num_cpus, fn_args=(scan,))
 
 
-def read_parquet_files(ray, filesystem, paths: list[str], schema: pa.Schema | None = None,
-                       columns: list[str] | None = None):
-    """A Ray dataset of the rows of parquet files: one read task per file (its ``columns``, cast to
-    ``schema`` where given), on the task workers every stream uses. Ray Data's own
+def parquet_dataset(ray, filesystem, paths: list[str], schema: pa.Schema | None = None,
+                    columns: list[str] | None = None):
+    """A Ray dataset of the rows of parquet files (their ``columns``, read as ``schema`` where
+    given): one read task per file, on the task workers every stream uses. Ray Data's own
     ``read_parquet`` first reads the files' footers on a pool of 32 actors per execution (one
     process each, whatever the number of files); a dataset read again (a selection consumed three
     times) starts them again each time."""
     items = [{"path": str(p)} for p in paths]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    reader = FileRead(filesystem, schema, columns)
     return runtime.map_batches(ds, _file_task, runtime.task_retries(), batch_format="pyarrow", batch_size=1,
-                               fn_args=(reader,))
+                               fn_args=(filesystem, schema, columns))
 
 
-class FileRead:
-    """Whole parquet files, one table each: ``columns`` (all without), read as ``schema`` where
-    given, page checksums verified; the file named in any read error."""
-
-    def __init__(self, filesystem, schema: pa.Schema | None, columns: list[str] | None):
-        self.filesystem, self.schema = filesystem, schema
-        self.columns = list(columns) if columns else None
-
-    def __call__(self, path: str) -> pa.Table:
-        try:
-            with self.filesystem.open_input_file(path) as fh:
-                return io.read_parquet(fh, columns=self.columns, schema=self.schema, use_threads=False)
-        except (OSError, pa.ArrowException) as err:
-            err.add_note(f"while reading parquet file {path}")
-            raise
-
-
-def _file_task(batch: pa.Table, reader: FileRead) -> pa.Table:
-    out = pa.concat_tables([reader(p) for p in batch.column("path").to_pylist()])
+def _file_task(batch: pa.Table, filesystem, schema: pa.Schema | None, columns: list[str] | None) -> pa.Table:
+    tables = [io.read_parquet_file(filesystem, path, columns=columns, schema=schema, use_threads=False)
+              for path in batch.column("path").to_pylist()]
     runtime.settle_task_worker()
-    return out
+    return pa.concat_tables(tables)
 
 
 def _scan_task(batch: pa.Table, scan: FragmentScan) -> pa.Table:

@@ -52,7 +52,7 @@ def select_pool(run: Run, st: CaptionSettings, pool_cfg: SelectionConfig) -> tup
         def candidates_of(limits):
             return refine.candidate_rows(table, limits, pool_cfg)
     else:
-        data = scan.read_parquet_files(run.ray, rd.fs, parts, schema=annotated_schema)
+        data = scan.parquet_dataset(run.ray, rd.fs, parts, schema=annotated_schema)
         if join:
             data = data.map_batches(with_join_key, fn_args=(join,), batch_format="pyarrow", batch_size=None)
         pool, stats = select_subsets(run.ray, data, annotated_rows, pool_cfg, prompts, len(st.occupations))

@@ -70,7 +70,7 @@ def parquet_reference(ray, spec: str, col: str, idc: str | None, caption_col: st
     ``idc`` and the caption of ``caption_col`` where given."""
     inp = resolve_parquet_inputs(spec)
     columns = [col] + ([idc] if idc else []) + ([caption_col] if caption_col else [])
-    ds = scan.read_parquet_files(ray, inp.filesystem, inp.files, columns=columns)
+    ds = scan.parquet_dataset(ray, inp.filesystem, inp.files, columns=columns)
 
     def to_payload(b: pa.Table) -> pa.Table:
         blobs = b.column(col).to_pylist()
