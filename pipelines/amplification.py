@@ -155,6 +155,10 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                    help="counted_images: walk each occupation's random captions until --sample-size counted "
                         "images (one face, CLIP p >= threshold; the paper's 500, default); captions: the first "
                         "--sample-size captions, whatever their images give")
+    s.add_argument("--walk-first-round", type=float, metavar="F",
+                   help="the walk's first round fetches F x --sample-size captions per occupation instead of "
+                        "--sample-size: fewer rounds where few images count (link rot, no single face); the "
+                        "same T, more images fetched (default 1)")
     s.add_argument("--nn-sample", choices=["captions", "counted_images"],
                    help="captions: the top --nn-k neighbour captions per prompt (section 5.2, default); "
                         "counted_images: walk the neighbours in similarity order until --nn-k counted images")

@@ -81,6 +81,9 @@ def settings(args) -> CaptionSettings:
                        ("duplicates", getattr(args, "duplicate_rows", None))):
         if value is not None:
             sel[key] = value
+    first_round = getattr(args, "walk_first_round", None)
+    if first_round is not None and first_round != 1:   # 1 is the default: the settings (and run id) unchanged
+        sel["walk_first_round"] = first_round
     if args.spacy_model:
         gi["spacy_model"] = args.spacy_model
     if args.strict_names:
@@ -148,6 +151,9 @@ def selection_config(st: CaptionSettings) -> SelectionConfig:
     sel = st.selection
     if not float(sel.get("max_walk_factor", 20)) >= 1:
         raise ValueError(f"selection.max_walk_factor must be >= 1, not {sel.get('max_walk_factor')!r}")
+    if not 1 <= float(sel.get("walk_first_round", 1)) <= float(sel.get("max_walk_factor", 20)):
+        raise ValueError(f"selection.walk_first_round (--walk-first-round) must be 1 to max_walk_factor "
+                         f"({sel.get('max_walk_factor', 20)}), not {sel.get('walk_first_round')!r}")
     return SelectionConfig(sel["sample_size"], sel["nn_k"], len(st.prompts), sel["no_indicator_mode"],
                            training_sample=sel.get("training_sample", "captions"),
                            nn_sample=sel.get("nn_sample", "captions"), pool_factor=float(sel.get("pool_factor", 1)),

@@ -169,7 +169,8 @@ class AmplificationStudy(ImageStudy):
                   f"{selection.sample_size} random, {selection.nn_k} NN; {pool.num_rows:,} candidates) ...")
             walk = walk_training(ray, rd, pool, selection, st, train_budgets,
                                  reselect=lambda f: captions.select_pool(run, cs, selection.pool(f))[0],
-                                 max_walk_factor=float(cs.selection.get("max_walk_factor", 20)), echo=echo)
+                                 max_walk_factor=float(cs.selection.get("max_walk_factor", 20)),
+                                 first_round=float(cs.selection.get("walk_first_round", 1)), echo=echo)
             subsets, url_results, train_phase, train_budgets = walk.subsets, walk.url_results, walk.phase, walk.budgets
             _walk_summary(walk)
             io.write_table(subsets, out_fs, f"{out}/{captions.FILES['subsets']}")   # the subsets T is over
@@ -383,8 +384,8 @@ def protocol(st: AmplificationSettings, standin: bool = False) -> dict:
             "occupation_forms": st.occupation_forms, "prompts": protocol_digest(list(st.prompts)),
             "images_per_prompt": int(gen["images_per_prompt"]), "caption_images": int(gen["caption_images"]),
             "seed": int(gen["seed"]), "safety": gen["safety"],
-            "selection": {k: v for k, v in st.selection.items() if k != "pool_factor"},   # pool_factor: how much
-            # is fetched per round of the walk, not what it selects
+            # pool_factor and walk_first_round: how much is fetched per round of the walk, not what it selects
+            "selection": {k: v for k, v in st.selection.items() if k not in ("pool_factor", "walk_first_round")},
             "gender_indicators": protocol_digest(st.gender_indicators | {"names_enabled": st.names_enabled}),
             "sbert": st.models, "training_captions": None if inp is None else int(inp.num_rows),
             "training_image_size": {k: rec["fetch"].get(k) for k in ("image_size", "resize_mode")},

@@ -6,7 +6,9 @@ Training value of Tables 6 and 7 is a multiple of 1/500, so the paper's T is the
 counted images (exactly one face, CLIP p >= 0.9). Which captions' images count is known only
 after fetching and classifying them, so the walk goes in rounds:
 
-1. fetch and classify the first k rows of every group of the pool (``selection.pool``);
+1. fetch and classify the first k rows of every group of the pool (``selection.pool``), or the
+   first ``first_round`` x k rows of every walked group (an option: fewer rounds where the yield
+   is known to be low; each round starts the image side's actors and loads their models again);
 2. for each walked group, count its counted images; a group short of k extends its prefix by the
    shortfall over the yield observed so far (plus a 10% margin, a project choice; twice as far
    when nothing counted yet), up to the end of its pool;
@@ -91,10 +93,12 @@ def counted_of(rows: pa.Table, counted_urls: pa.Table) -> np.ndarray:
 
 
 def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: list, reselect,
-                  max_walk_factor: float = 20.0, echo=print, say=print, fetch=None) -> Walk:
+                  max_walk_factor: float = 20.0, echo=print, say=print, fetch=None,
+                  first_round: float = 1.0) -> Walk:
     """Walk ``pool`` (``selection.pool`` at ``cfg.pool_factor``) to k counted images per walked
     group, fetching and classifying in rounds. ``reselect(factor)`` returns the pool at a larger
-    factor; ``budgets`` are the training-image error budgets (a fresh copy per round).
+    factor; ``budgets`` are the training-image error budgets (a fresh copy per round). The first
+    round fetches ``first_round`` x k captions of each walked group (k of the others).
     ``fetch(rows, budgets)`` -> (one result row per distinct URL of ``rows``, Phase) is the image
     side (default: ``images.training_images`` on Ray, checkpointed in ``rd``); the walk depends
     on nothing else, which is what makes it the same under any batching and after a resume."""
@@ -103,12 +107,18 @@ def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: li
             return image_side.training_images(ray, rows, st, run=rd, budgets=round_budgets, echo=echo)
     if not max_walk_factor >= 1:
         raise ValueError(f"max_walk_factor must be >= 1 (k x max_walk_factor captions at most), not {max_walk_factor!r}")
+    if not 1 <= first_round <= max_walk_factor:
+        raise ValueError(f"the walk's first round must fetch 1 to max_walk_factor ({max_walk_factor:g}) x k captions, "
+                         f"not {first_round!r} x k")
     factor = cfg.pool_factor
     pool = _sorted(pool)
     walked = {key: cfg.walked(key[1]) for key in _keys(pool)}
     k_of = {key: cfg.k(key[1]) for key in walked}
     cap = {key: math.ceil(k_of[key] * max_walk_factor) for key in walked}
-    position = dict(k_of)                       # rows of each group fetched so far (by rank)
+    # rows of each group fetched so far (by rank): a first round past k stops at the end of the pool
+    start = _lengths(pool)
+    position = {key: max(k, min(math.ceil(k * first_round), cap[key], start.get(key, 0))) if walked[key] else k
+                for key, k in k_of.items()}
     total = Phase("training images", "URLs", 0)
     stats, reselections, rounds = [], [], 0
     while True:

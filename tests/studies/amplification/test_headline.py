@@ -159,6 +159,9 @@ def test_protocol_ignores_the_generators_and_execution():
     base = protocol()
     assert protocol("--generators", "stabilityai/stable-diffusion-2-base", "--gen-batch-size", "2",
                     "--fetch-threads", "4") == base
+    # how far the walk's first round fetches: the same T, the same protocol (a sample size is not)
+    assert protocol("--walk-first-round", "2") == base
+    assert protocol("--sample-size", "7")["selection"] != base["selection"]
     assert protocol("--images-per-prompt", "7")["images_per_prompt"] == 7 != base["images_per_prompt"]
     assert protocol("--occupations", "nurse,judge")["occupations"] != base["occupations"]
     assert protocol("--gender-threshold", "0.8")["gender_classifier"] != base["gender_classifier"]

@@ -491,6 +491,9 @@ def test_training_walk_reaches_exactly_k_counted_images_in_order_under_any_batch
         # any number of rounds and re-selections: pool factors 1 (re-selects), 2 and 4
         walks = [(f"factor {f}", walk_training(None, None, reselect(f), config(f), st, [], reselect, fetch=lookup,
                                                **quiet)) for f in (1.0, 2.0, 4.0)]
+        # and a first round of 2 or 3 x k captions (--walk-first-round): fewer rounds, the same walk
+        walks += [(f"first round {r} x k", walk_training(None, None, reselect(2.0), config(2.0), st, [], reselect,
+                                                         fetch=lookup, first_round=r, **quiet)) for r in (2.0, 3.0)]
         # and the real image side on Ray in blocks of 3 URLs, resumed over a killed attempt's
         # checkpoint (17 URLs, not a prefix of the walk), re-selecting from a pool of k
         st = dataclasses.replace(st, fetch_block_rows=3)
@@ -515,6 +518,8 @@ def test_training_walk_reaches_exactly_k_counted_images_in_order_under_any_batch
         assert set(want["url"].to_pylist()) <= set(w.url_results[URL].to_pylist()), name
         assert w.phase.processed + w.phase.reused == w.phase.total == w.url_results.num_rows, name
     assert walks[0][1].rounds > 1 and walks[0][1].reselections          # the pool of k ran out: re-selected
+    rounds = {name: w.rounds for name, w in walks}
+    assert rounds["first round 2.0 x k"] < rounds["factor 2.0"] and rounds["first round 3.0 x k"] == 1
     assert resumed.reselections and resumed.phase.reused >= 17           # the checkpoint was read ...
     assert new_hits <= (resumed.url_results.num_rows - 17) * (1 + st.fetch["retries"])   # ... not fetched again
 

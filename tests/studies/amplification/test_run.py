@@ -37,6 +37,9 @@ def study_args(*extra):
             "--interval-resamples", str(INTERVAL_RESAMPLES),
             # App. A.6 with the rule-based stand-in endpoint (pipelines/standins/chat.py)
             "--paraphrases",
+            # the walk's first round fetches 2 x k captions per occupation: about 70% of the sample's
+            # images count, so k are reached in one round (the rounds themselves: test_resume.py)
+            "--walk-first-round", "2",
             # the paper's threshold (0.9): the stand-in CLIP is calibrated so that the sample's two
             # face photos are counted, one "man" and one "woman" (pipelines/standins/clip.py)
             *extra]

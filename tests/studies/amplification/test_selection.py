@@ -217,3 +217,17 @@ def test_a_walk_limit_below_k_is_refused():
                          prompts=[1])
     with pytest.raises(ValueError, match="max_walk_factor"):
         selection_config(st)
+
+
+@pytest.mark.parametrize("first_round", [0.5, 21.0])
+def test_a_first_walk_round_below_k_or_past_the_walk_limit_is_refused(first_round):
+    from pipelines import amplification
+    from pipelines.studies.amplification.caption_settings import selection_config, settings
+    from pipelines.studies.amplification.training_walk import walk_training
+
+    cfg = SelectionConfig(sample_size=5, nn_k=5, n_prompts=2, training_sample="counted_images")
+    with pytest.raises(ValueError, match="first round must fetch 1 to max_walk_factor"):
+        walk_training(None, None, TRAINING_SUBSETS.empty_table(), cfg, None, [], None, first_round=first_round)
+    args = amplification.build_parser().parse_args(["run", "--output", "unused", "--walk-first-round", str(first_round)])
+    with pytest.raises(ValueError, match=r"walk_first_round \(--walk-first-round\) must be 1 to max_walk_factor"):
+        selection_config(settings(args))
