@@ -12,6 +12,7 @@ from helpers import REPO_ROOT
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -193,27 +194,23 @@ def test_ray_job_submit_runs_the_caption_side_on_a_cluster(ray_head, tmp_path):
     refused = _ray(ray_head, "job", "list", "--address", ray_head.dashboard, env=no_token)
     assert refused.returncode != 0 and "Authentication" in refused.stdout + refused.stderr, refused
 
-    t0 = time.monotonic()
-    # The job's driver runs the head's `python`: the venv's, with Ray and the project's dependencies.
-    which = _ray(ray_head, "job", "submit", "--address", ray_head.dashboard, "--",
-                 "python", "-c", "import sys, ray; print('job python:', sys.executable)")
-    assert which.returncode == 0, which.stdout + which.stderr
-    assert f"job python: {VENV_BIN / 'python'}" in which.stdout, which.stdout
-    which_s = time.monotonic() - t0
-
     # The command line of docs/cluster.md, on three occupations to keep the test short (the whole
     # caption side runs, on the matched captions of those three). --working-dir uploads the
     # repository: Ray leaves out .git, .venv and __pycache__ and honours .gitignore (runs/, ...).
+    # Before it, in the same job, the `python` the job's driver gets: it must be the head's, the
+    # venv's, with Ray and the project's dependencies.
     out = tmp_path / "out"
     job_id = f"t2i-captions-{secrets.token_hex(4)}"
+    command = shlex.join(["python", "pipelines/amplification.py", "captions", "--output", str(out),
+                          "--sample-size", "10", "--nn-k", "10", "--occupations", "nurse,firefighter,engineer"])
+    which = "python -c 'import sys, ray; print(\"job python:\", sys.executable)'"
     started = time.monotonic()
     res = _ray(ray_head, "job", "submit", "--address", ray_head.dashboard, "--working-dir", str(ROOT),
-               "--submission-id", job_id, "--",
-               "python", "pipelines/amplification.py", "captions", "--output", str(out),
-               "--sample-size", "10", "--nn-k", "10", "--occupations", "nurse,firefighter,engineer", timeout=540)
+               "--submission-id", job_id, "--", "bash", "-c", f"{which} && {command}", timeout=540)
     elapsed = time.monotonic() - started
     logs = res.stdout + res.stderr
     assert res.returncode == 0, f"ray job submit failed after {elapsed:.0f} s:\n{logs[-6000:]}"
+    assert f"job python: {VENV_BIN / 'python'}" in res.stdout, logs[-6000:]
     assert _job_status(ray_head, job_id) == "SUCCEEDED", logs[-6000:]
 
     metrics = sorted(out.rglob("metrics.json"))
@@ -225,5 +222,5 @@ def test_ray_job_submit_runs_the_caption_side_on_a_cluster(ray_head, tmp_path):
     # The input is the job's copy of the repository (its working dir), not the checkout itself.
     assert str(ROOT) not in json.dumps(m.get("input")) and "working_dir_files" in json.dumps(m.get("input"))
     (tmp_path / "job.log").write_text(logs)
-    print(f"\nray start --head: {ray_head.start_s:.0f} s; auth check + `which python` job: {which_s:.0f} s; "
-          f"ray job submit (captions, 3 occupations): {elapsed:.0f} s")
+    print(f"\nray start --head: {ray_head.start_s:.0f} s; "
+          f"ray job submit (`which python`, then captions on 3 occupations): {elapsed:.0f} s")
