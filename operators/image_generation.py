@@ -2,7 +2,7 @@
 
 The paper generates 500 images per (occupation, prompt) with Stable Diffusion 1.4 and 1.5, "using
 various random seeds to initialize random noise", guidance scale 7.5 and 50 inference steps. This
-stage loads any diffusers text-to-image pipeline (``AutoPipelineForText2Image``'s: SD 1.x/2.x, SDXL,
+stage loads any diffusers text-to-image pipeline (``AutoPipelineForText2Image``: SD 1.x/2.x, SDXL,
 ...) from a hub id or a local directory and generates one image per row.
 
 Reproducibility: every row gets its own ``torch.Generator`` seeded with the row's SEED, so its

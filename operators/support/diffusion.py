@@ -1,7 +1,6 @@
-"""diffusers text-to-image pipelines for every generator stage: loading (a known family through
-its own pipeline class, any other ``AutoPipelineForText2Image`` family through that, from a hub id
-or a local directory, revision, dtype, device, scheduler, safety-checker policy, weights
-provenance), seeded generation of one micro-batch with a
+"""diffusers text-to-image pipelines for every generator stage: loading (any
+``AutoPipelineForText2Image`` family from a hub id or a local directory, revision, dtype, device,
+scheduler, safety-checker policy, weights provenance), seeded generation of one micro-batch with a
 per-image ``torch.Generator``, re-creating one image alone (``regenerate``), the speed options
 (channels-last, ``torch.compile`` of the UNet, VAE slicing), and out-of-memory handling. The
 single-image generator (``operators.image_generation``) and the triplet generator
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from operators.support.codec import rgb_levels
-from operators.support.families import UNKNOWN, family_of_pipeline, index_class
+from operators.support.families import family_of_pipeline
 from operators.support.models import ModelLoadError, loaded_weight_files, pick_device, resolve_dtype, weights_provenance
 
 # vae_slicing="auto": decode calls of this many images or more one image at a time. The VAE
@@ -49,20 +48,6 @@ def _package_version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def pipeline_class(source: str):
-    """diffusers' class for the pipeline saved in directory ``source``: the text-to-image class its
-    model_index.json names when that is a family this project knows (only that pipeline's modules
-    are imported), else ``AutoPipelineForText2Image``, which maps any other pipeline class to its
-    text-to-image counterpart and imports every pipeline family to do so (about 0.5 CPU-s more at
-    each generator actor's start, its ControlNet modules most of it)."""
-    import diffusers  # deferred: diffusers
-
-    name = index_class(Path(source) / "model_index.json")
-    if family_of_pipeline(name) is not UNKNOWN and hasattr(diffusers, name):
-        return getattr(diffusers, name)
-    return diffusers.AutoPipelineForText2Image
 
 
 def load_text2image(model: str, revision: str | None = None, device: str = "auto", dtype: str = "auto",
@@ -100,13 +85,13 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if safety_checker == SafetyCheckerPolicy.OFF:
         kwargs["safety_checker"] = None  # never loaded; pipelines without one ignore the argument
     try:
-        from diffusers import DiffusionPipeline  # deferred: diffusers
+        from diffusers import AutoPipelineForText2Image, DiffusionPipeline  # deferred: diffusers
 
         # a hub id: fetch (or find in the cache) the files this pipeline loads, at ``revision``, and
         # load from that snapshot directory: its name is the commit, its files the weights recorded
         source = model if os.path.isdir(model) else str(DiffusionPipeline.download(model, **kwargs))
         check_fits(model, source, torch_dtype, device, offload=cpu_offload)
-        pipe = pipeline_class(source).from_pretrained(source, **kwargs)
+        pipe = AutoPipelineForText2Image.from_pretrained(source, **kwargs)
         if cpu_offload:
             pipe.enable_model_cpu_offload(device=device)
         else:

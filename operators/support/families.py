@@ -103,8 +103,7 @@ def family_of_pipeline(class_name: str | None) -> Family:
     return UNKNOWN
 
 
-def index_class(path: str | os.PathLike) -> str | None:
-    """The pipeline class a ``model_index.json`` names (``_class_name``); None when unreadable."""
+def _index_class(path: str | os.PathLike) -> str | None:
     try:
         return json.loads(Path(path).read_text()).get("_class_name")
     except (OSError, ValueError, AttributeError):
@@ -114,7 +113,7 @@ def index_class(path: str | os.PathLike) -> str | None:
 def detect(model: str, revision: str | None = None) -> tuple[Family, str]:
     """(family, how it was found) for a hub id or a local directory, without the network."""
     if os.path.isdir(model):
-        cls = index_class(Path(model) / "model_index.json")
+        cls = _index_class(Path(model) / "model_index.json")
         return family_of_pipeline(cls), f"model_index.json ({cls})" if cls else "no model_index.json"
     key = model.strip().lower()
     for pattern, name in KNOWN_IDS:
@@ -125,7 +124,7 @@ def detect(model: str, revision: str | None = None) -> tuple[Family, str]:
 
         cached = try_to_load_from_cache(model, "model_index.json", revision=revision)
         if isinstance(cached, str):
-            cls = index_class(cached)
+            cls = _index_class(cached)
             return family_of_pipeline(cls), f"cached model_index.json ({cls})"
     except Exception:  # noqa: BLE001 -- an id that is not a repo name: unknown until it loads
         pass

@@ -91,41 +91,6 @@ def test_a_local_directory_is_known_by_its_pipeline_class_and_a_family_can_be_na
         F.defaults("x/y", family="dalle")
 
 
-def test_a_known_family_loads_through_its_own_class_and_any_other_through_the_auto_pipeline(tiny, tmp_path,
-                                                                                              monkeypatch):
-    """Each known family's pipeline class is loaded directly (without AutoPipelineForText2Image,
-    whose import pulls in every pipeline family); a pipeline class this project does not know goes
-    through AutoPipelineForText2Image, which maps it to its text-to-image counterpart."""
-    import json
-    import shutil
-
-    import diffusers
-
-    from operators.support import diffusion
-
-    auto = diffusers.AutoPipelineForText2Image.from_pretrained
-    asked = []
-
-    def refuse(source, **kwargs):
-        raise AssertionError(f"a known family went through AutoPipelineForText2Image: {source}")
-
-    monkeypatch.setattr(diffusers.AutoPipelineForText2Image, "from_pretrained", refuse)
-    for fam, path in tiny.items():
-        assert diffusion.pipeline_class(path) is getattr(diffusers, PIPELINE[fam])
-        pipe, record = diffusion.load_text2image(path, device="cpu", dtype="float32")
-        assert type(pipe).__name__ == record["pipeline_class"] == PIPELINE[fam]
-    img2img = tmp_path / "sdxl-img2img"
-    shutil.copytree(tiny["sdxl"], img2img)
-    index = json.loads((img2img / "model_index.json").read_text())
-    index["_class_name"] = "StableDiffusionXLImg2ImgPipeline"     # a class of no family this project knows
-    (img2img / "model_index.json").write_text(json.dumps(index))
-    monkeypatch.setattr(diffusers.AutoPipelineForText2Image, "from_pretrained",
-                        lambda source, **kwargs: asked.append(source) or auto(source, **kwargs))
-    assert diffusion.pipeline_class(str(img2img)) is diffusers.AutoPipelineForText2Image
-    pipe, record = diffusion.load_text2image(str(img2img), device="cpu", dtype="float32")
-    assert asked == [str(img2img)] and record["pipeline_class"] == "StableDiffusionXLPipeline"
-
-
 def test_in_a_study_the_papers_settings_go_to_its_family_and_card_defaults_to_the_others():
     from pipelines import amplification
     from pipelines.studies.amplification.study import AmplificationStudy
