@@ -203,7 +203,7 @@ def test_ray_job_submit_runs_the_caption_side_on_a_cluster(ray_head, tmp_path):
     job_id = f"t2i-captions-{secrets.token_hex(4)}"
     command = shlex.join(["python", "pipelines/amplification.py", "captions", "--output", str(out),
                           "--sample-size", "10", "--nn-k", "10", "--occupations", "nurse,firefighter,engineer"])
-    which = "python -c 'import sys, ray; print(\"job python:\", sys.executable)'"
+    which = shlex.join(["python", "-c", "import sys, ray; print('job python:', sys.executable)"])
     started = time.monotonic()
     res = _ray(ray_head, "job", "submit", "--address", ray_head.dashboard, "--working-dir", str(ROOT),
                "--submission-id", job_id, "--", "bash", "-c", f"{which} && {command}", timeout=540)

@@ -115,9 +115,9 @@ def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: li
     walked = {key: cfg.walked(key[1]) for key in _keys(pool)}
     k_of = {key: cfg.k(key[1]) for key in walked}
     cap = {key: math.ceil(k_of[key] * max_walk_factor) for key in walked}
+    lengths = _lengths(pool)                    # rows of each group's pool (again after a re-selection)
     # rows of each group fetched so far (by rank): a first round past k stops at the end of the pool
-    start = _lengths(pool)
-    position = {key: max(k, min(math.ceil(k * first_round), cap[key], start.get(key, 0))) if walked[key] else k
+    position = {key: max(k, min(math.ceil(k * first_round), cap[key], lengths.get(key, 0))) if walked[key] else k
                 for key, k in k_of.items()}
     total = Phase("training images", "URLs", 0)
     stats, reselections, rounds = [], [], 0
@@ -131,7 +131,6 @@ def walk_training(ray, rd, pool: pa.Table, cfg: SelectionConfig, st, budgets: li
         if phase.ray_stats:
             stats.append(phase.ray_stats)
         counted = counted_of(prefix, url_counted(url_results))
-        lengths = _lengths(pool)
         got = _counted_per_group(prefix, counted)
         grow, short_pool = {}, {}
         for key, is_walked in walked.items():
