@@ -7,7 +7,9 @@ T, every lost caption counted (not_in_shards), link rot reported beside T."""
 from __future__ import annotations
 
 import json
-import multiprocessing
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import REPO_ROOT
 from operators.image_fetch import ImageFetcher
 from operators.image_shard_index import ShardIndex
 from operators.image_shard_reader import ShardImageReader
@@ -31,13 +34,6 @@ I2D_ARGS = dict(image_size=512, resize_mode="keep_ratio", resize_only_if_bigger=
                 processes_count=1, thread_count=8, distributor="multiprocessing", disallowed_header_directives=[])
 
 
-def _download(runs: list) -> None:
-    from img2dataset import download
-
-    for args in runs:
-        download(**args)
-
-
 def img2dataset_args(url_list: str, out: str, fmt: str, per_shard: int = 200, extra: tuple = ()) -> dict:
     more = {"save_additional_columns": list(extra)} if extra else {}
     return dict(url_list=url_list, input_format="parquet", url_col="url", caption_col="caption", output_format=fmt,
@@ -45,13 +41,12 @@ def img2dataset_args(url_list: str, out: str, fmt: str, per_shard: int = 200, ex
 
 
 def img2dataset(*runs: dict) -> None:
-    """img2dataset itself, each run in turn in one fresh process (it starts its own pool, which
-    needs a __main__ guard)."""
-    ctx = multiprocessing.get_context("spawn")
-    p = ctx.Process(target=_download, args=(list(runs),))
-    p.start()
-    p.join(300)
-    assert p.exitcode == 0, f"img2dataset {[r['output_format'] for r in runs]} failed"
+    """img2dataset itself, each run in turn in one fresh process (tests/img2dataset_run.py: it
+    starts its own pool, which needs a __main__ guard)."""
+    env = os.environ | {"PYTHONPATH": str(REPO_ROOT), "NO_ALBUMENTATIONS_UPDATE": "1"}
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "img2dataset_run.py"), json.dumps(list(runs))],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"img2dataset {[r['output_format'] for r in runs]} failed:\n{proc.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
