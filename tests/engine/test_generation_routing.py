@@ -165,3 +165,58 @@ def test_a_let_go_model_is_collected_and_only_an_empty_actor_is_frozen():
     gc.collect()
     assert ref() is None
     gc.unfreeze()       # the test process's heap as the module left it (conftest freezes per module)
+
+
+class Head:
+    """A stand-in head (CLIP, BLIP-2, the NSFW check): counts its builds, in this process."""
+
+    builds: list = []
+
+    def __init__(self, name: str = "clip", device: str = "cpu"):
+        self.name, self.device = name, device
+        Head.builds.append((name, device))
+
+
+class WithHeads(Marker):
+    """A stand-in generator that builds its heads on its device, as the real generators do."""
+
+    def __init__(self, model: str, heads=(), nsfw_check=None, device: str = "cpu", **kw):
+        super().__init__(model, **kw)
+        self.heads = [h.build(device=device) if isinstance(h, Stage) else h for h in heads]
+        self.nsfw_check = nsfw_check.build(device=device) if isinstance(nsfw_check, Stage) else nsfw_check
+
+
+def test_the_heads_every_generator_takes_alike_are_built_once_and_outlive_each_switch():
+    """A switch between generators builds the next generator, not its heads again: the heads and
+    NSFW check every model's stage names alike are built once per device and handed to each
+    generator; a part only some models take, or one that differs, is built for each as before."""
+    import gc
+    import weakref
+
+    Head.builds.clear()
+    heads = [Stage(Head, {"name": "clip"}), Stage(Head, {"name": "blip2"})]
+    nsfw = Stage(Head, {"name": "nsfw"})
+    stages = {m: Stage(WithHeads, {"model": m, "heads": heads, "nsfw_check": nsfw}) for m in ("a", "b", "c")}
+    one = routing.ByModel(stages, keep=1)
+    one(pa.table({MODEL: ["a"], SEED: [0]}))
+    clip = weakref.ref(one.built["a"].heads[0])
+    first = weakref.ref(one.built["a"])
+    frozen = gc.get_freeze_count()
+    one(pa.table({MODEL: ["b", "c", "a"], SEED: [1, 2, 3]}))
+    assert Head.builds == [("clip", "cpu"), ("blip2", "cpu"), ("nsfw", "cpu")]    # once, for three generators
+    assert first() is None and clip() is one.built["a"].heads[0]                 # the generator went; its heads stay
+    assert gc.get_freeze_count() > frozen          # the shared heads do not hold the let-go model's freeze back
+    # on another device: built there too
+    on_gpu = routing.ByModel({m: Stage(WithHeads, {**s.kwargs, "device": "cuda:0"}) for m, s in stages.items()})
+    on_gpu(pa.table({MODEL: ["a", "b"], SEED: [0, 1]}))
+    assert Head.builds[3:] == [("clip", "cuda:0"), ("blip2", "cuda:0"), ("nsfw", "cuda:0")]
+    # a head only one model takes, or taken with other arguments, is that model's own
+    Head.builds.clear()
+    own = {"a": Stage(WithHeads, {"model": "a", "heads": heads}),
+           "b": Stage(WithHeads, {"model": "b", "heads": [Stage(Head, {"name": "clip-l"})]}),
+           "c": Stage(WithHeads, {"model": "c"})}
+    mixed = routing.ByModel(own, keep=1)
+    for i, m in enumerate(["a", "b", "c", "a"]):     # a batch each: "a" is built again after "c"
+        mixed(pa.table({MODEL: [m], SEED: [i]}))
+    assert Head.builds == [("clip", "cpu"), ("blip2", "cpu"), ("clip-l", "cpu"), ("clip", "cpu"), ("blip2", "cpu")]
+    gc.unfreeze()

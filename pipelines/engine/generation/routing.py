@@ -13,10 +13,18 @@ What it saves: every actor stage of every execution starts a Python process that
 libraries (torch, diffusers, open_clip: about 5 CPU-seconds on a small machine), once per
 execution, whatever the number of images; one execution per run pays that once instead of once
 per generator (docs/testing.md has the measurements).
+
+What the generators of a ``ByModel`` stage take alike is built once per actor: a head, the NSFW
+check or Exposed's objects and word maps (an argument that is a ``Stage`` or a list of them, the
+same for every model) is built the first time a generator needs it and then handed to each
+generator built after it, on the same device. A switch between generators loads the next
+generator, not CLIP, BLIP-2 or GroundingDINO and SAM again (on a GPU each is seconds to a minute
+of loading, and BLIP-2 alone is 15 GB).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 from collections import OrderedDict
@@ -38,7 +46,7 @@ class ByModel:
     def __init__(self, stages: Mapping[str, Stage], keep: int = 1):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self.stages = dict(stages)
+        self.stages, self.shared = share_parts(dict(stages))   # the parts every model takes alike
         self.keep = int(keep)
         self.built: OrderedDict[str, object] = OrderedDict()
 
@@ -51,7 +59,8 @@ class ByModel:
             return self.built[model]
         while len(self.built) >= self.keep:
             _, old = self.built.popitem(last=False)
-            parts = weak_parts(old)
+            kept = {id(part) for shared in self.shared for part in shared.built.values()}
+            parts = [ref for ref in weak_parts(old) if id(ref()) not in kept]   # the shared parts stay
             del old
             release_device_memory(freeze=not self.built, let_go=parts)
         self.built[model] = self.stages[model].build()
@@ -75,6 +84,46 @@ class ByModel:
             return out
         order = np.argsort(np.concatenate(rows), kind="stable")
         return out.take(pa.array(order, pa.int64()))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedStage(Stage):
+    """A part every generator of a ``ByModel`` stage takes alike (a head, the NSFW check): one
+    instance in every generator's arguments, whose ``build`` gives the part it built for the same
+    defaults (the generator's device), building it the first time."""
+
+    built: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def build(self, **defaults):
+        key = tuple(sorted(defaults.items()))
+        if key not in self.built:
+            self.built[key] = super().build(**defaults)
+        return self.built[key]
+
+
+def share_parts(stages: dict[str, Stage]) -> tuple[dict[str, Stage], list[SharedStage]]:
+    """``stages`` with every argument that is a ``Stage`` (or a list or tuple of them) and the same
+    for every model replaced by one ``SharedStage`` (list) in all of them; and those shared stages."""
+    first = next(iter(stages.values()), None)
+    if first is None or len(stages) < 2:
+        return stages, []
+    made: list[SharedStage] = []
+
+    def is_part(value) -> bool:
+        return isinstance(value, Stage) or (isinstance(value, (list, tuple)) and bool(value)
+                                            and all(isinstance(v, Stage) for v in value))
+
+    def shared(value):
+        if isinstance(value, Stage):
+            made.append(SharedStage(value.op, value.kwargs, value.resources))
+            return made[-1]
+        return type(value)(shared(v) for v in value)
+
+    parts = {k: shared(v) for k, v in first.kwargs.items()
+             if is_part(v) and all(k in s.kwargs and s.kwargs[k] == v for s in stages.values())}
+    if not parts:
+        return stages, []
+    return {m: dataclasses.replace(s, kwargs={**s.kwargs, **parts}) for m, s in stages.items()}, made
 
 
 def of_model(table: pa.Table, model: str):
