@@ -206,10 +206,14 @@ def test_the_heads_every_generator_takes_alike_are_built_once_and_outlive_each_s
     assert Head.builds == [("clip", "cpu"), ("blip2", "cpu"), ("nsfw", "cpu")]    # once, for three generators
     assert first() is None and clip() is one.built["a"].heads[0]                 # the generator went; its heads stay
     assert gc.get_freeze_count() > frozen          # the shared heads do not hold the let-go model's freeze back
-    # on another device: built there too
-    on_gpu = routing.ByModel({m: Stage(WithHeads, {**s.kwargs, "device": "cuda:0"}) for m, s in stages.items()})
-    on_gpu(pa.table({MODEL: ["a", "b"], SEED: [0, 1]}))
-    assert Head.builds[3:] == [("clip", "cuda:0"), ("blip2", "cuda:0"), ("nsfw", "cuda:0")]
+    # a generator on another device gets the heads built there
+    devices = {"a": "cpu", "b": "cuda:0", "c": "cpu"}
+    split = routing.ByModel({m: Stage(WithHeads, {**s.kwargs, "device": devices[m]}) for m, s in stages.items()})
+    for i, m in enumerate(["a", "b", "c"]):
+        split(pa.table({MODEL: [m], SEED: [i]}))
+        assert {h.device for h in split.built[m].heads} == {devices[m]}
+    assert Head.builds[3:] == [("clip", "cpu"), ("blip2", "cpu"), ("nsfw", "cpu"),
+                               ("clip", "cuda:0"), ("blip2", "cuda:0"), ("nsfw", "cuda:0")]
     # a head only one model takes, or taken with other arguments, is that model's own
     Head.builds.clear()
     own = {"a": Stage(WithHeads, {"model": "a", "heads": heads}),
