@@ -140,6 +140,10 @@ def _caption_args(p: argparse.ArgumentParser) -> None:
                    help="LAION metadata parquet: files, directories, globs or fsspec URIs (s3://, gs://, "
                         "file://); default: the bundled synthetic sample (--input: deprecated spelling)")
     arguments.add_output(i)
+    i.add_argument("--captions-from", metavar="RUN_DIR",
+                   help="take over the finished caption scan of another run (`captions` or `run`) over the same "
+                        "input with the same caption settings and models, instead of scanning again: its "
+                        "annotated shards are copied here (refused in one line when anything differs)")
     arguments.add_dataset_columns(i, ("--text-column",))
     i.add_argument("--keep-columns", nargs="*", default=[], metavar="COL",
                    help="extra input columns carried into the annotated captions (e.g. WIDTH HEIGHT similarity)")

@@ -39,6 +39,7 @@ from pipelines.engine.stats.summary import (
     summary_rows_captions,
 )
 from pipelines.studies.amplification import caption_report as report
+from pipelines.studies.amplification import caption_reuse
 from pipelines.studies.amplification.caption_scan import CAPTION_TALLIES, TALLY_SCHEMA, scan_shards
 from pipelines.studies.amplification.caption_selection import STAGE_DUPLICATES, duplicate_counts, select_pool
 from pipelines.studies.amplification.caption_settings import (FILES, CaptionSettings, input_job, sbert_fold,
@@ -64,6 +65,11 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
     inp, columns, extra_fields = st.input
     selection = selection_config(st)
     annotated_schema = C.annotated_schema(extra_fields)
+    digest = rd.plan(caption_reuse.PLAN, caption_reuse.caption_digest(opts, st))   # what --captions-from checks
+    source = opts.flags.get("captions_from")
+    if source:
+        copied = caption_reuse.adopt(rd, source, digest, caption_records(run.models))
+        print(f"caption scan: {copied} shard(s) taken from {source} (the same caption settings, input and models)")
     phase, budget, attempt = scan_shards(ray, rd, inp, columns, annotated_schema, C.stream_schema(extra_fields),
                                          st, opts)
     tallies = rd.read_parts(CAPTION_TALLIES, TALLY_SCHEMA)
@@ -114,6 +120,7 @@ def caption_side(run: Run, st: CaptionSettings, own_run: bool) -> tuple[dict, tu
         "models": caption_records(run.models),
         "counts": summary,
         "caption_phase": _phase_record(phase),
+        **({"caption_scan_from": source} if source else {}),   # --captions-from: whose finished scan it took over
         "error_budgets": [budget.as_dict()],
         "annotated_rows": annotated_rows,
         "names_ner": names,

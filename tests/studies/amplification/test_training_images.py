@@ -159,10 +159,27 @@ def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(d
     # images from the shards and half fetched live, against all fetched live)
     # the partial download is from a mirror: joined to the captions by the uid img2dataset saved
     shards = ["--training-images", str(data["base"] / "parquet"), "--shard-key", "uid"]
-    runs = {"live": sd, "partial": [*shards, *families], "partial_fetched": [*shards, "--fetch-missing", *sd]}
+    # the run over the shards with --fetch-missing takes over the partial run's caption scan (the
+    # same captions and caption settings, the shards' join key included; other generators and
+    # fetches): --captions-from
+    scanned = ["--captions-from", str(tmp_path / "partial")]
+    runs = {"live": sd, "partial": [*shards, *families], "partial_fetched": [*shards, "--fetch-missing", *sd, *scanned]}
     for run_id, extra in runs.items():
         assert amplification.main(common + ["--run-id", run_id] + extra) == 0, run_id
     out = capsys.readouterr().out
+    assert out.count(f"caption scan: 1 shard(s) taken from {tmp_path / 'partial'}") == 1
+    m = json.loads((tmp_path / "partial_fetched" / "metrics.json").read_text())
+    assert m["caption_phase"]["reused"] == 600 and m["caption_phase"]["processed"] == 0
+    assert m["caption_scan_from"] == str(tmp_path / "partial") and m["annotated_rows"] > 0
+    assert "caption_scan_from" not in json.loads((tmp_path / "partial" / "metrics.json").read_text())
+    pool = pq.read_table(tmp_path / "partial" / "training_subsets.parquet")
+    assert pq.read_table(tmp_path / "partial_fetched" / "training_subsets.parquet").equals(pool)
+    # other caption settings (here the live run's: no join key from the shards), refused in one
+    # line before any caption is read
+    assert amplification.main(common + ["--run-id", "other", *sd, *scanned]) == 2
+    err = capsys.readouterr().err
+    assert "--captions-from" in err and "other caption settings" in err and "Traceback" not in err
+    assert not list((tmp_path / "other").rglob("*.done"))
     assert "input columns: caption 'caption', URL 'url' (the Re-LAION-5B layout" in out
     assert "dataset: Re-LAION-2B-en research (from the path)" in out
     rows = {r: pq.read_table(tmp_path / r / "images.parquet").to_pandas() for r in runs}
