@@ -30,8 +30,19 @@ def caption_reuse_settings(args):
     return CaptionStudy().settings(args)
 
 
-def test_the_digest_reads_the_caption_settings_and_input_not_the_image_side_or_the_command():
+def test_the_digest_reads_the_caption_settings_and_input_not_the_image_side_or_the_command(tmp_path):
+    import yaml
+
+    from pipelines.engine.cli import config as study_config
+
     base = digest()
+    preset = yaml.safe_load(study_config.default_config_path().read_text())
+    image_side = {**preset, "generation": {**preset["generation"], "steps": 3},
+                  "face_filter": {**preset["face_filter"], "min_confidence": 0.7}}
+    (tmp_path / "image.yaml").write_text(yaml.safe_dump(image_side))
+    assert digest("--config", str(tmp_path / "image.yaml")) == base     # the preset's image blocks
+    (tmp_path / "caption.yaml").write_text(yaml.safe_dump({**preset, "prompts": preset["prompts"][:2]}))
+    assert digest("--config", str(tmp_path / "caption.yaml")) != base
     assert digest("--generators", "stabilityai/stable-diffusion-xl-base-1.0", "--steps", "3", "--caption-images", "2",
                   "--gender-threshold", "0.8", "--face-min-size", "0.2", "--fetch-timeout", "3") == base
     assert digest(command="captions") == base          # a `captions` run feeds a `run`
