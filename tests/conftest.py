@@ -132,6 +132,9 @@ SLOW_NODE_PREFIXES = (
     # img2dataset writes its three output formats in spawned processes (about 30 s) before the
     # first test of the file runs
     "studies/amplification/test_training_images.py",
+    # Compiles the real SBERT (all-MiniLM-L6-v2) with OpenVINO in f32 and bf16 and embeds the
+    # sample's matched captions through both and torch: about 25 s, a fifth of the fast tier
+    "operators/support/test_sbert_openvino.py",
 )
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
