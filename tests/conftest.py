@@ -132,8 +132,11 @@ SLOW_NODE_PREFIXES = (
     # img2dataset writes its three output formats in spawned processes (about 30 s) before the
     # first test of the file runs
     "studies/amplification/test_training_images.py",
-    # Compiles the real SBERT (all-MiniLM-L6-v2) with OpenVINO in f32 and bf16 and embeds the
-    # sample's matched captions through both and torch: about 25 s, a fifth of the fast tier
+    # The real SBERT (all-MiniLM-L6-v2) loaded through the library and the lean loader, or compiled
+    # with OpenVINO in f32 and bf16, each embedding hundreds of the sample's captions to compare
+    # them: about 20 s of the fast tier's test time in test_sbert_lean.py (its module fixture)
+    # and the rest of test_sbert_openvino.py's (most of its tests use Ray, so are slow anyway)
+    "operators/support/test_sbert_lean.py",
     "operators/support/test_sbert_openvino.py",
 )
 
