@@ -58,8 +58,8 @@ def _source(tmp_path, plans: dict | None, shards_done=(0,), models=MODELS) -> Ru
     for i in shards_done:
         src.write_part("caption_tallies", pa.table({"stage": ["read_captions"], "count": [3]}), key=f"shard-{i:05d}")
         io.write_bytes(src.fs, src.file(f"annotated_captions/shard-{i:05d}/part-a.parquet"), b"PAR1 rows PAR1")
-        src.mark_done(f"captions/shard-{i:05d}", {"files": ["in.parquet"], "rows": 3, "parts": [{"name": "part-a.parquet",
-                                                                                               "rows": 3}]})
+        part = {"name": "part-a.parquet", "rows": 3}
+        src.mark_done(f"captions/shard-{i:05d}", {"files": ["in.parquet"], "rows": 3, "parts": [part]})
     if models is not None:
         (tmp_path / "runs" / "src" / "metrics.json").write_text(json.dumps({"models": models}))
     return src
