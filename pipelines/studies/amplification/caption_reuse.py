@@ -69,11 +69,19 @@ def _copy(src: rundir.RunDir, src_path: str, dst: rundir.RunDir, dst_path: str) 
         rundir.write_atomic(dst.fs, dst_path, fh.read())
 
 
-def adopt(run: rundir.RunDir, uri: str, digest: str, models: dict) -> int:
-    """Copy the finished caption scan of the run at ``uri`` into ``run`` (the shards ``run`` has
-    not done yet), after checking that it is the scan ``run`` would make (``digest``, ``models``:
-    this run's caption model records). Returns the number of shards copied."""
-    src = _source(uri)
+def check_source(opts, st: CaptionSettings):
+    """``st``, once the run ``--captions-from`` names (if any) is found to have made the caption
+    scan this run would make and finished every shard of it: checked before the run starts, no
+    model loaded and no Ray (the caption models are checked when they are, by ``adopt``)."""
+    uri = opts.flags.get("captions_from")
+    if uri:
+        _scanned(_source(uri), uri, caption_digest(opts, st))
+    return st
+
+
+def _scanned(src: rundir.RunDir, uri: str, digest: str) -> tuple[dict, list, list]:
+    """``src``'s recorded plans, its caption shards and their done markers, once checked against
+    ``digest`` (each refusal one line)."""
     shown = src.display()
     record = _read_json(src, rundir.RUN_FILE)
     if record is None:
@@ -85,7 +93,23 @@ def adopt(run: rundir.RunDir, uri: str, digest: str, models: dict) -> int:
     if plans[PLAN] != digest:
         raise io.InputError(f"--captions-from {shown}: its caption scan was made with other caption settings or "
                             f"another input than this run's (occupations, prompts, gender words, names, SBERT, "
-                            f"selection, or the input's files, rows or data): run without --captions-from")
+                            f"selection, or the input's files, rows, data or columns): run without --captions-from")
+    shards = plans["caption_shards"]
+    markers = [src.done(f"captions/shard-{i:05d}") for i in range(len(shards))]
+    missing = [i + 1 for i, done in enumerate(markers) if done is None or "parts" not in done]
+    if missing:
+        raise io.InputError(f"--captions-from {shown}: its caption scan is not finished (shard {missing[0]} of "
+                            f"{len(shards)} is not done): finish that run first")
+    return plans, shards, markers
+
+
+def adopt(run: rundir.RunDir, uri: str, digest: str, models: dict) -> int:
+    """Copy the finished caption scan of the run at ``uri`` into ``run`` (the shards ``run`` has
+    not done yet), after checking that it is the scan ``run`` would make (``digest``, ``models``:
+    this run's caption model records). Returns the number of shards copied."""
+    src = _source(uri)
+    shown = src.display()
+    _, shards, markers = _scanned(src, uri, digest)
     metrics = _read_json(src, "metrics.json") or {}
     theirs = {k: (metrics.get("models") or {}).get(k) for k in models}
     if theirs != models:
@@ -93,15 +117,9 @@ def adopt(run: rundir.RunDir, uri: str, digest: str, models: dict) -> int:
         raise io.InputError(f"--captions-from {shown}: its captions were annotated by other caption models than "
                             f"this run loads ({', '.join(differ)}: version, files or loader differ, or that run "
                             f"did not finish and recorded none)")
-    shards = plans["caption_shards"]
     if (run.record.get("plans") or {}).get("caption_shards", shards) != shards:
         raise io.InputError(f"--captions-from {shown}: this run started its caption scan in other shards: run "
                             f"without --captions-from to finish it")
-    markers = [src.done(f"captions/shard-{i:05d}") for i in range(len(shards))]
-    missing = [i + 1 for i, done in enumerate(markers) if done is None or "parts" not in done]
-    if missing:
-        raise io.InputError(f"--captions-from {shown}: its caption scan is not finished (shard {missing[0]} of "
-                            f"{len(shards)} is not done): finish that run first")
     run.plan("caption_shards", shards)   # this run's scan reads its input in that run's shards
     copied = 0
     for i, done in enumerate(markers):

@@ -231,9 +231,10 @@ class CaptionStudy(Study):
     name = "paper002-amplification"
 
     def settings(self, args) -> CaptionSettings:
-        st = settings(args)
-        # a missing or unreadable input fails now, before any model loads
-        return planned(RunOptions.from_args(args), dataclasses.replace(st, input=validate_input(args, st)))
+        st, opts = settings(args), RunOptions.from_args(args)
+        # a missing or unreadable input, or a scan --captions-from cannot take over, fails now,
+        # before any model loads
+        return caption_reuse.check_source(opts, planned(opts, dataclasses.replace(st, input=validate_input(args, st))))
 
     def job(self, opts, st: CaptionSettings) -> dict:
         return super().job(opts, st) | input_job(opts, st)

@@ -26,7 +26,8 @@ from pipelines.engine.run.models import (
     STANDIN_GENERATORS,
     standin_clip,
 )
-from pipelines.studies.amplification import caption_report, captions, link_rot, paraphrases, training_shards
+from pipelines.studies.amplification import (caption_report, caption_reuse, captions, link_rot, paraphrases,
+                                             training_shards)
 from pipelines.studies.amplification.training_walk import walk_training
 from pipelines.studies.amplification.prompts import prompt_table
 from pipelines.studies.amplification import report as rep
@@ -89,11 +90,13 @@ class AmplificationStudy(ImageStudy):
             para = paraphrases.settings_from(args, bool(args.standin_models))
         elif any(getattr(args, f, None) for f in ("paraphrase_endpoint", "paraphrase_local", "paraphrase_file")):
             raise ValueError("--paraphrase-endpoint / --paraphrase-local / --paraphrase-file need --paraphrases")
-        # a missing or unreadable input fails now, before any model loads
-        return captions.planned(RunOptions.from_args(args), AmplificationSettings(
+        # a missing or unreadable input, or a scan --captions-from cannot take over, fails now,
+        # before any model loads
+        opts = RunOptions.from_args(args)
+        return caption_reuse.check_source(opts, captions.planned(opts, AmplificationSettings(
             **{f.name: getattr(cs, f.name) for f in dataclasses.fields(cs)}
             | {"input": captions.validate_input(args, cs), "image": image, "image_recorded": recorded,
-               "paraphrase": para}))
+               "paraphrase": para})))
 
     def job(self, opts, st: AmplificationSettings) -> dict:
         return super().job(opts, st) | captions.input_job(opts, st)
