@@ -16,8 +16,10 @@ the walk and everything after run as always. It copies only when the two agree:
   its weights) in that run's metrics.json and this run's loads;
 - every shard of that run's scan done.
 
-Anything else is refused in one line before any caption is read. The copy is crash-safe as the
-scan is: a shard's parts and tallies first, its done marker last.
+Anything else is refused in one line: the digest and the shards when the settings are built
+(``check_source``: before the run directory opens, Ray starts or a model loads), the models once
+they load (``adopt``). The copy is crash-safe as the scan is: a shard's parts and tallies first,
+its done marker last.
 """
 
 from __future__ import annotations
