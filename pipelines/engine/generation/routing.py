@@ -104,9 +104,9 @@ class SharedStage(Stage):
 def share_parts(stages: dict[str, Stage]) -> tuple[dict[str, Stage], list[SharedStage]]:
     """``stages`` with every argument that is a ``Stage`` (or a list or tuple of them) and the same
     for every model replaced by one ``SharedStage`` (list) in all of them; and those shared stages."""
-    first = next(iter(stages.values()), None)
-    if first is None or len(stages) < 2:
+    if len(stages) < 2:
         return stages, []
+    first = next(iter(stages.values()))
     made: list[SharedStage] = []
 
     def is_part(value) -> bool:

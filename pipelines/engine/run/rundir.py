@@ -129,7 +129,11 @@ class RunDir:
             in_flight.add_note(f"recording it in {self.display(RUN_FILE)} failed too: {type(exc).__name__}: {exc}")
 
     def _read_record(self) -> dict | None:
-        p = f"{self.path}/{RUN_FILE}"
+        return self.read_json(RUN_FILE)
+
+    def read_json(self, name: str) -> dict | None:
+        """The JSON file ``name`` of this run directory (run.json, metrics.json), None if absent."""
+        p = f"{self.path}/{name}"
         if not io.exists(self.fs, p):
             return None
         with self.fs.open_input_stream(p) as fh:

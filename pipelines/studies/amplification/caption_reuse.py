@@ -25,7 +25,6 @@ its done marker last.
 from __future__ import annotations
 
 import dataclasses
-import json
 import posixpath
 
 from pipelines.engine.run import fingerprint as fingerprints
@@ -58,14 +57,6 @@ def _source(uri: str) -> rundir.RunDir:
         raise io.InputError(f"--captions-from {uri}: not a run directory ({exc})") from None
 
 
-def _read_json(run: rundir.RunDir, name: str) -> dict | None:
-    path = f"{run.path}/{name}"
-    if not io.exists(run.fs, path):
-        return None
-    with run.fs.open_input_stream(path) as fh:
-        return json.loads(fh.read().decode("utf-8"))
-
-
 def _copy(src: rundir.RunDir, src_path: str, dst: rundir.RunDir, dst_path: str) -> None:
     with src.fs.open_input_stream(src_path) as fh:
         rundir.write_atomic(dst.fs, dst_path, fh.read())
@@ -85,7 +76,7 @@ def _scanned(src: rundir.RunDir, uri: str, digest: str) -> tuple[dict, list, lis
     """``src``'s recorded plans, its caption shards and their done markers, once checked against
     ``digest`` (each refusal one line)."""
     shown = src.display()
-    record = _read_json(src, rundir.RUN_FILE)
+    record = src.read_json(rundir.RUN_FILE)
     if record is None:
         raise io.InputError(f"--captions-from {shown}: no {rundir.RUN_FILE} there (not a run directory)")
     plans = record.get("plans") or {}
@@ -112,7 +103,7 @@ def adopt(run: rundir.RunDir, uri: str, digest: str, models: dict) -> int:
     src = _source(uri)
     shown = src.display()
     _, shards, markers = _scanned(src, uri, digest)
-    metrics = _read_json(src, "metrics.json") or {}
+    metrics = src.read_json("metrics.json") or {}
     theirs = {k: (metrics.get("models") or {}).get(k) for k in models}
     if theirs != models:
         differ = sorted(k for k in models if theirs.get(k) != models[k])

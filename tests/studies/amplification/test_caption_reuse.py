@@ -13,6 +13,7 @@ from pipelines.engine.cli.options import RunOptions
 from pipelines.engine.run.rundir import RunDir
 from pipelines.engine.storage import io
 from pipelines.studies.amplification import caption_reuse
+from pipelines.studies.amplification.captions import CaptionStudy
 from pipelines.studies.amplification.study import AmplificationStudy
 
 MODELS = {"sbert": {"commit": "abc", "sha256": "1" * 64}, "spacy": {"version": "3.8.0"}}
@@ -20,14 +21,8 @@ MODELS = {"sbert": {"commit": "abc", "sha256": "1" * 64}, "spacy": {"version": "
 
 def digest(*flags: str, command: str = "run") -> str:
     args = amplification.build_parser().parse_args([command, "--output", "/tmp/unused", *flags])
-    st = AmplificationStudy().settings(args) if command == "run" else caption_reuse_settings(args)
+    st = (AmplificationStudy() if command == "run" else CaptionStudy()).settings(args)
     return caption_reuse.caption_digest(RunOptions.from_args(args), st)
-
-
-def caption_reuse_settings(args):
-    from pipelines.studies.amplification.captions import CaptionStudy
-
-    return CaptionStudy().settings(args)
 
 
 def test_the_digest_reads_the_caption_settings_and_input_not_the_image_side_or_the_command(tmp_path):
