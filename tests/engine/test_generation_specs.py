@@ -191,6 +191,43 @@ def test_standin_generators_keep_each_spec_s_settings(tmp_path):
         G.load_generators([built[0].at(built[0].model).__class__(built[0].model, extra=(("no_such_arg", 1),))], True)
 
 
+def test_a_standin_nsfw_check_is_calibrated_on_the_generators_as_they_load(tmp_path, capsys):
+    """Each generator is loaded once on the driver: the stand-in NSFW check's calibration images
+    come from the pipeline ``load_generators`` loaded, with the pipeline's own safety checker off
+    meanwhile (and back after), the same images a pipeline loaded without its checker gives."""
+    import torch
+
+    from operators.support.diffusion import _generate, load_text2image
+    from pipelines.engine.generation.loading import CALIBRATION_PROMPTS
+    from pipelines.engine.generation.safety import SafetySettings
+
+    (spec,) = G.build_standin_generators([GeneratorSpec("org/a", steps=2)], str(tmp_path))
+    safety, checker = G.standin_checker(SafetySettings(exclude=True), str(tmp_path))
+    assert (safety.model, safety.revision, safety.exclude) == (str(tmp_path / "nsfw-check-standin"), None, True)
+    assert "nsfw-check-standin" in capsys.readouterr().out
+    assert G.standin_checker(SafetySettings(policy="off"), str(tmp_path)) == (SafetySettings(policy="off"), None)
+
+    class OwnChecker:   # a pipeline's own checker: never called while calibrating
+        def __call__(self, *a, **k):
+            raise AssertionError("the pipeline's own checker ran")
+
+    own, seen = OwnChecker(), []
+
+    def with_own_checker(pipe, s):
+        pipe.safety_checker = own
+        checker.calibrate(pipe, s)
+        seen.append(pipe.safety_checker)
+
+    G.load_generators([spec], True, calibrate=with_own_checker)
+    assert seen == [own] and len(checker.images) == 1
+    pipe, _ = load_text2image(spec.model, device="cpu", dtype="float32", safety_checker="off")
+    with torch.inference_mode():
+        alone, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
+                             spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
+    assert torch.equal(checker.images[0], alone.float())
+    assert checker.build() == safety.model and (tmp_path / "nsfw-check-standin" / "config.json").is_file()
+
+
 def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):
     import numpy as np
 

@@ -4,8 +4,9 @@
 run-summary rows (``rows``). The names below are the package's public interface."""
 
 from pipelines.engine.generation.execute import generate, generation_budget, generator_pipeline
-from pipelines.engine.generation.loading import (build_standin_checker, build_standin_generators, check_call_arguments,
-                                                 load_generators, load_nsfw_check, standin_family)
+from pipelines.engine.generation.loading import (StandinChecker, build_standin_generators, check_call_arguments,
+                                                 load_generators, load_nsfw_check, standin_checker,
+                                                 standin_family)
 from pipelines.engine.generation.plan import GenerationPlan, Generated, plan_job, stage_job
 from pipelines.engine.generation.rows import generation_rows
 from pipelines.engine.generation.safety import SafetySettings, safety_counts, safety_settings, safety_text
@@ -14,6 +15,6 @@ from pipelines.engine.generation.specs import (GenerationSettings, GeneratorSpec
 
 __all__ = ["GeneratorSpec", "GenerationSettings", "SafetySettings", "GenerationPlan", "Generated",
            "generation_settings", "safety_settings", "parse_generator", "model_defaults", "model_id_problem",
-           "unknown_standin", "build_standin_generators", "check_call_arguments", "standin_family", "build_standin_checker", "load_generators",
-           "load_nsfw_check", "generate", "generation_budget", "generator_pipeline", "generation_rows", "plan_job",
+           "unknown_standin", "build_standin_generators", "check_call_arguments", "standin_family", "standin_checker",
+           "StandinChecker", "load_generators", "load_nsfw_check", "generate", "generation_budget", "generator_pipeline", "generation_rows", "plan_job",
            "stage_job", "safety_counts", "safety_text"]

@@ -73,9 +73,11 @@ def check_call_arguments(pipe, spec: GeneratorSpec) -> None:
 
 
 def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
-                    check: Callable[[Any, GeneratorSpec], None] | None = None) -> list[dict]:
+                    check: Callable[[Any, GeneratorSpec], None] | None = None,
+                    calibrate: Callable[[Any, GeneratorSpec], None] | None = None) -> list[dict]:
     """Load every generator on the CPU once (and let it go), as its spec says: their provenance
-    records (hub commit, weight sha256s, the spec). ``check(pipe, spec)``: a study's own check."""
+    records (hub commit, weight sha256s, the spec). ``check(pipe, spec)``: a study's own check;
+    ``calibrate(pipe, spec)``: a stand-in NSFW check's calibration (``StandinChecker``)."""
     records = []
     for spec in specs:
         pipe, rec = load_text2image(spec.model, spec.revision, device="cpu", dtype="float32",
@@ -83,6 +85,8 @@ def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
         check_call_arguments(pipe, spec)
         if check is not None:
             check(pipe, spec)
+        if calibrate is not None:
+            calibrate(pipe, spec)
         records.append({"role": "generator", "model": spec.model, "standin": standin,
                         "detail": {**rec, "spec": spec.record(), "defaults_from": spec.defaults_from},
                         **({"standin_for": spec.standin_for} if spec.standin_for else {})})
@@ -94,29 +98,53 @@ def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
 
 CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of a nurse", "a photo of a chef",
                        "a photo of a pilot", "a photo of a baker", "a photo of a judge", "a photo of a farmer")
+STANDIN_CHECKER_DIR = "nsfw-check-standin"
 
 
-def build_standin_checker(safety: SafetySettings, root: str, generators: Sequence[GeneratorSpec] = ()
-                          ) -> SafetySettings:
-    """A tiny random safety checker under ``root`` for a stand-in run (its settings kept), calibrated
-    on a few images of each stand-in generator at its settings, so that it flags some of what
-    the run generates (meaninglessly) and the demo reaches every branch (flagged, left out)."""
+@dataclasses.dataclass
+class StandinChecker:
+    """A stand-in run's tiny random NSFW check under ``root``, calibrated on a few images of each
+    stand-in generator at its settings, so that it flags some of what the run generates
+    (meaninglessly) and the demo reaches every branch (flagged, left out). The images come from the
+    pipelines ``load_generators`` loads anyway (``calibrate``), so each generator is loaded once on
+    the driver; ``build`` writes the checker once they all have."""
+    root: str
+    images: list = dataclasses.field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return str(Path(self.root) / STANDIN_CHECKER_DIR)
+
+    def calibrate(self, pipe, spec: GeneratorSpec) -> None:
+        """A few images of ``pipe`` at ``spec``'s settings, its own safety checker (if any) off
+        meanwhile: what the run's NSFW check will see."""
+        import torch   # deferred: torch
+
+        own = getattr(pipe, "safety_checker", None)
+        if own is not None:
+            pipe.safety_checker = None
+        try:
+            with torch.inference_mode():
+                out, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
+                                   spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
+        finally:
+            if own is not None:
+                pipe.safety_checker = own
+        self.images.append(out.float())
+
+    def build(self) -> str:
+        return build_tiny_safety_checker(self.path, images=self.images or None)
+
+
+def standin_checker(safety: SafetySettings, root: str) -> tuple[SafetySettings, StandinChecker | None]:
+    """The settings of a stand-in run's NSFW check (its own settings kept, the model a tiny random
+    checker under ``root``) and the checker to calibrate and build while the generators load
+    (None when the run checks nothing)."""
     if not safety.checks:
-        return safety
-    import torch   # deferred: torch
-
-    images = []
-    for spec in generators:
-        pipe, _ = load_text2image(spec.model, device="cpu", dtype="float32", safety_checker="off",
-                                  scheduler=spec.scheduler)
-        with torch.inference_mode():
-            out, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
-                               spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
-        images.append(out.float())
-        del pipe
-    path = build_tiny_safety_checker(str(Path(root) / "nsfw-check-standin"), images=images or None)
-    print(f"  NSFW check {safety.model} -> tiny random stand-in {Path(path).name} (flags meaninglessly)")
-    return dataclasses.replace(safety, model=path, revision=None)
+        return safety, None
+    checker = StandinChecker(root)
+    print(f"  NSFW check {safety.model} -> tiny random stand-in {Path(checker.path).name} (flags meaninglessly)")
+    return dataclasses.replace(safety, model=checker.path, revision=None), checker
 
 
 def load_nsfw_check(safety: SafetySettings | None, standin: bool) -> list[dict]:

@@ -290,9 +290,9 @@ def run_study(study: Study, args) -> dict:
         open_run(opts, rd)
         try:
             if opts.standin_models:  # written into the run directory, so only once it is open (and checked)
-                st, specs, safety = _build_standins(study, opts, st, rd, specs, safety)
+                st, specs, safety, checker = _build_standins(study, opts, st, rd, specs, safety)
                 with standin_hint(True):
-                    models = _load_models(study, opts, st, gp, specs, safety)
+                    models = _load_models(study, opts, st, gp, specs, safety, checker)
             print_models(models)
             run = Run(opts, st, rd, ray, gp, models, started, stack, generators=specs, safety=safety)
             plan = study.prepare(run)
@@ -311,19 +311,27 @@ def run_study(study: Study, args) -> dict:
     return metrics
 
 
-def _load_models(study: Study, opts: RunOptions, st, gp, specs: list, safety) -> list[dict]:
+def _load_models(study: Study, opts: RunOptions, st, gp, specs: list, safety,
+                 checker: generation.StandinChecker | None = None) -> list[dict]:
     """Every model of the run loaded once on the driver, in this order: the study's, the
-    generators, the NSFW check (the first that cannot load is the error). The collector is paused
-    meanwhile, as in every actor that builds an operator (``operators.base.gc_paused``), and what
-    outlives the loads is collected once after."""
+    generators, the NSFW check (the first that cannot load is the error). A stand-in run's NSFW
+    check (``checker``) is calibrated on the loaded generators and built before it loads. The
+    collector is paused meanwhile, as in every actor that builds an operator
+    (``operators.base.gc_paused``), and what outlives the loads is collected once after."""
     with gc_paused(collect_after=True):
         own = study.load_models(opts, st, gp)
-        generators = generation.load_generators(specs, opts.standin_models, study.check_generator) if specs else []
+        calibrate = checker.calibrate if checker is not None else None
+        generators = (generation.load_generators(specs, opts.standin_models, study.check_generator, calibrate)
+                      if specs else [])
+        if checker is not None:
+            with io.naming_disk_full(checker.root):
+                checker.build()
         return own + generators + generation.load_nsfw_check(safety, opts.standin_models)
 
 
 def _build_standins(study: Study, opts: RunOptions, st, rd: rundir.RunDir, specs: list, safety):
-    """The study's stand-ins, the generators' and the NSFW check's, built into the run's stand-in directory."""
+    """The study's stand-ins and the generators', built into the run's stand-in directory, and the
+    NSFW check's settings with the stand-in to build there while the generators load (``_load_models``)."""
     root = standin_root(rd)
     print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
     with io.naming_disk_full(root), gc_paused(collect_after=True):  # safetensors' own error names no file
@@ -333,9 +341,10 @@ def _build_standins(study: Study, opts: RunOptions, st, rd: rundir.RunDir, specs
         if specs:
             specs = generation.build_standin_generators(specs, root, study.standin_generator_names,
                                                         study.standin_shared_text_encoder)
+        checker = None
         if safety is not None:
-            safety = generation.build_standin_checker(safety, root, specs)
-    return st, specs, safety
+            safety, checker = generation.standin_checker(safety, root)
+    return st, specs, safety, checker
 
 
 def _generate(run: Run, plan: GenerationPlan) -> Generated:
