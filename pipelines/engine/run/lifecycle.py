@@ -334,7 +334,8 @@ def _build_standins(study: Study, opts: RunOptions, st, rd: rundir.RunDir, specs
     NSFW check's settings with the stand-in to build there while the generators load (``_load_models``)."""
     root = standin_root(rd)
     print(f"building tiny random stand-in models (NOT the paper's models) in {root} ...")
-    with io.naming_disk_full(root), gc_paused(collect_after=True):  # safetensors' own error names no file
+    # safetensors' own error names no file; no collection after: the loads that follow end with one
+    with io.naming_disk_full(root), gc_paused():
         st = study.use_standins(opts, st, root)
         if st is None:
             raise TypeError(f"{type(study).__name__}.use_standins must return the run's settings")

@@ -356,4 +356,6 @@ def group_bias_scores(objects: pd.DataFrame, sizes: pd.DataFrame, min_count,
         t = bias_scores(cooccurrence(objects[objects[DEPENDENCY_GROUP] == group]), sizes, min_count)
         t.insert(2, DEPENDENCY_GROUP, group)
         frames.append(t)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    # a group without scores takes no part in the columns' types (all empty: the empty table)
+    kept = [f for f in frames if len(f)] or frames[:1]
+    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
