@@ -82,3 +82,43 @@ def kill_when(cmd: list, pattern: str, log_path, timeout: float = 480) -> list[s
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
     return glob.glob(pattern)
+
+
+class SnapshotAtFirstPart:
+    """A run left as a driver killed right after its first checkpoint part leaves it, without a
+    run of its own to kill: while the uninterrupted run runs (``with``), ``RunDir.write_part``
+    records each part's rows and, once the first is written, copies the run directory aside (what
+    a SIGKILL there leaves: no handler runs, run.json still says "running"). ``swap(run_dir,
+    clean)`` then moves the finished run to ``clean`` and the copy to ``run_dir``, the path it was
+    taken at (the stand-ins' paths in its records are that path's), for the resume."""
+
+    def __init__(self, monkeypatch, copy: Path):
+        self.monkeypatch, self.copy, self.rows = monkeypatch, Path(copy), []
+
+    def __enter__(self):
+        import shutil
+
+        from pipelines.engine.run.rundir import RunDir
+
+        real, rows, copy = RunDir.write_part, self.rows, self.copy
+        self._patch = self.monkeypatch.context()
+        patch = self._patch.__enter__()
+
+        def write_part(rd, name, table):
+            real(rd, name, table)
+            rows.append(table.num_rows)
+            if len(rows) == 1:
+                shutil.copytree(rd.path, copy)
+
+        patch.setattr(RunDir, "write_part", write_part)
+        return self
+
+    def __exit__(self, *exc):
+        return self._patch.__exit__(*exc)
+
+    def swap(self, run_dir: Path, clean: Path) -> None:
+        import shutil
+
+        clean.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(run_dir), str(clean))
+        shutil.move(str(self.copy), str(run_dir))

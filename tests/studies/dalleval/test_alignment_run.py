@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import dalleval
-from pipelines.engine.run.rundir import RunDir
 from pipelines.studies.dalleval import alignment_metrics as AM
 from schemas import alignment as A
 
@@ -121,43 +120,34 @@ def test_parquet_captions_one_per_image_and_a_reference_directory(ray_local, tmp
     assert m["reference"] == {"images": 5, "ok": 4}
 
 
-class _Killed(BaseException):
-    """The driver killed after its first checkpoint part (nothing may catch it)."""
-
-
 def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
+    """The run directory as a driver killed after its first checkpoint part leaves it (a copy taken
+    then, during the uninterrupted run: helpers.SnapshotAtFirstPart), resumed: it generates only
+    what the part lacks and ends with the uninterrupted run's images and table."""
+    from helpers import SnapshotAtFirstPart
+
     # 40 captions: the first checkpoint part holds at most 32 (drain's flush size), so some are left to do
     captions = tmp_path / "captions.txt"
     captions.write_text("".join(f"caption number {i} of a small test\n" for i in range(40)))
     args = ["--standin-models", "--captions", str(captions), "--steps", "2", "--run-id", "k", "--no-progress",
             "--gen-batch-size", "1", "--generator", "one:family=unknown", "--no-save-images"]
-    assert dalleval.main(["alignment", "--output", str(tmp_path / "clean"), *args]) == 0
-    real = RunDir.write_part
-    calls = []
-
-    def dying(self, name, table):
-        real(self, name, table)
-        calls.append(table.num_rows)
-        if len(calls) == 1:
-            raise _Killed()
-
-    monkeypatch.setattr(RunDir, "write_part", dying)
-    with pytest.raises(_Killed):
-        dalleval.main(["alignment", "--output", str(tmp_path / "killed"), *args])
-    monkeypatch.undo()
-    assert 0 < calls[0] < 40
+    out = tmp_path / "killed"     # both runs ran here: their stand-ins' paths (the model column) agree
+    with SnapshotAtFirstPart(monkeypatch, tmp_path / "at_first_part") as killed:
+        assert dalleval.main(["alignment", "--output", str(out), *args]) == 0
+    assert 0 < killed.rows[0] < 40
+    killed.swap(out / "k", tmp_path / "clean" / "k")
+    assert json.loads((out / "k" / "run.json").read_text())["status"] == "running"
+    assert not (out / "k" / "images.parquet").exists()
     capsys.readouterr()
-    assert dalleval.main(["alignment", "--output", str(tmp_path / "killed"), *args]) == 0
-    out = capsys.readouterr().out
-    assert "reused from the checkpoint" in out
+    assert dalleval.main(["alignment", "--output", str(out), *args]) == 0
+    assert "reused from the checkpoint" in capsys.readouterr().out
     cols = ["image_id", "seed", "prompt", A.CLIP_COSINE, A.FID_FEATURES]
     a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").select(cols).to_pandas()
     b = pq.read_table(tmp_path / "killed" / "k" / "images.parquet").select(cols).to_pandas()
     assert list(a["image_id"]) == list(b["image_id"]) and list(a["seed"]) == list(b["seed"])
     assert np.allclose(a[A.CLIP_COSINE], b[A.CLIP_COSINE], atol=1e-6)
     assert np.allclose(_vectors(a[A.FID_FEATURES]), _vectors(b[A.FID_FEATURES]), atol=1e-5)
-    ta, tb = (pd.read_csv(tmp_path / d / "k" / "alignment_quality.csv").drop(columns="model")
-              for d in ("clean", "killed"))
+    ta, tb = (pd.read_csv(tmp_path / d / "k" / "alignment_quality.csv") for d in ("clean", "killed"))
     pd.testing.assert_frame_equal(ta, tb, atol=1e-5)
 
 

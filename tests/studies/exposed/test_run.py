@@ -16,7 +16,6 @@ import pytest
 
 from pipelines import exposed
 from pipelines.engine.report.page import STANDIN_CONSOLE
-from pipelines.engine.run.rundir import RunDir
 from pipelines.studies.exposed import metrics as M
 from schemas.exposed import PAIR_NAMES, Space, disparity_column
 
@@ -240,44 +239,36 @@ def test_objects_groups_and_their_tables(run):
     assert len(rows) == 3 and (rows["kept"] == 3 * UNITS).all()
 
 
-class _Killed(BaseException):
-    """The driver killed after its first checkpoint part (nothing may catch it)."""
-
-
 def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
+    """The run directory as a driver killed after its first checkpoint part leaves it (a copy taken
+    then, during the uninterrupted run: helpers.SnapshotAtFirstPart), resumed: it generates only
+    what the part lacks and ends with the uninterrupted run's tables."""
+    from helpers import SnapshotAtFirstPart
+
     args = ["--standin-models", "--no-captions", "--per-topic", "1", "--max-triplets", "3", "--steps", "2",
             "--generator", "one:family=unknown", "--gen-batch-size", "1", "--run-id", "k", "--no-progress",
             "--no-save-images",
             "--spaces", "ssim", "diff_pix", "dino"]
-    assert exposed.main(["run", "--output", str(tmp_path / "clean"), *args]) == 0
-    real = RunDir.write_part
-    calls = []
-
-    def dying(self, name, table):
-        real(self, name, table)
-        calls.append(table.num_rows)
-        if len(calls) == 1:
-            raise _Killed()
-
-    monkeypatch.setattr(RunDir, "write_part", dying)
-    with pytest.raises(_Killed):
-        exposed.main(["run", "--output", str(tmp_path / "killed"), *args])
-    monkeypatch.undo()
-    assert 0 < calls[0] < 3 * 15
+    out = tmp_path / "killed"     # both runs ran here: their stand-ins' paths (the model column) agree
+    with SnapshotAtFirstPart(monkeypatch, tmp_path / "at_first_part") as killed:
+        assert exposed.main(["run", "--output", str(out), *args]) == 0
+    assert 0 < killed.rows[0] < 3 * 15
+    killed.swap(out / "k", tmp_path / "clean" / "k")
+    assert json.loads((out / "k" / "run.json").read_text())["status"] == "running"
+    assert not (out / "k" / "images.parquet").exists()
     capsys.readouterr()
-    assert exposed.main(["run", "--output", str(tmp_path / "killed"), *args]) == 0
-    out = capsys.readouterr().out
-    assert "reused from the checkpoint" in out
+    assert exposed.main(["run", "--output", str(out), *args]) == 0
+    printed = capsys.readouterr().out
+    assert "reused from the checkpoint" in printed
     a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").to_pandas()
-    b = pq.read_table(tmp_path / "killed" / "k" / "images.parquet").to_pandas()
+    b = pq.read_table(out / "k" / "images.parquet").to_pandas()
     assert list(a["image_id"]) == list(b["image_id"]) and list(a["seed"]) == list(b["seed"])
     # the same images flagged and left out (their units unmeasured) in both runs
     assert list(a["generation_status"]) == list(b["generation_status"]) and list(a["nsfw"]) == list(b["nsfw"])
     for space in (Space.PROMPT, Space.PROMPT_POOLED, Space.DENOISING, Space.SSIM, Space.DIFF_PIX, Space.DINO):
         for x, y in zip(a[disparity_column(space)], b[disparity_column(space)]):
             assert (x is None) == (y is None) and (x is None or np.allclose(x, y, atol=1e-9)), space
-    t_clean, t_killed = (pd.read_csv(tmp_path / d / "k" / "table3_disparities.csv").drop(columns="model")
-                         for d in ("clean", "killed"))     # the stand-ins live in each run's own directory
+    t_clean, t_killed = (pd.read_csv(tmp_path / d / "k" / "table3_disparities.csv") for d in ("clean", "killed"))
     pd.testing.assert_frame_equal(t_clean, t_killed)
     assert M.CLOSER in pd.read_csv(tmp_path / "killed" / "k" / "rq1_direction.csv").columns
     # the objects, masks and groups of the resumed run equal the uninterrupted run's
@@ -286,8 +277,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     assert [None if x is None else [list(m) for m in x] for x in a["object_masks"]] == \
         [None if x is None else [list(m) for m in x] for x in b["object_masks"]]
     for name in ("table_s8_group_images.csv", "bias_scores.csv", "table4_cooccurrence_similarity.csv"):
-        pd.testing.assert_frame_equal(*(pd.read_csv(tmp_path / d / "k" / name).drop(columns="model")
-                                        for d in ("clean", "killed")))
+        pd.testing.assert_frame_equal(*(pd.read_csv(tmp_path / d / "k" / name) for d in ("clean", "killed")))
 
 
 def test_without_objects(ray_local, tmp_path):
