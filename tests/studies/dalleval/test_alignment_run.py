@@ -5,6 +5,7 @@ them with the metric functions, captions from parquet with one drawn per image, 
 from a directory, and a run killed after its first checkpoint part resumed to the same results."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -140,7 +141,9 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     assert not (out / "k" / "images.parquet").exists()
     capsys.readouterr()
     assert dalleval.main(["alignment", "--output", str(out), *args]) == 0
-    assert "reused from the checkpoint" in capsys.readouterr().out
+    reused, total, now = map(int, re.search(r"(\d+) of (\d+) images reused from the checkpoint, (\d+) processed now",
+                                            capsys.readouterr().out).groups())
+    assert reused == killed.rows[0] and now > 0 and reused + now == total == 40    # only the rest generated
     cols = ["image_id", "seed", "prompt", A.CLIP_COSINE, A.FID_FEATURES]
     a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").select(cols).to_pandas()
     b = pq.read_table(tmp_path / "killed" / "k" / "images.parquet").select(cols).to_pandas()

@@ -8,6 +8,7 @@ midway."""
 import contextlib
 import io
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -258,8 +259,9 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     assert not (out / "k" / "images.parquet").exists()
     capsys.readouterr()
     assert exposed.main(["run", "--output", str(out), *args]) == 0
-    printed = capsys.readouterr().out
-    assert "reused from the checkpoint" in printed
+    reused, total, now = map(int, re.search(r"(\d+) of (\d+) images reused from the checkpoint, (\d+) processed now",
+                                            capsys.readouterr().out).groups())
+    assert 0 < reused <= killed.rows[0] and now > 0 and reused + now == total      # only the rest generated
     a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").to_pandas()
     b = pq.read_table(out / "k" / "images.parquet").to_pandas()
     assert list(a["image_id"]) == list(b["image_id"]) and list(a["seed"]) == list(b["seed"])
