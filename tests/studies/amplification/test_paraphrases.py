@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import REPO_ROOT, kill_when
 from pipelines import amplification
 from pipelines.engine.run.rundir import RunDir
 from pipelines.standins.chat import JsonHandler
@@ -161,12 +160,12 @@ def test_the_papers_endpoint_without_a_key_fails_before_any_work(tmp_path, capsy
 
 
 # ------------------------------------------------------------------------------------- on local Ray
-class SlowEndpoint:
-    """An OpenAI-compatible endpoint on 127.0.0.1 answering after ``delay`` seconds; its answers
-    depend only on the prompt (caption ids divisible by 5 never name the occupation)."""
+class Endpoint:
+    """An OpenAI-compatible endpoint on 127.0.0.1 counting its requests; its answers depend only on
+    the prompt (caption ids divisible by 5 never name the occupation)."""
 
-    def __init__(self, delay=0.0):
-        self.delay, self.count, self.lock = delay, 0, threading.Lock()
+    def __init__(self):
+        self.count, self.lock = 0, threading.Lock()
         fake = self
 
         class Handler(JsonHandler):
@@ -174,7 +173,6 @@ class SlowEndpoint:
                 body = self.read_json()
                 with fake.lock:
                     fake.count += 1
-                time.sleep(fake.delay)
                 prompt = body["messages"][-1]["content"]
                 word = prompt.split("include the word ", 1)[1].split(".", 1)[0]
                 caption = prompt.rsplit("Phrase/Sentence: ", 1)[1]
@@ -208,40 +206,32 @@ def command(src, out, run_id, url):
             "--no-progress"]
 
 
-@pytest.mark.timeout(600)
-def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_local):
-    """Kill the `paraphrase` command (SIGKILL to its process group) after its first checkpointed
-    answers: attached to the tests' Ray instance (an address, so CPU actors are asked for), as a
-    cluster loses a `ray submit` driver. The same command asks only what it had no answer for and
-    ends with the table of an uninterrupted run."""
-    import glob
-    import sys
+def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_local, monkeypatch):
+    """The `paraphrase` command's run directory as a driver killed after its first checkpointed
+    answers leaves it (a copy taken then, during the uninterrupted run: helpers.SnapshotAtFirstPart;
+    a driver killed for real, attached to a cluster: test_run.py's killed run), resumed: it asks
+    only what it had no answer for and ends with the table of the uninterrupted run."""
+    from helpers import SnapshotAtFirstPart
 
     src = caption_file(tmp_path / "captions.csv")
-    with SlowEndpoint(delay=0.0) as fast:
-        assert amplification.main(command(src, tmp_path / "a", "a", fast.url)) == 0
-        assert fast.count == 24 + 24 // 5 + 1       # every caption once, those lacking the word twice
-    whole = pq.read_table(tmp_path / "a" / "a" / "paraphrases.parquet")
-    with SlowEndpoint(delay=0.3) as slow:
-        out = tmp_path / "b"
-        parts = str(out / "k" / "_work" / PP.CHECKPOINT / "part-*.parquet")
-        on_cpus = ["--gpus-per-actor", "0", "--device", "cpu"]
-        kill_when([sys.executable, str(REPO_ROOT / "pipelines" / "amplification.py"), *command(src, out, "k", slow.url),
-                   *on_cpus, "--ray-address", ray_local.get_runtime_context().gcs_address],
-                  parts, tmp_path / "killed.log", timeout=300)
-        assert glob.glob(parts), (tmp_path / "killed.log").read_text()[-3000:]
-        assert not (out / "k" / "paraphrases.parquet").exists()
-        asked_before = slow.count
-        done = pq.read_table(parts.rsplit("/", 1)[0]).num_rows
+    out = tmp_path / "killed"
+    with Endpoint() as endpoint:
+        with SnapshotAtFirstPart(monkeypatch, tmp_path / "at_first_part") as killed:
+            assert amplification.main(command(src, out, "k", endpoint.url)) == 0
+        assert endpoint.count == 24 + 24 // 5 + 1       # every caption once, those lacking the word twice
+        whole = pq.read_table(out / "k" / "paraphrases.parquet")
+        done = killed.rows[0]
         assert 0 < done < 24
-        slow.delay = 0.0
-        assert amplification.main(command(src, out, "k", slow.url) + on_cpus) == 0
-        assert slow.count - asked_before < 24 + 24 // 5 + 1   # the checkpointed answers were not asked again
+        killed.swap(out / "k", tmp_path / "clean" / "k")
+        assert not (out / "k" / "paraphrases.parquet").exists()
+        asked_before = endpoint.count
+        assert amplification.main(command(src, out, "k", endpoint.url)) == 0
+        assert endpoint.count - asked_before < 24 + 24 // 5 + 1   # the checkpointed answers were not asked again
     resumed = pq.read_table(out / "k" / "paraphrases.parquet")
     assert resumed.equals(whole)
     m = json.loads((out / "k" / "metrics.json").read_text())
     row = next(r for r in m["run_summary"] if r["stage"] == P.STAGE_PARAPHRASE)
-    assert row["rows_reused"] > 0 and row["rows_in"] == 24
+    assert row["rows_reused"] == done and row["rows_in"] == 24
     assert row["dropped_by_reason"] == {S.NO_OCCUPATION: 24 // 5 + 1} and row["kept"] == 24 - 24 // 5 - 1
     assert [a["resumed"] for a in json.loads((out / "k" / "run.json").read_text())["attempts"]] == [False, True]
     assert m["paraphrases"]["config"]["model"] == "fake-1" and "api_key_env" in m["paraphrases"]["config"]
