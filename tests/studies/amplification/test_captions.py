@@ -254,23 +254,42 @@ def test_auto_sbert_screens_the_occupations_with_many_captions_and_gives_the_tor
     assert len(keep[0]) > 0 and pc.max(pc.abs(pc.subtract(keep[0], keep[1]))).as_py() < 1e-6
 
 
+def screened_run(base, root, local_rows: int, *extra: str):
+    """`captions --sbert-backend screened` over the module's captions into ``root``/s, selecting in
+    the driver or (``local_rows`` 0) every selection through Ray Data."""
+    from pipelines.engine.cli import config as study_config
+
+    config = yaml.safe_load(study_config.default_config_path().read_text())
+    config["execution"]["local_selection_rows"] = local_rows          # 0: every selection through Ray Data
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "c.yaml").write_text(yaml.safe_dump(config))
+    assert amplification.main(["captions", "--captions", str(base / "laion"), "--output", str(root), "--run-id", "s",
+                               "--config", str(root / "c.yaml"), "--sbert-backend", "screened",
+                               "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN), "--keep-columns", "WIDTH",
+                               *extra]) == 0
+    return root / "s"
+
+
+@pytest.fixture(scope="module")
+def screened_in_driver(run, tmp_path_factory):
+    return screened_run(run[0], tmp_path_factory.mktemp("screened"), 1_000_000)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("local_rows", [1_000_000, 0], ids=["in-driver", "distributed"])
-def test_screened_sbert_gives_the_torch_subsets(run, local_rows, tmp_path):
+def test_screened_sbert_gives_the_torch_subsets(run, screened_in_driver, local_rows, tmp_path):
     """--sbert-backend screened: bf16 in the stream, the candidates encoded again with
     torch fp32 when selecting, in the driver and through the Ray Data reduction: the same members
     and order as the torch run (cosines to torch's float noise), fewer rows encoded twice than the
-    input holds, and what was done recorded."""
-    from pipelines.engine.cli import config as study_config
-
+    input holds, and what was done recorded. The distributed selection takes over the in-driver
+    run's scan (`--captions-from`: the same caption settings; where the selection runs is how it
+    executes, not what it computes)."""
     base, out = run
-    config = yaml.safe_load(study_config.default_config_path().read_text())
-    config["execution"]["local_selection_rows"] = local_rows          # 0: every selection through Ray Data
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    root = tmp_path / "out"
-    assert amplification.main(["captions", "--captions", str(base / "laion"), "--output", str(root), "--run-id", "s",
-                               "--config", str(tmp_path / "c.yaml"), "--sbert-backend", "screened",
-                               "--sample-size", str(K_SAMPLE), "--nn-k", str(K_NN), "--keep-columns", "WIDTH"]) == 0
+    if local_rows:
+        root = screened_in_driver.parent
+    else:
+        root = screened_run(base, tmp_path / "out", local_rows, "--captions-from", str(screened_in_driver)).parent
+        assert json.loads((root / "s" / "metrics.json").read_text())["caption_scan_from"] == str(screened_in_driver)
     for name in ("training_subsets.parquet", "training_pool.parquet"):
         want, got = pq.read_table(out / name), pq.read_table(root / "s" / name)
         assert got.num_rows > 0 and got.drop_columns(["similarity"]).equals(want.drop_columns(["similarity"]))
