@@ -16,5 +16,5 @@ from pipelines.engine.generation.specs import (GenerationSettings, GeneratorSpec
 __all__ = ["GeneratorSpec", "GenerationSettings", "SafetySettings", "GenerationPlan", "Generated",
            "generation_settings", "safety_settings", "parse_generator", "model_defaults", "model_id_problem",
            "unknown_standin", "build_standin_generators", "check_call_arguments", "standin_family", "standin_checker",
-           "StandinChecker", "load_generators", "load_nsfw_check", "generate", "generation_budget", "generator_pipeline", "generation_rows", "plan_job",
-           "stage_job", "safety_counts", "safety_text"]
+           "StandinChecker", "load_generators", "load_nsfw_check", "generate", "generation_budget",
+           "generator_pipeline", "generation_rows", "plan_job", "stage_job", "safety_counts", "safety_text"]
