@@ -87,10 +87,12 @@ def kill_when(cmd: list, pattern: str, log_path, timeout: float = 480) -> list[s
 class SnapshotAtFirstPart:
     """A run left as a driver killed right after its first checkpoint part leaves it, without a
     run of its own to kill: while the uninterrupted run runs (``with``), ``RunDir.write_part``
-    records each part's rows and, once the first is written, copies the run directory aside (what
-    a SIGKILL there leaves: no handler runs, run.json still says "running"). ``swap(run_dir,
-    clean)`` then moves the finished run to ``clean`` and the copy to ``run_dir``, the path it was
-    taken at (the stand-ins' paths in its records are that path's), for the resume."""
+    records each part's rows and, once the first part of any checkpoint is written, copies the run
+    directory aside (what a SIGKILL there leaves: no handler runs, run.json still says "running").
+    ``swap(run_dir, clean)`` then moves the finished run to ``clean`` and the copy to ``run_dir``,
+    the path it was taken at (the stand-ins' paths in its records are that path's), for the resume.
+    The copy is what a kill leaves only while the driver is the one writer: not with images saved
+    (the actors' image sinks write into the run directory meanwhile)."""
 
     def __init__(self, monkeypatch, copy: Path):
         self.monkeypatch, self.copy, self.rows = monkeypatch, Path(copy), []
@@ -104,11 +106,12 @@ class SnapshotAtFirstPart:
         self._patch = self.monkeypatch.context()
         patch = self._patch.__enter__()
 
-        def write_part(rd, name, table):
-            real(rd, name, table)
+        def write_part(rd, name, table, *args, **kwargs):
+            written = real(rd, name, table, *args, **kwargs)
             rows.append(table.num_rows)
             if len(rows) == 1:
                 shutil.copytree(rd.path, copy)
+            return written
 
         patch.setattr(RunDir, "write_part", write_part)
         return self
@@ -122,3 +125,13 @@ class SnapshotAtFirstPart:
         clean.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(run_dir), str(clean))
         shutil.move(str(self.copy), str(run_dir))
+
+
+def resumed_counts(printed: str) -> tuple[int, int, int]:
+    """(reused, total, processed now) from a resumed generation's line "N of M images reused from
+    the checkpoint, K processed now"."""
+    import re
+
+    found = re.search(r"(\d+) of (\d+) images reused from the checkpoint, (\d+) processed now", printed)
+    assert found, f"no resumed generation in:\n{printed[-2000:]}"
+    return tuple(int(g) for g in found.groups())

@@ -215,8 +215,10 @@ def test_a_standin_nsfw_check_is_calibrated_on_the_generators_as_they_load(tmp_p
 
     def with_own_checker(pipe, s):
         pipe.safety_checker = own
+        config = dict(pipe.config)
         checker.calibrate(pipe, s)
         seen.append(pipe.safety_checker)
+        assert dict(pipe.config) == config          # the pipeline's config as it was
 
     G.load_generators([spec], True, calibrate=with_own_checker)
     assert seen == [own] and len(checker.images) == 1
@@ -225,7 +227,24 @@ def test_a_standin_nsfw_check_is_calibrated_on_the_generators_as_they_load(tmp_p
         alone, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
                              spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
     assert torch.equal(checker.images[0], alone.float())
-    assert checker.build() == safety.model and (tmp_path / "nsfw-check-standin" / "config.json").is_file()
+    with pytest.raises(RuntimeError, match="calibration images of 1 generator"):
+        checker.build(2)
+    assert checker.build(1) == safety.model and (tmp_path / "nsfw-check-standin" / "config.json").is_file()
+    # the run's driver: the generators load once, calibrating the checker, which loads after them
+    from pipelines.engine.run import lifecycle
+
+    class Study:
+        check_generator = None
+
+        def load_models(self, opts, st, gp):
+            return []
+
+    safety, checker = G.standin_checker(SafetySettings(), str(tmp_path / "run"))
+    records = lifecycle._load_models(Study(), SimpleNamespace(standin_models=True), None, None, [spec], safety,
+                                     checker)
+    assert len(checker.images) == 1 and torch.equal(checker.images[0], alone.float())
+    assert [r["role"] for r in records] == ["generator", "NSFW check (every model's images)"]
+    assert records[1]["model"] == safety.model == checker.path
 
 
 def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):

@@ -107,3 +107,16 @@ def test_the_detector_favours_the_given_labels_and_refuses_unknown_ones(tmp_path
     assert "dog" in (tmp_path / "b" / "STANDIN.txt").read_text()
     with pytest.raises(ValueError, match="unicorn"):
         build_tiny_detr(tmp_path / "c", favour=["unicorn"])
+
+
+def test_each_clip_tokenizer_is_a_copy_of_the_one_built_once():
+    """The stand-ins' CLIP tokenizer is built once per process and each builder gets a copy: one
+    that changes its tokenizer (OWLv2's pad token and length) leaves the next one CLIP's."""
+    from pipelines.standins.diffusion import build_clip_tokenizer
+
+    first = build_clip_tokenizer()
+    pad, length = first.pad_token, first.model_max_length
+    first.pad_token, first.model_max_length = "!", 16
+    second = build_clip_tokenizer()
+    assert second is not first and (second.pad_token, second.model_max_length) == (pad, length) == ("<|endoftext|>", 77)
+    assert second("a photo of a nurse").input_ids == first("a photo of a nurse").input_ids

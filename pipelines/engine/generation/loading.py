@@ -101,7 +101,7 @@ CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of
 STANDIN_CHECKER_DIR = "nsfw-check-standin"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class StandinChecker:
     """A stand-in run's tiny random NSFW check under ``root``, calibrated on a few images of each
     stand-in generator at its settings, so that it flags some of what the run generates
@@ -116,23 +116,30 @@ class StandinChecker:
         return str(Path(self.root) / STANDIN_CHECKER_DIR)
 
     def calibrate(self, pipe, spec: GeneratorSpec) -> None:
-        """A few images of ``pipe`` at ``spec``'s settings, its own safety checker (if any) off
-        meanwhile: what the run's NSFW check will see."""
+        """A few images of ``pipe`` at ``spec``'s settings, unchecked: its own safety checker (if
+        any) off meanwhile, as a stand-in generator runs (stand-ins have none). The checker is
+        swapped on the object itself: diffusers' ``__setattr__`` would also rewrite the pipeline's
+        config, and not back."""
         import torch   # deferred: torch
 
         own = getattr(pipe, "safety_checker", None)
         if own is not None:
-            pipe.safety_checker = None
+            object.__setattr__(pipe, "safety_checker", None)
         try:
             with torch.inference_mode():
                 out, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
                                    spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
         finally:
             if own is not None:
-                pipe.safety_checker = own
+                object.__setattr__(pipe, "safety_checker", own)
         self.images.append(out.float())
 
-    def build(self) -> str:
+    def build(self, generators: int) -> str:
+        """The checker, calibrated on the images of each of the run's ``generators`` (a run's
+        generators all calibrate it: one batch each, or the builder's default images for none)."""
+        if len(self.images) != generators:
+            raise RuntimeError(f"stand-in NSFW check: calibration images of {len(self.images)} generator(s), "
+                               f"the run has {generators}")
         return build_tiny_safety_checker(self.path, images=self.images or None)
 
 

@@ -325,7 +325,7 @@ def _load_models(study: Study, opts: RunOptions, st, gp, specs: list, safety,
                       if specs else [])
         if checker is not None:
             with io.naming_disk_full(checker.root):
-                checker.build()
+                checker.build(len(specs))
         return own + generators + generation.load_nsfw_check(safety, opts.standin_models)
 
 

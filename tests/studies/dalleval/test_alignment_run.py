@@ -5,7 +5,6 @@ them with the metric functions, captions from parquet with one drawn per image, 
 from a directory, and a run killed after its first checkpoint part resumed to the same results."""
 
 import json
-import re
 
 import numpy as np
 import pandas as pd
@@ -125,7 +124,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     """The run directory as a driver killed after its first checkpoint part leaves it (a copy taken
     then, during the uninterrupted run: helpers.SnapshotAtFirstPart), resumed: it generates only
     what the part lacks and ends with the uninterrupted run's images and table."""
-    from helpers import SnapshotAtFirstPart
+    from helpers import SnapshotAtFirstPart, resumed_counts
 
     # 40 captions: the first checkpoint part holds at most 32 (drain's flush size), so some are left to do
     captions = tmp_path / "captions.txt"
@@ -141,8 +140,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     assert not (out / "k" / "images.parquet").exists()
     capsys.readouterr()
     assert dalleval.main(["alignment", "--output", str(out), *args]) == 0
-    reused, total, now = map(int, re.search(r"(\d+) of (\d+) images reused from the checkpoint, (\d+) processed now",
-                                            capsys.readouterr().out).groups())
+    reused, total, now = resumed_counts(capsys.readouterr().out)
     assert reused == killed.rows[0] and now > 0 and reused + now == total == 40    # only the rest generated
     cols = ["image_id", "seed", "prompt", A.CLIP_COSINE, A.FID_FEATURES]
     a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").select(cols).to_pandas()

@@ -6,7 +6,6 @@ run's own accuracies, rescoring at another threshold without generating, and a r
 driver is killed after its first checkpoint part, resumed to the same images and tables."""
 
 import json
-import re
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -174,8 +173,9 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     assert 0 < calls[0] < 36
     capsys.readouterr()
     assert dalleval.main(["skills", "--output", str(tmp_path / "killed"), *args]) == 0
-    reused, total, now = map(int, re.search(r"(\d+) of (\d+) images reused from the checkpoint, (\d+) processed now",
-                                            capsys.readouterr().out).groups())
+    from helpers import resumed_counts
+
+    reused, total, now = resumed_counts(capsys.readouterr().out)
     assert reused == calls[0] and now > 0 and reused + now == total == 36    # only the rest generated
     cols = ["image_id", "seed", "prompt", P.DET_LABELS, P.DET_SCORES, P.DET_BOXES, P.CORRECT]
     a = pq.read_table(tmp_path / "clean" / "k" / "images.parquet").select(cols).to_pylist()
