@@ -94,17 +94,16 @@ class SnapshotAtFirstPart:
     The copy is what a kill leaves only while the driver is the one writer: not with images saved
     (the actors' image sinks write into the run directory meanwhile)."""
 
-    def __init__(self, monkeypatch, copy: Path):
-        self.monkeypatch, self.copy, self.rows = monkeypatch, Path(copy), []
+    def __init__(self, copy: Path):
+        self.copy, self.rows = Path(copy), []
 
     def __enter__(self):
         import shutil
 
         from pipelines.engine.run.rundir import RunDir
 
-        real, rows, copy = RunDir.write_part, self.rows, self.copy
-        self._patch = self.monkeypatch.context()
-        patch = self._patch.__enter__()
+        self._real = real = RunDir.write_part
+        rows, copy = self.rows, self.copy
 
         def write_part(rd, name, table, *args, **kwargs):
             written = real(rd, name, table, *args, **kwargs)
@@ -113,11 +112,13 @@ class SnapshotAtFirstPart:
                 shutil.copytree(rd.path, copy)
             return written
 
-        patch.setattr(RunDir, "write_part", write_part)
+        RunDir.write_part = write_part
         return self
 
     def __exit__(self, *exc):
-        return self._patch.__exit__(*exc)
+        from pipelines.engine.run.rundir import RunDir
+
+        RunDir.write_part = self._real
 
     def swap(self, run_dir: Path, clean: Path) -> None:
         import shutil

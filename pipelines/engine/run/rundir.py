@@ -87,7 +87,7 @@ class RunDir:
     # ------------------------------------------------------------------------------ lifecycle
     def open(self, fp: str, config: dict, overwrite: bool = False, command: str = "") -> "RunDir":
         """Start or resume the run: refuse a directory that holds another configuration."""
-        previous = self._read_record()
+        previous = self.read_json(RUN_FILE)
         if previous is not None and overwrite:
             io.clear_dir(self.fs, self.path)
             previous = None
@@ -128,15 +128,14 @@ class RunDir:
             # failure is not swallowed but noted on it
             in_flight.add_note(f"recording it in {self.display(RUN_FILE)} failed too: {type(exc).__name__}: {exc}")
 
-    def _read_record(self) -> dict | None:
-        return self.read_json(RUN_FILE)
-
     def read_json(self, name: str) -> dict | None:
         """The JSON file ``name`` of this run directory (run.json, metrics.json), None if absent."""
-        p = f"{self.path}/{name}"
-        if not io.exists(self.fs, p):
+        return self._json_at(self.file(name))
+
+    def _json_at(self, path: str) -> dict | None:
+        if not io.exists(self.fs, path):
             return None
-        with self.fs.open_input_stream(p) as fh:
+        with self.fs.open_input_stream(path) as fh:
             return json.loads(fh.read().decode("utf-8"))
 
     def _write_record(self) -> None:
@@ -164,11 +163,7 @@ class RunDir:
 
     # ------------------------------------------------------------------------------ markers
     def done(self, name: str) -> dict | None:
-        p = self.work(f"{name}.done")
-        if not io.exists(self.fs, p):
-            return None
-        with self.fs.open_input_stream(p) as fh:
-            return json.loads(fh.read().decode("utf-8"))
+        return self._json_at(self.work(f"{name}.done"))
 
     def mark_done(self, name: str, info: dict) -> None:
         write_atomic(self.fs, self.work(f"{name}.done"), json.dumps(info, default=str).encode("utf-8"))
@@ -178,13 +173,17 @@ class RunDir:
         """Write ``table`` as a new part of checkpoint ``name`` (atomic: temp name, then move).
         With ``key`` the part is ``part-<key>.parquet``, and writing the same key again replaces it:
         a step redone after a crash leaves one part, not two."""
-        path = self.work(name, f"part-{key or f'{time.time_ns():020d}-{uuid.uuid4().hex[:8]}'}.parquet")
+        path = self.part_path(name, key or f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}")
         write_atomic(self.fs, path, io.parquet_bytes(table))
         return path
 
+    def part_path(self, name: str, key: str) -> str:
+        """Where the part of checkpoint ``name`` written with ``key`` is."""
+        return self.work(name, f"part-{key}.parquet")
+
     def read_part(self, name: str, key: str, schema: pa.Schema) -> pa.Table | None:
         """The part of checkpoint ``name`` written with ``key`` (None when there is none)."""
-        path = self.work(name, f"part-{key}.parquet")
+        path = self.part_path(name, key)
         return self._read_part_file(path, schema) if io.exists(self.fs, path) else None
 
     def read_parts(self, name: str, schema: pa.Schema) -> pa.Table:

@@ -25,7 +25,6 @@ its done marker last.
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 
 from pipelines.engine.run import fingerprint as fingerprints
 from pipelines.engine.run import rundir
@@ -123,8 +122,7 @@ def adopt(run: rundir.RunDir, uri: str, digest: str, models: dict) -> int:
         run.clear(run.file(data))
         for part in done["parts"]:
             _copy(src, src.file(f"{data}/{part['name']}"), run, run.file(f"{data}/{part['name']}"))
-        tallies = src.work(CAPTION_TALLIES, f"part-{key}.parquet")
-        _copy(src, tallies, run, run.work(CAPTION_TALLIES, posixpath.basename(tallies)))
+        _copy(src, src.part_path(CAPTION_TALLIES, key), run, run.part_path(CAPTION_TALLIES, key))
         run.mark_done(name, done)   # the commit point, as in the scan: a crash before it redoes the shard
         copied += 1
     return copied

@@ -206,7 +206,7 @@ def command(src, out, run_id, url):
             "--no-progress"]
 
 
-def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_local, monkeypatch):
+def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_local):
     """The `paraphrase` command's run directory as a driver killed after its first checkpointed
     answers leaves it (a copy taken then, during the uninterrupted run: helpers.SnapshotAtFirstPart;
     a driver killed for real, attached to a cluster: test_run.py's killed run), resumed: it asks
@@ -216,7 +216,7 @@ def test_killed_mid_paraphrasing_resumes_to_identical_results(tmp_path, ray_loca
     src = caption_file(tmp_path / "captions.csv")
     out = tmp_path / "killed"
     with Endpoint() as endpoint:
-        with SnapshotAtFirstPart(monkeypatch, tmp_path / "at_first_part") as killed:
+        with SnapshotAtFirstPart(tmp_path / "at_first_part") as killed:
             assert amplification.main(command(src, out, "k", endpoint.url)) == 0
         assert endpoint.count == 24 + 24 // 5 + 1       # every caption once, those lacking the word twice
         whole = pq.read_table(out / "k" / "paraphrases.parquet")

@@ -120,7 +120,7 @@ def test_parquet_captions_one_per_image_and_a_reference_directory(ray_local, tmp
     assert m["reference"] == {"images": 5, "ok": 4}
 
 
-def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
+def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, capsys):
     """The run directory as a driver killed after its first checkpoint part leaves it (a copy taken
     then, during the uninterrupted run: helpers.SnapshotAtFirstPart), resumed: it generates only
     what the part lacks and ends with the uninterrupted run's images and table."""
@@ -132,7 +132,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
     args = ["--standin-models", "--captions", str(captions), "--steps", "2", "--run-id", "k", "--no-progress",
             "--gen-batch-size", "1", "--generator", "one:family=unknown", "--no-save-images"]
     out = tmp_path / "killed"     # both runs ran here: their stand-ins' paths (the model column) agree
-    with SnapshotAtFirstPart(monkeypatch, tmp_path / "at_first_part") as killed:
+    with SnapshotAtFirstPart(tmp_path / "at_first_part") as killed:
         assert dalleval.main(["alignment", "--output", str(out), *args]) == 0
     assert 0 < killed.rows[0] < 40
     killed.swap(out / "k", tmp_path / "clean" / "k")

@@ -239,7 +239,7 @@ def test_objects_groups_and_their_tables(run):
     assert len(rows) == 3 and (rows["kept"] == 3 * UNITS).all()
 
 
-def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, monkeypatch, capsys):
+def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, capsys):
     """The run directory as a driver killed after its first checkpoint part leaves it (a copy taken
     then, during the uninterrupted run: helpers.SnapshotAtFirstPart), resumed: it generates only
     what the part lacks and ends with the uninterrupted run's tables."""
@@ -250,7 +250,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, mo
             "--no-save-images",
             "--spaces", "ssim", "diff_pix", "dino"]
     out = tmp_path / "killed"     # both runs ran here: their stand-ins' paths (the model column) agree
-    with SnapshotAtFirstPart(monkeypatch, tmp_path / "at_first_part") as killed:
+    with SnapshotAtFirstPart(tmp_path / "at_first_part") as killed:
         assert exposed.main(["run", "--output", str(out), *args]) == 0
     assert 0 < killed.rows[0] < 3 * 15
     killed.swap(out / "k", tmp_path / "clean" / "k")
