@@ -31,7 +31,6 @@ import http.client
 import importlib.metadata
 import importlib.util
 import io
-import os
 import socket
 import ssl
 import sys
@@ -93,7 +92,6 @@ def load_img2dataset() -> tuple[type, Callable, str]:
     mediapipe), the two components are taken from the installed package's own files instead:
     ``resizer.py`` has no package-relative imports, and ``is_disallowed`` is a pure function.
     """
-    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # albumentations phones home on import
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # resizer.py imports imghdr
         return _load_img2dataset()

@@ -22,6 +22,7 @@ module in ``sys.modules``, and ``torch`` calls at import) does not trigger the l
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import threading
 import types
@@ -30,6 +31,10 @@ import types
 # webdataset: by img2dataset's writers (the fetch stage only fetches and resizes: it writes no shards);
 # albumentations: by img2dataset's resizer, whose transforms run only on an image that needs resizing.
 DEFERRED = ("wandb", "webdataset", "albumentations")
+# Set when the package is deferred: a deferred package can still load where nothing uses it (pickle's
+# ``whichmodule`` reads an attribute of every module in ``sys.modules``, as ``torch.compile``'s cache
+# key does), and albumentations' ``__init__`` asks PyPI for a newer release unless told not to.
+QUIET_ENV = {"albumentations": ("NO_ALBUMENTATIONS_UPDATE", "1")}
 _lock = threading.RLock()
 
 
@@ -71,6 +76,8 @@ def defer(name: str) -> bool:
             del module.__path__  # importing a submodule reads __path__: that loads the package first
         module.__class__ = DeferredModule
         sys.modules[name] = module
+        if name in QUIET_ENV:
+            os.environ.setdefault(*QUIET_ENV[name])
         return True
 
 
