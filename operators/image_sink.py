@@ -73,7 +73,7 @@ class ImageSink:
         if self.name_column:
             for name, data, encoding in zip(part.column(self.name_column).to_pylist(), out, enc):
                 ext = "png" if encoding == RGB8 else _extension(data)
-                _put(self.fs, posixpath.join(self.root, f"{_safe_name(str(name))}.{ext}"), data)
+                _put(self.fs, posixpath.join(self.root, f"{file_stem(str(name))}.{ext}"), data)
             return batch
         keys = part.select([k for k in self.keys if k in part.column_names])
         # the image as ``datasets``' Image storage ({bytes, path}) with its features in the schema
@@ -109,7 +109,7 @@ def _put(fs, path: str, data: bytes) -> None:
         raise
 
 
-def _safe_name(name: str) -> str:
+def file_stem(name: str) -> str:
     """A file name from a key value: path separators and other odd characters become "_"."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "_"
 

@@ -15,6 +15,7 @@ if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines import amplification, dalleval, exposed, gep  # noqa: E402
+from pipelines.annotate import cli as annotate  # noqa: E402
 from pipelines.engine.stats import compare  # noqa: E402
 
 # study -> (its entry point, what it is)
@@ -30,6 +31,8 @@ STUDIES = {
 TOOLS = {
     "compare": (compare.main, "finished runs of any studies side by side: intervals, ranks, ties "
                               "(t2i compare RUN ... --output DIR)"),
+    "annotate": (annotate.main, "people in the loop: label tasks from a finished run, imports, Krippendorff's "
+                                "alpha, the classifier against the majority (t2i annotate plan|import|report ...)"),
 }
 
 

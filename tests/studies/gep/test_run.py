@@ -173,6 +173,35 @@ def test_evaluate_against_annotations(run, tmp_path):
                             "ignored_not_scored_in_setting": 0}
 
 
+def test_people_s_labels_from_a_task_set_reach_evaluate(run, tmp_path, capsys):
+    """`t2i annotate`: every image drawn (GEP's preset, the sample size above the run's), three
+    people's answers imported as a long table (one dissents on each item, one item is a tie), the
+    majority exported as `gep evaluate` reads it: the same GEP_human as the hand-made labels above."""
+    from pipelines.annotate import cli
+    from pipelines.annotate.tasks import TaskSet
+
+    assert cli.main(["plan", str(run), "--protocol", "gep", "--output", str(tmp_path / "t"), "--n", "1000"]) == 0
+    items = TaskSet.load(tmp_path / "t").items
+    assert len(items) == N_NEUTRAL * 3 + N_EXPLICIT and items["question"].str.startswith("Do you see a person").all()
+    truth = _annotations(run, tmp_path / "ann.csv").merge(items, on=["image_id", "attribute"])
+    yes = np.where(truth["present"] == 1, "yes", "no")
+    rows = [pd.DataFrame({"item_id": truth["item_id"], "annotator": who, "answer": ans})
+            for who, ans in (("p1", yes), ("p2", yes), ("p3", np.where(yes == "yes", "no", "unsure")))]
+    labels = pd.concat(rows)
+    tie = truth["item_id"].iloc[0]
+    labels = labels[~((labels["item_id"] == tie) & (labels["annotator"] == "p2"))]   # p1 against p3: a tie
+    labels.to_csv(tmp_path / "labels.csv", index=False)
+    assert cli.main(["import", str(tmp_path / "t"), str(tmp_path / "labels.csv")]) == 0
+    assert cli.main(["export", str(tmp_path / "t"), "--format", "gep-annotations", "--output",
+                     str(tmp_path / "majority.csv")]) == 0
+    assert "1 without a majority left out" in capsys.readouterr().out
+    assert gep.main(["evaluate", "--run", str(run), "--annotations", str(tmp_path / "majority.csv")]) == 0
+    ev = json.loads((run / "evaluation.json").read_text())
+    assert {r["setting"]: r["gep"] for r in ev["human_gep"]} == {"neutral": pytest.approx(2 / 3),
+                                                                  "explicit": pytest.approx(2 / 3)}
+    assert ev["counts"]["annotations"] == len(items) - 1
+
+
 def test_bad_annotations_are_clean_errors(run, tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("image_id,attribute,present\nneutral-woman-none-c00-0,dress,2\n")

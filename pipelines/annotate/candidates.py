@@ -1,0 +1,128 @@
+"""The items a preset may draw from one finished run: only images the run really stored (a file
+under ``images/``), with the question's subject and the run's own classifier answer.
+
+Each function returns one row per item with ``unit`` (the sampling unit: the image), the image's
+file, ``subject``, ``prediction`` (in the protocol's choices; null where the classifier gave none)
+and the preset's strata columns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from operators.image_sink import file_stem
+from pipelines.annotate.protocols import FEMALE, MALE, NO, YES
+from pipelines.annotate.tasks import AnnotateError
+from pipelines.engine.storage.checkpoint import model_dir
+from schemas import annotation as A
+from schemas import dalleval as D
+from schemas import exposed as X
+from schemas import gep as G
+from schemas import paintskills as P
+from schemas.images import GENERATION_STATUS, IMAGE_ID, MODEL, PROMPT, GenerationStatus
+
+UNIT = "unit"
+PROMPT_ATTRIBUTE = "prompt_attribute"   # GEP: the attribute an image was generated with ("none": neutral)
+IMAGES_DIR = "images"
+
+
+def run_info(run_dir: Path) -> dict:
+    """The run's id, study and status, read from run.json and metrics.json (one line when it is not
+    a finished run)."""
+    for name in ("run.json", "metrics.json"):
+        if not (run_dir / name).is_file():
+            raise AnnotateError(f"{run_dir}: not a finished run (no {name})")
+    run = json.loads((run_dir / "run.json").read_text())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    if run.get("status") not in (None, "done", "finished", "complete"):
+        raise AnnotateError(f"{run_dir}: the run is {run.get('status')!r}, not finished")
+    return {"id": metrics.get("run_id") or run.get("run_id"), "study": metrics.get("study"), "path": str(run_dir)}
+
+
+def _images(run_dir: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    path = run_dir / "images.parquet"
+    if not path.is_file():
+        raise AnnotateError(f"{run_dir}: no images.parquet")
+    return pd.read_parquet(path, columns=columns)
+
+
+def with_files(run_dir: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose image the run saved (``images/<model dir>/<image id>.png``), with its path."""
+    files = [run_dir / IMAGES_DIR / model_dir(m) / f"{file_stem(str(i))}.png" for m, i in zip(df[MODEL], df[IMAGE_ID])]
+    out = df.assign(_file=[str(f) for f in files])
+    out = out[[f.is_file() for f in files]]
+    if out.empty:
+        raise AnnotateError(f"{run_dir}: no saved image to label (was the run made with --no-save-images?)")
+    return out
+
+
+def _finish(df: pd.DataFrame, subject, prediction, strata: list[str]) -> pd.DataFrame:
+    out = pd.DataFrame({UNIT: df[MODEL].astype(str) + "/" + df[IMAGE_ID].astype(str), A.IMAGE_ID: df[IMAGE_ID],
+                        MODEL: df[MODEL], "_file": df["_file"], A.SUBJECT: subject, A.PREDICTION: prediction})
+    for c in strata:
+        if c not in out:
+            out[c] = df[c].to_numpy()
+    return out.reset_index(drop=True)
+
+
+def gep(run_dir: Path) -> pd.DataFrame:
+    """(image, attribute) pairs of section 5: every attribute of a neutral image, the prompt's
+    attribute of an explicit one; the run's annotation_tasks.csv holds them with the phrase."""
+    path = run_dir / "annotation_tasks.csv"
+    if not path.is_file():
+        raise AnnotateError(f"{run_dir}: no annotation_tasks.csv (a GEP run writes it)")
+    tasks = pd.read_csv(path, dtype=str)
+    tasks = with_files(run_dir, tasks)
+    phrase = tasks["question"].str.extract(r"^Do you see a person (.*)\?$")[0]
+    # the image's own attribute (its prompt's; "none" for a neutral image): GEP_human needs every
+    # (setting, gender, attribute) cell, so the preset draws within them
+    tasks[PROMPT_ATTRIBUTE] = tasks[G.ATTRIBUTE].where(tasks[G.SETTING] == G.Setting.EXPLICIT, "none")
+    out = _finish(tasks, phrase, None, [G.SETTING, G.GENDER, PROMPT_ATTRIBUTE])
+    out["attribute"] = tasks[G.ATTRIBUTE].to_numpy()
+    return out
+
+
+def dalleval_skills(run_dir: Path) -> pd.DataFrame:
+    df = _images(run_dir)
+    df = with_files(run_dir, df[df[P.CORRECT].notna()])
+    pred = df[P.CORRECT].map({True: YES, False: NO})
+    return _finish(df, df[PROMPT], pred, [P.SKILL])
+
+
+def dalleval_social(run_dir: Path) -> pd.DataFrame:
+    df = _images(run_dir)
+    df = with_files(run_dir, df[df[GENERATION_STATUS] == GenerationStatus.OK])
+    pred = df[D.DETECTED_GENDER].where(df[D.DETECTED_GENDER].isin([FEMALE, MALE]))
+    out = _finish(df, None, pred, [])
+    out[D.PROFESSION] = df[D.PROFESSION].to_numpy()
+    return out
+
+
+def dalleval_skin_tone(run_dir: Path) -> pd.DataFrame:
+    df = _images(run_dir)
+    df = with_files(run_dir, df[df[D.SKIN_STATUS] == "ok"])
+    pred = df[D.SKIN_TONE].map(lambda t: None if pd.isna(t) else str(int(t)))
+    out = _finish(df, None, pred, [])
+    out[D.PROFESSION] = df[D.PROFESSION].to_numpy()
+    return out
+
+
+def exposed_nouns(run_dir: Path) -> pd.DataFrame:
+    """(image, prompt noun) pairs; the model found the noun when it is not among the hidden nouns
+    (no detected object matches it)."""
+    df = _images(run_dir)
+    if X.PROMPT_NOUNS not in df or X.HIDDEN_NOUNS not in df:
+        raise AnnotateError(f"{run_dir}: no prompt nouns or hidden nouns (a run made with --no-objects?)")
+    df = with_files(run_dir, df[df[X.DETECTION_STATUS] == "ok"])
+    rows = df.assign(**{A.SUBJECT: df[X.PROMPT_NOUNS].map(list)}).explode(A.SUBJECT)
+    rows = rows[rows[A.SUBJECT].notna()]
+    hidden = [noun in set(h if h is not None else []) for noun, h in zip(rows[A.SUBJECT], rows[X.HIDDEN_NOUNS])]
+    pred = pd.Series([NO if h else YES for h in hidden], index=rows.index)
+    return _finish(rows, rows[A.SUBJECT], pred, [])
+
+
+BUILDERS = {"gep": gep, "dalleval-skills": dalleval_skills, "dalleval-social": dalleval_social,
+            "dalleval-skin-tone": dalleval_skin_tone, "exposed-nouns": exposed_nouns}

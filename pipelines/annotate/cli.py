@@ -1,0 +1,213 @@
+"""``t2i annotate``: people in the loop.
+
+    t2i annotate plan RUN_DIR --protocol gep --output TASKS_DIR [--n N | --n-per-stratum K] [--seed S]
+    t2i annotate import TASKS_DIR FILE --format {table,label-studio,crowd-csv}
+    t2i annotate export TASKS_DIR --format {table,label-studio,crowd-csv,gep-annotations} --output PATH
+    t2i annotate simulate TASKS_DIR [--annotators 3 --error-rate 0.1 --unsure-rate 0.05]
+    t2i annotate report TASKS_DIR
+    t2i annotate agreement LABELS [--level ordinal --order 1,2,3] [--unsure unsure]
+
+Errors in the input (a file, a label, a setting) are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+from pipelines.annotate import interchange as X
+from pipelines.annotate import plan as PL
+from pipelines.annotate import report as R
+from pipelines.annotate.agreement import LEVELS, majority
+from pipelines.annotate.protocols import PRESETS, YES
+from pipelines.annotate.simulate import simulate
+from pipelines.annotate.store import AnswerStore
+from pipelines.annotate.tasks import ANSWERS_DB, AnnotateError, TaskSet, check_labels
+from pipelines.engine.stats import intervals as I
+from schemas import annotation as A
+
+FORMATS = ("table", "label-studio", "crowd-csv")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="t2i annotate", description="human labels of a finished run: task sets, "
+                                "imports, agreement (Krippendorff's alpha, the classifier against the majority)")
+    sub = p.add_subparsers(dest="command", required=True)
+    pl = sub.add_parser("plan", help="draw a protocol's items from a finished run into a task set")
+    pl.add_argument("run_dir")
+    pl.add_argument("--protocol", required=True, choices=[*PRESETS, "custom"])
+    pl.add_argument("--output", required=True, help="the task set's folder (new or empty)")
+    size = pl.add_mutually_exclusive_group()
+    size.add_argument("--n", type=int, help="images in all, split equally over the strata (the preset's by default)")
+    size.add_argument("--n-per-stratum", type=int, help="images per stratum")
+    pl.add_argument("--annotators", type=int, help="answers wanted per item (the preset's by default)")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--strata", help="comma-separated columns to draw within ('' for none; the preset's by default)")
+    pl.add_argument("--custom", help="--protocol custom: the YAML file (question, choices, where, ...)")
+    im = sub.add_parser("import", help="add answers from a label table, Label Studio's JSON export or a crowd CSV")
+    im.add_argument("tasks_dir")
+    im.add_argument("file")
+    im.add_argument("--format", choices=FORMATS, default="table")
+    for role, default in X.CROWD_COLUMNS.items():
+        im.add_argument(f"--{role}-column", default=default, help=f"crowd CSV: the {role} column ({default})")
+    ex = sub.add_parser("export", help="the tasks for Label Studio or a crowd platform, or the answers")
+    ex.add_argument("tasks_dir")
+    ex.add_argument("--format", choices=[*FORMATS, "gep-annotations"], required=True)
+    ex.add_argument("--output", required=True)
+    ex.add_argument("--image-base", help="URL prefix of the task set's images/ folder as the tool will see it")
+    si = sub.add_parser("simulate", help="answers of simulated annotators (marked simulated): demo and tests only")
+    si.add_argument("tasks_dir")
+    si.add_argument("--annotators", type=int, default=3)
+    si.add_argument("--error-rate", type=float, default=0.1)
+    si.add_argument("--unsure-rate", type=float, default=0.05)
+    si.add_argument("--seed", type=int, default=0)
+    for name, helptext in (("report", "agreement of a task set's answers"),):
+        rp = sub.add_parser(name, help=helptext)
+        rp.add_argument("tasks_dir")
+        _interval_flags(rp)
+    ag = sub.add_parser("agreement", help="Krippendorff's alpha and the majority of any long label table")
+    ag.add_argument("labels", help="CSV or parquet with item_id, annotator, answer")
+    ag.add_argument("--level", choices=LEVELS, default="nominal")
+    ag.add_argument("--order", help="ordinal: the answers from lowest to highest, comma-separated")
+    ag.add_argument("--unsure", help="the answer that means 'cannot tell' (a missing value for alpha)")
+    _interval_flags(ag)
+    return p
+
+
+def _interval_flags(p):
+    p.add_argument("--interval-level", type=float, default=0.95)
+    p.add_argument("--interval-resamples", type=int, default=2000)
+    p.add_argument("--interval-seed", type=int, default=0)
+
+
+def _settings(args) -> I.IntervalSettings:
+    return I.IntervalSettings(level=args.interval_level, resamples=args.interval_resamples, seed=args.interval_seed,
+                              method="percentile")
+
+
+def _store(tasks: TaskSet) -> AnswerStore:
+    return AnswerStore(tasks.path / ANSWERS_DB)
+
+
+def cmd_plan(a) -> int:
+    strata = None if a.strata is None else [s for s in a.strata.split(",") if s]
+    out = PL.plan(a.run_dir, a.protocol, a.output, n=a.n, n_per_stratum=a.n_per_stratum, annotators=a.annotators,
+                  seed=a.seed, strata=strata, custom=a.custom)
+    tasks = TaskSet.load(out)
+    per = tasks.meta["drawing"]["per_stratum"]
+    print(f"{len(tasks.items)} items ({sum(v['drawn'] for v in per.values())} images) for {a.protocol} in {out}")
+    for stratum, v in per.items():
+        print(f"  {stratum}: {v['drawn']} of {v['units']} images")
+    return 0
+
+
+def cmd_import(a) -> int:
+    tasks = TaskSet.load(a.tasks_dir)
+    rejected = 0
+    if a.format == "table":
+        labels, origin = X.read_table(a.file), A.Origin.TABLE
+    elif a.format == "label-studio":
+        labels, origin = X.import_label_studio(a.file), A.Origin.LABEL_STUDIO
+    else:
+        labels, rejected = X.import_crowd_csv(a.file, a.item_column, a.worker_column, a.answer_column)
+        origin = A.Origin.CROWD_CSV
+    checked = check_labels(tasks, labels, a.file)
+    if A.ANSWERED_AT in labels:
+        checked[A.ANSWERED_AT] = labels[A.ANSWERED_AT].to_numpy()
+    done = _store(tasks).record_many(checked, origin)
+    print(f"{a.file}: {done['new']} new answers, {done['replaced']} replaced an earlier answer of the same "
+          f"annotator (the last kept), {done['same']} unchanged" + (f"; {rejected} rejected assignments left out"
+                                                                   if rejected else ""))
+    return 0
+
+
+def cmd_export(a) -> int:
+    tasks = TaskSet.load(a.tasks_dir)
+    if a.format == "label-studio":
+        for f in X.export_label_studio(tasks, a.output, a.image_base):
+            print(f)
+    elif a.format == "crowd-csv":
+        print(X.export_crowd_csv(tasks, a.output, a.image_base))
+    elif a.format == "table":
+        X.write_table(_store(tasks).labels(), a.output)
+        print(a.output)
+    else:
+        print(export_gep(tasks, a.output))
+    return 0
+
+
+def export_gep(tasks: TaskSet, path) -> str:
+    """The majority label of each (image, attribute) as ``gep evaluate --annotations`` reads it
+    (model, image_id, attribute, present); ties and unsure majorities are left out and counted."""
+    if tasks.protocol["name"] != "gep":
+        raise AnnotateError(f"{tasks.path}: gep-annotations needs a gep task set, not {tasks.protocol['name']}")
+    m = majority(_store(tasks).labels(), tasks.unsure)
+    df = tasks.items.merge(m, on=A.ITEM_ID)
+    decided = df[df[A.MAJORITY_STATUS] == A.MajorityStatus.MAJORITY]
+    out = pd.DataFrame({"model": decided["model"], "image_id": decided[A.IMAGE_ID], "attribute": decided["attribute"],
+                        "present": (decided[A.MAJORITY] == YES).astype(int)})
+    X.write_table(out, path)
+    left = len(df) - len(decided)
+    return f"{path}: {len(out)} (image, attribute) majority labels" + (f"; {left} without a majority left out"
+                                                                      if left else "")
+
+
+def cmd_simulate(a) -> int:
+    tasks = TaskSet.load(a.tasks_dir)
+    labels = simulate(tasks.items, tasks.choices, tasks.unsure, a.annotators, a.error_rate, a.unsure_rate, a.seed)
+    done = _store(tasks).record_many(labels, A.Origin.SIMULATED)
+    print(f"{done['new'] + done['replaced']} answers of {a.annotators} SIMULATED annotators (error rate {a.error_rate},"
+          f" unsure rate {a.unsure_rate}): not people; for the demo and the tests")
+    return 0
+
+
+def cmd_report(a) -> int:
+    tasks = TaskSet.load(a.tasks_dir)
+    built = R.build(tasks, _store(tasks).labels(), _settings(a))
+    out = R.write(tasks, built)
+    print(R.text(built))
+    print(f"written to {out}")
+    return 0
+
+
+def cmd_agreement(a) -> int:
+    labels = X.read_table(a.labels)
+    missing = [c for c in A.LABEL_COLUMNS if c not in labels.columns]
+    if missing:
+        raise AnnotateError(f"{a.labels}: no column {', '.join(missing)} (a label table has {', '.join(A.LABEL_COLUMNS)})")
+    labels = labels.dropna(subset=list(A.LABEL_COLUMNS)).astype({c: str for c in A.LABEL_COLUMNS})
+    if labels.empty:
+        raise AnnotateError(f"{a.labels}: no labels in the file")
+    answers = sorted(set(labels[A.ANSWER]) - {a.unsure})
+    if a.order:
+        scale = [s.strip() for s in a.order.split(",")]
+        outside = sorted(set(answers) - set(scale))
+        if outside:
+            raise AnnotateError(f"{a.labels}: answers {', '.join(outside)} are not in --order")
+    elif a.level == "ordinal":
+        raise AnnotateError("--level ordinal needs --order (the answers from lowest to highest)")
+    else:
+        scale = answers
+    settings = _settings(a)
+    block = R.alpha_block(labels, scale, a.level, settings)
+    al = I.Interval(**block["alpha"])
+    m = majority(labels, a.unsure)
+    print(f"{a.labels}: {block['answers']} answers by {block['annotators']} annotators on {block['items']} items")
+    print(f"Krippendorff's alpha ({a.level}): {al.text(3)} over {block['items_pairable']} items with two answers or more")
+    print("majority per item: " + ", ".join(f"{k} {v}" for k, v in m[A.MAJORITY_STATUS].value_counts().items()))
+    return 0
+
+
+COMMANDS = {"plan": cmd_plan, "import": cmd_import, "export": cmd_export, "simulate": cmd_simulate,
+            "report": cmd_report, "agreement": cmd_agreement}
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (AnnotateError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,190 @@
+"""``t2i annotate plan``: draw a preset's items from a finished run into a task set.
+
+Sampling units (images) are drawn without replacement within each stratum, in the order of a
+random permutation (numpy's PCG64 seeded with ``--seed``) of the units sorted by id: the same run,
+preset, sizes and seed give the same items. ``--n N`` splits N equally over the strata (a stratum
+with fewer units gives all it has, the rest go to the others); ``--n-per-stratum K`` takes K from
+each. Every item of a drawn unit is kept (GEP: all of a neutral image's attributes; SD Exposed: all
+of its prompt nouns), as the papers ask them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import replace
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from pipelines.annotate import candidates as C
+from pipelines.annotate.protocols import PRESETS, Protocol
+from pipelines.annotate.tasks import IMAGES_DIR, ITEMS_FILE, TASKS_FILE, AnnotateError
+from schemas import annotation as A
+from schemas.images import MODEL
+
+
+def allocate(sizes: dict, n: int | None, n_per_stratum: int | None) -> dict:
+    """Units to draw per stratum: ``n_per_stratum`` each (capped by the stratum's size), or ``n``
+    split equally with what a small stratum cannot give passed on to the others (sorted order)."""
+    if n_per_stratum is not None:
+        return {s: min(k, n_per_stratum) for s, k in sizes.items()}
+    want = {s: 0 for s in sizes}
+    left = min(n or 0, sum(sizes.values()))
+    while left > 0:
+        open_ = [s for s in sorted(sizes) if want[s] < sizes[s]]
+        share, extra = divmod(left, len(open_))
+        for i, s in enumerate(open_):
+            give = min(share + (i < extra), sizes[s] - want[s])
+            want[s] += give
+            left -= give
+    return want
+
+
+def draw(cands: pd.DataFrame, strata: list[str], n: int | None, n_per_stratum: int | None,
+         seed: int) -> tuple[pd.DataFrame, dict]:
+    """The items of the drawn units, and per stratum how many units it had and gave."""
+    units = cands.drop_duplicates(C.UNIT).sort_values(C.UNIT)
+    key = units[strata].astype(str).agg(" | ".join, axis=1) if strata else pd.Series("all", index=units.index)
+    labels = (units[strata].astype(str).apply(lambda r: " | ".join(f"{c}={v}" for c, v in r.items()), axis=1)
+              if strata else key)
+    sizes = key.value_counts().to_dict()
+    want = allocate(sizes, n, n_per_stratum)
+    rng = np.random.default_rng(seed)
+    chosen, per = [], {}
+    for s in sorted(sizes):
+        mine = units[key == s]
+        picked = mine.iloc[rng.permutation(len(mine))[:want[s]]]
+        chosen.append(picked[[C.UNIT]].assign(**{A.STRATUM: labels[key == s].iloc[0]}))
+        per[labels[key == s].iloc[0]] = {"units": int(sizes[s]), "drawn": int(want[s])}
+    picked = pd.concat(chosen, ignore_index=True) if chosen else pd.DataFrame(columns=[C.UNIT, A.STRATUM])
+    items = cands.merge(picked, on=C.UNIT)
+    return items, per
+
+
+def item_id(run_id: str, unit: str, subject) -> str:
+    return hashlib.sha256(f"{run_id}|{unit}|{'' if pd.isna(subject) else subject}".encode()).hexdigest()[:16]
+
+
+def custom_protocol(path: Path) -> tuple[Protocol, dict]:
+    """A protocol from a YAML file: question, choices (and unsure, level, strata, n, annotators),
+    and the item query: ``where`` (a pandas query on images.parquet), ``subject`` and ``prediction``
+    columns."""
+    try:
+        spec = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise AnnotateError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise AnnotateError(f"{path}: not YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(spec, dict) or not spec.get("question") or not spec.get("choices"):
+        raise AnnotateError(f"{path}: a custom protocol needs at least 'question' and 'choices'")
+    choices = tuple(str(c) for c in spec["choices"])
+    unsure = spec.get("unsure")
+    if unsure is not None and str(unsure) not in choices:
+        raise AnnotateError(f"{path}: unsure {unsure!r} is not one of the choices")
+    proto = Protocol(name="custom", study=str(spec.get("study", "")), paper=f"custom ({Path(path).name})",
+                     question=str(spec["question"]), choices=choices, unsure=None if unsure is None else str(unsure),
+                     level=str(spec.get("level", "nominal")), strata=tuple(spec.get("strata", [MODEL])),
+                     n=spec.get("n", 50), n_per_stratum=spec.get("n_per_stratum"),
+                     annotators=int(spec.get("annotators", 3)), notes=str(spec.get("notes", "")))
+    query = {k: spec.get(k) for k in ("where", "subject", "prediction")}
+    return proto, query
+
+
+def custom_candidates(run_dir: Path, query: dict) -> pd.DataFrame:
+    df = C._images(run_dir)
+    if query.get("where"):
+        try:
+            df = df.query(query["where"])
+        except Exception as e:  # noqa: BLE001 - any error of the user's expression is one line
+            raise AnnotateError(f"where {query['where']!r}: {type(e).__name__}: {e}") from None
+    for role in ("subject", "prediction"):
+        if query.get(role) and query[role] not in df.columns:
+            raise AnnotateError(f"{role} column {query[role]!r} is not in images.parquet")
+    df = C.with_files(run_dir, df)
+    subject = df[query["subject"]].astype(str) if query.get("subject") else None
+    prediction = df[query["prediction"]].astype(str) if query.get("prediction") else None
+    return C._finish(df, subject, prediction, [])
+
+
+def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum: int | None = None,
+         annotators: int | None = None, seed: int = 0, strata: list[str] | None = None,
+         custom: str | None = None) -> Path:
+    """Draw the items and write the task set to ``output``; returns its path."""
+    run_dir, out = Path(run_dir), Path(output)
+    if out.exists() and any(out.iterdir()):
+        raise AnnotateError(f"{out}: exists and is not empty (a task set is written once)")
+    info = C.run_info(run_dir)
+    if protocol == "custom":
+        if not custom:
+            raise AnnotateError("--protocol custom needs --custom FILE.yaml")
+        proto, query = custom_protocol(Path(custom))
+        cands = custom_candidates(run_dir, query)
+    else:
+        if protocol not in PRESETS:
+            raise AnnotateError(f"unknown protocol {protocol!r}: one of {', '.join([*PRESETS, 'custom'])}")
+        proto = PRESETS[protocol]
+        if proto.study and info["study"] != proto.study:
+            raise AnnotateError(f"{run_dir}: a {info['study']} run; the {protocol} protocol labels a {proto.study} run")
+        if protocol not in C.BUILDERS:
+            raise AnnotateError(f"{protocol}: drawing from a {proto.study} run is not available yet")
+        cands = C.BUILDERS[protocol](run_dir)
+    if n is not None or n_per_stratum is not None:
+        proto = replace(proto, n=n, n_per_stratum=n_per_stratum)
+    if annotators is not None:
+        proto = replace(proto, annotators=annotators)
+    if strata is not None:
+        proto = replace(proto, strata=tuple(strata))
+    missing = [c for c in proto.strata if c not in cands.columns]
+    if missing:
+        raise AnnotateError(f"strata {', '.join(missing)}: not columns of the {proto.name} items "
+                            f"({', '.join(c for c in cands.columns if not c.startswith('_'))})")
+    items, per = draw(cands, list(proto.strata), proto.n, proto.n_per_stratum, seed)
+    if items.empty:
+        raise AnnotateError(f"{run_dir}: nothing to draw for {proto.name}")
+    return _write(out, run_dir, info, proto, items, per, seed)
+
+
+def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.DataFrame, per: dict, seed: int) -> Path:
+    (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    names = {}
+    for f in dict.fromkeys(items["_file"]):
+        digest = hashlib.sha256(Path(f).read_bytes()).hexdigest()
+        rel = f"{IMAGES_DIR}/{digest[:20]}{Path(f).suffix}"
+        if not (out / rel).exists():
+            shutil.copyfile(f, out / rel)
+        names[f] = (rel, digest)
+    items = items.assign(**{A.ITEM_ID: [item_id(info["id"], u, s) for u, s in zip(items[C.UNIT], items[A.SUBJECT])],
+                            A.IMAGE_FILE: items["_file"].map(lambda f: names[f][0]),
+                            A.IMAGE_SHA256: items["_file"].map(lambda f: names[f][1]),
+                            A.QUESTION: [proto.question.format(subject=s) if "{subject}" in proto.question
+                                         else proto.question for s in items[A.SUBJECT]],
+                            A.KNOWN_ANSWER: None})
+    first = [A.ITEM_ID, A.IMAGE_ID, MODEL, A.SUBJECT, A.QUESTION, A.PREDICTION, A.STRATUM, A.IMAGE_FILE,
+             A.IMAGE_SHA256, A.KNOWN_ANSWER]
+    rest = [c for c in items.columns if c not in first and not c.startswith("_") and c != C.UNIT]
+    items = items[first + rest].sort_values([A.STRATUM, A.ITEM_ID]).reset_index(drop=True)
+    items[A.SUBJECT] = items[A.SUBJECT].astype(object).where(items[A.SUBJECT].notna(), None)
+    items.to_parquet(out / ITEMS_FILE, index=False)
+    meta = {"protocol": proto.record(), "run": info,
+            "drawing": {"seed": seed, "strata": list(proto.strata), "n": proto.n, "n_per_stratum": proto.n_per_stratum,
+                        "unit": proto.unit, "per_stratum": per, "items": int(len(items)),
+                        "method": "simple random sample of units without replacement within each stratum "
+                                  "(numpy PCG64 permutation of the units sorted by id)"},
+            "annotators": proto.annotators,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "version": _version()}
+    (out / TASKS_FILE).write_text(json.dumps(meta, indent=1, default=str))
+    return out
+
+
+def _version() -> str:
+    try:
+        return metadata.version("t2i-bias-audit")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,238 @@
+"""`t2i annotate plan` and the task set's life: each preset's sampling (sizes, strata, determinism
+under the seed, only images the run stored), imports and exports round trips, the answer store
+(last answer kept, undo, committed across processes), bad input in one line. The runs here are
+finished-run folders written by hand with the studies' own columns and image paths (the presets
+only read files); the presets on real stand-in runs are in tests/studies/*/test_run.py."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from pipelines.annotate import cli, interchange as X, plan as PL
+from pipelines.annotate.store import AnswerStore
+from pipelines.annotate.tasks import ANSWERS_DB, AnnotateError, TaskSet
+from pipelines.engine.storage.checkpoint import model_dir
+from schemas import annotation as A
+from schemas import exposed as XS
+from schemas import paintskills as P
+
+MODELS = ["org/model-a", "org/model-b"]
+
+
+def _png(path, value):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((8, 8, 3), value, np.uint8)).save(path)
+
+
+def _finish(run, study, table):
+    table.to_parquet(run / "images.parquet", index=False)
+    (run / "run.json").write_text(json.dumps({"run_id": run.name, "status": "done"}))
+    (run / "metrics.json").write_text(json.dumps({"run_id": run.name, "study": study}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def exposed_run(tmp_path_factory):
+    """2 models x 12 images; one image of each model not saved, one not analysed (detection error)."""
+    run = tmp_path_factory.mktemp("runs") / "exp"
+    rows = []
+    for m in MODELS:
+        for k in range(12):
+            image_id = f"t{k}-s0-neutral"
+            nouns = ["doctor", "desk"] if k % 2 else ["chef", "knife", "kitchen"]
+            rows.append({"model": m, "image_id": image_id, XS.DETECTION_STATUS: "error" if k == 11 else "ok",
+                         XS.PROMPT_NOUNS: nouns, XS.HIDDEN_NOUNS: nouns[-1:]})
+            if k != 10:
+                _png(run / "images" / model_dir(m) / f"{image_id}.png", 10 * k + MODELS.index(m))
+    return _finish(run, "paper004-exposed", pd.DataFrame(rows))
+
+
+@pytest.fixture(scope="module")
+def skills_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "skills"
+    rows = []
+    for m in MODELS:
+        for skill in ("object", "count", "spatial"):
+            for k in range(5):
+                image_id = f"{skill}-{k:05d}"
+                rows.append({"model": m, "image_id": image_id, "prompt": f"{skill} prompt {k}", P.SKILL: skill,
+                             P.CORRECT: None if k == 4 else bool(k % 2)})
+                _png(run / "images" / model_dir(m) / f"{image_id}.png", k)
+    return _finish(run, "paper000-dalleval-skills", pd.DataFrame(rows))
+
+
+def test_exposed_nouns_draws_images_with_all_their_nouns_from_stored_analysed_images(exposed_run, tmp_path):
+    out = PL.plan(exposed_run, "exposed-nouns", tmp_path / "t", n=6, seed=3)
+    t = TaskSet.load(out)
+    items = t.items
+    # 3 images per model (equal split), each with all its nouns; only saved, analysed images
+    per = items.groupby("model")[A.IMAGE_ID].nunique()
+    assert per.to_dict() == {m: 3 for m in MODELS}
+    assert not set(items[A.IMAGE_ID]) & {"t10-s0-neutral", "t11-s0-neutral"}
+    for image_id, part in items.groupby(["model", A.IMAGE_ID]):
+        k = int(image_id[1][1:].split("-")[0])
+        assert sorted(part[A.SUBJECT]) == sorted(["doctor", "desk"] if k % 2 else ["chef", "knife", "kitchen"])
+        # the model found every noun but the hidden one (the last)
+        assert part.set_index(A.SUBJECT)[A.PREDICTION].to_dict() == {
+            n: ("no" if n in ("desk", "kitchen") else "yes") for n in part[A.SUBJECT]}
+    assert set(items[A.QUESTION]) >= {'Do you see "doctor" in this image?'}
+    # images are copied by content hash and the items name them; the record says how they were drawn
+    for r in items.itertuples():
+        assert (out / getattr(r, A.IMAGE_FILE)).is_file()
+    assert t.meta["drawing"]["per_stratum"] == {f"model={m}": {"units": 10, "drawn": 3} for m in MODELS}
+    assert t.meta["run"]["id"] == "exp" and t.meta["drawing"]["seed"] == 3
+    # the same seed draws the same items; another seed others
+    again = TaskSet.load(PL.plan(exposed_run, "exposed-nouns", tmp_path / "t2", n=6, seed=3)).items
+    other = TaskSet.load(PL.plan(exposed_run, "exposed-nouns", tmp_path / "t3", n=6, seed=4)).items
+    assert list(again[A.ITEM_ID]) == list(items[A.ITEM_ID]) and set(other[A.ITEM_ID]) != set(items[A.ITEM_ID])
+
+
+def test_skills_takes_n_per_model_and_skill_of_the_judged_images(skills_run, tmp_path):
+    t = TaskSet.load(PL.plan(skills_run, "dalleval-skills", tmp_path / "t", n_per_stratum=3))
+    assert t.items.groupby(["model", P.SKILL]).size().tolist() == [3] * 6
+    assert t.items[A.PREDICTION].isin(["yes", "no"]).all()        # only judged images (correct not null)
+    assert not t.items[A.IMAGE_ID].str.endswith("00004").any()
+    # the preset's 50 per stratum, capped by what the run has: every judged image
+    full = TaskSet.load(PL.plan(skills_run, "dalleval-skills", tmp_path / "full"))
+    assert len(full.items) == 2 * 3 * 4 and full.meta["protocol"]["n_per_stratum"] == 50
+
+
+def test_allocation_splits_equally_and_passes_on_what_a_small_stratum_cannot_give():
+    assert PL.allocate({"a": 2, "b": 10, "c": 10}, 12, None) == {"a": 2, "b": 5, "c": 5}
+    assert PL.allocate({"a": 2, "b": 10}, 100, None) == {"a": 2, "b": 10}
+    assert PL.allocate({"a": 2, "b": 10}, None, 4) == {"a": 2, "b": 4}
+
+
+def test_plan_refusals_are_one_line(exposed_run, skills_run, tmp_path, capsys):
+    def run(*argv):
+        assert cli.main(["plan", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+    assert "paper000-dalleval-skills run" in run(str(skills_run), "--protocol", "exposed-nouns", "--output",
+                                                 str(tmp_path / "x"))
+    assert "not a finished run" in run(str(tmp_path), "--protocol", "gep", "--output", str(tmp_path / "y"))
+    assert "strata nope" in run(str(exposed_run), "--protocol", "exposed-nouns", "--strata", "nope", "--output",
+                                str(tmp_path / "z"))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    assert "not empty" in run(str(exposed_run), "--protocol", "exposed-nouns", "--output", str(tmp_path / "full"))
+
+
+def test_custom_protocol_from_yaml(skills_run, tmp_path):
+    spec = tmp_path / "p.yaml"
+    spec.write_text("question: Is the {subject} drawn well?\nchoices: [good, bad, unsure]\nunsure: unsure\n"
+                    "where: skill == 'count'\nsubject: prompt\nstrata: [model]\nn: 4\n")
+    t = TaskSet.load(PL.plan(skills_run, "custom", tmp_path / "t", custom=str(spec)))
+    assert t.items[A.IMAGE_ID].str.startswith("count-").all()
+    assert len(t.items) == 4 and t.items[A.QUESTION].str.startswith("Is the count prompt").all()
+    assert t.choices == ["good", "bad", "unsure"] and t.unsure == "unsure"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("question: q\nchoices: [a, b]\nwhere: nosuch ==\n")
+    with pytest.raises(AnnotateError, match="where"):
+        PL.plan(skills_run, "custom", tmp_path / "t2", custom=str(bad))
+
+
+@pytest.fixture
+def tasks(exposed_run, tmp_path):
+    return TaskSet.load(PL.plan(exposed_run, "exposed-nouns", tmp_path / "tasks", n=4, seed=1))
+
+
+def test_store_keeps_the_last_answer_says_so_and_undoes(tasks):
+    store = AnswerStore(tasks.path / ANSWERS_DB)
+    first, second = tasks.items[A.ITEM_ID][:2]
+    assert store.record(first, "ann", "yes") == "new"
+    assert store.record(first, "ann", "yes") == "same"
+    assert store.record(first, "ann", "no") == "replaced"
+    assert store.record(second, "ann", "yes") == "new"
+    assert store.labels().set_index(A.ITEM_ID)[A.ANSWER].to_dict() == {first: "no", second: "yes"}
+    assert store.undo("ann") == second and store.answered("ann") == {first}
+    assert store.undo("ann") == first and store.labels()[A.ANSWER].tolist() == ["yes"]   # the replaced one back
+    assert store.undo("ann") == first and store.labels().empty and store.undo("ann") is None
+
+
+def test_an_answer_committed_survives_a_killed_writer(tasks):
+    """A process killed (SIGKILL) right after ``record`` returned: the answer is in the database."""
+    item = tasks.items[A.ITEM_ID].iloc[0]
+    code = ("import os, signal, sys\nfrom pipelines.annotate.store import AnswerStore\n"
+            f"AnswerStore(sys.argv[1]).record({item!r}, 'ann', 'yes')\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tasks.path / ANSWERS_DB)], capture_output=True)
+    assert proc.returncode == -9
+    assert AnswerStore(tasks.path / ANSWERS_DB).labels()[A.ITEM_ID].tolist() == [item]
+
+
+def test_label_studio_and_crowd_csv_round_trips(tasks, tmp_path, capsys):
+    ids = list(tasks.items[A.ITEM_ID])
+    files = X.export_label_studio(tasks, tmp_path / "ls", image_base="http://127.0.0.1:8080/data")
+    exported = json.loads(files[0].read_text())
+    assert [t["data"][A.ITEM_ID] for t in exported] == ids and exported[0]["data"]["image"].startswith("http://")
+    assert '<Choice value="unsure"/>' in files[1].read_text()
+    # Label Studio's export: annotations with completed_by, one cancelled
+    for k, t in enumerate(exported):
+        t["annotations"] = [{"completed_by": {"email": "a@x.org"}, "was_cancelled": False,
+                             "result": [{"from_name": "answer", "to_name": "image", "type": "choices",
+                                         "value": {"choices": ["yes" if k % 2 else "no"]}}]},
+                            {"completed_by": 7, "was_cancelled": True, "result": []}]
+    (tmp_path / "export.json").write_text(json.dumps(exported))
+    assert cli.main(["import", str(tasks.path), str(tmp_path / "export.json"), "--format", "label-studio"]) == 0
+    assert f"{len(ids)} new answers" in capsys.readouterr().out
+    # a crowd batch: input CSV out, results back with one rejected assignment
+    X.export_crowd_csv(tasks, tmp_path / "batch.csv")
+    batch = pd.read_csv(tmp_path / "batch.csv")
+    assert list(batch[A.ITEM_ID]) == ids and set(batch["choices"]) == {"yes|no|unsure"}
+    results = pd.DataFrame({"Input.item_id": ids * 2, "WorkerId": ["W1"] * len(ids) + ["W2"] * len(ids),
+                            "Answer.answer": ["yes"] * (2 * len(ids)),
+                            "AssignmentStatus": ["Approved"] * (2 * len(ids) - 1) + ["Rejected"]})
+    results.to_csv(tmp_path / "results.csv", index=False)
+    assert cli.main(["import", str(tasks.path), str(tmp_path / "results.csv"), "--format", "crowd-csv"]) == 0
+    assert "1 rejected assignments left out" in capsys.readouterr().out
+    labels = AnswerStore(tasks.path / ANSWERS_DB).labels()
+    assert labels.groupby(A.ANNOTATOR).size().to_dict() == {"a@x.org": len(ids), "W1": len(ids), "W2": len(ids) - 1}
+    assert set(labels[A.ORIGIN]) == {A.Origin.LABEL_STUDIO, A.Origin.CROWD_CSV}
+    # the long table out and in again: nothing new
+    assert cli.main(["export", str(tasks.path), "--format", "table", "--output", str(tmp_path / "l.parquet")]) == 0
+    assert cli.main(["import", str(tasks.path), str(tmp_path / "l.parquet")]) == 0
+    assert f"0 new answers, 0 replaced an earlier answer of the same annotator (the last kept), {len(labels)} unchanged" \
+        in capsys.readouterr().out
+
+
+def test_bad_label_input_is_one_line(tasks, tmp_path, capsys):
+    item = tasks.items[A.ITEM_ID].iloc[0]
+    cases = {"unknown.csv": ("item_id,annotator,answer\nnot-an-item,a,yes\n", "another task set or run"),
+             "outside.csv": (f"item_id,annotator,answer\n{item},a,maybe\n", "not among the choices"),
+             "columns.csv": ("item,who,what\nx,y,z\n", "no column item_id"),
+             "empty.csv": ("item_id,annotator,answer\n", "no labels"),
+             "ls.json": ("{\"not\": \"a list\"}", "JSON list of tasks")}
+    for name, (content, why) in cases.items():
+        (tmp_path / name).write_text(content)
+        fmt = "label-studio" if name.endswith("json") else "table"
+        assert cli.main(["import", str(tasks.path), str(tmp_path / name), "--format", fmt]) == 2
+        err = capsys.readouterr().err
+        assert why in err and name in err and err.count("\n") == 1, err
+    assert AnswerStore(tasks.path / ANSWERS_DB).labels().empty
+
+
+def test_report_with_simulated_annotators_and_the_nouns_table(tasks, capsys):
+    assert cli.main(["simulate", str(tasks.path), "--annotators", "3", "--error-rate", "0.2", "--seed", "2"]) == 0
+    assert "SIMULATED" in capsys.readouterr().out
+    assert cli.main(["report", str(tasks.path), "--interval-resamples", "200"]) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((tasks.path / "report" / "agreement.json").read_text())
+    labels = AnswerStore(tasks.path / ANSWERS_DB).labels()
+    assert doc["simulated_answers"] == len(labels) == 3 * len(tasks.items)
+    assert "Krippendorff's alpha (nominal)" in printed and "(%d simulated)" % len(labels) in printed
+    # the nouns table recomputed from the majority file and the items
+    maj = pd.read_csv(tasks.path / "report" / "majority.csv")
+    df = tasks.items.merge(maj[maj[A.MAJORITY_STATUS] == "majority"], on=A.ITEM_ID)
+    both = int(((df[A.PREDICTION] == "yes") & (df[A.MAJORITY] == "yes")).sum())
+    assert doc["nouns"]["both"] == both and doc["nouns"]["nouns"] == len(df)
+    assert sum(doc["nouns"][k] for k in ("both", "model_only", "people_only", "neither")) == len(df)
+    agree = pd.read_csv(tasks.path / "report" / "classifier_agreement.csv")
+    assert agree["scored"].sum() == doc["classifier_agreement"]["scored"] == len(df)
+    assert doc["classifier_agreement"]["agree"] == int((df[A.PREDICTION] == df[A.MAJORITY]).sum())
+
