@@ -1,6 +1,7 @@
 """``t2i annotate``: people in the loop.
 
     t2i annotate plan RUN_DIR --protocol gep --output TASKS_DIR [--n N | --n-per-stratum K] [--seed S]
+    t2i annotate serve TASKS_DIR [--host 127.0.0.1 --port 8765] [--annotators alice,bob]
     t2i annotate import TASKS_DIR FILE --format {table,label-studio,crowd-csv}
     t2i annotate export TASKS_DIR --format {table,label-studio,crowd-csv,gep-annotations} --output PATH
     t2i annotate simulate TASKS_DIR [--annotators 3 --error-rate 0.1 --unsure-rate 0.05]
@@ -46,6 +47,11 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--strata", help="comma-separated columns to draw within ('' for none; the preset's by default)")
     pl.add_argument("--custom", help="--protocol custom: the YAML file (question, choices, where, ...)")
+    sv = sub.add_parser("serve", help="the labelling page (a local web app; answers go to answers.sqlite)")
+    sv.add_argument("tasks_dir")
+    sv.add_argument("--host", default="127.0.0.1", help="another address than 127.0.0.1 needs --annotators")
+    sv.add_argument("--port", type=int, default=8765, help="0: any free port")
+    sv.add_argument("--annotators", help="comma-separated names: each gets a secret link (tokens in annotators.json)")
     im = sub.add_parser("import", help="add answers from a label table, Label Studio's JSON export or a crowd CSV")
     im.add_argument("tasks_dir")
     im.add_argument("file")
@@ -100,6 +106,13 @@ def cmd_plan(a) -> int:
     print(f"{len(tasks.items)} items ({sum(v['drawn'] for v in per.values())} images) for {a.protocol} in {out}")
     for stratum, v in per.items():
         print(f"  {stratum}: {v['drawn']} of {v['units']} images")
+    return 0
+
+
+def cmd_serve(a) -> int:
+    from pipelines.annotate.server import serve
+
+    serve(a.tasks_dir, a.host, a.port, [n for n in (a.annotators or "").split(",") if n] or None)
     return 0
 
 
@@ -200,7 +213,7 @@ def cmd_agreement(a) -> int:
     return 0
 
 
-COMMANDS = {"plan": cmd_plan, "import": cmd_import, "export": cmd_export, "simulate": cmd_simulate,
+COMMANDS = {"plan": cmd_plan, "serve": cmd_serve, "import": cmd_import, "export": cmd_export, "simulate": cmd_simulate,
             "report": cmd_report, "agreement": cmd_agreement}
 
 
@@ -208,6 +221,10 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (AnnotateError, ValueError) as e:
+    except (AnnotateError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

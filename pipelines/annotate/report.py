@@ -59,7 +59,7 @@ def build(tasks: TaskSet, labels: pd.DataFrame, settings: I.IntervalSettings = I
     has_prediction = tasks.items[A.PREDICTION].notna().any()
     agree = G.classifier_agreement(tasks.items, majorities, [], settings.level) if has_prediction else None
     if agree is not None:
-        result["classifier_agreement"] = agree.iloc[0].to_dict()
+        result["classifier_agreement"] = agree.to_dict("records")[0]
     if tasks.protocol["name"] == "exposed-nouns":
         result["nouns"] = nouns_table(tasks.items, majorities)
     tables = {"majority": majorities}

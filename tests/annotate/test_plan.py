@@ -8,71 +8,22 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pandas as pd
 import pytest
-from PIL import Image
 
 from pipelines.annotate import cli, interchange as X, plan as PL
 from pipelines.annotate.store import AnswerStore
 from pipelines.annotate.tasks import ANSWERS_DB, AnnotateError, TaskSet
-from pipelines.engine.storage.checkpoint import model_dir
 from schemas import annotation as A
-from schemas import exposed as XS
 from schemas import paintskills as P
 
-MODELS = ["org/model-a", "org/model-b"]
-
-
-def _png(path, value):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.full((8, 8, 3), value, np.uint8)).save(path)
-
-
-def _finish(run, study, table):
-    table.to_parquet(run / "images.parquet", index=False)
-    (run / "run.json").write_text(json.dumps({"run_id": run.name, "status": "done"}))
-    (run / "metrics.json").write_text(json.dumps({"run_id": run.name, "study": study}))
-    return run
-
-
-@pytest.fixture(scope="module")
-def exposed_run(tmp_path_factory):
-    """2 models x 12 images; one image of each model not saved, one not analysed (detection error)."""
-    run = tmp_path_factory.mktemp("runs") / "exp"
-    rows = []
-    for m in MODELS:
-        for k in range(12):
-            image_id = f"t{k}-s0-neutral"
-            nouns = ["doctor", "desk"] if k % 2 else ["chef", "knife", "kitchen"]
-            rows.append({"model": m, "image_id": image_id, XS.DETECTION_STATUS: "error" if k == 11 else "ok",
-                         XS.PROMPT_NOUNS: nouns, XS.HIDDEN_NOUNS: nouns[-1:]})
-            if k != 10:
-                _png(run / "images" / model_dir(m) / f"{image_id}.png", 10 * k + MODELS.index(m))
-    return _finish(run, "paper004-exposed", pd.DataFrame(rows))
-
-
-@pytest.fixture(scope="module")
-def skills_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "skills"
-    rows = []
-    for m in MODELS:
-        for skill in ("object", "count", "spatial"):
-            for k in range(5):
-                image_id = f"{skill}-{k:05d}"
-                rows.append({"model": m, "image_id": image_id, "prompt": f"{skill} prompt {k}", P.SKILL: skill,
-                             P.CORRECT: None if k == 4 else bool(k % 2)})
-                _png(run / "images" / model_dir(m) / f"{image_id}.png", k)
-    return _finish(run, "paper000-dalleval-skills", pd.DataFrame(rows))
-
-
-def test_exposed_nouns_draws_images_with_all_their_nouns_from_stored_analysed_images(exposed_run, tmp_path):
+def test_exposed_nouns_draws_images_with_all_their_nouns_from_stored_analysed_images(exposed_run, models, tmp_path):
     out = PL.plan(exposed_run, "exposed-nouns", tmp_path / "t", n=6, seed=3)
     t = TaskSet.load(out)
     items = t.items
     # 3 images per model (equal split), each with all its nouns; only saved, analysed images
     per = items.groupby("model")[A.IMAGE_ID].nunique()
-    assert per.to_dict() == {m: 3 for m in MODELS}
+    assert per.to_dict() == {m: 3 for m in models}
     assert not set(items[A.IMAGE_ID]) & {"t10-s0-neutral", "t11-s0-neutral"}
     for image_id, part in items.groupby(["model", A.IMAGE_ID]):
         k = int(image_id[1][1:].split("-")[0])
@@ -84,7 +35,7 @@ def test_exposed_nouns_draws_images_with_all_their_nouns_from_stored_analysed_im
     # images are copied by content hash and the items name them; the record says how they were drawn
     for r in items.itertuples():
         assert (out / getattr(r, A.IMAGE_FILE)).is_file()
-    assert t.meta["drawing"]["per_stratum"] == {f"model={m}": {"units": 10, "drawn": 3} for m in MODELS}
+    assert t.meta["drawing"]["per_stratum"] == {f"model={m}": {"units": 10, "drawn": 3} for m in models}
     assert t.meta["run"]["id"] == "exp" and t.meta["drawing"]["seed"] == 3
     # the same seed draws the same items; another seed others
     again = TaskSet.load(PL.plan(exposed_run, "exposed-nouns", tmp_path / "t2", n=6, seed=3)).items
@@ -136,11 +87,6 @@ def test_custom_protocol_from_yaml(skills_run, tmp_path):
     bad.write_text("question: q\nchoices: [a, b]\nwhere: nosuch ==\n")
     with pytest.raises(AnnotateError, match="where"):
         PL.plan(skills_run, "custom", tmp_path / "t2", custom=str(bad))
-
-
-@pytest.fixture
-def tasks(exposed_run, tmp_path):
-    return TaskSet.load(PL.plan(exposed_run, "exposed-nouns", tmp_path / "tasks", n=4, seed=1))
 
 
 def test_store_keeps_the_last_answer_says_so_and_undoes(tasks):
