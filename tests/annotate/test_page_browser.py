@@ -71,6 +71,7 @@ def test_an_annotator_labels_by_keyboard_reloads_and_undoes(tasks):
                 page.reload()
             expect(page.locator("#count")).to_have_text(re.compile(f"^{k} / "))
             seen.append(page.get_attribute("#img", "data-item"))
+            expect(page.locator("#img")).to_have_js_property("complete", True)
             assert page.evaluate("document.getElementById('img').naturalWidth") > 0
             page.keyboard.press(str(["yes", "no", "unsure"].index(answer) + 1))
         expect(page.locator("#count")).to_have_text(re.compile(f"^{len(answers)} / "))
