@@ -47,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--strata", help="comma-separated columns to draw within ('' for none; the preset's by default)")
     pl.add_argument("--custom", help="--protocol custom: the YAML file (question, choices, where, ...)")
+    pl.add_argument("--known-answers", help="CSV of attention-check items (image_id, answer; subject where items "
+                                            "have one): shown like the others, left out of the estimates")
     sv = sub.add_parser("serve", help="the labelling page (a local web app; answers go to answers.sqlite)")
     sv.add_argument("tasks_dir")
     sv.add_argument("--host", default="127.0.0.1", help="another address than 127.0.0.1 needs --annotators")
@@ -100,7 +102,7 @@ def _store(tasks: TaskSet) -> AnswerStore:
 def cmd_plan(a) -> int:
     strata = None if a.strata is None else [s for s in a.strata.split(",") if s]
     out = PL.plan(a.run_dir, a.protocol, a.output, n=a.n, n_per_stratum=a.n_per_stratum, annotators=a.annotators,
-                  seed=a.seed, strata=strata, custom=a.custom)
+                  seed=a.seed, strata=strata, custom=a.custom, known_answers=a.known_answers)
     tasks = TaskSet.load(out)
     per = tasks.meta["drawing"]["per_stratum"]
     print(f"{len(tasks.items)} items ({sum(v['drawn'] for v in per.values())} images) for {a.protocol} in {out}")
@@ -182,6 +184,8 @@ def cmd_report(a) -> int:
     out = R.write(tasks, built)
     print(R.text(built))
     print(f"written to {out}")
+    for f in R.attach_to_run(tasks, built):
+        print(f"updated {f} (Checked by people)")
     return 0
 
 

@@ -28,6 +28,8 @@ from pipelines.annotate.tasks import IMAGES_DIR, ITEMS_FILE, TASKS_FILE, Annotat
 from schemas import annotation as A
 from schemas.images import MODEL
 
+KNOWN_STRATUM = "known answer"
+
 
 def allocate(sizes: dict, n: int | None, n_per_stratum: int | None) -> dict:
     """Units to draw per stratum: ``n_per_stratum`` each (capped by the stratum's size), or ``n``
@@ -114,7 +116,7 @@ def custom_candidates(run_dir: Path, query: dict) -> pd.DataFrame:
 
 def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum: int | None = None,
          annotators: int | None = None, seed: int = 0, strata: list[str] | None = None,
-         custom: str | None = None) -> Path:
+         custom: str | None = None, known_answers: str | None = None) -> Path:
     """Draw the items and write the task set to ``output``; returns its path."""
     run_dir, out = Path(run_dir), Path(output)
     if out.exists() and any(out.iterdir()):
@@ -147,7 +149,37 @@ def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum:
     items, per = draw(cands, list(proto.strata), proto.n, proto.n_per_stratum, seed)
     if items.empty:
         raise AnnotateError(f"{run_dir}: nothing to draw for {proto.name}")
+    if known_answers:
+        items = with_known_answers(items, cands, Path(known_answers), proto)
     return _write(out, run_dir, info, proto, items, per, seed)
+
+
+def with_known_answers(items: pd.DataFrame, cands: pd.DataFrame, path: Path, proto: Protocol) -> pd.DataFrame:
+    """Known-answer (attention check) items from a CSV ``image_id, answer`` (and ``subject`` where the
+    protocol's items have one): shown like any other item, left out of every estimate, and used to
+    flag annotators who miss them (report.py). An item drawn at random that is also listed moves to
+    the known-answer stratum."""
+    from pipelines.annotate.interchange import read_table
+
+    known = read_table(path)
+    need = [A.IMAGE_ID, "answer"] + ([A.SUBJECT] if cands[A.SUBJECT].notna().any() else [])
+    missing = [c for c in need if c not in known.columns]
+    if missing:
+        raise AnnotateError(f"{path}: no column {', '.join(missing)} (known answers: {', '.join(need)})")
+    bad = sorted(set(known["answer"]) - set(proto.choices))
+    if bad:
+        raise AnnotateError(f"{path}: answer(s) {', '.join(map(repr, bad))} not among the choices "
+                            f"{', '.join(proto.choices)}")
+    keys = [c for c in (A.IMAGE_ID, A.SUBJECT) if c in need]
+    found = cands.merge(known[keys + ["answer"]].astype(str), on=keys, how="inner")
+    if len(found) < len(known):
+        got = set(map(tuple, found[keys].astype(str).to_numpy()))
+        lost = [k for k in map(tuple, known[keys].astype(str).to_numpy()) if k not in got]
+        raise AnnotateError(f"{path}: {len(lost)} known-answer item(s) not among the run's stored items, e.g. {lost[0]}")
+    found = found.rename(columns={"answer": A.KNOWN_ANSWER}).assign(**{A.STRATUM: KNOWN_STRATUM})
+    rest = items[~items[C.UNIT].astype(str).add("|").add(items[A.SUBJECT].astype(str))
+                 .isin(found[C.UNIT].astype(str).add("|").add(found[A.SUBJECT].astype(str)))]
+    return pd.concat([rest, found], ignore_index=True)
 
 
 def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.DataFrame, per: dict, seed: int) -> Path:
@@ -164,7 +196,7 @@ def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.Data
                             A.IMAGE_SHA256: items["_file"].map(lambda f: names[f][1]),
                             A.QUESTION: [proto.question.format(subject=s) if "{subject}" in proto.question
                                          else proto.question for s in items[A.SUBJECT]],
-                            A.KNOWN_ANSWER: None})
+                            A.KNOWN_ANSWER: items[A.KNOWN_ANSWER] if A.KNOWN_ANSWER in items else None})
     first = [A.ITEM_ID, A.IMAGE_ID, MODEL, A.SUBJECT, A.QUESTION, A.PREDICTION, A.STRATUM, A.IMAGE_FILE,
              A.IMAGE_SHA256, A.KNOWN_ANSWER]
     rest = [c for c in items.columns if c not in first and not c.startswith("_") and c != C.UNIT]

@@ -2,13 +2,17 @@
 per item, the classifier's agreement with the majority per stratum, its confusion matrix, and the
 preset's own table (SD Exposed: nouns found by both, by the model only, by people only).
 
-Written to ``TASKS_DIR/report/``: ``agreement.json`` and, as CSV and parquet (``datasets``
-loads either), ``majority``, ``classifier_agreement`` and ``confusion``; the same text is printed.
+Written to ``TASKS_DIR/report/``: ``agreement.json``, ``report.html`` and, as CSV and parquet
+(``datasets`` loads either), ``majority``, ``classifier_agreement`` and ``confusion``; the same text
+is printed. The run the task set was drawn from gets the same "Checked by people" section in its
+report.html (one per protocol, replaced when the report is made again) and the result under
+``human_evaluation`` in its metrics.json.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +20,8 @@ import pandas as pd
 from pipelines.annotate import agreement as G
 from pipelines.annotate.simulate import PREFIX as SIMULATED
 from pipelines.annotate.tasks import AnnotateError, TaskSet
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
 from pipelines.engine.stats import intervals as I
 from schemas import annotation as A
 
@@ -50,23 +56,48 @@ def build(tasks: TaskSet, labels: pd.DataFrame, settings: I.IntervalSettings = I
         raise AnnotateError(f"{tasks.path}: no answers yet (label on the page, or `t2i annotate import`)")
     majorities = G.majority(labels, tasks.unsure)
     by = [A.STRATUM]
+    # known-answer items check the annotators; every estimate is over the items drawn at random
+    known = tasks.items[A.KNOWN_ANSWER].notna()
+    items = tasks.items[~known]
+    drawn = labels[labels[A.ITEM_ID].isin(items[A.ITEM_ID])]
+    if drawn.empty:
+        raise AnnotateError(f"{tasks.path}: no answers to the drawn items yet (only known-answer items)")
     result = {"protocol": tasks.protocol["name"], "run_id": tasks.meta["run"]["id"],
               "simulated_answers": int(labels[A.ANNOTATOR].str.startswith(SIMULATED).sum()),
               "intervals": settings.record(),
-              **alpha_block(labels, tasks.scale, tasks.level, settings),
+              **alpha_block(drawn, tasks.scale, tasks.level, settings),
               "unsure_answers": int((labels[A.ANSWER] == tasks.unsure).sum()) if tasks.unsure else 0,
-              "majority_status": majorities[A.MAJORITY_STATUS].value_counts().to_dict()}
-    has_prediction = tasks.items[A.PREDICTION].notna().any()
-    agree = G.classifier_agreement(tasks.items, majorities, [], settings.level) if has_prediction else None
+              "majority_status": majorities[majorities[A.ITEM_ID].isin(items[A.ITEM_ID])][A.MAJORITY_STATUS]
+              .value_counts().to_dict()}
+    has_prediction = items[A.PREDICTION].notna().any()
+    agree = G.classifier_agreement(items, majorities, [], settings.level) if has_prediction else None
     if agree is not None:
         result["classifier_agreement"] = agree.to_dict("records")[0]
     if tasks.protocol["name"] == "exposed-nouns":
-        result["nouns"] = nouns_table(tasks.items, majorities)
+        result["nouns"] = nouns_table(items, majorities)
     tables = {"majority": majorities}
     if has_prediction:
-        tables["classifier_agreement"] = G.classifier_agreement(tasks.items, majorities, by, settings.level)
-        tables["confusion"] = G.confusion(tasks.items, majorities, by)
+        tables["classifier_agreement"] = G.classifier_agreement(items, majorities, by, settings.level)
+        tables["confusion"] = G.confusion(items, majorities, by)
+    if known.any():
+        checks = known_answer_checks(tasks.items[known], labels)
+        tables["known_answers"] = checks
+        result["flagged_annotators"] = checks[checks["flagged"]][A.ANNOTATOR].tolist()
     return {"result": result, "tables": tables}
+
+
+KNOWN_MIN_ACCURACY = 0.8     # a project choice: an annotator missing more than 1 in 5 known answers is flagged
+
+
+def known_answer_checks(known: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """Per annotator: known-answer items answered, right, the share right, and whether it is below
+    ``KNOWN_MIN_ACCURACY`` (flagged: look at their answers before trusting them)."""
+    df = labels.merge(known[[A.ITEM_ID, A.KNOWN_ANSWER]], on=A.ITEM_ID)
+    out = df.assign(right=df[A.ANSWER] == df[A.KNOWN_ANSWER]).groupby(A.ANNOTATOR)["right"].agg(["size", "sum"])
+    out = out.rename(columns={"size": "known_answered", "sum": "known_right"}).reset_index()
+    out["known_accuracy"] = out["known_right"] / out["known_answered"]
+    out["flagged"] = out["known_accuracy"] < KNOWN_MIN_ACCURACY
+    return out
 
 
 def write(tasks: TaskSet, built: dict) -> Path:
@@ -76,6 +107,8 @@ def write(tasks: TaskSet, built: dict) -> Path:
     for name, table in built["tables"].items():
         table.to_csv(out / f"{name}.csv", index=False)
         table.to_parquet(out / f"{name}.parquet", index=False)
+    (out / "report.html").write_text(Pg.document(f"Checked by people: {tasks.protocol['name']}",
+                                                 [section(tasks, built)]))
     return out
 
 
@@ -99,6 +132,9 @@ def text(built: dict) -> str:
         lines.append(f"classifier agrees with the majority on {c['agree']} of {c['scored']} items: {ci.text(3)} "
                      f"(Wilson); not scored: {c['ties']} ties, {c['unsure_majority']} unsure, "
                      f"{c['unanswered']} unanswered")
+    if "flagged_annotators" in r:
+        lines.append(f"annotators below {KNOWN_MIN_ACCURACY:.0%} on the known-answer items: "
+                     + (", ".join(r["flagged_annotators"]) or "none"))
     n = r.get("nouns")
     if n:
         share = "n/a" if n["both_share"] is None else f"{n['both_share']:.2%}"
@@ -106,3 +142,72 @@ def text(built: dict) -> str:
                      f"{n['model_only_most_frequent']}, {n['people_only']} by people only "
                      f"{n['people_only_most_frequent']}, {n['neither']} by neither")
     return "\n".join(lines)
+
+
+def section(tasks: TaskSet, built: dict) -> str:
+    """The "Checked by people" section (HTML) of one protocol's labels."""
+    r, t = built["result"], built["tables"]
+    p = tasks.protocol
+    a = I.Interval(**{k: r["alpha"][k] for k in ("value", "low", "high", "method", "n", "level")})
+    parts = [f"<section class=people id='people-{H.esc(p['name'])}'><h2>Checked by people: {H.esc(p['name'])}</h2>",
+             f"<p>{H.esc(p['paper'])}. Question: <i>{H.esc(p['question'])}</i> ({H.esc(', '.join(p['choices']))}). "
+             f"{H.esc(p.get('notes', ''))}</p>"]
+    if r["simulated_answers"]:
+        parts.append(f"<p class=warn><b>Simulated annotators: {r['simulated_answers']} of {r['answers']} answers are "
+                     "not people's</b> (drawn from a known truth with a set error rate, for the demo).</p>")
+    parts.append(f"<p>{r['answers']} answers by {r['annotators']} annotators on {r['items']} items. Krippendorff's "
+                 f"&alpha; ({r['level']}): <b>{a.text(3)}</b> over {r['items_pairable']} items with two answers or "
+                 f"more ({H.esc(r['alpha']['method'])}, {r['alpha']['level']:.0%}). Majority per item: "
+                 + H.esc(", ".join(f"{k} {v}" for k, v in r["majority_status"].items())) + ".</p>")
+    c = r.get("classifier_agreement")
+    if c:
+        ci = I.Interval(c["agreement"], c["agreement_low"], c["agreement_high"], "wilson", c["scored"], 0.95)
+        parts.append(f"<p>The run's classifier agrees with the majority on {c['agree']} of {c['scored']} items: "
+                     f"<b>{ci.text(3)}</b> (Wilson, 95%); not scored: {c['ties']} ties, {c['unsure_majority']} "
+                     f"unsure majorities, {c['unanswered']} unanswered items.</p>")
+        parts.append(H.table(t["classifier_agreement"], 3))
+        parts.append(Pg.details("Confusion: the classifier's answer against the people's", H.table(t["confusion"], 0)))
+    n = r.get("nouns")
+    if n:
+        parts.append(H.table(pd.DataFrame([{k: n[k] for k in ("nouns", "both", "model_only", "people_only",
+                                                               "neither")}]), 0))
+        parts.append(f"<p>Most frequent nouns found by the model only: {H.esc(n['model_only_most_frequent'])}; by "
+                     f"people only: {H.esc(n['people_only_most_frequent'])}.</p>")
+    if "known_answers" in t:
+        parts.append(f"<p>Known-answer items (left out of every number above): annotators below "
+                     f"{KNOWN_MIN_ACCURACY:.0%} are flagged.</p>" + H.table(t["known_answers"], 2))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+_MARK = "<!-- checked-by-people:{name} -->"
+
+
+def attach_to_run(tasks: TaskSet, built: dict) -> list[str]:
+    """The section into the run's report.html (before ``</body>``, replacing this protocol's earlier
+    one) and the result into its metrics.json; the files changed (none when the run is not there)."""
+    run = Path(tasks.meta["run"]["path"])
+    changed = []
+    page, metrics = run / "report.html", run / "metrics.json"
+    name = tasks.protocol["name"]
+    if page.is_file():
+        text_ = page.read_text()
+        mark = _MARK.format(name=name)
+        block = f"{mark}{section(tasks, built)}{mark}"
+        pattern = re.escape(mark) + ".*?" + re.escape(mark)
+        text_ = (re.sub(pattern, lambda _: block, text_, flags=re.S) if mark in text_
+                 else text_.replace("</body>", block + "</body>", 1))
+        _replace(page, text_)
+        changed.append(str(page))
+    if metrics.is_file():
+        doc = json.loads(metrics.read_text())
+        doc.setdefault("human_evaluation", {})[name] = json.loads(json.dumps(built["result"], default=_plain))
+        _replace(metrics, json.dumps(doc, indent=1))
+        changed.append(str(metrics))
+    return changed
+
+
+def _replace(path: Path, content: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(content)
+    tmp.replace(path)

@@ -7,6 +7,7 @@ only read files); the presets on real stand-in runs are in tests/studies/*/test_
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -178,7 +179,40 @@ def test_report_with_simulated_annotators_and_the_nouns_table(tasks, capsys):
     both = int(((df[A.PREDICTION] == "yes") & (df[A.MAJORITY] == "yes")).sum())
     assert doc["nouns"]["both"] == both and doc["nouns"]["nouns"] == len(df)
     assert sum(doc["nouns"][k] for k in ("both", "model_only", "people_only", "neither")) == len(df)
+    # the run's own report and metrics carry the section and the result, once per protocol
+    assert cli.main(["report", str(tasks.path), "--interval-resamples", "200"]) == 0
+    run = Path(tasks.meta["run"]["path"])
+    text = (run / "report.html").read_text()
+    assert text.count("<!-- checked-by-people:exposed-nouns -->") == 2 and text.count("Checked by people") == 1
+    assert "Simulated annotators" in text and text.index("Checked by people") > text.index("the run")
+    assert json.loads((run / "metrics.json").read_text())["human_evaluation"]["exposed-nouns"]["answers"] == len(labels)
+    assert "Simulated annotators" in (tasks.path / "report" / "report.html").read_text()
     agree = pd.read_csv(tasks.path / "report" / "classifier_agreement.csv")
     assert agree["scored"].sum() == doc["classifier_agreement"]["scored"] == len(df)
     assert doc["classifier_agreement"]["agree"] == int((df[A.PREDICTION] == df[A.MAJORITY]).sum())
 
+
+
+def test_known_answer_items_flag_careless_annotators_and_stay_out_of_the_estimates(exposed_run, tmp_path, capsys):
+    known = pd.DataFrame({"image_id": ["t1-s0-neutral", "t1-s0-neutral"], "subject": ["doctor", "desk"],
+                          "answer": ["yes", "no"]})
+    known.to_csv(tmp_path / "known.csv", index=False)
+    out = PL.plan(exposed_run, "exposed-nouns", tmp_path / "t", n=2, seed=5, known_answers=str(tmp_path / "known.csv"))
+    items = TaskSet.load(out).items
+    marked = items[items[A.KNOWN_ANSWER].notna()]
+    assert len(marked) == 2 * 2 and set(marked[A.STRATUM]) == {PL.KNOWN_STRATUM}      # both models have that image
+    drawn = items[items[A.KNOWN_ANSWER].isna()]
+    rows = [(i, who, "yes") for i in drawn[A.ITEM_ID] for who in ("careful", "careless")]
+    rows += [(r[A.ITEM_ID], "careful", r[A.KNOWN_ANSWER]) for r in marked.to_dict("records")]
+    rows += [(r[A.ITEM_ID], "careless", "unsure") for r in marked.to_dict("records")]
+    pd.DataFrame(rows, columns=list(A.LABEL_COLUMNS)).to_csv(tmp_path / "l.csv", index=False)
+    assert cli.main(["import", str(out), str(tmp_path / "l.csv")]) == 0
+    assert cli.main(["report", str(out), "--interval-resamples", "200"]) == 0
+    assert "below 80% on the known-answer items: careless" in capsys.readouterr().out
+    doc = json.loads((out / "report" / "agreement.json").read_text())
+    assert doc["items"] == len(drawn) and doc["classifier_agreement"]["items"] == len(drawn)
+    assert doc["flagged_annotators"] == ["careless"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("image_id,subject,answer\nno-such,doctor,yes\n")
+    with pytest.raises(AnnotateError, match="not among the run's stored items"):
+        PL.plan(exposed_run, "exposed-nouns", tmp_path / "t2", known_answers=str(bad))
