@@ -60,8 +60,11 @@ def with_files(run_dir: Path, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _finish(df: pd.DataFrame, subject, prediction, strata: list[str]) -> pd.DataFrame:
-    out = pd.DataFrame({UNIT: df[MODEL].astype(str) + "/" + df[IMAGE_ID].astype(str), A.IMAGE_ID: df[IMAGE_ID],
-                        MODEL: df[MODEL], "_file": df["_file"], A.SUBJECT: subject, A.PREDICTION: prediction})
+    """The candidate items: ``_file`` (a path) or ``_bytes`` (an image the run keeps in parquet)."""
+    unit = df[UNIT] if UNIT in df else df[MODEL].astype(str) + "/" + df[IMAGE_ID].astype(str)
+    image = {"_file": df["_file"]} if "_file" in df else {"_bytes": df["_bytes"]}
+    out = pd.DataFrame({UNIT: unit, A.IMAGE_ID: df[IMAGE_ID], MODEL: df[MODEL], **image, A.SUBJECT: subject,
+                        A.PREDICTION: prediction})
     for c in strata:
         if c not in out:
             out[c] = df[c].to_numpy()
@@ -124,5 +127,44 @@ def exposed_nouns(run_dir: Path) -> pd.DataFrame:
     return _finish(rows, rows[A.SUBJECT], pred, [])
 
 
-BUILDERS = {"gep": gep, "dalleval-skills": dalleval_skills, "dalleval-social": dalleval_social,
+def _parts(folder: Path, keys: list[str]) -> pd.DataFrame:
+    """The images a paper 002 run saved as parquet parts (``--save-images``): keys and bytes."""
+    files = sorted(folder.glob("part-*.parquet"))
+    if not files:
+        return pd.DataFrame(columns=[*keys, "_bytes"])
+    t = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return t[keys].assign(_bytes=t["image"].map(lambda v: v["bytes"])).drop_duplicates(keys)
+
+
+def paper002_a4(run_dir: Path) -> pd.DataFrame:
+    """Training and generated images of a paper 002 run that passed the face filter (those whose
+    CLIP answer enters % female), one item per image (a URL in several subsets is one image),
+    with their bytes from the run's saved images."""
+    from schemas import images as I
+    from schemas.captions import OCCUPATION, URL
+
+    if not (run_dir / IMAGES_DIR).is_dir():
+        raise AnnotateError(f"{run_dir}: no saved images (paper 002 saves them with --save-images: run it again "
+                            "with that flag; the finished stages are reused)")
+    df = _images(run_dir)
+    df = df[df[I.FACE_STATUS] == I.FaceStatus.OK]
+    training = df[df[I.SOURCE] == I.Source.TRAINING].drop_duplicates(URL)
+    training = training.merge(_parts(run_dir / IMAGES_DIR / "training", [URL]), on=URL)
+    training = training.assign(**{UNIT: "training/" + training[URL], IMAGE_ID: training[URL], "source": "training"})
+    generated = df[df[I.SOURCE] != I.Source.TRAINING].drop_duplicates([MODEL, PROMPT, I.SEED])
+    generated = generated.merge(_parts(run_dir / IMAGES_DIR / "generated", [MODEL, PROMPT, I.SEED]),
+                                on=[MODEL, PROMPT, I.SEED])
+    generated = generated.assign(**{UNIT: generated[MODEL] + "/" + generated[I.SEED].astype(str) + "/" + generated[PROMPT],
+                                    IMAGE_ID: generated[PROMPT] + " #" + generated[I.SEED].astype(str),
+                                    "source": "generated"})
+    both = pd.concat([training, generated], ignore_index=True)
+    if both.empty:
+        raise AnnotateError(f"{run_dir}: no saved image passed the face filter")
+    pred = both[I.GENDER].where(both[I.GENDER].isin([FEMALE, MALE]))
+    out = _finish(both, None, pred, ["source"])
+    out[OCCUPATION] = both[OCCUPATION].to_numpy()
+    return out
+
+
+BUILDERS = {"paper002-a4": paper002_a4, "gep": gep, "dalleval-skills": dalleval_skills, "dalleval-social": dalleval_social,
             "dalleval-skin-tone": dalleval_skin_tone, "exposed-nouns": exposed_nouns}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import replace
 from datetime import datetime, timezone
 from importlib import metadata
@@ -184,16 +183,19 @@ def with_known_answers(items: pd.DataFrame, cands: pd.DataFrame, path: Path, pro
 
 def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.DataFrame, per: dict, seed: int) -> Path:
     (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
-    names = {}
-    for f in dict.fromkeys(items["_file"]):
-        digest = hashlib.sha256(Path(f).read_bytes()).hexdigest()
-        rel = f"{IMAGES_DIR}/{digest[:20]}{Path(f).suffix}"
+    # each image once, named by its content's hash: from a file of the run, or bytes it keeps in parquet
+    source = items["_file"] if "_file" in items else items["_bytes"]
+    stored = {}
+    for key in dict.fromkeys(source):
+        data = Path(key).read_bytes() if isinstance(key, str) else key
+        digest = hashlib.sha256(data).hexdigest()
+        rel = f"{IMAGES_DIR}/{digest[:20]}{_suffix(data)}"
         if not (out / rel).exists():
-            shutil.copyfile(f, out / rel)
-        names[f] = (rel, digest)
+            (out / rel).write_bytes(data)
+        stored[key] = (rel, digest)
     items = items.assign(**{A.ITEM_ID: [item_id(info["id"], u, s) for u, s in zip(items[C.UNIT], items[A.SUBJECT])],
-                            A.IMAGE_FILE: items["_file"].map(lambda f: names[f][0]),
-                            A.IMAGE_SHA256: items["_file"].map(lambda f: names[f][1]),
+                            A.IMAGE_FILE: source.map(lambda k: stored[k][0]),
+                            A.IMAGE_SHA256: source.map(lambda k: stored[k][1]),
                             A.QUESTION: [proto.question.format(subject=s) if "{subject}" in proto.question
                                          else proto.question for s in items[A.SUBJECT]],
                             A.KNOWN_ANSWER: items[A.KNOWN_ANSWER] if A.KNOWN_ANSWER in items else None})
@@ -213,6 +215,14 @@ def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.Data
             "version": _version()}
     (out / TASKS_FILE).write_text(json.dumps(meta, indent=1, default=str))
     return out
+
+
+def _suffix(data: bytes) -> str:
+    if data[:3] == b"\xff\xd8\xff":
+        return ".jpg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    return ".png"
 
 
 def _version() -> str:

@@ -48,6 +48,7 @@ def browse(base, steps, screenshot=None):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.set_default_timeout(60_000)              # a busy 2-core machine: never a timing assertion
             page.on("request", lambda r: requests.append(r.url))
             steps(page)
             if screenshot:
@@ -60,6 +61,7 @@ def browse(base, steps, screenshot=None):
 def test_an_annotator_labels_by_keyboard_reloads_and_undoes(tasks):
     from playwright.sync_api import expect
 
+    expect.set_options(timeout=60_000)
     order = S.order(tasks, "alice")
     answers = ["yes", "no", "unsure", "yes"]
     seen = []
