@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from operators.image_sink import file_stem
 from pipelines.annotate.protocols import FEMALE, MALE, NO, YES
@@ -43,10 +45,12 @@ def run_info(run_dir: Path) -> dict:
 
 
 def _images(run_dir: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """The run's images table; integer columns stay exact where they have nulls (a seed is int64)."""
     path = run_dir / "images.parquet"
     if not path.is_file():
         raise AnnotateError(f"{run_dir}: no images.parquet")
-    return pd.read_parquet(path, columns=columns)
+    table = pq.read_table(path, columns=columns)
+    return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}.get)
 
 
 def with_files(run_dir: Path, df: pd.DataFrame) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from pipelines.annotate.tasks import AnnotateError, TaskSet
 from pipelines.engine.report import html as H
 from pipelines.engine.report import page as Pg
 from pipelines.engine.stats import intervals as I
+from pipelines.engine.storage.io import clean_json
 from schemas import annotation as A
 
 REPORT_DIR = "report"
@@ -103,7 +104,7 @@ def known_answer_checks(known: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFra
 def write(tasks: TaskSet, built: dict) -> Path:
     out = tasks.path / REPORT_DIR
     out.mkdir(exist_ok=True)
-    (out / "agreement.json").write_text(json.dumps(built["result"], indent=1, default=_plain))
+    (out / "agreement.json").write_text(json.dumps(clean_json(built["result"]), indent=1, default=_plain, allow_nan=False))
     for name, table in built["tables"].items():
         table.to_csv(out / f"{name}.csv", index=False)
         table.to_parquet(out / f"{name}.parquet", index=False)
@@ -114,6 +115,7 @@ def write(tasks: TaskSet, built: dict) -> Path:
 
 def _plain(x):
     return None if pd.isna(x) else x.item() if hasattr(x, "item") else str(x)
+
 
 
 def text(built: dict) -> str:
@@ -201,8 +203,9 @@ def attach_to_run(tasks: TaskSet, built: dict) -> list[str]:
         changed.append(str(page))
     if metrics.is_file():
         doc = json.loads(metrics.read_text())
-        doc.setdefault("human_evaluation", {})[name] = json.loads(json.dumps(built["result"], default=_plain))
-        _replace(metrics, json.dumps(doc, indent=1))
+        doc.setdefault("human_evaluation", {})[name] = json.loads(json.dumps(clean_json(built["result"]),
+                                                                              default=_plain))
+        _replace(metrics, json.dumps(doc, indent=1, allow_nan=False))
         changed.append(str(metrics))
     return changed
 

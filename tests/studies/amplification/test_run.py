@@ -271,6 +271,43 @@ def test_saved_images(run_dir):
     assert rec[I.SEED] in set(gen.column(I.SEED).to_pylist())
 
 
+def test_people_label_the_runs_saved_images_as_app_a4_asks(run_dir, tmp_path, capsys):
+    """`t2i annotate plan --protocol paper002-a4`: training and generated images that passed the face
+    filter, half each, every item's image the bytes the run saved and its prediction the row's CLIP
+    answer; seven simulated annotators; the run's report gets "Checked by people"."""
+    import hashlib
+
+    import pandas as pd
+
+    from pipelines.annotate import cli
+    from pipelines.annotate.tasks import TaskSet
+
+    assert cli.main(["plan", str(run_dir), "--protocol", "paper002-a4", "--output", str(tmp_path / "t"),
+                     "--n", "8"]) == 0
+    t = TaskSet.load(tmp_path / "t")
+    items = t.items
+    assert items["source"].value_counts().to_dict() == {"training": 4, "generated": 4}
+    rows = pq.read_table(run_dir / "images.parquet").to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    rows = rows[rows[I.FACE_STATUS] == I.FaceStatus.OK]
+    saved = {**{("training", r[URL]): r[I.IMAGE]["bytes"] for r in pq.read_table(run_dir / "images" / "training")
+                .to_pylist()},
+             **{("generated", f"{r[I.PROMPT]} #{r[I.SEED]}"): r[I.IMAGE]["bytes"]
+                for r in pq.read_table(run_dir / "images" / "generated").to_pylist()}}
+    for r in items.to_dict("records"):
+        data = saved[(r["source"], r["image_id"])]
+        assert (tmp_path / "t" / r["image_file"]).read_bytes() == data
+        assert r["image_sha256"] == hashlib.sha256(data).hexdigest()
+        mine = rows[(rows[URL] == r["image_id"]) & (rows[I.SOURCE] == I.Source.TRAINING)] if r["source"] == "training" \
+            else \
+            rows[(rows[I.MODEL] == r["model"]) & (rows[I.PROMPT] + " #" + rows[I.SEED].astype(str) == r["image_id"])]
+        assert len(mine) and (set(mine[I.GENDER]) == {r["prediction"]} if r["prediction"] else
+                              set(mine[I.GENDER]) <= {I.Gender.AMBIGUOUS, I.Gender.DECODE_ERROR})
+    assert cli.main(["simulate", str(tmp_path / "t"), "--annotators", "7"]) == 0
+    assert cli.main(["report", str(tmp_path / "t"), "--interval-resamples", "200"]) == 0
+    assert "by 7 annotators on 8 items (56 simulated)" in capsys.readouterr().out
+    assert "Checked by people: paper002-a4" in (run_dir / "report.html").read_text()
+
+
 def test_counts_add_up(run_dir):
     import pandas as pd
 

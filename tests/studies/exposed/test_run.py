@@ -239,6 +239,35 @@ def test_objects_groups_and_their_tables(run):
     assert len(rows) == 3 and (rows["kept"] == 3 * UNITS).all()
 
 
+def test_people_check_the_nouns_of_the_runs_images(run, tmp_path, capsys):
+    """`t2i annotate plan --protocol exposed-nouns` (paper 004's human evaluation): analysed images
+    with every prompt noun, the model's answer "yes" for a noun it found (not hidden); one person's
+    answers imported; the both / model-only / people-only table recomputed from them."""
+    from pipelines.annotate import cli
+    from pipelines.annotate.tasks import TaskSet
+
+    assert cli.main(["plan", str(run), "--protocol", "exposed-nouns", "--output", str(tmp_path / "t"), "--n", "6"]) == 0
+    items = TaskSet.load(tmp_path / "t").items
+    images = pq.read_table(run / "images.parquet").to_pandas().set_index(["model", "image_id"])
+    assert items.groupby("model")["image_id"].nunique().sum() == 6
+    for (model, image_id), part in items.groupby(["model", "image_id"]):
+        row = images.loc[(model, image_id)]
+        assert row["detection_status"] == "ok" and sorted(part["subject"]) == sorted(row["prompt_nouns"])
+        hidden = set(row["hidden_nouns"])
+        assert all((p == "no") == (n in hidden) for n, p in zip(part["subject"], part["prediction"]))
+    # one person: says yes to every noun of even-numbered items
+    answers = ["yes" if k % 2 == 0 else "no" for k in range(len(items))]
+    pd.DataFrame({"item_id": items["item_id"], "annotator": "p1", "answer": answers}).to_csv(tmp_path / "l.csv",
+                                                                                              index=False)
+    assert cli.main(["import", str(tmp_path / "t"), str(tmp_path / "l.csv")]) == 0
+    assert cli.main(["report", str(tmp_path / "t"), "--interval-resamples", "200"]) == 0
+    doc = json.loads((tmp_path / "t" / "report" / "agreement.json").read_text())
+    model, people = items["prediction"] == "yes", pd.Series(answers) == "yes"
+    assert (doc["nouns"]["both"], doc["nouns"]["model_only"], doc["nouns"]["people_only"]) == (
+        int((model & people).sum()), int((model & ~people).sum()), int((~model & people).sum()))
+    assert doc["alpha"]["value"] is None and "n/a over 0 items" in capsys.readouterr().out   # one person: no alpha
+
+
 def test_resume_after_a_kill_equals_an_uninterrupted_run(ray_local, tmp_path, capsys):
     """The run directory as a driver killed after its first checkpoint part leaves it (a copy taken
     then, during the uninterrupted run: helpers.SnapshotAtFirstPart), resumed: it generates only
