@@ -104,8 +104,9 @@ def import_label_studio(path) -> pd.DataFrame:
                 raise AnnotateError(f"{path}: task {i} (item {item}): an annotation without exactly one "
                                     f"'{LS_CHOICES}' choice")
             rows.append({A.ITEM_ID: str(item), A.ANNOTATOR: _annotator(ann.get("completed_by")),
-                         A.ANSWER: picked[0][0], A.ANSWERED_AT: ann.get("updated_at") or ann.get("created_at")})
-    return pd.DataFrame(rows, columns=[*A.LABEL_COLUMNS, A.ANSWERED_AT])
+                         A.ANSWER: picked[0][0], A.ANSWERED_AT: ann.get("updated_at") or ann.get("created_at"),
+                         A.IMAGE_SHA256: task["data"].get(A.IMAGE_SHA256)})
+    return pd.DataFrame(rows, columns=[*A.LABEL_COLUMNS, A.ANSWERED_AT, A.IMAGE_SHA256])
 
 
 def export_crowd_csv(tasks: TaskSet, path, image_base: str | None = None) -> Path:

@@ -71,12 +71,14 @@ def build(tasks: TaskSet, labels: pd.DataFrame, settings: I.IntervalSettings = I
               "majority_status": majorities[majorities[A.ITEM_ID].isin(items[A.ITEM_ID])][A.MAJORITY_STATUS]
               .value_counts().to_dict()}
     has_prediction = items[A.PREDICTION].notna().any()
+    tables = {"majority": majorities}
     agree = G.classifier_agreement(items, majorities, [], settings.level) if has_prediction else None
     if agree is not None:
         result["classifier_agreement"] = agree.to_dict("records")[0]
     if tasks.protocol["name"] == "exposed-nouns":
         result["nouns"] = nouns_table(items, majorities)
-    tables = {"majority": majorities}
+    if tasks.protocol["name"] == "dalleval-skills":
+        tables["table3"] = skill_table(items, majorities, settings.level)
     if has_prediction:
         tables["classifier_agreement"] = G.classifier_agreement(items, majorities, by, settings.level)
         tables["confusion"] = G.confusion(items, majorities, by)
@@ -85,6 +87,22 @@ def build(tasks: TaskSet, labels: pd.DataFrame, settings: I.IntervalSettings = I
         tables["known_answers"] = checks
         result["flagged_annotators"] = checks[checks["flagged"]][A.ANNOTATOR].tolist()
     return {"result": result, "tables": tables}
+
+
+def skill_table(items: pd.DataFrame, majorities: pd.DataFrame, level: float = 0.95, yes: str = "yes") -> pd.DataFrame:
+    """DALL-Eval's Table 3: per model and skill, the skill accuracy by people (the share of judged
+    images whose majority says the image shows the prompt) beside the detector's on the same
+    images, each with its Wilson interval."""
+    df = items.merge(majorities, on=A.ITEM_ID)
+    df = df[df[A.MAJORITY_STATUS] == A.MajorityStatus.MAJORITY]
+    rows = []
+    for (model, skill), part in df.groupby(["model", "skill"], sort=True):
+        people = I.binomial_interval(int((part[A.MAJORITY] == yes).sum()), len(part), level)
+        detector = I.binomial_interval(int((part[A.PREDICTION] == yes).sum()), len(part), level)
+        rows.append({"model": model, "skill": skill, "images": len(part), "people": people.value,
+                     "people_low": people.low, "people_high": people.high, "detector": detector.value,
+                     "detector_low": detector.low, "detector_high": detector.high})
+    return pd.DataFrame(rows)
 
 
 KNOWN_MIN_ACCURACY = 0.8     # a project choice: an annotator missing more than 1 in 5 known answers is flagged
@@ -175,6 +193,9 @@ def section(tasks: TaskSet, built: dict) -> str:
                                                                "neither")}]), 0))
         parts.append(f"<p>Most frequent nouns found by the model only: {H.esc(n['model_only_most_frequent'])}; by "
                      f"people only: {H.esc(n['people_only_most_frequent'])}.</p>")
+    if "table3" in t:
+        parts.append("<h3>Skill accuracy by people and by the detector (DALL-Eval Table 3)</h3>"
+                     + H.table(t["table3"], 3))
     if "known_answers" in t:
         parts.append(f"<p>Known-answer items (left out of every number above): annotators below "
                      f"{KNOWN_MIN_ACCURACY:.0%} are flagged.</p>" + H.table(t["known_answers"], 2))

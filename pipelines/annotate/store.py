@@ -10,6 +10,7 @@ replaces the earlier answer and ``record`` says so ("replaced"); every action is
 from __future__ import annotations
 
 import sqlite3
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,12 +36,25 @@ def now() -> str:
 class AnswerStore:
     def __init__(self, path):
         self.path = Path(path)
-        with self._connect() as db:
-            db.executescript(_SCHEMA)
+        db = self._connect()
+        try:
+            # WAL is a property of the file, set once; switching to it takes an exclusive lock, for
+            # which SQLite does not wait: another connection opening the file at that moment retries
+            for attempt in range(200):
+                try:
+                    if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                        db.execute("PRAGMA journal_mode=WAL")
+                    db.executescript(_SCHEMA)
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or attempt == 199:
+                        raise
+                    time.sleep(0.05)
+        finally:
+            db.close()
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         return db
 

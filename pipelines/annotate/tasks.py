@@ -99,6 +99,13 @@ def check_labels(tasks: TaskSet, labels: pd.DataFrame, source: str) -> pd.DataFr
         run = tasks.meta["run"]["id"]
         raise AnnotateError(f"{source}: {len(unknown)} item id(s) not in this task set (run {run}), e.g. "
                             f"{unknown[0]!r}: labels of another task set or run?")
+    if A.IMAGE_SHA256 in labels:        # the image the labeller saw (Label Studio's tasks carry its hash)
+        shown = labels[A.IMAGE_SHA256].fillna("").astype(str)
+        ours = out[A.ITEM_ID].map(tasks.items.set_index(A.ITEM_ID)[A.IMAGE_SHA256])
+        changed = (shown != "") & (shown != ours)
+        if changed.any():
+            raise AnnotateError(f"{source}: item {out[A.ITEM_ID][changed].iloc[0]!r} was labelled on another image "
+                                f"than this task set's (content hash differs)")
     outside = sorted(set(out[A.ANSWER]) - set(tasks.choices))
     if outside:
         raise AnnotateError(f"{source}: answer(s) {', '.join(map(repr, outside[:5]))} not among the choices "

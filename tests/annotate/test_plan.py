@@ -125,6 +125,12 @@ def test_label_studio_and_crowd_csv_round_trips(tasks, tmp_path, capsys):
                              "result": [{"from_name": "answer", "to_name": "image", "type": "choices",
                                          "value": {"choices": ["yes" if k % 2 else "no"]}}]},
                             {"completed_by": 7, "was_cancelled": True, "result": []}]
+    # an item labelled on another image (its content hash differs) is refused
+    forged = json.loads(json.dumps(exported))
+    forged[0]["data"]["image_sha256"] = "0" * 64
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    assert cli.main(["import", str(tasks.path), str(tmp_path / "forged.json"), "--format", "label-studio"]) == 2
+    assert "on another image" in capsys.readouterr().err
     (tmp_path / "export.json").write_text(json.dumps(exported))
     assert cli.main(["import", str(tasks.path), str(tmp_path / "export.json"), "--format", "label-studio"]) == 0
     assert f"{len(ids)} new answers" in capsys.readouterr().out
@@ -216,3 +222,26 @@ def test_known_answer_items_flag_careless_annotators_and_stay_out_of_the_estimat
     bad.write_text("image_id,subject,answer\nno-such,doctor,yes\n")
     with pytest.raises(AnnotateError, match="not among the run's stored items"):
         PL.plan(exposed_run, "exposed-nouns", tmp_path / "t2", known_answers=str(bad))
+
+
+def test_skill_accuracy_by_people_beside_the_detector(skills_run, tmp_path):
+    """DALL-Eval's Table 3 from an expert's answers: per model and skill, the share of images the
+    expert says show the prompt, beside the detector's verdicts on the same images."""
+    from pipelines.engine.stats.intervals import binomial_interval
+
+    out = PL.plan(skills_run, "dalleval-skills", tmp_path / "t", n_per_stratum=4)
+    items = TaskSet.load(out).items
+    answers = ["yes" if k % 3 else "no" for k in range(len(items))]
+    pd.DataFrame({"item_id": items["item_id"], "annotator": "expert", "answer": answers}).to_csv(tmp_path / "l.csv",
+                                                                                                  index=False)
+    assert cli.main(["import", str(out), str(tmp_path / "l.csv")]) == 0
+    assert cli.main(["report", str(out), "--interval-resamples", "200"]) == 0
+    t3 = pd.read_csv(out / "report" / "table3.csv").set_index(["model", P.SKILL])
+    df = items.assign(answer=answers)
+    for (model, skill), part in df.groupby(["model", P.SKILL]):
+        people = binomial_interval(int((part["answer"] == "yes").sum()), len(part))
+        row = t3.loc[(model, skill)]
+        assert (row["images"], row["people"], row["people_low"]) == (len(part), pytest.approx(people.value),
+                                                                     pytest.approx(people.low))
+        assert row["detector"] == pytest.approx((part[A.PREDICTION] == "yes").mean())
+    assert "DALL-Eval Table 3" in (out / "report" / "report.html").read_text()

@@ -77,6 +77,34 @@ def test_bad_requests_are_refused(tasks):
     assert AnswerStore(tasks.path / ANSWERS_DB).labels().empty
 
 
+def test_two_annotators_at_once_lose_nothing(tasks):
+    """Two annotators answering every item at the same time (threads, one client each): every answer
+    is stored once, each under its annotator."""
+    import threading
+
+    errors = []
+
+    def label(who):
+        try:
+            c = _client(tasks)
+            token = _csrf(c, who)
+            for item in S.order(tasks, who):
+                r = _post(c, who, "answer", {"item_id": item, "answer": "yes" if who == "alice" else "no"}, token)
+                assert r.status_code == 200, r.get_data(as_text=True)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=label, args=(who,)) for who in ("alice", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    labels = AnswerStore(tasks.path / ANSWERS_DB).labels()
+    assert len(labels) == 2 * len(tasks.items) and not labels.duplicated([A.ITEM_ID, A.ANNOTATOR]).any()
+    assert labels.groupby(A.ANNOTATOR)[A.ANSWER].agg(set).to_dict() == {"alice": {"yes"}, "bob": {"no"}}
+
+
 def test_tokens_are_required_off_the_loopback_interface(tasks):
     with pytest.raises(AnnotateError, match="--annotators"):
         S.serve(tasks.path, host="0.0.0.0", port=0)
