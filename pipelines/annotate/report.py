@@ -136,59 +136,54 @@ def _plain(x):
 
 
 
-def text(built: dict) -> str:
-    r = built["result"]
+def sentences(r: dict) -> list[str]:
+    """The result in plain sentences: printed one per line, and the report section's paragraphs."""
     a = I.Interval(**{k: r["alpha"][k] for k in ("value", "low", "high", "method", "n", "level")})
-    lines = [f"{r['protocol']} labels of run {r['run_id']}: {r['answers']} answers by {r['annotators']} annotators "
-             f"on {r['items']} items" + (f" ({r['simulated_answers']} simulated)" if r["simulated_answers"] else ""),
-             f"Krippendorff's alpha ({r['level']}): {a.text(3)} over {r['items_pairable']} items with two answers or "
-             f"more ({r['alpha']['method']}, {r['alpha']['level']:.0%})",
-             "majority per item: " + ", ".join(f"{k} {v}" for k, v in r["majority_status"].items())]
+    out = [f"{r['protocol']} labels of run {r['run_id']}: {r['answers']} answers by {r['annotators']} annotators "
+           f"on {r['items']} items" + (f" ({r['simulated_answers']} simulated)" if r["simulated_answers"] else ""),
+           f"Krippendorff's alpha ({r['level']}): {a.text(3)} over {r['items_pairable']} items with two answers or "
+           f"more ({r['alpha']['method']}, {r['alpha']['level']:.0%})",
+           "majority per item: " + ", ".join(f"{k} {v}" for k, v in r["majority_status"].items())]
     if r.get("unsure_answers"):
-        lines.append(f"unsure answers: {r['unsure_answers']}")
+        out.append(f"unsure answers: {r['unsure_answers']}")
     c = r.get("classifier_agreement")
     if c:
         ci = I.Interval(c["agreement"], c["agreement_low"], c["agreement_high"], "wilson", c["scored"], 0.95)
-        lines.append(f"classifier agrees with the majority on {c['agree']} of {c['scored']} items: {ci.text(3)} "
-                     f"(Wilson); not scored: {c['ties']} ties, {c['unsure_majority']} unsure, "
-                     f"{c['unanswered']} unanswered")
+        out.append(f"classifier agrees with the majority on {c['agree']} of {c['scored']} items: {ci.text(3)} "
+                   f"(Wilson); not scored: {c['ties']} ties, {c['unsure_majority']} unsure, "
+                   f"{c['unanswered']} unanswered")
     if "flagged_annotators" in r:
-        lines.append(f"annotators below {KNOWN_MIN_ACCURACY:.0%} on the known-answer items: "
-                     + (", ".join(r["flagged_annotators"]) or "none"))
+        out.append(f"annotators below {KNOWN_MIN_ACCURACY:.0%} on the known-answer items: "
+                   + (", ".join(r["flagged_annotators"]) or "none"))
     n = r.get("nouns")
     if n:
         share = "n/a" if n["both_share"] is None else f"{n['both_share']:.2%}"
-        lines.append(f"nouns: {n['both']} of {n['nouns']} found by both ({share}), {n['model_only']} by the model only "
-                     f"{n['model_only_most_frequent']}, {n['people_only']} by people only "
-                     f"{n['people_only_most_frequent']}, {n['neither']} by neither")
-    return "\n".join(lines)
+        out.append(f"nouns: {n['both']} of {n['nouns']} found by both ({share}), {n['model_only']} by the model only "
+                   f"{n['model_only_most_frequent']}, {n['people_only']} by people only "
+                   f"{n['people_only_most_frequent']}, {n['neither']} by neither")
+    return out
+
+
+def text(built: dict) -> str:
+    return "\n".join(sentences(built["result"]))
 
 
 def section(tasks: TaskSet, built: dict) -> str:
     """The "Checked by people" section (HTML) of one protocol's labels."""
     r, t = built["result"], built["tables"]
     p = tasks.protocol
-    a = I.Interval(**{k: r["alpha"][k] for k in ("value", "low", "high", "method", "n", "level")})
     parts = [f"<section class=people id='people-{H.esc(p['name'])}'><h2>Checked by people: {H.esc(p['name'])}</h2>",
              f"<p>{H.esc(p['paper'])}. Question: <i>{H.esc(p['question'])}</i> ({H.esc(', '.join(p['choices']))}). "
              f"{H.esc(p.get('notes', ''))}</p>"]
     if r["simulated_answers"]:
         parts.append(f"<p class=warn><b>Simulated annotators: {r['simulated_answers']} of {r['answers']} answers are "
                      "not people's</b> (drawn from a known truth with a set error rate, for the demo).</p>")
-    parts.append(f"<p>{r['answers']} answers by {r['annotators']} annotators on {r['items']} items. Krippendorff's "
-                 f"&alpha; ({r['level']}): <b>{a.text(3)}</b> over {r['items_pairable']} items with two answers or "
-                 f"more ({H.esc(r['alpha']['method'])}, {r['alpha']['level']:.0%}). Majority per item: "
-                 + H.esc(", ".join(f"{k} {v}" for k, v in r["majority_status"].items())) + ".</p>")
-    c = r.get("classifier_agreement")
-    if c:
-        ci = I.Interval(c["agreement"], c["agreement_low"], c["agreement_high"], "wilson", c["scored"], 0.95)
-        parts.append(f"<p>The run's classifier agrees with the majority on {c['agree']} of {c['scored']} items: "
-                     f"<b>{ci.text(3)}</b> (Wilson, 95%); not scored: {c['ties']} ties, {c['unsure_majority']} "
-                     f"unsure majorities, {c['unanswered']} unanswered items.</p>")
+    parts += [f"<p>{H.esc(line)}.</p>" for line in sentences(r)]
+    if r.get("classifier_agreement"):
         parts.append(H.table(t["classifier_agreement"], 3))
         parts.append(Pg.details("Confusion: the classifier's answer against the people's", H.table(t["confusion"], 0)))
-    n = r.get("nouns")
-    if n:
+    if r.get("nouns"):
+        n = r["nouns"]
         parts.append(H.table(pd.DataFrame([{k: n[k] for k in ("nouns", "both", "model_only", "people_only",
                                                                "neither")}]), 0))
         parts.append(f"<p>Most frequent nouns found by the model only: {H.esc(n['model_only_most_frequent'])}; by "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -53,6 +54,22 @@ class AnswerStore:
         finally:
             db.close()
 
+    @contextmanager
+    def _transaction(self):
+        """A write transaction, taken at once (``BEGIN IMMEDIATE``: writers wait for each other up to
+        the timeout), committed when the block ends, rolled back on any exception."""
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        finally:
+            db.close()
+
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         db.execute("PRAGMA synchronous=FULL")
@@ -63,13 +80,10 @@ class AnswerStore:
         """Commit one answer; "new", "replaced" (the annotator had answered the item: the last answer
         is kept) or "same" (the same answer again: nothing changes)."""
         at = answered_at or now()
-        db = self._connect()
-        try:
-            db.execute("BEGIN IMMEDIATE")
+        with self._transaction() as db:
             row = db.execute(f"SELECT {A.ANSWER} FROM answers WHERE {A.ITEM_ID}=? AND {A.ANNOTATOR}=?",
                              (item_id, annotator)).fetchone()
             if row is not None and row[0] == answer:
-                db.execute("COMMIT")
                 return "same"
             db.execute(f"INSERT INTO answers VALUES (?, ?, ?, ?, ?) ON CONFLICT({A.ITEM_ID}, {A.ANNOTATOR}) DO "
                        f"UPDATE SET {A.ANSWER}=excluded.{A.ANSWER}, {A.ANSWERED_AT}=excluded.{A.ANSWERED_AT}, "
@@ -78,14 +92,7 @@ class AnswerStore:
             db.execute(f"INSERT INTO history ({A.ITEM_ID}, {A.ANNOTATOR}, {A.ANSWER}, previous, {A.ANSWERED_AT}, "
                        f"{A.ORIGIN}, action) VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (item_id, annotator, answer, row[0] if row else None, at, origin, action))
-            db.execute("COMMIT")
             return "replaced" if row is not None else "new"
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        finally:
-            db.close()
 
     def record_many(self, labels: pd.DataFrame, origin: str) -> dict:
         """Commit a checked label table (``item_id, annotator, answer``, optionally ``answered_at``);
@@ -99,13 +106,10 @@ class AnswerStore:
     def undo(self, annotator: str) -> str | None:
         """Take back the annotator's last answer (the earlier one comes back where it replaced one);
         the item id, or None when there is nothing to undo."""
-        db = self._connect()
-        try:
-            db.execute("BEGIN IMMEDIATE")
+        with self._transaction() as db:
             last = db.execute(f"SELECT seq, {A.ITEM_ID}, previous FROM history WHERE {A.ANNOTATOR}=? AND action IN "
                               "('answer', 'replace') ORDER BY seq DESC LIMIT 1", (annotator,)).fetchone()
             if last is None:
-                db.execute("COMMIT")
                 return None
             seq, item, previous = last
             if previous is None:
@@ -117,14 +121,7 @@ class AnswerStore:
             db.execute(f"INSERT INTO history ({A.ITEM_ID}, {A.ANNOTATOR}, {A.ANSWER}, previous, {A.ANSWERED_AT}, "
                        f"{A.ORIGIN}, action) VALUES (?, ?, NULL, ?, ?, ?, 'undo')",
                        (item, annotator, previous, now(), A.Origin.PAGE))
-            db.execute("COMMIT")
             return item
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        finally:
-            db.close()
 
     def labels(self) -> pd.DataFrame:
         """Every current answer as the long table (``schemas.annotation.LABELS``' columns)."""
