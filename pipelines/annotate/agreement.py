@@ -16,6 +16,7 @@ docs/method.md.
 
 from __future__ import annotations
 
+import krippendorff
 import numpy as np
 import pandas as pd
 
@@ -83,8 +84,6 @@ def alpha_statistic(counts: np.ndarray, level: str = "nominal"):
 def alpha(counts: np.ndarray, level: str = "nominal") -> float | None:
     """Krippendorff's α of a value_counts matrix, by the ``krippendorff`` package; None when it is
     undefined (no pairable answers, or a single value used throughout)."""
-    import krippendorff  # deferred: only agreement reads it
-
     pairable = counts.sum(axis=1) >= 2
     if pairable.sum() == 0 or np.count_nonzero(counts[pairable].sum(axis=0)) < 2:
         return None

@@ -21,9 +21,11 @@ from pipelines.annotate.tasks import AnnotateError
 from pipelines.engine.storage.checkpoint import model_dir
 from schemas import annotation as A
 from schemas import dalleval as D
+from schemas import images as I
 from schemas import exposed as X
 from schemas import gep as G
 from schemas import paintskills as P
+from schemas.captions import OCCUPATION, URL
 from schemas.images import GENERATION_STATUS, IMAGE_ID, MODEL, PROMPT, GenerationStatus
 
 UNIT = "unit"
@@ -117,6 +119,24 @@ def dalleval_skin_tone(run_dir: Path) -> pd.DataFrame:
     return out
 
 
+def dalleval_attributes(run_dir: Path) -> pd.DataFrame:
+    """(image, attribute) pairs: every attribute BLIP-2 was asked about an image, its answer the
+    prediction (yes / no; null where BLIP-2 said neither), the attribute's text the subject."""
+    df = _images(run_dir)
+    df = with_files(run_dir, df[df[GENERATION_STATUS] == GenerationStatus.OK])
+    texts = {a["name"]: a["text"] for a in json.loads((run_dir / "metrics.json").read_text())
+             .get("config", {}).get("images", {}).get("attributes", [])}
+    pairs = df.assign(_pair=[list(zip(n if n is not None else [], p if p is not None else []))
+                             for n, p in zip(df[D.ATTRIBUTE_NAMES], df[D.ATTRIBUTE_PRESENT])]).explode("_pair")
+    pairs = pairs[pairs["_pair"].notna()]
+    names = pairs["_pair"].map(lambda t: t[0])
+    pred = pairs["_pair"].map(lambda t: None if t[1] is None or pd.isna(t[1]) else (YES if t[1] else NO))
+    out = _finish(pairs, names.map(lambda n: texts.get(n, n)), pred, [])
+    out["attribute"] = names.to_numpy()
+    out[D.PROFESSION] = pairs[D.PROFESSION].to_numpy()
+    return out
+
+
 def exposed_nouns(run_dir: Path) -> pd.DataFrame:
     """(image, prompt noun) pairs; the model found the noun when it is not among the hidden nouns
     (no detected object matches it)."""
@@ -144,9 +164,6 @@ def paper002_a4(run_dir: Path) -> pd.DataFrame:
     """Training and generated images of a paper 002 run that passed the face filter (those whose
     CLIP answer enters % female), one item per image (a URL in several subsets is one image),
     with their bytes from the run's saved images."""
-    from schemas import images as I
-    from schemas.captions import OCCUPATION, URL
-
     if not (run_dir / IMAGES_DIR).is_dir():
         raise AnnotateError(f"{run_dir}: no saved images (paper 002 saves them with --save-images: run it again "
                             "with that flag; the finished stages are reused)")
@@ -171,4 +188,5 @@ def paper002_a4(run_dir: Path) -> pd.DataFrame:
 
 
 BUILDERS = {"paper002-a4": paper002_a4, "gep": gep, "dalleval-skills": dalleval_skills, "dalleval-social": dalleval_social,
-            "dalleval-skin-tone": dalleval_skin_tone, "exposed-nouns": exposed_nouns}
+            "dalleval-skin-tone": dalleval_skin_tone, "dalleval-attributes": dalleval_attributes,
+            "exposed-nouns": exposed_nouns}

@@ -112,7 +112,7 @@ def cmd_plan(a) -> int:
 
 
 def cmd_serve(a) -> int:
-    from pipelines.annotate.server import serve
+    from pipelines.annotate.server import serve   # deferred: Flask, which only the page needs
 
     serve(a.tasks_dir, a.host, a.port, [n for n in (a.annotators or "").split(",") if n] or None)
     return 0

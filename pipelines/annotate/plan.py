@@ -22,6 +22,7 @@ import pandas as pd
 import yaml
 
 from pipelines.annotate import candidates as C
+from pipelines.annotate.interchange import read_table
 from pipelines.annotate.protocols import PRESETS, Protocol
 from pipelines.annotate.tasks import IMAGES_DIR, ITEMS_FILE, TASKS_FILE, AnnotateError
 from schemas import annotation as A
@@ -158,8 +159,6 @@ def with_known_answers(items: pd.DataFrame, cands: pd.DataFrame, path: Path, pro
     protocol's items have one): shown like any other item, left out of every estimate, and used to
     flag annotators who miss them (report.py). An item drawn at random that is also listed moves to
     the known-answer stratum."""
-    from pipelines.annotate.interchange import read_table
-
     known = read_table(path)
     need = [A.IMAGE_ID, "answer"] + ([A.SUBJECT] if cands[A.SUBJECT].notna().any() else [])
     missing = [c for c in need if c not in known.columns]

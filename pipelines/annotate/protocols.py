@@ -65,6 +65,11 @@ PRESETS = {p.name: p for p in (
              "Which Monk skin tone (1 lightest to 10 darkest) is closest to the person's skin?", (*MONK, UNSURE),
              level="ordinal", strata=("model",), n=78, annotators=2,
              notes="two expert annotators trained on the Monk Skin Tone Examples rate 78 images; alpha ordinal"),
+    Protocol("dalleval-attributes", "paper000-dalleval", "paper 000, App. (attributes), Fig. 6",
+             "Do you see {subject} in this image?", (YES, NO, UNSURE), strata=("model",), n=50, annotators=1,
+             notes="an expert selects all present attributes in the image (each of the 15 asked as yes/no here); "
+                   "BLIP-2's answers are the classifier's; the number of images is not stated (50 is a project "
+                   "choice)"),
     Protocol("exposed-nouns", "paper004-exposed", "paper 004, section 6, human evaluation",
              "Do you see \"{subject}\" in this image?", (YES, NO, UNSURE), strata=("model",), n=100, annotators=1,
              notes="100 randomly selected generated images with the nouns of their prompts; people say whether "

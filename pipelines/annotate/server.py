@@ -24,6 +24,9 @@ import json
 import re
 import secrets
 
+from flask import Flask, abort, jsonify, request, send_file
+from werkzeug.serving import make_server
+
 from pipelines.annotate.store import AnswerStore
 from pipelines.annotate.tasks import ANSWERS_DB, AnnotateError, TaskSet
 from schemas import annotation as A
@@ -60,8 +63,6 @@ def annotator_tokens(tasks: TaskSet, names: list[str]) -> dict[str, str]:
 
 def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None):
     """The Flask app; with ``tokens`` only those annotators, each with their token, may label."""
-    from flask import Flask, abort, jsonify, request, send_file  # deferred: only the page needs Flask
-
     app = Flask("t2i-annotate")
     store = AnswerStore(tasks.path / ANSWERS_DB)
     items = tasks.items.set_index(A.ITEM_ID)
@@ -160,8 +161,6 @@ def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None):
 
 def serve(tasks_dir, host: str = "127.0.0.1", port: int = 8765, annotators: list[str] | None = None):
     """Run the page until interrupted (a threaded WSGI server: several annotators at once)."""
-    from werkzeug.serving import make_server
-
     tasks = TaskSet.load(tasks_dir)
     if not is_loopback(host) and not annotators:
         raise AnnotateError(f"--host {host} reaches other machines: name the annotators (--annotators a,b) so each "

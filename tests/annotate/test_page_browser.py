@@ -69,9 +69,10 @@ def test_an_annotator_labels_by_keyboard_reloads_and_undoes(tasks):
     def steps(page):
         page.goto(f"{base}/a/alice")
         for k, answer in enumerate(answers):
+            expect(page.locator("#count")).to_have_text(re.compile(f"^{k} / "))   # the answer before is in
             if k == 2:                                  # half-way: reload, resume at the first unanswered item
                 page.reload()
-            expect(page.locator("#count")).to_have_text(re.compile(f"^{k} / "))
+                expect(page.locator("#count")).to_have_text(re.compile(f"^{k} / "))
             seen.append(page.get_attribute("#img", "data-item"))
             expect(page.locator("#img")).to_have_js_property("complete", True)
             assert page.evaluate("document.getElementById('img').naturalWidth") > 0

@@ -120,6 +120,33 @@ def test_summarize_on_the_runs_own_counts_matches_its_metrics(run, tmp_path):
     assert doc["models"] == m["results"]["models"]
 
 
+def test_people_check_gender_skin_tone_and_attributes_of_the_runs_images(run, tmp_path):
+    """`t2i annotate plan` with DALL-Eval's social presets: every item's prediction is the run's
+    own answer for that image (gender, Monk tone, each attribute's yes / no), only saved images."""
+    from pipelines.annotate import cli
+    from pipelines.annotate.tasks import TaskSet
+
+    images = pq.read_table(run / "images.parquet").to_pandas().set_index(["model", "image_id"])
+    for preset in ("dalleval-social", "dalleval-skin-tone", "dalleval-attributes"):
+        assert cli.main(["plan", str(run), "--protocol", preset, "--output", str(tmp_path / preset), "--n", "5"]) == 0
+        t = TaskSet.load(tmp_path / preset)
+        assert t.items.groupby(["model", "image_id"]).ngroups == 5
+        for r in t.items.to_dict("records"):
+            row = images.loc[(r["model"], r["image_id"])]
+            assert (run / "images").is_dir()
+            if preset == "dalleval-social":
+                want = row["detected_gender"] if row["detected_gender"] in ("female", "male") else None
+            elif preset == "dalleval-skin-tone":
+                assert row["skin_status"] == "ok"
+                want = str(int(row["skin_tone"]))
+            else:
+                k = list(row["attribute_names"]).index(r["attribute"])
+                present = row["attribute_present"][k]
+                want = None if present is None else ("yes" if present else "no")
+            assert r["prediction"] == want, (preset, r)
+    assert TaskSet.load(tmp_path / "dalleval-skin-tone").level == "ordinal"
+
+
 def test_clip_detector_and_resume(tmp_path, capsys):
     args = ["--standin-models", "--images-per-prompt", "3", "--steps", "2", "--max-professions", "1", "--run-id", "c",
             "--no-progress", "--gen-batch-size", "4", "--gender-detector", "clip", "--no-attributes", "--no-skin-tone",
