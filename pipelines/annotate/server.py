@@ -145,6 +145,10 @@ def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None):
 
     @app.get("/image/<item_id>")
     def image(item_id):
+        if tokens is not None:           # with tokens, an image is shown to an annotator's link only
+            given = request.args.get("token") or ""
+            if not any(hmac.compare_digest(given, t) for t in tokens.values()):
+                abort(403)
         if item_id not in items.index:
             abort(404)
         return send_file(tasks.path / items.loc[item_id, A.IMAGE_FILE], max_age=3600)

@@ -119,6 +119,8 @@ def test_tokens_are_required_off_the_loopback_interface(tasks):
     r = c.post(f"/api/alice/answer?token={tokens['alice']}", json={"item_id": item, "answer": "no"},
                headers={"X-CSRF-Token": token})
     assert r.status_code == 200 and r.get_json()["answered"] == 1
+    image = r.get_json()["item"]["image"]
+    assert c.get(image).status_code == 403 and c.get(f"{image}?token={tokens['alice']}").status_code == 200
 
 
 def test_a_server_killed_between_answers_loses_none(tasks):
