@@ -43,7 +43,8 @@ def run_info(run_dir: Path) -> dict:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     if run.get("status") not in (None, "done", "finished", "complete"):
         raise AnnotateError(f"{run_dir}: the run is {run.get('status')!r}, not finished")
-    return {"id": metrics.get("run_id") or run.get("run_id"), "study": metrics.get("study"), "path": str(run_dir)}
+    return {"id": metrics.get("run_id") or run.get("run_id"), "study": metrics.get("study"),
+            "path": str(run_dir.resolve())}
 
 
 def _images(run_dir: Path, columns: list[str] | None = None) -> pd.DataFrame:

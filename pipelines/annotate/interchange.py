@@ -96,11 +96,15 @@ def import_label_studio(path) -> pd.DataFrame:
         if item is None:
             raise AnnotateError(f"{path}: task {i} has no data.{A.ITEM_ID} (tasks exported by `t2i annotate export`?)")
         for ann in task.get("annotations") or []:
+            if not isinstance(ann, dict):
+                raise AnnotateError(f"{path}: task {i} (item {item}): an annotation that is not a JSON object")
             if ann.get("was_cancelled"):
                 continue
-            picked = [r["value"]["choices"] for r in ann.get("result") or []
-                      if r.get("from_name") == LS_CHOICES and r.get("type") == "choices"]
-            if not picked or len(picked[0]) != 1:
+            if ann.get("completed_by") in (None, "", {}):
+                raise AnnotateError(f"{path}: task {i} (item {item}): an annotation without completed_by (who answered)")
+            picked = [(r.get("value") or {}).get("choices") for r in ann.get("result") or []
+                      if isinstance(r, dict) and r.get("from_name") == LS_CHOICES and r.get("type") == "choices"]
+            if not picked or not isinstance(picked[0], list) or len(picked[0]) != 1:
                 raise AnnotateError(f"{path}: task {i} (item {item}): an annotation without exactly one "
                                     f"'{LS_CHOICES}' choice")
             rows.append({A.ITEM_ID: str(item), A.ANNOTATOR: _annotator(ann.get("completed_by")),

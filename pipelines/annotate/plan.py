@@ -31,15 +31,20 @@ from schemas.images import MODEL
 KNOWN_STRATUM = "known answer"
 
 
-def allocate(sizes: dict, n: int | None, n_per_stratum: int | None) -> dict:
+def allocate(sizes: dict, n: int | None, n_per_stratum: int | None, rng: np.random.Generator | None = None) -> dict:
     """Units to draw per stratum: ``n_per_stratum`` each (capped by the stratum's size), or ``n``
-    split equally with what a small stratum cannot give passed on to the others (sorted order)."""
+    split equally with what a small stratum cannot give passed on to the others. A remainder that
+    cannot be split equally goes to strata in a random order (``rng``; sorted order without one),
+    so no stratum is favoured by its name."""
     if n_per_stratum is not None:
         return {s: min(k, n_per_stratum) for s, k in sizes.items()}
+    names = sorted(sizes)
+    if rng is not None:
+        names = [names[i] for i in rng.permutation(len(names))]
     want = {s: 0 for s in sizes}
     left = min(n or 0, sum(sizes.values()))
     while left > 0:
-        open_ = [s for s in sorted(sizes) if want[s] < sizes[s]]
+        open_ = [s for s in names if want[s] < sizes[s]]
         share, extra = divmod(left, len(open_))
         for i, s in enumerate(open_):
             give = min(share + (i < extra), sizes[s] - want[s])
@@ -56,8 +61,8 @@ def draw(cands: pd.DataFrame, strata: list[str], n: int | None, n_per_stratum: i
     labels = (units[strata].astype(str).apply(lambda r: " | ".join(f"{c}={v}" for c, v in r.items()), axis=1)
               if strata else key)
     sizes = key.value_counts().to_dict()
-    want = allocate(sizes, n, n_per_stratum)
     rng = np.random.default_rng(seed)
+    want = allocate(sizes, n, n_per_stratum, np.random.default_rng([seed, 1]))
     chosen, per = [], {}
     for s in sorted(sizes):
         mine = units[key == s]
@@ -98,7 +103,7 @@ def custom_protocol(path: Path) -> tuple[Protocol, dict]:
     return proto, query
 
 
-def custom_candidates(run_dir: Path, query: dict) -> pd.DataFrame:
+def custom_candidates(run_dir: Path, query: dict, proto: Protocol) -> pd.DataFrame:
     df = C._images(run_dir)
     if query.get("where"):
         try:
@@ -108,10 +113,22 @@ def custom_candidates(run_dir: Path, query: dict) -> pd.DataFrame:
     for role in ("subject", "prediction"):
         if query.get(role) and query[role] not in df.columns:
             raise AnnotateError(f"{role} column {query[role]!r} is not in images.parquet")
+    missing = [c for c in proto.strata if c not in df.columns]
+    if missing:
+        raise AnnotateError(f"strata {', '.join(missing)}: not columns of images.parquet")
     df = C.with_files(run_dir, df)
-    subject = df[query["subject"]].astype(str) if query.get("subject") else None
-    prediction = df[query["prediction"]].astype(str) if query.get("prediction") else None
-    return C._finish(df, subject, prediction, [])
+
+    def text(column):      # a column as text, missing values kept missing (never the string "None")
+        return df[column].astype(object).map(lambda v: None if pd.isna(v) else str(v))
+
+    subject = text(query["subject"]) if query.get("subject") else None
+    prediction = text(query["prediction"]) if query.get("prediction") else None
+    if prediction is not None:
+        outside = sorted(set(prediction.dropna()) - set(proto.choices))
+        if outside:
+            raise AnnotateError(f"prediction column {query['prediction']!r} holds {', '.join(map(repr, outside[:5]))}, "
+                                f"not among the choices {', '.join(proto.choices)}")
+    return C._finish(df, subject, prediction, list(proto.strata))
 
 
 def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum: int | None = None,
@@ -126,7 +143,7 @@ def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum:
         if not custom:
             raise AnnotateError("--protocol custom needs --custom FILE.yaml")
         proto, query = custom_protocol(Path(custom))
-        cands = custom_candidates(run_dir, query)
+        cands = custom_candidates(run_dir, query, proto)
     else:
         if protocol not in PRESETS:
             raise AnnotateError(f"unknown protocol {protocol!r}: one of {', '.join([*PRESETS, 'custom'])}")
@@ -155,8 +172,8 @@ def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum:
 
 
 def with_known_answers(items: pd.DataFrame, cands: pd.DataFrame, path: Path, proto: Protocol) -> pd.DataFrame:
-    """Known-answer (attention check) items from a CSV ``image_id, answer`` (and ``subject`` where the
-    protocol's items have one): shown like any other item, left out of every estimate, and used to
+    """Known-answer (attention check) items from a CSV ``image_id, answer`` (``subject`` where the
+    protocol's items have one, ``model`` where several models share image ids): shown like any other item, left out of every estimate, and used to
     flag annotators who miss them (report.py). An item drawn at random that is also listed moves to
     the known-answer stratum."""
     known = read_table(path)
@@ -168,8 +185,10 @@ def with_known_answers(items: pd.DataFrame, cands: pd.DataFrame, path: Path, pro
     if bad:
         raise AnnotateError(f"{path}: answer(s) {', '.join(map(repr, bad))} not among the choices "
                             f"{', '.join(proto.choices)}")
-    keys = [c for c in (A.IMAGE_ID, A.SUBJECT) if c in need]
+    keys = [c for c in (MODEL, A.IMAGE_ID, A.SUBJECT) if c in need or (c == MODEL and c in known.columns)]
     found = cands.merge(known[keys + ["answer"]].astype(str), on=keys, how="inner")
+    if len(found) > len(known):
+        raise AnnotateError(f"{path}: a known-answer row matches images of several models: add a 'model' column")
     if len(found) < len(known):
         got = set(map(tuple, found[keys].astype(str).to_numpy()))
         lost = [k for k in map(tuple, known[keys].astype(str).to_numpy()) if k not in got]

@@ -44,12 +44,13 @@ PRESETS = {p.name: p for p in (
              notes="7 participants, 200 randomly selected training and generated images, binary gender or unsure; "
                    "split equally between training and generated images (a project choice)"),
     Protocol("gep", "paper001-gep", "paper 001, section 5 and App. B", "Do you see a person {subject}?",
-             (YES, NO, UNSURE), strata=("model", "setting", "gender", "prompt_attribute"), n=40, annotators=3,
+             (YES, NO, UNSURE), strata=("model", "setting", "gender", "prompt_attribute"), n_per_stratum=2,
+             annotators=3,
              notes="three workers per (image, attribute); neutral images: all attributes, explicit images: the "
                    "attribute of the prompt; the majority of three is the label. 'unsure' is a project choice "
-                   "(App. B asks for Yes only when confident; an unsure majority is left out of gep evaluate); drawn "
-                   "within (model, setting, gender, the image's attribute) so that every frequency of GEP_human has "
-                   "images (a project choice)"),
+                   "(App. B asks for Yes only when confident; an unsure majority is left out of gep evaluate); two "
+                   "images in each (model, setting, gender, the image's attribute), so that every frequency of "
+                   "GEP_human has images (a project choice)"),
     Protocol("dalleval-skills", "paper000-dalleval-skills", "paper 000, Table 3 and App. E",
              "Does the image show what the prompt asks for: \"{subject}\"?", (YES, NO, UNSURE),
              strata=("model", "skill"), n_per_stratum=50, annotators=1,

@@ -64,8 +64,9 @@ def build(tasks: TaskSet, labels: pd.DataFrame, settings: I.IntervalSettings = I
     if drawn.empty:
         raise AnnotateError(f"{tasks.path}: no answers to the drawn items yet (only known-answer items)")
     result = {"protocol": tasks.protocol["name"], "run_id": tasks.meta["run"]["id"],
-              "simulated_answers": int(labels[A.ANNOTATOR].str.startswith(SIMULATED).sum()),
-              "intervals": settings.record(),
+              "simulated_answers": int((labels[A.ORIGIN] == A.Origin.SIMULATED).sum()) if A.ORIGIN in labels
+              else int(labels[A.ANNOTATOR].str.startswith(SIMULATED).sum()),
+              "intervals": settings.record(), "level_ci": settings.level,
               **alpha_block(drawn, tasks.scale, tasks.level, settings),
               "unsure_answers": int((labels[A.ANSWER] == tasks.unsure).sum()) if tasks.unsure else 0,
               "majority_status": majorities[majorities[A.ITEM_ID].isin(items[A.ITEM_ID])][A.MAJORITY_STATUS]
@@ -148,9 +149,9 @@ def sentences(r: dict) -> list[str]:
         out.append(f"unsure answers: {r['unsure_answers']}")
     c = r.get("classifier_agreement")
     if c:
-        ci = I.Interval(c["agreement"], c["agreement_low"], c["agreement_high"], "wilson", c["scored"], 0.95)
+        ci = I.Interval(c["agreement"], c["agreement_low"], c["agreement_high"], "wilson", c["scored"], r["level_ci"])
         out.append(f"classifier agrees with the majority on {c['agree']} of {c['scored']} items: {ci.text(3)} "
-                   f"(Wilson); not scored: {c['ties']} ties, {c['unsure_majority']} unsure, "
+                   f"(Wilson, {r['level_ci']:.0%}); not scored: {c['ties']} ties, {c['unsure_majority']} unsure, "
                    f"{c['unanswered']} unanswered")
     if "flagged_annotators" in r:
         out.append(f"annotators below {KNOWN_MIN_ACCURACY:.0%} on the known-answer items: "
@@ -207,6 +208,8 @@ def attach_to_run(tasks: TaskSet, built: dict) -> list[str]:
     run = Path(tasks.meta["run"]["path"])
     changed = []
     page, metrics = run / "report.html", run / "metrics.json"
+    if not metrics.is_file() or json.loads(metrics.read_text()).get("run_id") != tasks.meta["run"]["id"]:
+        return changed                  # the run moved, or another run is there now: leave it alone
     name = tasks.protocol["name"]
     if page.is_file():
         text_ = page.read_text()

@@ -27,6 +27,7 @@ import secrets
 from flask import Flask, abort, jsonify, request, send_file
 from werkzeug.serving import make_server
 
+from pipelines.annotate.simulate import PREFIX as SIMULATED
 from pipelines.annotate.store import AnswerStore
 from pipelines.annotate.tasks import ANSWERS_DB, AnnotateError, TaskSet
 from schemas import annotation as A
@@ -61,8 +62,10 @@ def annotator_tokens(tasks: TaskSet, names: list[str]) -> dict[str, str]:
     return tokens
 
 
-def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None):
-    """The Flask app; with ``tokens`` only those annotators, each with their token, may label."""
+def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None, hosts: set[str] | None = None):
+    """The Flask app; with ``tokens`` only those annotators, each with their token, may label; with
+    ``hosts`` only requests naming one of them in their Host header are served (a page on another
+    site that rebinds its name to 127.0.0.1 names itself)."""
     app = Flask("t2i-annotate")
     store = AnswerStore(tasks.path / ANSWERS_DB)
     items = tasks.items.set_index(A.ITEM_ID)
@@ -70,11 +73,25 @@ def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None):
     secret = secrets.token_bytes(32)
     orders: dict[str, list[str]] = {}
 
+    app.config["ALLOWED_HOSTS"] = hosts
+
+    @app.before_request
+    def known_host():
+        allowed = app.config["ALLOWED_HOSTS"]
+        if allowed is not None and request.host not in allowed:
+            abort(403)
+
+    @app.errorhandler(400)
+    @app.errorhandler(403)
+    @app.errorhandler(404)
+    def error(e):
+        return jsonify({"error": e.description or e.name}), e.code
+
     def csrf(annotator: str) -> str:
         return hmac.new(secret, annotator.encode(), "sha256").hexdigest()
 
     def who(annotator: str) -> str:
-        if not ANNOTATOR_RE.match(annotator):
+        if not ANNOTATOR_RE.match(annotator) or annotator.startswith(SIMULATED):
             abort(404)
         if tokens is not None:
             given = request.args.get("token") or request.headers.get("X-Annotator-Token") or ""
@@ -128,9 +145,9 @@ def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None):
         annotator = who(annotator)
         body = checked_post(annotator)
         item, value = body.get("item_id"), body.get("answer")
-        if item not in items.index:
+        if not isinstance(item, str) or item not in items.index:
             return jsonify({"error": f"unknown item {item!r}"}), 400
-        if value not in choices:
+        if not isinstance(value, str) or value not in choices:
             return jsonify({"error": f"answer {value!r} is not one of {', '.join(choices)}"}), 400
         outcome = store.record(item, annotator, value)
         note = "your earlier answer to that item was replaced" if outcome == "replaced" else None
@@ -170,7 +187,11 @@ def serve(tasks_dir, host: str = "127.0.0.1", port: int = 8765, annotators: list
         raise AnnotateError(f"--host {host} reaches other machines: name the annotators (--annotators a,b) so each "
                             "gets a secret link")
     tokens = annotator_tokens(tasks, annotators) if annotators else None
-    server = make_server(host, port, create_app(tasks, tokens), threaded=True)
+    app = create_app(tasks, tokens)
+    server = make_server(host, port, app, threaded=True)
+    if is_loopback(host):   # only this machine's names for the server, once its port is known (see create_app)
+        p = server.server_port
+        app.config["ALLOWED_HOSTS"] = {f"127.0.0.1:{p}", f"localhost:{p}", f"[::1]:{p}"}
     base = f"http://{host}:{server.server_port}"
     print(f"labelling {len(tasks.items)} items of {tasks.protocol['name']} at {base}/ (Ctrl-C to stop)", flush=True)
     for name, tok in (tokens or {}).items():
@@ -231,9 +252,16 @@ async function send(path, body) {{
   try {{
     const r = await fetch(api(path), {{method: 'POST', headers: {{'Content-Type': 'application/json',
       'X-CSRF-Token': cfg.csrf}}, body: JSON.stringify(body || {{}})}});
-    const s = await r.json();
-    if (!r.ok) {{ document.getElementById('note').textContent = s.error || ('error ' + r.status); return; }}
+    let s;
+    try {{ s = await r.json(); }} catch (e) {{ s = {{}}; }}
+    if (!r.ok) {{
+      document.getElementById('note').textContent = (s.error || ('error ' + r.status)) +
+        (r.status === 403 ? ': reload the page (the server may have restarted)' : '');
+      return;
+    }}
     show(s);
+  }} catch (e) {{
+    document.getElementById('note').textContent = 'the server did not answer: your last answer may not be saved';
   }} finally {{ busy = false; }}
 }}
 async function load() {{ const r = await fetch(api('state')); show(await r.json()); }}

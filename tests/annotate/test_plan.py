@@ -58,6 +58,12 @@ def test_allocation_splits_equally_and_passes_on_what_a_small_stratum_cannot_giv
     assert PL.allocate({"a": 2, "b": 10, "c": 10}, 12, None) == {"a": 2, "b": 5, "c": 5}
     assert PL.allocate({"a": 2, "b": 10}, 100, None) == {"a": 2, "b": 10}
     assert PL.allocate({"a": 2, "b": 10}, None, 4) == {"a": 2, "b": 4}
+    # fewer units than strata: which strata get one is drawn, not decided by their names
+    import numpy as np
+
+    firsts = {tuple(k for k, v in PL.allocate({s: 5 for s in "abcdef"}, 2, None, np.random.default_rng(seed)).items()
+                    if v) for seed in range(20)}
+    assert len(firsts) > 3 and all(len(f) == 2 for f in firsts)
 
 
 def test_plan_refusals_are_one_line(exposed_run, skills_run, tmp_path, capsys):
@@ -84,6 +90,18 @@ def test_custom_protocol_from_yaml(skills_run, tmp_path):
     assert t.items[A.IMAGE_ID].str.startswith("count-").all()
     assert len(t.items) == 4 and t.items[A.QUESTION].str.startswith("Is the count prompt").all()
     assert t.choices == ["good", "bad", "unsure"] and t.unsure == "unsure"
+    # strata of any column; a prediction column with missing values keeps them missing
+    spec.write_text("question: Correct?\nchoices: ['yes', 'no']\nprediction: verdict\nstrata: [skill]\nn: 6\n")
+    images = pd.read_parquet(skills_run / "images.parquet")
+    run2 = tmp_path / "run2"
+    __import__("shutil").copytree(skills_run, run2)
+    images.assign(verdict=images[P.CORRECT].map({True: "yes", False: "no"})).to_parquet(run2 / "images.parquet")
+    t = TaskSet.load(PL.plan(run2, "custom", tmp_path / "t3", custom=str(spec)))
+    assert t.items.groupby(P.SKILL).size().to_dict() == {"count": 2, "object": 2, "spatial": 2}
+    assert set(t.items[A.PREDICTION].dropna()) <= {"yes", "no"} and "None" not in set(t.items[A.PREDICTION].dropna())
+    spec.write_text("question: Correct?\nchoices: ['y', 'n']\nprediction: verdict\n")
+    with pytest.raises(AnnotateError, match="not among the choices"):
+        PL.plan(run2, "custom", tmp_path / "t4", custom=str(spec))
     bad = tmp_path / "bad.yaml"
     bad.write_text("question: q\nchoices: [a, b]\nwhere: nosuch ==\n")
     with pytest.raises(AnnotateError, match="where"):
@@ -131,6 +149,11 @@ def test_label_studio_and_crowd_csv_round_trips(tasks, tmp_path, capsys):
     (tmp_path / "forged.json").write_text(json.dumps(forged))
     assert cli.main(["import", str(tasks.path), str(tmp_path / "forged.json"), "--format", "label-studio"]) == 2
     assert "on another image" in capsys.readouterr().err
+    anonymous = json.loads(json.dumps(exported))
+    anonymous[0]["annotations"][0].pop("completed_by")
+    (tmp_path / "anonymous.json").write_text(json.dumps(anonymous))
+    assert cli.main(["import", str(tasks.path), str(tmp_path / "anonymous.json"), "--format", "label-studio"]) == 2
+    assert "without completed_by" in capsys.readouterr().err
     (tmp_path / "export.json").write_text(json.dumps(exported))
     assert cli.main(["import", str(tasks.path), str(tmp_path / "export.json"), "--format", "label-studio"]) == 0
     assert f"{len(ids)} new answers" in capsys.readouterr().out
@@ -199,14 +222,19 @@ def test_report_with_simulated_annotators_and_the_nouns_table(tasks, capsys):
 
 
 
-def test_known_answer_items_flag_careless_annotators_and_stay_out_of_the_estimates(exposed_run, tmp_path, capsys):
+def test_known_answer_items_flag_careless_annotators_and_stay_out_of_the_estimates(exposed_run, models, tmp_path,
+                                                                                   capsys):
     known = pd.DataFrame({"image_id": ["t1-s0-neutral", "t1-s0-neutral"], "subject": ["doctor", "desk"],
                           "answer": ["yes", "no"]})
     known.to_csv(tmp_path / "known.csv", index=False)
+    # both models have an image of that id: the row must say which
+    with pytest.raises(AnnotateError, match="several models: add a 'model' column"):
+        PL.plan(exposed_run, "exposed-nouns", tmp_path / "t0", n=2, known_answers=str(tmp_path / "known.csv"))
+    known.assign(model=models[0]).to_csv(tmp_path / "known.csv", index=False)
     out = PL.plan(exposed_run, "exposed-nouns", tmp_path / "t", n=2, seed=5, known_answers=str(tmp_path / "known.csv"))
     items = TaskSet.load(out).items
     marked = items[items[A.KNOWN_ANSWER].notna()]
-    assert len(marked) == 2 * 2 and set(marked[A.STRATUM]) == {PL.KNOWN_STRATUM}      # both models have that image
+    assert len(marked) == 2 and set(marked[A.STRATUM]) == {PL.KNOWN_STRATUM} and set(marked["model"]) == {models[0]}
     drawn = items[items[A.KNOWN_ANSWER].isna()]
     rows = [(i, who, "yes") for i in drawn[A.ITEM_ID] for who in ("careful", "careless")]
     rows += [(r[A.ITEM_ID], "careful", r[A.KNOWN_ANSWER]) for r in marked.to_dict("records")]

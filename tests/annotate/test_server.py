@@ -74,6 +74,13 @@ def test_bad_requests_are_refused(tasks):
     assert form.status_code == 400                                   # a form post is not the page's JSON
     assert c.get("/image/..%2Ftasks.json").status_code == 404 and c.get("/image/tasks.json").status_code == 404
     assert c.get("/a/bad%20name").status_code == 404
+    assert c.get("/a/simulated-1").status_code == 404                # reserved for simulated annotators
+    r = _post(c, "alice", "answer", {"item_id": [item], "answer": "yes"}, token)
+    assert r.status_code == 400 and "unknown item" in r.get_json()["error"]
+    # a page on another site whose name resolves to 127.0.0.1 names itself in the Host header
+    guarded = S.create_app(tasks, hosts={"127.0.0.1:8765"}).test_client()
+    assert guarded.get("/a/alice", headers={"Host": "evil.example:8765"}).status_code == 403
+    assert guarded.get("/a/alice", headers={"Host": "127.0.0.1:8765"}).status_code == 200
     assert AnswerStore(tasks.path / ANSWERS_DB).labels().empty
 
 
