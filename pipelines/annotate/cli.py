@@ -197,6 +197,11 @@ def cmd_agreement(a) -> int:
     labels = labels.dropna(subset=list(A.LABEL_COLUMNS)).astype({c: str for c in A.LABEL_COLUMNS})
     if labels.empty:
         raise AnnotateError(f"{a.labels}: no labels in the file")
+    repeated = labels.duplicated([A.ITEM_ID, A.ANNOTATOR], keep="last")
+    if repeated.any():   # as the store does: an annotator's last answer to an item counts
+        print(f"{a.labels}: {int(repeated.sum())} earlier answers of an annotator to the same item replaced by "
+              "their last")
+        labels = labels[~repeated]
     answers = sorted(set(labels[A.ANSWER]) - {a.unsure})
     if a.order:
         scale = [s.strip() for s in a.order.split(",")]

@@ -68,7 +68,7 @@ def build(tasks: TaskSet, labels: pd.DataFrame, settings: I.IntervalSettings = I
               else int(labels[A.ANNOTATOR].str.startswith(SIMULATED).sum()),
               "intervals": settings.record(), "level_ci": settings.level,
               **alpha_block(drawn, tasks.scale, tasks.level, settings),
-              "unsure_answers": int((labels[A.ANSWER] == tasks.unsure).sum()) if tasks.unsure else 0,
+              "unsure_answers": int((drawn[A.ANSWER] == tasks.unsure).sum()) if tasks.unsure else 0,
               "majority_status": majorities[majorities[A.ITEM_ID].isin(items[A.ITEM_ID])][A.MAJORITY_STATUS]
               .value_counts().to_dict()}
     has_prediction = items[A.PREDICTION].notna().any()

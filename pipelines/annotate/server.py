@@ -21,6 +21,7 @@ import hmac
 import html
 import ipaddress
 import json
+import os
 import re
 import secrets
 
@@ -57,7 +58,9 @@ def annotator_tokens(tasks: TaskSet, names: list[str]) -> dict[str, str]:
         if not ANNOTATOR_RE.match(name):
             raise AnnotateError(f"annotator name {name!r}: letters, digits and _.@- only (at most 64)")
         tokens.setdefault(name, secrets.token_urlsafe(18))
-    path.write_text(json.dumps(tokens, indent=1))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)   # never readable by others, even briefly
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(tokens, indent=1))
     path.chmod(0o600)
     return tokens
 

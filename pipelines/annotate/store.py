@@ -79,28 +79,18 @@ class AnswerStore:
                answered_at: str | None = None) -> str:
         """Commit one answer; "new", "replaced" (the annotator had answered the item: the last answer
         is kept) or "same" (the same answer again: nothing changes)."""
-        at = answered_at or now()
         with self._transaction() as db:
-            row = db.execute(f"SELECT {A.ANSWER} FROM answers WHERE {A.ITEM_ID}=? AND {A.ANNOTATOR}=?",
-                             (item_id, annotator)).fetchone()
-            if row is not None and row[0] == answer:
-                return "same"
-            db.execute(f"INSERT INTO answers VALUES (?, ?, ?, ?, ?) ON CONFLICT({A.ITEM_ID}, {A.ANNOTATOR}) DO "
-                       f"UPDATE SET {A.ANSWER}=excluded.{A.ANSWER}, {A.ANSWERED_AT}=excluded.{A.ANSWERED_AT}, "
-                       f"{A.ORIGIN}=excluded.{A.ORIGIN}", (item_id, annotator, answer, at, origin))
-            action = "replace" if row is not None else "answer"
-            db.execute(f"INSERT INTO history ({A.ITEM_ID}, {A.ANNOTATOR}, {A.ANSWER}, previous, {A.ANSWERED_AT}, "
-                       f"{A.ORIGIN}, action) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (item_id, annotator, answer, row[0] if row else None, at, origin, action))
-            return "replaced" if row is not None else "new"
+            return _record(db, item_id, annotator, answer, origin, answered_at or now())
 
     def record_many(self, labels: pd.DataFrame, origin: str) -> dict:
-        """Commit a checked label table (``item_id, annotator, answer``, optionally ``answered_at``);
-        the count of each outcome."""
+        """Commit a checked label table (``item_id, annotator, answer``, optionally ``answered_at``)
+        in one transaction (all of the file or none of it); the count of each outcome."""
         outcome = {"new": 0, "replaced": 0, "same": 0}
         at = labels[A.ANSWERED_AT] if A.ANSWERED_AT in labels else [None] * len(labels)
-        for item, who, answer, when in zip(labels[A.ITEM_ID], labels[A.ANNOTATOR], labels[A.ANSWER], at):
-            outcome[self.record(item, who, answer, origin, None if pd.isna(when) else str(when))] += 1
+        stamp = now()
+        with self._transaction() as db:
+            for item, who, answer, when in zip(labels[A.ITEM_ID], labels[A.ANNOTATOR], labels[A.ANSWER], at):
+                outcome[_record(db, item, who, answer, origin, stamp if pd.isna(when) else str(when))] += 1
         return outcome
 
     def undo(self, annotator: str) -> str | None:
@@ -138,3 +128,19 @@ class AnswerStore:
             return {r[0] for r in db.execute(f"SELECT {A.ITEM_ID} FROM answers WHERE {A.ANNOTATOR}=?", (annotator,))}
         finally:
             db.close()
+
+
+def _record(db: sqlite3.Connection, item_id: str, annotator: str, answer: str, origin: str, at: str) -> str:
+    """One answer inside the caller's transaction (``AnswerStore.record``)."""
+    row = db.execute(f"SELECT {A.ANSWER} FROM answers WHERE {A.ITEM_ID}=? AND {A.ANNOTATOR}=?",
+                     (item_id, annotator)).fetchone()
+    if row is not None and row[0] == answer:
+        return "same"
+    db.execute(f"INSERT INTO answers VALUES (?, ?, ?, ?, ?) ON CONFLICT({A.ITEM_ID}, {A.ANNOTATOR}) DO "
+               f"UPDATE SET {A.ANSWER}=excluded.{A.ANSWER}, {A.ANSWERED_AT}=excluded.{A.ANSWERED_AT}, "
+               f"{A.ORIGIN}=excluded.{A.ORIGIN}", (item_id, annotator, answer, at, origin))
+    action = "replace" if row is not None else "answer"
+    db.execute(f"INSERT INTO history ({A.ITEM_ID}, {A.ANNOTATOR}, {A.ANSWER}, previous, {A.ANSWERED_AT}, "
+               f"{A.ORIGIN}, action) VALUES (?, ?, ?, ?, ?, ?, ?)",
+               (item_id, annotator, answer, row[0] if row else None, at, origin, action))
+    return "replaced" if row is not None else "new"

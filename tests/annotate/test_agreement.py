@@ -104,3 +104,9 @@ def test_agreement_reads_a_long_table_directly(tmp_path, capsys):
     assert "alpha (ordinal): 0.815 [" in capsys.readouterr().out
     assert cli.main(["agreement", str(tmp_path / "k.csv"), "--level", "ordinal"]) == 2
     assert "needs --order" in capsys.readouterr().err
+    # an annotator who answered an item twice: the last answer counts, as in a task set's store
+    twice = pd.concat([long_table(KRIPP_C).assign(answer="4").iloc[:1], long_table(KRIPP_C)])
+    twice.to_csv(tmp_path / "twice.csv", index=False)
+    assert cli.main(["agreement", str(tmp_path / "twice.csv"), "--interval-resamples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "1 earlier answers of an annotator to the same item replaced" in out and "0.743 [" in out

@@ -121,6 +121,27 @@ def test_store_keeps_the_last_answer_says_so_and_undoes(tasks):
     assert store.undo("ann") == first and store.labels().empty and store.undo("ann") is None
 
 
+def test_an_import_is_stored_whole_or_not_at_all(tasks, monkeypatch):
+    from pipelines.annotate import store as ST
+
+    ids = list(tasks.items[A.ITEM_ID])
+    labels = pd.DataFrame({A.ITEM_ID: ids, A.ANNOTATOR: "p1", A.ANSWER: "yes"})
+    real, calls = ST._record, []
+
+    def failing(db, *args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(db, *args)
+
+    monkeypatch.setattr(ST, "_record", failing)
+    with pytest.raises(OSError):
+        AnswerStore(tasks.path / ANSWERS_DB).record_many(labels, A.Origin.TABLE)
+    monkeypatch.undo()
+    assert AnswerStore(tasks.path / ANSWERS_DB).labels().empty          # the two rows before were rolled back
+    assert AnswerStore(tasks.path / ANSWERS_DB).record_many(labels, A.Origin.TABLE)["new"] == len(ids)
+
+
 def test_an_answer_committed_survives_a_killed_writer(tasks):
     """A process killed (SIGKILL) right after ``record`` returned: the answer is in the database."""
     item = tasks.items[A.ITEM_ID].iloc[0]

@@ -116,6 +116,7 @@ def test_tokens_are_required_off_the_loopback_interface(tasks):
     with pytest.raises(AnnotateError, match="--annotators"):
         S.serve(tasks.path, host="0.0.0.0", port=0)
     tokens = S.annotator_tokens(tasks, ["alice"])
+    assert (tasks.path / S.TOKENS_FILE).stat().st_mode & 0o777 == 0o600
     assert S.annotator_tokens(tasks, ["alice", "bob"])["alice"] == tokens["alice"]   # the same link after a restart
     c = _client(tasks, S.annotator_tokens(tasks, ["alice"]))
     assert c.get("/a/alice").status_code == 403 and c.get("/a/alice?token=wrong").status_code == 403
