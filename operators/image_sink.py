@@ -72,7 +72,7 @@ class ImageSink:
                 out.append(data[i])
         if self.name_column:
             for name, data, encoding in zip(part.column(self.name_column).to_pylist(), out, enc):
-                ext = "png" if encoding == RGB8 else _extension(data)
+                ext = "png" if encoding == RGB8 else extension(data)
                 _put(self.fs, posixpath.join(self.root, f"{file_stem(str(name))}.{ext}"), data)
             return batch
         keys = part.select([k for k in self.keys if k in part.column_names])
@@ -114,7 +114,8 @@ def file_stem(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "_"
 
 
-def _extension(data: bytes) -> str:
+def extension(data: bytes) -> str:
+    """The file extension of encoded image bytes, from their signature ("img" when unknown)."""
     if data[:8] == b"\x89PNG\r\n\x1a\n":
         return "png"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":

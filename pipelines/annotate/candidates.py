@@ -41,7 +41,7 @@ def run_info(run_dir: Path) -> dict:
             raise AnnotateError(f"{run_dir}: not a finished run (no {name})")
     run = json.loads((run_dir / "run.json").read_text())
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    if run.get("status") not in (None, "done", "finished", "complete"):
+    if run.get("status") != "finished":              # RunDir.finish's status
         raise AnnotateError(f"{run_dir}: the run is {run.get('status')!r}, not finished")
     return {"id": metrics.get("run_id") or run.get("run_id"), "study": metrics.get("study"),
             "path": str(run_dir.resolve())}

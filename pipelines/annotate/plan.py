@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from operators.image_sink import extension
 from pipelines.annotate import candidates as C
 from pipelines.annotate.interchange import read_table
 from pipelines.annotate.protocols import PRESETS, Protocol
@@ -207,7 +208,7 @@ def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.Data
     for key in dict.fromkeys(source):
         data = Path(key).read_bytes() if isinstance(key, str) else key
         digest = hashlib.sha256(data).hexdigest()
-        rel = f"{IMAGES_DIR}/{digest[:20]}{_suffix(data)}"
+        rel = f"{IMAGES_DIR}/{digest[:20]}.{extension(data)}"
         if not (out / rel).exists():
             (out / rel).write_bytes(data)
         stored[key] = (rel, digest)
@@ -233,14 +234,6 @@ def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.Data
             "version": _version()}
     (out / TASKS_FILE).write_text(json.dumps(meta, indent=1, default=str))
     return out
-
-
-def _suffix(data: bytes) -> str:
-    if data[:3] == b"\xff\xd8\xff":
-        return ".jpg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return ".webp"
-    return ".png"
 
 
 def _version() -> str:

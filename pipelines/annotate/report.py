@@ -16,13 +16,14 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.fs as pafs
 
 from pipelines.annotate import agreement as G
-from pipelines.annotate.simulate import PREFIX as SIMULATED
 from pipelines.annotate.tasks import AnnotateError, TaskSet
 from pipelines.engine.report import html as H
 from pipelines.engine.report import page as Pg
 from pipelines.engine.stats import intervals as I
+from pipelines.engine.storage import io
 from pipelines.engine.storage.io import clean_json
 from schemas import annotation as A
 
@@ -64,8 +65,7 @@ def build(tasks: TaskSet, labels: pd.DataFrame, settings: I.IntervalSettings = I
     if drawn.empty:
         raise AnnotateError(f"{tasks.path}: no answers to the drawn items yet (only known-answer items)")
     result = {"protocol": tasks.protocol["name"], "run_id": tasks.meta["run"]["id"],
-              "simulated_answers": int((labels[A.ORIGIN] == A.Origin.SIMULATED).sum()) if A.ORIGIN in labels
-              else int(labels[A.ANNOTATOR].str.startswith(SIMULATED).sum()),
+              "simulated_answers": int((labels[A.ORIGIN] == A.Origin.SIMULATED).sum()),
               "intervals": settings.record(), "level_ci": settings.level,
               **alpha_block(drawn, tasks.scale, tasks.level, settings),
               "unsure_answers": int((drawn[A.ANSWER] == tasks.unsure).sum()) if tasks.unsure else 0,
@@ -218,18 +218,13 @@ def attach_to_run(tasks: TaskSet, built: dict) -> list[str]:
         pattern = re.escape(mark) + ".*?" + re.escape(mark)
         text_ = (re.sub(pattern, lambda _: block, text_, flags=re.S) if mark in text_
                  else text_.replace("</body>", block + "</body>", 1))
-        _replace(page, text_)
+        io.write_text(text_, pafs.LocalFileSystem(), str(page))
         changed.append(str(page))
     if metrics.is_file():
         doc = json.loads(metrics.read_text())
         doc.setdefault("human_evaluation", {})[name] = json.loads(json.dumps(clean_json(built["result"]),
                                                                               default=_plain))
-        _replace(metrics, json.dumps(doc, indent=1, allow_nan=False))
+        io.write_text(json.dumps(doc, indent=1, allow_nan=False), pafs.LocalFileSystem(), str(metrics))
         changed.append(str(metrics))
     return changed
 
-
-def _replace(path: Path, content: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(content)
-    tmp.replace(path)

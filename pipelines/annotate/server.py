@@ -103,7 +103,9 @@ def create_app(tasks: TaskSet, tokens: dict[str, str] | None = None, hosts: set[
         return annotator
 
     def state(annotator: str, note: str | None = None) -> dict:
-        mine = orders.setdefault(annotator, order(tasks, annotator))
+        if annotator not in orders:
+            orders[annotator] = order(tasks, annotator)
+        mine = orders[annotator]
         done = store.answered(annotator)
         nxt = next((i for i in mine if i not in done), None)
         out = {"answered": len(done), "total": len(mine), "note": note, "choices": choices, "item": None}

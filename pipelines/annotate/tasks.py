@@ -75,9 +75,6 @@ class TaskSet:
     def strata(self) -> list[str]:
         return list(self.meta.get("drawing", {}).get("strata", []))
 
-    def image_path(self, item_id: str) -> Path:
-        rel = self.items.set_index(A.ITEM_ID).loc[item_id, A.IMAGE_FILE]
-        return self.path / rel
 
 
 def check_labels(tasks: TaskSet, labels: pd.DataFrame, source: str) -> pd.DataFrame:

@@ -25,7 +25,7 @@ def _png(path, value):
 def _finish(run, study, table):
     table.to_parquet(run / "images.parquet", index=False)
     (run / "report.html").write_text("<!doctype html><html><body><h1>the run</h1></body></html>")
-    (run / "run.json").write_text(json.dumps({"run_id": run.name, "status": "done"}))
+    (run / "run.json").write_text(json.dumps({"run_id": run.name, "status": "finished"}))
     (run / "metrics.json").write_text(json.dumps({"run_id": run.name, "study": study}))
     return run
 

@@ -115,7 +115,7 @@ if __name__ == "__main__":      # the screenshot in docs/img: a small task set o
         yy, xx = np.mgrid[0:384, 0:384]
         Image.fromarray(np.stack([xx % 256, yy % 256, (xx + yy + 40 * k) % 256], -1).astype(np.uint8)).save(f)
     pd.DataFrame(rows).to_parquet(run / "images.parquet")
-    (run / "run.json").write_text('{"run_id": "demo", "status": "done"}')
+    (run / "run.json").write_text('{"run_id": "demo", "status": "finished"}')
     (run / "metrics.json").write_text('{"run_id": "demo", "study": "paper004-exposed"}')
     ts = TaskSet.load(PL.plan(run, "exposed-nouns", tmp / "tasks", n=6))
     with Served(ts) as served:
