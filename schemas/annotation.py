@@ -57,3 +57,23 @@ class MajorityStatus:
     UNSURE = "unsure"            # "unsure" has more votes than any answer
     NONE = "no answers"
     ALL = (MAJORITY, TIE, UNSURE, NONE)
+
+# -- corrected estimates (t2i annotate estimate): one row per stratum and correction ----------------------
+SCORE = "score"                  # predictions table: the classifier's probability of the positive class (optional)
+ITEMS = "items"                  # items of the stratum the classifier answered (the population)
+NO_PREDICTION = "no_prediction"  # items of the stratum without a classifier answer: outside the population
+LABELLED = "labelled"            # of ITEMS, those people answered (known-answer items never count)
+DECIDED = "decided"              # of LABELLED, those with a majority answer that is not "unsure"
+UNSURE_ITEMS = "unsure"          # of LABELLED, those whose majority is "unsure"
+TIES = "ties"                    # of LABELLED, those whose most frequent answers tie
+UNLABELLED = "unlabelled"
+CLASSIFIER = "classifier"        # the classifier's share of the positive class over ITEMS (+ _low, _high)
+CORRECTED = "corrected"          # the corrected share among the items people could decide (+ _low, _high)
+CORRECTION = "correction"        # the estimator: ppi++ or rogan-gladen (pipelines.engine.stats.correction)
+LAMBDA = "lambda"                # PPI++'s power-tuning parameter (0: the people alone, 1: plain PPI)
+UNSURE_SHARE = "unsure_share"    # UNSURE_ITEMS / LABELLED (+ _low, _high)
+FLAG = "flag"                    # why a value is missing or was clipped ("" when neither)
+
+ESTIMATE_COLUMNS = (STRATUM, CORRECTION, ITEMS, NO_PREDICTION, LABELLED, DECIDED, UNSURE_ITEMS, TIES, UNLABELLED,
+                    CLASSIFIER, CLASSIFIER + "_low", CLASSIFIER + "_high", CORRECTED, CORRECTED + "_low",
+                    CORRECTED + "_high", LAMBDA, UNSURE_SHARE, UNSURE_SHARE + "_low", UNSURE_SHARE + "_high", FLAG)

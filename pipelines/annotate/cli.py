@@ -1,12 +1,15 @@
 """``t2i annotate``: people in the loop.
 
     t2i annotate plan RUN_DIR --protocol gep --output TASKS_DIR [--n N | --n-per-stratum K] [--seed S]
+    t2i annotate plan RUN_DIR ... [--target-width W | --budget N [--allocation neyman]] [--pilot TASKS_DIR]
     t2i annotate serve TASKS_DIR [--host 127.0.0.1 --port 8765] [--annotators alice,bob]
     t2i annotate import TASKS_DIR FILE --format {table,label-studio,crowd-csv}
     t2i annotate export TASKS_DIR --format {table,label-studio,crowd-csv,gep-annotations} --output PATH
     t2i annotate simulate TASKS_DIR [--annotators 3 --error-rate 0.1 --unsure-rate 0.05]
     t2i annotate report TASKS_DIR
     t2i annotate agreement LABELS [--level ordinal --order 1,2,3] [--unsure unsure]
+    t2i annotate estimate TASKS_DIR [--positive female] [--method ppi|rogan-gladen|both]
+    t2i annotate estimate --predictions PRED --labels LABELS --drawn-at-random --positive C --output DIR
 
 Errors in the input (a file, a label, a setting) are one line on stderr and exit status 2.
 """
@@ -18,6 +21,7 @@ import sys
 
 import pandas as pd
 
+from pipelines.annotate import estimate as E
 from pipelines.annotate import interchange as X
 from pipelines.annotate import plan as PL
 from pipelines.annotate import report as R
@@ -43,6 +47,18 @@ def parser() -> argparse.ArgumentParser:
     size = pl.add_mutually_exclusive_group()
     size.add_argument("--n", type=int, help="images in all, split equally over the strata (the preset's by default)")
     size.add_argument("--n-per-stratum", type=int, help="images per stratum")
+    size.add_argument("--target-width", type=float, help="label budget planner: images per stratum for a 95%% "
+                      "interval of at most this full width on each stratum's corrected share")
+    size.add_argument("--budget", type=int, help="label budget planner: images in all, allocated where they narrow "
+                      "the headline interval most (--allocation)")
+    pl.add_argument("--allocation", choices=["neyman", "equal-width"], default="neyman",
+                    help="--budget: neyman (the pooled share; n_h ~ N_h sigma_h) or equal-width (the widest "
+                         "stratum's; n_h ~ sigma_h^2)")
+    pl.add_argument("--pilot", help="planner: an earlier task set with answers, for the classifier's disagreement "
+                                    "rate per stratum")
+    pl.add_argument("--assumed-disagreement", type=float, default=0.25,
+                    help="planner without --pilot: the classifier's disagreement rate with people (0.25: as if "
+                         "there were no classifier)")
     pl.add_argument("--annotators", type=int, help="answers wanted per item (the preset's by default)")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--strata", help="comma-separated columns to draw within ('' for none; the preset's by default)")
@@ -81,6 +97,19 @@ def parser() -> argparse.ArgumentParser:
     ag.add_argument("--order", help="ordinal: the answers from lowest to highest, comma-separated")
     ag.add_argument("--unsure", help="the answer that means 'cannot tell' (a missing value for alpha)")
     _interval_flags(ag)
+    es = sub.add_parser("estimate", help="the classifier's proportions per stratum corrected by people's labels "
+                        "(PPI++; Rogan-Gladen as an option), with the unsure share")
+    es.add_argument("tasks_dir", nargs="?", help="a task set: its run's classifier answers and its answers")
+    es.add_argument("--predictions", help="CSV or parquet: item_id, stratum, prediction (optionally score) of "
+                                          "every item the classifier answered")
+    es.add_argument("--labels", help="CSV or parquet: item_id, annotator, answer (default: the task set's answers)")
+    es.add_argument("--drawn-at-random", action="store_true",
+                    help="labels without a task set: state that their items are a simple random sample of each stratum")
+    es.add_argument("--positive", help="the class whose share is estimated (the preset's: female, or yes)")
+    es.add_argument("--unsure", help="the answer meaning 'cannot tell' (the task set's by default)")
+    es.add_argument("--method", choices=["ppi", "rogan-gladen", "both"], default="ppi")
+    es.add_argument("--output", help="folder for estimates.csv/.parquet/.json (default: TASKS_DIR/estimate)")
+    es.add_argument("--interval-level", type=float, default=0.95)
     return p
 
 
@@ -102,12 +131,20 @@ def _store(tasks: TaskSet) -> AnswerStore:
 def cmd_plan(a) -> int:
     strata = None if a.strata is None else [s for s in a.strata.split(",") if s]
     out = PL.plan(a.run_dir, a.protocol, a.output, n=a.n, n_per_stratum=a.n_per_stratum, annotators=a.annotators,
-                  seed=a.seed, strata=strata, custom=a.custom, known_answers=a.known_answers)
+                  seed=a.seed, strata=strata, custom=a.custom, known_answers=a.known_answers,
+                  target_width=a.target_width, budget=a.budget, pilot=a.pilot,
+                  assumed_disagreement=a.assumed_disagreement, allocation=a.allocation)
     tasks = TaskSet.load(out)
     per = tasks.meta["drawing"]["per_stratum"]
+    planned = tasks.meta["drawing"].get("planner") or {}
     print(f"{len(tasks.items)} items ({sum(v['drawn'] for v in per.values())} images) for {a.protocol} in {out}")
     for stratum, v in per.items():
-        print(f"  {stratum}: {v['drawn']} of {v['units']} images")
+        width = (planned.get("per_stratum") or {}).get(stratum, {}).get("expected_width")
+        print(f"  {stratum}: {v['drawn']} of {v['units']} images"
+              + (f" (expected 95% width of its corrected share: {width:.3f})" if width is not None else ""))
+    if planned.get("pooled_expected_width") is not None:
+        print(f"  pooled over the strata: expected 95% width {planned['pooled_expected_width']:.3f} "
+              f"(disagreement: {planned['disagreement']})")
     return 0
 
 
@@ -222,8 +259,62 @@ def cmd_agreement(a) -> int:
     return 0
 
 
+def cmd_estimate(a) -> int:
+    tasks = TaskSet.load(a.tasks_dir) if a.tasks_dir else None
+    if tasks is None and not (a.predictions and a.labels):
+        raise AnnotateError("estimate needs a task set, or --predictions and --labels")
+    if tasks is None and not a.drawn_at_random:
+        raise AnnotateError(f"{a.labels}: {E.NOT_RANDOM}")
+    if tasks is None and not a.output:
+        raise AnnotateError("--output is needed without a task set")
+    if not 0.5 <= a.interval_level < 1:
+        raise AnnotateError(f"--interval-level must be in [0.5, 1), not {a.interval_level}")
+    if a.predictions:
+        pred = E.check_predictions(X.read_table(a.predictions), a.predictions)
+    else:
+        pred = E.check_predictions(E.run_predictions(tasks), f"{tasks.meta['run']['path']} (the task set's run)")
+    if a.labels:
+        raw = X.read_table(a.labels)
+        labels = check_labels(tasks, raw, a.labels) if tasks is not None else _plain_labels(raw, a.labels)
+        simulated = 0
+    else:
+        stored = _store(tasks).labels()
+        simulated = int((stored[A.ORIGIN] == A.Origin.SIMULATED).sum())
+        labels = stored[list(A.LABEL_COLUMNS)]
+    if tasks is not None:
+        labels = E.labels_of(tasks, labels)
+    if labels.empty:
+        raise AnnotateError("no answers to correct with (known-answer items never count)")
+    positive = a.positive or (E.default_positive(tasks) if tasks is not None else None)
+    if positive is None:
+        raise AnnotateError("--positive: which class's share to estimate")
+    unsure = a.unsure if a.unsure is not None else (tasks.unsure if tasks is not None else None)
+    methods = {"ppi": (E.K.PPI,), "rogan-gladen": (E.K.ROGAN_GLADEN,), "both": E.K.METHODS}[a.method]
+    table = E.estimate(pred, labels, positive, unsure, methods, a.interval_level)
+    meta = {"positive": positive, "unsure": unsure, "methods": list(methods), "interval_level": a.interval_level,
+            "drawn": E.DRAWN_BY_PLAN if tasks is not None else E.DRAWN_STATED,
+            "predictions": a.predictions or "the task set's run", "labels": a.labels or "the task set's answers",
+            "answers": int(len(labels)), "annotators": int(labels[A.ANNOTATOR].nunique()),
+            "simulated_answers": simulated, "estimand": "the share of the positive class among the items people "
+            "could decide (majority neither unsure nor a tie); the classifier's share over every item it answered"}
+    out = E.write(a.output or tasks.path / "estimate", table, meta)
+    print(E.text(table, positive))
+    if simulated:
+        print(f"note: {simulated} of the answers are SIMULATED annotators', not people's")
+    print(f"written to {out}")
+    return 0
+
+
+def _plain_labels(raw: pd.DataFrame, source: str) -> pd.DataFrame:
+    missing = [c for c in A.LABEL_COLUMNS if c not in raw.columns]
+    if missing:
+        raise AnnotateError(f"{source}: no column {', '.join(missing)} (a label table has {', '.join(A.LABEL_COLUMNS)})")
+    out = raw[list(A.LABEL_COLUMNS)].dropna().astype(str)
+    return out[~out.duplicated([A.ITEM_ID, A.ANNOTATOR], keep="last")]
+
+
 COMMANDS = {"plan": cmd_plan, "serve": cmd_serve, "import": cmd_import, "export": cmd_export, "simulate": cmd_simulate,
-            "report": cmd_report, "agreement": cmd_agreement}
+            "report": cmd_report, "agreement": cmd_agreement, "estimate": cmd_estimate}
 
 
 def main(argv=None) -> int:

@@ -22,10 +22,13 @@ import pandas as pd
 import yaml
 
 from operators.image_sink import extension
+from pipelines.annotate import budget as B
 from pipelines.annotate import candidates as C
 from pipelines.annotate.interchange import read_table
 from pipelines.annotate.protocols import PRESETS, Protocol
-from pipelines.annotate.tasks import IMAGES_DIR, ITEMS_FILE, TASKS_FILE, AnnotateError
+from pipelines.annotate.agreement import classifier_agreement, majority
+from pipelines.annotate.store import AnswerStore
+from pipelines.annotate.tasks import ANSWERS_DB, IMAGES_DIR, ITEMS_FILE, TASKS_FILE, AnnotateError, TaskSet
 from schemas import annotation as A
 from schemas.images import MODEL
 
@@ -54,16 +57,28 @@ def allocate(sizes: dict, n: int | None, n_per_stratum: int | None, rng: np.rand
     return want
 
 
+def stratum_labels(df: pd.DataFrame, strata: list[str]) -> pd.Series:
+    """Each row's stratum as the task set names it: "model=sd | source=generated" ("all": no strata)."""
+    if not strata:
+        return pd.Series("all", index=df.index)
+    return df[strata].astype(str).apply(lambda r: " | ".join(f"{c}={v}" for c, v in r.items()), axis=1)
+
+
 def draw(cands: pd.DataFrame, strata: list[str], n: int | None, n_per_stratum: int | None,
-         seed: int) -> tuple[pd.DataFrame, dict]:
-    """The items of the drawn units, and per stratum how many units it had and gave."""
+         seed: int, planner=None) -> tuple[pd.DataFrame, dict]:
+    """The items of the drawn units, and per stratum how many units it had and gave. ``planner``
+    (stratum -> units it has) -> (stratum -> units to draw) replaces ``n`` / ``n_per_stratum``."""
     units = cands.drop_duplicates(C.UNIT).sort_values(C.UNIT)
     key = units[strata].astype(str).agg(" | ".join, axis=1) if strata else pd.Series("all", index=units.index)
-    labels = (units[strata].astype(str).apply(lambda r: " | ".join(f"{c}={v}" for c, v in r.items()), axis=1)
-              if strata else key)
+    labels = stratum_labels(units, strata)
     sizes = key.value_counts().to_dict()
     rng = np.random.default_rng(seed)
-    want = allocate(sizes, n, n_per_stratum, np.random.default_rng([seed, 1]))
+    if planner is not None:
+        label_of = dict(zip(key, labels))
+        planned = planner({label_of[s]: int(k) for s, k in sizes.items()})
+        want = {s: int(planned[label_of[s]]) for s in sizes}
+    else:
+        want = allocate(sizes, n, n_per_stratum, np.random.default_rng([seed, 1]))
     chosen, per = [], {}
     for s in sorted(sizes):
         mine = units[key == s]
@@ -134,8 +149,11 @@ def custom_candidates(run_dir: Path, query: dict, proto: Protocol) -> pd.DataFra
 
 def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum: int | None = None,
          annotators: int | None = None, seed: int = 0, strata: list[str] | None = None,
-         custom: str | None = None, known_answers: str | None = None) -> Path:
-    """Draw the items and write the task set to ``output``; returns its path."""
+         custom: str | None = None, known_answers: str | None = None, target_width: float | None = None,
+         budget: int | None = None, pilot: str | None = None, assumed_disagreement: float = B.CONSERVATIVE,
+         allocation: str = "neyman") -> Path:
+    """Draw the items and write the task set to ``output``; returns its path. ``target_width`` or
+    ``budget`` size the strata by the label budget planner (``budget.py``)."""
     run_dir, out = Path(run_dir), Path(output)
     if out.exists() and any(out.iterdir()):
         raise AnnotateError(f"{out}: exists and is not empty (a task set is written once)")
@@ -164,12 +182,49 @@ def plan(run_dir, protocol: str, output, *, n: int | None = None, n_per_stratum:
     if missing:
         raise AnnotateError(f"strata {', '.join(missing)}: not columns of the {proto.name} items "
                             f"({', '.join(c for c in cands.columns if not c.startswith('_'))})")
-    items, per = draw(cands, list(proto.strata), proto.n, proto.n_per_stratum, seed)
+    planned: dict = {}
+    planner = None
+    if target_width is not None or budget is not None:
+        planner = _planner(planned, target_width, budget, pilot, assumed_disagreement, allocation)
+    items, per = draw(cands, list(proto.strata), proto.n, proto.n_per_stratum, seed, planner)
     if items.empty:
         raise AnnotateError(f"{run_dir}: nothing to draw for {proto.name}")
     if known_answers:
         items = with_known_answers(items, cands, Path(known_answers), proto)
-    return _write(out, run_dir, info, proto, items, per, seed)
+    return _write(out, run_dir, info, proto, items, per, seed, planned or None)
+
+
+def _planner(record: dict, target_width, budget, pilot, assumed, allocation):
+    """The label budget planner as ``draw`` calls it; what it decided goes into ``record``."""
+    rates, pooled = {}, None
+    if pilot:
+        rates, pooled = pilot_rates(Path(pilot))
+
+    def plan_sizes(sizes: dict) -> dict:
+        sigma2 = B.sigmas(sorted(sizes), rates, pooled, assumed)
+        want = (B.by_width(sizes, sigma2, target_width) if target_width is not None
+                else B.by_budget(sizes, sigma2, budget, allocation))
+        record.update({"target_width": target_width, "budget": budget,
+                       "allocation": None if target_width is not None else allocation,
+                       "pilot": str(Path(pilot).resolve()) if pilot else None,
+                       "disagreement": "pilot (upper 95% Wilson bound)" if pilot else f"assumed {assumed}",
+                       "per_stratum": B.summary(sizes, sigma2, want),
+                       "pooled_expected_width": B.pooled_width(sizes, sigma2, want)})
+        return want
+    return plan_sizes
+
+
+def pilot_rates(path: Path) -> tuple[dict, float | None]:
+    """The classifier's disagreement with people per stratum in an earlier task set's answers."""
+    tasks = TaskSet.load(path)
+    labels = AnswerStore(path / ANSWERS_DB).labels() if (path / ANSWERS_DB).is_file() else pd.DataFrame()
+    if labels.empty:
+        raise AnnotateError(f"{path}: the pilot task set has no answers yet")
+    items = tasks.items[tasks.items[A.KNOWN_ANSWER].isna()]
+    rows = classifier_agreement(items, majority(labels, tasks.unsure), [A.STRATUM])
+    if rows["scored"].sum() == 0:
+        raise AnnotateError(f"{path}: no pilot item has both a classifier answer and a people's majority")
+    return B.pilot_disagreement(rows)
 
 
 def with_known_answers(items: pd.DataFrame, cands: pd.DataFrame, path: Path, proto: Protocol) -> pd.DataFrame:
@@ -200,7 +255,8 @@ def with_known_answers(items: pd.DataFrame, cands: pd.DataFrame, path: Path, pro
     return pd.concat([rest, found], ignore_index=True)
 
 
-def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.DataFrame, per: dict, seed: int) -> Path:
+def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.DataFrame, per: dict, seed: int,
+           planned: dict | None = None) -> Path:
     (out / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
     # each image once, named by its content's hash: from a file of the run, or bytes it keeps in parquet
     source = items["_file"] if "_file" in items else items["_bytes"]
@@ -228,7 +284,8 @@ def _write(out: Path, run_dir: Path, info: dict, proto: Protocol, items: pd.Data
             "drawing": {"seed": seed, "strata": list(proto.strata), "n": proto.n, "n_per_stratum": proto.n_per_stratum,
                         "unit": proto.unit, "per_stratum": per, "items": int(len(items)),
                         "method": "simple random sample of units without replacement within each stratum "
-                                  "(numpy PCG64 permutation of the units sorted by id)"},
+                                  "(numpy PCG64 permutation of the units sorted by id)",
+                        "planner": planned},
             "annotators": proto.annotators,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "version": _version()}

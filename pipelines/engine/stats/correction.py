@@ -1,0 +1,139 @@
+"""Proportions corrected for the classifier's own error, with intervals that cover the truth.
+
+One stratum holds items the classifier answered; people labelled a simple random sample of them
+(``t2i annotate plan`` draws it). The estimand is the share of the stratum's items whose people's
+verdict is the positive class, among the items people could decide (their majority neither
+"unsure" nor a tie): the reading Lyu et al. report. Two estimators:
+
+- **Prediction-powered inference, PPI++** (Angelopoulos, Bates, Fannjiang, Jordan and Zrnic,
+  Science 2023; Angelopoulos, Duchi and Zrnic, arXiv 2311.01453): the classifier's mean over the
+  unlabelled items, rectified by the mean of (verdict - lambda * classifier) over the labelled ones,
+  lambda tuned for the smallest variance. Without undecided labelled items it is ``ppi_py``'s
+  ``ppi_mean_pointestimate`` and ``ppi_mean_ci`` (power-tuned, normal interval) as they are. With
+  undecided items the estimand is a ratio, P(positive) / P(decided), each a PPI++ mean (the
+  decided share has no classifier guess, so it is the labelled items' own mean), its interval by the
+  delta method with the two means' covariance; with no undecided item it gives the package's numbers
+  exactly (tests/annotate/test_estimate.py checks both, and the coverage on simulated populations).
+- **Rogan-Gladen** (Rogan and Gladen, Am. J. Epidemiol. 1978), for comparison with the
+  literature: the classifier's share over all items, corrected by sensitivity and specificity
+  estimated on the labelled items, (p_obs + sp - 1) / (se + sp - 1), its interval by the delta
+  method over the three estimated proportions (independent binomials), so it carries the
+  uncertainty of the error rates; a value or bound outside [0, 1] is clipped and flagged, and a
+  classifier no better than chance on the labelled items (se + sp <= 1) gives none.
+
+Every value and bound is clipped to [0, 1] (a proportion); the flag says which was.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats as sps
+
+from pipelines.engine.stats import intervals as I
+
+PPI = "ppi++"
+ROGAN_GLADEN = "rogan-gladen"
+METHODS = (PPI, ROGAN_GLADEN)
+
+CLIPPED = "estimate outside [0, 1], clipped"
+BOUND_CLIPPED = "interval clipped to [0, 1]"
+NO_LABELS = "no labelled item the people could decide"
+CHANCE = "classifier no better than chance on the labelled items (se + sp <= 1)"
+ONE_CLASS = "the labelled items hold one class only: sensitivity or specificity unknown"
+ALL_LABELLED = "every item labelled: the people's share alone"
+
+
+def _z(level: float) -> float:
+    return float(sps.norm.ppf(0.5 + level / 2))
+
+
+def _result(value, low, high, method, level, n, N, lam=None, flag=""):
+    flags = [flag] if flag else []
+    if value is not None and not 0 <= value <= 1:
+        flags.append(CLIPPED)
+        value = min(1.0, max(0.0, value))
+    if low is not None and (low < 0 or high > 1):
+        if CLIPPED not in flags:
+            flags.append(BOUND_CLIPPED)
+        low, high = max(0.0, low), min(1.0, high)
+    return {"value": value, "low": low, "high": high, "method": method, "level": level, "labelled": int(n),
+            "unlabelled": int(N), "lambda": lam, "flag": "; ".join(flags)}
+
+
+def ppi_lambda(y: np.ndarray, f: np.ndarray, f_unlabelled: np.ndarray) -> float:
+    """PPI++'s power-tuning parameter for a mean: Cov(y, f) / ((1 + n/N) Var(f)), the covariance
+    over the labelled items (divided by n), the variance over all items (divided by n + N - 1),
+    clipped to [0, 1] (``ppi_py``'s rule for a mean)."""
+    n, N = len(y), len(f_unlabelled)
+    var = np.var(np.concatenate([f, f_unlabelled]), ddof=1) if n + N > 1 else 0.0
+    if var <= 0:
+        return 0.0
+    cov = float(np.mean((y - y.mean()) * (f - f.mean())))
+    return float(np.clip(cov / ((1 + n / N) * var), 0.0, 1.0))
+
+
+def ppi_proportion(y, f, f_unlabelled, decided=None, level: float = 0.95) -> dict:
+    """The share of positive verdicts among the decided ones, by PPI++.
+
+    ``y``: 1 where the labelled item's verdict is the positive class; ``decided``: 1 where people
+    could decide (None: all); ``f`` and ``f_unlabelled``: the classifier's answer (1/0, or its
+    probability of the positive class) on the labelled and the unlabelled items."""
+    y = np.asarray(y, np.float64)
+    f = np.asarray(f, np.float64)
+    fu = np.asarray(f_unlabelled, np.float64)
+    d = np.ones_like(y) if decided is None else np.asarray(decided, np.float64)
+    n, N = len(y), len(fu)
+    if d.sum() == 0:
+        return _result(None, None, None, PPI, level, n, N, flag=NO_LABELS)
+    if N == 0:
+        ci = I.binomial_interval(int(y.sum()), int(d.sum()), level)
+        return _result(ci.value, ci.low, ci.high, PPI, level, n, N, flag=ALL_LABELLED)
+    if n < 2:
+        return _result(float(fu.mean() + (y - f).mean()) if d.all() else None, None, None, PPI, level, n, N)
+    lam = ppi_lambda(y, f, fu)
+    if d.all():
+        from ppi_py import ppi_mean_ci, ppi_mean_pointestimate   # deferred: ppi_py imports numba and statsmodels
+
+        value = float(np.ravel(ppi_mean_pointestimate(y, f, fu))[0])
+        low, high = (float(np.ravel(b)[0]) for b in ppi_mean_ci(y, f, fu, alpha=1 - level))
+        return _result(value, low, high, PPI, level, n, N, lam)
+    return ppi_ratio(y, d, f, fu, level, lam)
+
+
+def ppi_ratio(y, d, f, fu, level: float, lam: float) -> dict:
+    """P(positive) / P(decided): PPI++ for the numerator (with ``lam``), the labelled items' mean
+    for the denominator; the delta method over both, with their covariance (the terms ``ppi_py``
+    uses for one mean: standard deviations over n and N, not n - 1)."""
+    n, N = len(y), len(fu)
+    r = y - lam * f                                   # the numerator's rectifier on the labelled items
+    mu1 = lam * fu.mean() + r.mean()
+    mu2 = d.mean()
+    theta = mu1 / mu2
+    v11 = np.var(r) / n + lam * lam * np.var(fu) / N
+    v22 = np.var(d) / n
+    v12 = np.mean((r - r.mean()) * (d - d.mean())) / n
+    var = (v11 - 2 * theta * v12 + theta * theta * v22) / (mu2 * mu2)
+    half = _z(level) * math.sqrt(max(var, 0.0))
+    return _result(float(theta), float(theta - half), float(theta + half), PPI, level, n, N, lam)
+
+
+def rogan_gladen(positive: int, items: int, tp: int, fn: int, tn: int, fp: int, level: float = 0.95) -> dict:
+    """The classifier's share ``positive / items`` over all items, corrected by the sensitivity
+    tp / (tp + fn) and specificity tn / (tn + fp) of the labelled items people decided."""
+    n = tp + fn + tn + fp
+    N = items - n
+    if tp + fn == 0 or tn + fp == 0:
+        return _result(None, None, None, ROGAN_GLADEN, level, n, N, flag=ONE_CLASS if n else NO_LABELS)
+    p_obs, se, sp = positive / items, tp / (tp + fn), tn / (tn + fp)
+    j = se + sp - 1
+    if j <= 0:
+        return _result(None, None, None, ROGAN_GLADEN, level, n, N, flag=CHANCE)
+    p = (p_obs + sp - 1) / j
+    var = (p_obs * (1 - p_obs) / items + p * p * se * (1 - se) / (tp + fn)
+           + (1 - p) * (1 - p) * sp * (1 - sp) / (tn + fp)) / (j * j)
+    half = _z(level) * math.sqrt(var)
+    out = _result(float(p), float(p - half), float(p + half), ROGAN_GLADEN, level, n, N)
+    out.update(sensitivity=se, specificity=sp)
+    return out

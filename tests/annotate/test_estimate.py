@@ -1,0 +1,218 @@
+"""Corrected estimates (``t2i annotate estimate``): PPI++ equal to ``ppi_py``'s, intervals that cover
+the truth on simulated populations where the classifier's do not, Rogan-Gladen by hand, and the
+command on a task set and on plain tables, with its refusals."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from ppi_py import ppi_mean_ci, ppi_mean_pointestimate
+from scipy import stats as sps
+
+from pipelines.annotate import cli
+from pipelines.annotate import estimate as E
+from pipelines.annotate.store import AnswerStore
+from pipelines.annotate.tasks import ANSWERS_DB, TaskSet
+from pipelines.engine.stats import correction as K
+from pipelines.engine.storage.checkpoint import model_dir
+from schemas import annotation as A
+
+
+def _sample(rng, n, N, p=0.3, miss_pos=0.3, miss_neg=0.05, scores=False):
+    truth = rng.random(n + N) < p
+    flip = np.where(truth, rng.random(n + N) < miss_pos, rng.random(n + N) < miss_neg)
+    hard = (truth ^ flip).astype(float)
+    f = np.clip(hard * 0.8 + rng.random(n + N) * 0.2, 0, 1) if scores else hard
+    return truth[:n].astype(float), f[:n], f[n:]
+
+
+@pytest.mark.parametrize("scores", [False, True])
+def test_ppi_is_ppi_python_s_and_the_ratio_reduces_to_it_without_undecided_items(scores):
+    rng = np.random.default_rng(7)
+    for n, N in ((40, 500), (150, 3000), (12, 60)):
+        y, f, fu = _sample(rng, n, N, scores=scores)
+        got = K.ppi_proportion(y, f, fu, level=0.9)
+        low, high = ppi_mean_ci(y, f, fu, alpha=0.1)
+        assert got["value"] == pytest.approx(float(ppi_mean_pointestimate(y, f, fu)[0]), abs=1e-12)
+        assert (got["low"], got["high"]) == pytest.approx((max(0.0, low[0]), min(1.0, high[0])), abs=1e-12)
+        # the ratio path (used when some labelled items are undecided) with every item decided
+        ratio = K.ppi_ratio(y, np.ones_like(y), f, fu, 0.9, got["lambda"])
+        assert (ratio["value"], ratio["low"], ratio["high"]) == pytest.approx((got["value"], got["low"], got["high"]),
+                                                                              abs=1e-12)
+        assert 0.0 <= got["lambda"] <= 1.0
+
+
+def test_intervals_cover_the_truth_where_the_classifier_s_do_not():
+    """A classifier that misses 30% of the positive class and 5% of the other; people label 150 of
+    2,000 items at random and are undecided on 10% of them. The corrected share among decided items
+    must cover the population's at about the nominal 95% (300 populations: 0.90 is over three
+    standard errors below), the classifier's own interval almost never."""
+    rng = np.random.default_rng(11)
+    reps, n, N = 300, 150, 2000
+    covered = {"ppi": 0, "ppi-undecided": 0, "rg": 0, "classifier": 0}
+    for _ in range(reps):
+        truth = rng.random(n + N) < 0.3
+        undecided = rng.random(n + N) < 0.1
+        flip = np.where(truth, rng.random(n + N) < 0.3, rng.random(n + N) < 0.05)
+        f = (truth ^ flip).astype(float)
+        target = truth[~undecided].mean()         # the share among the items people could decide
+        y = (truth[:n] & ~undecided[:n]).astype(float)
+        r = K.ppi_proportion(y, f[:n], f[n:], (~undecided[:n]).astype(float))
+        covered["ppi-undecided"] += r["low"] <= target <= r["high"]
+        # every item decidable: the package's path
+        p_all = truth.mean()
+        r = K.ppi_proportion(truth[:n].astype(float), f[:n], f[n:])
+        covered["ppi"] += r["low"] <= p_all <= r["high"]
+        pos, lab = truth[:n], f[:n].astype(bool)
+        rg = K.rogan_gladen(int(f.sum()), n + N, tp=int((lab & pos).sum()), fn=int((~lab & pos).sum()),
+                            tn=int((~lab & ~pos).sum()), fp=int((lab & ~pos).sum()))
+        covered["rg"] += rg["low"] <= p_all <= rg["high"]
+        k = int(f.sum())
+        z = sps.norm.ppf(0.975)
+        centre, half = (k + z * z / 2) / (n + N + z * z), z * math.sqrt(k * (n + N - k) / (n + N) + z * z / 4) / (n + N + z * z)
+        covered["classifier"] += centre - half <= p_all <= centre + half
+    rate = {k: v / reps for k, v in covered.items()}
+    assert rate["ppi"] >= 0.90 and rate["ppi-undecided"] >= 0.90 and rate["rg"] >= 0.90, rate
+    assert rate["classifier"] <= 0.05, rate
+
+
+def test_rogan_gladen_by_hand_clipped_and_refused():
+    # se = 40/50 = 0.8, sp = 35/50 = 0.7, p_obs = 0.6: p = (0.6 + 0.7 - 1) / 0.5 = 0.6
+    r = K.rogan_gladen(600, 1000, tp=40, fn=10, tn=35, fp=15)
+    assert r["value"] == pytest.approx(0.6) and (r["sensitivity"], r["specificity"]) == pytest.approx((0.8, 0.7))
+    var = (0.6 * 0.4 / 1000 + 0.36 * 0.8 * 0.2 / 50 + 0.16 * 0.7 * 0.3 / 50) / 0.25
+    half = sps.norm.ppf(0.975) * math.sqrt(var)
+    assert (r["low"], r["high"]) == pytest.approx((0.6 - half, 0.6 + half)) and r["flag"] == ""
+    # fewer positives seen than false positives expected: below 0, clipped and flagged
+    r = K.rogan_gladen(100, 1000, tp=40, fn=10, tn=35, fp=15)
+    assert r["value"] == 0.0 and r["low"] == 0.0 and K.CLIPPED in r["flag"]
+    assert K.rogan_gladen(500, 1000, tp=25, fn=25, tn=25, fp=25)["flag"] == K.CHANCE
+    none = K.rogan_gladen(500, 1000, tp=25, fn=25, tn=0, fp=0)
+    assert none["value"] is None and none["flag"] == K.ONE_CLASS
+
+
+def test_estimate_on_a_task_set_counts_unsure_and_corrects_per_stratum(exposed_run, models, tmp_path, capsys):
+    from pipelines.annotate import plan as PL
+
+    out = PL.plan(exposed_run, "exposed-nouns", tmp_path / "tasks", n=12, seed=3)
+    assert cli.main(["simulate", str(out), "--annotators", "3", "--error-rate", "0.2", "--unsure-rate", "0.3",
+                     "--seed", "5"]) == 0
+    assert cli.main(["estimate", str(out), "--method", "both"]) == 0
+    printed = capsys.readouterr().out
+    assert "SIMULATED" in printed
+    table = pd.read_parquet(out / "estimate" / "estimates.parquet")
+    doc = json.loads((out / "estimate" / "estimates.json").read_text())
+    assert doc["positive"] == "yes" and doc["drawn"] == E.DRAWN_BY_PLAN and doc["simulated_answers"] > 0
+    assert set(table[A.CORRECTION]) == set(K.METHODS) and len(table) == 2 * len(models)
+    # the population, read from the run's own table: every (image, noun) of an analysed, saved image
+    images = pd.read_parquet(exposed_run / "images.parquet")
+    tasks = TaskSet.load(out)
+    labels = AnswerStore(out / ANSWERS_DB).labels()
+    for m in models:
+        row = table[(table[A.STRATUM] == f"model={m}") & (table[A.CORRECTION] == K.PPI)].iloc[0]
+        mine = images[(images["model"] == m) & (images["detection_status"] == "ok")]
+        saved = mine[[(exposed_run / "images" / model_dir(m) / f"{i}.png").is_file()
+                      for i in mine["image_id"]]]
+        nouns = [(noun, noun in set(h)) for ns, h in zip(saved["prompt_nouns"], saved["hidden_nouns"]) for noun in ns]
+        assert row[A.ITEMS] == len(nouns) and row[A.NO_PREDICTION] == 0
+        assert row[A.CLASSIFIER] == pytest.approx(sum(not hid for _, hid in nouns) / len(nouns))
+        drawn = tasks.items[tasks.items[A.STRATUM] == f"model={m}"]
+        assert row[A.LABELLED] == len(drawn) and row[A.UNLABELLED] == len(nouns) - len(drawn)
+        # unsure: items whose most frequent answer is "unsure" alone
+        mine_labels = labels[labels[A.ITEM_ID].isin(drawn[A.ITEM_ID])]
+        counts = mine_labels.groupby([A.ITEM_ID, A.ANSWER]).size().unstack(fill_value=0)
+        top = counts.max(axis=1)
+        alone = (counts.eq(top, axis=0).sum(axis=1) == 1)
+        unsure = int((alone & (counts.get("unsure", 0) == top)).sum())
+        assert row[A.UNSURE_ITEMS] == unsure and row[A.UNSURE_SHARE] == pytest.approx(unsure / len(drawn))
+        assert row[A.DECIDED] + row[A.UNSURE_ITEMS] + row[A.TIES] == row[A.LABELLED]
+        assert 0 <= row[A.CORRECTED + "_low"] <= row[A.CORRECTED] <= row[A.CORRECTED + "_high"] <= 1
+    assert f"model={models[0]}: classifier" in printed
+
+
+def test_plain_tables_need_a_stated_random_draw_and_bad_input_is_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    n_items = 400
+    truth = rng.random(n_items) < 0.4
+    pred = np.where(rng.random(n_items) < 0.8, truth, ~truth)
+    preds = pd.DataFrame({A.ITEM_ID: [f"i{k}" for k in range(n_items)], A.STRATUM: np.where(np.arange(n_items) % 2, "a", "b"),
+                          A.PREDICTION: np.where(pred, "female", "male")})
+    preds.loc[3, A.PREDICTION] = None
+    labelled = rng.choice(n_items, 80, replace=False)
+    labels = pd.DataFrame({A.ITEM_ID: [f"i{k}" for k in labelled], A.ANNOTATOR: "ann",
+                           A.ANSWER: np.where(truth[labelled], "female", "male")})
+    preds.to_csv(tmp_path / "pred.csv", index=False)
+    labels.to_csv(tmp_path / "labels.csv", index=False)
+    base = ["estimate", "--predictions", str(tmp_path / "pred.csv"), "--labels", str(tmp_path / "labels.csv"),
+            "--positive", "female", "--output", str(tmp_path / "est")]
+    assert cli.main(base) == 2
+    err = capsys.readouterr().err
+    assert "--drawn-at-random" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "est").exists()
+    assert cli.main([*base, "--drawn-at-random"]) == 0
+    table = pd.read_csv(tmp_path / "est" / "estimates.csv")
+    assert table[A.NO_PREDICTION].sum() == 1 and table[A.ITEMS].sum() == n_items - 1
+    assert table[A.LABELLED].sum() == len(set(labelled) - {3})
+    assert json.loads((tmp_path / "est" / "estimates.json").read_text())["drawn"] == E.DRAWN_STATED
+    # refusals, each one line: a labelled item without a prediction row, an unknown class, no stratum column
+    preds.iloc[[k for k in range(n_items) if k != labelled[0]]].to_csv(tmp_path / "short.csv", index=False)
+    preds.drop(columns=[A.STRATUM]).to_csv(tmp_path / "nostratum.csv", index=False)
+    for argv, words in (([*base, "--drawn-at-random", "--predictions", str(tmp_path / "short.csv")], "no prediction row"),
+                        ([*base, "--drawn-at-random", "--positive", "feminine"], "neither a prediction nor an answer"),
+                        ([*base, "--drawn-at-random", "--predictions", str(tmp_path / "nostratum.csv")], "no column stratum")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_budget_allocations_follow_their_rules_and_neyman_is_best_for_the_pooled_share():
+    from pipelines.annotate import budget as B
+
+    sizes = {"a": 1000, "b": 100, "c": 500, "d": 6}
+    sigma2 = {"a": 0.04, "b": 0.25, "c": 0.09, "d": 0.25}
+    for rule, weight in (("neyman", lambda s: sizes[s] * math.sqrt(sigma2[s])), ("equal-width", lambda s: sigma2[s])):
+        want = B.by_budget(sizes, sigma2, 90, rule)
+        assert sum(want.values()) == 90 and all(0 <= want[s] <= sizes[s] for s in sizes)
+        free = [s for s in sizes if want[s] < sizes[s]]     # strata not capped share the rest by the rule
+        total = sum(weight(s) for s in free)
+        for s in free:
+            assert abs(want[s] - (90 - sum(want[c] for c in sizes if c not in free)) * weight(s) / total) < 1.0 + 1e-9
+    # every other allocation of the same budget gives the pooled share a wider interval
+    best = B.pooled_width(sizes, sigma2, B.by_budget(sizes, sigma2, 90))
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        cut = np.sort(rng.choice(np.arange(1, 90), 3, replace=False))
+        other = dict(zip(sizes, np.diff(np.concatenate([[0], cut, [90]]))))
+        if all(0 < other[s] <= sizes[s] for s in sizes):
+            assert B.pooled_width(sizes, sigma2, other) >= best - 1e-12
+    # a target width: the fewest labels that reach it, or the whole stratum
+    want = B.by_width(sizes, sigma2, 0.1)
+    for s in sizes:
+        assert want[s] == sizes[s] or (B.expected_width(want[s], sigma2[s]) <= 0.1 < B.expected_width(want[s] - 1, sigma2[s]))
+    assert B.by_budget(sizes, sigma2, 10_000) == sizes
+
+
+def test_plan_sizes_strata_from_a_pilot_s_disagreement(exposed_run, models, tmp_path, capsys):
+    from pipelines.annotate import plan as PL
+
+    pilot = PL.plan(exposed_run, "exposed-nouns", tmp_path / "pilot", n=22, seed=1)   # every image: a small pilot promises nothing
+    items = TaskSet.load(pilot).items
+    # people agree with the classifier on every item of model a, on none of model b's
+    flip = {"yes": "no", "no": "yes"}
+    answers = [p if s == f"model={models[0]}" else flip[p] for p, s in zip(items[A.PREDICTION], items[A.STRATUM])]
+    pd.DataFrame({A.ITEM_ID: items[A.ITEM_ID], A.ANNOTATOR: "ann", A.ANSWER: answers}).to_csv(tmp_path / "l.csv", index=False)
+    assert cli.main(["import", str(pilot), str(tmp_path / "l.csv")]) == 0
+    assert cli.main(["plan", str(exposed_run), "--protocol", "exposed-nouns", "--output", str(tmp_path / "sized"),
+                     "--target-width", "0.6", "--pilot", str(pilot)]) == 0
+    printed = capsys.readouterr().out
+    drawing = TaskSet.load(tmp_path / "sized").meta["drawing"]
+    planner = drawing["planner"]
+    a, b = (planner["per_stratum"][f"model={m}"] for m in models)
+    assert a["sigma2"] < b["sigma2"] == 0.25 and a["drawn"] < b["drawn"]
+    assert {s: v["drawn"] for s, v in drawing["per_stratum"].items()} == {s: v["drawn"] for s, v in planner["per_stratum"].items()}
+    assert "expected 95% width" in printed and planner["pilot"] == str(pilot.resolve())
+    assert cli.main(["plan", str(exposed_run), "--protocol", "exposed-nouns", "--output", str(tmp_path / "x"),
+                     "--budget", "5", "--pilot", str(tmp_path / "sized")]) == 2
+    assert "no answers yet" in capsys.readouterr().err
