@@ -306,6 +306,20 @@ def test_people_label_the_runs_saved_images_as_app_a4_asks(run_dir, tmp_path, ca
     assert cli.main(["report", str(tmp_path / "t"), "--interval-resamples", "200"]) == 0
     assert "by 7 annotators on 8 items (56 simulated)" in capsys.readouterr().out
     assert "Checked by people: paper002-a4" in (run_dir / "report.html").read_text()
+    # % female corrected by their labels, per source: the population is every image with one face
+    # (a URL once, a (model, prompt, seed) once), those with a CLIP answer
+    assert cli.main(["estimate", str(tmp_path / "t"), "--method", "both"]) == 0
+    est = pd.read_parquet(tmp_path / "t" / "estimate" / "estimates.parquet")
+    assert len(est) == 4
+    train = rows[rows[I.SOURCE] == I.Source.TRAINING].drop_duplicates(URL)
+    gen = rows[rows[I.SOURCE] != I.Source.TRAINING].drop_duplicates([I.MODEL, I.PROMPT, I.SEED])
+    for stratum, part in (("source=training", train), ("source=generated", gen)):
+        answered = part[part[I.GENDER].isin([I.Gender.FEMALE, I.Gender.MALE])]
+        for _, row in est[est["stratum"] == stratum].iterrows():
+            assert row["items"] == len(answered) and row["no_prediction"] == len(part) - len(answered)
+            # drawn items CLIP gave no answer are outside the population (as outside % female)
+            assert row["labelled"] == ((items["source"] == stratum.split("=")[1]) & items["prediction"].notna()).sum()
+            assert row["classifier"] == pytest.approx((answered[I.GENDER] == I.Gender.FEMALE).mean())
 
 
 def test_counts_add_up(run_dir):
