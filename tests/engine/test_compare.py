@@ -240,3 +240,28 @@ def test_ranks_follow_each_metric_s_direction():
     assert compare._rank_order(values, "zero") == [1, 2, 0, 3]        # closest to zero first; no value last
     assert compare._rank_order(values, "lower") == [0, 1, 2, 3]
     assert compare._rank_order(values, "higher") == [2, 1, 0, 3]
+
+
+def test_runs_of_the_same_weights_are_said_to_be_and_what_their_tests_leave_out(tmp_path, capsys):
+    rng = np.random.default_rng(4)
+    base = rng.normal(0.1, 0.05, len(OCC))
+    # the same weights and settings twice (other seeds: a shift shared by every unit of a run, as
+    # seeds shared across prompts give), and another model
+    one = _write_run(str(tmp_path / "seed1"), "paper002-amplification",
+                     [_subject("model/A", "aaa", base + 0.03 + rng.normal(0, 0.005, len(OCC))),
+                      _subject("model/B", "bbb", base + rng.normal(0, 0.01, len(OCC)))])
+    two = _write_run(str(tmp_path / "seed2"), "paper002-amplification",
+                     [_subject("model/A", "aaa", base - 0.03 + rng.normal(0, 0.005, len(OCC)))])
+    out = tmp_path / "cmp"
+    assert t2i.main(["compare", one, two, "--output", str(out), "--interval-resamples", "500"]) == 0
+    printed = capsys.readouterr().out
+    pairs = pd.read_csv(out / "paper002-amplification-pairs.csv")
+    same = pairs[pairs["same_weights"]]
+    assert len(same) == 2 and set(same["metric"]) == {"expected_amplification/naive", "expected_amplification/naive/detail"}
+    assert same["same_generator"].all() and not pairs.loc[~pairs["same_weights"], "same_generator"].any()
+    assert {tuple(sorted(p)) for p in same[["a", "b"]].to_numpy()} == {("model/A (seed1)", "model/A (seed2)")}
+    notes = json.loads((out / "comparison.json").read_text())["same_weights"]
+    assert len(notes) == 1 and "same weights and generation settings" in notes[0]
+    # the shift is run-wide, so the units' test calls the pair apart: said to be image noise
+    assert same["distinguishable"].all() and "image noise these tests do not include" in notes[0]
+    assert f"note: {notes[0]}" in printed and "Runs of the same weights" in (out / "overview.html").read_text()

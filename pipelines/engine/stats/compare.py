@@ -175,13 +175,16 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
         apart: dict[int, set] = {i: set() for i, *_ in have}
         for (i, j, res), p in zip(found, adjusted):
             distinct = p is not None and p < alpha
+            same = _weights(rows[i]) is not None and _weights(rows[i]) == _weights(rows[j])
             if distinct:
                 apart[i].add(j)
                 apart[j].add(i)
             pairs.append({"metric": key, "label": meta["label"], "a": names[i], "b": names[j],
                           "difference": res["difference"], "low": res["low"], "high": res["high"],
                           "p_value": res["p_value"], "p_holm": p, "distinguishable": bool(distinct),
-                          "test": res["test"], "units": res["n"]})
+                          "test": res["test"], "units": res["n"], "same_weights": same,
+                          "same_generator": same and rows[i].subject["identity"].get("spec")
+                          == rows[j].subject["identity"].get("spec")})
         order = _rank_order({i: cis[i].value for i, *_ in have}, meta["better"])
         for rank, i in enumerate(order, 1):
             ci = cis[i]
@@ -192,6 +195,32 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
                           "value": ci.value, "low": ci.low, "high": ci.high, "units": ci.n, "method": ci.method,
                           "rank": rank, "tied_with": ", ".join(tied), "distinguishable_from_all": not tied})
     return pd.DataFrame(table), pd.DataFrame(pairs)
+
+
+def _weights(row: Row) -> str | None:
+    """The sha256 of a model subject's weights (None: not recorded, or the training data)."""
+    if row.subject.get("kind", "model") != "model":
+        return None
+    return (row.subject.get("identity") or {}).get("weights_sha256")
+
+
+def same_weight_notes(c: "Comparison") -> list[str]:
+    """One sentence per pair of rows with the same weights: what their difference is, and what the
+    units' intervals leave out."""
+    notes = []
+    for study, pairs in c.pairs.items():
+        if not len(pairs) or "same_weights" not in pairs:
+            continue
+        for (a, b), part in pairs[pairs["same_weights"]].groupby(["a", "b"], sort=False):
+            gen = bool(part["same_generator"].all())
+            apart = sorted(set(part.loc[part["distinguishable"], "label"]))
+            notes.append(f"{study}: {a} and {b} are the same weights" + (" and generation settings: their "
+                         "differences are the sampling noise of their images (other seeds)" if gen else "")
+                         + ". The intervals and tests here resample the study's units (occupations, prompts, "
+                         "attributes), not the images within them" + (f"; called distinguishable on "
+                         f"{', '.join(apart)}: image noise these tests do not include, not a difference of models"
+                         if apart and gen else "") + " (docs/method.md, comparing runs).")
+    return notes
 
 
 def cell(rec: dict) -> str:
@@ -324,7 +353,8 @@ def write(c: Comparison, output: str) -> dict:
                        for r in c.runs],
               "interval": c.settings.record(), "correction": "Holm (per study and metric, over all pairs of models)",
               "distinguishable": f"Holm-adjusted p < {1 - c.settings.level:.2f}",
-              "protocol_differences": c.differences, "files": files + [f"{FILES['overview']}.csv", FILES["html"]]}
+              "protocol_differences": c.differences, "same_weights": same_weight_notes(c),
+              "files": files + [f"{FILES['overview']}.csv", FILES["html"]]}
     io.write_text(json.dumps(io.clean_json(record), indent=2, sort_keys=True), fs, f"{root}/{FILES['json']}")
     io.write_text(render_html(c, sections), fs, f"{root}/{FILES['html']}")
     models = [{"role": f"generator ({r.study})", "model": headline.shown(s), "standin": r.headline.get("standin"),
@@ -345,12 +375,14 @@ def _study_html(study: str, t: pd.DataFrame, pairs: pd.DataFrame, plots: list[st
     shown = shown[["label", "rank", "model", "value", "units", "tied_with", "run"]].rename(
         columns={"value": "value [interval]", "tied_with": "not distinguishable from"})
     pair_html = H.table(pairs[["label", "a", "b", "difference", "low", "high", "p_value", "p_holm",
-                               "distinguishable", "test", "units"]], digits=3) if len(pairs) else "<p>one model: no pairs</p>"
+                               "distinguishable", "test", "units", "same_weights"]], digits=3) if len(pairs) \
+        else "<p>one model: no pairs</p>"
     return (f"<h2 id='{H.esc(study)}'>{H.esc(study)}</h2>" + H.scroll(H.table(shown, digits=3))
             + f"<div class=figs>{''.join(plots)}</div>" + page.details("Every pair of models", H.scroll(pair_html)))
 
 
 def render_html(c: Comparison, sections: list[str]) -> str:
+    notes = same_weight_notes(c)
     runs = pd.DataFrame([{"run": r.run_id, "study": r.study, "where": r.uri,
                           "models": ", ".join(headline.shown(s) for s in r.headline["subjects"])} for r in c.runs])
     diffs = [f"<li>{H.esc(s)}: {H.esc(k)}: " + "; ".join(f"{H.esc(rid)} = {H.esc(_short(v))}" for rid, v in vals.items())
@@ -363,6 +395,8 @@ def render_html(c: Comparison, sections: list[str]) -> str:
             page.headline(lead, [f"{len(c.runs)} runs", f"{len(c.tables)} studies"], title="Models compared"),
             "<h2>Runs</h2>" + H.table(runs),
             ("<h2>Protocol differences (compared with --allow-mismatch)</h2><ul>" + "".join(diffs) + "</ul>") if diffs else "",
+            ("<h2>Runs of the same weights</h2><ul>" + "".join(f"<li>{H.esc(n)}</li>" for n in notes) + "</ul>")
+            if notes else "",
             *sections]
     return page.document("t2i compare", body)
 
@@ -398,6 +432,8 @@ def main(argv=None) -> int:
         for rec in t.to_dict("records"):
             tie = f" (not distinguishable from {rec['tied_with']})" if rec["tied_with"] else ""
             print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {cell(rec)}{tie}")
+    for note in same_weight_notes(c):
+        print(f"note: {note}")
     if c.standin:
         print(page.STANDIN_CONSOLE)
     return 0
