@@ -265,3 +265,27 @@ def test_runs_of_the_same_weights_are_said_to_be_and_what_their_tests_leave_out(
     # the shift is run-wide, so the units' test calls the pair apart: said to be image noise
     assert same["distinguishable"].all() and "image noise these tests do not include" in notes[0]
     assert f"note: {notes[0]}" in printed and "Runs of the same weights" in (out / "overview.html").read_text()
+
+
+def test_two_level_pairs_in_compare(tmp_path):
+    """Runs whose metrics carry image resamples are compared with them: a run-wide shift that is
+    within the images' noise is a tie, where the units-only test (without the resamples) calls it."""
+    rng = np.random.default_rng(8)
+    base = rng.normal(0.1, 0.05, len(OCC))
+    runs = {}
+    for name, shift in (("one", 0.03), ("two", -0.03)):
+        values = base + shift + rng.normal(0, 0.005, len(OCC))
+        # the run's image noise: shared by every unit of a resample (sd 0.05), plus its own (0.01)
+        reps = values[None, :] + rng.normal(0, 0.05, (200, 1)) + rng.normal(0, 0.01, (200, len(OCC)))
+        m = headline.Metric("gep/score", "GEP", "attribute", OCC, list(values), better="lower", replicates=reps)
+        plain = headline.Metric("gep/plain", "GEP, units only", "attribute", OCC, list(values), better="lower")
+        runs[name] = _write_run(str(tmp_path / name), "paper001-gep", [headline.Subject(
+            "model/A", {"weights_sha256": "aaa", "spec": {}}, [m, plain])])
+    c = compare.compare([compare.load_run(r) for r in runs.values()], iv.IntervalSettings(resamples=1000))
+    pairs = c.pairs["paper001-gep"].set_index("metric")
+    assert pairs.loc["gep/score", "test"] == "paired two-level bootstrap" and not pairs.loc["gep/score", "distinguishable"]
+    assert pairs.loc["gep/plain", "test"] == "paired sign-flip permutation" and pairs.loc["gep/plain", "distinguishable"]
+    t = c.tables["paper001-gep"]
+    assert set(t.loc[t["metric"] == "gep/score", "method"]) == {iv.TWO_LEVEL}
+    two = t[t["metric"] == "gep/score"]
+    assert ((two["high"] - two["low"]) > 0.15).all()     # the shared image noise (sd 0.05) is in the interval

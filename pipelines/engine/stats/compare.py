@@ -140,6 +140,17 @@ def _unit_values(row: Row, metric: str) -> pd.DataFrame:
     return df[(df[headline.SUBJECT] == row.subject["key"]) & (df[headline.METRIC] == metric)]
 
 
+def _replicates(u: pd.DataFrame) -> np.ndarray | None:
+    """(image resamples x units) of a metric's unit rows, in their order; None where the run
+    recorded none (a run made before they were, or a metric without them)."""
+    if headline.REPLICATES not in u or u[headline.REPLICATES].isna().any():
+        return None
+    reps = [np.asarray(r, np.float64) for r in u[headline.REPLICATES]]
+    if len({len(r) for r in reps}) != 1:
+        return None
+    return np.vstack(reps).T
+
+
 def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per subject and metric: value, interval, rank, ties; one row per pair of subjects and
     metric: difference, interval, p-values, distinguishable)."""
@@ -160,13 +171,25 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
                 cis[i] = iv.t_interval(u[headline.VALUE].to_numpy(), settings.level)
             else:
                 strata = None if u[headline.STRATUM].isna().all() else u[headline.STRATUM].fillna("").to_numpy()
-                cis[i] = iv.mean_interval(u[headline.VALUE].to_numpy(), u[headline.WEIGHT].to_numpy(), strata, settings)
+                cis[i] = iv.mean_interval(u[headline.VALUE].to_numpy(), u[headline.WEIGHT].to_numpy(), strata, settings,
+                                          _replicates(u))
         found = []
         for (i, ri, ui), (j, rj, uj) in itertools.combinations(have, 2):
             a = ui.set_index(headline.UNIT)[headline.VALUE].dropna()
             b = uj.set_index(headline.UNIT)[headline.VALUE].dropna()
             shared = a.index.intersection(b.index)     # units with a value in both runs
-            if len(shared) >= 2 and ri.run.headline.get("protocol") == rj.run.headline.get("protocol"):
+            paired = len(shared) >= 2 and ri.run.headline.get("protocol") == rj.run.headline.get("protocol")
+            ra, rb = _replicates(ui), _replicates(uj)
+            if ra is not None and rb is not None:   # both runs resampled their images: the two-level test
+                if paired:
+                    pos_a = {x: k for k, x in enumerate(ui[headline.UNIT])}
+                    pos_b = {x: k for k, x in enumerate(uj[headline.UNIT])}
+                    ca, cb = [pos_a[x] for x in shared], [pos_b[x] for x in shared]
+                    res = iv.two_level_test(ra[:, ca], rb[:, cb], a.loc[shared].to_numpy(), b.loc[shared].to_numpy(),
+                                            True, settings)
+                else:
+                    res = iv.two_level_test(ra, rb, a.to_numpy(), b.to_numpy(), False, settings)
+            elif paired:
                 res = iv.paired_test(a.loc[shared].to_numpy(), b.loc[shared].to_numpy(), settings)
             else:
                 res = iv.unpaired_test(a.to_numpy(), b.to_numpy(), settings)
@@ -211,15 +234,24 @@ def same_weight_notes(c: "Comparison") -> list[str]:
     for study, pairs in c.pairs.items():
         if not len(pairs) or "same_weights" not in pairs:
             continue
+        t = c.tables[study]
+        per_image = set(t.loc[t["unit"] == "image", "metric"])   # units that are images already
         for (a, b), part in pairs[pairs["same_weights"]].groupby(["a", "b"], sort=False):
             gen = bool(part["same_generator"].all())
-            apart = sorted(set(part.loc[part["distinguishable"], "label"]))
-            notes.append(f"{study}: {a} and {b} are the same weights" + (" and generation settings: their "
-                         "differences are the sampling noise of their images (other seeds)" if gen else "")
-                         + ". The intervals and tests here resample the study's units (occupations, prompts, "
-                         "attributes), not the images within them" + (f"; called distinguishable on "
-                         f"{', '.join(apart)}: image noise these tests do not include, not a difference of models"
-                         if apart and gen else "") + " (docs/method.md, comparing runs).")
+            unit_only = part[~part["test"].str.contains("two-level") & ~part["metric"].isin(per_image)]
+            apart = sorted(set(unit_only.loc[unit_only["distinguishable"], "label"]))
+            text = f"{study}: {a} and {b} are the same weights" + (
+                " and generation settings: their differences are the sampling noise of their images (other seeds)"
+                if gen else "") + "."
+            if len(unit_only):
+                text += (f" The tests of {len(set(unit_only['label']))} metric(s) resample the study's units "
+                         "(occupations, prompts, attributes), not the images within them" + (
+                             f"; called distinguishable on {', '.join(apart)}: image noise these tests do not "
+                             "include, not a difference of models" if apart and gen else "") + ".")
+            if part["test"].str.contains("two-level").any():
+                text += (" Metrics with two-level tests resample the images within the units too: a difference "
+                         "they call distinguishable is more than image noise.")
+            notes.append(text + " (docs/method.md, comparing runs)")
     return notes
 
 

@@ -48,9 +48,11 @@ UNIT = "unit"
 VALUE = "value"
 WEIGHT = "weight"
 STRATUM = "stratum"
+REPLICATES = "replicates"     # the unit's value in each image resample (null: none recorded)
 HEADLINE_UNITS = pa.schema([pa.field(SUBJECT, pa.string()), pa.field(METRIC, pa.string()),
                             pa.field(UNIT, pa.string()), pa.field(VALUE, pa.float64()),
-                            pa.field(WEIGHT, pa.float64()), pa.field(STRATUM, pa.string())])
+                            pa.field(WEIGHT, pa.float64()), pa.field(STRATUM, pa.string()),
+                            pa.field(REPLICATES, pa.list_(pa.float64()))])
 
 
 @dataclass
@@ -70,6 +72,10 @@ class Metric:
     digits: int = 2                # decimals shown (after ``scale``)
     lead: bool = True              # one of the numbers a reader sees first (compare's overview); False
                                    # for the detail behind them (per-prompt values, vector entries)
+    # (image resamples x units): every unit's value recomputed from the same resample of the run's
+    # images (resampled within the units' images, jointly where units share images), so intervals
+    # and comparisons carry the images' sampling noise as well as the units' (two-level bootstrap)
+    replicates: np.ndarray | None = None
 
     def __post_init__(self):
         if self.better not in BETTER:
@@ -78,11 +84,16 @@ class Metric:
             raise ValueError(f"metric {self.key}: {len(self.units)} units, {len(self.values)} values")
         if len(set(map(str, self.units))) != len(self.units):
             raise ValueError(f"metric {self.key}: unit ids repeat")
+        if self.replicates is not None:
+            self.replicates = np.asarray(self.replicates, np.float64)
+            if self.replicates.ndim != 2 or self.replicates.shape[1] != len(self.units):
+                raise ValueError(f"metric {self.key}: replicates must be (resamples x {len(self.units)} units), "
+                                 f"not {self.replicates.shape}")
 
     def interval(self, settings: iv.IntervalSettings) -> iv.Interval:
         if self.exact == "t":
             return iv.t_interval(self.values, settings.level)
-        return iv.mean_interval(self.values, self.weights, self.strata, settings)
+        return iv.mean_interval(self.values, self.weights, self.strata, settings, self.replicates)
 
     def summary(self, settings: iv.IntervalSettings) -> dict:
         return {"key": self.key, "label": self.label, "unit": self.unit, "better": self.better, "scale": self.scale,
@@ -95,7 +106,9 @@ class Metric:
                          VALUE: pa.array(np.asarray(self.values, np.float64)),
                          WEIGHT: pa.array(np.ones(n) if self.weights is None else np.asarray(self.weights, np.float64)),
                          STRATUM: pa.array([None if s is None else str(s) for s in (self.strata or [None] * n)],
-                                           pa.string())}, schema=HEADLINE_UNITS)
+                                           pa.string()),
+                REPLICATES: pa.array([None] * n if self.replicates is None else list(self.replicates.T),
+                                     pa.list_(pa.float64()))}, schema=HEADLINE_UNITS)
 
 
 @dataclass
@@ -220,4 +233,5 @@ def behind_items(headline: dict) -> list[str]:
 def method_text(interval: dict) -> str:
     return (f"Intervals: {int(round(interval['level'] * 100))}% bootstrap over the units named "
             f"({interval['method']}, {interval['resamples']:,} resamples, seed {interval['seed']}), or Student's t "
-            f"where the method says t.")
+            f"where the method says t; where the method says two-level, the images within the units are "
+            f"resampled too.")

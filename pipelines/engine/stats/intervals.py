@@ -169,20 +169,93 @@ def weighted_mean(values, weights=None):
     return statistic
 
 
-def mean_interval(values, weights=None, strata=None, settings: IntervalSettings = DEFAULT) -> Interval:
+def mean_interval(values, weights=None, strata=None, settings: IntervalSettings = DEFAULT,
+                  replicates=None) -> Interval:
     """The (weighted) mean of per-unit ``values`` with its bootstrap interval over units; units with a
-    missing value (NaN) are left out and not counted."""
+    missing value (NaN) are left out and not counted. With ``replicates`` (image resamples x units:
+    each unit's value in each resample of the run's images) the interval is two-level
+    (``two_level_draws``)."""
     v = np.asarray(values, np.float64)
     keep = np.isfinite(v)
     w = None if weights is None else np.asarray(weights, np.float64)[keep]
     v = v[keep]
     st = None if strata is None else np.asarray(strata)[keep]
-    method = f"bootstrap-{settings.method}"
+    method = f"bootstrap-{settings.method}" if replicates is None else TWO_LEVEL
     if len(v) == 0:
         return Interval(None, None, None, method, 0, settings.level)
     value = float(np.average(v, weights=w)) if w is None or w.sum() > 0 else None
-    lo, hi, _ = bootstrap(weighted_mean(v, w), len(v), settings, st)
+    if replicates is not None:
+        draws = two_level_draws(np.asarray(replicates, np.float64)[:, keep], w, st, settings)
+        lo, hi = _percentile(draws, settings)
+    else:
+        lo, hi, _ = bootstrap(weighted_mean(v, w), len(v), settings, st)
     return Interval(_f(value), _f(lo), _f(hi), method, int(len(v)), settings.level)
+
+
+TWO_LEVEL = "two-level bootstrap-percentile"
+
+
+def _percentile(draws: np.ndarray, settings: IntervalSettings) -> tuple:
+    draws = draws[np.isfinite(draws)]
+    if len(draws) < settings.resamples // 2:
+        return None, None
+    alpha = (1 - settings.level) / 2
+    lo, hi = np.quantile(draws, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def two_level_draws(replicates: np.ndarray, weights=None, strata=None, settings: IntervalSettings = DEFAULT,
+                    rng: np.random.Generator | None = None, counts: np.ndarray | None = None,
+                    picks: np.ndarray | None = None) -> np.ndarray:
+    """The two-level bootstrap of a (weighted) mean over units: in each of ``settings.resamples``
+    draws the units are resampled (within ``strata``) and the values are those of one image resample
+    picked at random from ``replicates`` (R x units; a NaN entry leaves that unit out of that
+    draw). ``counts`` and ``picks`` (the unit counts and the image resample of each draw) may be given,
+    to pair two runs on the same unit draws."""
+    r, n = replicates.shape
+    w = np.ones(n) if weights is None else np.asarray(weights, np.float64)
+    if n < 2 or r == 0:
+        return np.zeros(0)
+    rng = rng or np.random.default_rng(settings.seed)
+    st = np.zeros(n, np.int64) if strata is None else np.asarray(strata)
+    if counts is None:
+        counts = resample_counts(rng, settings.resamples, st)
+    if picks is None:
+        picks = rng.integers(r, size=len(counts))
+    values = replicates[picks]
+    cw = counts * w * np.isfinite(values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.nansum(cw * np.nan_to_num(values), axis=1) / cw.sum(axis=1)
+
+
+def two_level_test(a_reps: np.ndarray, b_reps: np.ndarray, a_values, b_values, paired: bool,
+                   settings: IntervalSettings = DEFAULT) -> dict:
+    """Run A minus run B with the images' noise of both runs: each draw resamples the units (the
+    same draw for both runs when ``paired``: their shared units, in one order) and picks one image
+    resample of each run independently; the interval is the draws' percentile interval and the
+    two-sided p-value twice the share of draws on the far side of zero (at least 1/(draws + 1))."""
+    rng = np.random.default_rng(settings.seed + 1)
+    a_values, b_values = np.asarray(a_values, np.float64), np.asarray(b_values, np.float64)
+    if paired:
+        counts = resample_counts(rng, settings.resamples, np.zeros(a_reps.shape[1], np.int64))
+        da = two_level_draws(a_reps, settings=settings, rng=rng, counts=counts)
+        db = two_level_draws(b_reps, settings=settings, rng=rng, counts=counts)
+        observed = float(np.nanmean(a_values - b_values))
+        test = "paired two-level bootstrap"
+    else:
+        da = two_level_draws(a_reps, settings=settings, rng=rng)
+        db = two_level_draws(b_reps, settings=settings, rng=rng)
+        observed = float(np.nanmean(a_values) - np.nanmean(b_values))
+        test = "unpaired two-level bootstrap"
+    d = da - db
+    d = d[np.isfinite(d)]
+    lo, hi = _percentile(d, settings)
+    if len(d) == 0:
+        return {"difference": observed, "low": None, "high": None, "p_value": None, "n": int(a_reps.shape[1]),
+                "test": test}
+    far = min(np.sum(d <= 0), np.sum(d >= 0))
+    p = min(1.0, 2 * (far + 1) / (len(d) + 1))
+    return {"difference": observed, "low": lo, "high": hi, "p_value": float(p), "n": int(a_reps.shape[1]), "test": test}
 
 
 def t_interval(values, level: float = 0.95) -> Interval:

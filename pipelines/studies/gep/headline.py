@@ -75,11 +75,46 @@ def label(what: str, setting: str, estimator: str, comparison: str) -> str:
     return f"{what} x100, {setting}, {estimator} ({comparison})"
 
 
-def score_metric(vector: pd.DataFrame, setting: str, estimator: str, comparison: str) -> H.Metric:
-    """GEP = mean_j |v_j| (Eq. 2) over the attributes of one GEP vector (``gep_vectors`` rows)."""
+def score_metric(vector: pd.DataFrame, setting: str, estimator: str, comparison: str,
+                 replicates: np.ndarray | None = None) -> H.Metric:
+    """GEP = mean_j |v_j| (Eq. 2) over the attributes of one GEP vector (``gep_vectors`` rows);
+    ``replicates``: |v_j| in each resample of the images (``image_replicates``)."""
     return H.Metric(score_key(setting, estimator, comparison), label("GEP", setting, estimator, comparison),
                     "attribute", [str(a) for a in vector[S.ATTRIBUTE]],
-                    np.abs(vector[M.DIFFERENCE].to_numpy(np.float64)).tolist(), better="lower", scale=SCALE)
+                    np.abs(vector[M.DIFFERENCE].to_numpy(np.float64)).tolist(), better="lower", scale=SCALE,
+                    replicates=replicates)
+
+
+IMAGE_RESAMPLES = 200          # image resamples stored per GEP score (the two-level bootstrap picks among them)
+
+
+def image_replicates(obs: pd.DataFrame, first: str, second: str, attributes: list[str],
+                     resamples: int = IMAGE_RESAMPLES, seed: int = 0) -> np.ndarray | None:
+    """(resamples x attributes): |v_j| = |f_first,j - f_second,j| recomputed from resamples of the
+    images (``obs``: one model, setting and estimator). The images are resampled within their prompt
+    (each group's prompts keep their images' number, as the vector entries' intervals do; within
+    the group where a prompt has one image), and one resample serves every attribute: in the
+    neutral setting every attribute is scored on the same images, so their noise is shared."""
+    part = obs[obs[S.GENDER].isin([first, second])]
+    if part.empty:
+        return None
+    table = part.pivot_table(index=S.IMAGE_ID, columns=S.ATTRIBUTE, values=S.SCORE, aggfunc="first")
+    table = table.reindex(columns=attributes)
+    info = part.drop_duplicates(S.IMAGE_ID).set_index(S.IMAGE_ID).loc[table.index]
+    per_prompt = info.groupby(PROMPT, dropna=False).size()
+    strata = (info[PROMPT] if len(per_prompt) and per_prompt.min() >= 2 else info[S.GENDER]).astype(str).to_numpy()
+    rng = np.random.default_rng([seed, 7])
+    counts = iv.resample_counts(rng, resamples, strata)                    # resamples x images
+    scores = table.to_numpy(np.float64)
+    seen = np.isfinite(scores)
+    freq = {}
+    for g in (first, second):
+        mine = (info[S.GENDER] == g).to_numpy()
+        num = counts[:, mine] @ np.where(seen[mine], scores[mine], 0.0)
+        den = counts[:, mine] @ seen[mine].astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            freq[g] = num / den
+    return np.abs(freq[first] - freq[second])
 
 
 def vector_metric(obs: pd.DataFrame, first: str, second: str, setting: str, estimator: str, comparison: str,
@@ -98,16 +133,20 @@ def vector_metric(obs: pd.DataFrame, first: str, second: str, setting: str, esti
                     strata=strata.astype(str).tolist(), lead=False)   # the scores lead; entries are detail
 
 
-def model_metrics(obs: pd.DataFrame, vectors: pd.DataFrame, comparisons) -> dict[str, list[H.Metric]]:
-    """Per model: for each GEP vector (setting, estimator, comparison) its score, then its entries."""
+def model_metrics(obs: pd.DataFrame, vectors: pd.DataFrame, comparisons, image_seed: int = 0) -> dict[str, list[H.Metric]]:
+    """Per model: for each GEP vector (setting, estimator, comparison) its score (with its image
+    resamples, ``image_replicates``, seeded by ``image_seed``), then its entries."""
     pairs = {M.comparison_label(a, b): (a, b) for a, b in comparisons}
     cells = {k: g for k, g in obs.groupby([MODEL, S.SETTING, S.ESTIMATOR, S.ATTRIBUTE], sort=False)}
+    groups = {k: g for k, g in obs.groupby([MODEL, S.SETTING, S.ESTIMATOR], sort=False)}
     empty = obs.iloc[:0]
     out: dict[str, list[H.Metric]] = defaultdict(list)
     for (model, setting, est, comp), vec in vectors.groupby([MODEL, S.SETTING, S.ESTIMATOR, M.COMPARISON],
                                                             sort=False):
-        out[model].append(score_metric(vec, setting, est, comp))
         first, second = pairs[comp]
+        reps = image_replicates(groups.get((model, setting, est), empty), first, second,
+                                [str(a) for a in vec[S.ATTRIBUTE]], seed=image_seed)
+        out[model].append(score_metric(vec, setting, est, comp, reps))
         for attribute in vec[S.ATTRIBUTE]:
             cell = cells.get((model, setting, est, attribute), empty)
             out[model].append(vector_metric(cell, first, second, setting, est, comp, attribute))
@@ -145,13 +184,14 @@ def protocol(st, standin: bool = False) -> dict:
 
 
 def build(st, shown: dict, scores: pd.DataFrame, images: pd.DataFrame, labels: pd.DataFrame | None,
-          models: list[str], records: list[dict], standin: bool = False) -> tuple[list[H.Subject], dict]:
+          models: list[str], records: list[dict], standin: bool = False,
+          image_seed: int = 0) -> tuple[list[H.Subject], dict]:
     """The run's subjects and protocol: ``shown`` is ``report.with_human``'s frames (the vectors of
     every estimator), ``labels`` the used human annotations (or None)."""
     obs = observations(scores, images)
     if labels is not None:
         obs = pd.concat([human_observations(labels, images), obs], ignore_index=True)
-    metrics = model_metrics(obs, shown["vectors"], st.comparisons)
+    metrics = model_metrics(obs, shown["vectors"], st.comparisons, image_seed)
     return subjects(metrics, models, records, images), protocol(st, standin)
 
 

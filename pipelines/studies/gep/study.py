@@ -270,7 +270,7 @@ def headline_of(run: Run, shown: dict, scores: pa.Table, images: pa.Table, evalu
     cols = [MODEL, S.IMAGE_ID, PROMPT, GENERATION_STATUS]
     subjects, protocol = GH.build(run.st, shown, scores.to_pandas(), images.select(cols).to_pandas(),
                                   evaluation["labels"] if evaluation is not None else None,
-                                  run.generator_models, run.models, standin)
+                                  run.generator_models, run.models, standin, run.options.intervals.seed)
     return headline.write(run.rd, GepStudy.name, subjects, protocol, run.options.intervals, standin)
 
 

@@ -168,3 +168,64 @@ def test_protocol_names_the_study_not_the_generator():
     assert base != protocol("--attributes", "dress,suit")
     assert {"study", "prompts", "images_per_prompt", "seed", "clip", "reference", "classifier",
             "attributes", "contexts"} <= set(base)
+
+
+def test_image_replicates_resample_images_jointly_across_attributes(monkeypatch):
+    """One resample of the images serves every attribute: the first row of counts all ones gives
+    the observed |v_j|; the second (one image twice, one left out) the hand-weighted frequencies."""
+    scores, images = scored_images()
+    obs = GH.observations(scores, images)
+    neutral = obs[(obs[S.SETTING] == "neutral") & (obs[S.ESTIMATOR] == S.Estimator.C)]
+    ids = sorted(set(neutral[S.IMAGE_ID]))
+    weights = np.ones(len(ids))
+    weights[ids.index("neutral-woman-none-c00-0")] = 2.0
+    weights[ids.index("neutral-woman-none-c00-1")] = 0.0
+    monkeypatch.setattr(GH.iv, "resample_counts", lambda rng, n, strata: np.vstack([np.ones(len(ids)), weights]))
+    reps = GH.image_replicates(neutral, "woman", "man", ["dress", "hat"], resamples=2)
+    vectors = vectors_of(scores)
+    observed = vectors[(vectors[S.SETTING] == "neutral") & (vectors[S.ESTIMATOR] == S.Estimator.C)].set_index(S.ATTRIBUTE)
+    assert reps[0] == pytest.approx(np.abs(observed.loc[["dress", "hat"], M.DIFFERENCE].to_numpy()), abs=1e-12)
+    w = dict(zip(ids, weights))
+    for j, attribute in enumerate(["dress", "hat"]):
+        cell = neutral[neutral[S.ATTRIBUTE] == attribute]
+        f = {g: np.average(part[S.SCORE], weights=[w[i] for i in part[S.IMAGE_ID]]) for g, part in cell.groupby(S.GENDER)}
+        assert reps[1, j] == pytest.approx(abs(f["woman"] - f["man"]), abs=1e-12)
+
+
+def _simulated_run(rng, p_woman, p_man, images=16, shared=2.5):
+    """A generator's neutral images of two groups scored on every attribute: each image's scores
+    share its own latent (a photo that looks "dressy" scores high on every attribute), so image
+    noise is shared across the attributes, as in GEP's neutral setting."""
+    rows = []
+    for gender, p in (("woman", p_woman), ("man", p_man)):
+        for i in range(images):
+            latent = rng.normal(0, shared)
+            logits = np.log(p / (1 - p)) + latent
+            for j, score in enumerate(1 / (1 + np.exp(-logits))):
+                rows.append({S.IMAGE_ID: f"{gender}-{i}", PROMPT: f"A {gender} c{i % 4}.", S.GENDER: gender,
+                             S.ATTRIBUTE: f"a{j}", S.SCORE: float(rng.uniform() < score)})
+    obs = pd.DataFrame(rows)
+    f = obs.groupby([S.GENDER, S.ATTRIBUTE])[S.SCORE].mean().unstack()
+    attrs = [f"a{j}" for j in range(len(p_woman))]
+    values = np.abs(f.loc["woman", attrs] - f.loc["man", attrs]).to_numpy()
+    return values, GH.image_replicates(obs, "woman", "man", attrs, resamples=200, seed=int(rng.integers(1 << 30)))
+
+
+def test_a_a_two_runs_of_one_generator_are_apart_at_most_at_the_stated_rate():
+    """150 pairs of runs of the same generator, other seeds: the two-level test calls them
+    distinguishable at about 5% (at most 0.09 here); the units-only test, which takes each attribute's
+    value as exact while the images' noise is shared across attributes, far more often."""
+    from pipelines.engine.stats import intervals as iv
+
+    rng = np.random.default_rng(5)
+    p_woman = rng.uniform(0.2, 0.8, 15)
+    p_man = np.clip(p_woman + rng.normal(0, 0.1, 15), 0.05, 0.95)
+    settings = IntervalSettings(resamples=1000, seed=3, method="percentile")
+    two, units = 0, 0
+    reps = 150
+    for _ in range(reps):
+        (a, ra), (b, rb) = _simulated_run(rng, p_woman, p_man), _simulated_run(rng, p_woman, p_man)
+        two += iv.two_level_test(ra, rb, a, b, True, settings)["p_value"] < 0.05
+        units += iv.paired_test(a, b, settings)["p_value"] < 0.05
+    assert two / reps <= 0.09, two / reps
+    assert units / reps >= 2 * max(two / reps, 0.05), (units / reps, two / reps)

@@ -45,6 +45,13 @@ def test_run_writes_tables_report_and_records(run):
     assert [r["detail"]["scheduler_class"] for r in m["models"] if r["role"] == "generator"] == ["LMSDiscreteScheduler"]
     page = (run / "report.html").read_text()
     assert "Stand-in models" in page and page.count("<img") == 2 * 3   # settings x estimators
+    # each GEP score's interval resamples the attributes and the images behind them (two-level)
+    units = pq.read_table(run / "headline_units.parquet").to_pandas()
+    score_units = units[units["metric"].str.startswith("gep/")]
+    assert len(score_units) and score_units["replicates"].map(len).eq(200).all()
+    assert units.loc[~units["metric"].str.startswith("gep/"), "replicates"].isna().all()
+    assert {mm["method"] for s in m["headline"]["subjects"] for mm in s["metrics"] if mm["key"].startswith("gep/")} \
+        == {"two-level bootstrap-percentile"}
     table = pd.read_csv(run / "table_frequencies_neutral.csv")
     assert list(table.columns) == ["estimator", "model", "gender", "dress", "suit", "hat", "avg"]
     assert sorted(table["estimator"].unique()) == ["C", "CC", "CLS"] and len(table) == 6
