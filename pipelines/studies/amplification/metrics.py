@@ -333,26 +333,85 @@ def average_over_groups(wide: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return values, weights
 
 
-def group_metric(wide: pd.DataFrame, column: str, key: str, label: str) -> Metric:
+def group_metric(wide: pd.DataFrame, column: str, key: str, label: str, replicates=None) -> Metric:
     """E[A] of one group (prompt) as a mean over occupations (excluded ones: NaN, left out)."""
-    return Metric(key, label, "occupation", [str(o) for o in wide.index], wide[column].tolist(), better=BETTER)
+    return Metric(key, label, "occupation", [str(o) for o in wide.index], wide[column].tolist(), better=BETTER,
+                  replicates=replicates)
 
 
-def average_metric(wide: pd.DataFrame, key: str, label: str) -> Metric:
+def average_metric(wide: pd.DataFrame, key: str, label: str, replicates=None) -> Metric:
     """The average of the groups' E[A] as a weighted mean over occupations (``average_over_groups``)."""
     values, weights = average_over_groups(wide)
     return Metric(key, label, "occupation", [str(o) for o in wide.index], values.tolist(), better=BETTER,
-                  weights=weights.tolist())
+                  weights=weights.tolist(), replicates=replicates)
 
 
-def amplification_metrics(rows: pd.DataFrame, group: str, key: str, label: str, per_group: bool = True) -> list[Metric]:
+IMAGE_RESAMPLES = 200   # image resamples stored per E[A] metric (the two-level bootstrap picks among them)
+
+
+def resampled_amplification(rows: pd.DataFrame, group: str, wide: pd.DataFrame, training_per_group: bool,
+                            resamples: int = IMAGE_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """(resamples x occupations x groups): A recomputed from resamples of the images behind each
+    percentage. A percentage of n counted images, k of them female, resampled with replacement is
+    k* ~ Binomial(n, k/n); the training subset's images are drawn once per occupation and shared by
+    its groups (``training_per_group`` False: one subset per occupation) or once per (occupation,
+    group) (subsets selected per prompt); a pair excluded in the run, or whose resampled T and G
+    point in other directions (the paper's direction-switch rule), is NaN in that resample."""
+    occs, groups = list(wide.index), list(wide.columns)
+    names = rows[group].map(str)
+    oi = rows[OCCUPATION].astype(str).map({o: i for i, o in enumerate(occs)}).to_numpy()
+    gi = names.map({g: j for j, g in enumerate(groups)}).to_numpy()
+    ok = ~(pd.isna(oi) | pd.isna(gi))
+    rng = np.random.default_rng([seed, 11])
+
+    def draw(percent, n, keys):
+        """100 k*/n per row, one draw per distinct key (rows sharing a key share the draw)."""
+        n = np.nan_to_num(np.asarray(n, np.float64)).astype(np.int64)
+        p = np.clip(np.nan_to_num(np.asarray(percent, np.float64)) / 100.0, 0.0, 1.0)
+        first = pd.Series(range(len(keys))).groupby(list(keys)).transform("first").to_numpy() if len(keys) else keys
+        k = rng.binomial(n[None, :], p[None, :], size=(resamples, len(n)))[:, first]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n[None, :] > 0, 100.0 * k / np.maximum(n, 1)[None, :], np.nan)
+
+    tkeys = np.array([f"{o}|{g}" for o, g in zip(rows[OCCUPATION].astype(str), names)] if training_per_group
+                     else rows[OCCUPATION].astype(str).to_numpy(), dtype=object)
+    t = draw(rows[TRAINING], rows.get("n_training", pd.Series(np.zeros(len(rows)))), tkeys)
+    g = draw(rows[GENERATED], rows.get("n_generated", pd.Series(np.zeros(len(rows)))),
+             np.arange(len(rows)).astype(str).astype(object))
+    a = amplification(g, t)
+    kept = rows[EXCLUDED].isna().to_numpy()[None, :] & (direction(t) == direction(g)) & np.isfinite(a)
+    a = np.where(kept, a, np.nan)
+    out = np.full((resamples, len(occs), len(groups)), np.nan)
+    out[:, oi[ok].astype(int), gi[ok].astype(int)] = a[:, ok]
+    return out
+
+
+def averaged_replicates(cube: np.ndarray) -> np.ndarray:
+    """``average_over_groups`` applied to every resample (resamples x occupations x groups)."""
+    present = np.isfinite(cube)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inv = 1.0 / present.sum(axis=1, keepdims=True)
+        inv = np.where(np.isfinite(inv), inv, 0.0)
+        weights = (present * inv).sum(axis=2)
+        sums = (np.where(present, cube, 0.0) * inv).sum(axis=2)
+        return np.where(weights > 0, sums / np.where(weights > 0, weights, 1.0), np.nan)
+
+
+def amplification_metrics(rows: pd.DataFrame, group: str, key: str, label: str, per_group: bool = True,
+                          training_per_group: bool = False, image_seed: int = 0) -> list[Metric]:
     """The headline metrics of one approach (``compare``'s rows): the average over groups (``key``)
-    and, with ``per_group``, each group's E[A] (``key``/prompt_<group>)."""
+    and, with ``per_group``, each group's E[A] (``key``/prompt_<group>); each with its image
+    resamples (``resampled_amplification``) when the rows give the images' counts."""
     wide = occupation_amplification(rows, group)
-    out = [average_metric(wide, key, f"{label}, average over prompts" if per_group else label)]
+    cube = None
+    if {"n_training", "n_generated"} <= set(rows.columns) and len(wide.columns):
+        cube = resampled_amplification(rows, group, wide, training_per_group, seed=image_seed)
+    out = [average_metric(wide, key, f"{label}, average over prompts" if per_group else label,
+                          None if cube is None else averaged_replicates(cube))]
     if per_group:
-        out += [dataclasses.replace(group_metric(wide, g, f"{key}/prompt_{g}", f"{label}, prompt #{g}"), lead=False)
-                for g in wide.columns]
+        out += [dataclasses.replace(group_metric(wide, g, f"{key}/prompt_{g}", f"{label}, prompt #{g}",
+                                                 None if cube is None else cube[:, :, j]), lead=False)
+                for j, g in enumerate(wide.columns)]
     return out
 
 

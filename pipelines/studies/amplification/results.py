@@ -184,23 +184,28 @@ def paraphrases_key(name: str) -> str:
     return f"{EA_KEY}/paraphrases_as_prompts/{name}"
 
 
-def model_metrics(approaches: dict, caption_prompts: dict, paraphrase_prompts: dict | None = None) -> dict[str, list]:
+def model_metrics(approaches: dict, caption_prompts: dict, paraphrase_prompts: dict | None = None,
+                  image_seed: int = 0) -> dict[str, list]:
     """Per model, its headline metrics (``headline.Metric``, unit: the occupation): each approach's
     average E[A] over prompts and each prompt's (Table 3), then section 6's E[A] of images generated
     from the training captions. Each metric's (weighted) mean over occupations is the E[A] the
-    study reports (``metrics.amplification_metrics``)."""
+    study reports (``metrics.amplification_metrics``), with its image resamples (seeded by
+    ``image_seed``: the run's interval seed)."""
     out = {}
     for model, per in approaches.items():
         metrics = []
         for subset in Subset.ALL:
             rows = pd.DataFrame(per[subset]["rows"])
-            metrics += amplification_metrics(rows, PROMPT_ID, approach_key(subset), f"E[A], {APPROACH_TITLES[subset]}")
+            metrics += amplification_metrics(rows, PROMPT_ID, approach_key(subset), f"E[A], {APPROACH_TITLES[subset]}",
+                                             training_per_group=subset in Subset.PER_PROMPT, image_seed=image_seed)
         for name, res in (caption_prompts.get(model) or {}).items():
             metrics += amplification_metrics(pd.DataFrame(res["rows"]), "group", captions_key(name),
-                                             f"E[A], {CAPTION_TITLES.get(name, name)}", per_group=False)
+                                             f"E[A], {CAPTION_TITLES.get(name, name)}", per_group=False,
+                                             image_seed=image_seed)
         for name, res in ((paraphrase_prompts or {}).get(model) or {}).items():
             metrics += amplification_metrics(pd.DataFrame(res["rows"]), "group", paraphrases_key(name),
-                                             f"E[A], {PARAPHRASE_TITLES.get(name, name)}", per_group=False)
+                                             f"E[A], {PARAPHRASE_TITLES.get(name, name)}", per_group=False,
+                                             image_seed=image_seed)
         out[model] = metrics
     return out
 

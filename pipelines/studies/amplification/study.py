@@ -359,7 +359,8 @@ def headline_of(run: Run, results: dict, images: pd.DataFrame) -> dict:
     section 6's, each with its bootstrap interval over occupations; writes headline_units.parquet."""
 
     standin = run.options.standin_models
-    per_model = model_metrics(results["approaches"], results["caption_prompts"], results.get("paraphrase_prompts"))
+    per_model = model_metrics(results["approaches"], results["caption_prompts"], results.get("paraphrase_prompts"),
+                              run.options.intervals.seed)
     subjects = []
     for model in run.generator_models:
         record = next((r for r in run.models if r.get("role") == "generator" and r.get("model") == model),

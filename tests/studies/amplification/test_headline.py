@@ -166,3 +166,40 @@ def test_protocol_ignores_the_generators_and_execution():
     assert protocol("--occupations", "nurse,judge")["occupations"] != base["occupations"]
     assert protocol("--gender-threshold", "0.8")["gender_classifier"] != base["gender_classifier"]
     assert protocol("--prompt", "A photo of {article} {occupation}")["prompts"] != base["prompts"]
+
+
+def _one_occupation(t, n_t, g, n_g, groups=("1", "2")):
+    return pd.DataFrame({"occupation": ["nurse"] * len(groups), "prompt_id": list(groups), "training": [t] * len(groups),
+                         "n_training": [n_t] * len(groups), "generated": [g] * len(groups),
+                         "n_generated": [n_g] * len(groups), "amplification": [abs(g - 50) - abs(t - 50)] * len(groups),
+                         "excluded": [None] * len(groups)})
+
+
+def test_image_resamples_of_e_a_are_binomial_share_the_training_draw_and_keep_the_exclusion_rule():
+    from pipelines.studies.amplification import metrics as AM
+
+    # T fixed (a million images), G from 40 images at 20%: A* = |G* - 50| - 20, sd 100 sqrt(.2 .8 / 40)
+    rows = _one_occupation(30.0, 10**6, 20.0, 40)
+    wide = AM.occupation_amplification(rows, "prompt_id")
+    cube = AM.resampled_amplification(rows, "prompt_id", wide, False, resamples=400, seed=1)
+    assert cube.shape == (400, 1, 2)
+    assert np.std(cube[:, 0, 0]) == pytest.approx(100 * np.sqrt(0.2 * 0.8 / 40), rel=0.15)
+    # G fixed, T from 30 images: one subset per occupation is drawn once for both prompts ...
+    rows = _one_occupation(30.0, 30, 20.0, 10**6)
+    shared = AM.resampled_amplification(rows, "prompt_id", wide, False, resamples=400, seed=2)
+    both = np.isfinite(shared[:, 0, 0]) & np.isfinite(shared[:, 0, 1])
+    assert np.corrcoef(shared[both, 0, 0], shared[both, 0, 1])[0, 1] > 0.99
+    # ... a subset per prompt (nearest neighbours) once per prompt
+    apart = AM.resampled_amplification(rows, "prompt_id", wide, True, resamples=400, seed=2)
+    both = np.isfinite(apart[:, 0, 0]) & np.isfinite(apart[:, 0, 1])
+    assert abs(np.corrcoef(apart[both, 0, 0], apart[both, 0, 1])[0, 1]) < 0.2
+    # T at 48% of 10 images: resamples above 50% switch direction against G's 30%: left out there
+    rows = _one_occupation(48.0, 10, 30.0, 10**6)
+    cube = AM.resampled_amplification(rows, "prompt_id", wide, False, resamples=400, seed=3)
+    left_out = np.isnan(cube[:, 0, 0]).mean()
+    assert 0.2 < left_out < 0.6
+    # the average over prompts of each resample, as average_over_groups computes it
+    avg = AM.averaged_replicates(cube)
+    for r in range(20):
+        values, _ = AM.average_over_groups(pd.DataFrame(cube[r], index=wide.index, columns=wide.columns))
+        assert np.allclose(avg[r], values, equal_nan=True)

@@ -448,6 +448,8 @@ def test_headline_numbers_have_intervals_and_units(run_dir):
                 assert metric["low"] <= metric["value"] <= metric["high"]
             mine = units[(units.subject == subject["key"]) & (units.metric == metric["key"])]
             assert set(mine.unit) == set(OCCS)
+            # intervals over occupations and the images behind each percentage (two-level)
+            assert metric["method"] == "two-level bootstrap-percentile" and mine.replicates.map(len).eq(200).all()
             mine = mine[mine.value.notna()]
             if metric["value"] is None:
                 assert mine.empty
