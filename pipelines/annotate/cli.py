@@ -297,11 +297,17 @@ def cmd_estimate(a) -> int:
             "answers": int(len(labels)), "annotators": int(labels[A.ANNOTATOR].nunique()),
             "simulated_answers": simulated, "estimand": "the share of the positive class among the items people "
             "could decide (majority neither unsure nor a tie); the classifier's share over every item it answered"}
-    out = E.write(a.output or tasks.path / "estimate", table, meta)
+    name = tasks.protocol["name"] if tasks is not None else "estimate"
+    out, html, record = E.write(a.output or tasks.path / "estimate", table, meta, name)
     print(E.text(table, positive))
+    for line in record["conclusions"]:
+        print(f"the correction changes a conclusion: {line}")
     if simulated:
         print(f"note: {simulated} of the answers are SIMULATED annotators', not people's")
     print(f"written to {out}")
+    if tasks is not None:
+        for f in R.attach_block(tasks, E.CORRECTED_MARK, html, "corrected_by_people", record):
+            print(f"updated {f} (Corrected by people)")
     return 0
 
 

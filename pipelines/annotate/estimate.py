@@ -24,12 +24,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.fs as pafs
 
 from pipelines.annotate import candidates as C
 from pipelines.annotate import plan as PL
 from pipelines.annotate.agreement import majority
 from pipelines.annotate.protocols import FEMALE, YES
 from pipelines.annotate.tasks import AnnotateError, TaskSet
+from pipelines.engine.report import html as H
+from pipelines.engine.report import page as Pg
 from pipelines.engine.stats import correction as K
 from pipelines.engine.stats import intervals as I
 from schemas import annotation as A
@@ -150,14 +153,27 @@ def labels_of(tasks: TaskSet, labels: pd.DataFrame) -> pd.DataFrame:
     return labels[~labels[A.ITEM_ID].isin(known)]
 
 
-def write(out, table: pd.DataFrame, meta: dict) -> Path:
+CORRECTED_MARK = "<!-- corrected-by-people:{name} -->"
+
+
+def write(out, table: pd.DataFrame, meta: dict, name: str = "estimate") -> tuple[Path, str, dict]:
+    """estimates.csv, .parquet and .json, the forest plot (figures/) and report.html in ``out``;
+    returns the folder, the HTML section and the JSON record."""
+    from pipelines.engine.report import figures      # deferred: matplotlib, which only a report needs
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "estimates.csv", index=False)
     table.to_parquet(out / "estimates.parquet", index=False)
-    rows = json.loads(table.to_json(orient="records"))
-    (out / "estimates.json").write_text(json.dumps({**meta, "estimates": rows}, indent=1))
-    return out
+    record = {**meta, "conclusions": conclusions(table, meta["positive"]),
+              "estimates": json.loads(table.to_json(orient="records"))}
+    (out / "estimates.json").write_text(json.dumps(record, indent=1))
+    figs = figures.FigureDir(pafs.LocalFileSystem(), str(out))
+    plot = figs.save(forest_figure(table, meta["positive"]), "corrected-shares",
+                     caption=f"share of {meta['positive']!r} per stratum: the classifier's and the corrected ones")
+    html = section(table, meta, plot, name)
+    (out / "report.html").write_text(Pg.document(f"Corrected by people: {name}", [html]))
+    return out, html, record
 
 
 def text(table: pd.DataFrame, positive: str) -> str:
@@ -172,3 +188,86 @@ def text(table: pd.DataFrame, positive: str) -> str:
                      f"{cor.text(3)} ({r[A.DECIDED]} decided of {r[A.LABELLED]} labelled); unsure {uns.text(3)}"
                      + (f" [{r[A.FLAG]}]" if r[A.FLAG] else ""))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ what a reader sees
+def conclusions(table: pd.DataFrame, positive: str) -> list[str]:
+    """Plain sentences where the correction changes a conclusion: a stratum whose share crosses one
+    half (a majority of the positive class becomes a minority, as % female crossing 50% turns a
+    female skew into a male one), and two strata whose order flips. None when nothing changes."""
+    out = []
+    for method, part in table.groupby(A.CORRECTION, sort=False):
+        part = part[part[A.CORRECTED].notna() & part[A.CLASSIFIER].notna()]
+        for _, r in part.iterrows():
+            if (r[A.CLASSIFIER] - 0.5) * (r[A.CORRECTED] - 0.5) < 0:
+                out.append(f"{method}: in {r[A.STRATUM]} the share of {positive!r} crosses one half: the classifier "
+                           f"gives {r[A.CLASSIFIER]:.3f}, corrected by people's labels {r[A.CORRECTED]:.3f}")
+        rows = list(part.itertuples(index=False))
+        for i, a in enumerate(rows):
+            for b in rows[i + 1:]:
+                raw = getattr(a, A.CLASSIFIER) - getattr(b, A.CLASSIFIER)
+                fixed = getattr(a, A.CORRECTED) - getattr(b, A.CORRECTED)
+                if raw * fixed < 0:
+                    out.append(f"{method}: the correction flips the order of {getattr(a, A.STRATUM)} and "
+                               f"{getattr(b, A.STRATUM)}: the classifier gives {getattr(a, A.CLASSIFIER):.3f} vs "
+                               f"{getattr(b, A.CLASSIFIER):.3f}, corrected {getattr(a, A.CORRECTED):.3f} vs "
+                               f"{getattr(b, A.CORRECTED):.3f}")
+    return out
+
+
+def forest_figure(table: pd.DataFrame, positive: str):
+    """Per stratum the classifier's share and each corrected one with their intervals."""
+    from pipelines.engine.report import figures      # deferred: matplotlib, which only a report needs
+
+    strata = list(dict.fromkeys(table[A.STRATUM]))
+    methods = list(dict.fromkeys(table[A.CORRECTION]))
+    fig = figures.new_figure(6.5, 0.5 * len(strata) * (1 + len(methods)) + 1.0)
+    ax = fig.add_subplot()
+    colors = ["#555555", "#1f77b4", "#d62728", "#2ca02c"]
+    ticks, labels, y = [], [], 0.0
+    for s in strata:
+        part = table[table[A.STRATUM] == s]
+        first = part.iloc[0]
+        rows = [("classifier", first[A.CLASSIFIER], first[A.CLASSIFIER + "_low"], first[A.CLASSIFIER + "_high"])]
+        rows += [(r[A.CORRECTION], r[A.CORRECTED], r[A.CORRECTED + "_low"], r[A.CORRECTED + "_high"])
+                 for _, r in part.iterrows()]
+        for k, (name, v, lo, hi) in enumerate(rows):
+            if pd.notna(v):
+                if pd.notna(lo) and pd.notna(hi):
+                    ax.plot([lo, hi], [y, y], color=colors[k % len(colors)], lw=2)
+                ax.plot([v], [y], "o", color=colors[k % len(colors)])
+            ticks.append(y)
+            labels.append(f"{s}: {name}")
+            y -= 1
+        y -= 0.5
+    ax.axvline(0.5, color="#999", lw=0.8, ls="--")
+    ax.set_yticks(ticks, labels)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel(f"share of {positive!r}")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str) -> str:
+    """The "Corrected by people" HTML section: the table, the forest plot, the sentences."""
+    shown = table[[A.STRATUM, A.CORRECTION, A.ITEMS, A.LABELLED, A.DECIDED, A.UNSURE_ITEMS, A.TIES]].copy()
+    for col in (A.CLASSIFIER, A.CORRECTED, A.UNSURE_SHARE):
+        shown[col] = [I.Interval(v, lo, hi, "", 0, 0).text(3)
+                      for v, lo, hi in zip(table[col], table[col + "_low"], table[col + "_high"])]
+    shown[A.FLAG] = table[A.FLAG]
+    said = conclusions(table, meta["positive"])
+    parts = [f"<section class=people id='corrected-{H.esc(name)}'><h2>Corrected by people: {H.esc(name)}</h2>",
+             f"<p>The share of {H.esc(meta['positive'])} per stratum: the classifier's over every item it answered, "
+             f"beside the share corrected by people's labels among the items they could decide "
+             f"({H.esc(', '.join(meta['methods']))}; labels: {H.esc(meta['drawn'])}). Each corrected number stands on "
+             f"the labelled items counted beside it.</p>"]
+    if meta.get("simulated_answers"):
+        parts.append(f"<p class=warn><b>Simulated annotators: {meta['simulated_answers']} of {meta['answers']} answers "
+                     "are not people's</b>.</p>")
+    parts.append(H.table(shown, 3))
+    parts.append(figure_html)
+    parts.append("".join(f"<p><b>{H.esc(s)}.</b></p>" for s in said) if said
+                 else "<p>The correction changes no conclusion here: no share crosses one half and no two strata "
+                      "change order.</p>")
+    parts.append("</section>")
+    return "".join(parts)

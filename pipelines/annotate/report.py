@@ -205,6 +205,14 @@ _MARK = "<!-- checked-by-people:{name} -->"
 def attach_to_run(tasks: TaskSet, built: dict) -> list[str]:
     """The section into the run's report.html (before ``</body>``, replacing this protocol's earlier
     one) and the result into its metrics.json; the files changed (none when the run is not there)."""
+    return attach_block(tasks, _MARK, section(tasks, built), "human_evaluation",
+                        json.loads(json.dumps(clean_json(built["result"]), default=_plain)))
+
+
+def attach_block(tasks: TaskSet, mark: str, html: str, key: str, payload) -> list[str]:
+    """``html`` into the task set's run's report.html between two ``mark`` comments (replacing the
+    block of an earlier call, else before ``</body>``), and ``payload`` as metrics.json's
+    ``key``/protocol name; the files changed (none when the run moved or another is there)."""
     run = Path(tasks.meta["run"]["path"])
     changed = []
     page, metrics = run / "report.html", run / "metrics.json"
@@ -213,18 +221,15 @@ def attach_to_run(tasks: TaskSet, built: dict) -> list[str]:
     name = tasks.protocol["name"]
     if page.is_file():
         text_ = page.read_text()
-        mark = _MARK.format(name=name)
-        block = f"{mark}{section(tasks, built)}{mark}"
+        mark = mark.format(name=name)
+        block = f"{mark}{html}{mark}"
         pattern = re.escape(mark) + ".*?" + re.escape(mark)
         text_ = (re.sub(pattern, lambda _: block, text_, flags=re.S) if mark in text_
                  else text_.replace("</body>", block + "</body>", 1))
         io.write_text(text_, pafs.LocalFileSystem(), str(page))
         changed.append(str(page))
-    if metrics.is_file():
-        doc = json.loads(metrics.read_text())
-        doc.setdefault("human_evaluation", {})[name] = json.loads(json.dumps(clean_json(built["result"]),
-                                                                              default=_plain))
-        io.write_text(json.dumps(doc, indent=1, allow_nan=False), pafs.LocalFileSystem(), str(metrics))
-        changed.append(str(metrics))
+    doc = json.loads(metrics.read_text())
+    doc.setdefault(key, {})[name] = payload
+    io.write_text(json.dumps(doc, indent=1, allow_nan=False), pafs.LocalFileSystem(), str(metrics))
+    changed.append(str(metrics))
     return changed
-

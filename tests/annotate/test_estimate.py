@@ -136,6 +136,30 @@ def test_estimate_on_a_task_set_counts_unsure_and_corrects_per_stratum(exposed_r
         assert row[A.DECIDED] + row[A.UNSURE_ITEMS] + row[A.TIES] == row[A.LABELLED]
         assert 0 <= row[A.CORRECTED + "_low"] <= row[A.CORRECTED] <= row[A.CORRECTED + "_high"] <= 1
     assert f"model={models[0]}: classifier" in printed
+    # the raw and corrected shares side by side, with a forest plot, in the estimate's page and the run's
+    page = (out / "estimate" / "report.html").read_text()
+    assert "Corrected by people: exposed-nouns" in page and "data:image/png;base64" in page
+    assert (out / "estimate" / "figures" / "corrected-shares.pdf").is_file()
+    run_page = (exposed_run / "report.html").read_text()
+    assert run_page.count("Corrected by people: exposed-nouns") == 1
+    metrics = json.loads((exposed_run / "metrics.json").read_text())
+    assert metrics["corrected_by_people"]["exposed-nouns"]["estimates"] == doc["estimates"]
+    assert cli.main(["estimate", str(out)]) == 0            # again: the block is replaced, not repeated
+    assert (exposed_run / "report.html").read_text().count("Corrected by people: exposed-nouns") == 1
+
+
+def test_a_conclusion_the_correction_changes_is_said():
+    base = {A.ITEMS: 100, A.NO_PREDICTION: 0, A.LABELLED: 30, A.DECIDED: 30, A.UNSURE_ITEMS: 0, A.TIES: 0,
+            A.UNLABELLED: 70, A.LAMBDA: 0.5, A.UNSURE_SHARE: 0.0, A.FLAG: ""}
+    table = pd.DataFrame([{**base, A.STRATUM: "source=training", A.CORRECTION: K.PPI, A.CLASSIFIER: 0.55,
+                           A.CORRECTED: 0.45},
+                          {**base, A.STRATUM: "source=generated", A.CORRECTION: K.PPI, A.CLASSIFIER: 0.52,
+                           A.CORRECTED: 0.48}])
+    said = E.conclusions(table, "female")
+    assert len(said) == 3      # both cross one half, and their order flips (0.55 > 0.52, 0.45 < 0.48)
+    assert sum("crosses one half" in x for x in said) == 2 and sum("flips the order" in x for x in said) == 1
+    table[A.CORRECTED] = [0.60, 0.53]
+    assert E.conclusions(table, "female") == []
 
 
 def test_plain_tables_need_a_stated_random_draw_and_bad_input_is_one_line(tmp_path, capsys):
