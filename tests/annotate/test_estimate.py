@@ -246,3 +246,29 @@ def test_plan_sizes_strata_from_a_pilot_s_disagreement(exposed_run, models, tmp_
     assert cli.main(["plan", str(exposed_run), "--protocol", "exposed-nouns", "--output", str(tmp_path / "x"),
                      "--budget", "5", "--pilot", str(tmp_path / "sized")]) == 2
     assert "no answers yet" in capsys.readouterr().err
+
+
+def test_skill_accuracy_per_model_and_skill_corrected_by_the_expert(skills_run, models, tmp_path):
+    """DALL-Eval's skill accuracy (the detector's verdict "yes": the image shows what the prompt asks)
+    per model and skill, beside the accuracy corrected by the expert's verdicts on a random sample."""
+    from pipelines.annotate import plan as PL
+
+    out = PL.plan(skills_run, "dalleval-skills", tmp_path / "skills", n_per_stratum=3, seed=2)
+    items = TaskSet.load(out).items
+    # the expert disagrees with the detector on every "count" image it called correct
+    answers = ["no" if (p == "yes" and "skill=count" in s) else p for p, s in zip(items[A.PREDICTION], items[A.STRATUM])]
+    pd.DataFrame({A.ITEM_ID: items[A.ITEM_ID], A.ANNOTATOR: "expert", A.ANSWER: answers}).to_csv(tmp_path / "l.csv",
+                                                                                                 index=False)
+    assert cli.main(["import", str(out), str(tmp_path / "l.csv")]) == 0
+    assert cli.main(["estimate", str(out)]) == 0
+    est = pd.read_parquet(out / "estimate" / "estimates.parquet").set_index(A.STRATUM)
+    images = pd.read_parquet(skills_run / "images.parquet")
+    for m in models:
+        for skill in ("object", "count", "spatial"):
+            row = est.loc[f"model={m} | skill={skill}"]
+            judged = images[(images["model"] == m) & (images["skill"] == skill) & images["correct"].notna()]
+            assert row[A.ITEMS] == len(judged) and row[A.CLASSIFIER] == pytest.approx(judged["correct"].mean())
+            if skill == "count":       # people found none correct: the corrected accuracy falls below the detector's
+                assert row[A.CORRECTED] < row[A.CLASSIFIER]
+            else:                      # people agree everywhere: the detector's accuracy is inside the corrected interval
+                assert row[A.CORRECTED + "_low"] <= row[A.CLASSIFIER] <= row[A.CORRECTED + "_high"]
