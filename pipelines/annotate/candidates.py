@@ -3,7 +3,8 @@ under ``images/``), with the question's subject and the run's own classifier ans
 
 Each function returns one row per item with ``unit`` (the sampling unit: the image), the image's
 file, ``subject``, ``prediction`` (in the protocol's choices; null where the classifier gave none)
-and the preset's strata columns.
+and the preset's strata columns. With ``images=False`` (``estimate``, which needs the items and
+answers only) paper 002's preset reads no image bytes; the others only check that the files exist.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def with_files(run_dir: Path, df: pd.DataFrame) -> pd.DataFrame:
 def _finish(df: pd.DataFrame, subject, prediction, strata: list[str]) -> pd.DataFrame:
     """The candidate items: ``_file`` (a path) or ``_bytes`` (an image the run keeps in parquet)."""
     unit = df[UNIT] if UNIT in df else df[MODEL].astype(str) + "/" + df[IMAGE_ID].astype(str)
-    image = {"_file": df["_file"]} if "_file" in df else {"_bytes": df["_bytes"]}
+    image = {c: df[c] for c in ("_file", "_bytes") if c in df}      # none when only the items are asked for
     out = pd.DataFrame({UNIT: unit, A.IMAGE_ID: df[IMAGE_ID], MODEL: df[MODEL], **image, A.SUBJECT: subject,
                         A.PREDICTION: prediction})
     for c in strata:
@@ -78,7 +79,7 @@ def _finish(df: pd.DataFrame, subject, prediction, strata: list[str]) -> pd.Data
     return out.reset_index(drop=True)
 
 
-def gep(run_dir: Path) -> pd.DataFrame:
+def gep(run_dir: Path, images: bool = True) -> pd.DataFrame:
     """(image, attribute) pairs of section 5: every attribute of a neutral image, the prompt's
     attribute of an explicit one; the run's annotation_tasks.csv holds them with the phrase."""
     path = run_dir / "annotation_tasks.csv"
@@ -95,14 +96,14 @@ def gep(run_dir: Path) -> pd.DataFrame:
     return out
 
 
-def dalleval_skills(run_dir: Path) -> pd.DataFrame:
+def dalleval_skills(run_dir: Path, images: bool = True) -> pd.DataFrame:
     df = _images(run_dir)
     df = with_files(run_dir, df[df[P.CORRECT].notna()])
     pred = df[P.CORRECT].map({True: YES, False: NO})
     return _finish(df, df[PROMPT], pred, [P.SKILL])
 
 
-def dalleval_social(run_dir: Path) -> pd.DataFrame:
+def dalleval_social(run_dir: Path, images: bool = True) -> pd.DataFrame:
     df = _images(run_dir)
     df = with_files(run_dir, df[df[GENERATION_STATUS] == GenerationStatus.OK])
     pred = df[D.DETECTED_GENDER].where(df[D.DETECTED_GENDER].isin([FEMALE, MALE]))
@@ -111,7 +112,7 @@ def dalleval_social(run_dir: Path) -> pd.DataFrame:
     return out
 
 
-def dalleval_skin_tone(run_dir: Path) -> pd.DataFrame:
+def dalleval_skin_tone(run_dir: Path, images: bool = True) -> pd.DataFrame:
     df = _images(run_dir)
     df = with_files(run_dir, df[df[D.SKIN_STATUS] == "ok"])
     pred = df[D.SKIN_TONE].map(lambda t: None if pd.isna(t) else str(int(t)))
@@ -120,7 +121,7 @@ def dalleval_skin_tone(run_dir: Path) -> pd.DataFrame:
     return out
 
 
-def dalleval_attributes(run_dir: Path) -> pd.DataFrame:
+def dalleval_attributes(run_dir: Path, images: bool = True) -> pd.DataFrame:
     """(image, attribute) pairs: every attribute BLIP-2 was asked about an image, its answer the
     prediction (yes / no; null where BLIP-2 said neither), the attribute's text the subject."""
     df = _images(run_dir)
@@ -138,7 +139,7 @@ def dalleval_attributes(run_dir: Path) -> pd.DataFrame:
     return out
 
 
-def exposed_nouns(run_dir: Path) -> pd.DataFrame:
+def exposed_nouns(run_dir: Path, images: bool = True) -> pd.DataFrame:
     """(image, prompt noun) pairs; the model found the noun when it is not among the hidden nouns
     (no detected object matches it)."""
     df = _images(run_dir)
@@ -152,29 +153,33 @@ def exposed_nouns(run_dir: Path) -> pd.DataFrame:
     return _finish(rows, rows[A.SUBJECT], pred, [])
 
 
-def _parts(folder: Path, keys: list[str]) -> pd.DataFrame:
-    """The images a paper 002 run saved as parquet parts (``--save-images``): keys and bytes."""
+def _parts(folder: Path, keys: list[str], with_bytes: bool = True) -> pd.DataFrame:
+    """The images a paper 002 run saved as parquet parts (``--save-images``): keys and (with
+    ``with_bytes``) the bytes; without them only the key columns are read."""
     files = sorted(folder.glob("part-*.parquet"))
     if not files:
-        return pd.DataFrame(columns=[*keys, "_bytes"])
-    t = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    return t[keys].assign(_bytes=t["image"].map(lambda v: v["bytes"])).drop_duplicates(keys)
+        return pd.DataFrame(columns=[*keys, *(["_bytes"] if with_bytes else [])])
+    t = pd.concat([pd.read_parquet(f, columns=[*keys, *(["image"] if with_bytes else [])]) for f in files],
+                  ignore_index=True)
+    if with_bytes:
+        t = t.assign(_bytes=t["image"].map(lambda v: v["bytes"])).drop(columns=["image"])
+    return t.drop_duplicates(keys)
 
 
-def paper002_a4(run_dir: Path) -> pd.DataFrame:
+def paper002_a4(run_dir: Path, images: bool = True) -> pd.DataFrame:
     """Training and generated images of a paper 002 run that passed the face filter (those whose
     CLIP answer enters % female), one item per image (a URL in several subsets is one image),
-    with their bytes from the run's saved images."""
+    with their bytes from the run's saved images (``images`` False: the items alone, for estimates)."""
     if not (run_dir / IMAGES_DIR).is_dir():
         raise AnnotateError(f"{run_dir}: no saved images (paper 002 saves them with --save-images: run it again "
                             "with that flag; the finished stages are reused)")
     df = _images(run_dir)
     df = df[df[I.FACE_STATUS] == I.FaceStatus.OK]
     training = df[df[I.SOURCE] == I.Source.TRAINING].drop_duplicates(URL)
-    training = training.merge(_parts(run_dir / IMAGES_DIR / "training", [URL]), on=URL)
+    training = training.merge(_parts(run_dir / IMAGES_DIR / "training", [URL], images), on=URL)
     training = training.assign(**{UNIT: "training/" + training[URL], IMAGE_ID: training[URL], "source": "training"})
     generated = df[df[I.SOURCE] != I.Source.TRAINING].drop_duplicates([MODEL, PROMPT, I.SEED])
-    generated = generated.merge(_parts(run_dir / IMAGES_DIR / "generated", [MODEL, PROMPT, I.SEED]),
+    generated = generated.merge(_parts(run_dir / IMAGES_DIR / "generated", [MODEL, PROMPT, I.SEED], images),
                                 on=[MODEL, PROMPT, I.SEED])
     generated = generated.assign(**{UNIT: generated[MODEL] + "/" + generated[I.SEED].astype(str) + "/" + generated[PROMPT],
                                     IMAGE_ID: generated[PROMPT] + " #" + generated[I.SEED].astype(str),

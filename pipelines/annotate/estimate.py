@@ -64,7 +64,7 @@ def run_predictions(tasks: TaskSet) -> pd.DataFrame:
     info = C.run_info(run_dir)
     if info["id"] != tasks.meta["run"]["id"]:
         raise AnnotateError(f"{run_dir}: now holds run {info['id']}, not the task set's {tasks.meta['run']['id']}")
-    cands = C.BUILDERS[name](run_dir)
+    cands = C.BUILDERS[name](run_dir, images=False)   # the items and answers; the images are not read
     ids = [PL.item_id(info["id"], u, s) for u, s in zip(cands[C.UNIT], cands[A.SUBJECT])]
     return pd.DataFrame({A.ITEM_ID: ids, A.STRATUM: PL.stratum_labels(cands, tasks.strata).to_numpy(),
                          A.PREDICTION: cands[A.PREDICTION].to_numpy()})
