@@ -21,6 +21,7 @@ import sys
 
 import pandas as pd
 
+from pipelines.annotate import derived as D
 from pipelines.annotate import estimate as E
 from pipelines.annotate import interchange as X
 from pipelines.annotate import plan as PL
@@ -110,6 +111,8 @@ def parser() -> argparse.ArgumentParser:
     es.add_argument("--method", choices=["ppi", "rogan-gladen", "both"], default="ppi")
     es.add_argument("--output", help="folder for estimates.csv/.parquet/.json (default: TASKS_DIR/estimate)")
     es.add_argument("--interval-level", type=float, default=0.95)
+    es.add_argument("--resamples", type=int, default=200,
+                    help="paper002-a4: bootstrap resamples of E[A] from corrected percentages")
     return p
 
 
@@ -298,7 +301,11 @@ def cmd_estimate(a) -> int:
             "simulated_answers": simulated, "estimand": "the share of the positive class among the items people "
             "could decide (majority neither unsure nor a tie); the classifier's share over every item it answered"}
     name = tasks.protocol["name"] if tasks is not None else "estimate"
-    out, html, record = E.write(a.output or tasks.path / "estimate", table, meta, name)
+    derived, said = None, []
+    if tasks is not None and name == "paper002-a4" and not a.predictions:
+        derived = D.amplification(tasks, labels, a.resamples, a.interval_level)
+        said = D.sign_changes(derived)
+    out, html, record = E.write(a.output or tasks.path / "estimate", table, meta, name, derived, said)
     print(E.text(table, positive))
     for line in record["conclusions"]:
         print(f"the correction changes a conclusion: {line}")

@@ -156,22 +156,28 @@ def labels_of(tasks: TaskSet, labels: pd.DataFrame) -> pd.DataFrame:
 CORRECTED_MARK = "<!-- corrected-by-people:{name} -->"
 
 
-def write(out, table: pd.DataFrame, meta: dict, name: str = "estimate") -> tuple[Path, str, dict]:
+def write(out, table: pd.DataFrame, meta: dict, name: str = "estimate",
+          derived: pd.DataFrame | None = None, derived_said: list[str] = ()) -> tuple[Path, str, dict]:
     """estimates.csv, .parquet and .json, the forest plot (figures/) and report.html in ``out``;
-    returns the folder, the HTML section and the JSON record."""
+    with ``derived`` (paper 002's E[A] from corrected percentages, ``derived.py``) its table too.
+    Returns the folder, the HTML section and the JSON record."""
     from pipelines.engine.report import figures      # deferred: matplotlib, which only a report needs
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "estimates.csv", index=False)
     table.to_parquet(out / "estimates.parquet", index=False)
-    record = {**meta, "conclusions": conclusions(table, meta["positive"]),
+    record = {**meta, "conclusions": [*conclusions(table, meta["positive"]), *derived_said],
               "estimates": json.loads(table.to_json(orient="records"))}
+    if derived is not None:
+        derived.to_csv(out / "amplification_corrected.csv", index=False)
+        derived.to_parquet(out / "amplification_corrected.parquet", index=False)
+        record["amplification"] = json.loads(derived.to_json(orient="records"))
     (out / "estimates.json").write_text(json.dumps(record, indent=1))
     figs = figures.FigureDir(pafs.LocalFileSystem(), str(out))
     plot = figs.save(forest_figure(table, meta["positive"]), "corrected-shares",
                      caption=f"share of {meta['positive']!r} per stratum: the classifier's and the corrected ones")
-    html = section(table, meta, plot, name)
+    html = section(table, meta, plot, name, derived, list(derived_said))
     (out / "report.html").write_text(Pg.document(f"Corrected by people: {name}", [html]))
     return out, html, record
 
@@ -248,14 +254,15 @@ def forest_figure(table: pd.DataFrame, positive: str):
     return fig
 
 
-def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str) -> str:
+def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, derived: pd.DataFrame | None = None,
+            derived_said: list[str] = ()) -> str:
     """The "Corrected by people" HTML section: the table, the forest plot, the sentences."""
     shown = table[[A.STRATUM, A.CORRECTION, A.ITEMS, A.LABELLED, A.DECIDED, A.UNSURE_ITEMS, A.TIES]].copy()
     for col in (A.CLASSIFIER, A.CORRECTED, A.UNSURE_SHARE):
         shown[col] = [I.Interval(v, lo, hi, "", 0, 0).text(3)
                       for v, lo, hi in zip(table[col], table[col + "_low"], table[col + "_high"])]
     shown[A.FLAG] = table[A.FLAG]
-    said = conclusions(table, meta["positive"])
+    said = [*conclusions(table, meta["positive"]), *derived_said]
     parts = [f"<section class=people id='corrected-{H.esc(name)}'><h2>Corrected by people: {H.esc(name)}</h2>",
              f"<p>The share of {H.esc(meta['positive'])} per stratum: the classifier's over every item it answered, "
              f"beside the share corrected by people's labels among the items they could decide "
@@ -266,6 +273,14 @@ def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str) -> str
                      "are not people's</b>.</p>")
     parts.append(H.table(shown, 3))
     parts.append(figure_html)
+    if derived is not None:
+        d = derived.assign(corrected=[I.Interval(v, lo, hi, "", 0, 0).text(2) for v, lo, hi in
+                                      zip(derived["corrected"], derived["corrected_low"], derived["corrected_high"])])
+        parts.append("<h3>E[A] from corrected % female (paper 002, Table 3 and section 6)</h3>"
+                     f"<p>{H.esc(derived['method'].iloc[0] if len(derived) else '')}. Groups without two labelled "
+                     "images keep the classifier's percentage (counted beside).</p>"
+                     + H.table(d[["model", "approach", "classifier", "corrected", "groups_corrected",
+                                  "groups_uncorrected"]], 2))
     parts.append("".join(f"<p><b>{H.esc(s)}.</b></p>" for s in said) if said
                  else "<p>The correction changes no conclusion here: no share crosses one half and no two strata "
                       "change order.</p>")

@@ -272,3 +272,12 @@ def test_skill_accuracy_per_model_and_skill_corrected_by_the_expert(skills_run, 
                 assert row[A.CORRECTED] < row[A.CLASSIFIER]
             else:                      # people agree everywhere: the detector's accuracy is inside the corrected interval
                 assert row[A.CORRECTED + "_low"] <= row[A.CLASSIFIER] <= row[A.CORRECTED + "_high"]
+
+
+def test_a_corrected_e_a_that_changes_sign_is_said():
+    from pipelines.annotate import derived as D
+
+    table = pd.DataFrame({"model": ["m", "m", "m"], "approach": ["naive", "nn", "section 6: all_captions"],
+                          "classifier": [4.0, -2.0, 3.0], "corrected": [-1.5, -3.0, None]})
+    said = D.sign_changes(table)
+    assert len(said) == 1 and "naive" in said[0] and "4.00" in said[0] and "-1.50" in said[0]

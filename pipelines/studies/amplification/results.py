@@ -39,8 +39,11 @@ APPROACH_TITLES = {
 CAPTIONS_GROUP = "captions"
 
 
-def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models: list[str]) -> dict:
-    """All amplification results of a run from its per-image table."""
+def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models: list[str],
+            percent=percent_female) -> dict:
+    """All amplification results of a run from its per-image table. ``percent`` (images, keys) ->
+    % female per group of ``keys`` with n_images (``metrics.percent_female``, the classifier's; the
+    people-corrected one of ``pipelines/annotate/derived.py``)."""
     train = images[images[I.SOURCE] == I.Source.TRAINING]
     gen = images[images[I.SOURCE] == I.Source.GENERATED]
     cap = images[images[I.SOURCE] == I.Source.CAPTION_PROMPT]
@@ -49,14 +52,14 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
 
     # T per (subset, occupation) for prompt-free subsets (prompt_id 0 here, null when written),
     # per (subset, occupation, prompt) for the subsets selected per prompt (NN)
-    tp = percent_female(train.assign(**{PROMPT_ID: train[PROMPT_ID].fillna(0)}), [SUBSET, OCCUPATION, PROMPT_ID])
+    tp = percent(train.assign(**{PROMPT_ID: train[PROMPT_ID].fillna(0)}), [SUBSET, OCCUPATION, PROMPT_ID])
     free = [s for s in Subset.ALL if s not in Subset.PER_PROMPT]
     T = pd.concat([
         _complete(tp[tp[SUBSET].isin(free)], {SUBSET: free, OCCUPATION: occupations, PROMPT_ID: [0]}),
         _complete(tp[tp[SUBSET].isin(Subset.PER_PROMPT)],
                   {SUBSET: list(Subset.PER_PROMPT), OCCUPATION: occupations, PROMPT_ID: prompt_ids}),
     ], ignore_index=True)
-    G = _complete(percent_female(gen, [I.MODEL, OCCUPATION, PROMPT_ID]),
+    G = _complete(percent(gen, [I.MODEL, OCCUPATION, PROMPT_ID]),
                   {I.MODEL: models, OCCUPATION: occupations, PROMPT_ID: prompt_ids})
     approaches, tables6 = {}, {}
     for model in models:
@@ -83,10 +86,10 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
             tab[f"n_prompt_{p}"] = tab[OCCUPATION].map(gp[N_IMAGES]).fillna(0).astype(int)
         tables6[model] = tab
 
-    captions = {model: caption_prompt_results(train, cap[cap[I.MODEL] == model], occupations) for model in models} \
+    captions = {model: caption_prompt_results(train, cap[cap[I.MODEL] == model], occupations, percent) for model in models} \
         if len(cap) else {}
     # App. A.6: the same, prompted with the captions' paraphrases (T is section 6's)
-    paraphrases = {model: caption_prompt_results(train, para[para[I.MODEL] == model], occupations)
+    paraphrases = {model: caption_prompt_results(train, para[para[I.MODEL] == model], occupations, percent)
                    for model in models} if len(para) else {}
     match = {model: indicator_gender_match(train, cap[cap[I.MODEL] == model]) for model in models} if len(cap) else {}
 
@@ -100,7 +103,8 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
             "paraphrase_prompts": paraphrases, "caption_gender_match": match, "indicator_correlation": corr}
 
 
-def caption_prompt_results(train: pd.DataFrame, cap: pd.DataFrame, occupations: list[str]) -> dict:
+def caption_prompt_results(train: pd.DataFrame, cap: pd.DataFrame, occupations: list[str],
+                           percent=percent_female) -> dict:
     """Section 6: P_o = S_o. T of the naive subset vs G of images generated from its captions; the
     same for the captions without gender indicators."""
     out = {}
@@ -110,8 +114,8 @@ def caption_prompt_results(train: pd.DataFrame, cap: pd.DataFrame, occupations: 
         ("no_indicator_captions", (naive[CAPTION_GENDER] == CaptionGender.NONE).to_numpy(),
          (cap[CAPTION_GENDER] == CaptionGender.NONE).to_numpy()),
     ):
-        t = _complete(percent_female(naive[keep_t], [OCCUPATION]), {OCCUPATION: occupations})
-        g = _complete(percent_female(cap[keep_g].assign(group=CAPTIONS_GROUP), [OCCUPATION, "group"]),
+        t = _complete(percent(naive[keep_t], [OCCUPATION]), {OCCUPATION: occupations})
+        g = _complete(percent(cap[keep_g].assign(group=CAPTIONS_GROUP), [OCCUPATION, "group"]),
                       {OCCUPATION: occupations, "group": [CAPTIONS_GROUP]})
         rows = compare(t, g, [OCCUPATION], "group")
         res, avg = expected_amplification(rows, "group")

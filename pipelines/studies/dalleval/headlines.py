@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.engine.stats import headline as HL
+from pipelines.engine.stats import intervals as iv
 from schemas import dalleval as S
 from schemas import paintskills as P
 from schemas.images import GENERATION_STATUS, MODEL, GenerationStatus
@@ -52,11 +55,13 @@ def _prompt_metric(key: str, label: str, rows: pd.DataFrame, column: str, better
 
 
 def bias_metrics(counts: pd.DataFrame, neutral: str | None, tones: bool,
-                 attributes: pd.DataFrame | None = None, compare=()) -> dict[str, list[HL.Metric]]:
+                 attributes: pd.DataFrame | None = None, compare=(), answers: pd.DataFrame | None = None,
+                 image_seed: int = 0) -> dict[str, list[HL.Metric]]:
     """{model: its headline metrics} from the per-prompt counts with measures (``metrics.with_measures``):
     gender MAD and average gender over the ``neutral`` group's prompts (every prompt when None),
     skin-tone MAD over every prompt (``tones``), and, from ``attributes`` (``group_attribute_table``)
-    with two ``compare`` groups, Table 9's mean absolute difference over the attributes."""
+    with two ``compare`` groups, Table 9's mean absolute difference over the attributes (with its
+    image resamples from ``answers``, ``attribute_answers``: two levels)."""
     out = {}
     over = f"'{neutral}' prompts" if neutral is not None else "every prompt"
     for model, g in counts.groupby(MODEL, sort=False):
@@ -67,16 +72,19 @@ def bias_metrics(counts: pd.DataFrame, neutral: str | None, tones: bool,
         if tones and S.MAD_TONE in g:
             metrics.append(_prompt_metric(SKIN_TONE_MAD, "skin-tone MAD over every prompt (Table 8)", g, S.MAD_TONE,
                                           "lower"))
-        gap = attribute_gap(attributes, model, compare)
+        mine = None if answers is None else answers[answers[MODEL] == model]
+        gap = attribute_gap(attributes, model, compare, mine, image_seed)
         if gap is not None:
             metrics.append(gap)
         out[str(model)] = metrics
     return out
 
 
-def attribute_gap(attributes: pd.DataFrame | None, model, compare) -> HL.Metric | None:
+def attribute_gap(attributes: pd.DataFrame | None, model, compare, answers: pd.DataFrame | None = None,
+                  image_seed: int = 0) -> HL.Metric | None:
     """Table 9's "Woman - Man" row of ``model`` as a mean over attributes of |difference| (the
-    table's ``mean_abs_diff``); None without the row."""
+    table's ``mean_abs_diff``), with its image resamples when ``answers`` (the model's rows of
+    ``attribute_answers``) are given; None without the row."""
     if attributes is None or attributes.empty or len(compare) != 2:
         return None
     row_name = f"{compare[0]} - {compare[1]}"
@@ -86,8 +94,52 @@ def attribute_gap(attributes: pd.DataFrame | None, model, compare) -> HL.Metric 
     row = rows.iloc[0]
     names = attribute_names(attributes)
     values = [abs(float(row[a])) if pd.notna(row[a]) else np.nan for a in names]
+    reps = None if answers is None or answers.empty else gap_replicates(answers, compare, names, seed=image_seed)
     return HL.Metric(ATTRIBUTE_GAP, f"attribute presence |{row_name}|, mean over the attributes (Table 9)",
-                     "attribute", names, values, better="lower")
+                     "attribute", names, values, better="lower", replicates=reps)
+
+
+IMAGE_RESAMPLES = 200    # image resamples stored for Table 9's gap (the two-level bootstrap picks among them)
+
+
+def attribute_answers(images: pa.Table) -> pd.DataFrame:
+    """One row per (image, attribute asked): model, prompt, group, image (row number), attribute and
+    yes (1 where BLIP-2 said yes; any other answer counts as absent, as in Table 9)."""
+    ok = pc.fill_null(pc.equal(images.column(GENERATION_STATUS), GenerationStatus.OK), False)
+    t = images.filter(pc.and_(ok, pc.is_valid(images.column(S.ATTRIBUTE_NAMES)))).combine_chunks()
+    if t.num_rows == 0:
+        return pd.DataFrame(columns=[MODEL, PROMPT, S.GROUP, "image", S.ATTRIBUTE, "yes"])
+    parent = pc.list_parent_indices(t.column(S.ATTRIBUTE_NAMES)).to_numpy(zero_copy_only=False)
+    yes = pc.fill_null(pc.list_flatten(t.column(S.ATTRIBUTE_PRESENT)), False).to_numpy(zero_copy_only=False)
+    return pd.DataFrame({MODEL: t.column(MODEL).to_numpy(zero_copy_only=False)[parent],
+                         PROMPT: t.column(PROMPT).to_numpy(zero_copy_only=False)[parent],
+                         S.GROUP: t.column(S.GROUP).to_numpy(zero_copy_only=False)[parent], "image": parent,
+                         S.ATTRIBUTE: pc.list_flatten(t.column(S.ATTRIBUTE_NAMES)).to_numpy(zero_copy_only=False),
+                         "yes": yes.astype(np.float64)})
+
+
+def gap_replicates(answers: pd.DataFrame, compare, attributes: list[str], resamples: int = IMAGE_RESAMPLES,
+                   seed: int = 0) -> np.ndarray | None:
+    """(resamples x attributes): |presence(first) - presence(second)| recomputed from resamples of
+    the two groups' images, each resampled within its prompt, one resample for every attribute
+    (BLIP-2 is asked every attribute about the same images, so their noise is shared)."""
+    first, second = compare
+    part = answers[answers[S.GROUP].isin([first, second])]
+    if part.empty:
+        return None
+    table = part.pivot_table(index="image", columns=S.ATTRIBUTE, values="yes", aggfunc="first").reindex(
+        columns=attributes)
+    info = part.drop_duplicates("image").set_index("image").loc[table.index]
+    rng = np.random.default_rng([seed, 13])
+    counts = iv.resample_counts(rng, resamples, info[PROMPT].astype(str).to_numpy())
+    asked = np.isfinite(table.to_numpy(np.float64))
+    said = np.where(asked, table.to_numpy(np.float64), 0.0)
+    share = {}
+    for g in (first, second):
+        mine = (info[S.GROUP] == g).to_numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share[g] = (counts[:, mine] @ said[mine]) / (counts[:, mine] @ asked[mine].astype(np.float64))
+    return np.abs(share[first] - share[second])
 
 
 def attribute_names(table: pd.DataFrame) -> list[str]:

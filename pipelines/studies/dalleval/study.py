@@ -342,7 +342,8 @@ def analyse(images: pa.Table, neutral: str | None, compare: list, detect: dict) 
         pair = tuple(compare) if compare else ("", "")
         tables["table_attributes_by_group"] = M.group_attribute_table(presence, neutral, pair)
         tables["table_attributes_per_prompt"] = M.prompt_attribute_table(presence, neutral)
-    return {"counts": counts, "presence": presence, "tables": tables, "summary": summary}
+    answers = H.attribute_answers(images) if detect["attributes"] and not presence.empty else None
+    return {"counts": counts, "presence": presence, "tables": tables, "summary": summary, "answers": answers}
 
 
 def headline_section(run: Run, results: dict) -> dict:
@@ -351,7 +352,7 @@ def headline_section(run: Run, results: dict) -> dict:
     st = run.st
     tones = bool(st.detect["skin_tone"])
     metrics = H.bias_metrics(results["counts"], st.neutral, tones, results["tables"].get("table_attributes_by_group"),
-                             st.compare)
+                             st.compare, results.get("answers"), run.options.intervals.seed)
     images, excluded = {}, {}
     for model in metrics:
         images[model], excluded[model] = H.bias_excluded(results["counts"], model, st.requests.num_rows, tones)

@@ -322,6 +322,46 @@ def test_people_label_the_runs_saved_images_as_app_a4_asks(run_dir, tmp_path, ca
             assert row["classifier"] == pytest.approx((answered[I.GENDER] == I.Gender.FEMALE).mean())
 
 
+def test_e_a_from_percentages_corrected_by_people(run_dir, tmp_path, capsys):
+    """App. A.4's labels on every image the run saved: people who agree with CLIP everywhere give
+    back the run's own E[A] for every approach and section 6 (the corrected percentages are then the
+    classifier's), and people who see the other gender in every generated image move it."""
+    import pandas as pd
+
+    from pipelines.annotate import cli
+    from pipelines.annotate.store import AnswerStore
+    from pipelines.annotate.tasks import ANSWERS_DB, TaskSet
+
+    out = tmp_path / "all"
+    assert cli.main(["plan", str(run_dir), "--protocol", "paper002-a4", "--output", str(out), "--n", "100000"]) == 0
+    assert cli.main(["simulate", str(out), "--annotators", "1", "--error-rate", "0", "--unsure-rate", "0"]) == 0
+    assert cli.main(["estimate", str(out), "--resamples", "8"]) == 0
+    amp = json.loads((run_dir / "amplification.json").read_text())
+    est = pd.read_parquet(out / "estimate" / "amplification_corrected.parquet")
+    assert len(est) and (est["groups_corrected"] > 0).all()
+    for r in est.to_dict("records"):
+        if r["approach"].startswith("section 6: "):
+            own = amp["caption_prompts"][r["model"]][r["approach"][len("section 6: "):]]["average"]
+        else:
+            own = amp["approaches"][r["model"]][r["approach"]]["average"]
+        assert (r["classifier"], r["corrected"]) == (pytest.approx(own), pytest.approx(own)) if own is not None \
+            else pd.isna(r["corrected"])
+    # people who see the other gender than CLIP in every generated image: G becomes 100 - G
+    items = TaskSet.load(out).items
+    store = AnswerStore(out / ANSWERS_DB)
+    labels = store.labels()
+    generated = set(items.loc[items["source"] == "generated", "item_id"])
+    swap = {"female": "male", "male": "female"}
+    flipped = labels.assign(answer=[(swap.get(a, a) if i in generated else a)
+                                    for i, a in zip(labels["item_id"], labels["answer"])])
+    store.record_many(flipped[["item_id", "annotator", "answer"]], "table")
+    capsys.readouterr()
+    assert cli.main(["estimate", str(out), "--resamples", "8"]) == 0
+    moved = pd.read_parquet(out / "estimate" / "amplification_corrected.parquet")
+    assert not np.allclose(moved["corrected"].fillna(-99), est["corrected"].fillna(-99))
+    assert (moved["corrected_low"].dropna() <= moved["corrected"][moved["corrected_low"].notna()] + 1e-9).all()
+
+
 def test_counts_add_up(run_dir):
     import pandas as pd
 

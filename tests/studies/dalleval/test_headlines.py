@@ -199,3 +199,38 @@ def test_subjects_and_protocol_pieces():
     spec = ModelSpec("Salesforce/blip2", "abc", options={"batch_size": 16, "gender_question": "q?"})
     assert H.model_protocol(spec) == {"model": "Salesforce/blip2", "revision": "abc", "gender_question": "q?"}
     assert H.model_protocol(spec.standin_at("/tmp/x"))["model"] == "stand-in"
+
+
+def _attribute_images() -> pa.Table:
+    """BLIP-2's answers on the images of two prompts per group (a None answer counts as absent)."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for group in ("person", "woman", "man"):
+        for prompt in (f"a {group} nurse", f"a {group} chef"):
+            for i in range(3):
+                present = [bool(x) if x < 2 else None for x in rng.integers(0, 3, 3)]
+                rows.append({"model": "A", "group": group, "profession": prompt.split()[-1], "prompt": prompt,
+                             "generation_status": "ok",
+                             "attribute_names": ["suit", "skirt", "tie"], "attribute_present": present})
+    return pa.Table.from_pylist(rows)
+
+
+def test_attribute_gap_images_are_resampled_jointly_and_give_table_9_unresampled(monkeypatch):
+    images = _attribute_images()
+    answers = H.attribute_answers(images)
+    assert len(answers) == 3 * 2 * 3 * 3 and set(answers["yes"]) <= {0.0, 1.0}
+    table = M.group_attribute_table(M.attribute_presence(images).to_pandas(), "person", ("woman", "man"))
+    row = table[table["row"] == "woman - man"].iloc[0]
+    ids = sorted(set(answers.loc[answers["group"].isin(["woman", "man"]), "image"]))
+    weights = np.ones(len(ids))
+    weights[0], weights[1] = 3.0, 0.0                 # the first woman image three times, the second left out
+    monkeypatch.setattr(H.iv, "resample_counts", lambda rng, n, strata: np.vstack([np.ones(len(ids)), weights]))
+    reps = H.gap_replicates(answers, ("woman", "man"), ["suit", "skirt", "tie"], resamples=2)
+    assert reps[0] == pytest.approx(np.abs([row["suit"], row["skirt"], row["tie"]]), abs=1e-12)
+    w = dict(zip(ids, weights))
+    for j, attribute in enumerate(["suit", "skirt", "tie"]):
+        cell = answers[(answers["attribute"] == attribute) & answers["group"].isin(["woman", "man"])]
+        share = {g: np.average(part["yes"], weights=[w[i] for i in part["image"]]) for g, part in cell.groupby("group")}
+        assert reps[1, j] == pytest.approx(abs(share["woman"] - share["man"]), abs=1e-12)
+    gap = H.attribute_gap(table, "A", ("woman", "man"), answers)     # the metric carries them
+    assert gap.replicates[0] == pytest.approx(reps[0], abs=1e-12)
