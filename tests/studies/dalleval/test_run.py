@@ -205,4 +205,8 @@ def test_headline_numbers_have_intervals_units_and_the_summary_box(run):
         gap = att[(att["model"] == s["model"]) & (att["row"] == "woman - man")].iloc[0]
         assert gap["mean_abs_diff"] == pytest.approx(got[(s["model"], H.ATTRIBUTE_GAP)]["value"])
         assert gap["mean_abs_diff_low"] == pytest.approx(got[(s["model"], H.ATTRIBUTE_GAP)]["low"])
+        # the gap's interval resamples the attributes and the images BLIP-2 answered about (two levels)
+        assert got[(s["model"], H.ATTRIBUTE_GAP)]["method"] == "two-level bootstrap-percentile"
+        gap_units = units[(units["subject"] == key) & (units["metric"] == H.ATTRIBUTE_GAP)]
+        assert len(gap_units) == 15 and gap_units["replicates"].map(len).eq(200).all()
     assert mad["gender_mad_low"].isna().tolist()[0] and mad["gender_mad_low"].isna().tolist()[-1]  # reference rows
