@@ -281,3 +281,29 @@ def test_a_corrected_e_a_that_changes_sign_is_said():
                           "classifier": [4.0, -2.0, 3.0], "corrected": [-1.5, -3.0, None]})
     said = D.sign_changes(table)
     assert len(said) == 1 and "naive" in said[0] and "4.00" in said[0] and "-1.50" in said[0]
+
+
+def test_a_group_s_corrected_percentage_is_ppi_over_its_counted_images():
+    """``derived.corrected_percent`` on a hand-made per-image table: per group the PPI++ estimate
+    (the package's) from its labelled and unlabelled counted images; a group with one label keeps
+    the classifier's; uncounted images are not in the groups."""
+    from pipelines.annotate import derived as D
+
+    rng = np.random.default_rng(2)
+    rows = []
+    for occ, n in (("nurse", 40), ("chef", 12)):
+        for i in range(n):
+            rows.append({"occupation": occ, "counted": i % 9 != 0, "gender": "female" if rng.random() < 0.6 else "male",
+                         D.VERDICT: (None if i % 3 else ("female" if rng.random() < 0.5 else "male")) if occ == "nurse"
+                         else ("female" if i == 1 else None)})
+    images = pd.DataFrame(rows)
+    record = []
+    got = D.corrected_percent(record=record)(images, ["occupation"]).set_index("occupation")["percent_female"]
+    nurse = images[(images["occupation"] == "nurse") & images["counted"]]
+    lab, unl = nurse[nurse[D.VERDICT].notna()], nurse[nurse[D.VERDICT].isna()]
+    want = K.ppi_proportion((lab[D.VERDICT] == "female").to_numpy(float), (lab["gender"] == "female").to_numpy(float),
+                            (unl["gender"] == "female").to_numpy(float))["value"]
+    assert got["nurse"] == pytest.approx(100 * want, abs=1e-9)
+    chef = images[(images["occupation"] == "chef") & images["counted"]]
+    assert got["chef"] == pytest.approx(100 * (chef["gender"] == "female").mean())      # one label: uncorrected
+    assert sorted(record) == [False, True]
