@@ -130,16 +130,8 @@ def gap_replicates(answers: pd.DataFrame, compare, attributes: list[str], resamp
     table = part.pivot_table(index="image", columns=S.ATTRIBUTE, values="yes", aggfunc="first").reindex(
         columns=attributes)
     info = part.drop_duplicates("image").set_index("image").loc[table.index]
-    rng = np.random.default_rng([seed, 13])
-    counts = iv.resample_counts(rng, resamples, info[PROMPT].astype(str).to_numpy())
-    asked = np.isfinite(table.to_numpy(np.float64))
-    said = np.where(asked, table.to_numpy(np.float64), 0.0)
-    share = {}
-    for g in (first, second):
-        mine = (info[S.GROUP] == g).to_numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share[g] = (counts[:, mine] @ said[mine]) / (counts[:, mine] @ asked[mine].astype(np.float64))
-    return np.abs(share[first] - share[second])
+    return iv.resampled_gaps(table.to_numpy(np.float64), info[S.GROUP].to_numpy(), first, second,
+                             info[PROMPT].astype(str).to_numpy(), np.random.default_rng([seed, 13]), resamples)
 
 
 def attribute_names(table: pd.DataFrame) -> list[str]:

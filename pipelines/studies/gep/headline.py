@@ -103,18 +103,8 @@ def image_replicates(obs: pd.DataFrame, first: str, second: str, attributes: lis
     info = part.drop_duplicates(S.IMAGE_ID).set_index(S.IMAGE_ID).loc[table.index]
     per_prompt = info.groupby(PROMPT, dropna=False).size()
     strata = (info[PROMPT] if len(per_prompt) and per_prompt.min() >= 2 else info[S.GENDER]).astype(str).to_numpy()
-    rng = np.random.default_rng([seed, 7])
-    counts = iv.resample_counts(rng, resamples, strata)                    # resamples x images
-    scores = table.to_numpy(np.float64)
-    seen = np.isfinite(scores)
-    freq = {}
-    for g in (first, second):
-        mine = (info[S.GENDER] == g).to_numpy()
-        num = counts[:, mine] @ np.where(seen[mine], scores[mine], 0.0)
-        den = counts[:, mine] @ seen[mine].astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            freq[g] = num / den
-    return np.abs(freq[first] - freq[second])
+    return iv.resampled_gaps(table.to_numpy(np.float64), info[S.GENDER].to_numpy(), first, second, strata,
+                             np.random.default_rng([seed, 7]), resamples)
 
 
 def vector_metric(obs: pd.DataFrame, first: str, second: str, setting: str, estimator: str, comparison: str,
