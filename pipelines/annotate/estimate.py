@@ -278,7 +278,8 @@ def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, derive
                                       zip(derived["corrected"], derived["corrected_low"], derived["corrected_high"])])
         parts.append("<h3>E[A] from corrected % female (paper 002, Table 3 and section 6)</h3>"
                      f"<p>{H.esc(derived['method'].iloc[0] if len(derived) else '')}. Groups without two labelled "
-                     "images keep the classifier's percentage (counted beside).</p>"
+                     "images keep the classifier's percentage; the counts beside are over the whole computation "
+                     "(every group of every T and G).</p>"
                      + H.table(d[["model", "approach", "classifier", "corrected", "groups_corrected",
                                   "groups_uncorrected"]], 2))
     parts.append("".join(f"<p><b>{H.esc(s)}.</b></p>" for s in said) if said
