@@ -3,12 +3,14 @@ under ``images/``), with the question's subject and the run's own classifier ans
 
 Each function returns one row per item with ``unit`` (the sampling unit: the image), the image's
 file, ``subject``, ``prediction`` (in the protocol's choices; null where the classifier gave none)
-and the preset's strata columns. With ``images=False`` (``estimate``, which needs the items and
-answers only) paper 002's preset reads no image bytes; the others only check that the files exist.
+and the preset's strata columns. ``ITEM_BUILDERS`` are the same without image bytes (``estimate``
+needs the items and answers only): paper 002's preset reads none; the others only check that the
+files exist.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -79,7 +81,7 @@ def _finish(df: pd.DataFrame, subject, prediction, strata: list[str]) -> pd.Data
     return out.reset_index(drop=True)
 
 
-def gep(run_dir: Path, images: bool = True) -> pd.DataFrame:
+def gep(run_dir: Path) -> pd.DataFrame:
     """(image, attribute) pairs of section 5: every attribute of a neutral image, the prompt's
     attribute of an explicit one; the run's annotation_tasks.csv holds them with the phrase."""
     path = run_dir / "annotation_tasks.csv"
@@ -96,14 +98,14 @@ def gep(run_dir: Path, images: bool = True) -> pd.DataFrame:
     return out
 
 
-def dalleval_skills(run_dir: Path, images: bool = True) -> pd.DataFrame:
+def dalleval_skills(run_dir: Path) -> pd.DataFrame:
     df = _images(run_dir)
     df = with_files(run_dir, df[df[P.CORRECT].notna()])
     pred = df[P.CORRECT].map({True: YES, False: NO})
     return _finish(df, df[PROMPT], pred, [P.SKILL])
 
 
-def dalleval_social(run_dir: Path, images: bool = True) -> pd.DataFrame:
+def dalleval_social(run_dir: Path) -> pd.DataFrame:
     df = _images(run_dir)
     df = with_files(run_dir, df[df[GENERATION_STATUS] == GenerationStatus.OK])
     pred = df[D.DETECTED_GENDER].where(df[D.DETECTED_GENDER].isin([FEMALE, MALE]))
@@ -112,7 +114,7 @@ def dalleval_social(run_dir: Path, images: bool = True) -> pd.DataFrame:
     return out
 
 
-def dalleval_skin_tone(run_dir: Path, images: bool = True) -> pd.DataFrame:
+def dalleval_skin_tone(run_dir: Path) -> pd.DataFrame:
     df = _images(run_dir)
     df = with_files(run_dir, df[df[D.SKIN_STATUS] == "ok"])
     pred = df[D.SKIN_TONE].map(lambda t: None if pd.isna(t) else str(int(t)))
@@ -121,7 +123,7 @@ def dalleval_skin_tone(run_dir: Path, images: bool = True) -> pd.DataFrame:
     return out
 
 
-def dalleval_attributes(run_dir: Path, images: bool = True) -> pd.DataFrame:
+def dalleval_attributes(run_dir: Path) -> pd.DataFrame:
     """(image, attribute) pairs: every attribute BLIP-2 was asked about an image, its answer the
     prediction (yes / no; null where BLIP-2 said neither), the attribute's text the subject."""
     df = _images(run_dir)
@@ -139,7 +141,7 @@ def dalleval_attributes(run_dir: Path, images: bool = True) -> pd.DataFrame:
     return out
 
 
-def exposed_nouns(run_dir: Path, images: bool = True) -> pd.DataFrame:
+def exposed_nouns(run_dir: Path) -> pd.DataFrame:
     """(image, prompt noun) pairs; the model found the noun when it is not among the hidden nouns
     (no detected object matches it)."""
     df = _images(run_dir)
@@ -196,3 +198,4 @@ def paper002_a4(run_dir: Path, images: bool = True) -> pd.DataFrame:
 BUILDERS = {"paper002-a4": paper002_a4, "gep": gep, "dalleval-skills": dalleval_skills, "dalleval-social": dalleval_social,
             "dalleval-skin-tone": dalleval_skin_tone, "dalleval-attributes": dalleval_attributes,
             "exposed-nouns": exposed_nouns}
+ITEM_BUILDERS = {**BUILDERS, "paper002-a4": functools.partial(paper002_a4, images=False)}

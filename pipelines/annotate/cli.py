@@ -230,18 +230,11 @@ def cmd_report(a) -> int:
 
 
 def cmd_agreement(a) -> int:
-    labels = X.read_table(a.labels)
-    missing = [c for c in A.LABEL_COLUMNS if c not in labels.columns]
-    if missing:
-        raise AnnotateError(f"{a.labels}: no column {', '.join(missing)} (a label table has {', '.join(A.LABEL_COLUMNS)})")
-    labels = labels.dropna(subset=list(A.LABEL_COLUMNS)).astype({c: str for c in A.LABEL_COLUMNS})
+    labels, replaced = X.plain_labels(X.read_table(a.labels), a.labels)
     if labels.empty:
         raise AnnotateError(f"{a.labels}: no labels in the file")
-    repeated = labels.duplicated([A.ITEM_ID, A.ANNOTATOR], keep="last")
-    if repeated.any():   # as the store does: an annotator's last answer to an item counts
-        print(f"{a.labels}: {int(repeated.sum())} earlier answers of an annotator to the same item replaced by "
-              "their last")
-        labels = labels[~repeated]
+    if replaced:
+        print(f"{a.labels}: {replaced} earlier answers of an annotator to the same item replaced by their last")
     answers = sorted(set(labels[A.ANSWER]) - {a.unsure})
     if a.order:
         scale = [s.strip() for s in a.order.split(",")]
@@ -278,7 +271,7 @@ def cmd_estimate(a) -> int:
         pred = E.check_predictions(E.run_predictions(tasks), f"{tasks.meta['run']['path']} (the task set's run)")
     if a.labels:
         raw = X.read_table(a.labels)
-        labels = check_labels(tasks, raw, a.labels) if tasks is not None else _plain_labels(raw, a.labels)
+        labels = check_labels(tasks, raw, a.labels) if tasks is not None else X.plain_labels(raw, a.labels)[0]
         simulated = 0
     else:
         stored = _store(tasks).labels()
@@ -316,14 +309,6 @@ def cmd_estimate(a) -> int:
         for f in R.attach_block(tasks, E.CORRECTED_MARK, html, "corrected_by_people", record):
             print(f"updated {f} (Corrected by people)")
     return 0
-
-
-def _plain_labels(raw: pd.DataFrame, source: str) -> pd.DataFrame:
-    missing = [c for c in A.LABEL_COLUMNS if c not in raw.columns]
-    if missing:
-        raise AnnotateError(f"{source}: no column {', '.join(missing)} (a label table has {', '.join(A.LABEL_COLUMNS)})")
-    out = raw[list(A.LABEL_COLUMNS)].dropna().astype(str)
-    return out[~out.duplicated([A.ITEM_ID, A.ANNOTATOR], keep="last")]
 
 
 COMMANDS = {"plan": cmd_plan, "serve": cmd_serve, "import": cmd_import, "export": cmd_export, "simulate": cmd_simulate,

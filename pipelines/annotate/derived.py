@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from pipelines.annotate.agreement import majority
 from pipelines.annotate.tasks import AnnotateError, TaskSet
 from pipelines.engine.stats import correction as K
+from pipelines.engine.stats import intervals as I
 from pipelines.studies.amplification import metrics as AM
 from pipelines.studies.amplification import results as AR
 from schemas import annotation as A
@@ -159,13 +160,9 @@ def amplification(tasks: TaskSet, labels: pd.DataFrame, resamples: int = 200, le
             draws[k].append(float(np.sum(v[keep] * w[keep]) / np.sum(w[keep])) if keep.any() else np.nan)
     rows = []
     for (model, approach), (value, _, _) in fixed.items():
-        d = np.asarray(draws[(model, approach)], float)
-        d = d[np.isfinite(d)]
-        lo, hi = (np.quantile(d, [(1 - level) / 2, 1 - (1 - level) / 2]) if len(d) >= resamples // 2
-                  else (None, None))
+        lo, hi = I.percentile_ends(draws[(model, approach)], level, resamples)
         rows.append({IM.MODEL: model, "approach": approach, "classifier": raw[(model, approach)][0],
-                     "corrected": value, "corrected_low": None if lo is None else float(lo),
-                     "corrected_high": None if hi is None else float(hi),
+                     "corrected": value, "corrected_low": lo, "corrected_high": hi,
                      "groups_corrected": int(sum(record)), "groups_uncorrected": int(len(record) - sum(record)),
                      "method": f"PPI++ per group; bootstrap of occupations and of labelled and unlabelled images "
                                f"within groups ({resamples} resamples, percentile)"})

@@ -56,7 +56,7 @@ def run_predictions(tasks: TaskSet) -> pd.DataFrame:
     """Every candidate item of the task set's preset in its run: item id, stratum (the draw's), the
     run's classifier answer."""
     name = tasks.protocol["name"]
-    if name not in C.BUILDERS:
+    if name not in C.ITEM_BUILDERS:
         raise AnnotateError(f"{tasks.path}: a {name} task set: give the classifier's answers with --predictions")
     run_dir = Path(tasks.meta["run"]["path"])
     if not run_dir.is_dir():
@@ -64,7 +64,7 @@ def run_predictions(tasks: TaskSet) -> pd.DataFrame:
     info = C.run_info(run_dir)
     if info["id"] != tasks.meta["run"]["id"]:
         raise AnnotateError(f"{run_dir}: now holds run {info['id']}, not the task set's {tasks.meta['run']['id']}")
-    cands = C.BUILDERS[name](run_dir, images=False)   # the items and answers; the images are not read
+    cands = C.ITEM_BUILDERS[name](run_dir)   # the items and answers; the images are not read
     ids = [PL.item_id(info["id"], u, s) for u, s in zip(cands[C.UNIT], cands[A.SUBJECT])]
     return pd.DataFrame({A.ITEM_ID: ids, A.STRATUM: PL.stratum_labels(cands, tasks.strata).to_numpy(),
                          A.PREDICTION: cands[A.PREDICTION].to_numpy()})
@@ -177,7 +177,7 @@ def write(out, table: pd.DataFrame, meta: dict, name: str = "estimate",
     figs = figures.FigureDir(pafs.LocalFileSystem(), str(out))
     plot = figs.save(forest_figure(table, meta["positive"]), "corrected-shares",
                      caption=f"share of {meta['positive']!r} per stratum: the classifier's and the corrected ones")
-    html = section(table, meta, plot, name, derived, list(derived_said))
+    html = section(table, meta, plot, name, record["conclusions"], derived)
     (out / "report.html").write_text(Pg.document(f"Corrected by people: {name}", [html]))
     return out, html, record
 
@@ -254,15 +254,15 @@ def forest_figure(table: pd.DataFrame, positive: str):
     return fig
 
 
-def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, derived: pd.DataFrame | None = None,
-            derived_said: list[str] = ()) -> str:
-    """The "Corrected by people" HTML section: the table, the forest plot, the sentences."""
+def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, said: list[str],
+            derived: pd.DataFrame | None = None) -> str:
+    """The "Corrected by people" HTML section: the table, the forest plot, ``said`` (where the
+    correction changes a conclusion)."""
     shown = table[[A.STRATUM, A.CORRECTION, A.ITEMS, A.LABELLED, A.DECIDED, A.UNSURE_ITEMS, A.TIES]].copy()
     for col in (A.CLASSIFIER, A.CORRECTED, A.UNSURE_SHARE):
         shown[col] = [I.Interval(v, lo, hi, "", 0, 0).text(3)
                       for v, lo, hi in zip(table[col], table[col + "_low"], table[col + "_high"])]
     shown[A.FLAG] = table[A.FLAG]
-    said = [*conclusions(table, meta["positive"]), *derived_said]
     parts = [f"<section class=people id='corrected-{H.esc(name)}'><h2>Corrected by people: {H.esc(name)}</h2>",
              f"<p>The share of {H.esc(meta['positive'])} per stratum: the classifier's over every item it answered, "
              f"beside the share corrected by people's labels among the items they could decide "

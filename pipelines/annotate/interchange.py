@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelines.annotate.tasks import AnnotateError, TaskSet
+from pipelines.annotate.tasks import AnnotateError, TaskSet, require_label_columns
 from schemas import annotation as A
 
 CROWD_COLUMNS = {"item": "Input.item_id", "worker": "WorkerId", "answer": "Answer.answer"}
@@ -38,6 +38,16 @@ def read_table(path) -> pd.DataFrame:
         raise AnnotateError(f"{path}: no such file") from None
     except (ValueError, OSError, pd.errors.ParserError) as e:
         raise AnnotateError(f"{path}: not a readable label table ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def plain_labels(raw: pd.DataFrame, source) -> tuple[pd.DataFrame, int]:
+    """A long label table with no task set to check it against: its three columns as text (one line
+    naming ``source`` when one is missing), rows with an empty cell left out, an annotator's last
+    answer to an item kept (as the store keeps it); and how many earlier answers that replaced."""
+    require_label_columns(raw, source)
+    labels = raw[list(A.LABEL_COLUMNS)].dropna().astype(str)
+    repeated = labels.duplicated([A.ITEM_ID, A.ANNOTATOR], keep="last")
+    return labels[~repeated], int(repeated.sum())
 
 
 def write_table(labels: pd.DataFrame, path) -> None:

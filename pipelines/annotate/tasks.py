@@ -77,13 +77,18 @@ class TaskSet:
 
 
 
+def require_label_columns(labels: pd.DataFrame, source) -> None:
+    """One line naming ``source`` when a label table lacks item_id, annotator or answer."""
+    missing = [c for c in A.LABEL_COLUMNS if c not in labels.columns]
+    if missing:
+        raise AnnotateError(f"{source}: no column {', '.join(missing)} (a label table has {', '.join(A.LABEL_COLUMNS)})")
+
+
 def check_labels(tasks: TaskSet, labels: pd.DataFrame, source: str) -> pd.DataFrame:
     """``labels`` (``item_id, annotator, answer``) checked against the task set: one line naming
     ``source`` and the cause for missing columns, empty tables, unknown item ids (another run's
     labels) and answers outside the choices. Returns the three columns as strings."""
-    missing = [c for c in A.LABEL_COLUMNS if c not in labels.columns]
-    if missing:
-        raise AnnotateError(f"{source}: no column {', '.join(missing)} (a label table has {', '.join(A.LABEL_COLUMNS)})")
+    require_label_columns(labels, source)
     if labels.empty:
         raise AnnotateError(f"{source}: no labels in the file")
     out = labels[list(A.LABEL_COLUMNS)].copy()

@@ -227,14 +227,14 @@ def _weights(row: Row) -> str | None:
     return (row.subject.get("identity") or {}).get("weights_sha256")
 
 
-def same_weight_notes(c: "Comparison") -> list[str]:
+def same_weight_notes(tables: dict[str, pd.DataFrame], all_pairs: dict[str, pd.DataFrame]) -> list[str]:
     """One sentence per pair of rows with the same weights: what their difference is, and what the
     units' intervals leave out."""
     notes = []
-    for study, pairs in c.pairs.items():
+    for study, pairs in all_pairs.items():
         if not len(pairs) or "same_weights" not in pairs:
             continue
-        t = c.tables[study]
+        t = tables[study]
         per_image = set(t.loc[t["unit"] == "image", "metric"])   # units that are images already
         for (a, b), part in pairs[pairs["same_weights"]].groupby(["a", "b"], sort=False):
             gen = bool(part["same_generator"].all())
@@ -287,6 +287,7 @@ class Comparison:
     overview: pd.DataFrame
     differences: dict[str, dict]
     settings: iv.IntervalSettings
+    same_weights: list[str]            # same_weight_notes: console, comparison.json and the page
 
     @property
     def standin(self) -> bool:
@@ -314,7 +315,8 @@ def compare(runs: list[Run], settings: iv.IntervalSettings, allow_mismatch: bool
     for s, rs in by_study.items():
         rows = [Row(r, sub) for r in rs for sub in r.headline["subjects"]]
         tables[s], pairs[s] = study_tables(rows, settings)
-    return Comparison(runs, tables, pairs, overview(runs, tables), differences, settings)
+    return Comparison(runs, tables, pairs, overview(runs, tables), differences, settings,
+                      same_weight_notes(tables, pairs))
 
 
 def _short(v, n: int = 60) -> str:
@@ -385,7 +387,7 @@ def write(c: Comparison, output: str) -> dict:
                        for r in c.runs],
               "interval": c.settings.record(), "correction": "Holm (per study and metric, over all pairs of models)",
               "distinguishable": f"Holm-adjusted p < {1 - c.settings.level:.2f}",
-              "protocol_differences": c.differences, "same_weights": same_weight_notes(c),
+              "protocol_differences": c.differences, "same_weights": c.same_weights,
               "files": files + [f"{FILES['overview']}.csv", FILES["html"]]}
     io.write_text(json.dumps(io.clean_json(record), indent=2, sort_keys=True), fs, f"{root}/{FILES['json']}")
     io.write_text(render_html(c, sections), fs, f"{root}/{FILES['html']}")
@@ -414,7 +416,7 @@ def _study_html(study: str, t: pd.DataFrame, pairs: pd.DataFrame, plots: list[st
 
 
 def render_html(c: Comparison, sections: list[str]) -> str:
-    notes = same_weight_notes(c)
+    notes = c.same_weights
     runs = pd.DataFrame([{"run": r.run_id, "study": r.study, "where": r.uri,
                           "models": ", ".join(headline.shown(s) for s in r.headline["subjects"])} for r in c.runs])
     diffs = [f"<li>{H.esc(s)}: {H.esc(k)}: " + "; ".join(f"{H.esc(rid)} = {H.esc(_short(v))}" for rid, v in vals.items())
@@ -464,7 +466,7 @@ def main(argv=None) -> int:
         for rec in t.to_dict("records"):
             tie = f" (not distinguishable from {rec['tied_with']})" if rec["tied_with"] else ""
             print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {cell(rec)}{tie}")
-    for note in same_weight_notes(c):
+    for note in c.same_weights:
         print(f"note: {note}")
     if c.standin:
         print(page.STANDIN_CONSOLE)

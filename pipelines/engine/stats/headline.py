@@ -49,6 +49,7 @@ VALUE = "value"
 WEIGHT = "weight"
 STRATUM = "stratum"
 REPLICATES = "replicates"     # the unit's value in each image resample (null: none recorded)
+IMAGE_RESAMPLES = 200         # image resamples a study stores per metric (the two-level bootstrap picks among them)
 HEADLINE_UNITS = pa.schema([pa.field(SUBJECT, pa.string()), pa.field(METRIC, pa.string()),
                             pa.field(UNIT, pa.string()), pa.field(VALUE, pa.float64()),
                             pa.field(WEIGHT, pa.float64()), pa.field(STRATUM, pa.string()),

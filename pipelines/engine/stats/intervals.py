@@ -186,7 +186,7 @@ def mean_interval(values, weights=None, strata=None, settings: IntervalSettings 
     value = float(np.average(v, weights=w)) if w is None or w.sum() > 0 else None
     if replicates is not None:
         draws = two_level_draws(np.asarray(replicates, np.float64)[:, keep], w, st, settings)
-        lo, hi = _percentile(draws, settings)
+        lo, hi = percentile_ends(draws, settings.level, settings.resamples)
     else:
         lo, hi, _ = bootstrap(weighted_mean(v, w), len(v), settings, st)
     return Interval(_f(value), _f(lo), _f(hi), method, int(len(v)), settings.level)
@@ -212,23 +212,25 @@ def resampled_gaps(scores: np.ndarray, groups: np.ndarray, first, second, strata
     return np.abs(means[0] - means[1])
 
 
-def _percentile(draws: np.ndarray, settings: IntervalSettings) -> tuple:
+def percentile_ends(draws, level: float, wanted: int) -> tuple:
+    """The percentile interval of bootstrap ``draws`` (non-finite ones dropped); (None, None) when
+    fewer than half of the ``wanted`` draws are finite."""
+    draws = np.asarray(draws, np.float64)
     draws = draws[np.isfinite(draws)]
-    if len(draws) < settings.resamples // 2:
+    if len(draws) == 0 or len(draws) < wanted // 2:
         return None, None
-    alpha = (1 - settings.level) / 2
+    alpha = (1 - level) / 2
     lo, hi = np.quantile(draws, [alpha, 1 - alpha])
     return float(lo), float(hi)
 
 
 def two_level_draws(replicates: np.ndarray, weights=None, strata=None, settings: IntervalSettings = DEFAULT,
-                    rng: np.random.Generator | None = None, counts: np.ndarray | None = None,
-                    picks: np.ndarray | None = None) -> np.ndarray:
+                    rng: np.random.Generator | None = None, counts: np.ndarray | None = None) -> np.ndarray:
     """The two-level bootstrap of a (weighted) mean over units: in each of ``settings.resamples``
     draws the units are resampled (within ``strata``) and the values are those of one image resample
     picked at random from ``replicates`` (R x units; a NaN entry leaves that unit out of that
-    draw). ``counts`` and ``picks`` (the unit counts and the image resample of each draw) may be given,
-    to pair two runs on the same unit draws."""
+    draw). ``counts`` (the unit counts of each draw) may be given, to pair two runs on the same unit
+    draws."""
     r, n = replicates.shape
     w = np.ones(n) if weights is None else np.asarray(weights, np.float64)
     if n < 2 or r == 0:
@@ -237,9 +239,7 @@ def two_level_draws(replicates: np.ndarray, weights=None, strata=None, settings:
     st = np.zeros(n, np.int64) if strata is None else np.asarray(strata)
     if counts is None:
         counts = resample_counts(rng, settings.resamples, st)
-    if picks is None:
-        picks = rng.integers(r, size=len(counts))
-    values = replicates[picks]
+    values = replicates[rng.integers(r, size=len(counts))]
     cw = counts * w * np.isfinite(values)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.nansum(cw * np.nan_to_num(values), axis=1) / cw.sum(axis=1)
@@ -266,7 +266,7 @@ def two_level_test(a_reps: np.ndarray, b_reps: np.ndarray, a_values, b_values, p
         test = "unpaired two-level bootstrap"
     d = da - db
     d = d[np.isfinite(d)]
-    lo, hi = _percentile(d, settings)
+    lo, hi = percentile_ends(d, settings.level, settings.resamples)
     if len(d) == 0:
         return {"difference": observed, "low": None, "high": None, "p_value": None, "n": int(a_reps.shape[1]),
                 "test": test}

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from pipelines.engine.stats.headline import Metric
+from pipelines.engine.stats.headline import IMAGE_RESAMPLES, Metric
 from pipelines.engine.stats.intervals import Interval
 from pipelines.engine.stats.table_cells import numbers
 from schemas.captions import CAPTION_GENDER, CAPTION_ID, OCCUPATION, CaptionGender
@@ -325,12 +325,20 @@ def average_over_groups(wide: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     counts 1/n_p in each prompt p that includes it (n_p occupations), so
     value_o = (sum_p A_op / n_p) / w_o with w_o = sum_p [o in p] / n_p. NaN (weight 0) for an
     occupation no group includes."""
-    inv = 1.0 / wide.notna().sum(axis=0).replace(0, np.nan)
-    weights = wide.notna().astype(float).mul(inv, axis=1).sum(axis=1).to_numpy(float)
-    sums = wide.mul(inv, axis=1).sum(axis=1, min_count=1).to_numpy(float)
+    return _averaged(wide.to_numpy(np.float64))
+
+
+def _averaged(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``average_over_groups`` on an array (... x occupations x groups, NaN where left out): the
+    values and weights per occupation (... x occupations)."""
+    present = np.isfinite(a)
     with np.errstate(invalid="ignore", divide="ignore"):
-        values = np.where(weights > 0, sums / np.where(weights > 0, weights, 1.0), np.nan)
-    return values, weights
+        inv = 1.0 / present.sum(axis=-2, keepdims=True)        # 1 / n_p per group; 0 for a group with none
+    inv = np.where(np.isfinite(inv), inv, 0.0)
+    weights = (present * inv).sum(axis=-1)
+    sums = (np.where(present, a, 0.0) * inv).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(weights > 0, sums / np.where(weights > 0, weights, 1.0), np.nan), weights
 
 
 def group_metric(wide: pd.DataFrame, column: str, key: str, label: str, replicates=None) -> Metric:
@@ -344,9 +352,6 @@ def average_metric(wide: pd.DataFrame, key: str, label: str, replicates=None) ->
     values, weights = average_over_groups(wide)
     return Metric(key, label, "occupation", [str(o) for o in wide.index], values.tolist(), better=BETTER,
                   weights=weights.tolist(), replicates=replicates)
-
-
-IMAGE_RESAMPLES = 200   # image resamples stored per E[A] metric (the two-level bootstrap picks among them)
 
 
 def resampled_amplification(rows: pd.DataFrame, group: str, wide: pd.DataFrame, training_per_group: bool,
@@ -364,20 +369,21 @@ def resampled_amplification(rows: pd.DataFrame, group: str, wide: pd.DataFrame, 
     ok = ~(pd.isna(oi) | pd.isna(gi))
     rng = np.random.default_rng([seed, 11])
 
-    def draw(percent, n, keys):
-        """100 k*/n per row, one draw per distinct key (rows sharing a key share the draw)."""
+    def draw(percent, n, keys=None):
+        """100 k*/n per row, one draw per distinct key (rows sharing a key share the draw; every
+        row its own without ``keys``)."""
         n = np.nan_to_num(np.asarray(n, np.float64)).astype(np.int64)
         p = np.clip(np.nan_to_num(np.asarray(percent, np.float64)) / 100.0, 0.0, 1.0)
-        first = pd.Series(range(len(keys))).groupby(list(keys)).transform("first").to_numpy() if len(keys) else keys
+        first = np.arange(len(n)) if keys is None else \
+            pd.Series(np.arange(len(n))).groupby(list(keys)).transform("first").to_numpy()
         k = rng.binomial(n[None, :], p[None, :], size=(resamples, len(n)))[:, first]
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(n[None, :] > 0, 100.0 * k / np.maximum(n, 1)[None, :], np.nan)
 
     tkeys = np.array([f"{o}|{g}" for o, g in zip(rows[OCCUPATION].astype(str), names)] if training_per_group
                      else rows[OCCUPATION].astype(str).to_numpy(), dtype=object)
-    t = draw(rows[TRAINING], rows.get("n_training", pd.Series(np.zeros(len(rows)))), tkeys)
-    g = draw(rows[GENERATED], rows.get("n_generated", pd.Series(np.zeros(len(rows)))),
-             np.arange(len(rows)).astype(str).astype(object))
+    t = draw(rows[TRAINING], rows["n_training"], tkeys)
+    g = draw(rows[GENERATED], rows["n_generated"])
     a = amplification(g, t)
     kept = rows[EXCLUDED].isna().to_numpy()[None, :] & (direction(t) == direction(g)) & np.isfinite(a)
     a = np.where(kept, a, np.nan)
@@ -388,13 +394,7 @@ def resampled_amplification(rows: pd.DataFrame, group: str, wide: pd.DataFrame, 
 
 def averaged_replicates(cube: np.ndarray) -> np.ndarray:
     """``average_over_groups`` applied to every resample (resamples x occupations x groups)."""
-    present = np.isfinite(cube)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        inv = 1.0 / present.sum(axis=1, keepdims=True)
-        inv = np.where(np.isfinite(inv), inv, 0.0)
-        weights = (present * inv).sum(axis=2)
-        sums = (np.where(present, cube, 0.0) * inv).sum(axis=2)
-        return np.where(weights > 0, sums / np.where(weights > 0, weights, 1.0), np.nan)
+    return _averaged(cube)[0]
 
 
 def amplification_metrics(rows: pd.DataFrame, group: str, key: str, label: str, per_group: bool = True,

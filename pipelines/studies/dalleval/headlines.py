@@ -99,9 +99,6 @@ def attribute_gap(attributes: pd.DataFrame | None, model, compare, answers: pd.D
                      "attribute", names, values, better="lower", replicates=reps)
 
 
-IMAGE_RESAMPLES = 200    # image resamples stored for Table 9's gap (the two-level bootstrap picks among them)
-
-
 def attribute_answers(images: pa.Table) -> pd.DataFrame:
     """One row per (image, attribute asked): model, prompt, group, image (row number), attribute and
     yes (1 where BLIP-2 said yes; any other answer counts as absent, as in Table 9)."""
@@ -118,7 +115,7 @@ def attribute_answers(images: pa.Table) -> pd.DataFrame:
                          "yes": yes.astype(np.float64)})
 
 
-def gap_replicates(answers: pd.DataFrame, compare, attributes: list[str], resamples: int = IMAGE_RESAMPLES,
+def gap_replicates(answers: pd.DataFrame, compare, attributes: list[str], resamples: int = HL.IMAGE_RESAMPLES,
                    seed: int = 0) -> np.ndarray | None:
     """(resamples x attributes): |presence(first) - presence(second)| recomputed from resamples of
     the two groups' images, each resampled within its prompt, one resample for every attribute

@@ -85,11 +85,8 @@ def score_metric(vector: pd.DataFrame, setting: str, estimator: str, comparison:
                     replicates=replicates)
 
 
-IMAGE_RESAMPLES = 200          # image resamples stored per GEP score (the two-level bootstrap picks among them)
-
-
 def image_replicates(obs: pd.DataFrame, first: str, second: str, attributes: list[str],
-                     resamples: int = IMAGE_RESAMPLES, seed: int = 0) -> np.ndarray | None:
+                     resamples: int = H.IMAGE_RESAMPLES, seed: int = 0) -> np.ndarray | None:
     """(resamples x attributes): |v_j| = |f_first,j - f_second,j| recomputed from resamples of the
     images (``obs``: one model, setting and estimator). The images are resampled within their prompt
     (each group's prompts keep their images' number, as the vector entries' intervals do; within
