@@ -8,7 +8,7 @@
     t2i annotate simulate TASKS_DIR [--annotators 3 --error-rate 0.1 --unsure-rate 0.05]
     t2i annotate report TASKS_DIR
     t2i annotate agreement LABELS [--level ordinal --order 1,2,3] [--unsure unsure]
-    t2i annotate estimate TASKS_DIR [--positive female] [--method ppi|rogan-gladen|both]
+    t2i annotate estimate TASKS_DIR [--positive female] [--method ppi|rogan-gladen|both] [--ppi cross-fit|package]
     t2i annotate estimate --predictions PRED --labels LABELS --drawn-at-random --positive C --output DIR
 
 Errors in the input (a file, a label, a setting) are one line on stderr and exit status 2.
@@ -109,6 +109,9 @@ def parser() -> argparse.ArgumentParser:
     es.add_argument("--positive", help="the class whose share is estimated (the preset's: female, or yes)")
     es.add_argument("--unsure", help="the answer meaning 'cannot tell' (the task set's by default)")
     es.add_argument("--method", choices=["ppi", "rogan-gladen", "both"], default="ppi")
+    es.add_argument("--ppi", choices=list(E.K.VARIANTS), default=E.K.CROSSFIT,
+                    help="PPI++ with lambda cross-fitted over two folds and a small-sample variance (default: "
+                         "covers at its level from 40 labels on), or ppi_py's as packaged (short with few labels)")
     es.add_argument("--output", help="folder for estimates.csv/.parquet/.json (default: TASKS_DIR/estimate)")
     es.add_argument("--interval-level", type=float, default=0.95)
     es.add_argument("--resamples", type=int, default=200,
@@ -286,8 +289,9 @@ def cmd_estimate(a) -> int:
         raise AnnotateError("--positive: which class's share to estimate")
     unsure = a.unsure if a.unsure is not None else (tasks.unsure if tasks is not None else None)
     methods = {"ppi": (E.K.PPI,), "rogan-gladen": (E.K.ROGAN_GLADEN,), "both": E.K.METHODS}[a.method]
-    table = E.estimate(pred, labels, positive, unsure, methods, a.interval_level)
-    meta = {"positive": positive, "unsure": unsure, "methods": list(methods), "interval_level": a.interval_level,
+    table = E.estimate(pred, labels, positive, unsure, methods, a.interval_level, a.ppi)
+    meta = {"positive": positive, "unsure": unsure, "methods": list(methods), "ppi": a.ppi,
+            "interval_level": a.interval_level,
             "drawn": E.DRAWN_BY_PLAN if tasks is not None else E.DRAWN_STATED,
             "predictions": a.predictions or "the task set's run", "labels": a.labels or "the task set's answers",
             "answers": int(len(labels)), "annotators": int(labels[A.ANNOTATOR].nunique()),
@@ -296,7 +300,7 @@ def cmd_estimate(a) -> int:
     name = tasks.protocol["name"] if tasks is not None else "estimate"
     derived, said = None, []
     if tasks is not None and name == "paper002-a4" and not a.predictions:
-        derived = D.amplification(tasks, labels, a.resamples, a.interval_level)
+        derived = D.amplification(tasks, labels, a.resamples, a.interval_level, variant=a.ppi)
         said = D.sign_changes(derived)
     out, html, record = E.write(a.output or tasks.path / "estimate", table, meta, name, derived, said)
     print(E.text(table, positive))

@@ -58,7 +58,8 @@ def image_verdicts(tasks: TaskSet, labels: pd.DataFrame, images: pd.DataFrame, s
     return out
 
 
-def corrected_percent(min_labelled: int = 2, rng: np.random.Generator | None = None, record: list | None = None):
+def corrected_percent(min_labelled: int = 2, rng: np.random.Generator | None = None, record: list | None = None,
+                      variant: str = K.CROSSFIT):
     """A ``percent`` for ``results.compute``: per group, % female over its counted images corrected by
     PPI++ with the images' verdicts (``VERDICT``). With ``rng`` each group's labelled and unlabelled
     images are first resampled apart (one bootstrap draw). ``record`` collects per group whether it
@@ -88,12 +89,8 @@ def corrected_percent(min_labelled: int = 2, rng: np.random.Generator | None = N
                 if d.sum() < min_labelled:
                     fixed[name] = None
                     continue
-                y, f, fu = truth[lab], guess[lab], guess[unl]
-                if len(fu) == 0:
-                    share = y.sum() / d.sum()
-                else:   # the package's estimator, as numpy (equal to ppi_py: tests/annotate/test_estimate.py)
-                    share = K.ppi_ratio(y, d.astype(float), f, fu, 0.95, K.ppi_lambda(y, f, fu))["value"]
-                fixed[name] = 100.0 * share
+                fixed[name] = 100.0 * K.ppi_proportion(truth[lab], guess[lab], guess[unl], d.astype(float),
+                                                       variant=variant)["value"]
         keys_of = list(map(tuple, base[keys].to_numpy()))
         corrected = [fixed.get(k) for k in keys_of]
         if record is not None:

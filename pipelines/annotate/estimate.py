@@ -98,8 +98,9 @@ def check_predictions(pred: pd.DataFrame, source: str) -> pd.DataFrame:
 
 
 def estimate(pred: pd.DataFrame, labels: pd.DataFrame, positive: str, unsure: str | None = None,
-             methods=(K.PPI,), level: float = 0.95) -> pd.DataFrame:
-    """One row per stratum and correction method (``schemas.annotation.ESTIMATE_COLUMNS``)."""
+             methods=(K.PPI,), level: float = 0.95, variant: str = K.CROSSFIT) -> pd.DataFrame:
+    """One row per stratum and correction method (``schemas.annotation.ESTIMATE_COLUMNS``);
+    ``variant``: PPI++'s (``correction.VARIANTS``)."""
     unknown = sorted(set(labels[A.ITEM_ID]) - set(pred[A.ITEM_ID]))
     if unknown:
         raise AnnotateError(f"{len(unknown)} labelled item(s) have no prediction row, e.g. {unknown[0]!r}: "
@@ -131,7 +132,7 @@ def estimate(pred: pd.DataFrame, labels: pd.DataFrame, positive: str, unsure: st
                 **_cells(A.UNSURE_SHARE, unsure_share.value, unsure_share.low, unsure_share.high)}
         for method in methods:
             if method == K.PPI:
-                r = K.ppi_proportion(y, f, fu, decided.astype(float), level)
+                r = K.ppi_proportion(y, f, fu, decided.astype(float), level, variant)
             else:
                 hard_lab = hard[answered] & decided
                 pos = y.astype(bool)
@@ -153,6 +154,8 @@ def labels_of(tasks: TaskSet, labels: pd.DataFrame) -> pd.DataFrame:
     return labels[~labels[A.ITEM_ID].isin(known)]
 
 
+PPI_WORDS = {K.CROSSFIT: "with lambda cross-fitted over two folds and the small-sample variance",
+             K.PACKAGE: "as ppi_py packages it"}
 CORRECTED_MARK = "<!-- corrected-by-people:{name} -->"
 
 
@@ -266,7 +269,8 @@ def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, said: 
     parts = [f"<section class=people id='corrected-{H.esc(name)}'><h2>Corrected by people: {H.esc(name)}</h2>",
              f"<p>The share of {H.esc(meta['positive'])} per stratum: the classifier's over every item it answered, "
              f"beside the share corrected by people's labels among the items they could decide "
-             f"({H.esc(', '.join(meta['methods']))}; labels: {H.esc(meta['drawn'])}). Each corrected number stands on "
+             f"({H.esc(', '.join(meta['methods']))}, PPI++ {H.esc(PPI_WORDS[meta.get('ppi', K.CROSSFIT)])}; "
+             f"labels: {H.esc(meta['drawn'])}). Each corrected number stands on "
              f"the labelled items counted beside it.</p>"]
     if meta.get("simulated_answers"):
         parts.append(f"<p class=warn><b>Simulated annotators: {meta['simulated_answers']} of {meta['answers']} answers "

@@ -8,17 +8,33 @@ verdict is the positive class, among the items people could decide (their majori
 - **Prediction-powered inference, PPI++** (Angelopoulos, Bates, Fannjiang, Jordan and Zrnic,
   Science 2023; Angelopoulos, Duchi and Zrnic, arXiv 2311.01453): the classifier's mean over the
   unlabelled items, rectified by the mean of (verdict - lambda * classifier) over the labelled ones,
-  lambda tuned for the smallest variance. Without undecided labelled items it is ``ppi_py``'s
-  ``ppi_mean_pointestimate`` and ``ppi_mean_ci`` (power-tuned, normal interval) as they are. With
+  lambda tuned for the smallest variance. As packaged (``PACKAGE``) and without undecided labelled
+  items it is ``ppi_py``'s ``ppi_mean_pointestimate`` and ``ppi_mean_ci`` (power-tuned, normal
+  interval) as they are. With
   undecided items the estimand is a ratio, P(positive) / P(decided), each a PPI++ mean (the
   decided share has no classifier guess, so it is the labelled items' own mean), its interval by the
   delta method with the two means' covariance; with no undecided item it gives the package's numbers
   exactly (tests/annotate/test_estimate.py checks both, and the coverage on simulated populations).
+
+  Small samples, the default. As packaged, PPI++ tunes lambda on the labelled items it then averages, and takes
+  their variance as a Wald interval does; with a few dozen labels and an accurate classifier both
+  make the interval too short: on simulated strata with 40 labels and error rates of 2-35% it
+  covers the truth at 82-94% where 95% is asked (0.91-0.95 with the pseudo-items below alone). The
+  default (``CROSSFIT``) therefore (a) cross-fits lambda: the labelled items are split in two folds
+  by their position, and each fold's rectifier uses the lambda tuned on the other fold (lambda
+  no longer depends on the items it corrects, so the estimate stays unbiased and its variance
+  honest; the unlabelled mean takes the folds' average lambda), and (b) takes the labelled items'
+  variances with half an item added in each cell of the (verdict, classifier) table of decided
+  items (Agresti and Min, Statistics in Medicine 2005, for a paired difference of proportions; a
+  classifier's score takes its ends, 1 and 0, in the pseudo-items), over n + 2 items. Both vanish
+  as the labels grow; the coverage test shows 93-97% from 40 labels on. ``PACKAGE`` gives
+  ``ppi_py``'s numbers as they are (``--ppi package``).
 - **Rogan-Gladen** (Rogan and Gladen, Am. J. Epidemiol. 1978), for comparison with the
   literature: the classifier's share over all items, corrected by sensitivity and specificity
   estimated on the labelled items, (p_obs + sp - 1) / (se + sp - 1), its interval by the delta
   method over the three estimated proportions (independent binomials), so it carries the
-  uncertainty of the error rates; a value or bound outside [0, 1] is clipped and flagged, and a
+  uncertainty of the error rates (se and sp in the variance with half a case added to each of
+  their cells, as for PPI++ above); a value or bound outside [0, 1] is clipped and flagged, and a
   classifier no better than chance on the labelled items (se + sp <= 1) gives none.
 
 Every value and bound is clipped to [0, 1] (a proportion); the flag says which was.
@@ -34,6 +50,9 @@ from scipy import stats as sps
 from pipelines.engine.stats import intervals as I
 
 PPI = "ppi++"
+CROSSFIT = "cross-fit"         # lambda cross-fitted over two folds, pseudo-items in the variance (default)
+PACKAGE = "package"            # ppi_py's PPI++ as it is
+VARIANTS = (CROSSFIT, PACKAGE)
 ROGAN_GLADEN = "rogan-gladen"
 METHODS = (PPI, ROGAN_GLADEN)
 
@@ -74,12 +93,15 @@ def ppi_lambda(y: np.ndarray, f: np.ndarray, f_unlabelled: np.ndarray) -> float:
     return float(np.clip(cov / ((1 + n / N) * var), 0.0, 1.0))
 
 
-def ppi_proportion(y, f, f_unlabelled, decided=None, level: float = 0.95) -> dict:
+def ppi_proportion(y, f, f_unlabelled, decided=None, level: float = 0.95, variant: str = CROSSFIT) -> dict:
     """The share of positive verdicts among the decided ones, by PPI++.
 
     ``y``: 1 where the labelled item's verdict is the positive class; ``decided``: 1 where people
     could decide (None: all); ``f`` and ``f_unlabelled``: the classifier's answer (1/0, or its
-    probability of the positive class) on the labelled and the unlabelled items."""
+    probability of the positive class) on the labelled and the unlabelled items; ``variant``:
+    ``CROSSFIT`` or ``PACKAGE`` (the module's docstring)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"PPI variant {variant!r}: one of {', '.join(VARIANTS)}")
     y = np.asarray(y, np.float64)
     f = np.asarray(f, np.float64)
     fu = np.asarray(f_unlabelled, np.float64)
@@ -92,6 +114,8 @@ def ppi_proportion(y, f, f_unlabelled, decided=None, level: float = 0.95) -> dic
         return _result(ci.value, ci.low, ci.high, PPI, level, n, N, flag=ALL_LABELLED)
     if n < 2:
         return _result(float(fu.mean() + (y - f).mean()) if d.all() else None, None, None, PPI, level, n, N)
+    if variant == CROSSFIT:
+        return ppi_ratio(y, d, f, fu, level, crossfit_lambdas(y, f, fu), adjusted=True)
     lam = ppi_lambda(y, f, fu)
     if d.all():
         from ppi_py import ppi_mean_ci, ppi_mean_pointestimate   # deferred: ppi_py imports numba and statsmodels
@@ -102,21 +126,49 @@ def ppi_proportion(y, f, f_unlabelled, decided=None, level: float = 0.95) -> dic
     return ppi_ratio(y, d, f, fu, level, lam)
 
 
-def ppi_ratio(y, d, f, fu, level: float, lam: float) -> dict:
-    """P(positive) / P(decided): PPI++ for the numerator (with ``lam``), the labelled items' mean
-    for the denominator; the delta method over both, with their covariance (the terms ``ppi_py``
-    uses for one mean: standard deviations over n and N, not n - 1)."""
+def crossfit_lambdas(y: np.ndarray, f: np.ndarray, f_unlabelled: np.ndarray) -> np.ndarray:
+    """Per labelled item the lambda tuned on the other fold (items at even and at odd positions)."""
+    fold = np.arange(len(y)) % 2
+    lam = np.empty(len(y))
+    for k in (0, 1):
+        other = fold != k
+        lam[~other] = ppi_lambda(y[other], f[other], f_unlabelled)
+    return lam
+
+
+# the pseudo-items of the small-sample variance: decided, (verdict, classifier) = (1, 1), (1, 0), (0, 1), (0, 0)
+_PSEUDO_Y = np.array([1.0, 1.0, 0.0, 0.0])
+_PSEUDO_F = np.array([1.0, 0.0, 1.0, 0.0])
+_PSEUDO_WEIGHT = 0.5
+
+
+def ppi_ratio(y, d, f, fu, level: float, lam, adjusted: bool = False) -> dict:
+    """P(positive) / P(decided): PPI++ for the numerator, the labelled items' mean for the
+    denominator; the delta method over both, with their covariance (the terms ``ppi_py`` uses for
+    one mean: standard deviations over n and N, not n - 1). ``lam``: one lambda, or one per labelled
+    item (cross-fitted; the unlabelled mean takes their average). With ``adjusted`` the labelled
+    items' variances and covariance are taken with the pseudo-items (weighted, over n + 2 items)."""
     n, N = len(y), len(fu)
+    lam = np.broadcast_to(np.asarray(lam, np.float64), y.shape)
+    lam_bar = float(lam.mean())
     r = y - lam * f                                   # the numerator's rectifier on the labelled items
-    mu1 = lam * fu.mean() + r.mean()
+    mu1 = lam_bar * fu.mean() + r.mean()
     mu2 = d.mean()
     theta = mu1 / mu2
-    v11 = np.var(r) / n + lam * lam * np.var(fu) / N
-    v22 = np.var(d) / n
-    v12 = np.mean((r - r.mean()) * (d - d.mean())) / n
+    w, rr, dd = np.ones(n), r, d
+    if adjusted:
+        w = np.concatenate([w, np.full(4, _PSEUDO_WEIGHT)])
+        rr = np.concatenate([r, _PSEUDO_Y - lam_bar * _PSEUDO_F])
+        dd = np.concatenate([d, np.ones(4)])
+    m = w.sum()
+    rc = rr - np.average(rr, weights=w)
+    dc = dd - np.average(dd, weights=w)
+    v11 = np.average(rc * rc, weights=w) / m + lam_bar * lam_bar * np.var(fu) / N
+    v22 = np.average(dc * dc, weights=w) / m
+    v12 = np.average(rc * dc, weights=w) / m
     var = (v11 - 2 * theta * v12 + theta * theta * v22) / (mu2 * mu2)
     half = _z(level) * math.sqrt(max(var, 0.0))
-    return _result(float(theta), float(theta - half), float(theta + half), PPI, level, n, N, lam)
+    return _result(float(theta), float(theta - half), float(theta + half), PPI, level, n, N, lam_bar)
 
 
 def rogan_gladen(positive: int, items: int, tp: int, fn: int, tn: int, fp: int, level: float = 0.95) -> dict:
@@ -131,8 +183,9 @@ def rogan_gladen(positive: int, items: int, tp: int, fn: int, tn: int, fp: int, 
     if j <= 0:
         return _result(None, None, None, ROGAN_GLADEN, level, n, N, flag=CHANCE)
     p = (p_obs + sp - 1) / j
-    var = (p_obs * (1 - p_obs) / items + p * p * se * (1 - se) / (tp + fn)
-           + (1 - p) * (1 - p) * sp * (1 - sp) / (tn + fp)) / (j * j)
+    se_v, sp_v = (tp + 0.5) / (tp + fn + 1), (tn + 0.5) / (tn + fp + 1)     # the variance's, adjusted
+    var = (p_obs * (1 - p_obs) / items + p * p * se_v * (1 - se_v) / (tp + fn + 1)
+           + (1 - p) * (1 - p) * sp_v * (1 - sp_v) / (tn + fp + 1)) / (j * j)
     half = _z(level) * math.sqrt(var)
     out = _result(float(p), float(p - half), float(p + half), ROGAN_GLADEN, level, n, N)
     out.update(sensitivity=se, specificity=sp)
