@@ -9,9 +9,20 @@ the others the classifier's alone. A group with fewer than two labelled images k
 classifier's percentage and is counted (``uncorrected``): with A.4's 200 images most groups have
 none, and then the corrected E[A] moves only where labels fall.
 
-The interval resamples everything that is random: the occupations (the study's units), and within
-every group its labelled and its unlabelled images apart (the labels' sample and the images'), the
-whole computation (percentages, the direction-switch rule, E[A]) redone per resample; percentile.
+The estimand is E[A] over the run's occupations, as the paper defines it ("for a set of
+occupations O"): what is random is the images behind each percentage and which of them people
+labelled. The interval resamples those, within every group its labelled and its unlabelled images
+apart (the labels' sample and the images'), and carries each resample through the whole
+computation: every percentage's resamples are drawn once (vectorised, ``corrected_percent``), the
+study's ``compute`` runs once and its ``compare`` rows carry each percentage's resample id, and
+the direction-switch rule and E[A] are applied per resample (``metrics.amplification_cube``).
+The interval is the estimate plus and minus z times the resamples' standard deviation, not their
+percentiles: |G - 50| is kinked at 50 and the direction-switch rule drops occupations in some
+resamples, so the resampled E[A] sits off-centre (1-3 points above the estimate in the coverage
+test, where the percentile interval covers at 0.97 and this one at 0.95). The occupations are
+not resampled: they are the paper's fixed list, and where a reader wants occupations as a sample
+of all occupations, their spread already holds the images' noise (each occupation's images are
+its own), so resampling both would count it twice (docs/method.md).
 """
 
 from __future__ import annotations
@@ -58,16 +69,20 @@ def image_verdicts(tasks: TaskSet, labels: pd.DataFrame, images: pd.DataFrame, s
     return out
 
 
-def corrected_percent(min_labelled: int = 2, rng: np.random.Generator | None = None, record: list | None = None,
-                      variant: str = K.CROSSFIT):
+def corrected_percent(min_labelled: int = 2, record: list | None = None, variant: str = K.CROSSFIT,
+                      resamples: int = 0, rng: np.random.Generator | None = None, draws: list | None = None):
     """A ``percent`` for ``results.compute``: per group, % female over its counted images corrected by
-    PPI++ with the images' verdicts (``VERDICT``). With ``rng`` each group's labelled and unlabelled
-    images are first resampled apart (one bootstrap draw). ``record`` collects per group whether it
-    was corrected."""
+    PPI++ with the images' verdicts (``VERDICT``); a group with fewer than ``min_labelled`` decided
+    labels keeps the classifier's percentage. ``record`` collects per group whether it was corrected.
+
+    With ``draws`` (a list) each group's percentage is also resampled ``resamples`` times with
+    ``rng``: the labelled and the unlabelled images apart for a corrected group (a resample without
+    a decided label takes the classifier's share of its images), all its counted images for another;
+    the (resamples,) array is appended to ``draws`` and its index is the group's ``replicate``."""
     def percent(images: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         base = AM.percent_female(images, keys)
         counted = images[images[IM.COUNTED].fillna(False).astype(bool).to_numpy()]
-        fixed = {}
+        fixed, ids = {}, {}
         if len(counted):
             grouped = counted.groupby(keys, dropna=False, sort=True)
             codes = grouped.ngroup().to_numpy()
@@ -82,20 +97,27 @@ def corrected_percent(min_labelled: int = 2, rng: np.random.Generator | None = N
             for g, name in enumerate(names):
                 rows = order[cuts[g]:cuts[g + 1]]
                 lab, unl = rows[labelled[rows]], rows[~labelled[rows]]
-                if rng is not None:       # one bootstrap draw: the labelled and the unlabelled images apart
-                    lab = lab[rng.integers(len(lab), size=len(lab))] if len(lab) else lab
-                    unl = unl[rng.integers(len(unl), size=len(unl))] if len(unl) else unl
-                d = decided[lab]
-                if d.sum() < min_labelled:
-                    fixed[name] = None
-                    continue
-                fixed[name] = 100.0 * K.ppi_proportion(truth[lab], guess[lab], guess[unl], d.astype(float),
-                                                       variant=variant)["value"]
+                corrected = decided[lab].sum() >= min_labelled
+                fixed[name] = 100.0 * K.ppi_values(truth[lab][None], decided[lab][None], guess[lab][None],
+                                                   guess[unl][None], variant)[0] if corrected else None
+                if draws is not None:
+                    if corrected:
+                        L = lab[rng.integers(len(lab), size=(resamples, len(lab)))]
+                        U = unl[rng.integers(len(unl), size=(resamples, len(unl)))] if len(unl) \
+                            else np.empty((resamples, 0), np.int64)
+                        v = K.ppi_values(truth[L], decided[L], guess[L], guess[U], variant)
+                        v = np.where(np.isnan(v), np.concatenate([guess[L], guess[U]], axis=1).mean(axis=1), v)
+                    else:
+                        v = guess[rows[rng.integers(len(rows), size=(resamples, len(rows)))]].mean(axis=1)
+                    ids[name] = len(draws)
+                    draws.append(100.0 * v)
         keys_of = list(map(tuple, base[keys].to_numpy()))
         corrected = [fixed.get(k) for k in keys_of]
         if record is not None:
             record.extend(v is not None for k, v in zip(keys_of, corrected) if k in fixed)
         base[AM.PERCENT_FEMALE] = [b if c is None else c for b, c in zip(base[AM.PERCENT_FEMALE], corrected)]
+        if draws is not None:
+            base[AM.REPLICATE] = [ids.get(k, np.nan) for k in keys_of]
         return base
     return percent
 
@@ -117,23 +139,44 @@ def _compute(images, occupations, n_prompts, models, percent=AM.percent_female) 
         return AR.compute(images, occupations, n_prompts, models, percent)
 
 
-def _averages(results: dict) -> dict:
-    """{(model, approach): (E[A] average over prompts, per-occupation values, weights)} of ``compute``."""
+def _approaches(results: dict) -> dict:
+    """{(model, approach): (E[A] average over prompts, compare's rows, their group column)} of
+    ``compute``: Table 3's four approaches and section 6's two."""
     out = {}
     for model, per in results["approaches"].items():
         for subset, res in per.items():
-            wide = AM.occupation_amplification(pd.DataFrame(res["rows"]), PROMPT_ID)
-            values, weights = AM.average_over_groups(wide)
-            out[(model, subset)] = (res["average"], values, weights)
+            out[(model, subset)] = (res["average"], pd.DataFrame(res["rows"]), PROMPT_ID)
         for name, res in (results.get("caption_prompts") or {}).get(model, {}).items():
-            wide = AM.occupation_amplification(pd.DataFrame(res["rows"]), "group")
-            values, weights = AM.average_over_groups(wide)
-            out[(model, f"section 6: {name}")] = (res["average"], values, weights)
+            out[(model, f"section 6: {name}")] = (res["average"], pd.DataFrame(res["rows"]), "group")
     return out
 
 
+def resampled_averages(rows: pd.DataFrame, group: str, draws: np.ndarray) -> np.ndarray:
+    """E[A] averaged over prompts, per resample: each row's T and G from ``draws`` (resamples x
+    percentages) by its replicate ids, the direction-switch rule per resample, the average over
+    groups of their E[A] (``metrics.average_over_groups``); NaN where a resample has none."""
+    wide = AM.occupation_amplification(rows, group)
+    if not len(wide.columns) or not len(rows):
+        return np.full(len(draws), np.nan)
+
+    def take(column):
+        ids = pd.to_numeric(rows[column], errors="coerce").to_numpy(np.float64) if column in rows \
+            else np.full(len(rows), np.nan)
+        out = np.full((len(draws), len(rows)), np.nan)
+        ok = np.isfinite(ids)
+        out[:, ok] = draws[:, ids[ok].astype(np.int64)]
+        return out
+
+    cube = AM.amplification_cube(rows, group, wide, take(AM.TRAINING_REPLICATE), take(AM.GENERATED_REPLICATE))
+    values, weights = AM.average_over_groups_per_resample(cube)
+    keep = np.isfinite(values) & (weights > 0)
+    total = np.where(keep, weights, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, np.where(keep, values * weights, 0.0).sum(axis=1) / total, np.nan)
+
+
 def amplification(tasks: TaskSet, labels: pd.DataFrame, resamples: int = 200, level: float = 0.95,
-                  seed: int = 0) -> pd.DataFrame:
+                  seed: int = 0, variant: str = K.CROSSFIT) -> pd.DataFrame:
     """Per model and approach (Table 3's four, section 6's two): E[A] from the classifier's % female
     (the run's) and from the corrected ones, with the corrected one's interval."""
     if tasks.protocol["name"] != "paper002-a4":
@@ -143,26 +186,28 @@ def amplification(tasks: TaskSet, labels: pd.DataFrame, resamples: int = 200, le
     images = table.to_pandas()
     images[VERDICT] = image_verdicts(tasks, labels, images, table.column(IM.SEED).to_pylist())
     occupations, n_prompts, models = _run_shape(run_dir, images)
-    raw = _averages(_compute(images, occupations, n_prompts, models))
-    record: list = []
-    fixed = _averages(_compute(images, occupations, n_prompts, models, corrected_percent(record=record)))
-    rng = np.random.default_rng([seed, 17])
-    draws = {k: [] for k in fixed}
-    for _ in range(resamples):
-        res = _averages(_compute(images, occupations, n_prompts, models, corrected_percent(rng=rng)))
-        occ = rng.integers(len(occupations), size=len(occupations))      # the occupations, resampled
-        for k, (_, values, weights) in res.items():
-            v, w = values[occ], weights[occ]
-            keep = np.isfinite(v) & (w > 0)
-            draws[k].append(float(np.sum(v[keep] * w[keep]) / np.sum(w[keep])) if keep.any() else np.nan)
+    return corrected_amplification(images, occupations, n_prompts, models, resamples, level, seed, variant)
+
+
+def corrected_amplification(images: pd.DataFrame, occupations: list[str], n_prompts: int, models: list[str],
+                            resamples: int = 200, level: float = 0.95, seed: int = 0,
+                            variant: str = K.CROSSFIT) -> pd.DataFrame:
+    """``amplification`` on a per-image table with its people's verdicts (``VERDICT``)."""
+    raw = _approaches(_compute(images, occupations, n_prompts, models))
+    record, draws = [], []
+    percent = corrected_percent(record=record, variant=variant, resamples=resamples,
+                                rng=np.random.default_rng([seed, 17]), draws=draws)
+    fixed = _approaches(_compute(images, occupations, n_prompts, models, percent))
+    matrix = np.column_stack(draws) if draws else np.empty((resamples, 0))
     rows = []
-    for (model, approach), (value, _, _) in fixed.items():
-        lo, hi = I.percentile_ends(draws[(model, approach)], level, resamples)
+    for (model, approach), (value, per_row, group) in fixed.items():
+        lo, hi = I.normal_ends(value, resampled_averages(per_row, group, matrix), level, resamples)
         rows.append({IM.MODEL: model, "approach": approach, "classifier": raw[(model, approach)][0],
                      "corrected": value, "corrected_low": lo, "corrected_high": hi,
                      "groups_corrected": int(sum(record)), "groups_uncorrected": int(len(record) - sum(record)),
-                     "method": f"PPI++ per group; bootstrap of occupations and of labelled and unlabelled images "
-                               f"within groups ({resamples} resamples, percentile)"})
+                     "method": f"PPI++ per group ({variant}); E[A] over the run's occupations, bootstrap of the "
+                               f"labelled and the unlabelled images within groups ({resamples} resamples; normal "
+                               f"interval with their standard error)"})
     return pd.DataFrame(rows)
 
 

@@ -85,12 +85,20 @@ def ppi_lambda(y: np.ndarray, f: np.ndarray, f_unlabelled: np.ndarray) -> float:
     """PPI++'s power-tuning parameter for a mean: Cov(y, f) / ((1 + n/N) Var(f)), the covariance
     over the labelled items (divided by n), the variance over all items (divided by n + N - 1),
     clipped to [0, 1] (``ppi_py``'s rule for a mean)."""
-    n, N = len(y), len(f_unlabelled)
-    var = np.var(np.concatenate([f, f_unlabelled]), ddof=1) if n + N > 1 else 0.0
-    if var <= 0:
-        return 0.0
-    cov = float(np.mean((y - y.mean()) * (f - f.mean())))
-    return float(np.clip(cov / ((1 + n / N) * var), 0.0, 1.0))
+    return float(_lambdas(np.asarray(y, np.float64)[None], np.asarray(f, np.float64)[None],
+                          np.asarray(f_unlabelled, np.float64)[None])[0])
+
+
+def _lambdas(y: np.ndarray, f: np.ndarray, fu: np.ndarray) -> np.ndarray:
+    """``ppi_lambda`` per row of (rows x n) and (rows x N) arrays."""
+    n, N = y.shape[1], fu.shape[1]
+    if n + N < 2 or N == 0:
+        return np.zeros(len(y))
+    var = np.var(np.concatenate([f, fu], axis=1), axis=1, ddof=1)
+    cov = np.mean((y - y.mean(axis=1, keepdims=True)) * (f - f.mean(axis=1, keepdims=True)), axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lam = cov / ((1 + n / N) * var)
+    return np.where(var > 0, np.clip(lam, 0.0, 1.0), 0.0)
 
 
 def ppi_proportion(y, f, f_unlabelled, decided=None, level: float = 0.95, variant: str = CROSSFIT) -> dict:
@@ -128,12 +136,34 @@ def ppi_proportion(y, f, f_unlabelled, decided=None, level: float = 0.95, varian
 
 def crossfit_lambdas(y: np.ndarray, f: np.ndarray, f_unlabelled: np.ndarray) -> np.ndarray:
     """Per labelled item the lambda tuned on the other fold (items at even and at odd positions)."""
-    fold = np.arange(len(y)) % 2
-    lam = np.empty(len(y))
+    return _crossfit(np.asarray(y, np.float64)[None], np.asarray(f, np.float64)[None],
+                     np.asarray(f_unlabelled, np.float64)[None])[0]
+
+
+def _crossfit(y: np.ndarray, f: np.ndarray, fu: np.ndarray) -> np.ndarray:
+    """``crossfit_lambdas`` per row of (rows x n) and (rows x N) arrays: (rows x n)."""
+    fold = np.arange(y.shape[1]) % 2
+    lam = np.empty(y.shape)
     for k in (0, 1):
         other = fold != k
-        lam[~other] = ppi_lambda(y[other], f[other], f_unlabelled)
+        lam[:, ~other] = _lambdas(y[:, other], f[:, other], fu)[:, None]
     return lam
+
+
+def ppi_values(y: np.ndarray, d: np.ndarray, f: np.ndarray, fu: np.ndarray, variant: str = CROSSFIT) -> np.ndarray:
+    """The point estimate of ``ppi_proportion`` per row of (rows x n) labelled and (rows x N)
+    unlabelled arrays (bootstrap resamples of one stratum), vectorised, clipped to [0, 1]; NaN
+    where a row has no decided item. Equal to ``ppi_proportion``'s value row by row (tested)."""
+    y, d, f, fu = (np.asarray(a, np.float64) for a in (y, d, f, fu))
+    if fu.shape[1] == 0:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(d.sum(axis=1) > 0, y.sum(axis=1) / np.maximum(d.sum(axis=1), 1), np.nan)
+    lam = _crossfit(y, f, fu) if variant == CROSSFIT else _lambdas(y, f, fu)[:, None]
+    lam = np.broadcast_to(lam, y.shape)
+    mu1 = lam.mean(axis=1) * fu.mean(axis=1) + (y - lam * f).mean(axis=1)
+    mu2 = d.mean(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.clip(np.where(mu2 > 0, mu1 / np.where(mu2 > 0, mu2, 1.0), np.nan), 0.0, 1.0)
 
 
 # the pseudo-items of the small-sample variance: decided, (verdict, classifier) = (1, 1), (1, 0), (0, 1), (0, 0)

@@ -224,6 +224,19 @@ def percentile_ends(draws, level: float, wanted: int) -> tuple:
     return float(lo), float(hi)
 
 
+def normal_ends(value, draws, level: float, wanted: int) -> tuple:
+    """``value`` plus and minus z times the standard deviation of bootstrap ``draws`` (non-finite
+    ones dropped): the interval for an estimate whose resamples are off-centre (a kinked
+    statistic); (None, None) when there is no value or fewer than half of the ``wanted`` draws are
+    finite."""
+    draws = np.asarray(draws, np.float64)
+    draws = draws[np.isfinite(draws)]
+    if value is None or not np.isfinite(value) or len(draws) < max(2, wanted // 2):
+        return None, None
+    half = float(sps.norm.ppf(0.5 + level / 2)) * float(np.std(draws, ddof=1))
+    return float(value - half), float(value + half)
+
+
 def two_level_draws(replicates: np.ndarray, weights=None, strata=None, settings: IntervalSettings = DEFAULT,
                     rng: np.random.Generator | None = None, counts: np.ndarray | None = None) -> np.ndarray:
     """The two-level bootstrap of a (weighted) mean over units: in each of ``settings.resamples``

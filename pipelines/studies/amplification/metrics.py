@@ -38,6 +38,9 @@ TRAINING = "training"          # percent_female of the training subset
 GENERATED = "generated"        # percent_female of the generated images
 AMPLIFICATION = "amplification"
 EXCLUDED = "excluded"          # why a (occupation, prompt) pair is left out, or None
+REPLICATE = "replicate"        # optional: a percentage's row in a table of its resamples (annotate/derived.py)
+TRAINING_REPLICATE = "training_replicate"
+GENERATED_REPLICATE = "generated_replicate"
 
 
 def direction(percent) -> np.ndarray:
@@ -68,11 +71,12 @@ def compare(training: pd.DataFrame, generated: pd.DataFrame, on: list[str], grou
 
     ``training`` has ``on`` + percent_female (+ n_images); ``generated`` has ``on`` + ``group`` +
     percent_female (+ n_images). ``on`` is [occupation] for prompt-free training subsets, or
-    [occupation, prompt] for subsets selected per prompt (NN).
+    [occupation, prompt] for subsets selected per prompt (NN). A ``replicate`` column on either side
+    is carried as ``training_replicate`` / ``generated_replicate``.
     """
-    t = training[on + [PERCENT_FEMALE] + ([N_IMAGES] if N_IMAGES in training else [])].rename(
-        columns={PERCENT_FEMALE: TRAINING, N_IMAGES: "n_training"})
-    g = generated.rename(columns={PERCENT_FEMALE: GENERATED, N_IMAGES: "n_generated"})
+    t = training[on + [PERCENT_FEMALE] + [c for c in (N_IMAGES, REPLICATE) if c in training]].rename(
+        columns={PERCENT_FEMALE: TRAINING, N_IMAGES: "n_training", REPLICATE: TRAINING_REPLICATE})
+    g = generated.rename(columns={PERCENT_FEMALE: GENERATED, N_IMAGES: "n_generated", REPLICATE: GENERATED_REPLICATE})
     rows = g.merge(t, on=on, how="outer", validate="many_to_one" if group not in on else "one_to_one")
     rows = rows[rows[group].notna()] if group not in on else rows
     tv, gv = rows[TRAINING].to_numpy(float), rows[GENERATED].to_numpy(float)
@@ -360,13 +364,8 @@ def resampled_amplification(rows: pd.DataFrame, group: str, wide: pd.DataFrame, 
     percentage. A percentage of n counted images, k of them female, resampled with replacement is
     k* ~ Binomial(n, k/n); the training subset's images are drawn once per occupation and shared by
     its groups (``training_per_group`` False: one subset per occupation) or once per (occupation,
-    group) (subsets selected per prompt); a pair excluded in the run, or whose resampled T and G
-    point in other directions (the paper's direction-switch rule), is NaN in that resample."""
-    occs, groups = list(wide.index), list(wide.columns)
+    group) (subsets selected per prompt); ``amplification_cube`` makes A of them."""
     names = rows[group].map(str)
-    oi = rows[OCCUPATION].astype(str).map({o: i for i, o in enumerate(occs)}).to_numpy()
-    gi = names.map({g: j for j, g in enumerate(groups)}).to_numpy()
-    ok = ~(pd.isna(oi) | pd.isna(gi))
     rng = np.random.default_rng([seed, 11])
 
     def draw(percent, n, keys=None):
@@ -382,14 +381,31 @@ def resampled_amplification(rows: pd.DataFrame, group: str, wide: pd.DataFrame, 
 
     tkeys = np.array([f"{o}|{g}" for o, g in zip(rows[OCCUPATION].astype(str), names)] if training_per_group
                      else rows[OCCUPATION].astype(str).to_numpy(), dtype=object)
-    t = draw(rows[TRAINING], rows["n_training"], tkeys)
-    g = draw(rows[GENERATED], rows["n_generated"])
-    a = amplification(g, t)
-    kept = rows[EXCLUDED].isna().to_numpy()[None, :] & (direction(t) == direction(g)) & np.isfinite(a)
+    return amplification_cube(rows, group, wide, draw(rows[TRAINING], rows["n_training"], tkeys),
+                              draw(rows[GENERATED], rows["n_generated"]))
+
+
+def amplification_cube(rows: pd.DataFrame, group: str, wide: pd.DataFrame, training: np.ndarray,
+                       generated: np.ndarray) -> np.ndarray:
+    """(resamples x occupations x groups) of A from resampled T and G per row of ``compare``'s
+    ``rows`` (each resamples x rows): a pair excluded in the run, or whose resampled T and G point
+    in other directions (the paper's direction-switch rule), is NaN in that resample."""
+    occs, groups = list(wide.index), list(wide.columns)
+    oi = rows[OCCUPATION].astype(str).map({o: i for i, o in enumerate(occs)}).to_numpy()
+    gi = rows[group].map(str).map({g: j for j, g in enumerate(groups)}).to_numpy()
+    ok = ~(pd.isna(oi) | pd.isna(gi))
+    a = amplification(generated, training)
+    kept = rows[EXCLUDED].isna().to_numpy()[None, :] & (direction(training) == direction(generated)) & np.isfinite(a)
     a = np.where(kept, a, np.nan)
-    out = np.full((resamples, len(occs), len(groups)), np.nan)
+    out = np.full((len(training), len(occs), len(groups)), np.nan)
     out[:, oi[ok].astype(int), gi[ok].astype(int)] = a[:, ok]
     return out
+
+
+def average_over_groups_per_resample(cube: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``average_over_groups`` per resample of a (resamples x occupations x groups) cube: values
+    and weights, each (resamples x occupations)."""
+    return _averaged(cube)
 
 
 def averaged_replicates(cube: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from pipelines.engine.stats import headline as HL
 from pipelines.studies.amplification.metrics import (
     EA_KEY,
     N_IMAGES,
+    REPLICATE,
     compare,
     expected_amplification,
     amplification_metrics,
@@ -43,7 +44,8 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
             percent=percent_female) -> dict:
     """All amplification results of a run from its per-image table. ``percent`` (images, keys) ->
     % female per group of ``keys`` with n_images (``metrics.percent_female``, the classifier's; the
-    people-corrected one of ``pipelines/annotate/derived.py``)."""
+    people-corrected one of ``pipelines/annotate/derived.py``, whose ``replicate`` column, an id of
+    each percentage's resamples, ``compare`` carries into the rows)."""
     train = images[images[I.SOURCE] == I.Source.TRAINING]
     gen = images[images[I.SOURCE] == I.Source.GENERATED]
     cap = images[images[I.SOURCE] == I.Source.CAPTION_PROMPT]
@@ -63,7 +65,8 @@ def compute(images: pd.DataFrame, occupations: list[str], n_prompts: int, models
                   {I.MODEL: models, OCCUPATION: occupations, PROMPT_ID: prompt_ids})
     approaches, tables6 = {}, {}
     for model in models:
-        g = G[G[I.MODEL] == model][[OCCUPATION, PROMPT_ID, "percent_female", N_IMAGES]]
+        g = G[G[I.MODEL] == model][[OCCUPATION, PROMPT_ID, "percent_female", N_IMAGES,
+                                    *([REPLICATE] if REPLICATE in G else [])]]
         per = {}
         for subset in Subset.ALL:
             t = T[T[SUBSET] == subset]
