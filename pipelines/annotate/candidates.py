@@ -81,9 +81,15 @@ def _finish(df: pd.DataFrame, subject, prediction, strata: list[str]) -> pd.Data
     return out.reset_index(drop=True)
 
 
+GEP_CLASSIFIER = G.SCORE_CLS           # the automatic estimator whose answers people's labels correct
+GEP_YES_AT = 0.5                       # its score at and above which the answer is "yes" (a project choice)
+
+
 def gep(run_dir: Path) -> pd.DataFrame:
     """(image, attribute) pairs of section 5: every attribute of a neutral image, the prompt's
-    attribute of an explicit one; the run's annotation_tasks.csv holds them with the phrase."""
+    attribute of an explicit one; the run's annotation_tasks.csv holds them with the phrase. The
+    classifier's answer is CLS's (the cross-modal classifiers' mean probability that the attribute
+    is shown, Eq. 7), "yes" from 0.5 on, with the probability as its score."""
     path = run_dir / "annotation_tasks.csv"
     if not path.is_file():
         raise AnnotateError(f"{run_dir}: no annotation_tasks.csv (a GEP run writes it)")
@@ -93,9 +99,26 @@ def gep(run_dir: Path) -> pd.DataFrame:
     # the image's own attribute (its prompt's; "none" for a neutral image): GEP_human needs every
     # (setting, gender, attribute) cell, so the preset draws within them
     tasks[PROMPT_ATTRIBUTE] = tasks[G.ATTRIBUTE].where(tasks[G.SETTING] == G.Setting.EXPLICIT, "none")
-    out = _finish(tasks, phrase, None, [G.SETTING, G.GENDER, PROMPT_ATTRIBUTE])
+    score = _gep_scores(run_dir, tasks)
+    pred = pd.Series(None, index=tasks.index, dtype=object).where(score.isna(), score.ge(GEP_YES_AT).map({True: YES,
+                                                                                                       False: NO}))
+    out = _finish(tasks, phrase, pred, [G.SETTING, G.GENDER, PROMPT_ATTRIBUTE])
     out["attribute"] = tasks[G.ATTRIBUTE].to_numpy()
+    out[A.SCORE] = score.to_numpy()
     return out
+
+
+def _gep_scores(run_dir: Path, tasks: pd.DataFrame) -> pd.Series:
+    """CLS's score of each (model, image, attribute) of ``tasks`` from the run's ``scores`` table
+    (null where it has none)."""
+    path = run_dir / "scores.parquet"
+    if not path.is_file():
+        raise AnnotateError(f"{run_dir}: no scores.parquet (a GEP run writes it)")
+    scores = pq.read_table(path, columns=[MODEL, IMAGE_ID, G.ATTRIBUTE, GEP_CLASSIFIER]).to_pandas()
+    keys = [MODEL, IMAGE_ID, G.ATTRIBUTE]
+    got = tasks[keys].astype(str).merge(scores.astype({k: str for k in keys}).drop_duplicates(keys), on=keys,
+                                        how="left")
+    return pd.Series(pd.to_numeric(got[GEP_CLASSIFIER]).to_numpy(), index=tasks.index)
 
 
 def dalleval_skills(run_dir: Path) -> pd.DataFrame:

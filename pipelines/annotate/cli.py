@@ -22,6 +22,7 @@ import sys
 import pandas as pd
 
 from pipelines.annotate import derived as D
+from pipelines.annotate import gep_corrected as GC
 from pipelines.annotate import estimate as E
 from pipelines.annotate import interchange as X
 from pipelines.annotate import plan as PL
@@ -258,6 +259,33 @@ def cmd_agreement(a) -> int:
     return 0
 
 
+def derived_numbers(tasks: TaskSet, labels, a) -> tuple[list, list[str]]:
+    """The numbers a preset's study derives from the corrected shares, and where the correction
+    changes one: paper 002's E[A], GEP's frequencies and scores."""
+    name = tasks.protocol["name"]
+    if name == "paper002-a4":
+        table = D.amplification(tasks, labels, a.resamples, a.interval_level, variant=a.ppi)
+        return [E.Derived("amplification", "amplification_corrected", "E[A] from corrected % female (paper 002, "
+                          "Table 3 and section 6)", "Groups without two labelled images keep the classifier's "
+                          "percentage; the counts beside are over the whole computation (every group of every T "
+                          "and G).", table, ["model", "approach", "classifier", A.CORRECTED, "groups_corrected",
+                                             "groups_uncorrected"])], D.sign_changes(table)
+    if name == "gep":
+        freq, scores = GC.corrected_gep(tasks, labels, a.resamples, a.interval_level, variant=a.ppi)
+        return [E.Derived("gep_scores", "gep_scores_corrected", "GEP scores from corrected frequencies (paper 001, "
+                          "Eq. 2)", "auto: CLS's frequencies (GEP_auto); human: people's labels alone (GEP_human "
+                          "on the drawn images); corrected: CLS's corrected toward people's. Each over the "
+                          "attributes counted beside it.", scores,
+                          ["model", "setting", "comparison", "auto", "human", A.CORRECTED, "corrected_attributes"]),
+                E.Derived("gep_frequencies", "gep_frequencies_corrected", "Attribute frequencies corrected toward "
+                          "GEP_human (paper 001, Eq. 1)", "Per model, setting, gender and attribute: CLS's mean "
+                          "score, people's share on the labelled images, and the corrected share; a cell with "
+                          "fewer than two decided labels has none.", freq,
+                          ["model", "setting", "gender", "attribute", A.ITEMS, A.LABELLED, A.DECIDED, "auto", "human",
+                           A.CORRECTED, A.FLAG], 3)], GC.ranking_changes(scores)
+    return [], []
+
+
 def cmd_estimate(a) -> int:
     tasks = TaskSet.load(a.tasks_dir) if a.tasks_dir else None
     if tasks is None and not (a.predictions and a.labels):
@@ -298,10 +326,7 @@ def cmd_estimate(a) -> int:
             "simulated_answers": simulated, "estimand": "the share of the positive class among the items people "
             "could decide (majority neither unsure nor a tie); the classifier's share over every item it answered"}
     name = tasks.protocol["name"] if tasks is not None else "estimate"
-    derived, said = None, []
-    if tasks is not None and name == "paper002-a4" and not a.predictions:
-        derived = D.amplification(tasks, labels, a.resamples, a.interval_level, variant=a.ppi)
-        said = D.sign_changes(derived)
+    derived, said = derived_numbers(tasks, labels, a) if tasks is not None and not a.predictions else ([], [])
     out, html, record = E.write(a.output or tasks.path / "estimate", table, meta, name, derived, said)
     print(E.text(table, positive))
     for line in record["conclusions"]:

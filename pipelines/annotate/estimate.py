@@ -20,6 +20,7 @@ An item's verdict is the majority of its answers (``agreement.majority``); items
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,9 +53,9 @@ def default_positive(tasks: TaskSet) -> str | None:
     return None
 
 
-def run_predictions(tasks: TaskSet) -> pd.DataFrame:
-    """Every candidate item of the task set's preset in its run: item id, stratum (the draw's), the
-    run's classifier answer."""
+def run_items(tasks: TaskSet) -> pd.DataFrame:
+    """Every candidate item of the task set's preset in its run, as its builder gives it (the
+    images are not read), with the item ids the task set gives them."""
     name = tasks.protocol["name"]
     if name not in C.ITEM_BUILDERS:
         raise AnnotateError(f"{tasks.path}: a {name} task set: give the classifier's answers with --predictions")
@@ -64,10 +65,17 @@ def run_predictions(tasks: TaskSet) -> pd.DataFrame:
     info = C.run_info(run_dir)
     if info["id"] != tasks.meta["run"]["id"]:
         raise AnnotateError(f"{run_dir}: now holds run {info['id']}, not the task set's {tasks.meta['run']['id']}")
-    cands = C.ITEM_BUILDERS[name](run_dir)   # the items and answers; the images are not read
-    ids = [PL.item_id(info["id"], u, s) for u, s in zip(cands[C.UNIT], cands[A.SUBJECT])]
-    return pd.DataFrame({A.ITEM_ID: ids, A.STRATUM: PL.stratum_labels(cands, tasks.strata).to_numpy(),
-                         A.PREDICTION: cands[A.PREDICTION].to_numpy()})
+    cands = C.ITEM_BUILDERS[name](run_dir)
+    return cands.assign(**{A.ITEM_ID: [PL.item_id(info["id"], u, s) for u, s in zip(cands[C.UNIT], cands[A.SUBJECT])]})
+
+
+def run_predictions(tasks: TaskSet) -> pd.DataFrame:
+    """Every candidate item of the task set's preset in its run: item id, stratum (the draw's), the
+    run's classifier answer (and its probability, where the preset has one: GEP's CLS)."""
+    cands = run_items(tasks)
+    return pd.DataFrame({A.ITEM_ID: cands[A.ITEM_ID], A.STRATUM: PL.stratum_labels(cands, tasks.strata).to_numpy(),
+                         A.PREDICTION: cands[A.PREDICTION].to_numpy(),
+                         **({A.SCORE: cands[A.SCORE].to_numpy()} if A.SCORE in cands else {})})
 
 
 def check_predictions(pred: pd.DataFrame, source: str) -> pd.DataFrame:
@@ -159,11 +167,24 @@ PPI_WORDS = {K.CROSSFIT: "with lambda cross-fitted over two folds and the small-
 CORRECTED_MARK = "<!-- corrected-by-people:{name} -->"
 
 
-def write(out, table: pd.DataFrame, meta: dict, name: str = "estimate",
-          derived: pd.DataFrame | None = None, derived_said: list[str] = ()) -> tuple[Path, str, dict]:
+@dataclass
+class Derived:
+    """A number the study derives from corrected shares (paper 002's E[A], GEP's frequencies and
+    scores): its table (with ``corrected``, ``corrected_low``, ``corrected_high``), written as
+    ``<file>.csv`` and ``.parquet``, kept under ``key`` in the JSON record, shown under ``title``."""
+    key: str
+    file: str
+    title: str
+    note: str
+    table: pd.DataFrame
+    shown: list[str] = field(default_factory=list)
+    digits: int = 2
+
+
+def write(out, table: pd.DataFrame, meta: dict, name: str = "estimate", derived: list[Derived] = (),
+          derived_said: list[str] = ()) -> tuple[Path, str, dict]:
     """estimates.csv, .parquet and .json, the forest plot (figures/) and report.html in ``out``;
-    with ``derived`` (paper 002's E[A] from corrected percentages, ``derived.py``) its table too.
-    Returns the folder, the HTML section and the JSON record."""
+    each ``derived`` table too. Returns the folder, the HTML section and the JSON record."""
     from pipelines.engine.report import figures      # deferred: matplotlib, which only a report needs
 
     out = Path(out)
@@ -172,10 +193,10 @@ def write(out, table: pd.DataFrame, meta: dict, name: str = "estimate",
     table.to_parquet(out / "estimates.parquet", index=False)
     record = {**meta, "conclusions": [*conclusions(table, meta["positive"]), *derived_said],
               "estimates": json.loads(table.to_json(orient="records"))}
-    if derived is not None:
-        derived.to_csv(out / "amplification_corrected.csv", index=False)
-        derived.to_parquet(out / "amplification_corrected.parquet", index=False)
-        record["amplification"] = json.loads(derived.to_json(orient="records"))
+    for d in derived:
+        d.table.to_csv(out / f"{d.file}.csv", index=False)
+        d.table.to_parquet(out / f"{d.file}.parquet", index=False)
+        record[d.key] = json.loads(d.table.to_json(orient="records"))
     (out / "estimates.json").write_text(json.dumps(record, indent=1))
     figs = figures.FigureDir(pafs.LocalFileSystem(), str(out))
     plot = figs.save(forest_figure(table, meta["positive"]), "corrected-shares",
@@ -230,7 +251,9 @@ def forest_figure(table: pd.DataFrame, positive: str):
 
     strata = list(dict.fromkeys(table[A.STRATUM]))
     methods = list(dict.fromkeys(table[A.CORRECTION]))
-    fig = figures.new_figure(6.5, 0.5 * len(strata) * (1 + len(methods)) + 1.0)
+    longest = max((len(f"{s}: {m}") for s in strata for m in ["classifier", *methods]), default=0)
+    # wide enough for the longest label beside a plot area of about 3.5 inches (else the axes collapse)
+    fig = figures.new_figure(max(6.5, 3.5 + 0.075 * longest), 0.5 * len(strata) * (1 + len(methods)) + 1.0)
     ax = fig.add_subplot()
     colors = ["#555555", "#1f77b4", "#d62728", "#2ca02c"]
     ticks, labels, y = [], [], 0.0
@@ -258,7 +281,7 @@ def forest_figure(table: pd.DataFrame, positive: str):
 
 
 def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, said: list[str],
-            derived: pd.DataFrame | None = None) -> str:
+            derived: list[Derived] = ()) -> str:
     """The "Corrected by people" HTML section: the table, the forest plot, ``said`` (where the
     correction changes a conclusion)."""
     shown = table[[A.STRATUM, A.CORRECTION, A.ITEMS, A.LABELLED, A.DECIDED, A.UNSURE_ITEMS, A.TIES]].copy()
@@ -277,15 +300,14 @@ def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, said: 
                      "are not people's</b>.</p>")
     parts.append(H.table(shown, 3))
     parts.append(figure_html)
-    if derived is not None:
-        d = derived.assign(corrected=[I.Interval(v, lo, hi, "", 0, 0).text(2) for v, lo, hi in
-                                      zip(derived["corrected"], derived["corrected_low"], derived["corrected_high"])])
-        parts.append("<h3>E[A] from corrected % female (paper 002, Table 3 and section 6)</h3>"
-                     f"<p>{H.esc(derived['method'].iloc[0] if len(derived) else '')}. Groups without two labelled "
-                     "images keep the classifier's percentage; the counts beside are over the whole computation "
-                     "(every group of every T and G).</p>"
-                     + H.table(d[["model", "approach", "classifier", "corrected", "groups_corrected",
-                                  "groups_uncorrected"]], 2))
+    for d in derived:
+        t = d.table
+        if len(t):
+            t = t.assign(**{A.CORRECTED: [I.Interval(v, lo, hi, "", 0, 0).text(d.digits) for v, lo, hi in
+                                          zip(t[A.CORRECTED], t[A.CORRECTED + "_low"], t[A.CORRECTED + "_high"])]})
+        method = t["method"].iloc[0] + ". " if len(t) and "method" in t else ""
+        parts.append(f"<h3>{H.esc(d.title)}</h3><p>{H.esc(method + d.note)}</p>"
+                     + (H.table(t[d.shown], d.digits) if len(t) else "<p>None.</p>"))
     parts.append("".join(f"<p><b>{H.esc(s)}.</b></p>" for s in said) if said
                  else "<p>The correction changes no conclusion here: no share crosses one half and no two strata "
                       "change order.</p>")

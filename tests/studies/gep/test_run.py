@@ -256,3 +256,55 @@ def test_bad_study_input_fails_before_any_work(tmp_path, capsys):
     assert gep.main(["run", "--output", str(tmp_path), "--standin-models", "--config", str(cfg)]) == 2
     assert "nonbinary" in capsys.readouterr().err
     assert not any(tmp_path.glob("gep-*"))
+
+
+def test_gep_corrected_toward_people_s_scale(run, tmp_path, capsys):
+    """`t2i annotate estimate` on a GEP task set: CLS's probability is the classifier's guess. With
+    every image labelled the corrected frequencies are people's own and the corrected GEP score is
+    GEP_human (2/3, as `evaluate` gives it); with the preset's two images per stratum a cell gets
+    the PPI++ estimate from its stratum's images, or none when it has fewer than two decided labels."""
+    from pipelines.annotate import cli
+    from pipelines.annotate.tasks import TaskSet
+    from pipelines.engine.stats import correction as K
+
+    truth = _annotations(run, tmp_path / "ann.csv")
+    scores = pd.read_parquet(run / "scores.parquet")
+
+    def labelled(out, *extra):
+        assert cli.main(["plan", str(run), "--protocol", "gep", "--output", str(out), *extra]) == 0
+        items = TaskSet.load(out).items
+        mine = items.merge(truth, on=["image_id", "attribute"])
+        cls = mine.merge(scores[["image_id", "attribute", "cls"]], on=["image_id", "attribute"])["cls"]
+        assert (mine["prediction"] == np.where(cls >= 0.5, "yes", "no")).all() and mine["score"].tolist() == cls.tolist()
+        pd.DataFrame({"item_id": mine["item_id"], "annotator": "p1",
+                      "answer": np.where(mine["present"] == 1, "yes", "no")}).to_csv(out / "l.csv", index=False)
+        assert cli.main(["import", str(out), str(out / "l.csv")]) == 0
+        assert cli.main(["estimate", str(out), "--resamples", "50"]) == 0
+        return (pd.read_parquet(out / "estimate" / "gep_frequencies_corrected.parquet"),
+                pd.read_parquet(out / "estimate" / "gep_scores_corrected.parquet"))
+
+    freq, gscores = labelled(tmp_path / "all", "--n", "1000")
+    people = truth.merge(pd.read_csv(run / "annotation_tasks.csv").drop(columns="present"), on=["image_id", "attribute"])
+    want = people.groupby(["setting", "gender", "attribute"])["present"].mean()
+    got = freq.set_index(["setting", "gender", "attribute"])
+    assert got["corrected"].to_dict() == pytest.approx(want.to_dict()) and got["human"].to_dict() == pytest.approx(want.to_dict())
+    auto = scores.groupby(["setting", "gender", "attribute"])["cls"].mean()
+    assert got["auto"].to_dict() == pytest.approx(auto.to_dict())
+    assert gscores.set_index("setting")["corrected"].to_dict() == {"neutral": pytest.approx(2 / 3),
+                                                                  "explicit": pytest.approx(2 / 3)}
+    assert (gscores["corrected_attributes"] == 3).all()
+    page = (run / "report.html").read_text()
+    assert "GEP scores from corrected frequencies" in page and "Attribute frequencies corrected toward GEP_human" in page
+
+    freq, _ = labelled(tmp_path / "two")                   # the preset: two images per stratum
+    items = TaskSet.load(tmp_path / "two").items
+    cell = freq[(freq.setting == "neutral") & (freq.gender == "woman") & (freq.attribute == "dress")].iloc[0]
+    tasks = pd.read_csv(run / "annotation_tasks.csv").drop(columns="present").merge(truth, on=["image_id", "attribute"]).merge(
+        scores[["image_id", "attribute", "cls"]], on=["image_id", "attribute"])
+    mine = tasks[(tasks.setting == "neutral") & (tasks.gender == "woman") & (tasks.attribute == "dress")]
+    drawn = mine.image_id.isin(items.image_id)
+    want = K.ppi_proportion(mine.present[drawn].to_numpy(float), mine.cls[drawn].to_numpy(), mine.cls[~drawn].to_numpy())
+    assert cell["labelled"] == drawn.sum() == 2 and cell["corrected"] == pytest.approx(want["value"])
+    assert (cell["corrected_low"], cell["corrected_high"]) == pytest.approx((want["low"], want["high"]))
+    # an explicit stratum holds one image per context and seed: two drawn of four, each with one question
+    assert (freq[freq.setting == "explicit"]["labelled"] == 2).all()
