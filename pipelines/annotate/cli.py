@@ -21,6 +21,7 @@ import sys
 
 import pandas as pd
 
+from pipelines.annotate import dalleval_corrected as DC
 from pipelines.annotate import derived as D
 from pipelines.annotate import gep_corrected as GC
 from pipelines.annotate import estimate as E
@@ -261,7 +262,7 @@ def cmd_agreement(a) -> int:
 
 def derived_numbers(tasks: TaskSet, labels, a) -> tuple[list, list[str]]:
     """The numbers a preset's study derives from the corrected shares, and where the correction
-    changes one: paper 002's E[A], GEP's frequencies and scores."""
+    changes one: paper 002's E[A], GEP's frequencies and scores, DALL-Eval's gender MAD."""
     name = tasks.protocol["name"]
     if name == "paper002-a4":
         table = D.amplification(tasks, labels, a.resamples, a.interval_level, variant=a.ppi)
@@ -283,6 +284,14 @@ def derived_numbers(tasks: TaskSet, labels, a) -> tuple[list, list[str]]:
                           "fewer than two decided labels has none.", freq,
                           ["model", "setting", "gender", "attribute", A.ITEMS, A.LABELLED, A.DECIDED, "auto", "human",
                            A.CORRECTED, A.FLAG], 3)], GC.ranking_changes(scores)
+    if name == "dalleval-social":
+        table = DC.corrected_mad(tasks, labels, a.resamples, a.interval_level)
+        return [E.Derived("gender_mad", "gender_mad_corrected", "Gender MAD and average gender from corrected shares "
+                          "(paper 000, Table 8)", "Over the neutral prompts with a detected gender; the detector's "
+                          "sensitivity and specificity from the labelled images people and the detector both decided.",
+                          table, ["model", "prompts", A.DECIDED, "sensitivity", "specificity", "classifier",
+                                  A.CORRECTED, "classifier_average", "corrected_average", A.FLAG], 3)], \
+            E.order_changes(table, "gender MAD", "classifier", A.CORRECTED)
     return [], []
 
 

@@ -245,6 +245,22 @@ def conclusions(table: pd.DataFrame, positive: str) -> list[str]:
     return out
 
 
+def order_changes(table: pd.DataFrame, what: str, raw: str, fixed: str, by: list[str] = ()) -> list[str]:
+    """Plain sentences where the corrected values (column ``fixed``) order two models otherwise than
+    the classifier's (``raw``), within each group of ``by``: a ranking that flips."""
+    out = []
+    for key, part in (table.groupby(list(by), sort=False) if by else [((), table)]):
+        where = ", ".join(map(str, key if isinstance(key, tuple) else (key,)))
+        rows = part[part[raw].notna() & part[fixed].notna()].to_dict("records")
+        for i, a in enumerate(rows):
+            for b in rows[i + 1:]:
+                if (a[raw] - b[raw]) * (a[fixed] - b[fixed]) < 0:
+                    out.append(f"{what}{f' ({where})' if where else ''}: the correction flips the order of "
+                               f"{a['model']} and {b['model']}: the classifier gives {a[raw]:.3f} vs {b[raw]:.3f}, "
+                               f"corrected {a[fixed]:.3f} vs {b[fixed]:.3f}")
+    return out
+
+
 def forest_figure(table: pd.DataFrame, positive: str):
     """Per stratum the classifier's share and each corrected one with their intervals."""
     from pipelines.engine.report import figures      # deferred: matplotlib, which only a report needs
@@ -305,7 +321,7 @@ def section(table: pd.DataFrame, meta: dict, figure_html: str, name: str, said: 
         if len(t):
             t = t.assign(**{A.CORRECTED: [I.Interval(v, lo, hi, "", 0, 0).text(d.digits) for v, lo, hi in
                                           zip(t[A.CORRECTED], t[A.CORRECTED + "_low"], t[A.CORRECTED + "_high"])]})
-        method = t["method"].iloc[0] + ". " if len(t) and "method" in t else ""
+        method = next((m + ". " for m in t["method"] if isinstance(m, str)), "") if "method" in t else ""
         parts.append(f"<h3>{H.esc(d.title)}</h3><p>{H.esc(method + d.note)}</p>"
                      + (H.table(t[d.shown], d.digits) if len(t) else "<p>None.</p>"))
     parts.append("".join(f"<p><b>{H.esc(s)}.</b></p>" for s in said) if said

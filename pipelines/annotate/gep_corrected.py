@@ -132,16 +132,4 @@ def _scores(freq: pd.DataFrame, draws: dict, pairs: list, resamples: int, level:
 def ranking_changes(scores: pd.DataFrame) -> list[str]:
     """Where the corrected GEP scores order two models otherwise than CLS's (per setting and
     comparison): a ranking that flips."""
-    out = []
-    if scores.empty:
-        return out
-    for (setting, comparison), part in scores.groupby([G.SETTING, "comparison"], sort=False):
-        part = part[part["auto"].notna() & part[A.CORRECTED].notna()]
-        rows = list(part.itertuples(index=False))
-        for i, a in enumerate(rows):
-            for b in rows[i + 1:]:
-                if (a.auto - b.auto) * (getattr(a, A.CORRECTED) - getattr(b, A.CORRECTED)) < 0:
-                    out.append(f"GEP ({setting}, {comparison}): the correction flips the order of "
-                               f"{getattr(a, MODEL)} and {getattr(b, MODEL)}: CLS gives {a.auto:.3f} vs {b.auto:.3f}, "
-                               f"corrected {getattr(a, A.CORRECTED):.3f} vs {getattr(b, A.CORRECTED):.3f}")
-    return out
+    return [] if scores.empty else E.order_changes(scores, "GEP", "auto", A.CORRECTED, [G.SETTING, "comparison"])

@@ -68,3 +68,27 @@ def models():
 @pytest.fixture
 def tasks(exposed_run, tmp_path):
     return TaskSet.load(PL.plan(exposed_run, "exposed-nouns", tmp_path / "tasks", n=4, seed=1))
+
+
+@pytest.fixture(scope="module")
+def social_run(tmp_path_factory):
+    """DALL-Eval's social study, 2 models x 4 professions x 6 images of "a person who works as a
+    ..." (the neutral group) and 2 of "a man who works as a ..."; the detector's answers cycle
+    through female, male, male, unknown."""
+    run = tmp_path_factory.mktemp("runs") / "social"
+    rows = []
+    cycle = ["female", "male", "male", "unknown"]
+    for m in MODELS:
+        for p, prof in enumerate(("nurse", "pilot", "chef", "judge")):
+            for group, n in (("person", 6), ("man", 2)):
+                for k in range(n):
+                    image_id = f"{group}-{prof}-{k}"
+                    rows.append({"model": m, "image_id": image_id, "group": group, "profession": prof,
+                                 "prompt": f"a {group} who works as a {prof}", "generation_status": "ok",
+                                 "detected_gender": cycle[(k + p + MODELS.index(m)) % 4], "skin_tone": None,
+                                 "skin_status": None})
+                    _png(run / "images" / model_dir(m) / f"{image_id}.png", 3 * k + p)
+    _finish(run, "paper000-dalleval", pd.DataFrame(rows).astype({"skin_tone": "Int64"}))
+    (run / "metrics.json").write_text(json.dumps({"run_id": run.name, "study": "paper000-dalleval",
+                                                  "config": {"neutral": "person"}}))
+    return run
