@@ -31,6 +31,7 @@ from pipelines.annotate.agreement import majority
 from pipelines.annotate.protocols import FEMALE, MALE
 from pipelines.annotate.tasks import AnnotateError, TaskSet
 from pipelines.engine.stats import intervals as I
+from pipelines.studies.dalleval import headlines as DH
 from pipelines.studies.dalleval import metrics as DM
 from schemas import annotation as A
 from schemas import dalleval as S
@@ -73,7 +74,8 @@ def corrected_mad(tasks: TaskSet, labels: pd.DataFrame, resamples: int = 200, le
         mine = votes[votes[MODEL] == model]
         truth_f = (mine[A.MAJORITY] == FEMALE).to_numpy()
         said_f = (mine[A.PREDICTION] == FEMALE).to_numpy()
-        row = {MODEL: model, "prompts": len(part), A.DECIDED: len(mine), "sensitivity": None, "specificity": None,
+        row = {MODEL: model, "metric": DH.GENDER_MAD, "average_metric": DH.GENDER_AVERAGE, "prompts": len(part),
+               A.DECIDED: len(mine), "sensitivity": None, "specificity": None,
                "classifier_average": float(np.mean(2 * p_obs - 1)), "classifier": float(np.mean(np.abs(p_obs - 0.5))),
                "corrected_average": None, A.CORRECTED: None, A.CORRECTED + "_low": None,
                A.CORRECTED + "_high": None, "corrected_average_low": None, "corrected_average_high": None, A.FLAG: ""}

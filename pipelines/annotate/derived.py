@@ -140,14 +140,15 @@ def _compute(images, occupations, n_prompts, models, percent=AM.percent_female) 
 
 
 def _approaches(results: dict) -> dict:
-    """{(model, approach): (E[A] average over prompts, compare's rows, their group column)} of
-    ``compute``: Table 3's four approaches and section 6's two."""
+    """{(model, approach): (E[A] average over prompts, compare's rows, their group column, the
+    headline metric's key)} of ``compute``: Table 3's four approaches and section 6's two."""
     out = {}
     for model, per in results["approaches"].items():
         for subset, res in per.items():
-            out[(model, subset)] = (res["average"], pd.DataFrame(res["rows"]), PROMPT_ID)
+            out[(model, subset)] = (res["average"], pd.DataFrame(res["rows"]), PROMPT_ID, AR.approach_key(subset))
         for name, res in (results.get("caption_prompts") or {}).get(model, {}).items():
-            out[(model, f"section 6: {name}")] = (res["average"], pd.DataFrame(res["rows"]), "group")
+            out[(model, f"section 6: {name}")] = (res["average"], pd.DataFrame(res["rows"]), "group",
+                                                  AR.captions_key(name))
     return out
 
 
@@ -200,9 +201,9 @@ def corrected_amplification(images: pd.DataFrame, occupations: list[str], n_prom
     fixed = _approaches(_compute(images, occupations, n_prompts, models, percent))
     matrix = np.column_stack(draws) if draws else np.empty((resamples, 0))
     rows = []
-    for (model, approach), (value, per_row, group) in fixed.items():
+    for (model, approach), (value, per_row, group, metric) in fixed.items():
         lo, hi = I.normal_ends(value, resampled_averages(per_row, group, matrix), level, resamples)
-        rows.append({IM.MODEL: model, "approach": approach, "classifier": raw[(model, approach)][0],
+        rows.append({IM.MODEL: model, "approach": approach, "metric": metric, "classifier": raw[(model, approach)][0],
                      "corrected": value, "corrected_low": lo, "corrected_high": hi,
                      "groups_corrected": int(sum(record)), "groups_uncorrected": int(len(record) - sum(record)),
                      "method": f"PPI++ per group ({variant}); E[A] over the run's occupations, bootstrap of the "

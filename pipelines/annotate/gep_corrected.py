@@ -33,6 +33,7 @@ from pipelines.annotate.protocols import YES
 from pipelines.annotate.tasks import AnnotateError, TaskSet
 from pipelines.engine.stats import correction as K
 from pipelines.engine.stats import intervals as I
+from pipelines.studies.gep import headline as GH
 from schemas import annotation as A
 from schemas import gep as G
 from schemas.images import IMAGE_ID, MODEL
@@ -106,7 +107,9 @@ def _scores(freq: pd.DataFrame, draws: dict, pairs: list, resamples: int, level:
                 continue
             a, b = cell.loc[first], cell.loc[second]
             common = [x for x in a.index if x in b.index]
-            row = {MODEL: model, G.SETTING: setting, "comparison": f"{first} - {second}"}
+            comparison = f"{first} - {second}"
+            row = {MODEL: model, G.SETTING: setting, "comparison": comparison,
+                   "metric": GH.score_key(setting, G.Estimator.CLS, comparison)}
             for col in ("auto", "human", A.CORRECTED):
                 ok = [x for x in common if pd.notna(a.at[x, col]) and pd.notna(b.at[x, col])]
                 row[col] = float(np.mean([abs(a.at[x, col] - b.at[x, col]) for x in ok])) if ok else None

@@ -289,3 +289,42 @@ def test_two_level_pairs_in_compare(tmp_path):
     assert set(t.loc[t["metric"] == "gep/score", "method"]) == {iv.TWO_LEVEL}
     two = t[t["metric"] == "gep/score"]
     assert ((two["high"] - two["low"]) > 0.15).all()     # the shared image noise (sd 0.05) is in the interval
+
+
+def test_corrected_estimates_of_both_runs_are_compared_and_said_to_be(runs, tmp_path, capsys):
+    """Where `t2i annotate estimate` left corrected numbers in two runs' metrics.json, compare shows
+    each beside its metric and tests their difference on the corrected values (normal, from the two
+    intervals, Holm over the pairs of the metric); a run without labels has an empty cell."""
+    from scipy import stats as sps
+
+    a, b, _ = runs
+    key = "expected_amplification/naive"
+    fixed = {a: {"model/A": (0.30, 0.20, 0.40), "model/B": (0.05, 0.01, 0.09)}, b: {"model/C": (0.10, 0.00, 0.20)}}
+    for uri, per in fixed.items():
+        doc = json.loads((tmp_path / uri.rsplit("/", 1)[-1] / "metrics.json").read_text())
+        doc["corrected_by_people"] = {"paper002-a4": {"amplification": [
+            {"model": m, "approach": "naive", "metric": key, "corrected": v, "corrected_low": lo, "corrected_high": hi}
+            for m, (v, lo, hi) in per.items()], "estimates": []}}
+        (tmp_path / uri.rsplit("/", 1)[-1] / "metrics.json").write_text(json.dumps(doc))
+    out = tmp_path / "cmp"
+    assert t2i.main(["compare", a, b, "--output", str(out), "--interval-resamples", "300"]) == 0
+    printed = capsys.readouterr().out
+    t = pd.read_csv(out / "paper002-amplification.csv").set_index(["metric", "model"])
+    for per in fixed.values():
+        for m, (v, lo, hi) in per.items():
+            assert tuple(t.loc[(key, m), ["corrected", "corrected_low", "corrected_high"]]) == pytest.approx((v, lo, hi))
+            assert t.loc[(key, m), "corrected_by"] == "paper002-a4"
+    assert t.loc[(key + "/detail", "model/A"), ["corrected"]].isna().all()
+    pairs = pd.read_csv(out / "paper002-amplification-pairs.csv")
+    ab = pairs[(pairs.metric == key) & (pairs.a == "model/A") & (pairs.b == "model/B")].iloc[0]
+    z = sps.norm.ppf(0.975)
+    se = np.hypot(0.2 / (2 * z), 0.08 / (2 * z))
+    assert ab["corrected_difference"] == pytest.approx(0.25) and ab["corrected_p"] == pytest.approx(2 * sps.norm.sf(0.25 / se))
+    assert ab["corrected_low"] == pytest.approx(0.25 - z * se)
+    mine = pairs[pairs.metric == key]
+    assert (mine["corrected_p_holm"] >= mine["corrected_p"]).all() and ab["corrected_distinguishable"]
+    assert pairs.loc[pairs.metric == key + "/detail", "corrected_difference"].isna().all()
+    assert "also corrected by people's labels (paper002-a4) for 3 model(s)" in printed
+    assert "corrected by people 30.00 [20.00, 40.00]" in printed
+    page = (out / "overview.html").read_text()
+    assert "corrected by people [interval]" in page and "<h2>Corrected by people</h2>" in page

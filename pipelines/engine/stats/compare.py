@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from pipelines.engine.cli import arguments
 from pipelines.engine.storage import dataset_card, io
 from pipelines.engine.report import figures, page
+from pipelines.engine.stats import compare_corrected as CC
 from pipelines.engine.stats import headline
 from pipelines.engine.run import publish
 from pipelines.engine.report import html as H
@@ -161,6 +162,7 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
     alpha = 1 - settings.level
     table, pairs = [], []
     names = _labels(rows)
+    corrected = [CC.corrected_values(r.run.metrics) for r in rows]
     for key, meta in metrics.items():
         have = [(i, r, _unit_values(r, key)) for i, r in enumerate(rows)]
         have = [(i, r, u) for i, r, u in have if len(u)]
@@ -173,7 +175,7 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
                 strata = None if u[headline.STRATUM].isna().all() else u[headline.STRATUM].fillna("").to_numpy()
                 cis[i] = iv.mean_interval(u[headline.VALUE].to_numpy(), u[headline.WEIGHT].to_numpy(), strata, settings,
                                           _replicates(u))
-        found = []
+        found, mine = [], []
         for (i, ri, ui), (j, rj, uj) in itertools.combinations(have, 2):
             a = ui.set_index(headline.UNIT)[headline.VALUE].dropna()
             b = uj.set_index(headline.UNIT)[headline.VALUE].dropna()
@@ -202,21 +204,28 @@ def study_tables(rows: list[Row], settings: iv.IntervalSettings) -> tuple[pd.Dat
             if distinct:
                 apart[i].add(j)
                 apart[j].add(i)
-            pairs.append({"metric": key, "label": meta["label"], "a": names[i], "b": names[j],
-                          "difference": res["difference"], "low": res["low"], "high": res["high"],
-                          "p_value": res["p_value"], "p_holm": p, "distinguishable": bool(distinct),
-                          "test": res["test"], "units": res["n"], "same_weights": same,
-                          "same_generator": same and rows[i].subject["identity"].get("spec")
-                          == rows[j].subject["identity"].get("spec")})
+            mine.append({"metric": key, "label": meta["label"], "a": names[i], "b": names[j],
+                         "difference": res["difference"], "low": res["low"], "high": res["high"],
+                         "p_value": res["p_value"], "p_holm": p, "distinguishable": bool(distinct),
+                         "test": res["test"], "units": res["n"], "same_weights": same,
+                         "same_generator": same and rows[i].subject["identity"].get("spec")
+                         == rows[j].subject["identity"].get("spec"),
+                         **CC.difference(corrected[i].get((rows[i].subject["name"], key)),
+                                         corrected[j].get((rows[j].subject["name"], key)), settings.level)})
+        CC.adjust(mine, alpha)
+        pairs += mine
         order = _rank_order({i: cis[i].value for i, *_ in have}, meta["better"])
         for rank, i in enumerate(order, 1):
             ci = cis[i]
             tied = [names[j] for j in order if j != i and j not in apart[i]]
+            fixed = corrected[i].get((rows[i].subject["name"], key)) or {}
             table.append({"metric": key, "label": meta["label"], "unit": meta["unit"], "better": meta["better"],
                           "scale": meta.get("scale", 1.0), "digits": meta.get("digits", 2),
                           "lead": bool(meta.get("lead", True)), "model": names[i], "run": rows[i].run.run_id,
                           "value": ci.value, "low": ci.low, "high": ci.high, "units": ci.n, "method": ci.method,
-                          "rank": rank, "tied_with": ", ".join(tied), "distinguishable_from_all": not tied})
+                          "rank": rank, "tied_with": ", ".join(tied), "distinguishable_from_all": not tied,
+                          "corrected": fixed.get("value"), "corrected_low": fixed.get("low"),
+                          "corrected_high": fixed.get("high"), "corrected_by": fixed.get("preset")})
     return pd.DataFrame(table), pd.DataFrame(pairs)
 
 
@@ -288,6 +297,7 @@ class Comparison:
     differences: dict[str, dict]
     settings: iv.IntervalSettings
     same_weights: list[str]            # same_weight_notes: console, comparison.json and the page
+    corrected: list[str]               # compare_corrected.notes: where people's labels correct a metric
 
     @property
     def standin(self) -> bool:
@@ -316,7 +326,7 @@ def compare(runs: list[Run], settings: iv.IntervalSettings, allow_mismatch: bool
         rows = [Row(r, sub) for r in rs for sub in r.headline["subjects"]]
         tables[s], pairs[s] = study_tables(rows, settings)
     return Comparison(runs, tables, pairs, overview(runs, tables), differences, settings,
-                      same_weight_notes(tables, pairs))
+                      same_weight_notes(tables, pairs), CC.notes(tables))
 
 
 def _short(v, n: int = 60) -> str:
@@ -387,7 +397,7 @@ def write(c: Comparison, output: str) -> dict:
                        for r in c.runs],
               "interval": c.settings.record(), "correction": "Holm (per study and metric, over all pairs of models)",
               "distinguishable": f"Holm-adjusted p < {1 - c.settings.level:.2f}",
-              "protocol_differences": c.differences, "same_weights": c.same_weights,
+              "protocol_differences": c.differences, "same_weights": c.same_weights, "corrected_by_people": c.corrected,
               "files": files + [f"{FILES['overview']}.csv", FILES["html"]]}
     io.write_text(json.dumps(io.clean_json(record), indent=2, sort_keys=True), fs, f"{root}/{FILES['json']}")
     io.write_text(render_html(c, sections), fs, f"{root}/{FILES['html']}")
@@ -405,11 +415,17 @@ def write(c: Comparison, output: str) -> dict:
 
 
 def _study_html(study: str, t: pd.DataFrame, pairs: pd.DataFrame, plots: list[str]) -> str:
-    shown = t.assign(value=[cell(r) for r in t.to_dict("records")])
-    shown = shown[["label", "rank", "model", "value", "units", "tied_with", "run"]].rename(
-        columns={"value": "value [interval]", "tied_with": "not distinguishable from"})
+    fixed = len(t) and t["corrected"].notna().any()
+    shown = t.assign(value=[cell(r) for r in t.to_dict("records")],
+                     corrected=[cell({**r, "value": r["corrected"], "low": r["corrected_low"], "high": r["corrected_high"]})
+                                if pd.notna(r["corrected"]) else "" for r in t.to_dict("records")] if len(t) else [])
+    shown = shown[["label", "rank", "model", "value", *(["corrected"] if fixed else []), "units", "tied_with",
+                   "run"]].rename(columns={"value": "value [interval]", "corrected": "corrected by people [interval]",
+                                           "tied_with": "not distinguishable from"})
     pair_html = H.table(pairs[["label", "a", "b", "difference", "low", "high", "p_value", "p_holm",
-                               "distinguishable", "test", "units", "same_weights"]], digits=3) if len(pairs) \
+                               "distinguishable", "test", "units", "same_weights",
+                               *(["corrected_difference", "corrected_p_holm", "corrected_distinguishable"]
+                                 if fixed else [])]], digits=3) if len(pairs) \
         else "<p>one model: no pairs</p>"
     return (f"<h2 id='{H.esc(study)}'>{H.esc(study)}</h2>" + H.scroll(H.table(shown, digits=3))
             + f"<div class=figs>{''.join(plots)}</div>" + page.details("Every pair of models", H.scroll(pair_html)))
@@ -431,6 +447,8 @@ def render_html(c: Comparison, sections: list[str]) -> str:
             ("<h2>Protocol differences (compared with --allow-mismatch)</h2><ul>" + "".join(diffs) + "</ul>") if diffs else "",
             ("<h2>Runs of the same weights</h2><ul>" + "".join(f"<li>{H.esc(n)}</li>" for n in notes) + "</ul>")
             if notes else "",
+            ("<h2>Corrected by people</h2><ul>" + "".join(f"<li>{H.esc(n)}</li>" for n in c.corrected) + "</ul>")
+            if c.corrected else "",
             *sections]
     return page.document("t2i compare", body)
 
@@ -465,8 +483,10 @@ def main(argv=None) -> int:
     for study, t in c.tables.items():
         for rec in t.to_dict("records"):
             tie = f" (not distinguishable from {rec['tied_with']})" if rec["tied_with"] else ""
-            print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {cell(rec)}{tie}")
-    for note in c.same_weights:
+            fixed = "" if rec["corrected"] is None or pd.isna(rec["corrected"]) else \
+                f"; corrected by people {cell({**rec, 'value': rec['corrected'], 'low': rec['corrected_low'], 'high': rec['corrected_high']})}"
+            print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {cell(rec)}{tie}{fixed}")
+    for note in [*c.same_weights, *c.corrected]:
         print(f"note: {note}")
     if c.standin:
         print(page.STANDIN_CONSOLE)
