@@ -246,6 +246,14 @@ def test_plain_tables_need_a_stated_random_draw_and_bad_input_is_one_line(tmp_pa
     assert table[A.NO_PREDICTION].sum() == 1 and table[A.ITEMS].sum() == n_items - 1
     assert table[A.LABELLED].sum() == len(set(labelled) - {3})
     assert json.loads((tmp_path / "est" / "estimates.json").read_text())["drawn"] == E.DRAWN_STATED
+    # a stratum nobody labelled is reported as such: its classifier share, no corrected one, the reason
+    preds.assign(**{A.STRATUM: np.where(np.arange(n_items) < 4, "c", preds[A.STRATUM])}).loc[
+        lambda d: ~d[A.ITEM_ID].isin([f"i{k}" for k in labelled if k < 4])].to_csv(tmp_path / "pred_c.csv", index=False)
+    labels[~labels[A.ITEM_ID].isin([f"i{k}" for k in range(4)])].to_csv(tmp_path / "labels_c.csv", index=False)
+    assert cli.main([*base, "--drawn-at-random", "--predictions", str(tmp_path / "pred_c.csv"), "--labels",
+                     str(tmp_path / "labels_c.csv"), "--output", str(tmp_path / "est_c")]) == 0
+    c = pd.read_csv(tmp_path / "est_c" / "estimates.csv").set_index(A.STRATUM).loc["c"]
+    assert c[A.LABELLED] == 0 and pd.isna(c[A.CORRECTED]) and c[A.FLAG] == K.NO_LABELS and pd.notna(c[A.CLASSIFIER])
     # refusals, each one line: a labelled item without a prediction row, an unknown class, no stratum column
     preds.iloc[[k for k in range(n_items) if k != labelled[0]]].to_csv(tmp_path / "short.csv", index=False)
     preds.drop(columns=[A.STRATUM]).to_csv(tmp_path / "nostratum.csv", index=False)

@@ -320,6 +320,15 @@ def test_people_label_the_runs_saved_images_as_app_a4_asks(run_dir, tmp_path, ca
             # drawn items CLIP gave no answer are outside the population (as outside % female)
             assert row["labelled"] == ((items["source"] == stratum.split("=")[1]) & items["prediction"].notna()).sum()
             assert row["classifier"] == pytest.approx((answered[I.GENDER] == I.Gender.FEMALE).mean())
+    # the demo's report fills: corrected shares per source and E[A] per approach, each with an interval
+    ppi = est[est["correction"] == "ppi++"]
+    assert len(ppi) == 2 and ppi["corrected"].notna().all() and ppi["corrected_low"].notna().all()
+    assert (est["corrected"].notna() | (est["flag"] != "")).all()      # Rogan-Gladen says why where it gives none
+    amp = pd.read_parquet(tmp_path / "t" / "estimate" / "amplification_corrected.parquet")
+    valued = amp[amp["classifier"].notna()]
+    assert len(valued) and valued["corrected"].notna().all() and valued["corrected_low"].notna().all()
+    page = (run_dir / "report.html").read_text()
+    assert "Corrected by people: paper002-a4" in page and "E[A] from corrected % female" in page
 
 
 def test_e_a_from_percentages_corrected_by_people(run_dir, tmp_path, capsys):
