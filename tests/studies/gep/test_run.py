@@ -270,16 +270,17 @@ def test_gep_corrected_toward_people_s_scale(run, tmp_path, capsys):
     truth = _annotations(run, tmp_path / "ann.csv")
     scores = pd.read_parquet(run / "scores.parquet")
 
-    def labelled(out, *extra):
+    def labelled(out, *extra, ppi=K.CROSSFIT, answer=lambda mine: mine["present"] == 1):
         assert cli.main(["plan", str(run), "--protocol", "gep", "--output", str(out), *extra]) == 0
         items = TaskSet.load(out).items
         mine = items.merge(truth, on=["image_id", "attribute"])
         cls = mine.merge(scores[["image_id", "attribute", "cls"]], on=["image_id", "attribute"])["cls"]
         assert (mine["prediction"] == np.where(cls >= 0.5, "yes", "no")).all() and mine["score"].tolist() == cls.tolist()
         pd.DataFrame({"item_id": mine["item_id"], "annotator": "p1",
-                      "answer": np.where(mine["present"] == 1, "yes", "no")}).to_csv(out / "l.csv", index=False)
+                      "answer": np.where(answer(mine.assign(cls=cls.to_numpy())), "yes", "no")}).to_csv(out / "l.csv",
+                                                                                                   index=False)
         assert cli.main(["import", str(out), str(out / "l.csv")]) == 0
-        assert cli.main(["estimate", str(out), "--resamples", "50"]) == 0
+        assert cli.main(["estimate", str(out), "--resamples", "50", "--ppi", ppi]) == 0
         return (pd.read_parquet(out / "estimate" / "gep_frequencies_corrected.parquet"),
                 pd.read_parquet(out / "estimate" / "gep_scores_corrected.parquet"))
 
@@ -296,14 +297,27 @@ def test_gep_corrected_toward_people_s_scale(run, tmp_path, capsys):
     page = (run / "report.html").read_text()
     assert "GEP scores from corrected frequencies" in page and "Attribute frequencies corrected toward GEP_human" in page
 
-    freq, _ = labelled(tmp_path / "two")                   # the preset: two images per stratum
-    items = TaskSet.load(tmp_path / "two").items
-    cell = freq[(freq.setting == "neutral") & (freq.gender == "woman") & (freq.attribute == "dress")].iloc[0]
     tasks = pd.read_csv(run / "annotation_tasks.csv").drop(columns="present").merge(truth, on=["image_id", "attribute"]).merge(
         scores[["image_id", "attribute", "cls"]], on=["image_id", "attribute"])
     mine = tasks[(tasks.setting == "neutral") & (tasks.gender == "woman") & (tasks.attribute == "dress")]
-    drawn = mine.image_id.isin(items.image_id)
-    want = K.ppi_proportion(mine.present[drawn].to_numpy(float), mine.cls[drawn].to_numpy(), mine.cls[~drawn].to_numpy())
+    # three of a stratum's four images, PPI++ as packaged (its lambda uses all three), people who see a
+    # dress where CLS's probability is above the cell's median: the cell's PPI++ from its stratum's
+    # labelled and unlabelled images
+    cut = mine.cls.median()
+    freq, _ = labelled(tmp_path / "three", "--n-per-stratum", "3", ppi=K.PACKAGE,
+                       answer=lambda t: np.where((t["gender"] == "woman") & (t["attribute"] == "dress")
+                                                 & (t["setting"] == "neutral"), t["cls"] > cut, t["present"] == 1))
+    drawn = mine.image_id.isin(TaskSet.load(tmp_path / "three").items.image_id)
+    y, f = (mine.cls > cut).to_numpy(float), mine.cls.to_numpy()
+    want = K.ppi_proportion(y[drawn], f[drawn], f[~drawn], variant=K.PACKAGE)
+    cell = freq[(freq.setting == "neutral") & (freq.gender == "woman") & (freq.attribute == "dress")].iloc[0]
+    assert cell["labelled"] == drawn.sum() == 3 and cell["corrected"] == pytest.approx(want["value"])
+    assert want["value"] != pytest.approx(K.ppi_proportion(y[drawn], f[drawn], f, variant=K.PACKAGE)["value"])
+    freq, _ = labelled(tmp_path / "two")                   # the preset: two images per stratum
+    drawn = mine.image_id.isin(TaskSet.load(tmp_path / "two").items.image_id)
+    y = mine.present.to_numpy(float)
+    want = K.ppi_proportion(y[drawn], f[drawn], f[~drawn])
+    cell = freq[(freq.setting == "neutral") & (freq.gender == "woman") & (freq.attribute == "dress")].iloc[0]
     assert cell["labelled"] == drawn.sum() == 2 and cell["corrected"] == pytest.approx(want["value"])
     assert (cell["corrected_low"], cell["corrected_high"]) == pytest.approx((want["low"], want["high"]))
     # an explicit stratum holds one image per context and seed: two drawn of four, each with one question
