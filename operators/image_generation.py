@@ -83,8 +83,10 @@ from operators.support.diffusion import (
     apply_speed_options,
     invalid_images,
     load_text2image,
+    sampling,
     set_vae_slicing,
 )
+from operators.support.families import family_of_pipeline
 from schemas.images import (
     GENERATION_DETAIL,
     GENERATION_STATUS,
@@ -154,6 +156,7 @@ class ImageGenerator:
                                                  cuda_dtype=cuda_dtype, variant=variant,
                                                  cpu_offload=cpu_offload)
         self.device = load_record["device"]
+        sampling(self.steps, self.guidance_scale, family_of_pipeline(type(self.pipe).__name__).cfg_argument)  # refuses now
         # noise on the CPU by default: the same seed gives the same initial noise on any device
         self.noise_device = pick_device(noise_device)
         self.channels_last = bool(channels_last)

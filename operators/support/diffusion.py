@@ -91,7 +91,8 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         # load from that snapshot directory: its name is the commit, its files the weights recorded
         source = model if os.path.isdir(model) else str(DiffusionPipeline.download(model, **kwargs))
         check_fits(model, source, torch_dtype, device, offload=cpu_offload)
-        pipe = AutoPipelineForText2Image.from_pretrained(source, **kwargs)
+        loader = AutoPipelineForText2Image if auto_loads(source) else DiffusionPipeline
+        pipe = loader.from_pretrained(source, **kwargs)
         if cpu_offload:
             pipe.enable_model_cpu_offload(device=device)
         else:
@@ -257,20 +258,53 @@ def _generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_s
     import torch  # deferred: torch
 
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds]
+    family = family_of_pipeline(type(pipe).__name__)
+    kwargs = guided_call(family, guidance_scale, call_kwargs)
     out = pipe(prompt=list(prompts), height=height, width=width, generator=generators, num_images_per_prompt=1,
-               output_type="pt", **sampling(steps, guidance_scale), **per_prompt(call_kwargs, len(prompts)))
+               output_type="pt", **sampling(steps, guidance_scale, family.cfg_argument), **per_prompt(kwargs, len(prompts)))
     flags = getattr(out, "nsfw_content_detected", None)
     return image_tensor(out.images), (None if flags is None else [bool(f) for f in flags])
 
 
-def sampling(steps: int | None, guidance_scale: float | None) -> dict:
-    """num_inference_steps and guidance_scale as call arguments, left out where None (the
-    pipeline's own default: a model of no known family)."""
+def auto_loads(source: str) -> bool:
+    """Whether ``AutoPipelineForText2Image`` knows the pipeline class of the local ``source``; the
+    families it does not map (HiDream, SANA-Sprint, Kolors, HunyuanImage in diffusers 0.42) load
+    through ``DiffusionPipeline``, by their ``model_index.json`` class."""
+    from diffusers.pipelines.auto_pipeline import AUTO_TEXT2IMAGE_PIPELINES_MAPPING  # deferred: diffusers
+
+    try:
+        cls = json.loads((Path(source) / "model_index.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return True
+    known = {c.__name__ for c in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values()}
+    return cls in known or family_of_pipeline(cls).name == "unknown"
+
+
+def sampling(steps: int | None, guidance_scale: float | None, cfg_argument: str | None = "guidance_scale") -> dict:
+    """num_inference_steps and the guidance scale as call arguments (under the family's name for it,
+    ``cfg_argument``: Qwen-Image's is ``true_cfg_scale``), left out where None (the pipeline's own
+    default: a model of no known family). A scale for a family whose call takes none is refused."""
     out = {}
     if steps is not None:
         out["num_inference_steps"] = int(steps)
     if guidance_scale is not None:
-        out["guidance_scale"] = float(guidance_scale)
+        if cfg_argument is None:
+            raise ValueError(f"a guidance scale ({guidance_scale}) was set, but this pipeline's call takes none "
+                             "(HunyuanImage: its guider component holds it): leave the guidance unset for it")
+        out[cfg_argument] = float(guidance_scale)
+    return out
+
+
+BLANK_NEGATIVE = " "    # Qwen-Image's guidance runs only with a negative prompt: the card's example passes a blank one
+
+
+def guided_call(family, guidance_scale: float | None, call_kwargs: dict | None) -> dict:
+    """The call arguments with what the family's guidance needs: for a ``true_cfg_scale`` above 1
+    without a negative prompt, a blank one (else Qwen-Image runs without guidance and warns)."""
+    out = dict(call_kwargs or {})
+    if family.cfg_argument == "true_cfg_scale" and guidance_scale is not None and guidance_scale > 1 \
+            and out.get("negative_prompt") is None:
+        out["negative_prompt"] = BLANK_NEGATIVE
     return out
 
 

@@ -41,6 +41,7 @@ class Family:
     negative_prompt: bool           # the pipeline takes a negative prompt
     pooled: bool                    # the denoiser also receives a pooled text embedding
     source: str
+    cfg_argument: str | None = "guidance_scale"   # the call argument of the guidance scale (None: none)
 
 
 FAMILIES = {
@@ -58,6 +59,35 @@ FAMILIES = {
                False, "PixArtAlphaPipeline.__call__ defaults"),
         Family("pixart-sigma", ("PixArtSigmaPipeline",), 20, 4.5, None, 300, "float16", "transformer", False, True,
                False, "PixArtSigmaPipeline.__call__ defaults"),
+        # the families of 2025-2026 (diffusers 0.42): their pipelines' __call__ defaults (tested against the
+        # installed signatures), bfloat16 as every one of their examples loads them
+        Family("flux2", ("Flux2Pipeline",), 50, 4.0, None, 512, "bfloat16", "transformer", False, False, False,
+               "Flux2Pipeline.__call__ defaults (Mistral 3 text encoder, no negative prompt)"),
+        Family("flux2-klein", ("Flux2KleinPipeline",), 50, 4.0, None, 512, "bfloat16", "transformer", False, False,
+               False, "Flux2KleinPipeline.__call__ defaults (Qwen3 text encoder, no negative prompt)"),
+        Family("qwen-image", ("QwenImagePipeline",), 50, 4.0, None, 512, "bfloat16", "transformer", False, True, False,
+               "QwenImagePipeline.__call__ defaults; its classifier-free guidance scale is true_cfg_scale (4.0), "
+               "active with a negative prompt; guidance_scale is for guidance-distilled variants",
+               "true_cfg_scale"),
+        Family("hidream", ("HiDreamImagePipeline",), 50, 5.0, None, 128, "bfloat16", "transformer", False, True, True,
+               "HiDreamImagePipeline.__call__ defaults (two CLIP, T5 and Llama 3.1 text encoders)"),
+        Family("sana", ("SanaPipeline",), 20, 4.5, 1024, 300, "bfloat16", "transformer", False, True, False,
+               "SanaPipeline.__call__ defaults (Gemma 2 text encoder, DC-AE)"),
+        Family("sana-sprint", ("SanaSprintPipeline",), 2, 4.5, 1024, 300, "bfloat16", "transformer", False, False,
+               False, "SanaSprintPipeline.__call__ defaults (guidance embedded, no negative prompt)"),
+        Family("lumina2", ("Lumina2Pipeline",), 30, 4.0, None, 256, "bfloat16", "transformer", False, True, False,
+               "Lumina2Pipeline.__call__ defaults (Gemma 2 text encoder)"),
+        Family("kolors", ("KolorsPipeline",), 50, 5.0, None, 256, "float16", "unet", False, True, True,
+               "KolorsPipeline.__call__ defaults (ChatGLM3 text encoder; needs the sentencepiece package)"),
+        Family("chroma", ("ChromaPipeline",), 35, 5.0, None, 512, "bfloat16", "transformer", False, True, False,
+               "ChromaPipeline.__call__ defaults (T5 only)"),
+        Family("cogview4", ("CogView4Pipeline",), 50, 5.0, None, 1024, "bfloat16", "transformer", False, True, False,
+               "CogView4Pipeline.__call__ defaults (GLM-4 text encoder)"),
+        Family("hunyuan-image", ("HunyuanImagePipeline",), 50, None, None, None, "bfloat16", "transformer", False,
+               True, False, "HunyuanImagePipeline.__call__ defaults; its guidance is a guider component, not a "
+               "call argument", None),
+        Family("z-image", ("ZImagePipeline",), 50, 5.0, None, 512, "bfloat16", "transformer", False, True, False,
+               "ZImagePipeline.__call__ defaults (Qwen3 text encoder)"),
     )
 }
 UNKNOWN = Family("unknown", (), None, None, None, None, "float16", "unknown", False, True, False,
@@ -78,6 +108,15 @@ CARDS: dict[str, dict] = {
     "stabilityai/sd-turbo": {"steps": 1, "guidance_scale": 0.0, "size": 512, "variant": "fp16"},
     "stabilityai/sdxl-turbo": {"steps": 1, "guidance_scale": 0.0, "size": 512, "variant": "fp16"},
     "stabilityai/stable-diffusion-xl-base-1.0": {"variant": "fp16"},
+    # the 2025-2026 families: their pipelines' docstring examples in diffusers 0.42 (docs/method.md)
+    "black-forest-labs/flux.2-dev": {"steps": 50, "guidance_scale": 2.5},
+    "black-forest-labs/flux.2-klein-base-9b": {"steps": 50, "guidance_scale": 4.0},
+    "qwen/qwen-image": {"steps": 50},
+    "hidream-ai/hidream-i1-full": {"steps": 50, "guidance_scale": 5.0, "size": 1024},
+    "z-a-o/z-image-turbo": {"steps": 8, "guidance_scale": 0.0, "size": 1024},
+    "tongyi-mai/z-image-turbo": {"steps": 8, "guidance_scale": 0.0, "size": 1024},
+    "kwai-kolors/kolors-diffusers": {"variant": "fp16", "cuda_dtype": "float16"},
+    "hunyuanvideo-community/hunyuanimage-2.1-diffusers": {"steps": 50},
 }
 
 # hub ids whose family is known without reading their model_index.json (regular expressions on the
@@ -91,6 +130,18 @@ KNOWN_IDS: tuple[tuple[str, str], ...] = (
     (r"^pixart-alpha/pixart-sigma", "pixart-sigma"),
     (r"^pixart-alpha/pixart-xl", "pixart-alpha"),
     (r"stable-diffusion-v1|stable-diffusion-2|^compvis/stable-diffusion", "sd"),
+    (r"^black-forest-labs/flux\.2-klein", "flux2-klein"),
+    (r"^black-forest-labs/flux\.2", "flux2"),
+    (r"^qwen/qwen-image(-\d+)?$", "qwen-image"),
+    (r"^hidream-ai/hidream-i1-(full|dev|fast)$", "hidream"),
+    (r"^efficient-large-model/sana_sprint", "sana-sprint"),
+    (r"^efficient-large-model/sana", "sana"),
+    (r"^alpha-vllm/lumina-image-2\.0$", "lumina2"),
+    (r"^kwai-kolors/kolors", "kolors"),
+    (r"^lodestones/chroma", "chroma"),
+    (r"^(thudm|zai-org)/cogview4", "cogview4"),
+    (r"hunyuanimage-2\.1", "hunyuan-image"),
+    (r"/z-image", "z-image"),
 )
 
 SETTING_KEYS = ("steps", "guidance_scale", "size", "max_sequence_length", "cuda_dtype")
