@@ -12,7 +12,9 @@ classes and file layout of the family and tiny sizes:
 - ``flux``: ``FluxPipeline`` (``FluxTransformer2DModel`` with double- and single-stream blocks, a CLIP
   encoder for the pooled embedding, a T5 encoder for the sequence; ``guidance_embeds`` for a
   dev-like model);
-- ``pixart``: ``PixArtSigmaPipeline`` (``PixArtTransformer2DModel``, T5 only, DPM-Solver++).
+- ``pixart``: ``PixArtSigmaPipeline`` (``PixArtTransformer2DModel``, T5 only, DPM-Solver++);
+- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``: the 2025 families of their names (each
+  builder says what it holds; Gemma 2 encoders with a tokenizer over the tiny T5 vocabulary).
 
 The CLIP tokenizer is the real one (``standins.diffusion.build_clip_tokenizer``); the T5 tokenizer
 is a tiny SentencePiece-style (Unigram) tokenizer over the bytes and a few hundred words, built with
@@ -31,9 +33,10 @@ from pathlib import Path
 from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer, build_tiny_stable_diffusion
 from pipelines.standins.face_decoder import build_tiny_vae, load_face_decoder
 
-FAMILIES = ("sdxl", "sd3", "flux", "pixart")
-# the stand-ins' image size: 64 px, PixArt 256 px (its resolution binning knows no smaller size)
-STANDIN_SIZE = {"pixart": 256}
+FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint")
+# the stand-ins' image size: 64 px, PixArt 256 px, SANA 512 px and SANA-Sprint 1024 px (their
+# resolution binning knows no smaller size)
+STANDIN_SIZE = {"pixart": 256, "sana": 512, "sana-sprint": 1024}
 TINY = 32
 T5_VOCAB = 400
 
@@ -183,10 +186,118 @@ def build_tiny_pixart(directory, seed: int = 0) -> str:
     return _save(pipe, directory, "pixart", seed)
 
 
-BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart}
+def build_tiny_gemma_tokenizer():
+    """A Gemma tokenizer (transformers 5's ``GemmaTokenizer``, tokenizers-backed) over the tiny
+    Unigram vocabulary of ``build_tiny_t5_tokenizer``: Gemma's own vocabulary ships with no package
+    here."""
+    from tokenizers import Tokenizer  # deferred: tokenizers, transformers
+    from transformers import GemmaTokenizer
+
+    backend = Tokenizer.from_str(build_tiny_t5_tokenizer().backend_tokenizer.to_str())
+    return GemmaTokenizer(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                          bos_token="</s>")
+
+
+def _gemma2_encoder(seed: int):
+    # deferred: torch, transformers
+    import torch
+    from transformers import Gemma2Config, Gemma2Model
+
+    torch.manual_seed(seed)
+    return Gemma2Model(Gemma2Config(vocab_size=T5_VOCAB, hidden_size=TINY, intermediate_size=37, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=0,
+                                    eos_token_id=1, bos_token_id=1))
+
+
+def build_tiny_chroma(directory, seed: int = 0) -> str:
+    """``ChromaPipeline``: FLUX's double- and single-stream blocks with the distilled modulation
+    approximator instead of pooled CLIP conditioning, T5 only, a negative prompt."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import ChromaPipeline, ChromaTransformer2DModel, FlowMatchEulerDiscreteScheduler
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = ChromaTransformer2DModel(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
+                                               attention_head_dim=16, num_attention_heads=2, joint_attention_dim=TINY,
+                                               axes_dims_rope=(4, 6, 6), approximator_num_channels=16,
+                                               approximator_hidden_dim=32, approximator_layers=1)
+        pipe = ChromaPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+                              vae=_vae(seed + 1, latent_channels=16, flow=True), text_encoder=_t5_encoder(seed + 2),
+                              tokenizer=build_tiny_t5_tokenizer(), image_encoder=None, feature_extractor=None)
+    return _save(pipe, directory, "chroma", seed)
+
+
+def build_tiny_lumina2(directory, seed: int = 0) -> str:
+    """``Lumina2Pipeline``: the Lumina-Image 2.0 unified next-DiT with caption refiner layers, a
+    Gemma 2 text encoder (its system prompt prepended by the pipeline), flow matching."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, Lumina2Pipeline, Lumina2Transformer2DModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = Lumina2Transformer2DModel(sample_size=8, patch_size=2, in_channels=16, hidden_size=32,
+                                                num_layers=1, num_refiner_layers=1, num_attention_heads=2,
+                                                num_kv_heads=1, multiple_of=16, axes_dim_rope=(4, 6, 6),
+                                                axes_lens=(300, 64, 64), cap_feat_dim=TINY)
+        pipe = Lumina2Pipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(),
+                               vae=_vae(seed + 1, latent_channels=16, flow=True),
+                               text_encoder=_gemma2_encoder(seed + 2), tokenizer=build_tiny_gemma_tokenizer())
+    return _save(pipe, directory, "lumina2", seed)
+
+
+def _dc_ae(seed: int):
+    """SANA's deep-compression autoencoder, tiny: six stages (32x spatial compression, as the real
+    one), linear attention in the last three."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import AutoencoderDC
+
+    torch.manual_seed(seed)
+    blocks = ("ResBlock",) * 3 + ("EfficientViTBlock",) * 3
+    scales = ((),) * 3 + ((5,),) * 3
+    return AutoencoderDC(in_channels=3, latent_channels=4, attention_head_dim=8, encoder_block_types=blocks,
+                         decoder_block_types=blocks, encoder_block_out_channels=(8, 8, 8, 16, 16, 16),
+                         decoder_block_out_channels=(8, 8, 8, 16, 16, 16), encoder_layers_per_block=(1,) * 6,
+                         decoder_layers_per_block=(1,) * 6, encoder_qkv_multiscales=scales,
+                         decoder_qkv_multiscales=scales, upsample_block_type="interpolate",
+                         downsample_block_type="conv", decoder_norm_types="rms_norm", decoder_act_fns="silu",
+                         scaling_factor=0.41407)
+
+
+def build_tiny_sana(directory, seed: int = 0, sprint: bool = False) -> str:
+    """``SanaPipeline`` (or ``SanaSprintPipeline``): the linear-attention SANA transformer with
+    cross-attention to a Gemma 2 encoder, the DC-AE, DPM-Solver++ on flow sigmas (Sprint: SCM with
+    embedded guidance). The pipelines bin the size to their aspect-ratio tables, so the stand-in
+    is 512 px (sample size 16; SANA-Sprint knows only the 1024 px table)."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import (DPMSolverMultistepScheduler, SanaPipeline, SanaSprintPipeline, SanaTransformer2DModel,
+                           SCMScheduler)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+                                             num_layers=1, num_cross_attention_heads=2, cross_attention_head_dim=8,
+                                             cross_attention_dim=16, caption_channels=TINY,
+                                             sample_size=32 if sprint else 16, patch_size=1, guidance_embeds=sprint,
+                                             qk_norm="rms_norm_across_heads" if sprint else None)
+        scheduler = SCMScheduler() if sprint else DPMSolverMultistepScheduler(
+            flow_shift=3.0, use_flow_sigmas=True, prediction_type="flow_prediction")
+        pipe = (SanaSprintPipeline if sprint else SanaPipeline)(
+            tokenizer=build_tiny_gemma_tokenizer(), text_encoder=_gemma2_encoder(seed + 2), vae=_dc_ae(seed + 1),
+            transformer=transformer, scheduler=scheduler)
+    return _save(pipe, directory, "sana-sprint" if sprint else "sana", seed)
+
+
+BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart,
+            "chroma": build_tiny_chroma, "lumina2": build_tiny_lumina2, "sana": build_tiny_sana,
+            "sana-sprint": lambda directory, seed=0: build_tiny_sana(directory, seed, sprint=True)}
 # each generator family (operators.support.families) and the tiny stand-in it runs as; a family
 # not listed runs as the SD 1.x stand-in
-STANDIN_OF_FAMILY = {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart"}
+STANDIN_OF_FAMILY = {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart",
+                     "chroma": "chroma", "lumina2": "lumina2", "sana": "sana", "sana-sprint": "sana-sprint"}
 
 
 def standin_family(family: str | None) -> str:

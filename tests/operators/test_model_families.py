@@ -21,7 +21,8 @@ from schemas.images import GENDER, GENDER_COLUMNS, GENERATION_DETAIL, GENERATION
 from schemas.subsets import PROMPT, PROMPT_ID
 
 PIPELINE = {"sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline",
-            "pixart": "PixArtSigmaPipeline"}
+            "pixart": "PixArtSigmaPipeline", "chroma": "ChromaPipeline", "lumina2": "Lumina2Pipeline",
+            "sana": "SanaPipeline", "sana-sprint": "SanaSprintPipeline"}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

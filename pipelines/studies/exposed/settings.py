@@ -16,6 +16,7 @@ from operators.image_backbone_disparity import BackboneDisparity
 from operators.image_clip_embedding import ClipImageEmbedder
 from operators.image_split_product import SplitProductDisparity
 from operators.image_ssim_disparity import SsimDisparity
+from operators.support.families import FAMILIES, WORD_MAPS
 from operators.support.seeds import image_seeds
 from pipelines.engine.cli import config as study_config
 from pipelines.engine.generation import GenerationSettings, generation_settings
@@ -212,11 +213,18 @@ def check_families(generators) -> None:
     PixArt pipelines hand no latents or prompt embeddings to a step callback (no prompt or
     denoising space). Sections 5-7 read word heat maps from a UNet's cross-attention (DAAM) or from
     the joint attention of SD 3 / FLUX's MMDiT blocks (``operators.support.joint_attention``); an
-    unknown family's pipeline is checked when it loads (``capture_for`` names what to run instead)."""
+    unknown family's pipeline is checked when it loads (``capture_for`` names what to run instead);
+    a known family without word maps here (``families.WORD_MAPS``) is refused now."""
     no_callback = [g.model for g in generators if g.family in ("pixart-alpha", "pixart-sigma")]
     if no_callback:
         raise ValueError(f"{', '.join(no_callback)}: PixArt pipelines pass no latents or prompt embeddings to "
                          f"callback_on_step_end, so the prompt and denoising spaces cannot be measured; leave them out "
+                         f"of this study (the other studies run them)")
+    no_maps = [f"{g.model} ({g.family})" for g in generators
+               if g.family in FAMILIES and g.family not in WORD_MAPS and not g.family.startswith("pixart")]
+    if no_maps:
+        raise ValueError(f"{', '.join(no_maps)}: word heat maps from this family's attention are not implemented yet "
+                         f"(they are for {', '.join(WORD_MAPS)}), and sections 5-7 need them; leave these models out "
                          f"of this study (the other studies run them)")
 
 
