@@ -13,8 +13,9 @@ classes and file layout of the family and tiny sizes:
   encoder for the pooled embedding, a T5 encoder for the sequence; ``guidance_embeds`` for a
   dev-like model);
 - ``pixart``: ``PixArtSigmaPipeline`` (``PixArtTransformer2DModel``, T5 only, DPM-Solver++);
-- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``: the 2025 families of their names (each
-  builder says what it holds; Gemma 2 encoders with a tokenizer over the tiny T5 vocabulary).
+- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``, ``z-image``, ``flux2-klein``: the 2025-2026
+  families of their names (each builder says what it holds; Gemma 2 encoders with a tokenizer over
+  the tiny T5 vocabulary, Qwen3 encoders with a byte-level Qwen tokenizer and Qwen's chat template).
 
 The CLIP tokenizer is the real one (``standins.diffusion.build_clip_tokenizer``); the T5 tokenizer
 is a tiny SentencePiece-style (Unigram) tokenizer over the bytes and a few hundred words, built with
@@ -33,7 +34,7 @@ from pathlib import Path
 from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer, build_tiny_stable_diffusion
 from pipelines.standins.face_decoder import build_tiny_vae, load_face_decoder
 
-FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint")
+FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint", "z-image", "flux2-klein")
 # the stand-ins' image size: 64 px, PixArt 256 px, SANA 512 px and SANA-Sprint 1024 px (their
 # resolution binning knows no smaller size)
 STANDIN_SIZE = {"pixart": 256, "sana": 512, "sana-sprint": 1024}
@@ -291,13 +292,94 @@ def build_tiny_sana(directory, seed: int = 0, sprint: bool = False) -> str:
     return _save(pipe, directory, "sana-sprint" if sprint else "sana", seed)
 
 
+# Qwen's chat format, as Z-Image and FLUX.2 klein apply it to the prompt (``enable_thinking`` False
+# adds the empty think block the Qwen3 template adds)
+QWEN_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+def build_tiny_qwen_tokenizer():
+    """A Qwen2 tokenizer (byte-level BPE without merges: one token per byte) with Qwen's special
+    tokens and chat template: Qwen's vocabulary ships with no package here."""
+    # deferred: tokenizers, transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2Tokenizer
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"])
+    return Qwen2Tokenizer(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
+                          bos_token=None, chat_template=QWEN_CHAT_TEMPLATE)
+
+
+def _qwen3(seed: int, vocab: int, layers: int, hidden: int, causal: bool):
+    # deferred: torch, transformers
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3Model
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden + 5, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2, max_position_embeddings=1024)
+    return (Qwen3ForCausalLM if causal else Qwen3Model)(cfg)
+
+
+def build_tiny_z_image(directory, seed: int = 0) -> str:
+    """``ZImagePipeline``: the single-stream S3-DiT with refiner layers over a Qwen3 encoder's
+    second-to-last hidden states of the chat-formatted prompt, flow matching, a negative prompt."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+
+    tokenizer = build_tiny_qwen_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32,
+                                               n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
+                                               cap_feat_dim=TINY, axes_dims=[4, 6, 6], axes_lens=[1024, 64, 64])
+        pipe = ZImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(),
+                              vae=_vae(seed + 1, latent_channels=16, flow=True),
+                              text_encoder=_qwen3(seed + 2, len(tokenizer), 2, TINY, causal=False), tokenizer=tokenizer,
+                              transformer=transformer)
+    return _save(pipe, directory, "z-image", seed)
+
+
+def build_tiny_flux2_klein(directory, seed: int = 0) -> str:
+    """``Flux2KleinPipeline``: FLUX.2's transformer over three stacked hidden layers (9, 18, 27) of
+    a Qwen3 causal LM (so 28 tiny layers), FLUX.2's VAE with 2x2 latent patches, CFG."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, \
+        Flux2Transformer2DModel
+
+    tokenizer = build_tiny_qwen_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = Flux2Transformer2DModel(patch_size=1, in_channels=32, num_layers=1, num_single_layers=1,
+                                              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                              timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
+                                              guidance_embeds=False)
+        torch.manual_seed(seed + 1)
+        vae = AutoencoderKLFlux2(block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=8,
+                                 norm_num_groups=8, sample_size=64, patch_size=(2, 2))
+        pipe = Flux2KleinPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
+                                  text_encoder=_qwen3(seed + 2, len(tokenizer), 28, 16, causal=True),
+                                  tokenizer=tokenizer, transformer=transformer, is_distilled=False)
+    return _save(pipe, directory, "flux2-klein", seed)
+
+
 BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart,
             "chroma": build_tiny_chroma, "lumina2": build_tiny_lumina2, "sana": build_tiny_sana,
-            "sana-sprint": lambda directory, seed=0: build_tiny_sana(directory, seed, sprint=True)}
+            "sana-sprint": lambda directory, seed=0: build_tiny_sana(directory, seed, sprint=True),
+            "z-image": build_tiny_z_image, "flux2-klein": build_tiny_flux2_klein}
 # each generator family (operators.support.families) and the tiny stand-in it runs as; a family
 # not listed runs as the SD 1.x stand-in
 STANDIN_OF_FAMILY = {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart",
-                     "chroma": "chroma", "lumina2": "lumina2", "sana": "sana", "sana-sprint": "sana-sprint"}
+                     "chroma": "chroma", "lumina2": "lumina2", "sana": "sana", "sana-sprint": "sana-sprint",
+                     "z-image": "z-image", "flux2-klein": "flux2-klein"}
 
 
 def standin_family(family: str | None) -> str:
