@@ -13,9 +13,10 @@ classes and file layout of the family and tiny sizes:
   encoder for the pooled embedding, a T5 encoder for the sequence; ``guidance_embeds`` for a
   dev-like model);
 - ``pixart``: ``PixArtSigmaPipeline`` (``PixArtTransformer2DModel``, T5 only, DPM-Solver++);
-- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``, ``z-image``, ``flux2-klein``: the 2025-2026
-  families of their names (each builder says what it holds; Gemma 2 encoders with a tokenizer over
-  the tiny T5 vocabulary, Qwen3 encoders with a byte-level Qwen tokenizer and Qwen's chat template).
+- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``, ``z-image``, ``flux2-klein``, ``cogview4``:
+  the 2025-2026 families of their names (each builder says what it holds; Gemma 2 and GLM-4
+  encoders with tokenizers over the tiny T5 vocabulary, Qwen3 encoders with a byte-level Qwen
+  tokenizer and Qwen's chat template).
 
 The CLIP tokenizer is the real one (``standins.diffusion.build_clip_tokenizer``); the T5 tokenizer
 is a tiny SentencePiece-style (Unigram) tokenizer over the bytes and a few hundred words, built with
@@ -34,7 +35,8 @@ from pathlib import Path
 from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer, build_tiny_stable_diffusion
 from pipelines.standins.face_decoder import build_tiny_vae, load_face_decoder
 
-FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint", "z-image", "flux2-klein")
+FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint", "z-image", "flux2-klein",
+            "cogview4")
 # the stand-ins' image size: 64 px, PixArt 256 px, SANA 512 px and SANA-Sprint 1024 px (their
 # resolution binning knows no smaller size)
 STANDIN_SIZE = {"pixart": 256, "sana": 512, "sana-sprint": 1024}
@@ -371,15 +373,44 @@ def build_tiny_flux2_klein(directory, seed: int = 0) -> str:
     return _save(pipe, directory, "flux2-klein", seed)
 
 
+def build_tiny_cogview4(directory, seed: int = 0) -> str:
+    """``CogView4Pipeline``: the CogView4 DiT over a GLM-4 encoder's second-to-last hidden states
+    (a fast tokenizer over the tiny T5 vocabulary, as GLM's is not in any package here), flow
+    matching with CogView4's linear dynamic shift, a negative prompt."""
+    # deferred: torch, diffusers, tokenizers, transformers
+    import torch
+    from diffusers import CogView4Pipeline, CogView4Transformer2DModel, FlowMatchEulerDiscreteScheduler
+    from tokenizers import Tokenizer
+    from transformers import GlmConfig, GlmModel, PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(build_tiny_t5_tokenizer().backend_tokenizer.to_str()),
+        pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = CogView4Transformer2DModel(patch_size=2, in_channels=16, out_channels=16, num_layers=1,
+                                                 attention_head_dim=16, num_attention_heads=2, text_embed_dim=TINY,
+                                                 time_embed_dim=16, condition_dim=8, pos_embed_max_size=32,
+                                                 sample_size=8, rope_axes_dim=(4, 4))
+        torch.manual_seed(seed + 2)
+        encoder = GlmModel(GlmConfig(vocab_size=T5_VOCAB, hidden_size=TINY, intermediate_size=37, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=0))
+        scheduler = FlowMatchEulerDiscreteScheduler(base_shift=0.25, max_shift=0.75, base_image_seq_len=256,
+                                                    use_dynamic_shifting=True, time_shift_type="linear")
+        pipe = CogView4Pipeline(tokenizer=tokenizer, text_encoder=encoder, transformer=transformer, scheduler=scheduler,
+                                vae=_vae(seed + 1, latent_channels=16, flow=True))
+    return _save(pipe, directory, "cogview4", seed)
+
+
 BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart,
             "chroma": build_tiny_chroma, "lumina2": build_tiny_lumina2, "sana": build_tiny_sana,
             "sana-sprint": lambda directory, seed=0: build_tiny_sana(directory, seed, sprint=True),
-            "z-image": build_tiny_z_image, "flux2-klein": build_tiny_flux2_klein}
+            "z-image": build_tiny_z_image, "flux2-klein": build_tiny_flux2_klein, "cogview4": build_tiny_cogview4}
 # each generator family (operators.support.families) and the tiny stand-in it runs as; a family
 # not listed runs as the SD 1.x stand-in
 STANDIN_OF_FAMILY = {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart",
                      "chroma": "chroma", "lumina2": "lumina2", "sana": "sana", "sana-sprint": "sana-sprint",
-                     "z-image": "z-image", "flux2-klein": "flux2-klein"}
+                     "z-image": "z-image", "flux2-klein": "flux2-klein", "cogview4": "cogview4"}
 
 
 def standin_family(family: str | None) -> str:
