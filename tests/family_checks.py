@@ -14,6 +14,15 @@ SDXL, SD35, FLUX, PIXART = ("stabilityai/stable-diffusion-xl-base-1.0", "stabili
                             "black-forest-labs/FLUX.1-schnell", "PixArt-alpha/PixArt-Sigma-XL-2-1024-MS")
 FAMILY = {SDXL: ("sdxl", "StableDiffusionXLPipeline"), SD35: ("sd3", "StableDiffusion3Pipeline"),
           FLUX: ("flux", "FluxPipeline"), PIXART: ("pixart-sigma", "PixArtSigmaPipeline")}
+# the 2025-2026 families with tiny stand-ins (pipelines/standins/families.py)
+NEW = {"lodestones/Chroma1-HD": ("chroma", "ChromaPipeline"),
+       "Alpha-VLLM/Lumina-Image-2.0": ("lumina2", "Lumina2Pipeline"),
+       "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers": ("sana", "SanaPipeline"),
+       "Efficient-Large-Model/Sana_Sprint_1.6B_1024px_diffusers": ("sana-sprint", "SanaSprintPipeline"),
+       "Tongyi-MAI/Z-Image-Turbo": ("z-image", "ZImagePipeline"),
+       "black-forest-labs/FLUX.2-klein-4B": ("flux2-klein", "Flux2KleinPipeline"),
+       "THUDM/CogView4-6B": ("cogview4", "CogView4Pipeline")}
+FAMILY.update(NEW)
 
 
 def generator_records(run_dir) -> dict:

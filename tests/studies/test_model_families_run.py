@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from family_checks import FLUX, PIXART, SD35, SDXL, check_records
+from family_checks import FLUX, NEW, PIXART, SD35, SDXL, check_records
 from pipelines import dalleval, exposed
 from schemas import images as I
 
@@ -107,6 +107,25 @@ def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local)
         check_records(tmp_path / run_id, models)
         images = pq.read_table(tmp_path / run_id / "images.parquet").to_pandas()
         assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}, part
+
+
+def test_the_2025_2026_families_run_gep_each_at_its_defaults(tmp_path, ray_local):
+    """GEP (paper 001) with the families of 2025-2026 that have stand-ins: each model ran as its own
+    family at its card's or its pipeline's defaults (recorded), and every image of every family is
+    generated, embedded and checked."""
+    from pipelines import gep
+
+    models = list(NEW)
+    argv = ["run", "--output", str(tmp_path), "--run-id", "n", "--standin-models", "--images-per-prompt", "1",
+            "--steps", "2", "--max-contexts", "2", "--attributes", "dress,suit", "--ensemble", "1", "--no-progress",
+            "--generators", ",".join(models)]
+    assert gep.main(argv) == 0
+    recs = check_records(tmp_path / "n", models)
+    assert recs["Tongyi-MAI/Z-Image-Turbo"]["spec"]["guidance_scale"] == 0.0          # the card's
+    assert recs["lodestones/Chroma1-HD"]["spec"]["guidance_scale"] == 5.0              # the pipeline's
+    images = pq.read_table(tmp_path / "n" / "images.parquet").to_pandas()
+    assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}
+    assert images[I.NSFW].notna().all() and images["clip_embedding"].notna().all()
 
 
 # ---------------------------------------------------------------- t2i compare on these runs
