@@ -21,7 +21,8 @@ NEW = {"lodestones/Chroma1-HD": ("chroma", "ChromaPipeline"),
        "Efficient-Large-Model/Sana_Sprint_1.6B_1024px_diffusers": ("sana-sprint", "SanaSprintPipeline"),
        "Tongyi-MAI/Z-Image-Turbo": ("z-image", "ZImagePipeline"),
        "black-forest-labs/FLUX.2-klein-4B": ("flux2-klein", "Flux2KleinPipeline"),
-       "THUDM/CogView4-6B": ("cogview4", "CogView4Pipeline")}
+       "THUDM/CogView4-6B": ("cogview4", "CogView4Pipeline"),
+       "HiDream-ai/HiDream-I1-Full": ("hidream", "HiDreamImagePipeline")}
 FAMILY.update(NEW)
 
 

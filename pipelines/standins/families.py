@@ -13,9 +13,9 @@ classes and file layout of the family and tiny sizes:
   encoder for the pooled embedding, a T5 encoder for the sequence; ``guidance_embeds`` for a
   dev-like model);
 - ``pixart``: ``PixArtSigmaPipeline`` (``PixArtTransformer2DModel``, T5 only, DPM-Solver++);
-- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``, ``z-image``, ``flux2-klein``, ``cogview4``:
+- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``, ``z-image``, ``flux2-klein``, ``cogview4``, ``hidream``:
   the 2025-2026 families of their names (each builder says what it holds; Gemma 2 and GLM-4
-  encoders with tokenizers over the tiny T5 vocabulary, Qwen3 encoders with a byte-level Qwen
+  (and Llama) encoders with tokenizers over the tiny T5 vocabulary, Qwen3 encoders with a byte-level Qwen
   tokenizer and Qwen's chat template).
 
 The CLIP tokenizer is the real one (``standins.diffusion.build_clip_tokenizer``); the T5 tokenizer
@@ -36,10 +36,10 @@ from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer, 
 from pipelines.standins.face_decoder import build_tiny_vae, load_face_decoder
 
 FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint", "z-image", "flux2-klein",
-            "cogview4")
-# the stand-ins' image size: 64 px, PixArt 256 px, SANA 512 px and SANA-Sprint 1024 px (their
-# resolution binning knows no smaller size)
-STANDIN_SIZE = {"pixart": 256, "sana": 512, "sana-sprint": 1024}
+            "cogview4", "hidream")
+# the stand-ins' image size: 64 px, PixArt and HiDream 256 px, SANA 512 px, SANA-Sprint 1024 px (their
+# resolution binning knows no smaller size; HiDream rescales every size to its default's area)
+STANDIN_SIZE = {"pixart": 256, "sana": 512, "sana-sprint": 1024, "hidream": 256}
 TINY = 32
 T5_VOCAB = 400
 
@@ -78,20 +78,20 @@ def _t5_encoder(seed: int):
                                    eos_token_id=1))
 
 
-def _clip_encoder(seed: int, projection: bool, hidden: int = TINY):
+def _clip_encoder(seed: int, projection: bool, hidden: int = TINY, positions: int = 77):
     # deferred: torch, transformers
     import torch
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     torch.manual_seed(seed)
     cfg = CLIPTextConfig(vocab_size=CLIP_VOCAB_SIZE, hidden_size=hidden, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=77, projection_dim=hidden,
+                         num_attention_heads=4, max_position_embeddings=positions, projection_dim=hidden,
                          bos_token_id=CLIP_VOCAB_SIZE - 2, eos_token_id=CLIP_VOCAB_SIZE - 1,
                          pad_token_id=CLIP_VOCAB_SIZE - 1, hidden_act="gelu")
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg)
 
 
-def _vae(seed: int, latent_channels: int = 4, flow: bool = False):
+def _vae(seed: int, latent_channels: int = 4, flow: bool = False, stages: int = 4):
     """The stand-in VAE. SD's 4-channel VAE (SDXL, PixArt) gets the fitted face decoder of
     ``standins.face_decoder`` (its images are faces, so the face steps of the studies find some);
     the flow models' VAEs (SD 3: 16 channels, FLUX: no quant convs) stay random."""
@@ -106,8 +106,8 @@ def _vae(seed: int, latent_channels: int = 4, flow: bool = False):
     torch.manual_seed(seed)
     extra = {"shift_factor": 0.0609, "scaling_factor": 1.5035, "use_quant_conv": False,
              "use_post_quant_conv": False} if flow else {}
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-                         up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 8, 16, 16),
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * stages,
+                         up_block_types=("UpDecoderBlock2D",) * stages, block_out_channels=(8, 8, 16, 16)[-stages:],
                          layers_per_block=1, latent_channels=latent_channels, norm_num_groups=8, sample_size=64,
                          **extra)
 
@@ -402,15 +402,55 @@ def build_tiny_cogview4(directory, seed: int = 0) -> str:
     return _save(pipe, directory, "cogview4", seed)
 
 
+def build_tiny_hidream(directory, seed: int = 0) -> str:
+    """``HiDreamImagePipeline``: the sparse (mixture-of-experts) DiT with double- and single-stream
+    blocks over four encoders: two long CLIP (248 positions, pooled), T5 and Llama 3.1 (chosen hidden layers, one per
+    block; its tokenizer over the tiny T5 vocabulary here, eager attention as the pipeline asks for
+    attention weights). The pipeline rescales every size to the area of its default (128 latent
+    rows times the VAE's factor, squared): with a two-stage VAE (factor 2) the stand-in's images
+    are 256 px, and 8 x 8 latent patches keep the transformer at 256 tokens."""
+    # deferred: torch, diffusers, tokenizers, transformers
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, HiDreamImagePipeline, HiDreamImageTransformer2DModel
+    from tokenizers import Tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    llama_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(build_tiny_t5_tokenizer().backend_tokenizer.to_str()),
+        pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=128)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = HiDreamImageTransformer2DModel(patch_size=8, in_channels=16, num_layers=1, num_single_layers=1,
+                                                     attention_head_dim=8, num_attention_heads=2,
+                                                     caption_channels=[TINY, TINY], text_emb_dim=2 * TINY,
+                                                     num_routed_experts=2, num_activated_experts=1,
+                                                     axes_dims_rope=(4, 2, 2), max_resolution=(32, 32),
+                                                     llama_layers=[0, 1])
+        torch.manual_seed(seed + 5)
+        config = LlamaConfig(vocab_size=T5_VOCAB, hidden_size=TINY, intermediate_size=37, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=0)
+        config._attn_implementation = "eager"
+        llama = LlamaForCausalLM(config)
+        pipe = HiDreamImagePipeline(
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+            vae=_vae(seed + 1, latent_channels=16, flow=True, stages=2),
+            text_encoder=_clip_encoder(seed + 2, True, positions=248), tokenizer=build_clip_tokenizer(),
+            text_encoder_2=_clip_encoder(seed + 3, True, positions=248), tokenizer_2=build_clip_tokenizer(),
+            text_encoder_3=_t5_encoder(seed + 4), tokenizer_3=build_tiny_t5_tokenizer(),
+            text_encoder_4=llama, tokenizer_4=llama_tokenizer, transformer=transformer)
+    return _save(pipe, directory, "hidream", seed)
+
+
 BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart,
             "chroma": build_tiny_chroma, "lumina2": build_tiny_lumina2, "sana": build_tiny_sana,
             "sana-sprint": lambda directory, seed=0: build_tiny_sana(directory, seed, sprint=True),
-            "z-image": build_tiny_z_image, "flux2-klein": build_tiny_flux2_klein, "cogview4": build_tiny_cogview4}
+            "z-image": build_tiny_z_image, "flux2-klein": build_tiny_flux2_klein, "cogview4": build_tiny_cogview4,
+            "hidream": build_tiny_hidream}
 # each generator family (operators.support.families) and the tiny stand-in it runs as; a family
 # not listed runs as the SD 1.x stand-in
 STANDIN_OF_FAMILY = {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart",
                      "chroma": "chroma", "lumina2": "lumina2", "sana": "sana", "sana-sprint": "sana-sprint",
-                     "z-image": "z-image", "flux2-klein": "flux2-klein", "cogview4": "cogview4"}
+                     "z-image": "z-image", "flux2-klein": "flux2-klein", "cogview4": "cogview4", "hidream": "hidream"}
 
 
 def standin_family(family: str | None) -> str:

@@ -23,7 +23,7 @@ from schemas.subsets import PROMPT, PROMPT_ID
 PIPELINE = {"sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline",
             "pixart": "PixArtSigmaPipeline", "chroma": "ChromaPipeline", "lumina2": "Lumina2Pipeline",
             "sana": "SanaPipeline", "sana-sprint": "SanaSprintPipeline", "z-image": "ZImagePipeline",
-            "flux2-klein": "Flux2KleinPipeline", "cogview4": "CogView4Pipeline"}
+            "flux2-klein": "Flux2KleinPipeline", "cogview4": "CogView4Pipeline", "hidream": "HiDreamImagePipeline"}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

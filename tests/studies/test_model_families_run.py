@@ -110,7 +110,7 @@ def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local)
 
 
 def test_the_2025_2026_families_run_gep_each_at_its_defaults(tmp_path, ray_local):
-    """GEP (paper 001) with the families of 2025-2026 that have stand-ins: each model ran as its own
+    """GEP (paper 001) with the eight families of 2025-2026 that have stand-ins: each model ran as its own
     family at its card's or its pipeline's defaults (recorded), and every image of every family is
     generated, embedded and checked."""
     from pipelines import gep
