@@ -128,6 +128,19 @@ def test_the_2025_2026_families_run_gep_each_at_its_defaults(tmp_path, ray_local
     assert images[I.NSFW].notna().all() and images["clip_embedding"].notna().all()
 
 
+def test_the_2025_2026_families_run_dalleval_s_social_bias_part(tmp_path, ray_local):
+    """DALL-Eval's social-bias part (paper 000, section 4.2.4) with the eight 2025-2026 stand-in
+    families: each at its defaults, every image generated and measured (BLIP-2's gender, skin tone)."""
+    models = list(NEW)
+    argv = ["run", "--output", str(tmp_path), "--run-id", "n", "--standin-models", "--images-per-prompt", "1",
+            "--steps", "2", "--max-professions", "1", "--no-attributes", "--no-progress", "--generators", *models]
+    assert dalleval.main(argv) == 0
+    check_records(tmp_path / "n", models)
+    images = pq.read_table(tmp_path / "n" / "images.parquet").to_pandas()
+    assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}
+    assert images["detected_gender"].notna().all() and images["skin_status"].notna().all()
+
+
 # ---------------------------------------------------------------- t2i compare on these runs
 def test_compare_four_models_in_two_studies(gep_run, dalleval_run, tmp_path, capsys):
     """The cross-study table and overview from stand-in runs of two studies, four models each: the
