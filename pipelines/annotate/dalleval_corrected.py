@@ -90,7 +90,7 @@ def corrected_mad(tasks: TaskSet, labels: pd.DataFrame, resamples: int = 200, le
         p = corrected_shares(p_obs, se, sp)
         row.update(corrected_average=float(np.mean(2 * p - 1)), **{A.CORRECTED: float(np.mean(np.abs(p - 0.5)))})
         # resamples: the labelled images (se, sp) and each prompt's detected images (p_obs) together
-        pick = rng.integers(len(mine), size=(resamples, len(mine)))
+        pick = I.resample_rows(rng, np.arange(len(mine)), resamples)
         tf, sf = truth_f[pick], said_f[pick]
         with np.errstate(invalid="ignore", divide="ignore"):
             se_r = (tf & sf).sum(axis=1) / tf.sum(axis=1)

@@ -102,13 +102,11 @@ def corrected_percent(min_labelled: int = 2, record: list | None = None, variant
                                                    guess[unl][None], variant)[0] if corrected else None
                 if draws is not None:
                     if corrected:
-                        L = lab[rng.integers(len(lab), size=(resamples, len(lab)))]
-                        U = unl[rng.integers(len(unl), size=(resamples, len(unl)))] if len(unl) \
-                            else np.empty((resamples, 0), np.int64)
+                        L, U = I.resample_rows(rng, lab, resamples), I.resample_rows(rng, unl, resamples)
                         v = K.ppi_values(truth[L], decided[L], guess[L], guess[U], variant)
                         v = np.where(np.isnan(v), np.concatenate([guess[L], guess[U]], axis=1).mean(axis=1), v)
                     else:
-                        v = guess[rows[rng.integers(len(rows), size=(resamples, len(rows)))]].mean(axis=1)
+                        v = guess[I.resample_rows(rng, rows, resamples)].mean(axis=1)
                     ids[name] = len(draws)
                     draws.append(100.0 * v)
         keys_of = list(map(tuple, base[keys].to_numpy()))

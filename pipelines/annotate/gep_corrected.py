@@ -73,8 +73,7 @@ def corrected_gep(tasks: TaskSet, labels: pd.DataFrame, resamples: int = 200, le
         labelled = part.groupby(IMAGE_ID)["_labelled"].any().reindex(f.index).fillna(False).to_numpy()
         F, Y, D = f.to_numpy(np.float64), y.fillna(False).to_numpy(np.float64), d.fillna(0).to_numpy(np.float64)
         lab, unl = np.flatnonzero(whole & labelled), np.flatnonzero(whole & ~labelled)
-        L = lab[rng.integers(len(lab), size=(resamples, len(lab)))] if len(lab) else np.empty((resamples, 0), int)
-        U = unl[rng.integers(len(unl), size=(resamples, len(unl)))] if len(unl) else np.empty((resamples, 0), int)
+        L, U = I.resample_rows(rng, lab, resamples), I.resample_rows(rng, unl, resamples)
         model, setting, gender, _ = key
         for j, attribute in enumerate(f.columns):
             decided = int(D[lab, j].sum())

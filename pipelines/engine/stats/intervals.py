@@ -97,6 +97,15 @@ def resample_counts(rng: np.random.Generator, n_resamples: int, strata: np.ndarr
     return counts
 
 
+def resample_rows(rng: np.random.Generator, rows: np.ndarray, n_resamples: int) -> np.ndarray:
+    """(resamples x len(rows)): ``rows`` drawn with replacement in each resample (an empty
+    (resamples x 0) array, drawing nothing, when there are none)."""
+    rows = np.asarray(rows)
+    if len(rows) == 0:
+        return np.empty((n_resamples, 0), np.int64)
+    return rows[rng.integers(len(rows), size=(n_resamples, len(rows)))]
+
+
 def bootstrap(statistic, n_units: int, settings: IntervalSettings = DEFAULT, strata=None) -> tuple:
     """The bootstrap interval of ``statistic``, a function of a (k x n_units) matrix of unit counts
     returning k values (``statistic(np.ones((1, n)))`` is the observed value). Returns (low, high,
@@ -215,13 +224,19 @@ def resampled_gaps(scores: np.ndarray, groups: np.ndarray, first, second, strata
 def percentile_ends(draws, level: float, wanted: int) -> tuple:
     """The percentile interval of bootstrap ``draws`` (non-finite ones dropped); (None, None) when
     fewer than half of the ``wanted`` draws are finite."""
-    draws = np.asarray(draws, np.float64)
-    draws = draws[np.isfinite(draws)]
-    if len(draws) == 0 or len(draws) < wanted // 2:
+    draws = _finite_draws(draws, wanted, 1)
+    if draws is None:
         return None, None
     alpha = (1 - level) / 2
     lo, hi = np.quantile(draws, [alpha, 1 - alpha])
     return float(lo), float(hi)
+
+
+def _finite_draws(draws, wanted: int, least: int) -> np.ndarray | None:
+    """The finite ``draws``; None when there are fewer than ``least`` or than half of ``wanted``."""
+    draws = np.asarray(draws, np.float64)
+    draws = draws[np.isfinite(draws)]
+    return None if len(draws) < max(least, wanted // 2) else draws
 
 
 def normal_ends(value, draws, level: float, wanted: int) -> tuple:
@@ -229,9 +244,8 @@ def normal_ends(value, draws, level: float, wanted: int) -> tuple:
     ones dropped): the interval for an estimate whose resamples are off-centre (a kinked
     statistic); (None, None) when there is no value or fewer than half of the ``wanted`` draws are
     finite."""
-    draws = np.asarray(draws, np.float64)
-    draws = draws[np.isfinite(draws)]
-    if value is None or not np.isfinite(value) or len(draws) < max(2, wanted // 2):
+    draws = _finite_draws(draws, wanted, 2)
+    if value is None or not np.isfinite(value) or draws is None:
         return None, None
     half = float(sps.norm.ppf(0.5 + level / 2)) * float(np.std(draws, ddof=1))
     return float(value - half), float(value + half)
