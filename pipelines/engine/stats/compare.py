@@ -270,6 +270,13 @@ def cell(rec: dict) -> str:
         rec["digits"], rec["scale"])
 
 
+def corrected_cell(rec: dict) -> str:
+    """The row's value corrected by people's labels as ``cell`` shows a value; "" where it has none."""
+    if rec["corrected"] is None or pd.isna(rec["corrected"]):
+        return ""
+    return cell({**rec, "value": rec["corrected"], "low": rec["corrected_low"], "high": rec["corrected_high"]})
+
+
 def _rank_order(values: dict[int, float | None], better: str) -> list[int]:
     def key(i):
         v = values[i]
@@ -417,8 +424,7 @@ def write(c: Comparison, output: str) -> dict:
 def _study_html(study: str, t: pd.DataFrame, pairs: pd.DataFrame, plots: list[str]) -> str:
     fixed = len(t) and t["corrected"].notna().any()
     shown = t.assign(value=[cell(r) for r in t.to_dict("records")],
-                     corrected=[cell({**r, "value": r["corrected"], "low": r["corrected_low"], "high": r["corrected_high"]})
-                                if pd.notna(r["corrected"]) else "" for r in t.to_dict("records")] if len(t) else [])
+                     corrected=[corrected_cell(r) for r in t.to_dict("records")] if len(t) else [])
     shown = shown[["label", "rank", "model", "value", *(["corrected"] if fixed else []), "units", "tied_with",
                    "run"]].rename(columns={"value": "value [interval]", "corrected": "corrected by people [interval]",
                                            "tied_with": "not distinguishable from"})
@@ -483,9 +489,9 @@ def main(argv=None) -> int:
     for study, t in c.tables.items():
         for rec in t.to_dict("records"):
             tie = f" (not distinguishable from {rec['tied_with']})" if rec["tied_with"] else ""
-            fixed = "" if rec["corrected"] is None or pd.isna(rec["corrected"]) else \
-                f"; corrected by people {cell({**rec, 'value': rec['corrected'], 'low': rec['corrected_low'], 'high': rec['corrected_high']})}"
-            print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {cell(rec)}{tie}{fixed}")
+            fixed = corrected_cell(rec)
+            print(f"  {study} | {rec['label']} | #{rec['rank']} {rec['model']}: {cell(rec)}{tie}"
+                  + (f"; corrected by people {fixed}" if fixed else ""))
     for note in [*c.same_weights, *c.corrected]:
         print(f"note: {note}")
     if c.standin:
