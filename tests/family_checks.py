@@ -22,7 +22,11 @@ NEW = {"lodestones/Chroma1-HD": ("chroma", "ChromaPipeline"),
        "Tongyi-MAI/Z-Image-Turbo": ("z-image", "ZImagePipeline"),
        "black-forest-labs/FLUX.2-klein-4B": ("flux2-klein", "Flux2KleinPipeline"),
        "THUDM/CogView4-6B": ("cogview4", "CogView4Pipeline"),
-       "HiDream-ai/HiDream-I1-Full": ("hidream", "HiDreamImagePipeline")}
+       "HiDream-ai/HiDream-I1-Full": ("hidream", "HiDreamImagePipeline"),
+       "black-forest-labs/FLUX.2-dev": ("flux2", "Flux2Pipeline"),
+       "Qwen/Qwen-Image": ("qwen-image", "QwenImagePipeline"),
+       "hunyuanvideo-community/HunyuanImage-2.1-Diffusers": ("hunyuan-image", "HunyuanImagePipeline"),
+       "Kwai-Kolors/Kolors-diffusers": ("kolors", "KolorsPipeline")}
 FAMILY.update(NEW)
 
 

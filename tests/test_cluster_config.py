@@ -32,13 +32,13 @@ KNOWN_INSTANCES = {
     "c6i.8xlarge": (32, 0), "m5.large": (2, 0),
     "g5.xlarge": (4, 1), "g5.2xlarge": (8, 1), "g5.4xlarge": (16, 1), "g5.12xlarge": (48, 4),
     "g6.2xlarge": (8, 1), "g6e.2xlarge": (8, 1), "p4d.24xlarge": (96, 8), "p4de.24xlarge": (96, 8),
-    "p5.48xlarge": (192, 8),
+    "p5.48xlarge": (192, 8), "p5.4xlarge": (16, 1), "g6e.12xlarge": (48, 4),
 }
 # GPU instance types -> (memory of one GPU in GB, host memory in GiB), AWS's published figures.
 GPU_INSTANCES = {
     "g5.xlarge": (24, 16), "g5.2xlarge": (24, 32), "g5.4xlarge": (24, 64), "g5.12xlarge": (24, 192),
     "g6.2xlarge": (24, 32), "g6e.2xlarge": (48, 64), "p4d.24xlarge": (40, 1152), "p4de.24xlarge": (80, 1152),
-    "p5.48xlarge": (80, 2048),
+    "p5.48xlarge": (80, 2048), "p5.4xlarge": (80, 256), "g6e.12xlarge": (48, 384),
 }
 
 
@@ -171,9 +171,10 @@ def test_declared_resources_match_the_instance_types(config):
 
 # --- the node type of the big text-to-image models ------------------------------
 
-def _big_models():
+def _big_models(resource=None):
     """(model, bytes it needs on a GPU in its card's dtype) of every known model that
-    pipelines/engine/run/gpus.py routes to the large GPU node type."""
+    pipelines/engine/run/gpus.py routes to a larger GPU node type than gpu_worker (``resource``:
+    only those routed to the node type declaring it), models too large for every card left out."""
     from operators.support.families import defaults
     from pipelines.engine.run import gpus
     from pipelines.engine.generation import GeneratorSpec
@@ -182,8 +183,10 @@ def _big_models():
     for model in gpus.PIPELINE_PARAMETERS:
         d = defaults(model)
         spec = GeneratorSpec(model=model, family=d["family"], cuda_dtype=d["cuda_dtype"])
-        if gpus.needs_large_gpu(spec):
-            out.append((model, gpus.memory_needed(spec)))
+        need = gpus.memory_needed(spec)
+        if gpus.needs_large_gpu(spec) and need <= gpus.NODE_TIERS[-1].memory \
+                and resource in (None, gpus.gpu_resource(spec)):
+            out.append((model, need))
     return out
 
 
@@ -204,9 +207,37 @@ def test_large_gpu_worker_type(config):
     assert t.get("min_workers", 0) == 0 and 1 <= t["max_workers"] <= config["max_workers"]
     gpu_gb, host_gib = GPU_INSTANCES[t["node_config"]["InstanceType"]]
     assert gpu_gb * 10**9 >= gpus.LARGE_GPU_WORKER_MEMORY
-    for model, need in _big_models():   # each big model fits the large card, and its host memory
+    for model, need in _big_models(gpus.LARGE_GPU_RESOURCE):   # each fits the large card and its host memory
         assert need <= gpu_gb * 10**9, (model, need / 2**30)
         assert need <= host_gib * 2**30, (model, need / 2**30)
+
+
+def test_the_80_gb_type_holds_the_largest_2025_2026_models(config):
+    """Qwen-Image, HiDream-I1 and HunyuanImage 2.1 (and FLUX.2-dev with CPU offload) go to
+    gpu_worker_xlarge, the one node type declaring xlarge_gpu, whose card and host memory hold
+    each of them; FLUX.2-dev whole fits no card here."""
+    from operators.support.families import defaults
+    from pipelines.engine.generation import GeneratorSpec
+    from pipelines.engine.run import gpus
+
+    xl = {k: v for k, v in worker_types(config).items() if gpus.XLARGE_GPU_RESOURCE in v["resources"]}
+    assert set(xl) == {"gpu_worker_xlarge"}, xl
+    t = xl["gpu_worker_xlarge"]
+    assert t["resources"] == {"CPU": 16, "GPU": 1, gpus.XLARGE_GPU_RESOURCE: 1}
+    assert t.get("min_workers", 0) == 0 and 1 <= t["max_workers"] <= config["max_workers"]
+    assert (t["resources"]["CPU"], t["resources"]["GPU"]) == KNOWN_INSTANCES[t["node_config"]["InstanceType"]]
+    gpu_gb, host_gib = GPU_INSTANCES[t["node_config"]["InstanceType"]]
+    # an "80GB" card is 80 GiB of HBM, of which CUDA reports 79.2 GiB (H100, A100 80GB)
+    assert gpu_gb == 80 and gpus.XLARGE_GPU_WORKER_MEMORY <= 79.2 * 2**30
+    routed = dict(_big_models(gpus.XLARGE_GPU_RESOURCE))
+    assert {"qwen/qwen-image", "hidream-ai/hidream-i1-full",
+            "hunyuanvideo-community/hunyuanimage-2.1-diffusers"} <= set(routed), routed
+    for model, need in routed.items():
+        assert gpus.LARGE_GPU_WORKER_MEMORY < need <= gpus.XLARGE_GPU_WORKER_MEMORY and need <= host_gib * 2**30, model
+    d = defaults("black-forest-labs/FLUX.2-dev")
+    flux2 = GeneratorSpec(model="black-forest-labs/FLUX.2-dev", family=d["family"], cuda_dtype=d["cuda_dtype"])
+    assert gpus.memory_needed(flux2) > 79.2 * 2**30 > gpus.XLARGE_GPU_WORKER_MEMORY >= gpus.memory_needed(flux2, True)
+    assert gpus.gpu_resource(flux2, offload=True) == gpus.XLARGE_GPU_RESOURCE
 
 
 def test_only_the_large_type_declares_the_large_resource(config):
@@ -242,7 +273,10 @@ def test_commented_alternatives_match_the_instances(text):
         assert int(mem) == GPU_INSTANCES[itype][0], itype
         if gpus.LARGE_GPU_RESOURCE in res:
             assert res[gpus.LARGE_GPU_RESOURCE] == res["GPU"], itype
-            assert all(need <= int(mem) * 10**9 for _, need in _big_models()), itype
+            assert all(need <= int(mem) * 10**9 for _, need in _big_models(gpus.LARGE_GPU_RESOURCE)), itype
+        if gpus.XLARGE_GPU_RESOURCE in res:
+            assert res[gpus.XLARGE_GPU_RESOURCE] == res["GPU"] and int(mem) == 80, itype
+            assert all(need <= gpus.XLARGE_GPU_WORKER_MEMORY for _, need in _big_models(gpus.XLARGE_GPU_RESOURCE))
 
 
 def test_every_node_runs_the_same_image(config):

@@ -13,10 +13,12 @@ classes and file layout of the family and tiny sizes:
   encoder for the pooled embedding, a T5 encoder for the sequence; ``guidance_embeds`` for a
   dev-like model);
 - ``pixart``: ``PixArtSigmaPipeline`` (``PixArtTransformer2DModel``, T5 only, DPM-Solver++);
-- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``, ``z-image``, ``flux2-klein``, ``cogview4``, ``hidream``:
-  the 2025-2026 families of their names (each builder says what it holds; Gemma 2 and GLM-4
-  (and Llama) encoders with tokenizers over the tiny T5 vocabulary, Qwen3 encoders with a byte-level Qwen
-  tokenizer and Qwen's chat template).
+- ``chroma``, ``lumina2``, ``sana``, ``sana-sprint``, ``z-image``, ``flux2-klein``, ``flux2``, ``qwen-image``,
+  ``hunyuan-image``, ``kolors``, ``cogview4``, ``hidream``: the 2025-2026 families of their names (each
+  builder says what it holds; Gemma 2 and GLM-4 (and Llama) encoders with tokenizers over the tiny T5
+  vocabulary; Qwen3 and Qwen2.5-VL encoders with a byte-level Qwen tokenizer and Qwen's chat template;
+  Mistral 3 with its vision tower behind a Pixtral processor and a Mistral chat template; ChatGLM3
+  with a SentencePiece model trained here on a few sentences).
 
 The CLIP tokenizer is the real one (``standins.diffusion.build_clip_tokenizer``); the T5 tokenizer
 is a tiny SentencePiece-style (Unigram) tokenizer over the bytes and a few hundred words, built with
@@ -36,7 +38,7 @@ from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer, 
 from pipelines.standins.face_decoder import build_tiny_vae, load_face_decoder
 
 FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint", "z-image", "flux2-klein",
-            "cogview4", "hidream")
+            "flux2", "qwen-image", "hunyuan-image", "kolors", "cogview4", "hidream")
 # the stand-ins' image size: 64 px, PixArt and HiDream 256 px, SANA 512 px, SANA-Sprint 1024 px (their
 # resolution binning knows no smaller size; HiDream rescales every size to its default's area)
 STANDIN_SIZE = {"pixart": 256, "sana": 512, "sana-sprint": 1024, "hidream": 256}
@@ -441,16 +443,225 @@ def build_tiny_hidream(directory, seed: int = 0) -> str:
     return _save(pipe, directory, "hidream", seed)
 
 
+def _qwen25_vl(seed: int, vocab: int, layers: int, eos: int, pad: int):
+    """A tiny ``Qwen2_5_VLForConditionalGeneration`` (Qwen-Image's and HunyuanImage's encoder):
+    a Qwen2 text stack with multimodal rotary sections and a one-block vision tower."""
+    # deferred: torch, transformers
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = dict(vocab_size=vocab, hidden_size=TINY, intermediate_size=37, num_hidden_layers=layers,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, bos_token_id=None, eos_token_id=eos,
+                pad_token_id=pad)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=20, num_heads=2, out_hidden_size=TINY,
+                  fullatt_block_indexes=[0])
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision,
+                                                               bos_token_id=None, eos_token_id=eos, pad_token_id=pad))
+
+
+def build_tiny_qwen_image(directory, seed: int = 0) -> str:
+    """``QwenImagePipeline``: the MMDiT over the last hidden states of a Qwen2.5-VL encoder reading the
+    prompt in Qwen-Image's chat template (the pipeline drops its first 34 tokens), Qwen-Image's
+    causal-3D VAE (one frame), 2 x 2 packed latents, true classifier-free guidance."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, \
+        QwenImageTransformer2DModel
+
+    tokenizer = build_tiny_qwen_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=1,
+                                                  attention_head_dim=16, num_attention_heads=2,
+                                                  joint_attention_dim=TINY, axes_dims_rope=(4, 6, 6))
+        torch.manual_seed(seed + 1)
+        vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                                     temperal_downsample=[False, True, True])
+        pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, transformer=transformer,
+                                 text_encoder=_qwen25_vl(seed + 2, len(tokenizer), 2, tokenizer.eos_token_id,
+                                                         tokenizer.pad_token_id), tokenizer=tokenizer)
+    return _save(pipe, directory, "qwen-image", seed)
+
+
+def build_tiny_hunyuan_image(directory, seed: int = 0) -> str:
+    """``HunyuanImagePipeline``: HunyuanImage 2.1's double- and single-stream DiT with a token
+    refiner over a Qwen2.5-VL encoder's third-to-last hidden states and ByT5's glyph embedding (the
+    real byte-level ``ByT5Tokenizer``), the 32x VAE (8x here), and its guidance as a guider
+    component (``AdaptiveProjectedMixGuidance`` at its defaults), not a call argument."""
+    # deferred: torch, diffusers, transformers
+    import torch
+    from diffusers import AutoencoderKLHunyuanImage, FlowMatchEulerDiscreteScheduler, HunyuanImagePipeline, \
+        HunyuanImageTransformer2DModel
+    from diffusers.guiders import AdaptiveProjectedMixGuidance
+    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+
+    tokenizer, byt5 = build_tiny_qwen_tokenizer(), ByT5Tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = HunyuanImageTransformer2DModel(in_channels=8, out_channels=8, num_attention_heads=2,
+                                                     attention_head_dim=16, num_layers=1, num_single_layers=1,
+                                                     num_refiner_layers=1, text_embed_dim=TINY,
+                                                     text_embed_2_dim=TINY, rope_axes_dim=(8, 8))
+        torch.manual_seed(seed + 1)
+        # its ResNet blocks' GroupNorm has 32 groups: 32 channels at least
+        vae = AutoencoderKLHunyuanImage(in_channels=3, out_channels=3, latent_channels=8,
+                                        block_out_channels=(32, 32, 32, 32), layers_per_block=1,
+                                        spatial_compression_ratio=8, sample_size=64, scaling_factor=0.75)
+        torch.manual_seed(seed + 3)
+        glyph = T5EncoderModel(T5Config(vocab_size=len(byt5), d_model=TINY, d_kv=8, d_ff=37, num_layers=1,
+                                        num_heads=4, relative_attention_num_buckets=8))
+        pipe = HunyuanImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=4.0), vae=vae,
+                                    text_encoder=_qwen25_vl(seed + 2, len(tokenizer), 3, tokenizer.eos_token_id,
+                                                            tokenizer.pad_token_id),
+                                    tokenizer=tokenizer, text_encoder_2=glyph, tokenizer_2=byt5,
+                                    transformer=transformer, guider=AdaptiveProjectedMixGuidance())
+    return _save(pipe, directory, "hunyuan-image", seed)
+
+
+# a Mistral chat template with a system prompt (Mistral Small 3.1's layout: [SYSTEM_PROMPT] ...
+# [/SYSTEM_PROMPT][INST] ... [/INST]); content is a string or a list of typed parts
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% set text = m['content'] if m['content'] is string else "
+    "(m['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('')) %}"
+    "{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+    "{% elif m['role'] == 'user' %}[INST]{{ text }}[/INST]{% else %}{{ text }}{{ eos_token }}{% endif %}{% endfor %}")
+
+
+def build_tiny_mistral_processor():
+    """A ``PixtralProcessor`` (FLUX.2-dev's tokenizer component) over a byte-level tokenizer with
+    Mistral's special tokens and chat template: Mistral's vocabulary ships with no package here."""
+    # deferred: tokenizers, transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
+                            "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                        pad_token="<pad>", chat_template=MISTRAL_CHAT_TEMPLATE)
+    return PixtralProcessor(image_processor=PixtralImageProcessor(patch_size=16), tokenizer=tokenizer, patch_size=16,
+                            chat_template=MISTRAL_CHAT_TEMPLATE)
+
+
+def build_tiny_flux2(directory, seed: int = 0) -> str:
+    """``Flux2Pipeline`` (FLUX.2-dev): FLUX.2's transformer with the guidance embedding over three
+    stacked hidden layers (10, 20, 30) of a Mistral 3 vision-language model (so 31 tiny layers and a
+    one-layer Pixtral vision tower), FLUX.2's VAE with 2 x 2 latent patches, no negative prompt."""
+    # deferred: torch, diffusers, transformers
+    import torch
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    processor = build_tiny_mistral_processor()
+    tok = processor.tokenizer
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = Flux2Transformer2DModel(patch_size=1, in_channels=32, num_layers=1, num_single_layers=1,
+                                              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                              timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
+                                              guidance_embeds=True)
+        torch.manual_seed(seed + 1)
+        vae = AutoencoderKLFlux2(block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=8,
+                                 norm_num_groups=8, sample_size=64, patch_size=(2, 2))
+        torch.manual_seed(seed + 2)
+        config = Mistral3Config(
+            text_config=dict(model_type="mistral", vocab_size=len(tok), hidden_size=16, intermediate_size=21,
+                             num_hidden_layers=31, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                             max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
+            vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=20, num_hidden_layers=1,
+                               num_attention_heads=2, head_dim=8, patch_size=16, image_size=64),
+            image_token_index=tok.convert_tokens_to_ids("[IMG]"), spatial_merge_size=1)
+        pipe = Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, transformer=transformer,
+                             text_encoder=Mistral3ForConditionalGeneration(config), tokenizer=processor)
+    return _save(pipe, directory, "flux2", seed)
+
+
+def build_tiny_chatglm_tokenizer(directory):
+    """Kolors's ``ChatGLMTokenizer`` over a tiny SentencePiece (Unigram) model trained here on a few
+    sentences of the stand-ins' words (ChatGLM3's model ships with no package here)."""
+    # deferred: sentencepiece, diffusers
+    import io
+
+    import sentencepiece
+    from diffusers.pipelines.kolors import ChatGLMTokenizer
+
+    words = ("a photo of the an person man woman who works as doctor nurse ceo pilot chef teacher lawyer "
+             "farmer engineer scientist cat dog on in with and is at to").split()
+    sentences = [" ".join(words[i:i + 6]) for i in range(len(words))] * 20
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=200, hard_vocab_limit=False,
+        model_type="unigram", character_coverage=1.0, bos_id=1, eos_id=2, unk_id=0, pad_id=-1, minloglevel=2,
+        num_threads=1, seed_sentencepiece_size=1000, shuffle_input_sentence=False)
+    path = Path(directory) / "chatglm-tokenizer.model"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.getvalue())
+    return ChatGLMTokenizer(vocab_file=str(path))
+
+
+def build_tiny_kolors(directory, seed: int = 0) -> str:
+    """``KolorsPipeline``: an SDXL-style UNet whose cross-attention reads a ChatGLM3 encoder's
+    second-to-last hidden states through a text projection (``encoder_hid_dim_type="text_proj"``)
+    and whose added conditions are the encoder's last-layer state of the last token and the size ids;
+    the SDXL-like VAE with the SD stand-ins' face decoder."""
+    # deferred: torch, diffusers
+    import tempfile
+
+    import torch
+    from diffusers import EulerDiscreteScheduler, KolorsPipeline, UNet2DConditionModel
+    from diffusers.pipelines.kolors import ChatGLMModel
+    from diffusers.pipelines.kolors.text_encoder import ChatGLMConfig
+
+    # the tokenizer copies its model file when the pipeline is saved: keep it until then
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer = build_tiny_chatglm_tokenizer(scratch)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            unet = UNet2DConditionModel(
+                sample_size=8, block_out_channels=(32, 64), layers_per_block=1,
+                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=TINY, encoder_hid_dim=TINY,
+                encoder_hid_dim_type="text_proj", attention_head_dim=(2, 4), addition_embed_type="text_time",
+                addition_time_embed_dim=8, projection_class_embeddings_input_dim=TINY + 6 * 8, use_linear_projection=True)
+            config = ChatGLMConfig(num_layers=2, padded_vocab_size=len(tokenizer) + 4, hidden_size=TINY,
+                                   ffn_hidden_size=37, kv_channels=16, num_attention_heads=2, seq_length=256,
+                                   multi_query_attention=True, multi_query_group_num=1, add_qkv_bias=True,
+                                   original_rope=True)
+            encoder = ChatGLMModel(config, empty_init=False)
+            # ChatGLM's _init_weights initialises nothing (its checkpoints always overwrite them), so
+            # under transformers 5 the tensors hold whatever memory they got: set them here
+            generator = torch.Generator().manual_seed(seed + 2)
+            with torch.no_grad():
+                for name, param in encoder.named_parameters():
+                    if name.endswith("bias"):
+                        param.zero_()
+                    elif param.ndim == 1:
+                        param.fill_(1.0)
+                    else:
+                        param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+            pipe = KolorsPipeline(vae=_vae(seed + 1), text_encoder=encoder, tokenizer=tokenizer, unet=unet,
+                                  scheduler=EulerDiscreteScheduler())
+        return _save(pipe, directory, "kolors", seed)
+
+
 BUILDERS = {"sdxl": build_tiny_sdxl, "sd3": build_tiny_sd3, "flux": build_tiny_flux, "pixart": build_tiny_pixart,
             "chroma": build_tiny_chroma, "lumina2": build_tiny_lumina2, "sana": build_tiny_sana,
             "sana-sprint": lambda directory, seed=0: build_tiny_sana(directory, seed, sprint=True),
             "z-image": build_tiny_z_image, "flux2-klein": build_tiny_flux2_klein, "cogview4": build_tiny_cogview4,
-            "hidream": build_tiny_hidream}
+            "hidream": build_tiny_hidream, "flux2": build_tiny_flux2, "qwen-image": build_tiny_qwen_image,
+            "hunyuan-image": build_tiny_hunyuan_image, "kolors": build_tiny_kolors}
 # each generator family (operators.support.families) and the tiny stand-in it runs as; a family
 # not listed runs as the SD 1.x stand-in
 STANDIN_OF_FAMILY = {"sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart-alpha": "pixart", "pixart-sigma": "pixart",
                      "chroma": "chroma", "lumina2": "lumina2", "sana": "sana", "sana-sprint": "sana-sprint",
-                     "z-image": "z-image", "flux2-klein": "flux2-klein", "cogview4": "cogview4", "hidream": "hidream"}
+                     "z-image": "z-image", "flux2-klein": "flux2-klein", "cogview4": "cogview4", "hidream": "hidream",
+                     "flux2": "flux2", "qwen-image": "qwen-image", "hunyuan-image": "hunyuan-image", "kolors": "kolors"}
 
 
 def standin_family(family: str | None) -> str:

@@ -271,6 +271,60 @@ def test_needs_large_gpu(model, dtype, large):
     assert gpus.actor_resources(spec) == ({gpus.LARGE_GPU_RESOURCE: 1.0} if large else {})
 
 
+@pytest.mark.parametrize("model, tier, offloaded", [
+    ("black-forest-labs/FLUX.2-dev", None, "xlarge_gpu"),            # 131 GiB: no card; offloaded 75 GiB
+    ("Qwen/Qwen-Image", "xlarge_gpu", "xlarge_gpu"),                  # 67 GiB; its 20B MMDiT alone 48 GiB
+    ("HiDream-ai/HiDream-I1-Dev", "xlarge_gpu", "large_gpu"),         # 72 GiB; offloaded 40 GiB
+    ("hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "xlarge_gpu", "large_gpu"),
+    ("black-forest-labs/FLUX.2-klein-base-9B", "large_gpu", None),    # 40 GiB; offloaded 21 GiB
+    ("lodestones/Chroma1-HD", "large_gpu", None),
+    ("THUDM/CogView4-6B", "large_gpu", None),
+    ("Tongyi-MAI/Z-Image-Turbo", "large_gpu", None),                  # 24 GiB: just over an A10G's 22.4
+    ("Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers", None, None),
+    ("Alpha-VLLM/Lumina-Image-2.0", None, None),
+    ("Kwai-Kolors/Kolors-diffusers", None, None),                     # fp16: 21 GiB
+    ("Qwen/Qwen-Image-2512", "xlarge_gpu", "xlarge_gpu"),             # a later release: by its family
+])
+def test_the_2025_2026_families_go_to_the_card_that_holds_them(model, tier, offloaded):
+    spec = _spec(model)
+    if tier is None and gpus.needs_large_gpu(spec):       # FLUX.2-dev: more than the largest card
+        assert gpus.memory_needed(spec) > gpus.XLARGE_GPU_WORKER_MEMORY
+    else:
+        assert gpus.gpu_resource(spec) == tier and gpus.actor_resources(spec) == ({tier: 1.0} if tier else {})
+    assert gpus.gpu_resource(spec, offload=True) == offloaded
+
+
+def test_a_model_larger_than_every_card_is_refused_in_one_line_with_offload_as_the_remedy(monkeypatch, tmp_path):
+    import yaml
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _fake_autoscaler(monkeypatch, None)
+    (tmp_path / "ray_bootstrap_config.yaml").write_text((ROOT / "cluster.yaml").read_text())
+    real = lambda: gpus.plan({}, None, "auto", standin=False)  # noqa: E731
+    flux2, qwen = _spec("black-forest-labs/FLUX.2-dev"), _spec("Qwen/Qwen-Image")
+    with pytest.raises(ModelLoadError) as err:   # the cluster offers xlarge_gpu, but no card holds 131 GiB
+        gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[flux2, qwen])
+    msg = str(err.value)
+    assert "\n" not in msg and "FLUX.2-dev (~131 GiB in bfloat16)" in msg and "Qwen-Image" not in msg
+    assert "CPU offload" in msg and "gpu_worker_xlarge" in msg
+    # offloaded, it waits for the 80 GB node type with Qwen-Image
+    gp = gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[flux2, qwen], offload=True)
+    assert "xlarge_gpu" in gp.note and "FLUX.2-dev" in gp.note and "Qwen-Image" in gp.note
+    # a cluster without the 80 GB type: Qwen-Image refused, naming it; Chroma still waits for gpu_worker_large
+    config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    del config["available_node_types"]["gpu_worker_xlarge"]
+    (tmp_path / "ray_bootstrap_config.yaml").write_text(yaml.safe_dump(config))
+    chroma = _spec("lodestones/Chroma1-HD")
+    assert "gpu_worker_large" in gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False,
+                                                    specs=[chroma]).note
+    with pytest.raises(ModelLoadError, match="custom resource xlarge_gpu.*add cluster.yaml's gpu_worker_xlarge"):
+        gpus.check_cluster(_ClusterWith(0), real(), standin=False, local=False, specs=[chroma, qwen])
+    # on a machine whose own GPU holds it (`ray start --resources='{"xlarge_gpu": 1}'`): accepted
+    up = _ClusterWith(1)
+    up.cluster_resources = lambda: {"GPU": 1.0, "xlarge_gpu": 1.0, "large_gpu": 1.0}
+    assert "xlarge_gpu" in gpus.check_cluster(up, real(), standin=False, local=True, specs=[flux2]).note
+
+
 def test_memory_needed_is_parameters_times_dtype_times_headroom():
     from operators.support.diffusion import MEMORY_HEADROOM
 

@@ -23,7 +23,9 @@ from schemas.subsets import PROMPT, PROMPT_ID
 PIPELINE = {"sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline",
             "pixart": "PixArtSigmaPipeline", "chroma": "ChromaPipeline", "lumina2": "Lumina2Pipeline",
             "sana": "SanaPipeline", "sana-sprint": "SanaSprintPipeline", "z-image": "ZImagePipeline",
-            "flux2-klein": "Flux2KleinPipeline", "cogview4": "CogView4Pipeline", "hidream": "HiDreamImagePipeline"}
+            "flux2-klein": "Flux2KleinPipeline", "cogview4": "CogView4Pipeline", "hidream": "HiDreamImagePipeline",
+            "flux2": "Flux2Pipeline", "qwen-image": "QwenImagePipeline", "hunyuan-image": "HunyuanImagePipeline",
+            "kolors": "KolorsPipeline"}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -207,7 +209,8 @@ def test_each_family_generates_through_the_loader_with_its_settings_in_the_call(
     fam = families.family_of_pipeline(PIPELINE[family])
     extra = {"max_sequence_length": 16} if fam.max_sequence_length else {}
     size = STANDIN_SIZE.get(family, 64)
-    gen = ImageGenerator(tiny[family], steps=2, guidance_scale=3.0, height=size, width=size, device="cpu",
+    guidance = 3.0 if fam.cfg_argument else None      # HunyuanImage's guidance is its guider component
+    gen = ImageGenerator(tiny[family], steps=2, guidance_scale=guidance, height=size, width=size, device="cpu",
                          micro_batch=2, heads=[MeanHead()], call_kwargs=extra, cuda_dtype=fam.cuda_dtype)
     assert gen.record["pipeline_class"] == PIPELINE[family] and gen.record["family"] == fam.name
     calls = []
@@ -221,7 +224,13 @@ def test_each_family_generates_through_the_loader_with_its_settings_in_the_call(
     out = gen(rows(["a photo of a nurse", "a photo of a pilot", "a photo of a chef"], [1, 2, 3]))
     assert out.column(GENERATION_STATUS).to_pylist() == ["ok"] * 3
     assert [img.shape for img in batch_images(out)] == [(size, size, 3)] * 3
-    assert [c["num_inference_steps"] for c in calls] == [2, 2] and {c["guidance_scale"] for c in calls} == {3.0}
+    assert [c["num_inference_steps"] for c in calls] == [2, 2]
+    if fam.cfg_argument:
+        assert {c[fam.cfg_argument] for c in calls} == {3.0}
+    else:
+        assert not {"guidance_scale", "true_cfg_scale"} & {k for c in calls for k in c}
+    if fam.cfg_argument == "true_cfg_scale":   # Qwen-Image guides only with a negative prompt: a blank one
+        assert all(c["negative_prompt"] == [" "] * len(c["prompt"]) for c in calls)
     for key, value in extra.items():
         assert all(c[key] == value for c in calls)
     assert gen.heads[0].seen == 3

@@ -110,7 +110,7 @@ def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local)
 
 
 def test_the_2025_2026_families_run_gep_each_at_its_defaults(tmp_path, ray_local):
-    """GEP (paper 001) with the eight families of 2025-2026 that have stand-ins: each model ran as its own
+    """GEP (paper 001) with the twelve families of 2025-2026 that have stand-ins: each model ran as its own
     family at its card's or its pipeline's defaults (recorded), and every image of every family is
     generated, embedded and checked."""
     from pipelines import gep
@@ -128,8 +128,23 @@ def test_the_2025_2026_families_run_gep_each_at_its_defaults(tmp_path, ray_local
     assert images[I.NSFW].notna().all() and images["clip_embedding"].notna().all()
 
 
+def test_the_2025_2026_families_run_dalleval_s_skills_and_alignment_parts(tmp_path, ray_local):
+    """DALL-Eval's PaintSkills (the detector, one prompt per skill) and image-text alignment (CLIP)
+    with the twelve 2025-2026 stand-in families, each at its defaults: every image generated and
+    measured in both parts."""
+    models = list(NEW)
+    for part, run_id, size in (("skills", "s", ["--prompts-per-skill", "1", "--skills", "object"]),
+                               ("alignment", "a", ["--max-captions", "1"])):
+        argv = [part, "--output", str(tmp_path), "--run-id", run_id, "--standin-models", *size, "--steps", "2",
+                "--no-progress", "--generators", ",".join(models)]
+        assert dalleval.main(argv) == 0, part
+        check_records(tmp_path / run_id, models)
+        images = pq.read_table(tmp_path / run_id / "images.parquet").to_pandas()
+        assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}, part
+
+
 def test_the_2025_2026_families_run_dalleval_s_social_bias_part(tmp_path, ray_local):
-    """DALL-Eval's social-bias part (paper 000, section 4.2.4) with the eight 2025-2026 stand-in
+    """DALL-Eval's social-bias part (paper 000, section 4.2.4) with the twelve 2025-2026 stand-in
     families: each at its defaults, every image generated and measured (BLIP-2's gender, skin tone)."""
     models = list(NEW)
     argv = ["run", "--output", str(tmp_path), "--run-id", "n", "--standin-models", "--images-per-prompt", "1",

@@ -42,17 +42,40 @@ from operators.support.models import GPU_HINT, ModelLoadError
 
 DEFAULT_GPUS_PER_MODEL_ACTOR = 1.0
 
-# The custom Ray resource of the node types whose GPU holds the big text-to-image models: only
-# cluster.yaml's gpu_worker_large declares it ({CPU: 8, GPU: 1, large_gpu: 1}), and only the
-# generator actors of those models ask for it (actor_resources), so they never land on gpu_worker.
+# The custom Ray resources of the node types whose GPUs hold the big text-to-image models: only
+# cluster.yaml's gpu_worker_large declares LARGE_GPU_RESOURCE ({CPU: 8, GPU: 1, large_gpu: 1}) and
+# only gpu_worker_xlarge XLARGE_GPU_RESOURCE ({CPU: 16, GPU: 1, xlarge_gpu: 1}); only the generator
+# actors of those models ask for them (actor_resources), so they never land on a smaller card.
 LARGE_GPU_RESOURCE = "large_gpu"
+XLARGE_GPU_RESOURCE = "xlarge_gpu"
 # The GPU memory of cluster.yaml's gpu_worker (g5.2xlarge: one A10G, "24 GB"; CUDA reports about
 # 22.5 GiB of it, so 24e9 bytes = 22.4 GiB stays under what the loader's check_fits compares with).
 # A generator that needs more than this asks for LARGE_GPU_RESOURCE.
 GPU_WORKER_MEMORY = 24 * 10**9
-# The GPU memory of cluster.yaml's gpu_worker_large (g6e.2xlarge: one L40S, 48 GB): named in the
-# refusal when a model does not fit even there.
+# The GPU memory of cluster.yaml's gpu_worker_large (g6e.2xlarge: one L40S, 48 GB): a generator
+# that needs more asks for XLARGE_GPU_RESOURCE.
 LARGE_GPU_WORKER_MEMORY = 48 * 10**9
+# The GPU memory of cluster.yaml's gpu_worker_xlarge (p5.4xlarge: one H100 "80GB", which is 80 GiB
+# of HBM; CUDA reports 79.2 GiB = 85.0e9 bytes of it, as on an A100 80GB, so 84e9 stays under what
+# check_fits compares with): Qwen-Image, HiDream-I1, HunyuanImage 2.1, and FLUX.2-dev with CPU
+# offload (its 32B transformer: 80.6e9 bytes with the headroom). Beyond it, refused before any work.
+XLARGE_GPU_WORKER_MEMORY = 84 * 10**9
+
+
+@dataclass(frozen=True)
+class NodeTier:
+    """A GPU node type of cluster.yaml by the card its generators need."""
+
+    memory: int                 # bytes of its card that a generator may fill
+    resource: str | None        # the custom resource its generator actors ask for (None: none)
+    node_type: str
+    instance: str
+
+
+NODE_TIERS = (NodeTier(GPU_WORKER_MEMORY, None, "gpu_worker", "g5.2xlarge, one A10G 24 GB"),
+              NodeTier(LARGE_GPU_WORKER_MEMORY, LARGE_GPU_RESOURCE, "gpu_worker_large", "g6e.2xlarge, one L40S 48 GB"),
+              NodeTier(XLARGE_GPU_WORKER_MEMORY, XLARGE_GPU_RESOURCE, "gpu_worker_xlarge",
+                       "p5.4xlarge, one H100 80 GB"))
 
 # Parameters of whole pipelines (denoiser, text encoders, VAE) by lower-case hub id, so the node a
 # generator needs is known without the network. From benchmarks/bench_family_sizes.py (full-size
@@ -73,6 +96,26 @@ PIPELINE_PARAMETERS: dict[str, int] = {
     "stabilityai/stable-diffusion-3.5-medium": 7_907_613_331,
     "stabilityai/stable-diffusion-3-medium-diffusers": 7_692_769_811,   # docs/benchmarks.md: 7.69B
     "stabilityai/stable-diffusion-xl-base-1.0": 3_468_837_867,          # docs/benchmarks.md: 3.47B
+    # the 2025-2026 families, from the same benchmark (docs/benchmarks.md, "The families of
+    # 2025-2026 at full size"; which configs are the diffusers classes' defaults and which are
+    # written out from the published config.json files is said there)
+    "black-forest-labs/flux.2-dev": 56_318_688_547,          # 32.2B transformer + Mistral Small 3.1 24.0B
+    "black-forest-labs/flux.2-klein-base-9b": 17_353_362_723,  # 9.1B transformer + Qwen3 8B
+    "black-forest-labs/flux.2-klein-9b": 17_353_362_723,     # the distilled klein 9B: the same networks
+    "qwen/qwen-image": 28_849_460_275,                       # 20.4B transformer + Qwen2.5-VL 7B
+    "hidream-ai/hidream-i1-full": 30_800_786_451,            # 17.1B transformer + CLIP-L, CLIP-G, T5-XXL, Llama 3.1 8B
+    "hidream-ai/hidream-i1-dev": 30_800_786_451,             # dev and fast: the full model distilled, same networks
+    "hidream-ai/hidream-i1-fast": 30_800_786_451,
+    "efficient-large-model/sana_1600m_1024px_diffusers": 4_531_054_915,      # 1.6B transformer + Gemma 2 2B + DC-AE
+    "efficient-large-model/sana_1600m_1024px_bf16_diffusers": 4_531_054_915,
+    "alpha-vllm/lumina-image-2.0": 5_307_932_051,            # 2.6B transformer + Gemma 2 2B
+    "kwai-kolors/kolors-diffusers": 8_906_696_683,           # 2.6B UNet + ChatGLM3 6B
+    "lodestones/chroma": 13_746_115_091,                     # 8.9B transformer + T5-XXL
+    "lodestones/chroma1-hd": 13_746_115_091,
+    "thudm/cogview4-6b": 15_554_413_283,                     # 6.4B transformer + GLM-4 9B
+    "zai-org/cogview4-6b": 15_554_413_283,
+    "hunyuanvideo-community/hunyuanimage-2.1-diffusers": 26_342_852_611,   # 17.4B transformer + Qwen2.5-VL 7B + ByT5
+    "tongyi-mai/z-image-turbo": 10_261_197_843,              # 6.2B transformer + Qwen3 4B
 }
 # The largest single component of each (what the GPU holds at a time with CPU offload, diffusers'
 # enable_model_cpu_offload), from the same builds: the denoiser, or T5-XXL's encoder (4.76B) where
@@ -85,11 +128,34 @@ LARGEST_COMPONENT: dict[str, int] = {
     "stabilityai/stable-diffusion-3.5-medium": 4_762_310_656,            # T5-XXL (transformer 2.24B)
     "stabilityai/stable-diffusion-3-medium-diffusers": 4_762_310_656,    # T5-XXL (transformer 2.03B)
     "stabilityai/stable-diffusion-xl-base-1.0": 2_567_463_684,           # UNet (docs: 2.57B)
+    "black-forest-labs/flux.2-dev": 32_223_281_152,                      # transformer
+    "black-forest-labs/flux.2-klein-base-9b": 9_078_581_248,             # transformer
+    "black-forest-labs/flux.2-klein-9b": 9_078_581_248,
+    "qwen/qwen-image": 20_430_401_088,                                   # transformer
+    "hidream-ai/hidream-i1-full": 17_105_733_184,                        # transformer
+    "hidream-ai/hidream-i1-dev": 17_105_733_184,
+    "hidream-ai/hidream-i1-fast": 17_105_733_184,
+    "efficient-large-model/sana_1600m_1024px_diffusers": 2_614_341_888,  # Gemma 2 2B
+    "efficient-large-model/sana_1600m_1024px_bf16_diffusers": 2_614_341_888,
+    "alpha-vllm/lumina-image-2.0": 2_614_341_888,                        # Gemma 2 2B (the transformer: 2.61B)
+    "kwai-kolors/kolors-diffusers": 6_243_584_000,                       # ChatGLM3 6B
+    "lodestones/chroma": 8_899_983_424,                                  # transformer
+    "lodestones/chroma1-hd": 8_899_983_424,
+    "thudm/cogview4-6b": 8_779_194_368,                                  # GLM-4 9B
+    "zai-org/cogview4-6b": 8_779_194_368,
+    "hunyuanvideo-community/hunyuanimage-2.1-diffusers": 17_425_795_520,  # transformer
+    "tongyi-mai/z-image-turbo": 6_154_908_736,                           # transformer
 }
 # A family every member of which is at least this large: another FLUX.1 (a fine-tune, a new id)
 # carries the same 12B transformer and T5-XXL, so it is taken to be FLUX.1-schnell's size.
-FAMILY_PARAMETERS: dict[str, int] = {"flux": PIPELINE_PARAMETERS["black-forest-labs/flux.1-schnell"]}
-FAMILY_LARGEST_COMPONENT: dict[str, int] = {"flux": LARGEST_COMPONENT["black-forest-labs/flux.1-schnell"]}
+# Likewise FLUX.2 (dev's 32B transformer and Mistral 3), Qwen-Image (its later releases keep the
+# 20B MMDiT and Qwen2.5-VL), HiDream-I1 (full, dev, fast) and HunyuanImage 2.1 (and its distilled
+# variant) under any id.
+_FAMILY_IDS = {"flux": "black-forest-labs/flux.1-schnell", "flux2": "black-forest-labs/flux.2-dev",
+               "qwen-image": "qwen/qwen-image", "hidream": "hidream-ai/hidream-i1-full",
+               "hunyuan-image": "hunyuanvideo-community/hunyuanimage-2.1-diffusers"}
+FAMILY_PARAMETERS: dict[str, int] = {f: PIPELINE_PARAMETERS[m] for f, m in _FAMILY_IDS.items()}
+FAMILY_LARGEST_COMPONENT: dict[str, int] = {f: LARGEST_COMPONENT[m] for f, m in _FAMILY_IDS.items()}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -293,73 +359,141 @@ def memory_needed(spec, offload: bool | None = None) -> int | None:
 
 def needs_large_gpu(spec, offload: bool | None = None) -> bool:
     """Whether ``spec``'s generator needs more GPU memory than cluster.yaml's gpu_worker has
-    (``GPU_WORKER_MEMORY``): FLUX.1 and SD 3.5 large in bf16, SD 3 / 3.5 medium in float32; with
-    CPU offload (``offload``, default the spec's ``cpu_offload`` if it has one) only FLUX.1 in bf16,
-    whose 12B transformer alone needs ~28 GiB. A model of unknown size and a stand-in: False."""
+    (``GPU_WORKER_MEMORY``): FLUX.1 and SD 3.5 large in bf16, SD 3 / 3.5 medium in float32, and of
+    the 2025-2026 families FLUX.2, Qwen-Image, HiDream-I1, HunyuanImage 2.1, Chroma, CogView4 and
+    FLUX.2 klein 9B; with CPU offload (``offload``, default the spec's ``cpu_offload`` if it has one)
+    only those whose largest component alone outgrows the card (FLUX.1's 12B transformer: ~28 GiB).
+    A model of unknown size and a stand-in: False."""
     need = memory_needed(spec, offload)
     return need is not None and need > GPU_WORKER_MEMORY
 
 
+def node_tier(spec, offload: bool | None = None) -> NodeTier | None:
+    """The smallest of ``NODE_TIERS`` whose card holds ``spec``'s generator (with ``offload``: its
+    largest component); the largest tier when none does (``check_large_gpus`` refuses it then);
+    None when its size is unknown or it is a stand-in (never routed)."""
+    need = memory_needed(spec, offload)
+    if need is None:
+        return None
+    return next((t for t in NODE_TIERS if need <= t.memory), NODE_TIERS[-1])
+
+
+def gpu_resource(spec, offload: bool | None = None) -> str | None:
+    """The custom resource ``spec``'s generator actor asks for: ``LARGE_GPU_RESOURCE``,
+    ``XLARGE_GPU_RESOURCE``, or None (gpu_worker, or a size unknown here)."""
+    tier = node_tier(spec, offload)
+    return None if tier is None else tier.resource
+
+
 def actor_resources(spec, gp: GpuPlan | None = None, offload: bool | None = None) -> dict[str, float]:
-    """The custom Ray resources of ``spec``'s generator actor: {LARGE_GPU_RESOURCE: 1} when it
-    needs a large GPU, else {} (its GPU count stays ``gp.per_actor``). ``gp``: the run's GPU plan;
-    an actor that asks for no GPU (``--device cpu``, a stand-in run on the CPU) asks for nothing."""
+    """The custom Ray resources of ``spec``'s generator actor: {its tier's resource: 1} when it
+    needs a card larger than gpu_worker's, else {} (its GPU count stays ``gp.per_actor``). ``gp``:
+    the run's GPU plan; an actor that asks for no GPU (``--device cpu``, a stand-in run on the CPU)
+    asks for nothing."""
     if gp is not None and gp.per_actor <= 0:
         return {}
-    return {LARGE_GPU_RESOURCE: 1.0} if needs_large_gpu(spec, offload) else {}
+    resource = gpu_resource(spec, offload)
+    return {resource: 1.0} if resource else {}
 
 
-def _large_offered(ray, per_actor: float) -> bool | None:
-    """Whether a node type of the cluster's autoscaler declares LARGE_GPU_RESOURCE with at least
+def _large_offered(ray, per_actor: float, resource: str = LARGE_GPU_RESOURCE) -> bool | None:
+    """Whether a node type of the cluster's autoscaler declares ``resource`` with at least
     ``per_actor`` GPUs; None when the autoscaler's config cannot be read."""
     types = autoscaler_node_types(ray)
     if types is None:
         return None
-    return any(r.get(LARGE_GPU_RESOURCE, 0) >= 1 and r.get("GPU", 0) >= per_actor for r in types.values())
+    return any(r.get(resource, 0) >= 1 and r.get("GPU", 0) >= per_actor for r in types.values())
 
 
 def check_large_gpus(ray, gp: GpuPlan, standin: bool, local: bool, specs: Iterable = (),
                      offload: bool | None = None) -> GpuPlan:
-    """Refuse, before any work and in one line, a run whose generators need a large GPU on a Ray
-    instance that cannot provide ``LARGE_GPU_RESOURCE``: a local instance without it (it has no
-    autoscaler), or a cluster without it whose autoscaler has no node type declaring it. An
-    autoscaler whose config cannot be read is trusted. Stand-in runs and runs that ask for no GPU
-    never need it."""
+    """Refuse, before any work and in one line, a run whose generators need a larger card than
+    gpu_worker's on a Ray instance that cannot provide their tier's resource (``NODE_TIERS``): a
+    local instance without it (it has no autoscaler), or a cluster without it whose autoscaler has
+    no node type declaring it. An autoscaler whose config cannot be read is trusted. A generator
+    too large for every tier's card is refused unless a node with the largest tier's resource is up
+    (a machine whose own GPU is larger: the loader's ``check_fits`` then decides). Stand-in runs and
+    runs that ask for no GPU never need any of this."""
     if standin or gp.per_actor <= 0:
         return gp
-    big = [(s, memory_needed(s, offload)) for s in specs if needs_large_gpu(s, offload)]
+    big = [(s, memory_needed(s, offload), node_tier(s, offload)) for s in specs if needs_large_gpu(s, offload)]
     if not big:
         return gp
-    what = ", ".join(f"{s.model} (~{need / 2**30:.0f} GiB in {spec_dtype(s)}"
+    for tier in NODE_TIERS[1:]:
+        mine = [(s, need) for s, need, t in big if t is tier]
+        if mine:
+            gp = _check_tier(ray, gp, local, tier, mine, offload)
+    return gp
+
+
+def _what(mine, offload) -> str:
+    return ", ".join(f"{s.model} (~{need / 2**30:.0f} GiB in {spec_dtype(s)}"
                      f"{', its largest component with CPU offload' if _offload(s, offload) else ''})"
-                     for s, need in big)
-    up = float(ray.cluster_resources().get(LARGE_GPU_RESOURCE, 0))
+                     for s, need in mine)
+
+
+def _check_tier(ray, gp: GpuPlan, local: bool, tier: NodeTier, mine, offload) -> GpuPlan:
+    what, resource = _what(mine, offload), tier.resource
+    plural = len(mine) > 1
+    too_big = [s.model for s, need in mine if need > tier.memory]
+    up = float(ray.cluster_resources().get(resource, 0))
     if up >= 1:
-        note = f"{what} on nodes with {LARGE_GPU_RESOURCE} ({up:g} in the cluster now)"
+        note = f"{what} on nodes with {resource} ({up:g} in the cluster now)"
         gp.note = "; ".join(x for x in (gp.note, note) if x)
         return gp
-    offered = False if local else _large_offered(ray, gp.per_actor)
+    offerable = [s.model for s, _ in mine if not _offload(s, offload) and not needs_large_gpu(s, True)]
+    smaller = [s.model for s, _ in mine if not _offload(s, offload) and needs_large_gpu(s, True)
+               and node_tier(s, True) is not tier]
+    if too_big and tier is NODE_TIERS[-1]:
+        _refuse_too_big([(s, need) for s, need in mine if need > tier.memory], offload, resource)
+    offered = False if local else _large_offered(ray, gp.per_actor, resource)
     if offered is False:
-        plural = len(big) > 1
-        too_big = [s.model for s, need in big if need > LARGE_GPU_WORKER_MEMORY]
-        offloadable = [s.model for s, _ in big if not _offload(s, offload) and not needs_large_gpu(s, True)]
+        largest = NODE_TIERS[-1]
         where, remedy = (
-            ("this local Ray instance (no autoscaler) has no custom resource " + LARGE_GPU_RESOURCE,
-             "run on the cluster with cluster.yaml's gpu_worker_large node type") if local else
-            (f"this cluster's autoscaler has no node type with the custom resource {LARGE_GPU_RESOURCE} and "
-             f"{gp.per_actor:g} GPU(s)", "add cluster.yaml's gpu_worker_large node type to the cluster"))
+            (f"this local Ray instance (no autoscaler) has no custom resource {resource}",
+             f"run on the cluster with cluster.yaml's {tier.node_type} node type") if local else
+            (f"this cluster's autoscaler has no node type with the custom resource {resource} and "
+             f"{gp.per_actor:g} GPU(s)", f"add cluster.yaml's {tier.node_type} node type to the cluster"))
         raise ModelLoadError(
             f"{what} {'need' if plural else 'needs'} more GPU memory than gpu_worker's "
-            f"{GPU_WORKER_MEMORY / 1e9:.0f} GB card, and {where}: {remedy} (g6e.2xlarge, one L40S "
-            f"{LARGE_GPU_WORKER_MEMORY / 1e9:.0f} GB: resources {{CPU: 8, GPU: 1, {LARGE_GPU_RESOURCE}: 1}})"
+            f"{GPU_WORKER_MEMORY / 1e9:.0f} GB card"
+            + (f" and {'than ' if tier is largest else ''}{NODE_TIERS[1].node_type}'s "
+               f"{NODE_TIERS[1].memory / 1e9:.0f} GB" if tier is not NODE_TIERS[1] else "")
+            + f", and {where}: {remedy} ({tier.instance}: resources {{GPU: 1, {resource}: 1}})"
             + (f", where {', '.join(too_big)} {'do' if len(too_big) > 1 else 'does'} not fit either (run "
-               f"{'them' if len(too_big) > 1 else 'it'} in bfloat16)" if too_big else "")
+               f"{'them' if len(too_big) > 1 else 'it'} in bfloat16)" if too_big and tier is not largest else "")
             + f"; on a machine whose own GPU is large enough, start Ray there first with `ray start --head "
-            f"--resources='{{\"{LARGE_GPU_RESOURCE}\": 1}}'`"
-            + (f"; or run {', '.join(offloadable)} with CPU offload (one component on the GPU at a time: it "
-               f"then fits a 24 GB card, slower)" if offloadable else "")
+            f"--resources='{{\"{resource}\": 1}}'`"
+            + (f"; or run {', '.join(offerable)} with CPU offload (one component on the GPU at a time: it "
+               f"then fits a 24 GB card, slower)" if offerable else "")
+            + (f"; or run {', '.join(smaller)} with CPU offload (its largest component then fits a smaller "
+               f"card, slower)" if smaller else "")
             + "; or use a model that fits a 24 GB card (SDXL, SD 3 / 3.5 medium).")
-    note = (f"{what} wait for a node with {LARGE_GPU_RESOURCE} (cluster.yaml gpu_worker_large), which the "
+    note = (f"{what} wait for a node with {resource} (cluster.yaml {tier.node_type}), which the "
             f"autoscaler starts")
     gp.note = "; ".join(x for x in (gp.note, note) if x)
     return gp
+
+
+def _refuse_too_big(mine, offload, resource: str) -> None:
+    """One line for generators larger than every card of cluster.yaml (FLUX.2-dev whole: ~131 GiB),
+    with the remedy: CPU offload where the largest component then fits a card, else bfloat16."""
+    largest = NODE_TIERS[-1]
+    remedies = []
+    for s, _ in mine:
+        if not _offload(s, offload):
+            part = memory_needed(s, True)
+            tier = None if part is None else next((t for t in NODE_TIERS if part <= t.memory), None)
+            if tier is not None:
+                remedies.append(f"run {s.model} with CPU offload (--gen-cpu-offload: its largest component, "
+                                f"~{part / 2**30:.0f} GiB, then fits {tier.node_type})")
+                continue
+        if spec_dtype(s) == "float32":
+            remedies.append(f"run {s.model} in bfloat16")
+    plural = len(mine) > 1
+    raise ModelLoadError(
+        f"{_what(mine, offload)} {'need' if plural else 'needs'} more GPU memory than any node type of "
+        f"cluster.yaml has (the largest, {largest.node_type}: {largest.instance})"
+        + (f": {'; '.join(remedies)}" if remedies else "")
+        + f"; or, on a machine whose own GPU holds {'them' if plural else 'it'}, start Ray there first with "
+        f"`ray start --head --resources='{{\"{resource}\": 1}}'`.")

@@ -12,23 +12,25 @@ import warnings
 import pyarrow as pa
 
 from operators.base import Resources, StreamStage, build_operator, gc_paused, settle_heap
-from pipelines.engine.run.gpus import LARGE_GPU_RESOURCE, LARGE_GPU_WORKER_MEMORY
+from pipelines.engine.run.gpus import NODE_TIERS
 
 log = logging.getLogger(__name__)
 
 
 def local_large_gpus() -> dict:
-    """``resources={"large_gpu": n}`` for a local Ray instance on a machine whose n GPUs each hold a
-    model too large for the cluster's ordinary GPU node (gpus.LARGE_GPU_WORKER_MEMORY or more: an
-    80 GB workstation runs FLUX.1 locally); {} otherwise."""
+    """``resources={"large_gpu": n, "xlarge_gpu": m}`` for a local Ray instance on a machine whose n
+    GPUs each hold a model too large for the cluster's ordinary GPU node (gpus.NODE_TIERS: the
+    large tier's card or more, an 80 GB workstation runs FLUX.1 locally) and m of them one for the
+    80 GB tier (Qwen-Image, HiDream-I1); {} otherwise."""
     try:
         import torch  # deferred: torch
 
         if not torch.cuda.is_available():
             return {}
-        big = sum(torch.cuda.get_device_properties(i).total_memory >= 0.9 * LARGE_GPU_WORKER_MEMORY
-                  for i in range(torch.cuda.device_count()))
-        return {"resources": {LARGE_GPU_RESOURCE: float(big)}} if big else {}
+        memory = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+        out = {t.resource: float(sum(m >= 0.9 * t.memory for m in memory)) for t in NODE_TIERS if t.resource}
+        out = {k: v for k, v in out.items() if v}
+        return {"resources": out} if out else {}
     except Exception:  # noqa: BLE001 -- no usable CUDA: no large GPU
         return {}
 
