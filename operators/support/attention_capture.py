@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from operators.support.cross_attention import CrossAttentionCapture
 from operators.support.joint_attention import JointAttentionCapture, class_names
+from operators.support.kernel_attention import FAMILIES as KERNEL_FAMILIES, KernelAttentionCapture
 
 _SD3 = "SD3Transformer2DModel"
 _FLUX = "FluxTransformer2DModel"
@@ -23,7 +24,9 @@ def capture_for(pipe, guidance: bool, layers: str = "daam", tokens: int | None =
       (``text_offset`` = ``pipe.tokenizer_max_length``), ``pipe.tokenizer_3``; ``guidance``: the
       pipeline runs CFG (``guidance_scale > 1``), the batch is doubled;
     - FLUX.1: ``JointAttentionCapture`` of the T5 positions, ``pipe.tokenizer_2``; ``guidance`` is
-      ignored: FLUX's guidance is distilled (an embedding input), its batch never doubled.
+      ignored: FLUX's guidance is distilled (an embedding input), its batch never doubled;
+    - Chroma, FLUX.2 (dev, klein), Qwen-Image: ``KernelAttentionCapture`` (read at the attention
+      kernel; the text segment from the prompt's first token in the family's template).
 
     ``layers`` is the UNet's (``CrossAttentionCapture.LAYERS``); ``tokens``: keep only the first that
     many tokens (None: the UNet's 76 after BOS, a transformer's whole T5 segment). Any other
@@ -50,6 +53,9 @@ def capture_for(pipe, guidance: bool, layers: str = "daam", tokens: int | None =
         cap = JointAttentionCapture(transformer, tokens=tokens, guidance=False, text_offset=0)
         cap.tokenizer = pipe.tokenizer_2
         return cap
+    if type(transformer).__name__ in KERNEL_FAMILIES:
+        return KernelAttentionCapture(pipe, tokens=tokens, guidance=guidance)
     denoiser = type(transformer).__name__ if transformer is not None else "no UNet or transformer"
-    raise ValueError(f"{kind} ({denoiser}): no word heat maps for this family (only UNet cross-attention and SD 3 / "
-                     f"FLUX joint attention are recorded); run without objects (--no-objects)")
+    raise ValueError(f"{kind} ({denoiser}): no word heat maps for this family (UNet cross-attention, SD 3 / "
+                     f"FLUX.1 joint attention and Chroma, FLUX.2, Qwen-Image at the attention kernel are "
+                     f"recorded); run without objects (--no-objects)")

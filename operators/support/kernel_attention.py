@@ -1,0 +1,328 @@
+"""Word heat maps from the joint attention of the 2025-2026 transformer denoisers, read where each
+block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
+``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein) and
+Qwen-Image.
+
+``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
+embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
+FLUX.2's single-stream blocks, Qwen-Image's complex rotary pair applied to image and text apart, a
+text mask built inside the processor), so here nothing is rebuilt: while a recorded attention
+module runs, the kernel its processor calls, ``dispatch_attention_fn`` of the processor's own
+module, is wrapped, and the recorder reads the query, key, mask and scale the block passes to it,
+after every norm and rotation, exactly what the block's softmax sees. The kernel's output is the
+original's: recording never changes the image (tested bit for bit). The processors, read in the
+installed diffusers (0.42):
+
+- Chroma (``ChromaTransformer2DModel``, ``transformer_chroma.py``): ``transformer_blocks.*.attn``
+  and ``single_transformer_blocks.*.attn`` are ``FluxAttention`` with ``FluxAttnProcessor``
+  (``transformer_flux.py``); the joint sequence is [text, image] in both (the single-stream blocks
+  receive it concatenated). The pipeline passes a text mask that the transformer turns into a
+  float (B, 1, S, S) outer product, which the kernel adds to the scores (an additive bias of 0 or
+  1, not a boolean mask): the recorder adds it the same way. Classifier-free guidance is a second
+  transformer call per step with the negative prompt and no ``cache_context``: with ``guidance``
+  every second call is left out.
+- FLUX.2 (``Flux2Transformer2DModel``, ``transformer_flux2.py``): ``transformer_blocks.*.attn``
+  (``Flux2Attention``, ``Flux2AttnProcessor``) and ``single_transformer_blocks.*.attn``
+  (``Flux2ParallelSelfAttention``, ``Flux2ParallelSelfAttnProcessor``: queries and keys from one
+  fused projection); [text, image], no mask. FLUX.2-dev is guidance-distilled (one call); klein's
+  CFG calls are wrapped in ``cache_context("cond")`` / ``("uncond")``, and "uncond" is left out.
+- Qwen-Image (``QwenImageTransformer2DModel``, ``transformer_qwenimage.py``):
+  ``transformer_blocks.*.attn`` (``Attention`` with ``QwenDoubleStreamAttnProcessor2_0``);
+  [text, image] with a boolean (B, 1, 1, S) mask of the valid text positions, built inside the
+  processor; true CFG's negative call is wrapped in ``cache_context("uncond")``, left out.
+
+The image's query rows and the text's key columns of the joint sequence are found from the
+transformer call: its text length is ``encoder_hidden_states.shape[1]`` (the image's is the rest),
+the token grid is read off ``img_ids`` (Chroma, FLUX.2: rows and columns in its columns 1 and 2)
+or ``img_shapes`` (Qwen-Image). Each recorded evaluation adds softmax(scale Q K^T + mask) over the
+full key set, in float32, summed over the heads, the image rows and the recorded text columns kept,
+into one running sum per block (``joint_scores.kernel_probabilities``), as ``joint_attention.py``
+does; ``heat_maps`` lays the blocks out on the grid, upsamples, clamps and averages them alike.
+
+A text position is mapped back to the prompt's characters through the family's own tokenizer and
+template (``TextLayout``): Chroma's T5 reads the prompt alone; FLUX.2-dev's Mistral reads its
+system message and the prompt in its chat template (nothing dropped: the prompt's tokens follow
+the system message's); klein's Qwen3 reads the prompt in Qwen's chat template; Qwen-Image's
+Qwen2.5-VL reads it in its description template, of which the pipeline drops the first 34 tokens.
+The recorded segment starts at the prompt's first token (``text_offset``, measured on the template
+once), so ``tokens`` counts prompt tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from operators.support.joint_attention import JointAttentionCapture
+from operators.support.joint_scores import kernel_probabilities
+
+TEXT_FIRST = "text-first"
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one family's denoiser and pipeline are read (module docstring)."""
+
+    name: str
+    transformer: str                     # the denoiser's class name
+    blocks: tuple[str, ...]              # ModuleList attributes of the transformer whose blocks' ``attn`` is recorded
+    skip_contexts: frozenset = frozenset({"uncond"})
+    alternate_cfg: bool = False          # CFG as an untagged second call per step (Chroma)
+    grid_from: str = "img_ids"           # "img_ids" or "img_shapes"
+
+
+FAMILIES = {f.transformer: f for f in (
+    Family("chroma", "ChromaTransformer2DModel", ("transformer_blocks", "single_transformer_blocks"),
+           frozenset(), alternate_cfg=True),
+    Family("flux2", "Flux2Transformer2DModel", ("transformer_blocks", "single_transformer_blocks")),
+    Family("qwen-image", "QwenImageTransformer2DModel", ("transformer_blocks",), grid_from="img_shapes"),
+)}
+
+
+# -- the prompt's characters at each text position ----------------------------------------------------
+
+
+def _spans(tokenizer, text: str, start: int, end: int, drop: int = 0, special: bool = True):
+    """(token ids, [(s, e) character span in the prompt, or (0, 0)], how many of the tokens come
+    before the prompt) of ``text`` tokenized with offsets, the prompt at characters ``start:end``
+    of it, the first ``drop`` tokens left out."""
+    enc = tokenizer(text, add_special_tokens=special, truncation=False, return_offsets_mapping=True)
+    ids, spans, before = list(enc.input_ids), [], 0
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    for i, (piece, (s, e)) in enumerate(zip(pieces, enc.offset_mapping)):
+        if start > 0 and e <= start and i >= drop:
+            before += 1                                    # the template's, before the prompt
+        s, e = max(s, start) - start, min(e, end) - start
+        spans.append((s, e) if e > s and str(piece).replace("\u2581", "").strip() else (0, 0))
+    return ids[drop:], spans[drop:], before
+
+
+_SENTINEL = "\u2063PROMPT\u2063"
+
+
+def _template(pipe) -> tuple[str, str, object, bool, int]:
+    """(the text before the prompt, the text after it, the tokenizer that reads it, whether it adds
+    its special tokens, how many leading tokens the pipeline drops) of the family's text template,
+    rendered around a sentinel prompt."""
+    kind = type(pipe).__name__
+    if kind == "ChromaPipeline":
+        return "", "", pipe.tokenizer, True, 0
+    if kind == "QwenImagePipeline":
+        text, drop = pipe.prompt_template_encode.format(_SENTINEL), int(pipe.prompt_template_encode_start_idx)
+        tokenizer, special = pipe.tokenizer, True
+    elif kind == "Flux2Pipeline":
+        from diffusers.pipelines.flux2.pipeline_flux2 import format_input  # deferred: diffusers
+
+        text = pipe.tokenizer.apply_chat_template(format_input([_SENTINEL], system_message=pipe.system_message),
+                                                  add_generation_prompt=False, tokenize=False)
+        text, drop, tokenizer, special = (text[0] if isinstance(text, list) else text), 0, pipe.tokenizer.tokenizer, False
+    elif kind == "Flux2KleinPipeline":
+        text = pipe.tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
+                                                  add_generation_prompt=True, enable_thinking=False)
+        drop, tokenizer, special = 0, pipe.tokenizer, True
+    else:
+        raise ValueError(f"{kind}: no text layout for its word heat maps")
+    if text.count(_SENTINEL) != 1:
+        raise ValueError(f"{kind}: its template does not hold the prompt once")
+    before, after = text.split(_SENTINEL)
+    return before, after, tokenizer, special, drop
+
+
+def text_spans(pipe, prompt: str):
+    """(the token ids the denoiser's text positions hold, the prompt's character span at each, the
+    number of positions before the prompt's first token), as the family's pipeline builds its text
+    sequence (module docstring); (0, 0) where a position holds none of the prompt's characters
+    (template, special tokens)."""
+    before, after, tokenizer, special, drop = _template(pipe)
+    return _spans(tokenizer, before + prompt + after, len(before), len(before) + len(prompt), drop, special)
+
+
+def prompt_offset(pipe) -> int:
+    """The text position of the prompt's first token: the template's tokens before it (measured on
+    a probe prompt; the same for every prompt, as the template before it is fixed and ends in a
+    special token or a line break), 0 where the prompt is read alone (Chroma's T5)."""
+    return text_spans(pipe, "a")[2]
+
+
+# -- the recorder ---------------------------------------------------------------------------------------
+
+
+class KernelAttentionCapture(JointAttentionCapture):
+    """``with KernelAttentionCapture(pipe, guidance=...) as cap: pipe(...)``; then
+    ``cap.heat_maps(latent_hw, image_hw)`` gives (images, tokens, H, W) maps of the recorded text
+    segment (token 0 = the prompt's first token) and ``cap.word_positions(tokenizer, prompt, words)``
+    the segment positions of each word. ``tokens``: keep only the segment's first that many tokens;
+    ``guidance``: the pipeline runs classifier-free guidance (Chroma: every second call is the
+    negative prompt's)."""
+
+    def __init__(self, pipe, tokens: int | None = None, guidance: bool = True):
+        transformer = getattr(pipe, "transformer", None)
+        family = FAMILIES.get(type(transformer).__name__)
+        if family is None:
+            raise ValueError(f"{type(pipe).__name__}: no kernel-level word heat maps for its denoiser "
+                             f"{type(transformer).__name__}")
+        if tokens is not None and int(tokens) < 1:
+            raise ValueError(f"tokens must be >= 1 or None, got {tokens}")
+        self.pipe, self.family, self.transformer = pipe, family, transformer
+        self.tokens = None if tokens is None else int(tokens)
+        self.guidance = bool(guidance)
+        self.text_offset = prompt_offset(pipe)
+        self.text_length = None
+        self.tokenizer = getattr(pipe.tokenizer, "tokenizer", pipe.tokenizer)
+        self.layouts: dict[str, str] = {}
+        self.sums, self.steps, self.token_sums = {}, {}, {}
+        self.text_tokens = None
+        self.grid = None
+        self.recording = self.active = False
+        self.current = None                 # the name of the attention module running now
+        self._text_len = None
+        self._context = None
+        self._calls = 0
+        self._hooks = []
+        self._kernels = {}                  # processor module -> its original dispatch_attention_fn
+        self._saved_cache_context = None
+
+    # -- the context ------------------------------------------------------------------------------
+
+    def __enter__(self):
+        if self.recording:
+            raise RuntimeError("this KernelAttentionCapture is already recording")
+        modules = {}
+        for attr in self.family.blocks:
+            for i, block in enumerate(getattr(self.transformer, attr)):
+                modules[f"{attr}.{i}.attn"] = block.attn
+        self.layouts = {name: TEXT_FIRST for name in modules}
+        for name, module in modules.items():
+            where = sys.modules[type(module.processor).__module__]
+            if getattr(where, "dispatch_attention_fn", None) is None:
+                raise ValueError(f"{name}: its processor {type(module.processor).__name__} calls no "
+                                 f"dispatch_attention_fn to read")
+            if where not in self._kernels:
+                self._kernels[where] = where.dispatch_attention_fn
+                where.dispatch_attention_fn = self._kernel(where.dispatch_attention_fn)
+            self._hooks.append(module.register_forward_pre_hook(lambda *_, n=name: self._enter_module(n)))
+            self._hooks.append(module.register_forward_hook(lambda *_: self._enter_module(None)))
+        self._hooks.append(self.transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True))
+        self._wrap_cache_context()
+        self._calls = 0
+        self.recording = True
+        return self
+
+    def __exit__(self, *exc):
+        self.recording = self.active = False
+        self.current = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for where, original in self._kernels.items():
+            where.dispatch_attention_fn = original
+        self._kernels = {}
+        self._unwrap_cache_context()
+        return False
+
+    def _enter_module(self, name):
+        self.current = name
+
+    def _kernel(self, original):
+        capture = self
+
+        def dispatch_attention_fn(query, key, value, attn_mask=None, *args, **kwargs):
+            if capture.recording and capture.active and capture.current is not None:
+                scale = args[3] if len(args) > 3 else kwargs.get("scale")
+                capture.record_kernel(capture.current, query, key, attn_mask, scale)
+            return original(query, key, value, attn_mask, *args, **kwargs)
+
+        return dispatch_attention_fn
+
+    def _before_forward(self, module, args, kwargs):
+        """Each transformer call: is it recorded, its text length and its token grid."""
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        text = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
+        record = self.recording and self._context not in self.family.skip_contexts
+        if self.family.alternate_cfg and self.guidance:
+            record = record and self._calls % 2 == 0       # the negative prompt's call follows each step's first
+        self._calls += 1
+        self.active = record
+        self._text_len = None if text is None else int(text.shape[1])
+        grid = None
+        if self.family.grid_from == "img_shapes":
+            shapes = kwargs.get("img_shapes")
+            if shapes:
+                first = shapes[0][0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
+                    else shapes[0]
+                grid = (int(first[-2]), int(first[-1]))
+        else:
+            ids = kwargs.get("img_ids")
+            if ids is not None:
+                ids = ids[0] if ids.ndim == 3 else ids
+                grid = (int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1)
+        if grid is not None and hidden is not None and grid[0] * grid[1] != int(hidden.shape[1]):
+            grid = None                                     # reference images appended (FLUX.2 editing): not a T2I grid
+        if grid is not None and record:
+            if self.grid is not None and self.grid != grid and self.sums:
+                raise ValueError(f"the token grid changed from {self.grid} to {grid} while recording: one capture "
+                                 f"records one image size")
+            self.grid = grid
+        return None
+
+    # -- recording ----------------------------------------------------------------------------------
+
+    def record_kernel(self, name: str, query, key, mask, scale) -> None:
+        """One evaluation of ``name``'s attention: ``query``/``key`` (B, S, heads, d) as the kernel
+        receives them, the joint sequence [text, image]."""
+        import torch  # deferred: torch
+
+        length = self._text_len
+        if length is None or length >= query.shape[1]:
+            raise ValueError(f"{name}: the text length of the joint sequence is unknown")
+        segment = length - self.text_offset
+        if segment < 1:
+            raise ValueError(f"{name}: the text sequence of {length} positions has nothing at offset "
+                             f"{self.text_offset}")
+        self.text_tokens = segment
+        n = segment if self.tokens is None else min(self.tokens, segment)
+        with torch.no_grad():
+            kept, total = kernel_probabilities(query.transpose(1, 2), key.transpose(1, 2), length,
+                                               self.text_offset, n, scale, mask)
+        if name in self.sums:
+            self.sums[name].add_(kept)
+            self.token_sums[name].add_(total)
+        else:
+            self.sums[name], self.token_sums[name] = kept, total
+        self.steps[name] = self.steps.get(name, 0) + 1
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.text_tokens
+
+    # -- words --------------------------------------------------------------------------------------
+
+    def word_positions(self, tokenizer, prompt: str, words=None) -> dict[str, list[int]]:
+        """{word: segment positions} of each of ``words`` (default: every word of the prompt) at
+        every occurrence, by the characters each text position holds (``text_spans``); positions
+        count from the prompt's first token (``text_offset``). ``tokenizer`` is not used: the
+        family's own template decides."""
+        from operators.support.cross_attention import WORD
+
+        _, spans, _ = text_spans(self.pipe, prompt)
+        spans = spans[self.text_offset:]
+        text = "".join(c.lower() if len(c.lower()) == 1 else c for c in prompt)
+        found = [(m.group(), m.start(), m.end()) for m in WORD.finditer(text)]
+        out = {}
+        for word in dict.fromkeys(m[0] for m in found) if words is None else dict.fromkeys(words):
+            parts = WORD.findall(str(word).lower())
+            if not parts:
+                continue
+            positions: list[int] = []
+            for i in range(len(found) - len(parts) + 1):
+                if [f[0] for f in found[i:i + len(parts)]] == parts:
+                    lo, hi = found[i][1], found[i + len(parts) - 1][2]
+                    positions += [j for j, (s, e) in enumerate(spans) if s < hi and e > lo and e > s]
+            if positions:
+                out[word] = sorted(dict.fromkeys(positions))
+        return out
+
+    def word_heat_maps(self, tokenizer, prompt: str, maps, words=None):
+        from operators.support.cross_attention import word_maps
+
+        return word_maps(self.word_positions(tokenizer, prompt, words), maps)

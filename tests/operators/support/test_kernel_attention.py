@@ -1,0 +1,187 @@
+"""Word heat maps of Chroma, FLUX.2 (dev, klein) and Qwen-Image read at the attention kernel
+(operators/support/kernel_attention.py), on tiny random pipelines of the real classes loaded through
+the production loader: recording does not change the image, only the conditional evaluations
+count, the recorded probabilities are a hand computation of each block's softmax (its mask and
+scale included) on the query and key it attends with, the text positions are the pipeline's own
+tokens, and a planted word lights its region."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from operators.support.attention_capture import capture_for
+from operators.support.diffusion import load_text2image
+from operators.support.kernel_attention import KernelAttentionCapture, text_spans
+from pipelines.standins.families import build_tiny_pipeline
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image")
+PROMPTS = ["a doctor with a cat", "a nurse at work"]
+# max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
+# part of Qwen-Image's template its pipeline keeps come first
+SEQ = {"flux2": 256, "qwen-image": 256}
+
+
+@pytest.fixture(scope="module")
+def pipes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kernel")
+    return {f: load_text2image(build_tiny_pipeline(f, root / f, seed=0), device="cpu", dtype="float32")[0]
+            for f in FAMILIES}
+
+
+def call_kwargs(family, n):
+    """Each family's CFG switched on where it has one (Chroma, klein, Qwen-Image's true CFG)."""
+    if family == "qwen-image":
+        return {"true_cfg_scale": 4.0, "negative_prompt": [" "] * n}
+    return {"guidance_scale": 4.0}
+
+
+def generate(pipe, family, steps=2, prompts=PROMPTS):
+    gens = [torch.Generator("cpu").manual_seed(3 + i) for i in range(len(prompts))]
+    return pipe(prompt=list(prompts), num_inference_steps=steps, generator=gens, output_type="pt", height=64,
+                width=64, max_sequence_length=SEQ.get(family, 64), **call_kwargs(family, len(prompts))).images
+
+
+def kernel_module(pipe):
+    block = pipe.transformer.transformer_blocks[0].attn
+    return sys.modules[type(block.processor).__module__]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recording_does_not_change_the_image_and_keeps_the_conditional_evaluations(pipes, family):
+    pipe = pipes[family]
+    plain = generate(pipe, family)
+    with capture_for(pipe, guidance=True) as cap:
+        recorded = generate(pipe, family)
+    assert isinstance(cap, KernelAttentionCapture)
+    assert torch.equal(plain, recorded)
+    blocks = {f"{a}.{i}.attn" for a in cap.family.blocks for i in range(len(getattr(pipe.transformer, a)))}
+    assert set(cap.sums) == blocks and all(cap.steps[b] == 2 for b in blocks)    # one per step: CFG's left out
+    heads = pipe.transformer.config.num_attention_heads
+    for name, total in cap.token_sums.items():                   # each row a softmax: heads x evaluations
+        assert torch.allclose(total, torch.full_like(total, 2.0 * heads), atol=1e-4), name
+    assert cap.grid == (4, 4) and all(s.shape == (2, 16, cap.text_tokens) for s in cap.sums.values())
+    maps = cap.heat_maps(None, (64, 64), tokens=6)
+    assert maps.shape == (2, 6, 64, 64) and (maps >= 0).all()
+    assert kernel_module(pipe).dispatch_attention_fn.__name__ == "dispatch_attention_fn"
+    assert "cache_context" not in pipe.transformer.__dict__
+
+
+def hand_softmax(q, k, text_len, offset, n, scale, mask):
+    """Head by head, row by row: softmax over every key of scale * q.k (+ the mask: additive, or
+    -inf where False), the image rows and text columns offset..offset+n, summed over the heads."""
+    b, s, heads, d = q.shape
+    out = torch.zeros(b, s - text_len, n, dtype=torch.float64)
+    for i in range(b):
+        for h in range(heads):
+            scores = (q[i, :, h].double() @ k[i, :, h].double().T) * (d ** -0.5 if scale is None else scale)
+            if mask is not None:
+                m = mask[i].reshape(-1, mask.shape[-1])
+                m = m.expand(s, -1) if m.shape[0] == 1 else m
+                scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.double()
+            p = torch.exp(scores - scores.max(dim=1, keepdim=True).values)
+            p = p / p.sum(dim=1, keepdim=True)
+            out[i] += p[text_len:, offset:offset + n]
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, family, monkeypatch):
+    """One step; the query, key, mask and scale every recorded block hands its kernel, spied on
+    under the recorder: the sums are the hand computation (Chroma's float mask added, Qwen-Image's
+    boolean mask applied), the text from the prompt's first token."""
+    pipe = pipes[family]
+    where = kernel_module(pipe)
+    seen = []
+    original = where.dispatch_attention_fn
+
+    def spy(query, key, value, attn_mask=None, *args, **kwargs):
+        seen.append((query.clone(), key.clone(), None if attn_mask is None else attn_mask.clone(),
+                     args[3] if len(args) > 3 else kwargs.get("scale")))
+        return original(query, key, value, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(where, "dispatch_attention_fn", spy)
+    with capture_for(pipe, guidance=True, tokens=5) as cap:
+        generate(pipe, family, steps=1)
+    names = [n for n in cap.sums]
+    masks = [m for _, _, m, _ in seen]
+    if family == "chroma":
+        assert all(m is not None and m.dtype != torch.bool for m in masks)      # the additive float mask
+    if family == "qwen-image":
+        assert any(m is not None and m.dtype == torch.bool for m in masks)
+    # the recorded calls come first in each step's order: the first len(names) kernel calls
+    text_len = seen[0][1].shape[1] - 16
+    for name, (q, k, mask, scale) in zip(names, seen[:len(names)]):
+        ref = hand_softmax(q, k, text_len, cap.text_offset, 5, scale, mask)
+        assert torch.allclose(cap.sums[name].double(), ref, atol=1e-5), name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_text_positions_are_the_pipelines_own_tokens(pipes, family):
+    """The ids ``text_spans`` maps to the prompt are the ids the pipeline's text encoder read, from
+    the position where the denoiser's text sequence starts; each word's positions hold its
+    characters."""
+    pipe = pipes[family]
+    seen = []
+    hook = pipe.text_encoder.register_forward_pre_hook(
+        lambda m, a, kw: seen.append((kw.get("input_ids", a[0] if a else None), kw.get("attention_mask"))),
+        with_kwargs=True)
+    try:
+        generate(pipe, family, steps=1, prompts=PROMPTS[:1])
+    finally:
+        hook.remove()
+    ids, mask = seen[0]
+    row = ids[0][mask[0].bool()] if mask is not None else ids[0]
+    mine, spans, before = text_spans(pipe, PROMPTS[0])
+    drop = int(getattr(pipe, "prompt_template_encode_start_idx", 0))
+    assert row.tolist()[drop:] == mine
+    cap = KernelAttentionCapture(pipe, guidance=False)
+    pos = cap.word_positions(None, PROMPTS[0])
+    assert set(pos) == {"a", "doctor", "with", "cat"}
+    for word, positions in pos.items():
+        text = "".join(PROMPTS[0][s:e] for s, e in (spans[cap.text_offset + p] for p in positions))
+        assert word in text.replace(" ", "") or text.strip() == word, (word, text)
+    assert before == cap.text_offset and spans[cap.text_offset][0] == 0     # the segment starts at the prompt
+    assert all(e == 0 for _, e in spans[:cap.text_offset])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_planted_word_lights_its_region(pipes, family):
+    """Queries of the image's top-left quadrant and the keys of "cat"'s tokens set to one shared
+    direction (every other query and key small): the word map of "cat" is brightest in that
+    quadrant, "doctor"'s is not."""
+    pipe = pipes[family]
+    where = kernel_module(pipe)
+    prompt = "a doctor with a cat"
+    with capture_for(pipe, guidance=True) as cap:
+        positions = cap.word_positions(None, prompt)
+        cat = [cap.text_offset + p for p in positions["cat"]]
+        recorder = where.dispatch_attention_fn
+        rows = [r * 4 + c for r in range(2) for c in range(2)]       # the 4 x 4 grid's top-left quadrant
+
+        def plant(query, key, value, attn_mask=None, *args, **kwargs):
+            if cap.current is not None and cap.active:
+                text_len = cap._text_len
+                g = torch.Generator().manual_seed(0)
+                query = torch.randn(query.shape, generator=g) * 0.01
+                key = torch.randn(key.shape, generator=g) * 0.01
+                direction = torch.ones(query.shape[-1]) * 3.0
+                query[:, [text_len + r for r in rows]] = direction
+                key[:, cat] = direction
+            return recorder(query, key, value, attn_mask, *args, **kwargs)
+
+        where.dispatch_attention_fn = plant
+        try:
+            generate(pipe, family, steps=1, prompts=[prompt])
+        finally:
+            where.dispatch_attention_fn = recorder
+    maps = cap.heat_maps(None, (64, 64))[0]
+    words = cap.word_heat_maps(None, prompt, maps, ["cat", "doctor"])
+    cat_map, doctor_map = torch.as_tensor(words["cat"]), torch.as_tensor(words["doctor"])
+    inside, outside = cat_map[:32, :32].mean(), torch.cat([cat_map[32:].flatten(), cat_map[:32, 32:].flatten()]).mean()
+    assert inside > 5 * outside
+    assert doctor_map[:32, :32].mean() < 2 * doctor_map.mean()
