@@ -52,6 +52,7 @@ from operators.support.diffusion import (
     _out_of_memory,
     _to_uint8,
     _valid_prompt,
+    guided_call,
     image_tensor,
     invalid_images,
     load_text2image,
@@ -61,6 +62,7 @@ from operators.support.diffusion import (
 from operators.image_prompt_dependency import no_image
 from operators.support.codec import pack_rgb8
 from operators.support.disparity import pair_cosines
+from operators.support.families import family_of_pipeline
 from operators.support.models import pick_device
 from schemas.exposed import (
     DEPENDENCY_COLUMNS,
@@ -119,12 +121,16 @@ class _Capture:
 
     def __call__(self, pipe, step, timestep, kwargs):
         if self.prompt_embeds is None:
-            cfg = getattr(pipe, "do_classifier_free_guidance", False)
+            # [unconditional, conditional] where the pipeline doubles the batch (SD, SDXL, SD 3 with
+            # CFG): twice the latents' rows. Chroma, FLUX.2 klein and Qwen-Image guide with a second
+            # call, and hand the conditional embeddings alone although their CFG flag is set.
+            images = kwargs["latents"].shape[0]
             embeds = kwargs["prompt_embeds"]
-            self.prompt_embeds = embeds[embeds.shape[0] // 2:] if cfg else embeds   # [unconditional, conditional]
+            doubled = getattr(pipe, "do_classifier_free_guidance", False) and embeds.shape[0] == 2 * images
+            self.prompt_embeds = embeds[embeds.shape[0] // 2:] if doubled else embeds
             if self.pooled_name:
                 pooled = kwargs[self.pooled_name]
-                self.pooled = pooled[pooled.shape[0] // 2:] if cfg else pooled
+                self.pooled = pooled[pooled.shape[0] // 2:] if doubled else pooled
         self.latents = kwargs["latents"]
         return {}
 
@@ -136,23 +142,34 @@ def pooled_space_text(pipe) -> str:
         return "SDXL: the pooled text embedding of the second text encoder (add_text_embeds), conditional half"
     if offered == "pooled_prompt_embeds":
         return "SD 3: the pooled CLIP-L and CLIP-G embeddings, concatenated (pooled_prompt_embeds), conditional half"
-    if type(pipe).__name__.startswith("Flux"):
+    if type(pipe).__name__ == "FluxPipeline":
         return "FLUX: CLIP-L's pooled embedding (the pipeline's encode_prompt), which the transformer receives"
+    if not _clip_encoder(pipe):
+        return (f"not defined for {type(pipe).__name__}: its denoiser receives no pooled embedding and its text encoder "
+                f"({type(getattr(pipe, 'text_encoder', None)).__name__}) has none; the space is left out (NaN)")
     return ("the text encoder's pooled output (final-layer end-of-text token after the final layer norm); this "
             "denoiser does not receive it")
+
+
+def _clip_encoder(pipe) -> bool:
+    return type(getattr(pipe, "text_encoder", None)).__name__.startswith("CLIPText")
 
 
 def pooled_embeddings(pipe, prompts: list[str], call_kwargs: dict | None = None):
     """(N, d) pooled prompt embeddings of a pipeline that does not hand them to the step callback:
     FLUX's CLIP pooled embedding (the pipeline's own ``encode_prompt``, as its call computes it),
     or, for a UNet pipeline (SD 1.x/2.x, whose UNet receives no pooled embedding), the text
-    encoder's pooled output (CLIP's final-layer end-of-text token, after the final layer norm)."""
+    encoder's pooled output (CLIP's final-layer end-of-text token, after the final layer norm); None
+    for a pipeline with neither (Chroma, FLUX.2, Qwen-Image: a T5 or language-model encoder whose
+    denoiser receives no pooled embedding: the space is not defined for them)."""
     import torch
 
     device = getattr(pipe, "_execution_device", None) or pipe.device
-    if type(pipe).__name__.startswith("Flux"):
+    if type(pipe).__name__ == "FluxPipeline":
         kw = {k: v for k, v in (call_kwargs or {}).items() if k == "max_sequence_length"}
         return pipe.encode_prompt(prompt=prompts, prompt_2=None, device=device, **kw)[1]
+    if not _clip_encoder(pipe):
+        return None
     tok = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length, truncation=True,
                          return_tensors="pt")
     with torch.inference_mode():
@@ -184,12 +201,15 @@ def generate_units(pipe, triplets: list[tuple[str, str, str]], seeds: list[int],
     prompts = [p for t in triplets for p in t]
     generators = [torch.Generator(noise_device).manual_seed(int(s)) for s in seeds for _ in range(3)]
     capture = _Capture(pipe)
+    family = family_of_pipeline(type(pipe).__name__)     # the guidance's argument (Qwen-Image: true_cfg_scale)
     with attention if attention is not None else contextlib.nullcontext():
-        out = pipe(prompt=prompts, **sampling(steps, guidance_scale),
+        out = pipe(prompt=prompts, **sampling(steps, guidance_scale, family.cfg_argument),
                    height=height, width=width, generator=generators, num_images_per_prompt=1, output_type="pt",
                    callback_on_step_end=capture, callback_on_step_end_tensor_inputs=capture.inputs,
-                   **per_prompt(call_kwargs, len(prompts)))
+                   **per_prompt(guided_call(family, guidance_scale, call_kwargs), len(prompts)))
     pooled = capture.pooled if capture.pooled is not None else pooled_embeddings(pipe, prompts, call_kwargs)
+    if pooled is None:                                   # no pooled prompt space for this family: NaN
+        pooled = torch.full((len(prompts), 1), float("nan"))
     images = image_tensor(out.images)
     if capture.latents is None or capture.prompt_embeds is None:
         raise RuntimeError(f"{type(pipe).__name__} did not call callback_on_step_end with latents and prompt_embeds: "

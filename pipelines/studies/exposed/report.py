@@ -54,6 +54,24 @@ def format_results(table3: pd.DataFrame, direction: pd.DataFrame, standin: bool 
     return "\n".join(lines)
 
 
+def without_pooled(images: pd.DataFrame) -> list[str]:
+    """The models none of whose measured images has a pooled-prompt similarity: families whose
+    denoiser receives no pooled embedding and whose text encoder has none (Chroma, FLUX.2,
+    Qwen-Image; operators.image_triplet_generation.pooled_embeddings)."""
+    column = f"sim_{S.Space.PROMPT_POOLED}"
+    if column not in images.columns or not len(images):
+        return []
+    measured = images[images[f"sim_{S.Space.PROMPT}"].notna()] if f"sim_{S.Space.PROMPT}" in images.columns else images
+    return [m for m, g in measured.groupby(MODEL, sort=False) if g[column].isna().all()]
+
+
+def pooled_note(models: list[str], labels: dict | None = None) -> str:
+    names = ", ".join(Pg.label(labels or {}, m) for m in models)
+    return (f"Pooled prompt space: not defined for {names} (a T5 or language-model text encoder with no pooled "
+            f"output, and a denoiser that receives no pooled embedding): that step is left out for "
+            f"{'them' if len(models) > 1 else 'it'}.")
+
+
 def format_headline(headline: dict, standin: bool = False) -> str:
     """The lead headline numbers with their intervals (models by their short labels); a stand-in
     run's notice last."""
@@ -197,6 +215,9 @@ def render_html(meta: dict, data: dict, counts, records: list[dict], *,
                  "<i>units</i>: the units behind each row; [low, high]: the interval of the opening box (bootstrap "
                  "over triplets).</p>")
     parts.append(_table(HM.interval_cells(table3, S.Space.ALL).rename(columns=SPACE_LABELS), 3, labels))
+    unpooled = without_pooled(images)
+    if unpooled:
+        parts.append(f"<p class=note>{H.esc(pooled_note(unpooled, labels))}</p>")
     parts.append("<h2>RQ1 per space: the similarities behind the answer</h2><p>Per model, source and space: "
                  "s(neutral, feminine), s(neutral, masculine), their gap (positive: closer to masculine) and the "
                  "answer.</p><div class=figs>")

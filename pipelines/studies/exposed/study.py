@@ -161,6 +161,9 @@ class ExposedStudy(ImageStudy):
                                           examples=int(st.report.get("examples", 3)), extra=extra)
         io.write_text(html, rd.fs, f"{rd.path}/{FILES['report']}")
         print(exposed_report.format_results(d["table3"], d["direction"]))
+        unpooled = exposed_report.without_pooled(d["images"].to_pandas())
+        if unpooled:
+            print(exposed_report.pooled_note(unpooled, exposed_report.Pg.model_labels(unpooled)))
         if d["objects"] is not None:
             print(objects_report.format_results(d["objects"]))
         # the lead numbers with their intervals; a stand-in run's notice ends the printed results
