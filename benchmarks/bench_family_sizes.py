@@ -167,10 +167,13 @@ def chatglm3_6b():
     defaults give the layer sizes (28 layers, 4096 hidden, 13696 FFN, 65024 vocabulary) but not ChatGLM3's
     grouped-query attention: add_qkv_bias, multi_query_attention and multi_query_group_num=2 are the published
     config as recalled (THUDM/chatglm3-6b; a public copy has the same). original_rope is not a ChatGLMConfig
-    argument but the model reads it."""
+    argument but the model reads it. Its layers are built through torch's skip_init, which puts them on
+    the ``device`` it is given (else the CPU, uninitialised): the default device (meta, or the GPU the
+    benchmark builds on) is passed."""
+    import torch  # deferred: torch
     from diffusers.pipelines.kolors.text_encoder import ChatGLMConfig, ChatGLMModel  # deferred: diffusers
 
-    return ChatGLMModel(ChatGLMConfig(num_layers=28, padded_vocab_size=65024, hidden_size=4096, ffn_hidden_size=13696,
+    return ChatGLMModel(device=torch.get_default_device(), config=ChatGLMConfig(num_layers=28, padded_vocab_size=65024, hidden_size=4096, ffn_hidden_size=13696,
                                       kv_channels=128, num_attention_heads=32, seq_length=32768, add_qkv_bias=True,
                                       multi_query_attention=True, multi_query_group_num=2, add_bias_linear=False,
                                       rmsnorm=True, post_layer_norm=True, original_rope=True))

@@ -70,10 +70,15 @@ from benchmarks.common import save_open_clip  # noqa: E402
 
 STAGES = ("generation", "families", "clip", "sbert", "blip2", "detr", "grounding")
 # today's families at full size (random weights, the published configs of bench_family_sizes), each at
-# its model card's defaults (operators.support.families): SDXL, SD 3 medium, SD 3.5 large, FLUX.1
+# its model card's defaults (operators.support.families): SDXL, SD 3 medium, SD 3.5 large, FLUX.1, and
+# one model of each family of 2025-2026 (smallest first; FLUX.2-dev whole needs ~131 GiB)
 FAMILY_MODELS = ("stabilityai/stable-diffusion-xl-base-1.0", "stabilityai/stable-diffusion-3-medium-diffusers",
                  "stabilityai/stable-diffusion-3.5-large", "black-forest-labs/FLUX.1-schnell",
-                 "black-forest-labs/FLUX.1-dev")
+                 "black-forest-labs/FLUX.1-dev",
+                 "Efficient-Large-Model/Sana_1600M_1024px_diffusers", "Alpha-VLLM/Lumina-Image-2.0",
+                 "Kwai-Kolors/Kolors-diffusers", "Tongyi-MAI/Z-Image-Turbo", "lodestones/Chroma", "THUDM/CogView4-6B",
+                 "black-forest-labs/FLUX.2-klein-base-9B", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers",
+                 "Qwen/Qwen-Image", "HiDream-ai/HiDream-I1-Full", "black-forest-labs/FLUX.2-dev")
 
 # Dense fp16/bf16 tensor-core peaks (TFLOP/s, no sparsity) by GPU name, as torch.cuda.get_device_name
 # reports it ("NVIDIA H100 80GB HBM3" is the SXM board, "NVIDIA H100 PCIe" the PCIe card). First match wins.
@@ -537,10 +542,39 @@ def stage_generation(args, work: Path, ctx: dict) -> list[Row]:
     return rows
 
 
+def full_size_pipeline(model: str, device: str, dtype=None):
+    """A pipeline of a 2025-2026 family at full size with random weights: the tiny stand-in of its
+    family (``pipelines.standins.families``: its pipeline class, scheduler, tokenizers, guider,
+    processor) with its networks replaced by bench_family_sizes' full-size ones (denoiser, text
+    encoders, VAE) built on ``device`` (``"meta"``: shapes only, as the tests build them) in
+    ``dtype``. The stand-in tokenizers' ids fall inside the real vocabularies."""
+    import tempfile
+
+    import torch  # deferred: torch
+    from diffusers import DiffusionPipeline  # deferred: diffusers
+
+    from benchmarks.bench_family_sizes import models
+    from pipelines.standins.families import build_tiny_pipeline, standin_family
+
+    family, parts = models()[model][:2]
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = DiffusionPipeline.from_pretrained(build_tiny_pipeline(standin_family(family), Path(tmp) / "t"))
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        built = {name.split(" ")[0]: make() for name, make in parts.items()}
+    if dtype is not None:
+        built = {k: v.to(dtype) for k, v in built.items()}
+    missing = set(built) - set(tiny.components)
+    if missing:
+        raise ValueError(f"{model}: the stand-in {type(tiny).__name__} has no components {sorted(missing)}")
+    return type(tiny)(**{**tiny.components, **built})
+
+
 def build_family(model: str, directory: Path, device: str) -> str:
     """``model``'s pipeline at full size with random weights (bench_family_sizes' configs; FLUX.1-schnell:
     FLUX.1-dev's transformer without the guidance embedding), in its family's dtype on CUDA, with the
-    stand-in tokenizers (their ids are in the real vocabularies' ranges), saved with save_pretrained."""
+    stand-in tokenizers (their ids are in the real vocabularies' ranges), saved with save_pretrained.
+    The 2025-2026 families: ``full_size_pipeline``."""
     import torch  # deferred: torch
     from diffusers import (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,  # deferred: diffusers
                            FluxTransformer2DModel, StableDiffusion3Pipeline, StableDiffusionXLPipeline)
@@ -553,6 +587,9 @@ def build_family(model: str, directory: Path, device: str) -> str:
     spec = models().get(model.replace("FLUX.1-schnell", "FLUX.1-dev"))
     family, parts = spec[0], spec[1]
     dtype = getattr(torch, defaults(model)["cuda_dtype"]) if is_cuda(device) else torch.float32
+    if family not in ("flux", "sd3", "sdxl"):
+        full_size_pipeline(model, device if is_cuda(device) else "cpu", dtype).save_pretrained(str(directory))
+        return str(directory)
     with torch.random.fork_rng(devices=[]), torch.device(device if is_cuda(device) else "cpu"):
         torch.manual_seed(0)
         built = {name.split(" ")[0]: make() for name, make in parts.items()
@@ -586,7 +623,7 @@ def stage_families(args, work: Path, ctx: dict) -> list[Row]:
 
     from operators.image_generation import ImageGenerator
     from pipelines.engine.generation import generation_settings
-    from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
+    from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline, standin_family
     from schemas.images import GENERATION_STATUS, SEED
     from schemas.subsets import PROMPT as PROMPT_COLUMN
 
@@ -596,7 +633,7 @@ def stage_families(args, work: Path, ctx: dict) -> list[Row]:
         t = time.perf_counter()
         directory = work / spec.name
         if args.smoke:
-            fam = {"sd3": "sd3", "flux": "flux", "sdxl": "sdxl"}[spec.family]
+            fam = standin_family(spec.family)
             path = build_tiny_pipeline(fam, directory, seed=0, **({"guidance_embeds": bool(spec.guidance_scale)}
                                                                    if fam == "flux" else {}))
             size = STANDIN_SIZE.get(fam, 64)
@@ -609,8 +646,9 @@ def stage_families(args, work: Path, ctx: dict) -> list[Row]:
             kw["safety_checker"] = "off"
             gen = ImageGenerator(**kw)
             seq = dict(spec.extra).get("max_sequence_length")
-            what = (f"{model} ({gen.record['pipeline_class']}, {spec.steps} steps, guidance {spec.guidance_scale:g}, "
-                    f"{spec.height or 'its default'} px" + (f", T5 sequence {seq}" if seq else "") + ")")
+            guidance = "its guider" if spec.guidance_scale is None else f"{spec.guidance_scale:g}"
+            what = (f"{model} ({gen.record['pipeline_class']}, {spec.steps} steps, guidance {guidance}, "
+                    f"{spec.height or 'its default'} px" + (f", text sequence {seq}" if seq else "") + ")")
             for b in (1, 2):
                 gen.micro_batch = b
                 table = pa.table({PROMPT_COLUMN: [PROMPT] * b, SEED: pa.array(range(b), pa.int64())})

@@ -105,7 +105,8 @@ def test_smoke_every_stage(smoke):
     rows = check_rows(written, EVERY_STAGE)
     # today's families at their cards' defaults: each model, batch 1 and 2, every image ok
     families = [r for r in rows if r["stage"] == "families"]
-    assert len(families) == 2 * 5 and not any(r["notes"] for r in families)
+    assert len(families) == 2 * len(gpu_module().FAMILY_MODELS) and not any(r["notes"] for r in families)
+    assert {r["model / config"].split(" (")[0] for r in families} == set(gpu_module().FAMILY_MODELS)
     assert any("FLUX.1-dev" in r["model / config"] and "guidance 3.5" in r["model / config"] for r in families)
     assert {r["dtype"] for r in rows if r["stage"] == "sbert"} == {"float32", "float16"}
     assert "answers/s" in next(r for r in rows if r["stage"] == "blip2")["throughput"]
@@ -113,6 +114,40 @@ def test_smoke_every_stage(smoke):
     # the speed options' rows are generation's alone: every other stage is measured once per batch
     assert {r["what"] for r in rows if r["stage"] == "generation"} == {
         "text-to-image, plain", "text-to-image, channels-last", "text-to-image, vae-slicing"}
+
+
+def gpu_module():
+    import importlib
+
+    return importlib.import_module("benchmarks.gpu")
+
+
+NEW_FAMILY_MODELS = [m for m in gpu_module().FAMILY_MODELS if "stabilityai" not in m and "FLUX.1" not in m]
+
+
+@pytest.mark.slow   # each builds its family's stand-in and full-size networks on the meta device: ~20 s in all
+@pytest.mark.parametrize("model", NEW_FAMILY_MODELS)
+def test_each_new_family_s_full_size_pipeline_is_its_class_with_the_benchmark_s_networks(model):
+    """What ``--only families`` times on a GPU: the family's pipeline class holding
+    bench_family_sizes' full-size networks, built here on the meta device (shapes only)."""
+    import torch
+
+    from benchmarks.bench_family_sizes import models
+    from operators.support.families import detect
+
+    pipe = gpu_module().full_size_pipeline(model, "meta", torch.bfloat16)
+    assert type(pipe).__name__ in detect(model)[0].pipelines
+    family, parts = models()[model][:2]
+    assert family == detect(model)[0].name
+    total = 0
+    for name in parts:
+        module = getattr(pipe, name.split(" ")[0])
+        assert all(p.device.type == "meta" and p.dtype == torch.bfloat16 for p in module.parameters()), name
+        total += sum(p.numel() for p in module.parameters())
+    from pipelines.engine.run import gpus
+
+    if model.lower() in gpus.PIPELINE_PARAMETERS:   # the routing's count is this pipeline's
+        assert total == gpus.PIPELINE_PARAMETERS[model.lower()]
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

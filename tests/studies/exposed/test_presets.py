@@ -26,9 +26,11 @@ def test_a_family_without_word_maps_is_refused_before_any_work(tmp_path, capsys)
     """Sections 5-7 read word heat maps from the denoiser's attention: a 2025-2026 family without
     them here is refused in one line when the settings are read, naming the model and its family."""
     argv = ["run", "--output", str(tmp_path), "--standin-models", "--max-triplets", "1", "--steps", "1",
-            "--generators", "CompVis/stable-diffusion-v1-4,lodestones/Chroma1-HD,Alpha-VLLM/Lumina-Image-2.0"]
+            "--generators", "CompVis/stable-diffusion-v1-4,lodestones/Chroma1-HD,Alpha-VLLM/Lumina-Image-2.0,"
+                            "HiDream-ai/HiDream-I1-Full"]
     assert exposed.main(argv) == 2
     err = capsys.readouterr().err
-    assert "lodestones/Chroma1-HD (chroma)" in err and "Alpha-VLLM/Lumina-Image-2.0 (lumina2)" in err
+    assert "HiDream-ai/HiDream-I1-Full (hidream)" in err and "Alpha-VLLM/Lumina-Image-2.0 (lumina2)" in err
+    assert "Chroma" not in err                                            # its word maps are read at the kernel
     assert "word heat maps" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not any(tmp_path.iterdir())                                    # nothing written
