@@ -55,13 +55,13 @@ def attention_probabilities(q, k, start: int, n: int):
     return kept, total
 
 
-def kernel_probabilities(q, k, text_len: int, offset: int, n: int, scale=None, mask=None):
-    """For a joint sequence [text (``text_len`` positions), image] as an attention kernel receives
-    it, ``q``/``k`` (B, heads, S, d): softmax(scale q k^T + mask) in float32 over all keys for the
-    image's query rows, summed over the heads, in chunks of rows: ((B, S - text_len, n) the text
-    columns offset..offset+n, (B, S - text_len) each row's sum over all keys). ``scale``: the
-    kernel's (None: 1/sqrt(d)); ``mask``: the kernel's, boolean (False: left out) or additive
-    float, (B, S_k) or broadcastable to (B, heads, S, S_k)."""
+def kernel_probabilities(q, k, rows: tuple[int, int], col: int, n: int, scale=None, mask=None):
+    """For a joint sequence as an attention kernel receives it, ``q``/``k`` (B, heads, S, d):
+    softmax(scale q k^T + mask) in float32 over all keys for the image's query rows
+    ``rows[0]:rows[1]``, summed over the heads, in chunks of rows: ((B, image rows, n) the text
+    columns col..col+n, (B, image rows) each row's sum over all keys). ``scale``: the kernel's
+    (None: 1/sqrt(d)); ``mask``: the kernel's, boolean (False: left out) or additive float, (B, S_k)
+    or broadcastable to (B, heads, S, S_k)."""
     import torch  # deferred: torch
 
     b, heads, positions, d = q.shape
@@ -72,17 +72,18 @@ def kernel_probabilities(q, k, text_len: int, offset: int, n: int, scale=None, m
     scale = d ** -0.5 if scale is None else float(scale)
     if mask is not None and mask.ndim == 2:
         mask = mask[:, None, None, :]
-    image = positions - text_len
-    kept = torch.empty(b, image, n, dtype=torch.float32, device=q.device)
-    total = torch.empty(b, image, dtype=torch.float32, device=q.device)
-    rows = max(1, CHUNK_BYTES // (4 * b * heads * keys))
-    for r in range(text_len, positions, rows):
-        s = (q[:, :, r:r + rows].float() @ kt).mul_(scale)
+    first, last = rows
+    kept = torch.empty(b, last - first, n, dtype=torch.float32, device=q.device)
+    total = torch.empty(b, last - first, dtype=torch.float32, device=q.device)
+    step = max(1, CHUNK_BYTES // (4 * b * heads * keys))
+    for r in range(first, last, step):
+        e = min(r + step, last)
+        s = (q[:, :, r:e].float() @ kt).mul_(scale)
         if mask is not None:
-            m = mask[..., r:r + rows, :] if mask.shape[-2] > 1 else mask
+            m = mask[..., r:e, :] if mask.shape[-2] > 1 else mask
             s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s.add_(m.float())
         p = s.softmax(dim=-1).sum(dim=1)                      # (b, rows, keys)
-        kept[:, r - text_len:r - text_len + rows] = p[..., offset:offset + n]
-        total[:, r - text_len:r - text_len + rows] = p.sum(dim=-1)
+        kept[:, r - first:e - first] = p[..., col:col + n]
+        total[:, r - first:e - first] = p.sum(dim=-1)
         del s, p
     return kept, total

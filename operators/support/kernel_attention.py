@@ -1,7 +1,7 @@
 """Word heat maps from the joint attention of the 2025-2026 transformer denoisers, read where each
 block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
-``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein) and
-Qwen-Image.
+``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein),
+Qwen-Image and HunyuanImage 2.1.
 
 ``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
 embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
@@ -31,10 +31,19 @@ installed diffusers (0.42):
   [text, image] with a boolean (B, 1, 1, S) mask of the valid text positions, built inside the
   processor; true CFG's negative call is wrapped in ``cache_context("uncond")``, left out.
 
+- HunyuanImage 2.1 (``HunyuanImageTransformer2DModel``, ``transformer_hunyuanimage.py``):
+  ``transformer_blocks.*.attn`` and ``single_transformer_blocks.*.attn`` (``Attention`` with
+  ``HunyuanImageAttnProcessor``); [image, text] with a boolean (B, 1, 1, S) mask; the text-only
+  token refiner's attention is not recorded. The transformer puts the prompt's valid ByT5 glyph
+  tokens (its quoted text, none without quotes) before the valid Qwen2.5-VL tokens; the pipeline
+  reads the prompt in Qwen-Image's system template (without the assistant turn) and drops its first
+  34 tokens. Its guider wraps the conditional and unconditional calls in
+  ``cache_context("pred_cond")`` / ``("pred_uncond")``: "pred_uncond" is left out.
+
 The image's query rows and the text's key columns of the joint sequence are found from the
-transformer call: its text length is ``encoder_hidden_states.shape[1]`` (the image's is the rest),
-the token grid is read off ``img_ids`` (Chroma, FLUX.2: rows and columns in its columns 1 and 2)
-or ``img_shapes`` (Qwen-Image). Each recorded evaluation adds softmax(scale Q K^T + mask) over the
+transformer call: the image's length is its token grid, read off ``img_ids`` (Chroma, FLUX.2: rows
+and columns in its columns 1 and 2), ``img_shapes`` (Qwen-Image) or the (B, C, H, W) latents over
+the patch size (HunyuanImage); the text is the rest. Each recorded evaluation adds softmax(scale Q K^T + mask) over the
 full key set, in float32, summed over the heads, the image rows and the recorded text columns kept,
 into one running sum per block (``joint_scores.kernel_probabilities``), as ``joint_attention.py``
 does; ``heat_maps`` lays the blocks out on the grid, upsamples, clamps and averages them alike.
@@ -57,6 +66,7 @@ from operators.support.joint_attention import JointAttentionCapture
 from operators.support.joint_scores import kernel_probabilities
 
 TEXT_FIRST = "text-first"
+IMAGE_FIRST = "image-first"
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,8 @@ class Family:
     blocks: tuple[str, ...]              # ModuleList attributes of the transformer whose blocks' ``attn`` is recorded
     skip_contexts: frozenset = frozenset({"uncond"})
     alternate_cfg: bool = False          # CFG as an untagged second call per step (Chroma)
-    grid_from: str = "img_ids"           # "img_ids" or "img_shapes"
+    grid_from: str = "img_ids"           # "img_ids", "img_shapes", or "latents" ((B, C, H, W) over the patch size)
+    order: str = TEXT_FIRST              # the joint sequence's order
 
 
 FAMILIES = {f.transformer: f for f in (
@@ -76,6 +87,8 @@ FAMILIES = {f.transformer: f for f in (
            frozenset(), alternate_cfg=True),
     Family("flux2", "Flux2Transformer2DModel", ("transformer_blocks", "single_transformer_blocks")),
     Family("qwen-image", "QwenImageTransformer2DModel", ("transformer_blocks",), grid_from="img_shapes"),
+    Family("hunyuan-image", "HunyuanImageTransformer2DModel", ("transformer_blocks", "single_transformer_blocks"),
+           frozenset({"pred_uncond", "uncond"}), grid_from="latents", order=IMAGE_FIRST),
 )}
 
 
@@ -107,7 +120,7 @@ def _template(pipe) -> tuple[str, str, object, bool, int]:
     kind = type(pipe).__name__
     if kind == "ChromaPipeline":
         return "", "", pipe.tokenizer, True, 0
-    if kind == "QwenImagePipeline":
+    if kind in ("QwenImagePipeline", "HunyuanImagePipeline"):
         text, drop = pipe.prompt_template_encode.format(_SENTINEL), int(pipe.prompt_template_encode_start_idx)
         tokenizer, special = pipe.tokenizer, True
     elif kind == "Flux2Pipeline":
@@ -134,7 +147,25 @@ def text_spans(pipe, prompt: str):
     sequence (module docstring); (0, 0) where a position holds none of the prompt's characters
     (template, special tokens)."""
     before, after, tokenizer, special, drop = _template(pipe)
-    return _spans(tokenizer, before + prompt + after, len(before), len(before) + len(prompt), drop, special)
+    ids, spans, ahead = _spans(tokenizer, before + prompt + after, len(before), len(before) + len(prompt), drop, special)
+    glyphs = _glyph_tokens(pipe, prompt)
+    if glyphs:              # HunyuanImage: the valid ByT5 glyph tokens come first in the denoiser's text
+        spans = [(0, 0)] * glyphs + spans
+    return ids, spans, ahead
+
+
+def _glyph_tokens(pipe, prompt: str) -> int:
+    """HunyuanImage 2.1: how many valid ByT5 tokens of the prompt's quoted text its transformer puts
+    before the Qwen tokens (its pipeline's ``extract_glyph_text``; none without quotes); 0 elsewhere."""
+    if type(pipe).__name__ != "HunyuanImagePipeline" or getattr(pipe, "text_encoder_2", None) is None:
+        return 0
+    from diffusers.pipelines.hunyuan_image.pipeline_hunyuanimage import extract_glyph_text  # deferred: diffusers
+
+    glyph = extract_glyph_text(prompt)
+    if glyph is None:
+        return 0
+    return int(pipe.tokenizer_2(glyph, padding="max_length", max_length=128, truncation=True,
+                                add_special_tokens=True, return_tensors="pt").attention_mask.sum())
 
 
 def prompt_offset(pipe) -> int:
@@ -176,6 +207,7 @@ class KernelAttentionCapture(JointAttentionCapture):
         self.recording = self.active = False
         self.current = None                 # the name of the attention module running now
         self._text_len = None
+        self._call_grid = None
         self._context = None
         self._calls = 0
         self._hooks = []
@@ -245,7 +277,12 @@ class KernelAttentionCapture(JointAttentionCapture):
         self.active = record
         self._text_len = None if text is None else int(text.shape[1])
         grid = None
-        if self.family.grid_from == "img_shapes":
+        if self.family.grid_from == "latents":
+            if hidden is not None and hidden.ndim == 4:
+                patch = getattr(module.config, "patch_size", 1)
+                ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)[-2:]
+                grid = (int(hidden.shape[-2]) // ph, int(hidden.shape[-1]) // pw)
+        elif self.family.grid_from == "img_shapes":
             shapes = kwargs.get("img_shapes")
             if shapes:
                 first = shapes[0][0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
@@ -256,8 +293,9 @@ class KernelAttentionCapture(JointAttentionCapture):
             if ids is not None:
                 ids = ids[0] if ids.ndim == 3 else ids
                 grid = (int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1)
-        if grid is not None and hidden is not None and grid[0] * grid[1] != int(hidden.shape[1]):
+        if grid is not None and hidden is not None and hidden.ndim == 3 and grid[0] * grid[1] != int(hidden.shape[1]):
             grid = None                                     # reference images appended (FLUX.2 editing): not a T2I grid
+        self._call_grid = grid
         if grid is not None and record:
             if self.grid is not None and self.grid != grid and self.sums:
                 raise ValueError(f"the token grid changed from {self.grid} to {grid} while recording: one capture "
@@ -269,21 +307,29 @@ class KernelAttentionCapture(JointAttentionCapture):
 
     def record_kernel(self, name: str, query, key, mask, scale) -> None:
         """One evaluation of ``name``'s attention: ``query``/``key`` (B, S, heads, d) as the kernel
-        receives them, the joint sequence [text, image]."""
+        receives them. The image's positions are the call's token grid (else the sequence less the
+        call's text), the text the rest, in the family's order."""
         import torch  # deferred: torch
 
-        length = self._text_len
-        if length is None or length >= query.shape[1]:
-            raise ValueError(f"{name}: the text length of the joint sequence is unknown")
+        positions = int(query.shape[1])
+        if self._call_grid is not None:
+            image = self._call_grid[0] * self._call_grid[1]
+            length = positions - image
+        else:
+            length = self._text_len
+            image = None if length is None else positions - length
+        if length is None or length < 1 or image < 1:
+            raise ValueError(f"{name}: the text and image parts of the joint sequence are unknown")
         segment = length - self.text_offset
         if segment < 1:
             raise ValueError(f"{name}: the text sequence of {length} positions has nothing at offset "
                              f"{self.text_offset}")
         self.text_tokens = segment
         n = segment if self.tokens is None else min(self.tokens, segment)
+        rows, col = ((length, positions), self.text_offset) if self.family.order == TEXT_FIRST else \
+            ((0, image), image + self.text_offset)
         with torch.no_grad():
-            kept, total = kernel_probabilities(query.transpose(1, 2), key.transpose(1, 2), length,
-                                               self.text_offset, n, scale, mask)
+            kept, total = kernel_probabilities(query.transpose(1, 2), key.transpose(1, 2), rows, col, n, scale, mask)
         if name in self.sums:
             self.sums[name].add_(kept)
             self.token_sums[name].add_(total)

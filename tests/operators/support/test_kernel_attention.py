@@ -1,4 +1,4 @@
-"""Word heat maps of Chroma, FLUX.2 (dev, klein) and Qwen-Image read at the attention kernel
+"""Word heat maps of Chroma, FLUX.2 (dev, klein), Qwen-Image and HunyuanImage 2.1 read at the attention kernel
 (operators/support/kernel_attention.py), on tiny random pipelines of the real classes loaded through
 the production loader: recording does not change the image, only the conditional evaluations
 count, the recorded probabilities are a hand computation of each block's softmax (its mask and
@@ -19,11 +19,11 @@ from pipelines.standins.families import build_tiny_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image")
+FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image")
 PROMPTS = ["a doctor with a cat", "a nurse at work"]
 # max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
 # part of Qwen-Image's template its pipeline keeps come first
-SEQ = {"flux2": 256, "qwen-image": 256}
+SEQ = {"flux2": 256, "qwen-image": 256, "hunyuan-image": None}    # HunyuanImage: 1,000 positions, fixed
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +37,17 @@ def call_kwargs(family, n):
     """Each family's CFG switched on where it has one (Chroma, klein, Qwen-Image's true CFG)."""
     if family == "qwen-image":
         return {"true_cfg_scale": 4.0, "negative_prompt": [" "] * n}
+    if family == "hunyuan-image":
+        return {}                                          # its guider holds the guidance
     return {"guidance_scale": 4.0}
 
 
 def generate(pipe, family, steps=2, prompts=PROMPTS):
     gens = [torch.Generator("cpu").manual_seed(3 + i) for i in range(len(prompts))]
+    seq = SEQ.get(family, 64)
     return pipe(prompt=list(prompts), num_inference_steps=steps, generator=gens, output_type="pt", height=64,
-                width=64, max_sequence_length=SEQ.get(family, 64), **call_kwargs(family, len(prompts))).images
+                width=64, **({} if seq is None else {"max_sequence_length": seq}),
+                **call_kwargs(family, len(prompts))).images
 
 
 def kernel_module(pipe):
@@ -64,18 +68,19 @@ def test_recording_does_not_change_the_image_and_keeps_the_conditional_evaluatio
     heads = pipe.transformer.config.num_attention_heads
     for name, total in cap.token_sums.items():                   # each row a softmax: heads x evaluations
         assert torch.allclose(total, torch.full_like(total, 2.0 * heads), atol=1e-4), name
-    assert cap.grid == (4, 4) and all(s.shape == (2, 16, cap.text_tokens) for s in cap.sums.values())
+    grid = (8, 8) if family == "hunyuan-image" else (4, 4)        # its VAE: 8x, patch 1; the others 16x
+    assert cap.grid == grid and all(s.shape == (2, grid[0] * grid[1], cap.text_tokens) for s in cap.sums.values())
     maps = cap.heat_maps(None, (64, 64), tokens=6)
     assert maps.shape == (2, 6, 64, 64) and (maps >= 0).all()
     assert kernel_module(pipe).dispatch_attention_fn.__name__ == "dispatch_attention_fn"
     assert "cache_context" not in pipe.transformer.__dict__
 
 
-def hand_softmax(q, k, text_len, offset, n, scale, mask):
+def hand_softmax(q, k, rows, col, n, scale, mask):
     """Head by head, row by row: softmax over every key of scale * q.k (+ the mask: additive, or
-    -inf where False), the image rows and text columns offset..offset+n, summed over the heads."""
+    -inf where False), the image rows and the text columns col..col+n, summed over the heads."""
     b, s, heads, d = q.shape
-    out = torch.zeros(b, s - text_len, n, dtype=torch.float64)
+    out = torch.zeros(b, rows.stop - rows.start, n, dtype=torch.float64)
     for i in range(b):
         for h in range(heads):
             scores = (q[i, :, h].double() @ k[i, :, h].double().T) * (d ** -0.5 if scale is None else scale)
@@ -85,7 +90,7 @@ def hand_softmax(q, k, text_len, offset, n, scale, mask):
                 scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.double()
             p = torch.exp(scores - scores.max(dim=1, keepdim=True).values)
             p = p / p.sum(dim=1, keepdim=True)
-            out[i] += p[text_len:, offset:offset + n]
+            out[i] += p[rows, col:col + n]
     return out
 
 
@@ -113,10 +118,17 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
         assert all(m is not None and m.dtype != torch.bool for m in masks)      # the additive float mask
     if family == "qwen-image":
         assert any(m is not None and m.dtype == torch.bool for m in masks)
-    # the recorded calls come first in each step's order: the first len(names) kernel calls
-    text_len = seen[0][1].shape[1] - 16
-    for name, (q, k, mask, scale) in zip(names, seen[:len(names)]):
-        ref = hand_softmax(q, k, text_len, cap.text_offset, 5, scale, mask)
+    if family == "hunyuan-image":
+        assert any(m is not None and m.dtype == torch.bool for m in masks)
+    # the recorded calls come first in each step's order: the first len(names) kernel calls (the
+    # blocks' own: HunyuanImage's token refiner runs before them, not recorded)
+    image = cap.grid[0] * cap.grid[1]
+    own = [x for x in seen if x[0].shape[1] > image][:len(names)]
+    for name, (q, k, mask, scale) in zip(names, own):
+        text_len = k.shape[1] - image
+        rows, col = ((slice(text_len, text_len + image), cap.text_offset) if cap.family.order == "text-first"
+                     else (slice(0, image), image + cap.text_offset))
+        ref = hand_softmax(q, k, rows, col, 5, scale, mask)
         assert torch.allclose(cap.sums[name].double(), ref, atol=1e-5), name
 
 
@@ -161,17 +173,19 @@ def test_a_planted_word_lights_its_region(pipes, family):
         positions = cap.word_positions(None, prompt)
         cat = [cap.text_offset + p for p in positions["cat"]]
         recorder = where.dispatch_attention_fn
-        rows = [r * 4 + c for r in range(2) for c in range(2)]       # the 4 x 4 grid's top-left quadrant
-
         def plant(query, key, value, attn_mask=None, *args, **kwargs):
             if cap.current is not None and cap.active:
-                text_len = cap._text_len
+                h, w = cap._call_grid
+                image = h * w
+                text_len = query.shape[1] - image
+                quadrant = [r * w + c for r in range(h // 2) for c in range(w // 2)]      # the top-left quarter
+                first = cap.family.order == "text-first"
                 g = torch.Generator().manual_seed(0)
                 query = torch.randn(query.shape, generator=g) * 0.01
                 key = torch.randn(key.shape, generator=g) * 0.01
                 direction = torch.ones(query.shape[-1]) * 3.0
-                query[:, [text_len + r for r in rows]] = direction
-                key[:, cat] = direction
+                query[:, [(text_len if first else 0) + r for r in quadrant]] = direction
+                key[:, [(0 if first else image) + p for p in cat]] = direction
             return recorder(query, key, value, attn_mask, *args, **kwargs)
 
         where.dispatch_attention_fn = plant
