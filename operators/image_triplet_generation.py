@@ -145,8 +145,9 @@ def pooled_space_text(pipe) -> str:
     if type(pipe).__name__ == "FluxPipeline":
         return "FLUX: CLIP-L's pooled embedding (the pipeline's encode_prompt), which the transformer receives"
     if not _clip_encoder(pipe):
-        return (f"not defined for {type(pipe).__name__}: its denoiser receives no pooled embedding and its text encoder "
-                f"({type(getattr(pipe, 'text_encoder', None)).__name__}) has none; the space is left out (NaN)")
+        encoder = type(getattr(pipe, "text_encoder", None)).__name__
+        return (f"not defined for {type(pipe).__name__}: its denoiser receives no pooled embedding and its text "
+                f"encoder ({encoder}) has none; the space is left out (NaN)")
     return ("the text encoder's pooled output (final-layer end-of-text token after the final layer norm); this "
             "denoiser does not receive it")
 
@@ -160,8 +161,9 @@ def pooled_embeddings(pipe, prompts: list[str], call_kwargs: dict | None = None)
     FLUX's CLIP pooled embedding (the pipeline's own ``encode_prompt``, as its call computes it),
     or, for a UNet pipeline (SD 1.x/2.x, whose UNet receives no pooled embedding), the text
     encoder's pooled output (CLIP's final-layer end-of-text token, after the final layer norm); None
-    for a pipeline with neither (Chroma, FLUX.2, Qwen-Image, HunyuanImage: a T5 or language-model encoder whose
-    denoiser receives no pooled embedding: the space is not defined for them)."""
+    for a pipeline with neither (Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4: a T5 or
+    language-model encoder whose denoiser receives no pooled embedding: the space is not defined for
+    them)."""
     import torch
 
     device = getattr(pipe, "_execution_device", None) or pipe.device

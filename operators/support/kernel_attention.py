@@ -1,7 +1,7 @@
 """Word heat maps from the joint attention of the 2025-2026 transformer denoisers, read where each
 block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
 ``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein),
-Qwen-Image and HunyuanImage 2.1.
+Qwen-Image, HunyuanImage 2.1 and CogView4.
 
 ``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
 embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
@@ -39,6 +39,15 @@ installed diffusers (0.42):
   reads the prompt in Qwen-Image's system template (without the assistant turn) and drops its first
   34 tokens. Its guider wraps the conditional and unconditional calls in
   ``cache_context("pred_cond")`` / ``("pred_uncond")``: "pred_uncond" is left out.
+
+- CogView4 (``CogView4Transformer2DModel``, ``transformer_cogview4.py``): ``transformer_blocks.*.attn1``
+  (``Attention`` with ``CogView4AttnProcessor``, which concatenates [text, image] and projects both
+  with the same ``to_q``/``to_k``) calls ``F.scaled_dot_product_attention``: the processor module's
+  ``F`` is replaced for the recording by one whose ``scaled_dot_product_attention`` is wrapped. The
+  pipeline pads the GLM tokens on the left to a multiple of 16 (and the tokenizer pads the batch to
+  its longest), so a prompt's positions are found in the ids the text encoder read in the recorded
+  call (``rows``): its own tokens, read alone, at their last occurrence. CFG: ``cache_context``
+  "cond" / "uncond".
 
 The image's query rows and the text's key columns of the joint sequence are found from the
 transformer call: the image's length is its token grid, read off ``img_ids`` (Chroma, FLUX.2: rows
@@ -80,6 +89,11 @@ class Family:
     alternate_cfg: bool = False          # CFG as an untagged second call per step (Chroma)
     grid_from: str = "img_ids"           # "img_ids", "img_shapes", or "latents" ((B, C, H, W) over the patch size)
     order: str = TEXT_FIRST              # the joint sequence's order
+    attn: str = "attn"                   # the attention attribute of each block
+    kernel: str = "dispatch"             # "dispatch" (dispatch_attention_fn) or "sdpa" (F.scaled_dot_product_attention)
+    # "template": the text positions are the template's tokens (text_spans); "rows": found in the
+    # rows the text encoder read in the recorded call (CogView4 pads on the left to a multiple of 16)
+    text: str = "template"
 
 
 FAMILIES = {f.transformer: f for f in (
@@ -89,7 +103,20 @@ FAMILIES = {f.transformer: f for f in (
     Family("qwen-image", "QwenImageTransformer2DModel", ("transformer_blocks",), grid_from="img_shapes"),
     Family("hunyuan-image", "HunyuanImageTransformer2DModel", ("transformer_blocks", "single_transformer_blocks"),
            frozenset({"pred_uncond", "uncond"}), grid_from="latents", order=IMAGE_FIRST),
+    Family("cogview4", "CogView4Transformer2DModel", ("transformer_blocks",), grid_from="latents", attn="attn1",
+           kernel="sdpa", text="rows"),
 )}
+
+
+class _Functional:
+    """A processor module's ``F`` (torch.nn.functional) with ``scaled_dot_product_attention``
+    replaced, everything else the module's own."""
+
+    def __init__(self, functional, sdpa):
+        self._functional, self.scaled_dot_product_attention = functional, sdpa
+
+    def __getattr__(self, name):
+        return getattr(self._functional, name)
 
 
 # -- the prompt's characters at each text position ----------------------------------------------------
@@ -128,7 +155,8 @@ def _template(pipe) -> tuple[str, str, object, bool, int]:
 
         text = pipe.tokenizer.apply_chat_template(format_input([_SENTINEL], system_message=pipe.system_message),
                                                   add_generation_prompt=False, tokenize=False)
-        text, drop, tokenizer, special = (text[0] if isinstance(text, list) else text), 0, pipe.tokenizer.tokenizer, False
+        text = text[0] if isinstance(text, list) else text
+        drop, tokenizer, special = 0, pipe.tokenizer.tokenizer, False
     elif kind == "Flux2KleinPipeline":
         text = pipe.tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
                                                   add_generation_prompt=True, enable_thinking=False)
@@ -147,7 +175,8 @@ def text_spans(pipe, prompt: str):
     sequence (module docstring); (0, 0) where a position holds none of the prompt's characters
     (template, special tokens)."""
     before, after, tokenizer, special, drop = _template(pipe)
-    ids, spans, ahead = _spans(tokenizer, before + prompt + after, len(before), len(before) + len(prompt), drop, special)
+    start, end = len(before), len(before) + len(prompt)
+    ids, spans, ahead = _spans(tokenizer, before + prompt + after, start, end, drop, special)
     glyphs = _glyph_tokens(pipe, prompt)
     if glyphs:              # HunyuanImage: the valid ByT5 glyph tokens come first in the denoiser's text
         spans = [(0, 0)] * glyphs + spans
@@ -171,7 +200,10 @@ def _glyph_tokens(pipe, prompt: str) -> int:
 def prompt_offset(pipe) -> int:
     """The text position of the prompt's first token: the template's tokens before it (measured on
     a probe prompt; the same for every prompt, as the template before it is fixed and ends in a
-    special token or a line break), 0 where the prompt is read alone (Chroma's T5)."""
+    special token or a line break), 0 where the prompt is read alone (Chroma's T5) or its position
+    is found in the encoder's rows (CogView4)."""
+    if FAMILIES[type(pipe.transformer).__name__].text == "rows":
+        return 0
     return text_spans(pipe, "a")[2]
 
 
@@ -195,7 +227,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         if tokens is not None and int(tokens) < 1:
             raise ValueError(f"tokens must be >= 1 or None, got {tokens}")
         self.pipe, self.family, self.transformer = pipe, family, transformer
-        self.tokens = None if tokens is None else int(tokens)
+        # a "rows" family's prompt sits at the end of its text (left padding): every position is kept
+        self.tokens = None if tokens is None or family.text == "rows" else int(tokens)
         self.guidance = bool(guidance)
         self.text_offset = prompt_offset(pipe)
         self.text_length = None
@@ -211,8 +244,9 @@ class KernelAttentionCapture(JointAttentionCapture):
         self._context = None
         self._calls = 0
         self._hooks = []
-        self._kernels = {}                  # processor module -> its original dispatch_attention_fn
+        self._kernels = {}                  # processor module -> its original kernel (dispatch_attention_fn or F)
         self._saved_cache_context = None
+        self.rows = None                    # "rows" families: the input ids the text encoder read first
 
     # -- the context ------------------------------------------------------------------------------
 
@@ -222,19 +256,23 @@ class KernelAttentionCapture(JointAttentionCapture):
         modules = {}
         for attr in self.family.blocks:
             for i, block in enumerate(getattr(self.transformer, attr)):
-                modules[f"{attr}.{i}.attn"] = block.attn
-        self.layouts = {name: TEXT_FIRST for name in modules}
+                modules[f"{attr}.{i}.{self.family.attn}"] = getattr(block, self.family.attn)
+        self.layouts = {name: self.family.order for name in modules}
+        kernel = "dispatch_attention_fn" if self.family.kernel == "dispatch" else "F"
         for name, module in modules.items():
             where = sys.modules[type(module.processor).__module__]
-            if getattr(where, "dispatch_attention_fn", None) is None:
-                raise ValueError(f"{name}: its processor {type(module.processor).__name__} calls no "
-                                 f"dispatch_attention_fn to read")
+            if getattr(where, kernel, None) is None:
+                raise ValueError(f"{name}: its processor {type(module.processor).__name__} calls no {kernel} to read")
             if where not in self._kernels:
-                self._kernels[where] = where.dispatch_attention_fn
-                where.dispatch_attention_fn = self._kernel(where.dispatch_attention_fn)
+                self._kernels[where] = getattr(where, kernel)
+                setattr(where, kernel, self._kernel(where.dispatch_attention_fn) if kernel != "F" else
+                        _Functional(where.F, self._sdpa(where.F.scaled_dot_product_attention)))
             self._hooks.append(module.register_forward_pre_hook(lambda *_, n=name: self._enter_module(n)))
             self._hooks.append(module.register_forward_hook(lambda *_: self._enter_module(None)))
         self._hooks.append(self.transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True))
+        if self.family.text == "rows":
+            self.rows = None
+            self._hooks.append(self.pipe.text_encoder.register_forward_pre_hook(self._encoder_rows, with_kwargs=True))
         self._wrap_cache_context()
         self._calls = 0
         self.recording = True
@@ -247,7 +285,7 @@ class KernelAttentionCapture(JointAttentionCapture):
             h.remove()
         self._hooks = []
         for where, original in self._kernels.items():
-            where.dispatch_attention_fn = original
+            setattr(where, "dispatch_attention_fn" if self.family.kernel == "dispatch" else "F", original)
         self._kernels = {}
         self._unwrap_cache_context()
         return False
@@ -265,6 +303,26 @@ class KernelAttentionCapture(JointAttentionCapture):
             return original(query, key, value, attn_mask, *args, **kwargs)
 
         return dispatch_attention_fn
+
+    def _sdpa(self, original):
+        capture = self
+
+        def scaled_dot_product_attention(query, key, value, attn_mask=None, *args, **kwargs):   # (B, heads, S, d)
+            if capture.recording and capture.active and capture.current is not None:
+                scale = args[3] if len(args) > 3 else kwargs.get("scale")
+                capture.record_kernel(capture.current, query.transpose(1, 2), key.transpose(1, 2), attn_mask, scale)
+            return original(query, key, value, attn_mask, *args, **kwargs)
+
+        return scaled_dot_product_attention
+
+    def _encoder_rows(self, module, args, kwargs):
+        """The ids of the text encoder's first call while recording: the prompts' (the negative
+        prompt's call follows)."""
+        if self.rows is None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None:
+                self.rows = [list(map(int, r)) for r in ids.tolist()]
+        return None
 
     def _before_forward(self, module, args, kwargs):
         """Each transformer call: is it recorded, its text length and its token grid."""
@@ -285,8 +343,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         elif self.family.grid_from == "img_shapes":
             shapes = kwargs.get("img_shapes")
             if shapes:
-                first = shapes[0][0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
-                    else shapes[0]
+                nested = isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple))
+                first = shapes[0][0] if nested else shapes[0]
                 grid = (int(first[-2]), int(first[-1]))
         else:
             ids = kwargs.get("img_ids")
@@ -350,8 +408,11 @@ class KernelAttentionCapture(JointAttentionCapture):
         family's own template decides."""
         from operators.support.cross_attention import WORD
 
-        _, spans, _ = text_spans(self.pipe, prompt)
-        spans = spans[self.text_offset:]
+        if self.family.text == "rows":
+            spans = self._row_spans(prompt)
+        else:
+            _, spans, _ = text_spans(self.pipe, prompt)
+            spans = spans[self.text_offset:]
         text = "".join(c.lower() if len(c.lower()) == 1 else c for c in prompt)
         found = [(m.group(), m.start(), m.end()) for m in WORD.finditer(text)]
         out = {}
@@ -367,6 +428,28 @@ class KernelAttentionCapture(JointAttentionCapture):
             if positions:
                 out[word] = sorted(dict.fromkeys(positions))
         return out
+
+    def _row_spans(self, prompt: str) -> list[tuple[int, int]]:
+        """The prompt's character span at each text position, for a "rows" family: its tokens (read
+        alone) found in the row the encoder read for it: the row whose other tokens are all padding
+        and special tokens (so a prompt that ends another prompt is not found inside that one's
+        row), else the last occurrence in the first row that holds them."""
+        if self.rows is None:
+            raise RuntimeError("no text encoder call was recorded: word positions come after the pipeline call")
+        ids, spans, _ = _spans(self.tokenizer, prompt, 0, len(prompt), special=False)
+        n = len(ids)
+        filler = set(getattr(self.tokenizer, "all_special_ids", ())) | {self.tokenizer.pad_token_id}
+        found = []
+        for row in self.rows:
+            for i in range(len(row) - n, -1, -1):
+                if row[i:i + n] == ids:
+                    whole = all(t in filler for t in row[:i] + row[i + n:])
+                    found.append((not whole, len(found), i, len(row)))
+                    break
+        if not found:
+            return []
+        _, _, start, length = min(found)
+        return [(0, 0)] * start + spans + [(0, 0)] * (length - start - n)
 
     def word_heat_maps(self, tokenizer, prompt: str, maps, words=None):
         from operators.support.cross_attention import word_maps

@@ -4,8 +4,8 @@ at that model's defaults (its card's, recorded), checks every model's images wit
 NSFW check, and measures them like SD's: all four in amplification (face filter and
 CLIP), DALL-Eval (BLIP-2 and skin tone, PaintSkills, alignment) and GEP; SDXL, FLUX and SD 3.5 in
 Exposed, sections 3-7 (word maps from SDXL's cross-attention and from SD 3's and FLUX's joint
-attention; PixArt refused before any work); Chroma, FLUX.2, Qwen-Image and HunyuanImage in Exposed with word
-maps read at the attention kernel, SANA refused. Amplification's family run is one of
+attention; PixArt refused before any work); Chroma, FLUX.2, Qwen-Image, HunyuanImage and CogView4 in Exposed with
+word maps read at the attention kernel, SANA refused. Amplification's family run is one of
 tests/studies/amplification/test_training_images.py's runs. Every family is loaded and generated through the
 production loader in tests/operators/test_model_families.py."""
 
@@ -82,15 +82,15 @@ def test_exposed_sections_3_to_7_on_sdxl_flux_and_sd3_and_pixart_refused_before_
     assert not (tmp_path / "refused").exists()      # refused at settings time: nothing written
 
 
-def test_exposed_reads_word_maps_of_chroma_flux2_qwen_and_hunyuan_and_refuses_the_rest_in_one_line(tmp_path, ray_local,
-                                                                                                capsys):
+def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in_one_line(tmp_path, ray_local,
+                                                                                           capsys):
     """SD Exposed with the 2025-2026 families whose joint attention is read at the kernel
     (operators/support/kernel_attention.py): every image measured in the prompt and denoising
     spaces, word maps for its prompt nouns; the pooled prompt space, which these families do not
     have, left out and the report says so. A family without word maps here (SANA) is refused before
     any work, in one line."""
     models = ["lodestones/Chroma1-HD", "black-forest-labs/FLUX.2-dev", "black-forest-labs/FLUX.2-klein-4B",
-              "Qwen/Qwen-Image", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers"]
+              "Qwen/Qwen-Image", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "THUDM/CogView4-6B"]
     argv = ["run", "--output", str(tmp_path), "--run-id", "k", "--standin-models", "--max-triplets", "1",
             "--no-professions", "--seeds-per-triplet", "sample=1", "--steps", "2", "--no-progress",
             "--no-exclude-nsfw", "--generators", *models]
@@ -98,7 +98,7 @@ def test_exposed_reads_word_maps_of_chroma_flux2_qwen_and_hunyuan_and_refuses_th
     assert "Pooled prompt space: not defined for Chroma1-HD-standin, FLUX.2-dev-standin" in capsys.readouterr().out
     check_records(tmp_path / "k", models)
     images = pq.read_table(tmp_path / "k" / "images.parquet").to_pandas()
-    assert images["model"].nunique() == 5 and set(images[I.GENERATION_STATUS]) == {"ok"}
+    assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}
     assert images["sim_prompt"].notna().all() and images["sim_denoising"].notna().all()
     assert images["sim_prompt_pooled"].isna().all()
     assert images["attention_words"].map(len).gt(0).all()

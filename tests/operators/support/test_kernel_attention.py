@@ -1,4 +1,4 @@
-"""Word heat maps of Chroma, FLUX.2 (dev, klein), Qwen-Image and HunyuanImage 2.1 read at the attention kernel
+"""Word heat maps of Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1 and CogView4 read at the attention kernel
 (operators/support/kernel_attention.py), on tiny random pipelines of the real classes loaded through
 the production loader: recording does not change the image, only the conditional evaluations
 count, the recorded probabilities are a hand computation of each block's softmax (its mask and
@@ -19,7 +19,7 @@ from pipelines.standins.families import build_tiny_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image")
+FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4")
 PROMPTS = ["a doctor with a cat", "a nurse at work"]
 # max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
 # part of Qwen-Image's template its pipeline keeps come first
@@ -51,8 +51,42 @@ def generate(pipe, family, steps=2, prompts=PROMPTS):
 
 
 def kernel_module(pipe):
-    block = pipe.transformer.transformer_blocks[0].attn
-    return sys.modules[type(block.processor).__module__]
+    block = pipe.transformer.transformer_blocks[0]
+    attn = getattr(block, "attn", None) or block.attn1
+    return sys.modules[type(attn.processor).__module__]
+
+
+class SpyF:
+    """A processor module's ``F`` whose scaled_dot_product_attention goes through ``spy`` with
+    (B, S, heads, d) tensors, as dispatch_attention_fn receives them."""
+
+    def __init__(self, functional, spy):
+        self.functional, self.spy = functional, spy
+
+    def __getattr__(self, name):
+        return getattr(self.functional, name)
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, *args, **kwargs):
+        def through(q, k, v, mask=None, *a, **kw):
+            return self.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                v.transpose(1, 2), mask, *a, **kw).transpose(1, 2)
+        return self.spy(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask, *args,
+                        _through=through, **kwargs).transpose(1, 2)
+
+
+def patch_kernel(pipe, make):
+    """Put ``make(original)`` in place of the kernel the family's processors call now ((B, S,
+    heads, d) tensors either way); returns the function that puts it back."""
+    where = kernel_module(pipe)
+    name = "dispatch_attention_fn" if hasattr(where, "dispatch_attention_fn") else "F"
+    before = getattr(where, name)
+    if name == "F":
+        fn = make(None)
+        setattr(where, name, SpyF(before, lambda *a, _through, **kw: fn(*a, _through=_through, **kw)))
+    else:
+        fn = make(before)
+        setattr(where, name, lambda *a, **kw: fn(*a, **kw))
+    return lambda: setattr(where, name, before)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -63,7 +97,7 @@ def test_recording_does_not_change_the_image_and_keeps_the_conditional_evaluatio
         recorded = generate(pipe, family)
     assert isinstance(cap, KernelAttentionCapture)
     assert torch.equal(plain, recorded)
-    blocks = {f"{a}.{i}.attn" for a in cap.family.blocks for i in range(len(getattr(pipe.transformer, a)))}
+    blocks = {f"{a}.{i}.{cap.family.attn}" for a in cap.family.blocks for i in range(len(getattr(pipe.transformer, a)))}
     assert set(cap.sums) == blocks and all(cap.steps[b] == 2 for b in blocks)    # one per step: CFG's left out
     heads = pipe.transformer.config.num_attention_heads
     for name, total in cap.token_sums.items():                   # each row a softmax: heads x evaluations
@@ -72,7 +106,9 @@ def test_recording_does_not_change_the_image_and_keeps_the_conditional_evaluatio
     assert cap.grid == grid and all(s.shape == (2, grid[0] * grid[1], cap.text_tokens) for s in cap.sums.values())
     maps = cap.heat_maps(None, (64, 64), tokens=6)
     assert maps.shape == (2, 6, 64, 64) and (maps >= 0).all()
-    assert kernel_module(pipe).dispatch_attention_fn.__name__ == "dispatch_attention_fn"
+    where = kernel_module(pipe)                                       # the kernel is the module's own again
+    assert where.dispatch_attention_fn.__name__ == "dispatch_attention_fn" if hasattr(where, "dispatch_attention_fn") \
+        else where.F is torch.nn.functional
     assert "cache_context" not in pipe.transformer.__dict__
 
 
@@ -95,23 +131,26 @@ def hand_softmax(q, k, rows, col, n, scale, mask):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, family, monkeypatch):
+def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, family):
     """One step; the query, key, mask and scale every recorded block hands its kernel, spied on
     under the recorder: the sums are the hand computation (Chroma's float mask added, Qwen-Image's
     boolean mask applied), the text from the prompt's first token."""
     pipe = pipes[family]
-    where = kernel_module(pipe)
     seen = []
-    original = where.dispatch_attention_fn
 
-    def spy(query, key, value, attn_mask=None, *args, **kwargs):
-        seen.append((query.clone(), key.clone(), None if attn_mask is None else attn_mask.clone(),
-                     args[3] if len(args) > 3 else kwargs.get("scale")))
-        return original(query, key, value, attn_mask, *args, **kwargs)
+    def make(original):
+        def spy(query, key, value, attn_mask=None, *args, _through=None, **kwargs):
+            seen.append((query.clone(), key.clone(), None if attn_mask is None else attn_mask.clone(),
+                         args[3] if len(args) > 3 else kwargs.get("scale")))
+            return (_through or original)(query, key, value, attn_mask, *args, **kwargs)
+        return spy
 
-    monkeypatch.setattr(where, "dispatch_attention_fn", spy)
-    with capture_for(pipe, guidance=True, tokens=5) as cap:
-        generate(pipe, family, steps=1)
+    restore = patch_kernel(pipe, make)
+    try:
+        with capture_for(pipe, guidance=True, tokens=5) as cap:
+            generate(pipe, family, steps=1)
+    finally:
+        restore()
     names = [n for n in cap.sums]
     masks = [m for _, _, m, _ in seen]
     if family == "chroma":
@@ -128,7 +167,7 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
         text_len = k.shape[1] - image
         rows, col = ((slice(text_len, text_len + image), cap.text_offset) if cap.family.order == "text-first"
                      else (slice(0, image), image + cap.text_offset))
-        ref = hand_softmax(q, k, rows, col, 5, scale, mask)
+        ref = hand_softmax(q, k, rows, col, cap.sums[name].shape[-1], scale, mask)   # 5, CogView4 all
         assert torch.allclose(cap.sums[name].double(), ref, atol=1e-5), name
 
 
@@ -136,8 +175,28 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
 def test_text_positions_are_the_pipelines_own_tokens(pipes, family):
     """The ids ``text_spans`` maps to the prompt are the ids the pipeline's text encoder read, from
     the position where the denoiser's text sequence starts; each word's positions hold its
-    characters."""
+    characters. CogView4's (left-padded) are found in the rows its encoder read: each word's
+    positions there hold the word's tokens, for prompts of different lengths in one batch."""
     pipe = pipes[family]
+    if KernelAttentionCapture(pipe).family.text == "rows":
+        with capture_for(pipe, guidance=True) as cap:
+            generate(pipe, family, steps=1)
+        assert len(cap.rows) == len(PROMPTS) and len({len(r) for r in cap.rows}) == 1 and len(cap.rows[0]) % 16 == 0
+        for i, prompt in enumerate(PROMPTS):
+            pos = cap.word_positions(None, prompt)
+            assert set(pos) == set(prompt.split())
+            for word, positions in pos.items():
+                text = "".join(cap.tokenizer.decode([cap.rows[i][p]]) for p in positions)
+                assert text.replace("\u2581", "").replace(" ", "") == word * prompt.split().count(word), (word, text)
+        assert cap.prompt_tokens == len(cap.rows[0])          # every text position is recorded
+        # a prompt that ends another one is found in its own row, not inside the longer one's
+        with capture_for(pipe, guidance=True) as cap:
+            generate(pipe, family, steps=1, prompts=["a nurse with a cat", "cat"])
+        row = cap.rows[1]
+        (p,) = cap.word_positions(None, "cat")["cat"]
+        assert cap.tokenizer.decode([row[p]]).replace("\u2581", "").strip() == "cat"
+        assert all(t == cap.tokenizer.pad_token_id for t in row[:p])
+        return
     seen = []
     hook = pipe.text_encoder.register_forward_pre_hook(
         lambda m, a, kw: seen.append((kw.get("input_ids", a[0] if a else None), kw.get("attention_mask"))),
@@ -167,14 +226,13 @@ def test_a_planted_word_lights_its_region(pipes, family):
     direction (every other query and key small): the word map of "cat" is brightest in that
     quadrant, "doctor"'s is not."""
     pipe = pipes[family]
-    where = kernel_module(pipe)
     prompt = "a doctor with a cat"
-    with capture_for(pipe, guidance=True) as cap:
-        positions = cap.word_positions(None, prompt)
-        cat = [cap.text_offset + p for p in positions["cat"]]
-        recorder = where.dispatch_attention_fn
-        def plant(query, key, value, attn_mask=None, *args, **kwargs):
+    cap = capture_for(pipe, guidance=True)
+
+    def make(original):
+        def plant(query, key, value, attn_mask=None, *args, _through=None, **kwargs):
             if cap.current is not None and cap.active:
+                cat = [cap.text_offset + p for p in cap.word_positions(None, prompt)["cat"]]
                 h, w = cap._call_grid
                 image = h * w
                 text_len = query.shape[1] - image
@@ -186,13 +244,15 @@ def test_a_planted_word_lights_its_region(pipes, family):
                 direction = torch.ones(query.shape[-1]) * 3.0
                 query[:, [(text_len if first else 0) + r for r in quadrant]] = direction
                 key[:, [(0 if first else image) + p for p in cat]] = direction
-            return recorder(query, key, value, attn_mask, *args, **kwargs)
+            return (_through or original)(query, key, value, attn_mask, *args, **kwargs)   # the recorder's, planted
+        return plant
 
-        where.dispatch_attention_fn = plant
+    with cap:
+        restore = patch_kernel(pipe, make)
         try:
             generate(pipe, family, steps=1, prompts=[prompt])
         finally:
-            where.dispatch_attention_fn = recorder
+            restore()
     maps = cap.heat_maps(None, (64, 64))[0]
     words = cap.word_heat_maps(None, prompt, maps, ["cat", "doctor"])
     cat_map, doctor_map = torch.as_tensor(words["cat"]), torch.as_tensor(words["doctor"])
