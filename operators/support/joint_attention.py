@@ -325,13 +325,16 @@ class JointAttentionCapture:
                                  f"{self.text_offset}")
             self.text_tokens = segment
             n = segment if self.tokens is None else min(self.tokens, segment)
-            kept, total = attention_probabilities(q, k, start, n)
-            if name in self.sums:
-                self.sums[name].add_(kept)
-                self.token_sums[name].add_(total)
-            else:
-                self.sums[name], self.token_sums[name] = kept, total
-            self.steps[name] = self.steps.get(name, 0) + 1
+            self._add(name, *attention_probabilities(q, k, start, n))
+
+    def _add(self, name: str, kept, total) -> None:
+        """One recorded evaluation of block ``name``: its kept columns and row sums added to the block's."""
+        if name in self.sums:
+            self.sums[name].add_(kept)
+            self.token_sums[name].add_(total)
+        else:
+            self.sums[name], self.token_sums[name] = kept, total
+        self.steps[name] = self.steps.get(name, 0) + 1
 
     @property
     def prompt_tokens(self) -> int | None:
@@ -398,22 +401,7 @@ class JointAttentionCapture:
         pieces = tokenizer.convert_ids_to_tokens(enc.input_ids)
         spans = [(s, e) if p.replace("\u2581", "").strip() else (0, 0)        # "▁" alone: no character
                  for p, (s, e) in zip(pieces, enc.offset_mapping)]
-        # lower case, one character for one (offsets index the prompt as given)
-        text = "".join(c.lower() if len(c.lower()) == 1 else c for c in prompt)
-        found = [(m.group(), m.start(), m.end()) for m in WORD.finditer(text)]
-        out = {}
-        for word in dict.fromkeys(m[0] for m in found) if words is None else dict.fromkeys(words):
-            parts = WORD.findall(str(word).lower())
-            if not parts:
-                continue
-            positions: list[int] = []
-            for i in range(len(found) - len(parts) + 1):
-                if [f[0] for f in found[i:i + len(parts)]] == parts:
-                    lo, hi = found[i][1], found[i + len(parts) - 1][2]
-                    positions += [j for j, (s, e) in enumerate(spans) if s < hi and e > lo and e > s]
-            if positions:
-                out[word] = sorted(dict.fromkeys(positions))
-        return out
+        return positions_of_words(prompt, spans, words)
 
     @staticmethod
     def word_heat_maps(tokenizer, prompt: str, maps, words=None) -> dict[str, np.ndarray]:
@@ -421,6 +409,29 @@ class JointAttentionCapture:
         of its tokens, over every occurrence. ``maps``: (tokens, H, W) of one image, token 0 = the
         segment's first token."""
         return word_maps(JointAttentionCapture.word_positions(tokenizer, prompt, words), maps)
+
+
+def positions_of_words(prompt: str, spans, words=None) -> dict[str, list[int]]:
+    """{word: the positions whose character span ``spans[j]`` = (start, end) in ``prompt`` overlaps
+    the word} for each of ``words`` (default: every word of ``prompt`` by ``cross_attention.WORD``,
+    lower case) at every occurrence; a word of several ``WORD`` words ("x-ray") matches them in a
+    row. A span (0, 0) holds no character."""
+    # lower case, one character for one (spans index the prompt as given)
+    text = "".join(c.lower() if len(c.lower()) == 1 else c for c in prompt)
+    found = [(m.group(), m.start(), m.end()) for m in WORD.finditer(text)]
+    out = {}
+    for word in dict.fromkeys(m[0] for m in found) if words is None else dict.fromkeys(words):
+        parts = WORD.findall(str(word).lower())
+        if not parts:
+            continue
+        positions: list[int] = []
+        for i in range(len(found) - len(parts) + 1):
+            if [f[0] for f in found[i:i + len(parts)]] == parts:
+                lo, hi = found[i][1], found[i + len(parts) - 1][2]
+                positions += [j for j, (s, e) in enumerate(spans) if s < hi and e > lo and e > s]
+        if positions:
+            out[word] = sorted(dict.fromkeys(positions))
+    return out
 
 
 def token_grid(positions: int, image_hw: tuple[int, int]) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """Word heat maps from the joint attention of the 2025-2026 transformer denoisers, read where each
 block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
 ``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein),
-Qwen-Image, HunyuanImage 2.1 and CogView4.
+Qwen-Image, HunyuanImage 2.1, CogView4 and Lumina-Image 2.0.
 
 ``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
 embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
@@ -49,6 +49,15 @@ installed diffusers (0.42):
   call (``rows``): its own tokens, read alone, at their last occurrence. CFG: ``cache_context``
   "cond" / "uncond".
 
+- Lumina-Image 2.0 (``Lumina2Transformer2DModel``, ``transformer_lumina2.py``): ``layers.*.attn``
+  (``Attention`` with ``Lumina2AttnProcessor2_0``, grouped keys repeated, its own scale) calls
+  ``F.scaled_dot_product_attention`` (read as CogView4's); the text-only ``context_refiner`` and
+  image-only ``noise_refiner`` are not recorded. Each sample's joint sequence is [its valid text,
+  image, padding] (its text length is the call's ``encoder_attention_mask`` sum), with a boolean
+  mask where the lengths differ. The pipeline reads the system prompt, " <Prompt Start> " and the
+  prompt with Gemma's BOS. CFG is an untagged second call with the negative prompt's embeddings
+  (and none once ``cfg_trunc_ratio`` ends it): recorded are the calls given the first call's text.
+
 The image's query rows and the text's key columns of the joint sequence are found from the
 transformer call: the image's length is its token grid, read off ``img_ids`` (Chroma, FLUX.2: rows
 and columns in its columns 1 and 2), ``img_shapes`` (Qwen-Image) or the (B, C, H, W) latents over
@@ -71,11 +80,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from operators.support.joint_attention import JointAttentionCapture
+from operators.support.joint_attention import JointAttentionCapture, positions_of_words
 from operators.support.joint_scores import kernel_probabilities
 
 TEXT_FIRST = "text-first"
 IMAGE_FIRST = "image-first"
+# per sample [its valid text, image, padding] (Lumina 2: only the prompt's valid tokens enter, so the
+# image starts at a different position in each sample)
+TEXT_FIRST_PER_SAMPLE = "text-first, per sample"
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ class Family:
     blocks: tuple[str, ...]              # ModuleList attributes of the transformer whose blocks' ``attn`` is recorded
     skip_contexts: frozenset = frozenset({"uncond"})
     alternate_cfg: bool = False          # CFG as an untagged second call per step (Chroma)
+    same_text_cfg: bool = False          # CFG as an untagged second call: recorded are the calls given the first's text
     grid_from: str = "img_ids"           # "img_ids", "img_shapes", or "latents" ((B, C, H, W) over the patch size)
     order: str = TEXT_FIRST              # the joint sequence's order
     attn: str = "attn"                   # the attention attribute of each block
@@ -105,6 +118,8 @@ FAMILIES = {f.transformer: f for f in (
            frozenset({"pred_uncond", "uncond"}), grid_from="latents", order=IMAGE_FIRST),
     Family("cogview4", "CogView4Transformer2DModel", ("transformer_blocks",), grid_from="latents", attn="attn1",
            kernel="sdpa", text="rows"),
+    Family("lumina2", "Lumina2Transformer2DModel", ("layers",), frozenset(), same_text_cfg=True, grid_from="latents",
+           order=TEXT_FIRST_PER_SAMPLE, kernel="sdpa"),
 )}
 
 
@@ -127,11 +142,12 @@ def _spans(tokenizer, text: str, start: int, end: int, drop: int = 0, special: b
     before the prompt) of ``text`` tokenized with offsets, the prompt at characters ``start:end``
     of it, the first ``drop`` tokens left out."""
     enc = tokenizer(text, add_special_tokens=special, truncation=False, return_offsets_mapping=True)
-    ids, spans, before = list(enc.input_ids), [], 0
+    ids, spans = list(enc.input_ids), []
     pieces = tokenizer.convert_ids_to_tokens(ids)
-    for i, (piece, (s, e)) in enumerate(zip(pieces, enc.offset_mapping)):
-        if start > 0 and e <= start and i >= drop:
-            before += 1                                    # the template's, before the prompt
+    # the template's tokens (and specials) before the first one that holds a prompt character
+    first = next((i for i, (s, e) in enumerate(enc.offset_mapping) if e > start and e > s), len(ids))
+    before = max(0, first - drop)
+    for piece, (s, e) in zip(pieces, enc.offset_mapping):
         s, e = max(s, start) - start, min(e, end) - start
         spans.append((s, e) if e > s and str(piece).replace("\u2581", "").strip() else (0, 0))
     return ids[drop:], spans[drop:], before
@@ -147,6 +163,8 @@ def _template(pipe) -> tuple[str, str, object, bool, int]:
     kind = type(pipe).__name__
     if kind == "ChromaPipeline":
         return "", "", pipe.tokenizer, True, 0
+    if kind == "Lumina2Pipeline":            # its system prompt before the prompt, BOS first
+        return pipe.system_prompt + " <Prompt Start> ", "", pipe.tokenizer, True, 0
     if kind in ("QwenImagePipeline", "HunyuanImagePipeline"):
         text, drop = pipe.prompt_template_encode.format(_SENTINEL), int(pipe.prompt_template_encode_start_idx)
         tokenizer, special = pipe.tokenizer, True
@@ -241,6 +259,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         self.current = None                 # the name of the attention module running now
         self._text_len = None
         self._call_grid = None
+        self._caps = None                   # TEXT_FIRST_PER_SAMPLE: each sample's valid text length
+        self._cond_text = None              # same_text_cfg: the text tensor of the first recorded call
         self._context = None
         self._calls = 0
         self._hooks = []
@@ -275,6 +295,7 @@ class KernelAttentionCapture(JointAttentionCapture):
             self._hooks.append(self.pipe.text_encoder.register_forward_pre_hook(self._encoder_rows, with_kwargs=True))
         self._wrap_cache_context()
         self._calls = 0
+        self._cond_text = None
         self.recording = True
         return self
 
@@ -331,6 +352,12 @@ class KernelAttentionCapture(JointAttentionCapture):
         record = self.recording and self._context not in self.family.skip_contexts
         if self.family.alternate_cfg and self.guidance:
             record = record and self._calls % 2 == 0       # the negative prompt's call follows each step's first
+        if self.family.same_text_cfg and self.guidance and text is not None:
+            if self._cond_text is None:
+                self._cond_text = text.data_ptr()          # the prompt's embeddings, passed again at every step
+            record = record and text.data_ptr() == self._cond_text
+        mask = kwargs.get("encoder_attention_mask")
+        self._caps = None if mask is None else [int(c) for c in mask.sum(dim=1).tolist()]
         self._calls += 1
         self.active = record
         self._text_len = None if text is None else int(text.shape[1])
@@ -382,18 +409,36 @@ class KernelAttentionCapture(JointAttentionCapture):
         if segment < 1:
             raise ValueError(f"{name}: the text sequence of {length} positions has nothing at offset "
                              f"{self.text_offset}")
+        if self.family.order == TEXT_FIRST_PER_SAMPLE:
+            segment = max(self._caps) - self.text_offset
         self.text_tokens = segment
         n = segment if self.tokens is None else min(self.tokens, segment)
-        rows, col = ((length, positions), self.text_offset) if self.family.order == TEXT_FIRST else \
-            ((0, image), image + self.text_offset)
+        q, k = query.transpose(1, 2), key.transpose(1, 2)
         with torch.no_grad():
-            kept, total = kernel_probabilities(query.transpose(1, 2), key.transpose(1, 2), rows, col, n, scale, mask)
-        if name in self.sums:
-            self.sums[name].add_(kept)
-            self.token_sums[name].add_(total)
-        else:
-            self.sums[name], self.token_sums[name] = kept, total
-        self.steps[name] = self.steps.get(name, 0) + 1
+            if self.family.order == TEXT_FIRST_PER_SAMPLE:
+                kept, total = self._per_sample(q, k, image, n, scale, mask)
+            else:
+                rows, col = ((length, positions), self.text_offset) if self.family.order == TEXT_FIRST else \
+                    ((0, image), image + self.text_offset)
+                kept, total = kernel_probabilities(q, k, rows, col, n, scale, mask)
+        self._add(name, kept, total)
+
+    def _per_sample(self, q, k, image: int, n: int, scale, mask):
+        """TEXT_FIRST_PER_SAMPLE: each sample's image rows follow its own valid text; the columns
+        past a shorter text are left 0 (they are its image's keys)."""
+        import torch  # deferred: torch
+
+        b = q.shape[0]
+        kept = torch.zeros(b, image, n, dtype=torch.float32, device=q.device)
+        total = torch.zeros(b, image, dtype=torch.float32, device=q.device)
+        for i, cap in enumerate(self._caps):
+            m = None if mask is None else mask[i:i + 1]
+            width = max(0, min(n, cap - self.text_offset))
+            got, sums = kernel_probabilities(q[i:i + 1], k[i:i + 1], (cap, cap + image), self.text_offset,
+                                             width, scale, m)
+            kept[i, :, :width] = got[0]
+            total[i] = sums[0]
+        return kept, total
 
     @property
     def prompt_tokens(self) -> int | None:
@@ -406,28 +451,12 @@ class KernelAttentionCapture(JointAttentionCapture):
         every occurrence, by the characters each text position holds (``text_spans``); positions
         count from the prompt's first token (``text_offset``). ``tokenizer`` is not used: the
         family's own template decides."""
-        from operators.support.cross_attention import WORD
-
         if self.family.text == "rows":
             spans = self._row_spans(prompt)
         else:
             _, spans, _ = text_spans(self.pipe, prompt)
             spans = spans[self.text_offset:]
-        text = "".join(c.lower() if len(c.lower()) == 1 else c for c in prompt)
-        found = [(m.group(), m.start(), m.end()) for m in WORD.finditer(text)]
-        out = {}
-        for word in dict.fromkeys(m[0] for m in found) if words is None else dict.fromkeys(words):
-            parts = WORD.findall(str(word).lower())
-            if not parts:
-                continue
-            positions: list[int] = []
-            for i in range(len(found) - len(parts) + 1):
-                if [f[0] for f in found[i:i + len(parts)]] == parts:
-                    lo, hi = found[i][1], found[i + len(parts) - 1][2]
-                    positions += [j for j, (s, e) in enumerate(spans) if s < hi and e > lo and e > s]
-            if positions:
-                out[word] = sorted(dict.fromkeys(positions))
-        return out
+        return positions_of_words(prompt, spans, words)
 
     def _row_spans(self, prompt: str) -> list[tuple[int, int]]:
         """The prompt's character span at each text position, for a "rows" family: its tokens (read

@@ -351,24 +351,34 @@ def build_tiny_z_image(directory, seed: int = 0) -> str:
     return _save(pipe, directory, "z-image", seed)
 
 
+def _flux2_networks(seed: int, guidance_embeds: bool):
+    """FLUX.2's tiny transformer (seed) and VAE with 2 x 2 latent patches (seed + 1): dev's has the
+    guidance embedding, klein's not."""
+    # deferred: torch, diffusers
+    import torch
+    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=32, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
+                                          guidance_embeds=guidance_embeds)
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLFlux2(block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=8,
+                             norm_num_groups=8, sample_size=64, patch_size=(2, 2))
+    return transformer, vae
+
+
 def build_tiny_flux2_klein(directory, seed: int = 0) -> str:
     """``Flux2KleinPipeline``: FLUX.2's transformer over three stacked hidden layers (9, 18, 27) of
     a Qwen3 causal LM (so 28 tiny layers), FLUX.2's VAE with 2x2 latent patches, CFG."""
     # deferred: torch, diffusers
     import torch
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, \
-        Flux2Transformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
 
     tokenizer = build_tiny_qwen_tokenizer()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = Flux2Transformer2DModel(patch_size=1, in_channels=32, num_layers=1, num_single_layers=1,
-                                              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
-                                              timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
-                                              guidance_embeds=False)
-        torch.manual_seed(seed + 1)
-        vae = AutoencoderKLFlux2(block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=8,
-                                 norm_num_groups=8, sample_size=64, patch_size=(2, 2))
+        transformer, vae = _flux2_networks(seed, guidance_embeds=False)
         pipe = Flux2KleinPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
                                   text_encoder=_qwen3(seed + 2, len(tokenizer), 28, 16, causal=True),
                                   tokenizer=tokenizer, transformer=transformer, is_distilled=False)
@@ -554,20 +564,13 @@ def build_tiny_flux2(directory, seed: int = 0) -> str:
     one-layer Pixtral vision tower), FLUX.2's VAE with 2 x 2 latent patches, no negative prompt."""
     # deferred: torch, diffusers, transformers
     import torch
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     processor = build_tiny_mistral_processor()
     tok = processor.tokenizer
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = Flux2Transformer2DModel(patch_size=1, in_channels=32, num_layers=1, num_single_layers=1,
-                                              attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
-                                              timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
-                                              guidance_embeds=True)
-        torch.manual_seed(seed + 1)
-        vae = AutoencoderKLFlux2(block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=8,
-                                 norm_num_groups=8, sample_size=64, patch_size=(2, 2))
+        transformer, vae = _flux2_networks(seed, guidance_embeds=True)
         torch.manual_seed(seed + 2)
         config = Mistral3Config(
             text_config=dict(model_type="mistral", vocab_size=len(tok), hidden_size=16, intermediate_size=21,

@@ -1,4 +1,5 @@
-"""Word heat maps of Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1 and CogView4 read at the attention kernel
+"""Word heat maps of Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1, CogView4 and Lumina 2 read at the
+attention kernel
 (operators/support/kernel_attention.py), on tiny random pipelines of the real classes loaded through
 the production loader: recording does not change the image, only the conditional evaluations
 count, the recorded probabilities are a hand computation of each block's softmax (its mask and
@@ -19,11 +20,12 @@ from pipelines.standins.families import build_tiny_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4")
+FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4", "lumina2")
 PROMPTS = ["a doctor with a cat", "a nurse at work"]
 # max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
 # part of Qwen-Image's template its pipeline keeps come first
-SEQ = {"flux2": 256, "qwen-image": 256, "hunyuan-image": None}    # HunyuanImage: 1,000 positions, fixed
+# (Lumina 2's system prompt too); HunyuanImage: 1,000 positions, fixed
+SEQ = {"flux2": 256, "qwen-image": 256, "lumina2": 256, "hunyuan-image": None}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,10 @@ def generate(pipe, family, steps=2, prompts=PROMPTS):
 
 
 def kernel_module(pipe):
-    block = pipe.transformer.transformer_blocks[0]
-    attn = getattr(block, "attn", None) or block.attn1
+    from operators.support.kernel_attention import FAMILIES as READ
+
+    family = READ[type(pipe.transformer).__name__]
+    attn = getattr(getattr(pipe.transformer, family.blocks[0])[0], family.attn)
     return sys.modules[type(attn.processor).__module__]
 
 
@@ -136,18 +140,21 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
     under the recorder: the sums are the hand computation (Chroma's float mask added, Qwen-Image's
     boolean mask applied), the text from the prompt's first token."""
     pipe = pipes[family]
-    seen = []
+    seen, holder = [], {}
 
     def make(original):
         def spy(query, key, value, attn_mask=None, *args, _through=None, **kwargs):
-            seen.append((query.clone(), key.clone(), None if attn_mask is None else attn_mask.clone(),
-                         args[3] if len(args) > 3 else kwargs.get("scale")))
+            cap = holder.get("cap")
+            if cap is not None and cap.current is not None and cap.active:      # a recorded block's call
+                seen.append((query.clone(), key.clone(), None if attn_mask is None else attn_mask.clone(),
+                             args[3] if len(args) > 3 else kwargs.get("scale")))
             return (_through or original)(query, key, value, attn_mask, *args, **kwargs)
         return spy
 
     restore = patch_kernel(pipe, make)
     try:
         with capture_for(pipe, guidance=True, tokens=5) as cap:
+            holder["cap"] = cap
             generate(pipe, family, steps=1)
     finally:
         restore()
@@ -159,15 +166,24 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
         assert any(m is not None and m.dtype == torch.bool for m in masks)
     if family == "hunyuan-image":
         assert any(m is not None and m.dtype == torch.bool for m in masks)
-    # the recorded calls come first in each step's order: the first len(names) kernel calls (the
-    # blocks' own: HunyuanImage's token refiner runs before them, not recorded)
     image = cap.grid[0] * cap.grid[1]
-    own = [x for x in seen if x[0].shape[1] > image][:len(names)]
-    for name, (q, k, mask, scale) in zip(names, own):
+    assert len(seen) == len(names)                                   # one recorded call per block
+    for name, (q, k, mask, scale) in zip(names, seen):
+        n = cap.sums[name].shape[-1]                                   # 5; CogView4: all
+        if cap.family.order == "text-first, per sample":               # Lumina 2: each sample's own text length
+            _, lengths = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, max_sequence_length=256)[:2]
+            for i, length in enumerate(lengths.sum(dim=1).tolist()):
+                width = min(n, length - cap.text_offset)
+                ref = hand_softmax(q[i:i + 1], k[i:i + 1], slice(length, length + image), cap.text_offset, width,
+                                   scale, None if mask is None else mask[i:i + 1])
+                assert torch.allclose(cap.sums[name][i:i + 1, :, :width].double(), ref, atol=1e-5), name
+                assert not cap.sums[name][i, :, width:].any()
+            assert len(set(lengths.sum(dim=1).tolist())) == 2            # two text lengths in the batch
+            continue
         text_len = k.shape[1] - image
         rows, col = ((slice(text_len, text_len + image), cap.text_offset) if cap.family.order == "text-first"
                      else (slice(0, image), image + cap.text_offset))
-        ref = hand_softmax(q, k, rows, col, cap.sums[name].shape[-1], scale, mask)   # 5, CogView4 all
+        ref = hand_softmax(q, k, rows, col, n, scale, mask)
         assert torch.allclose(cap.sums[name].double(), ref, atol=1e-5), name
 
 
@@ -237,7 +253,7 @@ def test_a_planted_word_lights_its_region(pipes, family):
                 image = h * w
                 text_len = query.shape[1] - image
                 quadrant = [r * w + c for r in range(h // 2) for c in range(w // 2)]      # the top-left quarter
-                first = cap.family.order == "text-first"
+                first = cap.family.order != "image-first"          # Lumina 2: text first in each sample
                 g = torch.Generator().manual_seed(0)
                 query = torch.randn(query.shape, generator=g) * 0.01
                 key = torch.randn(key.shape, generator=g) * 0.01
