@@ -126,6 +126,8 @@ class _Capture:
             # call, and hand the conditional embeddings alone although their CFG flag is set.
             images = kwargs["latents"].shape[0]
             embeds = kwargs["prompt_embeds"]
+            if isinstance(embeds, (list, tuple)):        # Z-Image: each prompt's valid tokens alone
+                embeds = _padded(embeds)
             doubled = getattr(pipe, "do_classifier_free_guidance", False) and embeds.shape[0] == 2 * images
             self.prompt_embeds = embeds[embeds.shape[0] // 2:] if doubled else embeds
             if self.pooled_name:
@@ -133,6 +135,14 @@ class _Capture:
                 self.pooled = pooled[pooled.shape[0] // 2:] if doubled else pooled
         self.latents = kwargs["latents"]
         return {}
+
+
+def _padded(sequences):
+    """(N, L, d): per-prompt (L_i, d) sequences zero-padded to the longest (a zero position adds
+    nothing to a dot product, so each pair's cosine is over the positions both hold)."""
+    from torch.nn.utils.rnn import pad_sequence  # deferred: torch
+
+    return pad_sequence(list(sequences), batch_first=True)
 
 
 def pooled_space_text(pipe) -> str:
@@ -161,7 +171,7 @@ def pooled_embeddings(pipe, prompts: list[str], call_kwargs: dict | None = None)
     FLUX's CLIP pooled embedding (the pipeline's own ``encode_prompt``, as its call computes it),
     or, for a UNet pipeline (SD 1.x/2.x, whose UNet receives no pooled embedding), the text
     encoder's pooled output (CLIP's final-layer end-of-text token, after the final layer norm); None
-    for a pipeline with neither (Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2: a T5 or
+    for a pipeline with neither (Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2, Z-Image: a T5 or
     language-model encoder whose denoiser receives no pooled embedding: the space is not defined for
     them)."""
     import torch

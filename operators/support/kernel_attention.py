@@ -1,7 +1,7 @@
 """Word heat maps from the joint attention of the 2025-2026 transformer denoisers, read where each
 block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
 ``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein),
-Qwen-Image, HunyuanImage 2.1, CogView4 and Lumina-Image 2.0.
+Qwen-Image, HunyuanImage 2.1, CogView4, Lumina-Image 2.0 and Z-Image.
 
 ``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
 embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
@@ -58,6 +58,14 @@ installed diffusers (0.42):
   prompt with Gemma's BOS. CFG is an untagged second call with the negative prompt's embeddings
   (and none once ``cfg_trunc_ratio`` ends it): recorded are the calls given the first call's text.
 
+- Z-Image (``ZImageTransformer2DModel``, ``transformer_z_image.py``): ``layers.*.attention``
+  (``Attention`` with ``ZSingleStreamAttnProcessor``, its rotary embedding passed as ``freqs_cis``)
+  calls ``dispatch_attention_fn``; the refiners are not recorded. The transformer takes lists of
+  per-sample latents and captions and lays each sequence out [image, caption], the image padded
+  with learned tokens to a multiple of 32, where the caption's columns start. Its captions are the
+  valid tokens of Qwen's chat template (thinking on). CFG is one doubled batch, the conditional
+  half first: with ``guidance`` the first half of a doubled call is recorded.
+
 The image's query rows and the text's key columns of the joint sequence are found from the
 transformer call: the image's length is its token grid, read off ``img_ids`` (Chroma, FLUX.2: rows
 and columns in its columns 1 and 2), ``img_shapes`` (Qwen-Image) or the (B, C, H, W) latents over
@@ -107,6 +115,8 @@ class Family:
     # "template": the text positions are the template's tokens (text_spans); "rows": found in the
     # rows the text encoder read in the recorded call (CogView4 pads on the left to a multiple of 16)
     text: str = "template"
+    image_pad: int = 1                   # the image segment is padded to a multiple of this (Z-Image: 32)
+    cond_first: bool = False             # CFG as one doubled batch, the conditional half first (Z-Image)
 
 
 FAMILIES = {f.transformer: f for f in (
@@ -120,6 +130,8 @@ FAMILIES = {f.transformer: f for f in (
            kernel="sdpa", text="rows"),
     Family("lumina2", "Lumina2Transformer2DModel", ("layers",), frozenset(), same_text_cfg=True, grid_from="latents",
            order=TEXT_FIRST_PER_SAMPLE, kernel="sdpa"),
+    Family("z-image", "ZImageTransformer2DModel", ("layers",), frozenset(), grid_from="x", order=IMAGE_FIRST,
+           attn="attention", image_pad=32, cond_first=True),
 )}
 
 
@@ -175,9 +187,10 @@ def _template(pipe) -> tuple[str, str, object, bool, int]:
                                                   add_generation_prompt=False, tokenize=False)
         text = text[0] if isinstance(text, list) else text
         drop, tokenizer, special = 0, pipe.tokenizer.tokenizer, False
-    elif kind == "Flux2KleinPipeline":
+    elif kind in ("Flux2KleinPipeline", "ZImagePipeline"):     # klein without thinking, Z-Image with
         text = pipe.tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
-                                                  add_generation_prompt=True, enable_thinking=False)
+                                                  add_generation_prompt=True,
+                                                  enable_thinking=kind == "ZImagePipeline")
         drop, tokenizer, special = 0, pipe.tokenizer, True
     else:
         raise ValueError(f"{kind}: no text layout for its word heat maps")
@@ -260,6 +273,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         self._text_len = None
         self._call_grid = None
         self._caps = None                   # TEXT_FIRST_PER_SAMPLE: each sample's valid text length
+        self._batch = None                  # cond_first: the prompts' batch (half the first, doubled call)
+        self._keep = None                   # cond_first: keep the call's first this many samples
         self._cond_text = None              # same_text_cfg: the text tensor of the first recorded call
         self._context = None
         self._calls = 0
@@ -296,6 +311,7 @@ class KernelAttentionCapture(JointAttentionCapture):
         self._wrap_cache_context()
         self._calls = 0
         self._cond_text = None
+        self._batch = None
         self.recording = True
         return self
 
@@ -349,6 +365,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         """Each transformer call: is it recorded, its text length and its token grid."""
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         text = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
+        if getattr(text, "ndim", 0) != 3:
+            text = None                                     # Z-Image: (x, t, cap_feats), its captions a list
         record = self.recording and self._context not in self.family.skip_contexts
         if self.family.alternate_cfg and self.guidance:
             record = record and self._calls % 2 == 0       # the negative prompt's call follows each step's first
@@ -362,7 +380,18 @@ class KernelAttentionCapture(JointAttentionCapture):
         self.active = record
         self._text_len = None if text is None else int(text.shape[1])
         grid = None
-        if self.family.grid_from == "latents":
+        self._keep = None
+        if self.family.grid_from == "x":              # Z-Image: lists of (C, 1, H, W) latents, the patch a kwarg
+            latents = kwargs.get("x", args[0] if args else None)
+            patch = int(kwargs.get("patch_size", 2))
+            if latents:
+                grid = (int(latents[0].shape[-2]) // patch, int(latents[0].shape[-1]) // patch)
+                if self.family.cond_first and self.guidance and record:
+                    if self._batch is None:       # the first call is doubled when CFG is on
+                        self._batch = len(latents) // 2 if len(latents) % 2 == 0 else len(latents)
+                    self._keep = self._batch if len(latents) == 2 * self._batch else None
+            hidden = None
+        elif self.family.grid_from == "latents":
             if hidden is not None and hidden.ndim == 4:
                 patch = getattr(module.config, "patch_size", 1)
                 ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)[-2:]
@@ -396,10 +425,15 @@ class KernelAttentionCapture(JointAttentionCapture):
         call's text), the text the rest, in the family's order."""
         import torch  # deferred: torch
 
+        if self._keep is not None:                      # the conditional half of a doubled batch (first)
+            query, key = query[:self._keep], key[:self._keep]
+            mask = None if mask is None else mask[:self._keep]
         positions = int(query.shape[1])
+        padded = None
         if self._call_grid is not None:
             image = self._call_grid[0] * self._call_grid[1]
-            length = positions - image
+            padded = image + (-image) % self.family.image_pad      # Z-Image pads its image segment to 32
+            length = positions - padded
         else:
             length = self._text_len
             image = None if length is None else positions - length
@@ -419,7 +453,7 @@ class KernelAttentionCapture(JointAttentionCapture):
                 kept, total = self._per_sample(q, k, image, n, scale, mask)
             else:
                 rows, col = ((length, positions), self.text_offset) if self.family.order == TEXT_FIRST else \
-                    ((0, image), image + self.text_offset)
+                    ((0, image), (padded or image) + self.text_offset)
                 kept, total = kernel_probabilities(q, k, rows, col, n, scale, mask)
         self._add(name, kept, total)
 

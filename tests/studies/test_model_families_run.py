@@ -4,8 +4,8 @@ at that model's defaults (its card's, recorded), checks every model's images wit
 NSFW check, and measures them like SD's: all four in amplification (face filter and
 CLIP), DALL-Eval (BLIP-2 and skin tone, PaintSkills, alignment) and GEP; SDXL, FLUX and SD 3.5 in
 Exposed, sections 3-7 (word maps from SDXL's cross-attention and from SD 3's and FLUX's joint
-attention; PixArt refused before any work); Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4 and Lumina 2 in
-Exposed with word maps read at the attention kernel, SANA refused. Amplification's family run is one of
+attention; PixArt refused before any work); Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2 and
+Z-Image in Exposed with word maps read at the attention kernel, SANA refused. Amplification's family run is one of
 tests/studies/amplification/test_training_images.py's runs. Every family is loaded and generated through the
 production loader in tests/operators/test_model_families.py."""
 
@@ -91,7 +91,7 @@ def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in
     any work, in one line."""
     models = ["lodestones/Chroma1-HD", "black-forest-labs/FLUX.2-dev", "black-forest-labs/FLUX.2-klein-4B",
               "Qwen/Qwen-Image", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "THUDM/CogView4-6B",
-              "Alpha-VLLM/Lumina-Image-2.0"]
+              "Alpha-VLLM/Lumina-Image-2.0", "Tongyi-MAI/Z-Image-Turbo"]
     argv = ["run", "--output", str(tmp_path), "--run-id", "k", "--standin-models", "--max-triplets", "1",
             "--no-professions", "--seeds-per-triplet", "sample=1", "--steps", "2", "--no-progress",
             "--no-exclude-nsfw", "--generators", *models]

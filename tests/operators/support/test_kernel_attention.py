@@ -1,5 +1,5 @@
-"""Word heat maps of Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1, CogView4 and Lumina 2 read at the
-attention kernel
+"""Word heat maps of Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1, CogView4, Lumina 2 and Z-Image read
+at the attention kernel
 (operators/support/kernel_attention.py), on tiny random pipelines of the real classes loaded through
 the production loader: recording does not change the image, only the conditional evaluations
 count, the recorded probabilities are a hand computation of each block's softmax (its mask and
@@ -20,12 +20,12 @@ from pipelines.standins.families import build_tiny_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4", "lumina2")
+FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4", "lumina2", "z-image")
 PROMPTS = ["a doctor with a cat", "a nurse at work"]
 # max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
 # part of Qwen-Image's template its pipeline keeps come first
 # (Lumina 2's system prompt too); HunyuanImage: 1,000 positions, fixed
-SEQ = {"flux2": 256, "qwen-image": 256, "lumina2": 256, "hunyuan-image": None}
+SEQ = {"flux2": 256, "qwen-image": 256, "lumina2": 256, "z-image": 128, "hunyuan-image": None}
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,8 @@ def test_recording_does_not_change_the_image_and_keeps_the_conditional_evaluatio
     assert torch.equal(plain, recorded)
     blocks = {f"{a}.{i}.{cap.family.attn}" for a in cap.family.blocks for i in range(len(getattr(pipe.transformer, a)))}
     assert set(cap.sums) == blocks and all(cap.steps[b] == 2 for b in blocks)    # one per step: CFG's left out
-    heads = pipe.transformer.config.num_attention_heads
+    config = pipe.transformer.config
+    heads = config.n_heads if "n_heads" in config else config.num_attention_heads      # Z-Image names it n_heads
     for name, total in cap.token_sums.items():                   # each row a softmax: heads x evaluations
         assert torch.allclose(total, torch.full_like(total, 2.0 * heads), atol=1e-4), name
     grid = (8, 8) if family == "hunyuan-image" else (4, 4)        # its VAE: 8x, patch 1; the others 16x
@@ -170,6 +171,9 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
     assert len(seen) == len(names)                                   # one recorded call per block
     for name, (q, k, mask, scale) in zip(names, seen):
         n = cap.sums[name].shape[-1]                                   # 5; CogView4: all
+        if cap.family.cond_first:                                      # Z-Image: [conditional, unconditional]
+            assert q.shape[0] == 2 * len(PROMPTS)
+            q, k, mask = q[:len(PROMPTS)], k[:len(PROMPTS)], None if mask is None else mask[:len(PROMPTS)]
         if cap.family.order == "text-first, per sample":               # Lumina 2: each sample's own text length
             _, lengths = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, max_sequence_length=256)[:2]
             for i, length in enumerate(lengths.sum(dim=1).tolist()):
@@ -181,8 +185,9 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
             assert len(set(lengths.sum(dim=1).tolist())) == 2            # two text lengths in the batch
             continue
         text_len = k.shape[1] - image
+        padded = image + (-image) % cap.family.image_pad                # Z-Image pads its image to 32
         rows, col = ((slice(text_len, text_len + image), cap.text_offset) if cap.family.order == "text-first"
-                     else (slice(0, image), image + cap.text_offset))
+                     else (slice(0, image), padded + cap.text_offset))
         ref = hand_softmax(q, k, rows, col, n, scale, mask)
         assert torch.allclose(cap.sums[name].double(), ref, atol=1e-5), name
 
@@ -259,7 +264,7 @@ def test_a_planted_word_lights_its_region(pipes, family):
                 key = torch.randn(key.shape, generator=g) * 0.01
                 direction = torch.ones(query.shape[-1]) * 3.0
                 query[:, [(text_len if first else 0) + r for r in quadrant]] = direction
-                key[:, [(0 if first else image) + p for p in cat]] = direction
+                key[:, [(0 if first else image + (-image) % cap.family.image_pad) + p for p in cat]] = direction
             return (_through or original)(query, key, value, attn_mask, *args, **kwargs)   # the recorder's, planted
         return plant
 
