@@ -171,7 +171,7 @@ def pooled_embeddings(pipe, prompts: list[str], call_kwargs: dict | None = None)
     FLUX's CLIP pooled embedding (the pipeline's own ``encode_prompt``, as its call computes it),
     or, for a UNet pipeline (SD 1.x/2.x, whose UNet receives no pooled embedding), the text
     encoder's pooled output (CLIP's final-layer end-of-text token, after the final layer norm); None
-    for a pipeline with neither (Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2, Z-Image: a T5 or
+    for a pipeline with neither (Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2, Z-Image, SANA: a T5 or
     language-model encoder whose denoiser receives no pooled embedding: the space is not defined for
     them)."""
     import torch

@@ -25,7 +25,7 @@ def capture_for(pipe, guidance: bool, layers: str = "daam", tokens: int | None =
       pipeline runs CFG (``guidance_scale > 1``), the batch is doubled;
     - FLUX.1: ``JointAttentionCapture`` of the T5 positions, ``pipe.tokenizer_2``; ``guidance`` is
       ignored: FLUX's guidance is distilled (an embedding input), its batch never doubled;
-    - Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1, CogView4, Lumina 2, Z-Image:
+    - Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1, CogView4, Lumina 2, Z-Image, SANA:
       ``KernelAttentionCapture`` (read at the attention kernel; the text segment from the prompt's
       first token in the family's template).
 
@@ -59,5 +59,5 @@ def capture_for(pipe, guidance: bool, layers: str = "daam", tokens: int | None =
     denoiser = type(transformer).__name__ if transformer is not None else "no UNet or transformer"
     raise ValueError(f"{kind} ({denoiser}): no word heat maps for this family (UNet cross-attention, SD 3 / "
                      f"FLUX.1 joint attention and the joint attention of Chroma, FLUX.2, Qwen-Image, HunyuanImage, "
-                     f"CogView4, Lumina 2 and Z-Image at the attention kernel are recorded); run without objects "
+                     f"CogView4, Lumina 2, Z-Image and SANA at the attention kernel are recorded); run without objects "
                      f"(--no-objects)")

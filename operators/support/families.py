@@ -147,10 +147,10 @@ KNOWN_IDS: tuple[tuple[str, str], ...] = (
 SETTING_KEYS = ("steps", "guidance_scale", "size", "max_sequence_length", "cuda_dtype")
 # the families whose denoiser's attention gives word heat maps here (SD Exposed, sections 5-7): a
 # UNet's cross-attention (DAAM), SD 3's and FLUX.1's joint attention (operators.support.joint_attention)
-# and the joint attention of Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2 and Z-Image read at
-# the attention kernel (operators.support.kernel_attention)
+# and the joint attention of Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2 and Z-Image and
+# SANA's cross-attention read at the attention kernel (operators.support.kernel_attention)
 WORD_MAPS = ("sd", "sdxl", "sd3", "flux", "chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4",
-             "lumina2", "z-image")
+             "lumina2", "z-image", "sana", "sana-sprint")
 
 
 def family_of_pipeline(class_name: str | None) -> Family:

@@ -1,7 +1,8 @@
 """Word heat maps from the joint attention of the 2025-2026 transformer denoisers, read where each
 block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
 ``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein),
-Qwen-Image, HunyuanImage 2.1, CogView4, Lumina-Image 2.0 and Z-Image.
+Qwen-Image, HunyuanImage 2.1, CogView4, Lumina-Image 2.0 and Z-Image, and from the cross-attention of
+SANA and SANA-Sprint.
 
 ``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
 embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
@@ -66,6 +67,14 @@ installed diffusers (0.42):
   valid tokens of Qwen's chat template (thinking on). CFG is one doubled batch, the conditional
   half first: with ``guidance`` the first half of a doubled call is recorded.
 
+- SANA, SANA-Sprint (``SanaTransformer2DModel``, ``sana_transformer.py``): cross-attention
+  ``transformer_blocks.*.attn2`` (``Attention`` with ``SanaAttnProcessor2_0``, an additive mask of
+  the text's padding) calls ``F.scaled_dot_product_attention``. The pipelines prepend their
+  instruction to the lower-cased, stripped prompt, and keep the encoder's first position and its
+  last (text length - 1): a prompt's positions are found in the rows the encoder read and carried
+  through that selection. SANA's CFG doubles the batch [unconditional, conditional]: a call with
+  twice the encoder's rows keeps its second half. SANA-Sprint's guidance is embedded.
+
 The image's query rows and the text's key columns of the joint sequence are found from the
 transformer call: the image's length is its token grid, read off ``img_ids`` (Chroma, FLUX.2: rows
 and columns in its columns 1 and 2), ``img_shapes`` (Qwen-Image) or the (B, C, H, W) latents over
@@ -96,6 +105,7 @@ IMAGE_FIRST = "image-first"
 # per sample [its valid text, image, padding] (Lumina 2: only the prompt's valid tokens enter, so the
 # image starts at a different position in each sample)
 TEXT_FIRST_PER_SAMPLE = "text-first, per sample"
+CROSS = "cross"          # cross-attention: image queries, text keys (SANA)
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,10 @@ class Family:
     text: str = "template"
     image_pad: int = 1                   # the image segment is padded to a multiple of this (Z-Image: 32)
     cond_first: bool = False             # CFG as one doubled batch, the conditional half first (Z-Image)
+    # SANA: the pipeline lower-cases and strips the prompt, and keeps the text encoder's first
+    # position and its last (text length - 1): its denoiser's text is that selection of the row
+    lower: bool = False
+    select_last: bool = False
 
 
 FAMILIES = {f.transformer: f for f in (
@@ -132,6 +146,8 @@ FAMILIES = {f.transformer: f for f in (
            order=TEXT_FIRST_PER_SAMPLE, kernel="sdpa"),
     Family("z-image", "ZImageTransformer2DModel", ("layers",), frozenset(), grid_from="x", order=IMAGE_FIRST,
            attn="attention", image_pad=32, cond_first=True),
+    Family("sana", "SanaTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents", order=CROSS,
+           attn="attn2", kernel="sdpa", text="rows", lower=True, select_last=True),
 )}
 
 
@@ -428,6 +444,9 @@ class KernelAttentionCapture(JointAttentionCapture):
         if self._keep is not None:                      # the conditional half of a doubled batch (first)
             query, key = query[:self._keep], key[:self._keep]
             mask = None if mask is None else mask[:self._keep]
+        if self.family.order == CROSS:
+            self._cross(name, query, key, mask, scale)
+            return
         positions = int(query.shape[1])
         padded = None
         if self._call_grid is not None:
@@ -456,6 +475,23 @@ class KernelAttentionCapture(JointAttentionCapture):
                     ((0, image), (padded or image) + self.text_offset)
                 kept, total = kernel_probabilities(q, k, rows, col, n, scale, mask)
         self._add(name, kept, total)
+
+    def _cross(self, name: str, query, key, mask, scale) -> None:
+        """A cross-attention call: the image's queries against the text's keys; a batch twice the
+        prompts' (the encoder's rows) is CFG's [unconditional, conditional], its second half kept."""
+        import torch  # deferred: torch
+
+        prompts = len(self.rows) if self.rows else None
+        if prompts and query.shape[0] == 2 * prompts:
+            query, key = query[prompts:], key[prompts:]
+            mask = None if mask is None or mask.shape[0] == 1 else mask[prompts:]
+        image, length = int(query.shape[1]), int(key.shape[1])
+        segment = length - self.text_offset
+        self.text_tokens = segment
+        n = segment if self.tokens is None else min(self.tokens, segment)
+        with torch.no_grad():
+            self._add(name, *kernel_probabilities(query.transpose(1, 2), key.transpose(1, 2), (0, image),
+                                                  self.text_offset, n, scale, mask))
 
     def _per_sample(self, q, k, image: int, n: int, scale, mask):
         """TEXT_FIRST_PER_SAMPLE: each sample's image rows follow its own valid text; the columns
@@ -487,6 +523,10 @@ class KernelAttentionCapture(JointAttentionCapture):
         family's own template decides."""
         if self.family.text == "rows":
             spans = self._row_spans(prompt)
+            kept = self.text_tokens + self.text_offset if self.text_tokens else self._text_len
+            if self.family.select_last and spans and kept:
+                length = len(spans)
+                spans = [spans[i] for i in [0, *range(length - kept + 1, length)]]
         else:
             _, spans, _ = text_spans(self.pipe, prompt)
             spans = spans[self.text_offset:]
@@ -499,7 +539,19 @@ class KernelAttentionCapture(JointAttentionCapture):
         row), else the last occurrence in the first row that holds them."""
         if self.rows is None:
             raise RuntimeError("no text encoder call was recorded: word positions come after the pipeline call")
-        ids, spans, _ = _spans(self.tokenizer, prompt, 0, len(prompt), special=False)
+        text, shift = prompt, 0
+        if self.family.lower:                 # SANA reads the prompt lower-cased and stripped
+            shift = len(prompt) - len(prompt.lstrip())
+            text = prompt.lower().strip()
+        ids, spans, _ = _spans(self.tokenizer, text, 0, len(text), special=False)
+        spans = [(s + shift, e + shift) if e > s else (0, 0) for s, e in spans]
+        found = self._find(ids, spans)
+        if found is None and len(ids) > 1:    # the first token read in context (after the template) may differ
+            found = self._find(ids[1:], spans[1:])
+        return found or []
+
+    def _find(self, ids, spans):
+        """``spans`` laid out on the row where ``ids`` occur (see ``_row_spans``), or None."""
         n = len(ids)
         filler = set(getattr(self.tokenizer, "all_special_ids", ())) | {self.tokenizer.pad_token_id}
         found = []
@@ -510,7 +562,7 @@ class KernelAttentionCapture(JointAttentionCapture):
                     found.append((not whole, len(found), i, len(row)))
                     break
         if not found:
-            return []
+            return None
         _, _, start, length = min(found)
         return [(0, 0)] * start + spans + [(0, 0)] * (length - start - n)
 

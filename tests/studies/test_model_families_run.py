@@ -4,10 +4,11 @@ at that model's defaults (its card's, recorded), checks every model's images wit
 NSFW check, and measures them like SD's: all four in amplification (face filter and
 CLIP), DALL-Eval (BLIP-2 and skin tone, PaintSkills, alignment) and GEP; SDXL, FLUX and SD 3.5 in
 Exposed, sections 3-7 (word maps from SDXL's cross-attention and from SD 3's and FLUX's joint
-attention; PixArt refused before any work); Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2 and
-Z-Image in Exposed with word maps read at the attention kernel, SANA refused. Amplification's family run is one of
-tests/studies/amplification/test_training_images.py's runs. Every family is loaded and generated through the
-production loader in tests/operators/test_model_families.py."""
+attention; PixArt refused before any work). The twelve 2025-2026 families in GEP and DALL-Eval's
+three parts; Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2, Z-Image, SANA and
+SANA-Sprint in Exposed with word maps read at the attention kernel, Kolors refused. Amplification's
+family run is one of tests/studies/amplification/test_training_images.py's runs. Every family is
+loaded and generated through the production loader in tests/operators/test_model_families.py."""
 
 from __future__ import annotations
 
@@ -87,11 +88,13 @@ def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in
     """SD Exposed with the 2025-2026 families whose joint attention is read at the kernel
     (operators/support/kernel_attention.py): every image measured in the prompt and denoising
     spaces, word maps for its prompt nouns; the pooled prompt space, which these families do not
-    have, left out and the report says so. A family without word maps here (SANA) is refused before
+    have, left out and the report says so. A family without word maps here (Kolors) is refused before
     any work, in one line."""
     models = ["lodestones/Chroma1-HD", "black-forest-labs/FLUX.2-dev", "black-forest-labs/FLUX.2-klein-4B",
               "Qwen/Qwen-Image", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "THUDM/CogView4-6B",
-              "Alpha-VLLM/Lumina-Image-2.0", "Tongyi-MAI/Z-Image-Turbo"]
+              "Alpha-VLLM/Lumina-Image-2.0", "Tongyi-MAI/Z-Image-Turbo",
+              "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers",
+              "Efficient-Large-Model/Sana_Sprint_1.6B_1024px_diffusers"]
     argv = ["run", "--output", str(tmp_path), "--run-id", "k", "--standin-models", "--max-triplets", "1",
             "--no-professions", "--seeds-per-triplet", "sample=1", "--steps", "2", "--no-progress",
             "--no-exclude-nsfw", "--generators", *models]
@@ -106,10 +109,10 @@ def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in
     assert (images["attention_maps"].map(len) == images["attention_words"].map(len)).all()
     assert "Pooled prompt space: not defined for" in (tmp_path / "k" / "report.html").read_text()
     argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators",
-            "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers"]
+            "Kwai-Kolors/Kolors-diffusers"]
     assert exposed.main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "Sana" in err and "word heat maps" in err and len(err.splitlines()) == 1
+    assert "Kolors" in err and "word heat maps" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "refused").exists()
 
 

@@ -16,16 +16,18 @@ import torch
 from operators.support.attention_capture import capture_for
 from operators.support.diffusion import load_text2image
 from operators.support.kernel_attention import KernelAttentionCapture, text_spans
-from pipelines.standins.families import build_tiny_pipeline
+from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4", "lumina2", "z-image")
+FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4", "lumina2", "z-image", "sana",
+            "sana-sprint")
 PROMPTS = ["a doctor with a cat", "a nurse at work"]
 # max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
 # part of Qwen-Image's template its pipeline keeps come first
 # (Lumina 2's system prompt too); HunyuanImage: 1,000 positions, fixed
-SEQ = {"flux2": 256, "qwen-image": 256, "lumina2": 256, "z-image": 128, "hunyuan-image": None}
+SEQ = {"flux2": 256, "qwen-image": 256, "lumina2": 256, "z-image": 128, "hunyuan-image": None, "sana": None,
+       "sana-sprint": None}
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +47,12 @@ def call_kwargs(family, n):
 
 
 def generate(pipe, family, steps=2, prompts=PROMPTS):
+    if family == "sana-sprint":
+        steps = 2                      # its consistency sampler runs 2 steps only
     gens = [torch.Generator("cpu").manual_seed(3 + i) for i in range(len(prompts))]
-    seq = SEQ.get(family, 64)
-    return pipe(prompt=list(prompts), num_inference_steps=steps, generator=gens, output_type="pt", height=64,
-                width=64, **({} if seq is None else {"max_sequence_length": seq}),
+    seq, size = SEQ.get(family, 64), STANDIN_SIZE.get(family, 64)     # SANA's resolution bins: 512, 1024 px
+    return pipe(prompt=list(prompts), num_inference_steps=steps, generator=gens, output_type="pt", height=size,
+                width=size, **({} if seq is None else {"max_sequence_length": seq}),
                 **call_kwargs(family, len(prompts))).images
 
 
@@ -107,7 +111,9 @@ def test_recording_does_not_change_the_image_and_keeps_the_conditional_evaluatio
     heads = config.n_heads if "n_heads" in config else config.num_attention_heads      # Z-Image names it n_heads
     for name, total in cap.token_sums.items():                   # each row a softmax: heads x evaluations
         assert torch.allclose(total, torch.full_like(total, 2.0 * heads), atol=1e-4), name
-    grid = (8, 8) if family == "hunyuan-image" else (4, 4)        # its VAE: 8x, patch 1; the others 16x
+    size = STANDIN_SIZE.get(family, 64)
+    grid = {"hunyuan-image": (8, 8)}.get(family, (size // 16, size // 16) if "sana" not in family else
+                                         (size // 32, size // 32))      # HunyuanImage 8x, patch 1; SANA 32x
     assert cap.grid == grid and all(s.shape == (2, grid[0] * grid[1], cap.text_tokens) for s in cap.sums.values())
     maps = cap.heat_maps(None, (64, 64), tokens=6)
     assert maps.shape == (2, 6, 64, 64) and (maps >= 0).all()
@@ -126,7 +132,9 @@ def hand_softmax(q, k, rows, col, n, scale, mask):
         for h in range(heads):
             scores = (q[i, :, h].double() @ k[i, :, h].double().T) * (d ** -0.5 if scale is None else scale)
             if mask is not None:
-                m = mask[i].reshape(-1, mask.shape[-1])
+                m = mask[i]
+                m = m[h if m.shape[0] > 1 else 0] if m.ndim == 3 else m       # (heads, rows, keys): this head's
+                m = m.reshape(-1, mask.shape[-1])
                 m = m.expand(s, -1) if m.shape[0] == 1 else m
                 scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.double()
             p = torch.exp(scores - scores.max(dim=1, keepdim=True).values)
@@ -168,28 +176,42 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
     if family == "hunyuan-image":
         assert any(m is not None and m.dtype == torch.bool for m in masks)
     image = cap.grid[0] * cap.grid[1]
-    assert len(seen) == len(names)                                   # one recorded call per block
-    for name, (q, k, mask, scale) in zip(names, seen):
-        n = cap.sums[name].shape[-1]                                   # 5; CogView4: all
-        if cap.family.cond_first:                                      # Z-Image: [conditional, unconditional]
-            assert q.shape[0] == 2 * len(PROMPTS)
-            q, k, mask = q[:len(PROMPTS)], k[:len(PROMPTS)], None if mask is None else mask[:len(PROMPTS)]
-        if cap.family.order == "text-first, per sample":               # Lumina 2: each sample's own text length
-            _, lengths = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, max_sequence_length=256)[:2]
-            for i, length in enumerate(lengths.sum(dim=1).tolist()):
-                width = min(n, length - cap.text_offset)
-                ref = hand_softmax(q[i:i + 1], k[i:i + 1], slice(length, length + image), cap.text_offset, width,
-                                   scale, None if mask is None else mask[i:i + 1])
-                assert torch.allclose(cap.sums[name][i:i + 1, :, :width].double(), ref, atol=1e-5), name
-                assert not cap.sums[name][i, :, width:].any()
-            assert len(set(lengths.sum(dim=1).tolist())) == 2            # two text lengths in the batch
-            continue
-        text_len = k.shape[1] - image
-        padded = image + (-image) % cap.family.image_pad                # Z-Image pads its image to 32
-        rows, col = ((slice(text_len, text_len + image), cap.text_offset) if cap.family.order == "text-first"
-                     else (slice(0, image), padded + cap.text_offset))
-        ref = hand_softmax(q, k, rows, col, n, scale, mask)
-        assert torch.allclose(cap.sums[name].double(), ref, atol=1e-5), name
+    steps = len(seen) // len(names)                                  # one recorded call per block and step
+    assert len(seen) == steps * len(names) and steps == (2 if family == "sana-sprint" else 1)
+    for b, name in enumerate(names):
+        ref = sum(expected(cap, pipe, family, *seen[b + t * len(names)], image) for t in range(steps))
+        got = cap.sums[name].double()
+        assert torch.allclose(got, ref, atol=1e-5), name
+
+
+def expected(cap, pipe, family, q, k, mask, scale, image):
+    """The hand computation of one recorded call, in the family's layout."""
+    n = cap.sums[next(iter(cap.sums))].shape[-1]                     # 5; CogView4 all
+    if cap.family.cond_first:                                        # Z-Image: [conditional, unconditional]
+        assert q.shape[0] == 2 * len(PROMPTS)
+        q, k, mask = q[:len(PROMPTS)], k[:len(PROMPTS)], None if mask is None else mask[:len(PROMPTS)]
+    if cap.family.order == "cross":                                  # SANA: image queries, text keys
+        if q.shape[0] == 2 * len(PROMPTS):                           # [unconditional, conditional]
+            q, k, mask = q[len(PROMPTS):], k[len(PROMPTS):], None if mask is None else mask[len(PROMPTS):]
+        assert q.shape[1] == image and k.shape[1] == cap.text_tokens
+        return hand_softmax(q, k, slice(0, image), cap.text_offset, n, scale, mask)
+    if cap.family.order == "text-first, per sample":                 # Lumina 2: each sample's own text length
+        _, lengths = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, max_sequence_length=256)[:2]
+        lengths = lengths.sum(dim=1).tolist()
+        assert len(set(lengths)) == 2                                # two text lengths in the batch
+        out = torch.zeros(len(PROMPTS), image, n, dtype=torch.float64)
+        for i, length in enumerate(lengths):
+            width = min(n, length - cap.text_offset)
+            out[i:i + 1, :, :width] = hand_softmax(q[i:i + 1], k[i:i + 1], slice(length, length + image),
+                                                   cap.text_offset, width, scale,
+                                                   None if mask is None else mask[i:i + 1])
+        return out
+    text_len = k.shape[1] - image - (-image) % cap.family.image_pad if cap.family.order == "image-first" \
+        else k.shape[1] - image
+    padded = image + (-image) % cap.family.image_pad                  # Z-Image pads its image to 32
+    rows, col = ((slice(text_len, text_len + image), cap.text_offset) if cap.family.order == "text-first"
+                 else (slice(0, image), padded + cap.text_offset))
+    return hand_softmax(q, k, rows, col, n, scale, mask)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -202,14 +224,21 @@ def test_text_positions_are_the_pipelines_own_tokens(pipes, family):
     if KernelAttentionCapture(pipe).family.text == "rows":
         with capture_for(pipe, guidance=True) as cap:
             generate(pipe, family, steps=1)
-        assert len(cap.rows) == len(PROMPTS) and len({len(r) for r in cap.rows}) == 1 and len(cap.rows[0]) % 16 == 0
+        assert len(cap.rows) == len(PROMPTS) and len({len(r) for r in cap.rows}) == 1
+        length = len(cap.rows[0])
+        if cap.family.select_last:     # SANA: the row's first position and its last (text length - 1)
+            kept = [0, *range(length - cap.prompt_tokens + 1, length)]
+        else:                          # CogView4: every position, padded on the left to a multiple of 16
+            kept = list(range(length))
+            assert length % 16 == 0 and cap.prompt_tokens == length
         for i, prompt in enumerate(PROMPTS):
             pos = cap.word_positions(None, prompt)
             assert set(pos) == set(prompt.split())
             for word, positions in pos.items():
-                text = "".join(cap.tokenizer.decode([cap.rows[i][p]]) for p in positions)
+                text = "".join(cap.tokenizer.decode([cap.rows[i][kept[p]]]) for p in positions)
                 assert text.replace("\u2581", "").replace(" ", "") == word * prompt.split().count(word), (word, text)
-        assert cap.prompt_tokens == len(cap.rows[0])          # every text position is recorded
+        if cap.family.lower:
+            return
         # a prompt that ends another one is found in its own row, not inside the longer one's
         with capture_for(pipe, guidance=True) as cap:
             generate(pipe, family, steps=1, prompts=["a nurse with a cat", "cat"])

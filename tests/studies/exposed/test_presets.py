@@ -27,10 +27,10 @@ def test_a_family_without_word_maps_is_refused_before_any_work(tmp_path, capsys)
     them here is refused in one line when the settings are read, naming the model and its family."""
     argv = ["run", "--output", str(tmp_path), "--standin-models", "--max-triplets", "1", "--steps", "1",
             "--generators", "CompVis/stable-diffusion-v1-4,lodestones/Chroma1-HD,Alpha-VLLM/Lumina-Image-2.0,"
-                            "HiDream-ai/HiDream-I1-Full"]
+                            "HiDream-ai/HiDream-I1-Full,Kwai-Kolors/Kolors-diffusers"]
     assert exposed.main(argv) == 2
     err = capsys.readouterr().err
-    assert "HiDream-ai/HiDream-I1-Full (hidream)" in err and "Alpha-VLLM/Lumina-Image-2.0 (lumina2)" in err
-    assert "Chroma" not in err                                            # its word maps are read at the kernel
+    assert "HiDream-ai/HiDream-I1-Full (hidream)" in err and "Kwai-Kolors/Kolors-diffusers (kolors)" in err
+    assert "Chroma1-HD" not in err and "Lumina-Image-2.0" not in err      # their word maps are read at the kernel
     assert "word heat maps" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not any(tmp_path.iterdir())                                    # nothing written
