@@ -2,7 +2,7 @@
 block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
 ``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein),
 Qwen-Image, HunyuanImage 2.1, CogView4, Lumina-Image 2.0 and Z-Image, and from the cross-attention of
-SANA and SANA-Sprint.
+SANA, SANA-Sprint and PixArt-α/Σ.
 
 ``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
 embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
@@ -74,6 +74,13 @@ installed diffusers (0.42):
   last (text length - 1): a prompt's positions are found in the rows the encoder read and carried
   through that selection. SANA's CFG doubles the batch [unconditional, conditional]: a call with
   twice the encoder's rows keeps its second half. SANA-Sprint's guidance is embedded.
+
+- PixArt-α/Σ (``PixArtTransformer2DModel``): cross-attention ``transformer_blocks.*.attn2``
+  (``Attention`` with ``AttnProcessor2_0`` of ``attention_processor.py``, whose ``F`` is read, the
+  other processors of that module passing through unrecorded) with an additive mask of T5's
+  padding; the pipeline reads the prompt lower-cased and stripped (its caption cleaning needs
+  ``bs4`` and ``ftfy``, else it falls back to that), found in the encoder's rows; CFG doubles the
+  batch as SANA's.
 
 The image's query rows and the text's key columns of the joint sequence are found from the
 transformer call: the image's length is its token grid, read off ``img_ids`` (Chroma, FLUX.2: rows
@@ -148,6 +155,8 @@ FAMILIES = {f.transformer: f for f in (
            attn="attention", image_pad=32, cond_first=True),
     Family("sana", "SanaTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents", order=CROSS,
            attn="attn2", kernel="sdpa", text="rows", lower=True, select_last=True),
+    Family("pixart", "PixArtTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents",
+           order=CROSS, attn="attn2", kernel="sdpa", text="rows", lower=True),
 )}
 
 

@@ -21,7 +21,7 @@ from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4", "lumina2", "z-image", "sana",
-            "sana-sprint")
+            "sana-sprint", "pixart")
 PROMPTS = ["a doctor with a cat", "a nurse at work"]
 # max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
 # part of Qwen-Image's template its pipeline keeps come first
