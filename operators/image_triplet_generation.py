@@ -110,6 +110,9 @@ class _Capture:
     # the pooled prompt embedding the denoiser receives, where the pipeline hands it to the callback
     # (SDXL: add_text_embeds, SD 3: pooled_prompt_embeds; FLUX hands none: see pooled_embeddings)
     POOLED = ("add_text_embeds", "pooled_prompt_embeds")
+    # the prompt sequence where a pipeline names it otherwise: HiDream-I1's T5 sequence (its Llama
+    # states are the same prompt again, a different layer per block; project choice)
+    PROMPT = ("prompt_embeds", "prompt_embeds_t5")
 
     def __init__(self, pipe=None):
         self.prompt_embeds = None
@@ -117,7 +120,8 @@ class _Capture:
         self.latents = None
         offered = set(getattr(pipe, "_callback_tensor_inputs", None) or ())
         self.pooled_name = next((n for n in self.POOLED if n in offered), None)
-        self.inputs = self.tensor_inputs + ([self.pooled_name] if self.pooled_name else [])
+        self.prompt_name = next((n for n in self.PROMPT if n in offered), "prompt_embeds")
+        self.inputs = ["latents", self.prompt_name] + ([self.pooled_name] if self.pooled_name else [])
 
     def __call__(self, pipe, step, timestep, kwargs):
         if self.prompt_embeds is None:
@@ -125,7 +129,7 @@ class _Capture:
             # CFG): twice the latents' rows. Chroma, FLUX.2 klein and Qwen-Image guide with a second
             # call, and hand the conditional embeddings alone although their CFG flag is set.
             images = kwargs["latents"].shape[0]
-            embeds = kwargs["prompt_embeds"]
+            embeds = kwargs[self.prompt_name]
             if isinstance(embeds, (list, tuple)):        # Z-Image: each prompt's valid tokens alone
                 embeds = _padded(embeds)
             doubled = getattr(pipe, "do_classifier_free_guidance", False) and embeds.shape[0] == 2 * images
@@ -150,6 +154,8 @@ def pooled_space_text(pipe) -> str:
     offered = _Capture(pipe).pooled_name
     if offered == "add_text_embeds":
         return "SDXL: the pooled text embedding of the second text encoder (add_text_embeds), conditional half"
+    if offered == "pooled_prompt_embeds" and type(pipe).__name__ == "HiDreamImagePipeline":
+        return "HiDream-I1: the pooled CLIP-L and CLIP-G embeddings, concatenated (pooled_prompt_embeds), conditional half"
     if offered == "pooled_prompt_embeds":
         return "SD 3: the pooled CLIP-L and CLIP-G embeddings, concatenated (pooled_prompt_embeds), conditional half"
     if type(pipe).__name__ == "FluxPipeline":
@@ -192,7 +198,7 @@ def check_capture(pipe, model: str) -> None:
     """The pipeline must hand ``latents`` and ``prompt_embeds`` to ``callback_on_step_end`` (every
     Stable Diffusion / SDXL pipeline of diffusers does): refuse others before any work."""
     inputs = set(getattr(pipe, "_callback_tensor_inputs", None) or ())
-    missing = sorted(set(_Capture.tensor_inputs) - inputs)
+    missing = sorted(set(_Capture(pipe).inputs) - inputs)
     if missing:
         raise ValueError(f"{model}: the diffusers pipeline {type(pipe).__name__} does not pass {missing} to "
                          f"callback_on_step_end (it passes {sorted(inputs)}), so the prompt and denoising spaces "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from operators.support.cross_attention import CrossAttentionCapture
 from operators.support.joint_attention import JointAttentionCapture, class_names
 from operators.support.kernel_attention import FAMILIES as KERNEL_FAMILIES, KernelAttentionCapture
+from operators.support.kolors_attention import KolorsAttentionCapture
 
 _SD3 = "SD3Transformer2DModel"
 _FLUX = "FluxTransformer2DModel"
@@ -19,20 +20,23 @@ def capture_for(pipe, guidance: bool, layers: str = "daam", tokens: int | None =
     hold; for a transformer known once it recorded) set on it:
 
     - a UNet pipeline (SD 1.x/2.x, SDXL): ``CrossAttentionCapture(pipe.unet, guidance, layers)``,
-      ``pipe.tokenizer``;
+      ``pipe.tokenizer``; Kolors: ``KolorsAttentionCapture`` (the same, over the last positions of
+      its left-padded ChatGLM3 tokens);
     - SD 3 / 3.5: ``JointAttentionCapture`` of the T5 positions after the CLIP ones
       (``text_offset`` = ``pipe.tokenizer_max_length``), ``pipe.tokenizer_3``; ``guidance``: the
       pipeline runs CFG (``guidance_scale > 1``), the batch is doubled;
     - FLUX.1: ``JointAttentionCapture`` of the T5 positions, ``pipe.tokenizer_2``; ``guidance`` is
       ignored: FLUX's guidance is distilled (an embedding input), its batch never doubled;
-    - Chroma, FLUX.2 (dev, klein), Qwen-Image, HunyuanImage 2.1, CogView4, Lumina 2, Z-Image, SANA:
-      ``KernelAttentionCapture`` (read at the attention kernel; the text segment from the prompt's
-      first token in the family's template).
+    - Chroma, FLUX.2 (dev, klein), Qwen-Image, HiDream-I1, HunyuanImage 2.1, CogView4, Lumina 2,
+      Z-Image, SANA, PixArt: ``KernelAttentionCapture`` (read at the attention kernel; the text
+      positions through the family's tokenizer and template).
 
     ``layers`` is the UNet's (``CrossAttentionCapture.LAYERS``); ``tokens``: keep only the first that
     many tokens (None: the UNet's 76 after BOS, a transformer's whole T5 segment). Any other
     pipeline is refused with a ValueError."""
     unet = getattr(pipe, "unet", None)
+    if type(pipe).__name__ == "KolorsPipeline":           # a UNet over ChatGLM3's left-padded tokens
+        return KolorsAttentionCapture(pipe, tokens=tokens, guidance=guidance, layers=layers)
     if unet is not None:
         cap = CrossAttentionCapture(unet, guidance=guidance, layers=layers,
                                     **({} if tokens is None else {"tokens": tokens}))
@@ -57,7 +61,6 @@ def capture_for(pipe, guidance: bool, layers: str = "daam", tokens: int | None =
     if type(transformer).__name__ in KERNEL_FAMILIES:
         return KernelAttentionCapture(pipe, tokens=tokens, guidance=guidance)
     denoiser = type(transformer).__name__ if transformer is not None else "no UNet or transformer"
-    raise ValueError(f"{kind} ({denoiser}): no word heat maps for this family (UNet cross-attention, SD 3 / "
-                     f"FLUX.1 joint attention and the joint attention of Chroma, FLUX.2, Qwen-Image, HunyuanImage, "
-                     f"CogView4, Lumina 2, Z-Image and SANA at the attention kernel are recorded); run without objects "
-                     f"(--no-objects)")
+    raise ValueError(f"{kind} ({denoiser}): no word heat maps for this family (recorded: UNet cross-attention, "
+                     f"SD 3 / FLUX.1 joint attention, and at the attention kernel the transformers of "
+                     f"{', '.join(f.name for f in KERNEL_FAMILIES.values())}); run without objects (--no-objects)")

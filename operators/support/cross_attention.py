@@ -132,13 +132,17 @@ class CrossAttentionCapture:
                 k = attn.norm_k(k)
             scores = (q.float() @ k.float().transpose(-1, -2)) * attn.scale
             probs = scores.softmax(dim=-1).sum(dim=1)          # heads summed: (b, positions, all tokens)
-            kept = probs[..., 1:1 + self.tokens]
+            kept = self.kept_columns(probs)
             if name in self.sums:
                 self.sums[name].add_(kept)
             else:
                 self.sums[name] = kept.clone()
             self.steps[name] = self.steps.get(name, 0) + 1
             self.token_sums[name] = self.token_sums.get(name, 0) + probs.sum(dim=-1)
+
+    def kept_columns(self, probs):
+        """The recorded token columns of (b, positions, all tokens) probabilities: 1..tokens (after BOS)."""
+        return probs[..., 1:1 + self.tokens]
 
     def heat_maps(self, latent_hw: tuple[int, int], image_hw: tuple[int, int], tokens: int | None = None):
         """(images, tokens, H, W) float32 on the UNet's device: per layer summed over steps and heads,

@@ -148,10 +148,11 @@ SETTING_KEYS = ("steps", "guidance_scale", "size", "max_sequence_length", "cuda_
 # the families whose denoiser's attention gives word heat maps here (SD Exposed, sections 5-7): a
 # UNet's cross-attention (DAAM), SD 3's and FLUX.1's joint attention (operators.support.joint_attention)
 # and the joint attention of Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2 and Z-Image and
-# SANA's and PixArt's cross-attention read at the attention kernel (operators.support.kernel_attention);
+# SANA's and PixArt's cross-attention read at the attention kernel (operators.support.kernel_attention),
+# Kolors's UNet cross-attention over its left-padded ChatGLM3 tokens (operators.support.kolors_attention);
 # SD Exposed still refuses PixArt, whose pipelines pass no latents to the step callback
 WORD_MAPS = ("sd", "sdxl", "sd3", "flux", "chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4",
-             "lumina2", "z-image", "sana", "sana-sprint", "pixart-alpha", "pixart-sigma")
+             "lumina2", "z-image", "sana", "sana-sprint", "pixart-alpha", "pixart-sigma", "kolors", "hidream")
 
 
 def family_of_pipeline(class_name: str | None) -> Family:

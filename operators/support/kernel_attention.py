@@ -1,8 +1,8 @@
 """Word heat maps from the joint attention of the 2025-2026 transformer denoisers, read where each
 block hands its final queries and keys to the attention kernel: DAAM's method (Tang et al. 2023) as
 ``joint_attention.py`` carries it to SD 3 and FLUX.1, for Chroma, FLUX.2 (dev and klein),
-Qwen-Image, HunyuanImage 2.1, CogView4, Lumina-Image 2.0 and Z-Image, and from the cross-attention of
-SANA, SANA-Sprint and PixArt-α/Σ.
+Qwen-Image, HunyuanImage 2.1, CogView4, Lumina-Image 2.0, Z-Image and HiDream-I1, and from the
+cross-attention of SANA, SANA-Sprint and PixArt-α/Σ.
 
 ``joint_attention.py`` rebuilds a block's queries and keys from its projections, norms and rotary
 embedding. The newer processors differ in each of these (a fused query/key/value/MLP projection in
@@ -82,6 +82,15 @@ installed diffusers (0.42):
   ``bs4`` and ``ftfy``, else it falls back to that), found in the encoder's rows; CFG doubles the
   batch as SANA's.
 
+- HiDream-I1 (``HiDreamImageTransformer2DModel``, ``transformer_hidream_image.py``):
+  ``double_stream_blocks.*.block.attn1`` and ``single_stream_blocks.*.block.attn1``
+  (``HiDreamAttention`` with ``HiDreamAttnProcessor``, queries and keys of [image, text]) call
+  ``F.scaled_dot_product_attention`` without a mask. Each block's text is [T5 (``max_sequence_length``
+  positions), the Llama stack's last state, the Llama layer of that block]; the T5 segment comes
+  first and is the one recorded (T5 reads the prompt alone, as for SD 3; the Llama segments are
+  the same prompt again, in another tokenizer, a different layer per block). CFG doubles the batch
+  [unconditional, conditional]: with ``guidance`` its second half is recorded.
+
 The image's query rows and the text's key columns of the joint sequence are found from the
 transformer call: the image's length is its token grid, read off ``img_ids`` (Chroma, FLUX.2: rows
 and columns in its columns 1 and 2), ``img_shapes`` (Qwen-Image) or the (B, C, H, W) latents over
@@ -138,6 +147,7 @@ class Family:
     # position and its last (text length - 1): its denoiser's text is that selection of the row
     lower: bool = False
     select_last: bool = False
+    cond_second: bool = False            # CFG as one doubled batch [unconditional, conditional] (HiDream)
 
 
 FAMILIES = {f.transformer: f for f in (
@@ -157,6 +167,8 @@ FAMILIES = {f.transformer: f for f in (
            attn="attn2", kernel="sdpa", text="rows", lower=True, select_last=True),
     Family("pixart", "PixArtTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents",
            order=CROSS, attn="attn2", kernel="sdpa", text="rows", lower=True),
+    Family("hidream", "HiDreamImageTransformer2DModel", ("double_stream_blocks", "single_stream_blocks"), frozenset(),
+           grid_from="latents", order=IMAGE_FIRST, attn="block.attn1", kernel="sdpa", cond_second=True),
 )}
 
 
@@ -202,6 +214,8 @@ def _template(pipe) -> tuple[str, str, object, bool, int]:
         return "", "", pipe.tokenizer, True, 0
     if kind == "Lumina2Pipeline":            # its system prompt before the prompt, BOS first
         return pipe.system_prompt + " <Prompt Start> ", "", pipe.tokenizer, True, 0
+    if kind == "HiDreamImagePipeline":       # the T5 segment, first in its text: T5 reads the prompt alone
+        return "", "", pipe.tokenizer_3, True, 0
     if kind in ("QwenImagePipeline", "HunyuanImagePipeline"):
         text, drop = pipe.prompt_template_encode.format(_SENTINEL), int(pipe.prompt_template_encode_start_idx)
         tokenizer, special = pipe.tokenizer, True
@@ -316,7 +330,7 @@ class KernelAttentionCapture(JointAttentionCapture):
         modules = {}
         for attr in self.family.blocks:
             for i, block in enumerate(getattr(self.transformer, attr)):
-                modules[f"{attr}.{i}.{self.family.attn}"] = getattr(block, self.family.attn)
+                modules[f"{attr}.{i}.{self.family.attn}"] = block.get_submodule(self.family.attn)
         self.layouts = {name: self.family.order for name in modules}
         kernel = "dispatch_attention_fn" if self.family.kernel == "dispatch" else "F"
         for name, module in modules.items():
@@ -453,6 +467,13 @@ class KernelAttentionCapture(JointAttentionCapture):
         if self._keep is not None:                      # the conditional half of a doubled batch (first)
             query, key = query[:self._keep], key[:self._keep]
             mask = None if mask is None else mask[:self._keep]
+        if self.family.cond_second and self.guidance:   # [unconditional, conditional]: the second half
+            if query.shape[0] % 2:
+                raise ValueError(f"{name}: guidance is set but the batch of {query.shape[0]} is not "
+                                 f"[unconditional, conditional]")
+            half = query.shape[0] // 2
+            query, key = query[half:], key[half:]
+            mask = None if mask is None else mask[half:]
         if self.family.order == CROSS:
             self._cross(name, query, key, mask, scale)
             return

@@ -6,7 +6,7 @@ CLIP), DALL-Eval (BLIP-2 and skin tone, PaintSkills, alignment) and GEP; SDXL, F
 Exposed, sections 3-7 (word maps from SDXL's cross-attention and from SD 3's and FLUX's joint
 attention; PixArt refused before any work). The twelve 2025-2026 families in GEP and DALL-Eval's
 three parts; Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2, Z-Image, SANA and
-SANA-Sprint in Exposed with word maps read at the attention kernel, Kolors refused. Amplification's
+SANA-Sprint in Exposed with word maps read at the attention kernel, Kolors's and HiDream's too. Amplification's
 family run is one of tests/studies/amplification/test_training_images.py's runs. Every family is
 loaded and generated through the production loader in tests/operators/test_model_families.py."""
 
@@ -87,32 +87,37 @@ def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in
                                                                                            capsys):
     """SD Exposed with the 2025-2026 families whose joint attention is read at the kernel
     (operators/support/kernel_attention.py): every image measured in the prompt and denoising
-    spaces, word maps for its prompt nouns; the pooled prompt space, which these families do not
-    have, left out and the report says so. A family without word maps here (Kolors) is refused before
-    any work, in one line."""
+    spaces, word maps for its prompt nouns; the pooled prompt space, left out for the families that do
+    not have one, and the report says so. PixArt-α, whose pipeline passes no latents to the step
+    callback, is refused before any work, in one line."""
     models = ["lodestones/Chroma1-HD", "black-forest-labs/FLUX.2-dev", "black-forest-labs/FLUX.2-klein-4B",
               "Qwen/Qwen-Image", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "THUDM/CogView4-6B",
               "Alpha-VLLM/Lumina-Image-2.0", "Tongyi-MAI/Z-Image-Turbo",
               "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers",
-              "Efficient-Large-Model/Sana_Sprint_1.6B_1024px_diffusers"]
+              "Efficient-Large-Model/Sana_Sprint_1.6B_1024px_diffusers", "Kwai-Kolors/Kolors-diffusers",
+              "HiDream-ai/HiDream-I1-Full"]
     argv = ["run", "--output", str(tmp_path), "--run-id", "k", "--standin-models", "--max-triplets", "1",
             "--no-professions", "--seeds-per-triplet", "sample=1", "--steps", "2", "--no-progress",
             "--no-exclude-nsfw", "--generators", *models]
     assert exposed.main(argv) == 0
-    assert "Pooled prompt space: not defined for Chroma1-HD-standin, FLUX.2-dev-standin" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Pooled prompt space: not defined for Chroma1-HD-standin, FLUX.2-dev-standin" in out
+    assert "Kolors" not in out.split("Pooled prompt space")[1].split("\n")[0]          # Kolors and HiDream have one
     check_records(tmp_path / "k", models)
     images = pq.read_table(tmp_path / "k" / "images.parquet").to_pandas()
     assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}
     assert images["sim_prompt"].notna().all() and images["sim_denoising"].notna().all()
-    assert images["sim_prompt_pooled"].isna().all()
+    pooled = images.groupby("model")["sim_prompt_pooled"].apply(lambda v: v.notna().all())
+    assert {m.rsplit("/", 1)[-1] for m, has in pooled.items() if has} == {"Kolors-diffusers-standin",
+                                                                         "HiDream-I1-Full-standin"}
     assert images["attention_words"].map(len).gt(0).all()
     assert (images["attention_maps"].map(len) == images["attention_words"].map(len)).all()
     assert "Pooled prompt space: not defined for" in (tmp_path / "k" / "report.html").read_text()
     argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators",
-            "Kwai-Kolors/Kolors-diffusers"]
+            "PixArt-alpha/PixArt-XL-2-1024-MS"]
     assert exposed.main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "Kolors" in err and "word heat maps" in err and len(err.splitlines()) == 1
+    assert "PixArt" in err and "callback_on_step_end" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "refused").exists()
 
 

@@ -293,9 +293,13 @@ def test_capture_for_picks_the_recorder_and_tokenizer_of_each_family(sd3, flux, 
     assert type(cap) is CrossAttentionCapture and cap.tokenizer is unet.tokenizer
     assert (cap.unet, cap.guidance, cap.layers, cap.prompt_tokens) == (unet.unet, True, "all", 75)
     pixart, _ = load_text2image(build_tiny_pixart(tmp_path / "pixart", seed=0), device="cpu", dtype="float32")
+    assert type(capture_for(pixart, guidance=True)).__name__ == "KernelAttentionCapture"   # its cross-attention
+    from types import SimpleNamespace
+
+    other = type("SomeNewPipeline", (SimpleNamespace,), {})(transformer=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="--no-objects") as err:
-        capture_for(pixart, guidance=True)
-    assert "\n" not in str(err.value) and "PixArtSigmaPipeline" in str(err.value)
+        capture_for(other, guidance=True)
+    assert "\n" not in str(err.value) and "SomeNewPipeline (Linear)" in str(err.value)
     no_t5 = StableDiffusion3Pipeline(**{**sd3.components, "text_encoder_3": None, "tokenizer_3": None})
     with pytest.raises(ValueError, match="T5") as err:
         capture_for(no_t5, guidance=True)

@@ -21,7 +21,7 @@ from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 FAMILIES = ("chroma", "flux2", "flux2-klein", "qwen-image", "hunyuan-image", "cogview4", "lumina2", "z-image", "sana",
-            "sana-sprint", "pixart")
+            "sana-sprint", "pixart", "hidream")
 PROMPTS = ["a doctor with a cat", "a nurse at work"]
 # max_sequence_length: the stand-ins read one token per byte, so FLUX.2-dev's system message and the
 # part of Qwen-Image's template its pipeline keeps come first
@@ -60,7 +60,7 @@ def kernel_module(pipe):
     from operators.support.kernel_attention import FAMILIES as READ
 
     family = READ[type(pipe.transformer).__name__]
-    attn = getattr(getattr(pipe.transformer, family.blocks[0])[0], family.attn)
+    attn = getattr(pipe.transformer, family.blocks[0])[0].get_submodule(family.attn)
     return sys.modules[type(attn.processor).__module__]
 
 
@@ -112,7 +112,7 @@ def test_recording_does_not_change_the_image_and_keeps_the_conditional_evaluatio
     for name, total in cap.token_sums.items():                   # each row a softmax: heads x evaluations
         assert torch.allclose(total, torch.full_like(total, 2.0 * heads), atol=1e-4), name
     size = STANDIN_SIZE.get(family, 64)
-    grid = {"hunyuan-image": (8, 8)}.get(family, (size // 16, size // 16) if "sana" not in family else
+    grid = {"hunyuan-image": (8, 8), "hidream": (16, 16)}.get(family, (size // 16, size // 16) if "sana" not in family else
                                          (size // 32, size // 32))      # HunyuanImage 8x, patch 1; SANA 32x
     assert cap.grid == grid and all(s.shape == (2, grid[0] * grid[1], cap.text_tokens) for s in cap.sums.values())
     maps = cap.heat_maps(None, (64, 64), tokens=6)
@@ -187,6 +187,9 @@ def test_the_recorded_probabilities_are_each_blocks_softmax_by_hand(pipes, famil
 def expected(cap, pipe, family, q, k, mask, scale, image):
     """The hand computation of one recorded call, in the family's layout."""
     n = cap.sums[next(iter(cap.sums))].shape[-1]                     # 5; CogView4 all
+    if cap.family.cond_second:                                       # HiDream: [unconditional, conditional]
+        assert q.shape[0] == 2 * len(PROMPTS)
+        q, k, mask = q[len(PROMPTS):], k[len(PROMPTS):], None if mask is None else mask[len(PROMPTS):]
     if cap.family.cond_first:                                        # Z-Image: [conditional, unconditional]
         assert q.shape[0] == 2 * len(PROMPTS)
         q, k, mask = q[:len(PROMPTS)], k[:len(PROMPTS)], None if mask is None else mask[:len(PROMPTS)]
@@ -248,7 +251,8 @@ def test_text_positions_are_the_pipelines_own_tokens(pipes, family):
         assert all(t == cap.tokenizer.pad_token_id for t in row[:p])
         return
     seen = []
-    hook = pipe.text_encoder.register_forward_pre_hook(
+    encoder = pipe.text_encoder_3 if family == "hidream" else pipe.text_encoder     # HiDream: its T5 segment
+    hook = encoder.register_forward_pre_hook(
         lambda m, a, kw: seen.append((kw.get("input_ids", a[0] if a else None), kw.get("attention_mask"))),
         with_kwargs=True)
     try:
