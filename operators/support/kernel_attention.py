@@ -110,6 +110,7 @@ once), so ``tokens`` counts prompt tokens.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
 
@@ -143,17 +144,20 @@ class Family:
     text: str = "template"
     image_pad: int = 1                   # the image segment is padded to a multiple of this (Z-Image: 32)
     cond_first: bool = False             # CFG as one doubled batch, the conditional half first (Z-Image)
-    # SANA: the pipeline lower-cases and strips the prompt, and keeps the text encoder's first
-    # position and its last (text length - 1): its denoiser's text is that selection of the row
+    # SANA, PixArt: the pipeline reads the prompt through its own _text_preprocessing (lower-cased
+    # and stripped, or PixArt's caption cleaning); SANA keeps the text encoder's first position and
+    # its last (text length - 1): its denoiser's text is that selection of the row
     lower: bool = False
     select_last: bool = False
     cond_second: bool = False            # CFG as one doubled batch [unconditional, conditional] (HiDream)
+    padded_text: bool = False            # the encoder's padded row reaches the denoiser whole (FLUX.2): a left
+                                         # padding shifts each prompt (``lead``)
 
 
 FAMILIES = {f.transformer: f for f in (
     Family("chroma", "ChromaTransformer2DModel", ("transformer_blocks", "single_transformer_blocks"),
-           frozenset(), alternate_cfg=True),
-    Family("flux2", "Flux2Transformer2DModel", ("transformer_blocks", "single_transformer_blocks")),
+           frozenset(), alternate_cfg=True, padded_text=True),
+    Family("flux2", "Flux2Transformer2DModel", ("transformer_blocks", "single_transformer_blocks"), padded_text=True),
     Family("qwen-image", "QwenImageTransformer2DModel", ("transformer_blocks",), grid_from="img_shapes"),
     Family("hunyuan-image", "HunyuanImageTransformer2DModel", ("transformer_blocks", "single_transformer_blocks"),
            frozenset({"pred_uncond", "uncond"}), grid_from="latents", order=IMAGE_FIRST),
@@ -164,9 +168,9 @@ FAMILIES = {f.transformer: f for f in (
     Family("z-image", "ZImageTransformer2DModel", ("layers",), frozenset(), grid_from="x", order=IMAGE_FIRST,
            attn="attention", image_pad=32, cond_first=True),
     Family("sana", "SanaTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents", order=CROSS,
-           attn="attn2", kernel="sdpa", text="rows", lower=True, select_last=True),
+           attn="attn2", kernel="sdpa", lower=True, select_last=True),
     Family("pixart", "PixArtTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents",
-           order=CROSS, attn="attn2", kernel="sdpa", text="rows", lower=True),
+           order=CROSS, attn="attn2", kernel="sdpa", lower=True),
     Family("hidream", "HiDreamImageTransformer2DModel", ("double_stream_blocks", "single_stream_blocks"), frozenset(),
            grid_from="latents", order=IMAGE_FIRST, attn="block.attn1", kernel="sdpa", cond_second=True),
 )}
@@ -216,6 +220,11 @@ def _template(pipe) -> tuple[str, str, object, bool, int]:
         return pipe.system_prompt + " <Prompt Start> ", "", pipe.tokenizer, True, 0
     if kind == "HiDreamImagePipeline":       # the T5 segment, first in its text: T5 reads the prompt alone
         return "", "", pipe.tokenizer_3, True, 0
+    if kind in ("SanaPipeline", "SanaSprintPipeline"):      # its default instruction, then the prompt
+        instruction = inspect.signature(type(pipe).__call__).parameters["complex_human_instruction"].default
+        return "\n".join(instruction or ()), "", pipe.tokenizer, True, 0
+    if kind in ("PixArtSigmaPipeline", "PixArtAlphaPipeline"):
+        return "", "", pipe.tokenizer, True, 0
     if kind in ("QwenImagePipeline", "HunyuanImagePipeline"):
         text, drop = pipe.prompt_template_encode.format(_SENTINEL), int(pipe.prompt_template_encode_start_idx)
         tokenizer, special = pipe.tokenizer, True
@@ -239,12 +248,24 @@ def _template(pipe) -> tuple[str, str, object, bool, int]:
     return before, after, tokenizer, special, drop
 
 
+def read_text(pipe, prompt: str) -> str:
+    """The prompt as the family's pipeline hands it to its tokenizer: SANA's and PixArt's
+    ``_text_preprocessing`` at their call's default ``clean_caption`` (lower-cased and stripped, or
+    PixArt's caption cleaning), else the prompt itself."""
+    family = FAMILIES.get(type(getattr(pipe, "transformer", None)).__name__)
+    if family is None or not family.lower:
+        return prompt
+    clean = inspect.signature(type(pipe).__call__).parameters["clean_caption"].default
+    return pipe._text_preprocessing([prompt], clean_caption=bool(clean))[0]
+
+
 def text_spans(pipe, prompt: str):
     """(the token ids the denoiser's text positions hold, the prompt's character span at each, the
     number of positions before the prompt's first token), as the family's pipeline builds its text
     sequence (module docstring); (0, 0) where a position holds none of the prompt's characters
     (template, special tokens)."""
     before, after, tokenizer, special, drop = _template(pipe)
+    prompt = read_text(pipe, prompt)
     start, end = len(before), len(before) + len(prompt)
     ids, spans, ahead = _spans(tokenizer, before + prompt + after, start, end, drop, special)
     glyphs = _glyph_tokens(pipe, prompt)
@@ -272,7 +293,8 @@ def prompt_offset(pipe) -> int:
     a probe prompt; the same for every prompt, as the template before it is fixed and ends in a
     special token or a line break), 0 where the prompt is read alone (Chroma's T5) or its position
     is found in the encoder's rows (CogView4)."""
-    if FAMILIES[type(pipe.transformer).__name__].text == "rows":
+    family = FAMILIES[type(pipe.transformer).__name__]
+    if family.text == "rows" or family.select_last:   # found in the rows; SANA's selection starts the segment
         return 0
     return text_spans(pipe, "a")[2]
 
@@ -321,12 +343,26 @@ class KernelAttentionCapture(JointAttentionCapture):
         self._kernels = {}                  # processor module -> its original kernel (dispatch_attention_fn or F)
         self._saved_cache_context = None
         self.rows = None                    # "rows" families: the input ids the text encoder read first
+        self.lead = None                    # each prompt's left padding in the text encoder's first call
+        self.error = None                   # why the recording stopped (safely)
 
     # -- the context ------------------------------------------------------------------------------
 
     def __enter__(self):
         if self.recording:
             raise RuntimeError("this KernelAttentionCapture is already recording")
+        if getattr(self.transformer, "_compiled_call_impl", None) is not None:
+            raise ValueError(f"{type(self.transformer).__name__} is compiled (--gen-compile): its word heat maps are "
+                             f"read at the attention kernel, which a compiled graph does not call; run without "
+                             f"--gen-compile")
+        self.error = None
+        try:
+            return self._enter()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _enter(self):
         modules = {}
         for attr in self.family.blocks:
             for i, block in enumerate(getattr(self.transformer, attr)):
@@ -344,9 +380,10 @@ class KernelAttentionCapture(JointAttentionCapture):
             self._hooks.append(module.register_forward_pre_hook(lambda *_, n=name: self._enter_module(n)))
             self._hooks.append(module.register_forward_hook(lambda *_: self._enter_module(None)))
         self._hooks.append(self.transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True))
-        if self.family.text == "rows":
-            self.rows = None
-            self._hooks.append(self.pipe.text_encoder.register_forward_pre_hook(self._encoder_rows, with_kwargs=True))
+        self.rows = self.lead = None
+        encoder = self._encoder()
+        if encoder is not None:
+            self._hooks.append(encoder.register_forward_pre_hook(self._encoder_rows, with_kwargs=True))
         self._wrap_cache_context()
         self._calls = 0
         self._cond_text = None
@@ -374,8 +411,8 @@ class KernelAttentionCapture(JointAttentionCapture):
 
         def dispatch_attention_fn(query, key, value, attn_mask=None, *args, **kwargs):
             if capture.recording and capture.active and capture.current is not None:
-                scale = args[3] if len(args) > 3 else kwargs.get("scale")
-                capture.record_kernel(capture.current, query, key, attn_mask, scale)
+                scale = args[2] if len(args) > 2 else kwargs.get("scale")   # after dropout_p, is_causal
+                capture.safely(capture.current, query, key, attn_mask, scale)
             return original(query, key, value, attn_mask, *args, **kwargs)
 
         return dispatch_attention_fn
@@ -385,19 +422,31 @@ class KernelAttentionCapture(JointAttentionCapture):
 
         def scaled_dot_product_attention(query, key, value, attn_mask=None, *args, **kwargs):   # (B, heads, S, d)
             if capture.recording and capture.active and capture.current is not None:
-                scale = args[3] if len(args) > 3 else kwargs.get("scale")
-                capture.record_kernel(capture.current, query.transpose(1, 2), key.transpose(1, 2), attn_mask, scale)
+                scale = args[2] if len(args) > 2 else kwargs.get("scale")   # after dropout_p, is_causal
+                capture.safely(capture.current, query.transpose(1, 2), key.transpose(1, 2), attn_mask, scale)
             return original(query, key, value, attn_mask, *args, **kwargs)
 
         return scaled_dot_product_attention
 
+    def _encoder(self):
+        """The text encoder whose ids the denoiser's recorded text positions hold (HiDream: T5's)."""
+        return getattr(self.pipe, "text_encoder_3" if self.family.name == "hidream" else "text_encoder", None)
+
     def _encoder_rows(self, module, args, kwargs):
         """The ids of the text encoder's first call while recording: the prompts' (the negative
-        prompt's call follows)."""
+        prompt's call follows); and each row's left padding (FLUX.2-dev's Mistral tokenizer pads on
+        the left, and its pipeline hands the padded sequence to the transformer)."""
         if self.rows is None:
             ids = kwargs.get("input_ids", args[0] if args else None)
             if ids is not None:
                 self.rows = [list(map(int, r)) for r in ids.tolist()]
+                mask = kwargs.get("attention_mask")
+                if mask is not None and mask.ndim == 2 and self.family.padded_text:
+                    lead = []
+                    for r in mask.tolist():
+                        first = next((i for i, m in enumerate(r) if m), len(r))
+                        lead.append(first)
+                    self.lead = lead if any(lead) else None
         return None
 
     def _before_forward(self, module, args, kwargs):
@@ -458,6 +507,20 @@ class KernelAttentionCapture(JointAttentionCapture):
 
     # -- recording ----------------------------------------------------------------------------------
 
+    def safely(self, name: str, query, key, mask, scale) -> None:
+        """``record_kernel``, but a failure stops the recording instead of the generation: the
+        images are made as without the capture, and the maps report the error (``heat_maps``)."""
+        try:
+            self.record_kernel(name, query, key, mask, scale)
+        except Exception as exc:   # noqa: BLE001 -- any recorder failure: the images go on, the maps say why
+            self.error = f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            self.recording = self.active = False
+
+    def heat_maps(self, latent_hw, image_hw, tokens: int | None = None):
+        if self.error:
+            raise RuntimeError(f"word heat maps not recorded: {self.error}")
+        return super().heat_maps(latent_hw, image_hw, tokens)
+
     def record_kernel(self, name: str, query, key, mask, scale) -> None:
         """One evaluation of ``name``'s attention: ``query``/``key`` (B, S, heads, d) as the kernel
         receives them. The image's positions are the call's token grid (else the sequence less the
@@ -482,6 +545,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         if self._call_grid is not None:
             image = self._call_grid[0] * self._call_grid[1]
             padded = image + (-image) % self.family.image_pad      # Z-Image pads its image segment to 32
+            if self.family.name == "hidream" and self._call_grid[0] != self._call_grid[1]:
+                padded = int(self.transformer.max_seq)              # HiDream pads a non-square image to max_seq
             length = positions - padded
         else:
             length = self._text_len
@@ -500,6 +565,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         with torch.no_grad():
             if self.family.order == TEXT_FIRST_PER_SAMPLE:
                 kept, total = self._per_sample(q, k, image, n, scale, mask)
+            elif self.lead is not None and self.family.order == TEXT_FIRST and len(self.lead) == q.shape[0]:
+                kept, total = self._shifted(q, k, length, positions, n, scale, mask)
             else:
                 rows, col = ((length, positions), self.text_offset) if self.family.order == TEXT_FIRST else \
                     ((0, image), (padded or image) + self.text_offset)
@@ -512,7 +579,7 @@ class KernelAttentionCapture(JointAttentionCapture):
         import torch  # deferred: torch
 
         prompts = len(self.rows) if self.rows else None
-        if prompts and query.shape[0] == 2 * prompts:
+        if self.guidance and prompts and query.shape[0] == 2 * prompts:
             query, key = query[prompts:], key[prompts:]
             mask = None if mask is None or mask.shape[0] == 1 else mask[prompts:]
         image, length = int(query.shape[1]), int(key.shape[1])
@@ -522,6 +589,22 @@ class KernelAttentionCapture(JointAttentionCapture):
         with torch.no_grad():
             self._add(name, *kernel_probabilities(query.transpose(1, 2), key.transpose(1, 2), (0, image),
                                                   self.text_offset, n, scale, mask))
+
+    def _shifted(self, q, k, length: int, positions: int, n: int, scale, mask):
+        """Text first, each sample's prompt ``lead[i]`` positions later (its left padding)."""
+        import torch  # deferred: torch
+
+        b = q.shape[0]
+        kept = torch.zeros(b, positions - length, n, dtype=torch.float32, device=q.device)
+        total = torch.zeros(b, positions - length, dtype=torch.float32, device=q.device)
+        for i, lead in enumerate(self.lead):
+            col = self.text_offset + lead
+            width = max(0, min(n, length - col))
+            got, sums = kernel_probabilities(q[i:i + 1], k[i:i + 1], (length, positions), col, width, scale,
+                                             None if mask is None else mask[i:i + 1])
+            kept[i, :, :width] = got[0]
+            total[i] = sums[0]
+        return kept, total
 
     def _per_sample(self, q, k, image: int, n: int, scale, mask):
         """TEXT_FIRST_PER_SAMPLE: each sample's image rows follow its own valid text; the columns
@@ -553,14 +636,16 @@ class KernelAttentionCapture(JointAttentionCapture):
         family's own template decides."""
         if self.family.text == "rows":
             spans = self._row_spans(prompt)
-            kept = self.text_tokens + self.text_offset if self.text_tokens else self._text_len
-            if self.family.select_last and spans and kept:
-                length = len(spans)
-                spans = [spans[i] for i in [0, *range(length - kept + 1, length)]]
         else:
             _, spans, _ = text_spans(self.pipe, prompt)
+            if self.family.select_last:       # SANA: the row padded on the right, then the first and last positions
+                kept = self.text_tokens + self.text_offset if self.text_tokens else self._text_len
+                length = len(self.rows[0]) if self.rows else len(spans)
+                spans = (spans + [(0, 0)] * length)[:length]
+                if kept:
+                    spans = [spans[i] for i in [0, *range(length - kept + 1, length)]]
             spans = spans[self.text_offset:]
-        return positions_of_words(prompt, spans, words)
+        return positions_of_words(read_text(self.pipe, prompt), spans, words)
 
     def _row_spans(self, prompt: str) -> list[tuple[int, int]]:
         """The prompt's character span at each text position, for a "rows" family: its tokens (read
@@ -569,12 +654,8 @@ class KernelAttentionCapture(JointAttentionCapture):
         row), else the last occurrence in the first row that holds them."""
         if self.rows is None:
             raise RuntimeError("no text encoder call was recorded: word positions come after the pipeline call")
-        text, shift = prompt, 0
-        if self.family.lower:                 # SANA reads the prompt lower-cased and stripped
-            shift = len(prompt) - len(prompt.lstrip())
-            text = prompt.lower().strip()
+        text = read_text(self.pipe, prompt)
         ids, spans, _ = _spans(self.tokenizer, text, 0, len(text), special=False)
-        spans = [(s + shift, e + shift) if e > s else (0, 0) for s, e in spans]
         found = self._find(ids, spans)
         if found is None and len(ids) > 1:    # the first token read in context (after the template) may differ
             found = self._find(ids[1:], spans[1:])

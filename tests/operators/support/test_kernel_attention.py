@@ -224,7 +224,8 @@ def test_text_positions_are_the_pipelines_own_tokens(pipes, family):
     characters. CogView4's (left-padded) are found in the rows its encoder read: each word's
     positions there hold the word's tokens, for prompts of different lengths in one batch."""
     pipe = pipes[family]
-    if KernelAttentionCapture(pipe).family.text == "rows":
+    family_of = KernelAttentionCapture(pipe).family
+    if family_of.text == "rows" or family_of.select_last:
         with capture_for(pipe, guidance=True) as cap:
             generate(pipe, family, steps=1)
         assert len(cap.rows) == len(PROMPTS) and len({len(r) for r in cap.rows}) == 1
@@ -274,6 +275,43 @@ def test_text_positions_are_the_pipelines_own_tokens(pipes, family):
     assert all(e == 0 for _, e in spans[:cap.text_offset])
 
 
+def test_a_left_padded_prompt_is_read_where_it_sits(pipes):
+    """FLUX.2-dev's Mistral tokenizer pads on the left, and its pipeline hands the padded sequence
+    to the transformer: each prompt's columns start after its own padding (the capture's ``lead``),
+    as a hand softmax at those columns shows for two prompts of different lengths."""
+    pipe = pipes["flux2"]
+    tokenizer = pipe.tokenizer.tokenizer
+    seen, holder = [], {}
+
+    def make(original):
+        def spy(query, key, value, attn_mask=None, *args, _through=None, **kwargs):
+            cap = holder.get("cap")
+            if cap is not None and cap.current is not None and cap.active:
+                seen.append((query.clone(), key.clone(), kwargs.get("scale")))
+            return original(query, key, value, attn_mask, *args, **kwargs)
+        return spy
+
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    restore = patch_kernel(pipe, make)
+    try:
+        with capture_for(pipe, guidance=True, tokens=5) as cap:
+            holder["cap"] = cap
+            generate(pipe, "flux2", steps=1)
+    finally:
+        restore()
+        tokenizer.padding_side = side
+    assert cap.lead is not None and len(set(cap.lead)) == 2                # two paddings
+    name = next(iter(cap.sums))
+    q, k, scale = seen[0]
+    text_len = k.shape[1] - 16
+    for i, lead in enumerate(cap.lead):
+        ref = hand_softmax(q[i:i + 1], k[i:i + 1], slice(text_len, text_len + 16), cap.text_offset + lead, 5, scale,
+                           None)
+        assert torch.allclose(cap.sums[name][i:i + 1].double(), ref, atol=1e-5)
+        row = cap.rows[i]
+        assert row[lead + cap.text_offset] == tokenizer(PROMPTS[i], add_special_tokens=False).input_ids[0]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_planted_word_lights_its_region(pipes, family):
     """Queries of the image's top-left quadrant and the keys of "cat"'s tokens set to one shared
@@ -313,3 +351,27 @@ def test_a_planted_word_lights_its_region(pipes, family):
     inside, outside = cat_map[:32, :32].mean(), torch.cat([cat_map[32:].flatten(), cat_map[:32, 32:].flatten()]).mean()
     assert inside > 5 * outside
     assert doctor_map[:32, :32].mean() < 2 * doctor_map.mean()
+
+
+def test_a_recorder_failure_leaves_the_images_and_the_maps_say_why(pipes, monkeypatch):
+    """A failure inside the recorder stops the recording, not the generation: the images are those
+    made without the capture, and the maps raise one line naming the block and the error. A compiled
+    transformer is refused before any work (its graph calls no kernel to read)."""
+    pipe = pipes["chroma"]
+    plain = generate(pipe, "chroma")
+    cap = capture_for(pipe, guidance=True)
+
+    def broken(*args, **kwargs):
+        raise ValueError("something in the recorder")
+
+    monkeypatch.setattr(cap, "record_kernel", broken)
+    with cap:
+        images = generate(pipe, "chroma")
+    assert torch.equal(plain, images)
+    with pytest.raises(RuntimeError, match="transformer_blocks.0.attn: ValueError: something in the recorder") as err:
+        cap.heat_maps(None, (64, 64))
+    assert "\n" not in str(err.value)
+    monkeypatch.setattr(pipe.transformer, "_compiled_call_impl", object())
+    with pytest.raises(ValueError, match="--gen-compile"):
+        with capture_for(pipe, guidance=True):
+            pass
