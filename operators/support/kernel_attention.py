@@ -70,17 +70,16 @@ installed diffusers (0.42):
 - SANA, SANA-Sprint (``SanaTransformer2DModel``, ``sana_transformer.py``): cross-attention
   ``transformer_blocks.*.attn2`` (``Attention`` with ``SanaAttnProcessor2_0``, an additive mask of
   the text's padding) calls ``F.scaled_dot_product_attention``. The pipelines prepend their
-  instruction to the lower-cased, stripped prompt, and keep the encoder's first position and its
-  last (text length - 1): a prompt's positions are found in the rows the encoder read and carried
-  through that selection. SANA's CFG doubles the batch [unconditional, conditional]: a call with
+  default instruction to the prompt as their ``_text_preprocessing`` gives it (lower-cased,
+  stripped), and keep the encoder's first position and its last (text length - 1): the text is
+  tokenized as the pipeline tokenizes it, then carried through that selection. SANA's CFG doubles the batch [unconditional, conditional]: a call with
   twice the encoder's rows keeps its second half. SANA-Sprint's guidance is embedded.
 
 - PixArt-α/Σ (``PixArtTransformer2DModel``): cross-attention ``transformer_blocks.*.attn2``
   (``Attention`` with ``AttnProcessor2_0`` of ``attention_processor.py``, whose ``F`` is read, the
   other processors of that module passing through unrecorded) with an additive mask of T5's
-  padding; the pipeline reads the prompt lower-cased and stripped (its caption cleaning needs
-  ``bs4`` and ``ftfy``, else it falls back to that), found in the encoder's rows; CFG doubles the
-  batch as SANA's.
+  padding; T5 reads the prompt alone, as the pipeline's ``_text_preprocessing`` gives it at the
+  call's default ``clean_caption``; CFG doubles the batch as SANA's.
 
 - HiDream-I1 (``HiDreamImageTransformer2DModel``, ``transformer_hidream_image.py``):
   ``double_stream_blocks.*.block.attn1`` and ``single_stream_blocks.*.block.attn1``
@@ -100,12 +99,14 @@ into one running sum per block (``joint_scores.kernel_probabilities``), as ``joi
 does; ``heat_maps`` lays the blocks out on the grid, upsamples, clamps and averages them alike.
 
 A text position is mapped back to the prompt's characters through the family's own tokenizer and
-template (``TextLayout``): Chroma's T5 reads the prompt alone; FLUX.2-dev's Mistral reads its
-system message and the prompt in its chat template (nothing dropped: the prompt's tokens follow
-the system message's); klein's Qwen3 reads the prompt in Qwen's chat template; Qwen-Image's
-Qwen2.5-VL reads it in its description template, of which the pipeline drops the first 34 tokens.
-The recorded segment starts at the prompt's first token (``text_offset``, measured on the template
-once), so ``tokens`` counts prompt tokens.
+template (``_template``, ``text_spans``): Chroma's T5 reads the prompt alone; FLUX.2-dev's Mistral
+reads its system message and the prompt in its chat template (nothing dropped: the prompt's tokens
+follow the system message's, after the row's left padding, ``lead``); klein's Qwen3 reads the
+prompt in Qwen's chat template; Qwen-Image's Qwen2.5-VL reads it in its description template, of
+which the pipeline drops the first 34 tokens; CogView4's positions are found in the rows its
+encoder read (``rows``). The recorded segment starts at the prompt's first token (``text_offset``,
+measured on the template once; 0 for the "rows" families and SANA's selection), so ``tokens``
+counts prompt tokens.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Family:
 
     name: str
     transformer: str                     # the denoiser's class name
-    blocks: tuple[str, ...]              # ModuleList attributes of the transformer whose blocks' ``attn`` is recorded
+    blocks: tuple[str, ...]              # ModuleList attributes of the transformer whose blocks' ``attn`` are recorded
     skip_contexts: frozenset = frozenset({"uncond"})
     alternate_cfg: bool = False          # CFG as an untagged second call per step (Chroma)
     same_text_cfg: bool = False          # CFG as an untagged second call: recorded are the calls given the first's text
@@ -442,10 +443,7 @@ class KernelAttentionCapture(JointAttentionCapture):
                 self.rows = [list(map(int, r)) for r in ids.tolist()]
                 mask = kwargs.get("attention_mask")
                 if mask is not None and mask.ndim == 2 and self.family.padded_text:
-                    lead = []
-                    for r in mask.tolist():
-                        first = next((i for i, m in enumerate(r) if m), len(r))
-                        lead.append(first)
+                    lead = [next((i for i, m in enumerate(r) if m), len(r)) for r in mask.tolist()]
                     self.lead = lead if any(lead) else None
         return None
 
@@ -563,10 +561,13 @@ class KernelAttentionCapture(JointAttentionCapture):
         n = segment if self.tokens is None else min(self.tokens, segment)
         q, k = query.transpose(1, 2), key.transpose(1, 2)
         with torch.no_grad():
-            if self.family.order == TEXT_FIRST_PER_SAMPLE:
-                kept, total = self._per_sample(q, k, image, n, scale, mask)
+            if self.family.order == TEXT_FIRST_PER_SAMPLE:     # each sample's image after its own text
+                kept, total = self._by_sample(q, k, [(cap, cap + image, self.text_offset, cap)
+                                                     for cap in self._caps], n, scale, mask)
             elif self.lead is not None and self.family.order == TEXT_FIRST and len(self.lead) == q.shape[0]:
-                kept, total = self._shifted(q, k, length, positions, n, scale, mask)
+                # each sample's prompt after its own left padding
+                kept, total = self._by_sample(q, k, [(length, positions, self.text_offset + lead, length)
+                                                     for lead in self.lead], n, scale, mask)
             else:
                 rows, col = ((length, positions), self.text_offset) if self.family.order == TEXT_FIRST else \
                     ((0, image), (padded or image) + self.text_offset)
@@ -590,35 +591,19 @@ class KernelAttentionCapture(JointAttentionCapture):
             self._add(name, *kernel_probabilities(query.transpose(1, 2), key.transpose(1, 2), (0, image),
                                                   self.text_offset, n, scale, mask))
 
-    def _shifted(self, q, k, length: int, positions: int, n: int, scale, mask):
-        """Text first, each sample's prompt ``lead[i]`` positions later (its left padding)."""
+    def _by_sample(self, q, k, layout, n: int, scale, mask):
+        """Sample by sample, where ``layout[i]`` = (first image row, end of the image rows, first
+        text column, end of the text) of sample ``i``: its ``n`` columns from the first text column,
+        those past the end of its text left 0 (they are other positions' keys)."""
         import torch  # deferred: torch
 
-        b = q.shape[0]
-        kept = torch.zeros(b, positions - length, n, dtype=torch.float32, device=q.device)
-        total = torch.zeros(b, positions - length, dtype=torch.float32, device=q.device)
-        for i, lead in enumerate(self.lead):
-            col = self.text_offset + lead
-            width = max(0, min(n, length - col))
-            got, sums = kernel_probabilities(q[i:i + 1], k[i:i + 1], (length, positions), col, width, scale,
+        rows = layout[0][1] - layout[0][0]
+        kept = torch.zeros(q.shape[0], rows, n, dtype=torch.float32, device=q.device)
+        total = torch.zeros(q.shape[0], rows, dtype=torch.float32, device=q.device)
+        for i, (first, last, col, end) in enumerate(layout):
+            width = max(0, min(n, end - col))
+            got, sums = kernel_probabilities(q[i:i + 1], k[i:i + 1], (first, last), col, width, scale,
                                              None if mask is None else mask[i:i + 1])
-            kept[i, :, :width] = got[0]
-            total[i] = sums[0]
-        return kept, total
-
-    def _per_sample(self, q, k, image: int, n: int, scale, mask):
-        """TEXT_FIRST_PER_SAMPLE: each sample's image rows follow its own valid text; the columns
-        past a shorter text are left 0 (they are its image's keys)."""
-        import torch  # deferred: torch
-
-        b = q.shape[0]
-        kept = torch.zeros(b, image, n, dtype=torch.float32, device=q.device)
-        total = torch.zeros(b, image, dtype=torch.float32, device=q.device)
-        for i, cap in enumerate(self._caps):
-            m = None if mask is None else mask[i:i + 1]
-            width = max(0, min(n, cap - self.text_offset))
-            got, sums = kernel_probabilities(q[i:i + 1], k[i:i + 1], (cap, cap + image), self.text_offset,
-                                             width, scale, m)
             kept[i, :, :width] = got[0]
             total[i] = sums[0]
         return kept, total

@@ -71,9 +71,12 @@ class KolorsAttentionCapture(CrossAttentionCapture):
         ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
         n = len(ids)
         # the row the prompt ends (so a prompt that ends another prompt is found in its own row), else
-        # the first row that holds it
-        found = [(row[len(row) - n:] != ids, k, max(i for i in range(len(row) - n + 1) if row[i:i + n] == ids), row)
-                 for k, row in enumerate(self.rows) if any(row[i:i + n] == ids for i in range(len(row) - n + 1))]
+        # the first row that holds it, at its last occurrence there
+        found = []
+        for k, row in enumerate(self.rows):
+            last = next((i for i in range(len(row) - n, -1, -1) if row[i:i + n] == ids), None)
+            if last is not None:
+                found.append((row[len(row) - n:] != ids, k, last, row))
         if not found:
             return {}
         _, _, start, row = min(found, key=lambda f: f[:2])

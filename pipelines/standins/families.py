@@ -304,18 +304,25 @@ QWEN_CHAT_TEMPLATE = (
     "<think>\n\n</think>\n\n{% endif %}{% endif %}")
 
 
-def build_tiny_qwen_tokenizer():
-    """A Qwen2 tokenizer (byte-level BPE without merges: one token per byte) with Qwen's special
-    tokens and chat template: Qwen's vocabulary ships with no package here."""
-    # deferred: tokenizers, transformers
+def _byte_level(specials: list[str]):
+    """A ``tokenizers`` byte-level BPE without merges (one token per byte) with ``specials``."""
+    # deferred: tokenizers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import Qwen2Tokenizer
 
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"])
+    tok.add_special_tokens(specials)
+    return tok
+
+
+def build_tiny_qwen_tokenizer():
+    """A Qwen2 tokenizer (byte-level BPE without merges: one token per byte) with Qwen's special
+    tokens and chat template: Qwen's vocabulary ships with no package here."""
+    from transformers import Qwen2Tokenizer  # deferred: transformers
+
+    tok = _byte_level(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"])
     return Qwen2Tokenizer(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
                           bos_token=None, chat_template=QWEN_CHAT_TEMPLATE)
 
@@ -542,16 +549,11 @@ MISTRAL_CHAT_TEMPLATE = (
 def build_tiny_mistral_processor():
     """A ``PixtralProcessor`` (FLUX.2-dev's tokenizer component) over a byte-level tokenizer with
     Mistral's special tokens and chat template: Mistral's vocabulary ships with no package here."""
-    # deferred: tokenizers, transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    # deferred: transformers
     from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
 
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
-                            "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"])
+    tok = _byte_level(["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                       "[IMG]", "[IMG_BREAK]", "[IMG_END]"])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                         pad_token="<pad>", chat_template=MISTRAL_CHAT_TEMPLATE)
     return PixtralProcessor(image_processor=PixtralImageProcessor(patch_size=16), tokenizer=tokenizer, patch_size=16,

@@ -373,9 +373,12 @@ def node_tier(spec, offload: bool | None = None) -> NodeTier | None:
     largest component); the largest tier when none does (``check_large_gpus`` refuses it then);
     None when its size is unknown or it is a stand-in (never routed)."""
     need = memory_needed(spec, offload)
-    if need is None:
-        return None
-    return next((t for t in NODE_TIERS if need <= t.memory), NODE_TIERS[-1])
+    return None if need is None else (_tier_for(need) or NODE_TIERS[-1])
+
+
+def _tier_for(need: int) -> NodeTier | None:
+    """The smallest of ``NODE_TIERS`` whose card holds ``need`` bytes, or None."""
+    return next((t for t in NODE_TIERS if need <= t.memory), None)
 
 
 def gpu_resource(spec, offload: bool | None = None) -> str | None:
@@ -416,7 +419,9 @@ def check_large_gpus(ray, gp: GpuPlan, standin: bool, local: bool, specs: Iterab
     runs that ask for no GPU never need any of this."""
     if standin or gp.per_actor <= 0:
         return gp
-    big = [(s, memory_needed(s, offload), node_tier(s, offload)) for s in specs if needs_large_gpu(s, offload)]
+    needs = [(s, memory_needed(s, offload)) for s in specs]      # each spec sized once (headers read once)
+    big = [(s, need, _tier_for(need) or NODE_TIERS[-1]) for s, need in needs
+           if need is not None and need > GPU_WORKER_MEMORY]
     if not big:
         return gp
     for tier in NODE_TIERS[1:]:
@@ -435,7 +440,6 @@ def _what(mine, offload) -> str:
 def _check_tier(ray, gp: GpuPlan, local: bool, tier: NodeTier, mine, offload) -> GpuPlan:
     what, resource = _what(mine, offload), tier.resource
     plural = len(mine) > 1
-    too_big = [s.model for s, need in mine if need > tier.memory]
     up = float(ray.cluster_resources().get(resource, 0))
     if up >= 1:
         note = f"{what} on nodes with {resource} ({up:g} in the cluster now)"
@@ -444,8 +448,9 @@ def _check_tier(ray, gp: GpuPlan, local: bool, tier: NodeTier, mine, offload) ->
     offerable = [s.model for s, _ in mine if not _offload(s, offload) and not needs_large_gpu(s, True)]
     smaller = [s.model for s, _ in mine if not _offload(s, offload) and needs_large_gpu(s, True)
                and node_tier(s, True) is not tier]
-    if too_big and tier is NODE_TIERS[-1]:
-        _refuse_too_big([(s, need) for s, need in mine if need > tier.memory], offload, resource)
+    too_big = [(s, need) for s, need in mine if need > tier.memory]      # only ever at the largest tier
+    if too_big:
+        _refuse_too_big(too_big, offload, resource)
     offered = False if local else _large_offered(ray, gp.per_actor, resource)
     if offered is False:
         largest = NODE_TIERS[-1]
@@ -460,8 +465,6 @@ def _check_tier(ray, gp: GpuPlan, local: bool, tier: NodeTier, mine, offload) ->
             + (f" and {'than ' if tier is largest else ''}{NODE_TIERS[1].node_type}'s "
                f"{NODE_TIERS[1].memory / 1e9:.0f} GB" if tier is not NODE_TIERS[1] else "")
             + f", and {where}: {remedy} ({tier.instance}: resources {{GPU: 1, {resource}: 1}})"
-            + (f", where {', '.join(too_big)} {'do' if len(too_big) > 1 else 'does'} not fit either (run "
-               f"{'them' if len(too_big) > 1 else 'it'} in bfloat16)" if too_big and tier is not largest else "")
             + f"; on a machine whose own GPU is large enough, start Ray there first with `ray start --head "
             f"--resources='{{\"{resource}\": 1}}'`"
             + (f"; or run {', '.join(offerable)} with CPU offload (one component on the GPU at a time: it "
@@ -483,7 +486,7 @@ def _refuse_too_big(mine, offload, resource: str) -> None:
     for s, _ in mine:
         if not _offload(s, offload):
             part = memory_needed(s, True)
-            tier = None if part is None else next((t for t in NODE_TIERS if part <= t.memory), None)
+            tier = None if part is None else _tier_for(part)
             if tier is not None:
                 remedies.append(f"run {s.model} with CPU offload (--gen-cpu-offload: its largest component, "
                                 f"~{part / 2**30:.0f} GiB, then fits {tier.node_type})")
