@@ -208,7 +208,7 @@ def render_html(meta: dict, data: dict, counts, records: list[dict], *,
                  f"in <code>{H.esc(meta['output'])}</code>.</p>")
     parts.append("<h2>Representational disparities (Tables 3 and S3)</h2><p>Mean similarity of corresponding images "
                  "(prompts, latents) of each pair over the units of a model and caption source (Eq. 1-2). Prompt "
-                 "space: cosine of the text encoder's output sequence the UNet reads; denoising space: cosine of the "
+                 "space: cosine of the text encoder's output sequence the denoiser reads; denoising space: cosine of the "
                  "final latents z<sub>0</sub>; image space: mean SSIM, Diff. Pix. (% of pixels inside the contours "
                  "of the thresholded SSIM difference map; lower = closer), cosine of ResNet-50 logits, CLIP ViT-B/32 "
                  "image features and DINO ViT-S/16 class tokens, and split-product (DINO ViT-B/8 patch chunks). "
