@@ -95,6 +95,8 @@ UNKNOWN = Family("unknown", (), None, None, None, None, "float16", "unknown", Fa
 
 # What the model cards recommend where they say (docs/method.md quotes each): steps, guidance,
 # size, max_sequence_length, dtype on a GPU. Keys: hub ids, lower case.
+# ``cpu_offload``: the card's example enables diffusers' model CPU offload (applied when the generator actors
+# get a GPU; a spec's ``cpu_offload=false`` turns it off).
 # ``variant``: the repository has float16 weight files (``variant="fp16"``), downloaded instead of
 # the float32 ones when the model runs in float16 (half the download: 7 GB instead of 14 for SDXL).
 CARDS: dict[str, dict] = {
@@ -112,7 +114,9 @@ CARDS: dict[str, dict] = {
     "black-forest-labs/flux.2-dev": {"steps": 50, "guidance_scale": 2.5},
     "black-forest-labs/flux.2-klein-base-9b": {"steps": 50, "guidance_scale": 4.0},
     "qwen/qwen-image": {"steps": 50},
-    "hidream-ai/hidream-i1-full": {"steps": 50, "guidance_scale": 5.0, "size": 1024},
+    "hidream-ai/hidream-i1-full": {"steps": 50, "guidance_scale": 5.0, "size": 1024, "cpu_offload": True},
+    "alpha-vllm/lumina-image-2.0": {"cpu_offload": True},
+    "lodestones/chroma1-hd": {"cpu_offload": True},
     "z-a-o/z-image-turbo": {"steps": 8, "guidance_scale": 0.0, "size": 1024},
     "tongyi-mai/z-image-turbo": {"steps": 8, "guidance_scale": 0.0, "size": 1024},
     "kwai-kolors/kolors-diffusers": {"variant": "fp16", "cuda_dtype": "float16"},
@@ -193,7 +197,7 @@ def detect(model: str, revision: str | None = None) -> tuple[Family, str]:
 def defaults(model: str, revision: str | None = None, family: str | None = None) -> dict:
     """The default settings of ``model``: its card's where it gives them, else its family's.
     Returns {family, family_from, defaults_from, steps, guidance_scale, height, width,
-    max_sequence_length, cuda_dtype, variant} (None where the library decides)."""
+    max_sequence_length, cuda_dtype, variant, cpu_offload} (None where the library decides)."""
     if family:
         if family not in FAMILIES and family != UNKNOWN.name:
             raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
@@ -201,11 +205,14 @@ def defaults(model: str, revision: str | None = None, family: str | None = None)
     else:
         fam, how = detect(model, revision)
     values = {"steps": fam.steps, "guidance_scale": fam.guidance_scale, "size": fam.size,
-              "max_sequence_length": fam.max_sequence_length, "cuda_dtype": fam.cuda_dtype, "variant": None}
+              "max_sequence_length": fam.max_sequence_length, "cuda_dtype": fam.cuda_dtype, "variant": None,
+              "cpu_offload": None}
     card = CARDS.get(model.strip().lower(), {})
     values.update(card)
-    from_card = bool(set(card) - {"variant"})   # a weight variant alone is no card default
+    from_card = bool(set(card) - {"variant", "cpu_offload"})   # a weight variant alone is no card default
     size = values.pop("size")
-    return {"family": fam.name, "family_from": how,
-            "defaults_from": f"model card of {model}" if from_card else fam.source,
+    source = f"model card of {model}" if from_card else fam.source
+    if "cpu_offload" in card and not from_card:
+        source += f"; CPU offload as the model card of {model}"
+    return {"family": fam.name, "family_from": how, "defaults_from": source,
             **values, "height": size, "width": size}

@@ -349,3 +349,46 @@ def test_standin_models_refuse_a_hub_id_of_no_known_family_unless_its_family_is_
     out, err = capsys.readouterr()
     assert err.startswith("error: generator 'org/invented-model': not a local directory") and len(err.splitlines()) == 1
     assert "Traceback" not in err and not Path("unused-never-written").exists()
+
+
+def test_cpu_offload_is_the_card_s_recommendation_a_per_model_setting_and_not_in_the_run_id(capsys):
+    """HiDream-I1, Lumina 2 and Chroma offload by their cards' examples; a spec turns it on or off;
+    on GPU actors it reaches the loader and sizes the node by the largest component; on a CPU it is
+    not applied (and the run says so); the run id is the same with it on or off."""
+    from operators.image_generation import ImageGenerator
+    from pipelines.engine.cli.options import RunOptions
+    from schemas.gep import GEP_IMAGES
+
+    hidream, lumina, chroma, sdxl = ("HiDream-ai/HiDream-I1-Full", "Alpha-VLLM/Lumina-Image-2.0",
+                                     "lodestones/Chroma1-HD", "stabilityai/stable-diffusion-xl-base-1.0")
+    cards = generation_settings({"models": [hidream, lumina, chroma, sdxl]})
+    assert [s.cpu_offload for s in cards.generators] == [True, True, True, None]
+    assert "CPU offload as the model card of Alpha-VLLM/Lumina-Image-2.0" in cards.generators[1].defaults_from
+    assert [s.record().get("cpu_offload") for s in cards.generators] == [True, True, True, None]
+    assert "cpu_offload" not in cards.generators[3].record()
+    user = generation_settings({"models": []}, SimpleNamespace(generator=[
+        f"{hidream}:cpu_offload=false", f"{lumina}", f"{chroma}:cpu_offload=no", f"{sdxl}:cpu_offload=true"]))
+    assert [s.cpu_offload for s in user.generators] == [False, True, False, True]
+    assert user.job() == cards.job()                         # where the weights wait is not what is computed
+    with pytest.raises(ValueError, match=r"^--generator org/a: cpu_offload='maybe' is not true or false$"):
+        generation_settings({"models": []}, SimpleNamespace(generator=["org/a:cpu_offload=maybe"]))
+
+    def stage(spec, per_actor, device="cuda", flag=False):
+        run = SimpleNamespace(options=RunOptions.from_args(SimpleNamespace(gen_cpu_offload=flag)), safety=None,
+                              gpu=SimpleNamespace(device=device, per_actor=per_actor),
+                              rd=SimpleNamespace(uri="/runs/r"), st=SimpleNamespace(execution={"stages": {}}))
+        plan = G.GenerationPlan(None, GEP_IMAGES, ImageGenerator, None)
+        return G.generator_pipeline(run, plan, spec)[0]
+
+    on, off = cards.generators[0], user.generators[0]
+    gen = stage(on, 1.0)
+    assert gen.kwargs["cpu_offload"] is True and gen.resources.resources == {"large_gpu": 1.0}   # 17B MMDiT
+    gen = stage(off, 1.0)
+    assert "cpu_offload" not in gen.kwargs and gen.resources.resources == {"xlarge_gpu": 1.0}   # the whole 72 GiB
+    capsys.readouterr()
+    gen = stage(on, 0.0, device="auto")                      # a CPU run: the whole model, said once
+    assert "cpu_offload" not in gen.kwargs and not gen.resources.resources
+    assert "HiDream-I1-Full: CPU offload (cpu_offload=true) applies when the generator actors get a GPU" \
+        in capsys.readouterr().out
+    assert stage(cards.generators[3], 1.0, flag=True).kwargs["cpu_offload"] is True   # --gen-cpu-offload: every one
+    assert "cpu_offload" not in stage(cards.generators[3], 1.0).kwargs

@@ -82,7 +82,8 @@ def add_generation(group, generators: str, scheduler: str = "each model's own", 
     group.add_argument("--generator", action="append", metavar="MODEL[:KEY=VALUE,...]",
                        help=f"a diffusers text-to-image model (hub id or directory) with its own settings; repeat per "
                             f"model (default: {generators}). Keys: steps, guidance_scale, height, width, "
-                            f"negative_prompt, scheduler, dtype, revision; any other key is a pipeline "
+                            f"negative_prompt, scheduler, dtype, revision, cpu_offload (true/false: diffusers' model CPU "
+                            f"offload on GPU actors; on where the model card's example offloads); any other key is a pipeline "
                             f"call argument (e.g. max_sequence_length=256), checked against the pipeline before the run "
                             f"starts. Example: --generator stabilityai/sdxl-turbo:steps=1,guidance_scale=0")
     group.add_argument("--generators", nargs="+", metavar="MODEL", type=_model_list, action=_Extend,

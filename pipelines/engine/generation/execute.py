@@ -41,16 +41,20 @@ def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[S
     speed = {k: v for k, v in opts.speed.items() if k in params}
     # the run's policy (run_study sets it from the settings); a run built by hand without one: the spec's
     safety = run.safety or SafetySettings(policy=spec.safety_checker)
+    offload = gpus.offloaded(spec, run.gpu, opts.gen_cpu_offload)
+    if spec.cpu_offload and not offload:
+        print(f"{spec.name}: CPU offload (cpu_offload=true) applies when the generator actors get a GPU; these run "
+              f"on the CPU, so the whole model is loaded")
     gen = Stage(op, {**spec.operator_kwargs(), "micro_batch": opts.gen_batch_size,
                      "device": run.gpu.device if run.gpu else "auto", "heads": list(plan.heads),
-                     **safety.operator_kwargs(), **speed, **({"cpu_offload": True} if opts.gen_cpu_offload else {}),
+                     **safety.operator_kwargs(), **speed, **({"cpu_offload": True} if offload else {}),
                      **dict(plan.operator_kwargs)})
     sink = [Stage(plan.sink, {"uri": f"{run.rd.uri}/{plan.images_dir}/{checkpoint.model_dir(spec.model)}",
                               "keys": [], "name_column": plan.key})] if plan.save_images and plan.sink else []
     pipeline = [gen, *plan.after, *sink]
     name = op.stage_name
     values = {name: {"num_gpus": run.gpu.per_actor if run.gpu else 0.0, "batch_size": opts.gen_batch_size}}
-    extra = gpus.actor_resources(spec, run.gpu, offload=opts.gen_cpu_offload) if run.gpu else {}
+    extra = gpus.actor_resources(spec, run.gpu, offload=offload) if run.gpu else {}
     if extra:   # too large for gpu_worker's card: only cluster.yaml's gpu_worker_large declares it
         values[name]["resources"] = extra
     for stage, v in plan.overrides.items():

@@ -29,7 +29,7 @@ from pipelines.engine.generation.safety import SAFETY_POLICIES, SafetySettings, 
 # the spec's own keys (with the spelling a user may type for some); anything else is an extra
 # pipeline argument, checked against the loaded pipeline's signature on the driver
 SPEC_KEYS = ("revision", "dtype", "steps", "guidance_scale", "height", "width", "negative_prompt", "scheduler",
-             "safety_checker", "family", "cuda_dtype", "variant")
+             "safety_checker", "family", "cuda_dtype", "variant", "cpu_offload")
 KEY_ALIASES = {"guidance": "guidance_scale", "num_inference_steps": "steps", "cfg": "guidance_scale"}
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # generation-block keys of a study file that are not generator settings
@@ -54,6 +54,9 @@ class GeneratorSpec:
     family: str | None = None           # sd, sdxl, sd3, flux, pixart-alpha, pixart-sigma, unknown
     cuda_dtype: str = "float16"         # dtype "auto" on a GPU (bfloat16 for families that overflow in float16)
     variant: str | None = None          # "fp16": the repository's float16 weight files, when running in float16
+    # diffusers' enable_model_cpu_offload when the generator actors get a GPU (None: not set, off; True where the
+    # model card's example offloads): where the weights wait, not what is computed, so not fingerprinted
+    cpu_offload: bool | None = field(default=None, compare=False)
     # where the settings not given came from (a card, a family, a study file): recorded, not compared
     defaults_from: str | None = field(default=None, compare=False)
     # a stand-in's requested model (hub id): recorded and shown, not run, not compared
@@ -96,6 +99,8 @@ class GeneratorSpec:
         d["extra"] = dict(self.extra)
         d.pop("defaults_from")   # how the defaults were found is recorded with the model, not fingerprinted
         d.pop("standin_for")     # (recorded with the model)
+        if d["cpu_offload"] is None:
+            d.pop("cpu_offload")
         return d
 
     def operator_kwargs(self) -> dict:
@@ -132,7 +137,9 @@ class GenerationSettings:
 
     def job(self) -> dict:
         """What generated images depend on: part of a run's fingerprint (one definition for every study)."""
-        return {"generators": [g.record() for g in self.generators], "seed": int(self.seed),
+        # CPU offload moves weights, not numbers: a run resumed with it on or off reuses its images
+        return {"generators": [{k: v for k, v in g.record().items() if k != "cpu_offload"} for g in self.generators],
+                "seed": int(self.seed),
                 "images_per_prompt": int(self.images_per_prompt), "caption_images": int(self.caption_images),
                 "safety": self.safety.job()}
 
@@ -155,6 +162,15 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         raise ValueError(f"{where}: {key}={value!r} is not a number") from None
     if key in ("revision", "scheduler", "negative_prompt", "family", "variant") and value is not None:
         return str(value)
+    if key == "cpu_offload" and value is not None:
+        if isinstance(value, bool):
+            return value
+        low = str(value).strip().lower()
+        if low in ("true", "yes", "on", "1"):
+            return True
+        if low in ("false", "no", "off", "0"):
+            return False
+        raise ValueError(f"{where}: cpu_offload={value!r} is not true or false")
     if key in ("dtype", "cuda_dtype"):
         return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(str(value), str(value))
     return value
@@ -356,7 +372,8 @@ def model_defaults(model: str, revision: str | None = None, family: str | None =
 
     d = families.defaults(model, revision, family)
     spec = {"family": d["family"], "steps": d["steps"], "guidance_scale": d["guidance_scale"],
-            "height": d["height"], "width": d["width"], "cuda_dtype": d["cuda_dtype"], "variant": d["variant"]}
+            "height": d["height"], "width": d["width"], "cuda_dtype": d["cuda_dtype"], "variant": d["variant"],
+            "cpu_offload": d["cpu_offload"]}
     extra = {} if d["max_sequence_length"] is None else {"max_sequence_length": int(d["max_sequence_length"])}
     return {"spec": spec, "extra": extra, "defaults_from": f"{d['defaults_from']} (family {d['family']}: {d['family_from']})"}
 

@@ -388,6 +388,16 @@ def gpu_resource(spec, offload: bool | None = None) -> str | None:
     return None if tier is None else tier.resource
 
 
+def offloaded(spec, gp: GpuPlan | None, forced: bool = False) -> bool:
+    """Whether ``spec``'s generator runs with CPU offload: every generator with --gen-cpu-offload
+    (``forced``; the loader refuses it on a CPU), else the spec's own ``cpu_offload`` (its model
+    card's recommendation, or the user's per-model setting) when its actors get a GPU. On a CPU
+    there is nothing to offload from, so a spec's own is not applied there (the run says so)."""
+    if forced:
+        return True
+    return bool(getattr(spec, "cpu_offload", None)) and gp is not None and gp.per_actor > 0
+
+
 def actor_resources(spec, gp: GpuPlan | None = None, offload: bool | None = None) -> dict[str, float]:
     """The custom Ray resources of ``spec``'s generator actor: {its tier's resource: 1} when it
     needs a card larger than gpu_worker's, else {} (its GPU count stays ``gp.per_actor``). ``gp``:
@@ -488,7 +498,8 @@ def _refuse_too_big(mine, offload, resource: str) -> None:
             part = memory_needed(s, True)
             tier = None if part is None else _tier_for(part)
             if tier is not None:
-                remedies.append(f"run {s.model} with CPU offload (--gen-cpu-offload: its largest component, "
+                remedies.append(f"run {s.model} with CPU offload (--generator {s.model}:cpu_offload=true, or "
+                                f"--gen-cpu-offload for every generator: its largest component, "
                                 f"~{part / 2**30:.0f} GiB, then fits {tier.node_type})")
                 continue
         if spec_dtype(s) == "float32":

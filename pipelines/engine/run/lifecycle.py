@@ -245,7 +245,7 @@ def start_ray(opts: RunOptions, execution: dict, actor_cpus: float, gpu_models: 
     if gp is not None:
         # the run's real generators: one too large for gpu_worker's card needs gpu_worker_large's resource
         gp = gpus.check_cluster(ray, gp, standin, local=runtime.is_local_instance(), specs=specs,
-                                offload=opts.gen_cpu_offload)
+                                offload=True if opts.gen_cpu_offload else None)   # else each spec's own
         print(f"model actors: {gp.per_actor:g} GPU(s) each ({gp.source}), models on {gp.device}"
               + (f"; {gp.note}" if gp.note else ""))
     return ray, gp

@@ -242,7 +242,7 @@ def subjects(metrics: dict[str, list[HL.Metric]], records: list[dict], images: d
     return out
 
 
-def model_protocol(spec, drop=("batch_size", "device")) -> dict:
+def model_protocol(spec, drop=("batch_size", "device", "cpu_offload")) -> dict:
     """A model spec as the protocol compares it: its record without execution settings; a stand-in
     is "stand-in" (built the same way in every run), not its directory."""
     rec = {k: v for k, v in spec.record().items() if k not in drop}
