@@ -47,6 +47,8 @@ def test_each_row_names_the_node_its_first_example_is_routed_to():
     checked = 0
     for family, examples, defaults, node, studies in rows():
         model = re.findall(r"`([\w.-]+/[\w.-]+)`", examples)[0]
+        # a card that offloads says so in the defaults cell (its spec's cpu_offload)
+        assert ("CPU offload" in defaults) == bool(F.defaults(model)["cpu_offload"]), (family, defaults)
         if gpus.pipeline_size(_spec(model))[0] is None:
             assert node == "`gpu_worker`", (family, node)          # not routed: the ordinary node
             continue

@@ -117,6 +117,7 @@ CARDS: dict[str, dict] = {
     "hidream-ai/hidream-i1-full": {"steps": 50, "guidance_scale": 5.0, "size": 1024, "cpu_offload": True},
     "alpha-vllm/lumina-image-2.0": {"cpu_offload": True},
     "lodestones/chroma1-hd": {"cpu_offload": True},
+    "pixart-alpha/pixart-xl-2-1024-ms": {"cpu_offload": True},
     "z-a-o/z-image-turbo": {"steps": 8, "guidance_scale": 0.0, "size": 1024},
     "tongyi-mai/z-image-turbo": {"steps": 8, "guidance_scale": 0.0, "size": 1024},
     "kwai-kolors/kolors-diffusers": {"variant": "fp16", "cuda_dtype": "float16"},

@@ -5,10 +5,12 @@ options, and the one-line error of a gated repository."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
 import pytest
 import torch
 
@@ -96,7 +98,21 @@ def test_each_model_gets_its_cards_or_its_familys_defaults(model, family, steps,
             d["cuda_dtype"]) == (family, steps, guidance, size, size, seq, dtype)
     expected = {"card": f"model card of {model}", "family": F.FAMILIES.get(family, F.UNKNOWN).source,
                 "unknown": F.UNKNOWN.source}[source]
+    if d["cpu_offload"] and source == "family":
+        expected += f"; CPU offload as the model card of {model}"
     assert d["defaults_from"] == expected
+    # CPU offload where the card's example (the installed pipeline's docstring, when it shows this
+    # model) enables it, and nowhere else
+    import importlib
+
+    fam = F.FAMILIES.get(family)
+    example = getattr(importlib.import_module(_pipeline_class(fam.pipelines[0]).__module__), "EXAMPLE_DOC_STRING",
+                      "") if fam else ""
+    if model.lower() in example.lower():
+        # (PixArt's examples leave it commented out: "# pipe.enable_model_cpu_offload()")
+        assert bool(d["cpu_offload"]) == bool(re.search(r">>> \w+\.enable_model_cpu_offload\(\)", example)), model
+    else:
+        assert d["cpu_offload"] is None, model
 
 
 def _pipeline_class(name: str):
