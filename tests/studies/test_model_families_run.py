@@ -1,14 +1,13 @@
-"""Today's model families in every study, end to end on a local Ray instance: `--standin-models`
-with SDXL, SD 3.5, FLUX.1 and PixArt hub ids builds a tiny random pipeline of each family, runs it
-at that model's defaults (its card's, recorded), checks every model's images with the run's one
-NSFW check, and measures them like SD's: all four in amplification (face filter and
-CLIP), DALL-Eval (BLIP-2 and skin tone, PaintSkills, alignment) and GEP; SDXL, FLUX and SD 3.5 in
-Exposed, sections 3-7 (word maps from SDXL's cross-attention and from SD 3's and FLUX's joint
-attention; PixArt refused before any work). The twelve 2025-2026 families in GEP and DALL-Eval's
-three parts; Chroma, FLUX.2, Qwen-Image, HunyuanImage, CogView4, Lumina 2, Z-Image, SANA and
-SANA-Sprint in Exposed with word maps read at the attention kernel, Kolors's and HiDream's too. Amplification's
-family run is one of tests/studies/amplification/test_training_images.py's runs. Every family is
-loaded and generated through the production loader in tests/operators/test_model_families.py."""
+"""Every model family in every study, end to end on a local Ray instance: `--standin-models` with
+hub ids of today's four families (SDXL, SD 3.5, FLUX.1, PixArt) and of the twelve of 2025-2026
+builds a tiny random pipeline of each family, runs it at that model's defaults (its card's,
+recorded), checks every model's images with the run's one NSFW check, and measures them like SD's.
+One run per study holds all sixteen: GEP, DALL-Eval's social-bias part (BLIP-2 and skin tone),
+PaintSkills and alignment; SD Exposed, sections 3-7, holds the fifteen with word maps (SDXL's and
+Kolors's UNet cross-attention, SD 3's and FLUX.1's joint attention, the rest read at the attention
+kernel) and refuses PixArt before any work. Amplification's family run is one of
+tests/studies/amplification/test_training_images.py's runs. Every family is loaded and generated
+through the production loader in tests/operators/test_model_families.py."""
 
 from __future__ import annotations
 
@@ -26,15 +25,18 @@ pytestmark = pytest.mark.ray
 
 
 # one generator list, in one order, for the GEP and DALL-Eval runs: the i-th stand-in has seed i in
-# both, so the same weights, and `t2i compare` joins the two studies on them (test at the end)
+# both, so the same weights, and `t2i compare` joins the two studies on them (test at the end).
+# Today's four families and the twelve of 2025-2026 run in one run per study (one generator actor
+# pool, one set of heads and one report for all sixteen).
 MODELS = [SDXL, SD35, FLUX, PIXART]
+EVERY = [*MODELS, *NEW]
 
 
 @pytest.fixture(scope="module")
 def dalleval_run(tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("families")
     argv = ["run", "--output", str(out), "--run-id", "d", "--standin-models", "--images-per-prompt", "1",
-            "--steps", "2", "--max-professions", "1", "--no-progress", "--generators", *MODELS]
+            "--steps", "2", "--max-professions", "1", "--no-progress", "--generators", *EVERY]
     assert dalleval.main(argv) == 0
     return out / "d"
 
@@ -46,51 +48,31 @@ def gep_run(tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("families")
     argv = ["run", "--output", str(out), "--run-id", "g", "--standin-models", "--images-per-prompt", "1",
             "--steps", "2", "--max-contexts", "2", "--attributes", "dress,suit", "--ensemble", "1", "--no-progress",
-            "--generators", ",".join(MODELS)]
+            "--generators", ",".join(EVERY)]
     assert gep.main(argv) == 0
     return out / "g"
 
 
 def test_dalleval_measures_every_family_s_images(dalleval_run):
-    check_records(dalleval_run, MODELS)
+    """DALL-Eval's social-bias part (paper 000, section 4.2.4) with today's four families and the
+    twelve of 2025-2026: each at its defaults, every image generated and measured (BLIP-2's
+    gender, skin tone)."""
+    check_records(dalleval_run, EVERY)
     images = pq.read_table(dalleval_run / "images.parquet").to_pandas()
-    assert set(images[I.GENERATION_STATUS]) == {"ok"} and images["model"].nunique() == 4
-    assert images["skin_status"].notna().all()
+    assert set(images[I.GENERATION_STATUS]) == {"ok"} and images["model"].nunique() == len(EVERY)
+    assert images["skin_status"].notna().all() and images["detected_gender"].notna().all()
 
 
-def test_exposed_sections_3_to_7_on_sdxl_flux_and_sd3_and_pixart_refused_before_any_work(tmp_path, ray_local,
-                                                                                            capsys):
-    """SDXL, SD 3 and FLUX through every section: SDXL's word heat maps come from its UNet's
-    cross-attention, SD 3's and FLUX's from the MMDiT joint attention; both prompt spaces measured."""
-    models = [SDXL, FLUX, SD35]
-    argv = ["run", "--output", str(tmp_path), "--run-id", "e", "--standin-models", "--max-triplets", "1",
-            "--per-topic", "1", "--steps", "2", "--no-progress", "--no-exclude-nsfw", "--generators", *models]
-    assert exposed.main(argv) == 0
-    check_records(tmp_path / "e", models)
-    images = pq.read_table(tmp_path / "e" / "images.parquet").to_pandas()
-    assert set(images[I.GENERATION_STATUS]) == {"ok"} and images[I.NSFW].notna().all()
-    ok = images
-    assert set(ok["model"].map(lambda m: m.rsplit("/", 1)[-1])) == {
-        "stable-diffusion-xl-base-1.0-standin", "FLUX.1-schnell-standin", "stable-diffusion-3.5-medium-standin"}
-    assert ok["sim_prompt"].notna().all() and ok["sim_prompt_pooled"].notna().all()
-    # every measured image of every family has word maps (one per prompt noun its tokens hold)
-    assert ok["attention_words"].map(len).gt(0).all()
-    assert (ok["attention_maps"].map(len) == ok["attention_words"].map(len)).all()
-    capsys.readouterr()
-    argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators", SD35, PIXART]
-    assert exposed.main(argv) == 2
-    assert "PixArt" in capsys.readouterr().err
-    assert not (tmp_path / "refused").exists()      # refused at settings time: nothing written
-
-
-def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in_one_line(tmp_path, ray_local,
-                                                                                           capsys):
-    """SD Exposed with the 2025-2026 families whose joint attention is read at the kernel
-    (operators/support/kernel_attention.py): every image measured in the prompt and denoising
-    spaces, word maps for its prompt nouns; the pooled prompt space, left out for the families that do
-    not have one, and the report says so. PixArt-α, whose pipeline passes no latents to the step
-    callback, is refused before any work, in one line."""
-    models = ["lodestones/Chroma1-HD", "black-forest-labs/FLUX.2-dev", "black-forest-labs/FLUX.2-klein-4B",
+def test_exposed_reads_word_maps_of_every_family_and_refuses_pixart_in_one_line(tmp_path, ray_local, capsys):
+    """SD Exposed, sections 3-7, with every family that has word maps, in one run: SDXL's from its
+    UNet's cross-attention, SD 3's and FLUX.1's from the MMDiT joint attention, and the 2025-2026
+    families' read at the attention kernel (operators/support/kernel_attention.py; Kolors's UNet
+    like SDXL's). Every image measured in the prompt and denoising spaces, word maps for its prompt
+    nouns; the pooled prompt space, left out for the families that do not have one, and the report
+    says so. PixArt, whose pipelines pass no latents to the step callback, is refused before any
+    work, in one line, alone or beside a family that runs."""
+    old = [SDXL, FLUX, SD35]
+    models = [*old, "lodestones/Chroma1-HD", "black-forest-labs/FLUX.2-dev", "black-forest-labs/FLUX.2-klein-4B",
               "Qwen/Qwen-Image", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "THUDM/CogView4-6B",
               "Alpha-VLLM/Lumina-Image-2.0", "Tongyi-MAI/Z-Image-Turbo",
               "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers",
@@ -106,19 +88,24 @@ def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in
     check_records(tmp_path / "k", models)
     images = pq.read_table(tmp_path / "k" / "images.parquet").to_pandas()
     assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}
+    assert images[I.NSFW].notna().all()
+    assert {"stable-diffusion-xl-base-1.0-standin", "FLUX.1-schnell-standin", "stable-diffusion-3.5-medium-standin"} \
+        <= set(images["model"].map(lambda m: m.rsplit("/", 1)[-1]))
     assert images["sim_prompt"].notna().all() and images["sim_denoising"].notna().all()
     pooled = images.groupby("model")["sim_prompt_pooled"].apply(lambda v: v.notna().all())
-    assert {m.rsplit("/", 1)[-1] for m, has in pooled.items() if has} == {"Kolors-diffusers-standin",
-                                                                         "HiDream-I1-Full-standin"}
+    assert {m.rsplit("/", 1)[-1] for m, has in pooled.items() if has} == {
+        "Kolors-diffusers-standin", "HiDream-I1-Full-standin", "stable-diffusion-xl-base-1.0-standin",
+        "FLUX.1-schnell-standin", "stable-diffusion-3.5-medium-standin"}
+    # every measured image of every family has word maps (one per prompt noun its tokens hold)
     assert images["attention_words"].map(len).gt(0).all()
     assert (images["attention_maps"].map(len) == images["attention_words"].map(len)).all()
     assert "Pooled prompt space: not defined for" in (tmp_path / "k" / "report.html").read_text()
-    argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators",
-            "PixArt-alpha/PixArt-XL-2-1024-MS"]
-    assert exposed.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert "PixArt" in err and "callback_on_step_end" in err and len(err.splitlines()) == 1
-    assert not (tmp_path / "refused").exists()
+    for refused in ([SD35, PIXART], ["PixArt-alpha/PixArt-XL-2-1024-MS"]):
+        argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators", *refused]
+        assert exposed.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "PixArt" in err and "callback_on_step_end" in err and len(err.splitlines()) == 1
+        assert not (tmp_path / "refused").exists()      # refused at settings time: nothing written
 
 
 # amplification (paper 002) with every family: tests/studies/amplification/test_training_images.py's
@@ -126,79 +113,38 @@ def test_exposed_reads_word_maps_at_the_attention_kernel_and_refuses_the_rest_in
 # family_checks.check_amplification_families)
 
 
-def test_gep_runs_all_four_families_each_at_its_defaults(gep_run):
-    """GEP (paper 001): the k-LMS sampler of the study file is SD's protocol; the other families keep
-    their own samplers and card defaults, and every image of every family is embedded and checked."""
-    recs = check_records(gep_run, MODELS)
+def test_gep_runs_every_family_each_at_its_defaults(gep_run):
+    """GEP (paper 001) with today's four families and the twelve of 2025-2026: the k-LMS sampler of
+    the study file is SD's protocol; the other families keep their own samplers and their cards' or
+    pipelines' defaults (recorded), and every image of every family is generated, embedded and
+    checked."""
+    recs = check_records(gep_run, EVERY)
     assert {m: r["scheduler_class"] for m, r in recs.items()}[PIXART] != "LMSDiscreteScheduler"
-    images = pq.read_table(gep_run / "images.parquet").to_pandas()
-    assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}   # exclude off: all kept
-    assert images[I.NSFW].notna().all() and images["clip_embedding"].notna().all()
-
-
-def test_dalleval_skills_and_alignment_run_today_s_families(tmp_path, ray_local):
-    """DALL-Eval's other two parts, each with every family: PaintSkills (the detector) and
-    image-text alignment (CLIP)."""
-    models = [SDXL, SD35, FLUX, PIXART]
-    for part, run_id, size in (("skills", "s", ["--prompts-per-skill", "1"]), ("alignment", "a", ["--max-captions", "3"])):
-        argv = [part, "--output", str(tmp_path), "--run-id", run_id, "--standin-models", *size, "--steps", "2",
-                "--no-progress", "--generators", ",".join(models)]
-        assert dalleval.main(argv) == 0, part
-        check_records(tmp_path / run_id, models)
-        images = pq.read_table(tmp_path / run_id / "images.parquet").to_pandas()
-        assert images["model"].nunique() == 4 and set(images[I.GENERATION_STATUS]) == {"ok"}, part
-
-
-def test_the_2025_2026_families_run_gep_each_at_its_defaults(tmp_path, ray_local):
-    """GEP (paper 001) with the twelve families of 2025-2026 that have stand-ins: each model ran as its own
-    family at its card's or its pipeline's defaults (recorded), and every image of every family is
-    generated, embedded and checked."""
-    from pipelines import gep
-
-    models = list(NEW)
-    argv = ["run", "--output", str(tmp_path), "--run-id", "n", "--standin-models", "--images-per-prompt", "1",
-            "--steps", "2", "--max-contexts", "2", "--attributes", "dress,suit", "--ensemble", "1", "--no-progress",
-            "--generators", ",".join(models)]
-    assert gep.main(argv) == 0
-    recs = check_records(tmp_path / "n", models)
     assert recs["Tongyi-MAI/Z-Image-Turbo"]["spec"]["guidance_scale"] == 0.0          # the card's
     assert recs["lodestones/Chroma1-HD"]["spec"]["guidance_scale"] == 5.0              # the pipeline's
-    images = pq.read_table(tmp_path / "n" / "images.parquet").to_pandas()
-    assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}
+    images = pq.read_table(gep_run / "images.parquet").to_pandas()
+    assert images["model"].nunique() == len(EVERY) and set(images[I.GENERATION_STATUS]) == {"ok"}   # all kept
     assert images[I.NSFW].notna().all() and images["clip_embedding"].notna().all()
 
 
-def test_the_2025_2026_families_run_dalleval_s_skills_and_alignment_parts(tmp_path, ray_local):
-    """DALL-Eval's PaintSkills (the detector, one prompt per skill) and image-text alignment (CLIP)
-    with the twelve 2025-2026 stand-in families, each at its defaults: every image generated and
-    measured in both parts."""
-    models = list(NEW)
+def test_dalleval_skills_and_alignment_run_every_family(tmp_path, ray_local):
+    """DALL-Eval's other two parts with today's four families and the twelve of 2025-2026, each at
+    its defaults: PaintSkills (the detector; one object prompt: the other skills differ in their
+    prompts, not in how a family generates, and run in tests/studies/dalleval/test_skills_run.py)
+    and image-text alignment (CLIP): every image generated and measured in both parts."""
     for part, run_id, size in (("skills", "s", ["--prompts-per-skill", "1", "--skills", "object"]),
                                ("alignment", "a", ["--max-captions", "1"])):
         argv = [part, "--output", str(tmp_path), "--run-id", run_id, "--standin-models", *size, "--steps", "2",
-                "--no-progress", "--generators", ",".join(models)]
+                "--no-progress", "--generators", ",".join(EVERY)]
         assert dalleval.main(argv) == 0, part
-        check_records(tmp_path / run_id, models)
+        check_records(tmp_path / run_id, EVERY)
         images = pq.read_table(tmp_path / run_id / "images.parquet").to_pandas()
-        assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}, part
-
-
-def test_the_2025_2026_families_run_dalleval_s_social_bias_part(tmp_path, ray_local):
-    """DALL-Eval's social-bias part (paper 000, section 4.2.4) with the twelve 2025-2026 stand-in
-    families: each at its defaults, every image generated and measured (BLIP-2's gender, skin tone)."""
-    models = list(NEW)
-    argv = ["run", "--output", str(tmp_path), "--run-id", "n", "--standin-models", "--images-per-prompt", "1",
-            "--steps", "2", "--max-professions", "1", "--no-attributes", "--no-progress", "--generators", *models]
-    assert dalleval.main(argv) == 0
-    check_records(tmp_path / "n", models)
-    images = pq.read_table(tmp_path / "n" / "images.parquet").to_pandas()
-    assert images["model"].nunique() == len(models) and set(images[I.GENERATION_STATUS]) == {"ok"}
-    assert images["detected_gender"].notna().all() and images["skin_status"].notna().all()
+        assert images["model"].nunique() == len(EVERY) and set(images[I.GENERATION_STATUS]) == {"ok"}, part
 
 
 # ---------------------------------------------------------------- t2i compare on these runs
-def test_compare_four_models_in_two_studies(gep_run, dalleval_run, tmp_path, capsys):
-    """The cross-study table and overview from stand-in runs of two studies, four models each: the
+def test_compare_every_family_in_two_studies(gep_run, dalleval_run, tmp_path, capsys):
+    """The cross-study table and overview from stand-in runs of two studies, sixteen models each: the
     runs' own values with intervals, ranks and tie marks, pairs paired on shared prompts and seeds,
     one overview row per model (joined on the stand-ins' recorded weights), and a protocol
     difference refused."""
@@ -213,9 +159,9 @@ def test_compare_four_models_in_two_studies(gep_run, dalleval_run, tmp_path, cap
     assert len(studies) == 2 and all(d == {} for d in record["protocol_differences"].values())
     for study in studies:
         t = pd.read_csv(out / f"{study}.csv")
-        assert t["model"].nunique() == 4 and t["metric"].nunique() >= 1
+        assert t["model"].nunique() == len(EVERY) and t["metric"].nunique() >= 1
         for _, part in t.groupby("metric"):
-            assert sorted(part["rank"]) == [1, 2, 3, 4]
+            assert sorted(part["rank"]) == list(range(1, len(EVERY) + 1))
         ok = t.dropna(subset=["low"])
         assert len(ok) and (ok["low"] <= ok["value"] + 1e-12).all() and (ok["value"] <= ok["high"] + 1e-12).all()
         pairs = pd.read_csv(out / f"{study}-pairs.csv")
@@ -240,7 +186,7 @@ def test_compare_four_models_in_two_studies(gep_run, dalleval_run, tmp_path, cap
             if not pd.isna(r["value"]):
                 assert r["value"] == pytest.approx(own[(r["model"], r["metric"])])
     ov = pd.read_csv(out / "overview.csv")
-    assert sorted(ov["model"]) == sorted(MODELS) and ov.notna().all().all()
+    assert sorted(ov["model"]) == sorted(EVERY) and ov.notna().all().all()
     html = (out / "overview.html").read_text()
     assert "Stand-in models" in html and "data:image/png;base64" in html
     assert "#1 " in printed and "stand-in" in printed.lower()
