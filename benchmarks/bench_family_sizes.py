@@ -103,7 +103,7 @@ def mistral_small_31():
 
 
 def qwen3(size: str):
-    """Qwen3 4B (Z-Image; embeddings tied) or 8B (FLUX.2 klein 9B; untied lm_head) as Qwen3ForCausalLM, the
+    """Qwen3 4B (Z-Image, FLUX.2 klein 4B; embeddings tied) or 8B (FLUX.2 klein 9B; untied lm_head) as Qwen3ForCausalLM, the
     class Flux2KleinPipeline names. Recalled published configs (Qwen/Qwen3-4B, Qwen/Qwen3-8B config.json)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM  # deferred: transformers
 
@@ -193,19 +193,25 @@ def byt5_glyph():
 
 # ---- the 2025-2026 families' denoisers and VAEs
 
-def flux2_transformer(klein_9b: bool = False):
+def flux2_transformer(klein: str | None = None):
     """FLUX.2-dev: Flux2Transformer2DModel's defaults are its published config (8 double and 48 single blocks,
     48 heads x 128, joint_attention_dim 15360 = 3 x Mistral's 5120 (Flux2Pipeline stacks layers 10, 20, 30),
     guidance embedding on), confirmed offline against the class and diffusers' convert_flux2_to_diffusers.py.
     FLUX.2 klein 9B: published config as recalled, not confirmable offline (its repository is gated): 8 double and
     24 single blocks, 32 heads x 128, joint_attention_dim 12288 = 3 x Qwen3-8B's 4096 (Flux2KleinPipeline stacks
     layers 9, 18, 27: confirmed offline), no guidance embedding (the klein pipeline passes guidance=None:
-    confirmed offline); the same values are in several public FLUX.2 klein loaders (DiffSynth-Studio, mflux)."""
+    confirmed offline); the same values are in several public FLUX.2 klein loaders (DiffSynth-Studio, mflux).
+    FLUX.2 klein 4B: 5 double and 20 single blocks, 24 heads x 128, joint_attention_dim 7680 = 3 x Qwen3-4B's
+    2560, no guidance embedding, the class's other defaults: the transformer config.json of a public copy of the
+    diffusers-format klein-base-4B repository (the official one is gated)."""
     from diffusers import Flux2Transformer2DModel  # deferred: diffusers
 
-    if klein_9b:
+    if klein == "9B":
         return Flux2Transformer2DModel(num_layers=8, num_single_layers=24, num_attention_heads=32,
                                        joint_attention_dim=12288, guidance_embeds=False)
+    if klein == "4B":
+        return Flux2Transformer2DModel(num_layers=5, num_single_layers=20, num_attention_heads=24,
+                                       joint_attention_dim=7680, guidance_embeds=False)
     return Flux2Transformer2DModel()
 
 
@@ -365,8 +371,11 @@ def models():
             "transformer": flux2_transformer, "text_encoder (Mistral 3.1)": mistral_small_31,
             "vae": AutoencoderKLFlux2}, "transformer", flux2_forward(15360, 4.0), flux2_latents),
         "black-forest-labs/FLUX.2-klein-base-9B": ("flux2-klein", {
-            "transformer": lambda: flux2_transformer(klein_9b=True), "text_encoder (Qwen3 8B)": lambda: qwen3("8B"),
+            "transformer": lambda: flux2_transformer(klein="9B"), "text_encoder (Qwen3 8B)": lambda: qwen3("8B"),
             "vae": AutoencoderKLFlux2}, "transformer", flux2_forward(12288, None), flux2_latents),
+        "black-forest-labs/FLUX.2-klein-base-4B": ("flux2-klein", {
+            "transformer": lambda: flux2_transformer(klein="4B"), "text_encoder (Qwen3 4B)": lambda: qwen3("4B"),
+            "vae": AutoencoderKLFlux2}, "transformer", flux2_forward(7680, None), flux2_latents),
         # Qwen-Image: QwenImageTransformer2DModel's defaults are its published config (60 layers, 24 heads x 128,
         # joint_attention_dim 3584 = Qwen2.5-VL's hidden size, 16 channels packed 2 x 2), and
         # AutoencoderKLQwenImage's are its VAE's (base_dim 96, z_dim 16): confirmed offline against the classes

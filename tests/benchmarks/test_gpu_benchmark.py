@@ -150,6 +150,21 @@ def test_each_new_family_s_full_size_pipeline_is_its_class_with_the_benchmark_s_
         assert total == gpus.PIPELINE_PARAMETERS[model.lower()]
 
 
+@pytest.mark.parametrize("model", ["black-forest-labs/FLUX.2-klein-base-4B"])
+def test_the_routing_s_sizes_of_a_model_benchmarked_without_a_gpu_row_are_the_benchmark_s(model):
+    """A model bench_family_sizes counts but gpu.py does not time (FLUX.2 klein 4B): the routing's
+    whole and largest-component counts are the benchmark's meta-device counts."""
+    import torch
+
+    from benchmarks.bench_family_sizes import models
+    from pipelines.engine.run import gpus
+
+    with torch.device("meta"):
+        counts = [sum(p.numel() for p in make().parameters()) for make in models()[model][1].values()]
+    assert gpus.PIPELINE_PARAMETERS[model.lower()] == sum(counts)
+    assert gpus.LARGEST_COMPONENT[model.lower()] == max(counts)
+
+
 # -- helpers ------------------------------------------------------------------------------------------------------
 
 

@@ -277,6 +277,7 @@ def test_needs_large_gpu(model, dtype, large):
     ("HiDream-ai/HiDream-I1-Dev", "xlarge_gpu", "large_gpu"),         # 72 GiB; offloaded 40 GiB
     ("hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "xlarge_gpu", "large_gpu"),
     ("black-forest-labs/FLUX.2-klein-base-9B", "large_gpu", None),    # 40 GiB; offloaded 21 GiB
+    ("black-forest-labs/FLUX.2-klein-4B", None, None),                # 18.6 GiB: an A10G holds it whole
     ("lodestones/Chroma1-HD", "large_gpu", None),
     ("THUDM/CogView4-6B", "large_gpu", None),
     ("Tongyi-MAI/Z-Image-Turbo", "large_gpu", None),                  # 24 GiB: just over an A10G's 22.4
@@ -287,6 +288,7 @@ def test_needs_large_gpu(model, dtype, large):
 ])
 def test_the_2025_2026_families_go_to_the_card_that_holds_them(model, tier, offloaded):
     spec = _spec(model)
+    assert gpus.memory_needed(spec) is not None           # every one's size is known here (none left unrouted)
     if tier is None and gpus.needs_large_gpu(spec):       # FLUX.2-dev: more than the largest card
         assert gpus.memory_needed(spec) > gpus.XLARGE_GPU_WORKER_MEMORY
     else:

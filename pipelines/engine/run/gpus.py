@@ -102,6 +102,8 @@ PIPELINE_PARAMETERS: dict[str, int] = {
     "black-forest-labs/flux.2-dev": 56_318_688_547,          # 32.2B transformer + Mistral Small 3.1 24.0B
     "black-forest-labs/flux.2-klein-base-9b": 17_353_362_723,  # 9.1B transformer + Qwen3 8B
     "black-forest-labs/flux.2-klein-9b": 17_353_362_723,     # the distilled klein 9B: the same networks
+    "black-forest-labs/flux.2-klein-base-4b": 7_982_058_787,   # 3.9B transformer + Qwen3 4B
+    "black-forest-labs/flux.2-klein-4b": 7_982_058_787,      # the distilled klein 4B: the same networks
     "qwen/qwen-image": 28_849_460_275,                       # 20.4B transformer + Qwen2.5-VL 7B
     "hidream-ai/hidream-i1-full": 30_800_786_451,            # 17.1B transformer + CLIP-L, CLIP-G, T5-XXL, Llama 3.1 8B
     "hidream-ai/hidream-i1-dev": 30_800_786_451,             # dev and fast: the full model distilled, same networks
@@ -131,6 +133,8 @@ LARGEST_COMPONENT: dict[str, int] = {
     "black-forest-labs/flux.2-dev": 32_223_281_152,                      # transformer
     "black-forest-labs/flux.2-klein-base-9b": 9_078_581_248,             # transformer
     "black-forest-labs/flux.2-klein-9b": 9_078_581_248,
+    "black-forest-labs/flux.2-klein-base-4b": 4_022_468_096,             # Qwen3 4B (the transformer: 3.88B)
+    "black-forest-labs/flux.2-klein-4b": 4_022_468_096,
     "qwen/qwen-image": 20_430_401_088,                                   # transformer
     "hidream-ai/hidream-i1-full": 17_105_733_184,                        # transformer
     "hidream-ai/hidream-i1-dev": 17_105_733_184,
