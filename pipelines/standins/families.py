@@ -93,10 +93,12 @@ def _clip_encoder(seed: int, projection: bool, hidden: int = TINY, positions: in
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg)
 
 
-def _vae(seed: int, latent_channels: int = 4, flow: bool = False, stages: int = 4):
+def _vae(seed: int, latent_channels: int = 4, flow: bool = False, stages: int = 4, mid_attention: bool = True):
     """The stand-in VAE. SD's 4-channel VAE (SDXL, PixArt) gets the fitted face decoder of
     ``standins.face_decoder`` (its images are faces, so the face steps of the studies find some);
-    the flow models' VAEs (SD 3: 16 channels, FLUX: no quant convs) stay random."""
+    the flow models' VAEs (SD 3: 16 channels, FLUX: no quant convs) stay random. ``mid_attention``
+    False: no self-attention in the middle block (HiDream's latents are always 128 x 128, whose
+    16,384-position attention was three quarters of its stand-in's generation time)."""
     # deferred: torch, diffusers
     import torch
     from diffusers import AutoencoderKL
@@ -111,7 +113,7 @@ def _vae(seed: int, latent_channels: int = 4, flow: bool = False, stages: int = 
     return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * stages,
                          up_block_types=("UpDecoderBlock2D",) * stages, block_out_channels=(8, 8, 16, 16)[-stages:],
                          layers_per_block=1, latent_channels=latent_channels, norm_num_groups=8, sample_size=64,
-                         **extra)
+                         mid_block_add_attention=mid_attention, **extra)
 
 
 def build_tiny_sdxl(directory, seed: int = 0) -> str:
@@ -254,7 +256,8 @@ def build_tiny_lumina2(directory, seed: int = 0) -> str:
 
 def _dc_ae(seed: int):
     """SANA's deep-compression autoencoder, tiny: six stages (32x spatial compression, as the real
-    one), linear attention in the last three."""
+    one), linear attention in the last three; 4 channels in the two full-resolution stages (SANA's
+    resolution bins make the stand-ins decode at 512 and 1024 px: half the decoder's time of 8)."""
     # deferred: torch, diffusers
     import torch
     from diffusers import AutoencoderDC
@@ -263,8 +266,8 @@ def _dc_ae(seed: int):
     blocks = ("ResBlock",) * 3 + ("EfficientViTBlock",) * 3
     scales = ((),) * 3 + ((5,),) * 3
     return AutoencoderDC(in_channels=3, latent_channels=4, attention_head_dim=8, encoder_block_types=blocks,
-                         decoder_block_types=blocks, encoder_block_out_channels=(8, 8, 8, 16, 16, 16),
-                         decoder_block_out_channels=(8, 8, 8, 16, 16, 16), encoder_layers_per_block=(1,) * 6,
+                         decoder_block_types=blocks, encoder_block_out_channels=(4, 4, 8, 16, 16, 16),
+                         decoder_block_out_channels=(4, 4, 8, 16, 16, 16), encoder_layers_per_block=(1,) * 6,
                          decoder_layers_per_block=(1,) * 6, encoder_qkv_multiscales=scales,
                          decoder_qkv_multiscales=scales, upsample_block_type="interpolate",
                          downsample_block_type="conv", decoder_norm_types="rms_norm", decoder_act_fns="silu",
@@ -452,7 +455,7 @@ def build_tiny_hidream(directory, seed: int = 0) -> str:
         llama = LlamaForCausalLM(config)
         pipe = HiDreamImagePipeline(
             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-            vae=_vae(seed + 1, latent_channels=16, flow=True, stages=2),
+            vae=_vae(seed + 1, latent_channels=16, flow=True, stages=2, mid_attention=False),
             text_encoder=_clip_encoder(seed + 2, True, positions=248), tokenizer=build_clip_tokenizer(),
             text_encoder_2=_clip_encoder(seed + 3, True, positions=248), tokenizer_2=build_clip_tokenizer(),
             text_encoder_3=_t5_encoder(seed + 4), tokenizer_3=build_tiny_t5_tokenizer(),
