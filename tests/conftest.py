@@ -138,6 +138,26 @@ SLOW_NODE_PREFIXES = (
     # and the rest of test_sbert_openvino.py's (most of its tests use Ray, so are slow anyway)
     "operators/support/test_sbert_lean.py",
     "operators/support/test_sbert_openvino.py",
+    # The real SBERT again, over the sample's captions in token batches (about 8 s)
+    "operators/support/test_sbert_batches.py",
+    # Every generator family's stand-in pipeline built, loaded and run, once per family and test:
+    # generation through the loader, NaN latents, the word-map recorders (about 35 s in all)
+    "operators/test_model_families.py::test_each_family_generates_through_the_loader",
+    "operators/test_model_families.py::test_nan_latents_give_invalid_image",
+    "operators/support/test_kernel_attention.py",
+    "operators/support/test_kolors_attention.py",
+    # Coverage simulations: thousands of resampled intervals each (about 19 s)
+    "engine/test_intervals.py::test_the_stratified_bootstrap_covers",
+    "engine/test_intervals.py::test_the_bootstrap_covers_the_true_mean",
+    # Each study's report rendered and opened in headless Chromium (about 14 s)
+    "engine/test_report_browser.py",
+    # Tests that start a Ray instance of their own through a study's main() (about 12 s)
+    "engine/test_cli.py::test_unloadable_model_fails_before_data_is_read",
+    "studies/amplification/test_input_integrity.py::test_non_text_rows_over_the_error_budget_fail_before_any_model_loads",
+    # A fresh interpreter importing every operator's libraries, to see what is deferred (about 7 s)
+    "operators/support/test_deferred_imports.py::test_importing_operators_defers_what_timm_and_img2dataset_import_unused",
+    # The corrected intervals' coverage over 500 simulated datasets (about 5 s)
+    "annotate/test_estimate.py::test_corrected_intervals_cover_at_their_nominal_rate",
 )
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
