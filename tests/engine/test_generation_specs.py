@@ -370,6 +370,11 @@ def test_cpu_offload_is_the_card_s_recommendation_a_per_model_setting_and_not_in
         f"{hidream}:cpu_offload=false", f"{lumina}", f"{chroma}:cpu_offload=no", f"{sdxl}:cpu_offload=true"]))
     assert [s.cpu_offload for s in user.generators] == [False, True, False, True]
     assert user.job() == cards.job()                         # where the weights wait is not what is computed
+    from pipelines.engine.stats.headline import subject_identity
+
+    identity = [subject_identity({"model": s.model, "detail": {"spec": s.record()}})
+                for s in (cards.generators[0], user.generators[0])]
+    assert identity[0] == identity[1]                        # `compare` joins a model run with and without it
     with pytest.raises(ValueError, match=r"^--generator org/a: cpu_offload='maybe' is not true or false$"):
         generation_settings({"models": []}, SimpleNamespace(generator=["org/a:cpu_offload=maybe"]))
 

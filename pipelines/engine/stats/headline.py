@@ -137,10 +137,10 @@ def subject_identity(record: dict) -> dict:
     """The identity of a generator from its provenance record (``{"role", "model", "detail"}``):
     its weights' sha256 where recorded (the same weights are the same model, whatever the path),
     else the hub id and commit or revision; plus the generation settings of its spec that change
-    the images (scheduler, steps, guidance, size, dtype)."""
+    the images (scheduler, steps, guidance, size, dtype; not CPU offload, which moves weights only)."""
     detail = record.get("detail") or {}
     spec = dict(detail.get("spec") or {})
-    for k in ("device", "model", "revision"):
+    for k in ("device", "model", "revision", "cpu_offload"):
         spec.pop(k, None)
     ident = {"weights_sha256": detail.get("weights_sha256")} if detail.get("weights_sha256") else \
         {"model": record.get("model"), "commit": detail.get("commit") or (detail.get("spec") or {}).get("revision")}
