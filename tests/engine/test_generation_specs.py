@@ -370,6 +370,9 @@ def test_cpu_offload_is_the_card_s_recommendation_a_per_model_setting_and_not_in
         f"{hidream}:cpu_offload=false", f"{lumina}", f"{chroma}:cpu_offload=no", f"{sdxl}:cpu_offload=true"]))
     assert [s.cpu_offload for s in user.generators] == [False, True, False, True]
     assert user.job() == cards.job()                         # where the weights wait is not what is computed
+    from pipelines.engine.run.fingerprint import settings_job
+
+    assert settings_job([user.generators[0]]) == settings_job([cards.generators[0]])   # a spec list (paper 002's)
     from pipelines.engine.stats.headline import subject_identity
 
     identity = [subject_identity({"model": s.model, "detail": {"spec": s.record()}})

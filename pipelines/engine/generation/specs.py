@@ -103,6 +103,11 @@ class GeneratorSpec:
             d.pop("cpu_offload")
         return d
 
+    def job(self) -> dict:
+        """The spec as a run's fingerprint sees it: its record without CPU offload, which moves weights,
+        not numbers (a run resumed with it on or off reuses its images)."""
+        return {k: v for k, v in self.record().items() if k != "cpu_offload"}
+
     def operator_kwargs(self) -> dict:
         """The keyword arguments of a generator operator (ImageGenerator, TripletGenerator)."""
         return {"model": self.model, "revision": self.revision, "dtype": self.dtype,
@@ -137,8 +142,7 @@ class GenerationSettings:
 
     def job(self) -> dict:
         """What generated images depend on: part of a run's fingerprint (one definition for every study)."""
-        # CPU offload moves weights, not numbers: a run resumed with it on or off reuses its images
-        return {"generators": [{k: v for k, v in g.record().items() if k != "cpu_offload"} for g in self.generators],
+        return {"generators": [g.job() for g in self.generators],
                 "seed": int(self.seed),
                 "images_per_prompt": int(self.images_per_prompt), "caption_images": int(self.caption_images),
                 "safety": self.safety.job()}
