@@ -110,8 +110,24 @@ def _overlay_masks(ax, image, masks, labels, groups):
     ax.axis("off")
 
 
+# the longest side an example panel keeps of its image and masks: a panel is 1.6 inches wide, 240 px in the
+# PNG (figures.DPI); a 1024 px image drawn there is resampled anyway, and embedded whole in the PDF
+# (a project choice: larger images are reduced by an integer factor, box-averaged; masks by striding)
+EXAMPLE_PIXELS = 320
+
+
+def _reduced(image: np.ndarray, step: int) -> np.ndarray:
+    """``image`` (H x W x 3 uint8) reduced ``step`` times on each side by box averaging."""
+    if step <= 1:
+        return image
+    from PIL import Image  # deferred: Pillow (the report's optional path)
+
+    return np.asarray(Image.fromarray(image).reduce(step))
+
+
 def example_figure(row: dict, image: np.ndarray | None):
-    """One image: its object masks coloured by group, then each noun's heat map with its mask's outline."""
+    """One image: its object masks coloured by group, then each noun's heat map with its mask's outline
+    (images over ``EXAMPLE_PIXELS`` drawn reduced, with their masks)."""
     if image is not None:
         h, w = image.shape[:2]
     else:   # no saved image: the size from a mask's RLE (square images only; else no figure)
@@ -123,11 +139,12 @@ def example_figure(row: dict, image: np.ndarray | None):
         if side * side != n:
             return None
         h = w = side
-    base = image if image is not None else np.full((h, w, 3), 200, np.uint8)
+    step = -(-max(h, w) // EXAMPLE_PIXELS)
+    base = _reduced(image if image is not None else np.full((h, w, 3), 200, np.uint8), step)
     words = _list(row.get(S.ATTENTION_WORDS))
     fig = _figures.new_figure(1.6 * (1 + len(words)), 1.9)
     ax = fig.add_subplot(1, 1 + len(words), 1)
-    masks = [rle.decode(m, h, w) for m in _list(row.get(S.OBJECT_MASKS))]
+    masks = [rle.decode(m, h, w)[::step, ::step] for m in _list(row.get(S.OBJECT_MASKS))]
     _overlay_masks(ax, base, masks, _list(row.get(S.OBJECT_LABELS)), _list(row.get(S.OBJECT_GROUPS)))
     heats, word_masks = _list(row.get(S.ATTENTION_MAPS)), _list(row.get(S.ATTENTION_MASKS))
     for k, (word, heat, mask) in enumerate(zip(words, heats, word_masks)):
@@ -135,8 +152,8 @@ def example_figure(row: dict, image: np.ndarray | None):
         ax.imshow(base)
         side = S.ATTENTION_MAP_SIZE
         ax.imshow(np.frombuffer(heat, np.uint8).reshape(side, side), cmap="jet", alpha=0.5,
-                  extent=(0, w, h, 0), interpolation="bicubic")
-        ax.contour(rle.decode(mask, h, w), levels=[0.5], colors="white", linewidths=0.6)
+                  extent=(0, base.shape[1], base.shape[0], 0), interpolation="bicubic")
+        ax.contour(rle.decode(mask, h, w)[::step, ::step], levels=[0.5], colors="white", linewidths=0.6)
         ax.set_title(f"'{word}'", fontsize=6)
         ax.axis("off")
     return fig

@@ -280,3 +280,30 @@ def test_group_tests_with_fewer_than_the_minimum_objects_are_not_run_and_say_why
 
     wide = chi2_wide(ruled, True)
     assert wide["explicitly guided"].str.startswith("not run: fewer than 5 objects").all()
+
+
+@pytest.mark.parametrize("side, kept", [(1024, 256), (512, 256), (64, 64)])
+def test_an_example_figure_draws_a_large_image_and_its_masks_reduced(side, kept):
+    """The report's example panels (1.6 inches, 240 px in the PNG) draw an image over
+    EXAMPLE_PIXELS reduced by an integer factor, its object and word masks with it, the heat map over
+    the same extent; a small image as it is. The reduced image is the box average of the original."""
+    from operators.support import rle
+    from pipelines.studies.exposed import report_objects as R
+    from schemas import exposed as S
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+    mask = np.zeros((side, side), bool)
+    mask[side // 4: side // 2, side // 4: side // 2] = True
+    row = {S.OBJECT_MASKS: [rle.encode(mask)], S.OBJECT_LABELS: ["tie"], S.OBJECT_GROUPS: [S.DependencyGroup.EXPLICITLY_GUIDED],
+           S.ATTENTION_WORDS: ["doctor"], S.ATTENTION_MASKS: [rle.encode(mask)],
+           S.ATTENTION_MAPS: [bytes(S.ATTENTION_MAP_SIZE ** 2)]}
+    fig = R.example_figure(row, image)
+    base, overlay = (im.get_array() for im in fig.axes[0].images)
+    assert base.shape == (kept, kept, 3) and overlay.shape[:2] == (kept, kept)
+    step = side // kept
+    expected = image.reshape(kept, step, kept, step, 3).mean(axis=(1, 3))
+    assert np.abs(base.astype(float) - expected).max() <= 1                       # box-averaged
+    assert overlay[..., 3].astype(bool).sum() == mask[::step, ::step].sum()       # the mask, reduced with it
+    heat = fig.axes[1].images[1]
+    assert heat.get_extent() == [0, kept, kept, 0] and fig.axes[1].collections    # the heat map and the outline
