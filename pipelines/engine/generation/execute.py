@@ -43,8 +43,8 @@ def generator_pipeline(run, plan: GenerationPlan, spec: GeneratorSpec) -> list[S
     safety = run.safety or SafetySettings(policy=spec.safety_checker)
     offload = gpus.offloaded(spec, run.gpu, opts.gen_cpu_offload)
     if spec.cpu_offload and not offload:
-        print(f"{spec.name}: CPU offload (cpu_offload=true) applies when the generator actors get a GPU; these run "
-              f"on the CPU, so the whole model is loaded")
+        print(f"{spec.name}: CPU offload (cpu_offload=true) applies when the generator actors get a GPU; these ask "
+              f"for none, so the whole model is loaded")
     gen = Stage(op, {**spec.operator_kwargs(), "micro_batch": opts.gen_batch_size,
                      "device": run.gpu.device if run.gpu else "auto", "heads": list(plan.heads),
                      **safety.operator_kwargs(), **speed, **({"cpu_offload": True} if offload else {}),
