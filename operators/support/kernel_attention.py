@@ -148,9 +148,11 @@ class Family:
     # SANA, PixArt: the pipeline reads the prompt through its own _text_preprocessing (lower-cased
     # and stripped, or PixArt's caption cleaning); SANA keeps the text encoder's first position and
     # its last (text length - 1): its denoiser's text is that selection of the row
-    lower: bool = False
+    preprocessed: bool = False
     select_last: bool = False
     cond_second: bool = False            # CFG as one doubled batch [unconditional, conditional] (HiDream)
+    encoder: str = "text_encoder"        # the pipeline's text encoder whose ids the recorded text holds (HiDream: T5)
+    pad_to_max_seq: bool = False         # a non-square image is padded to the transformer's max_seq (HiDream)
     padded_text: bool = False            # the encoder's padded row reaches the denoiser whole (FLUX.2): a left
                                          # padding shifts each prompt (``lead``)
 
@@ -169,11 +171,12 @@ FAMILIES = {f.transformer: f for f in (
     Family("z-image", "ZImageTransformer2DModel", ("layers",), frozenset(), grid_from="x", order=IMAGE_FIRST,
            attn="attention", image_pad=32, cond_first=True),
     Family("sana", "SanaTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents", order=CROSS,
-           attn="attn2", kernel="sdpa", lower=True, select_last=True),
+           attn="attn2", kernel="sdpa", preprocessed=True, select_last=True),
     Family("pixart", "PixArtTransformer2DModel", ("transformer_blocks",), frozenset(), grid_from="latents",
-           order=CROSS, attn="attn2", kernel="sdpa", lower=True),
+           order=CROSS, attn="attn2", kernel="sdpa", preprocessed=True),
     Family("hidream", "HiDreamImageTransformer2DModel", ("double_stream_blocks", "single_stream_blocks"), frozenset(),
-           grid_from="latents", order=IMAGE_FIRST, attn="block.attn1", kernel="sdpa", cond_second=True),
+           grid_from="latents", order=IMAGE_FIRST, attn="block.attn1", kernel="sdpa", cond_second=True,
+           encoder="text_encoder_3", pad_to_max_seq=True),
 )}
 
 
@@ -254,7 +257,7 @@ def read_text(pipe, prompt: str) -> str:
     ``_text_preprocessing`` at their call's default ``clean_caption`` (lower-cased and stripped, or
     PixArt's caption cleaning), else the prompt itself."""
     family = FAMILIES.get(type(getattr(pipe, "transformer", None)).__name__)
-    if family is None or not family.lower:
+    if family is None or not family.preprocessed:
         return prompt
     clean = inspect.signature(type(pipe).__call__).parameters["clean_caption"].default
     return pipe._text_preprocessing([prompt], clean_caption=bool(clean))[0]
@@ -382,7 +385,7 @@ class KernelAttentionCapture(JointAttentionCapture):
             self._hooks.append(module.register_forward_hook(lambda *_: self._enter_module(None)))
         self._hooks.append(self.transformer.register_forward_pre_hook(self._before_forward, with_kwargs=True))
         self.rows = self.lead = None
-        encoder = self._encoder()
+        encoder = getattr(self.pipe, self.family.encoder, None)   # whose ids the recorded text holds
         if encoder is not None:
             self._hooks.append(encoder.register_forward_pre_hook(self._encoder_rows, with_kwargs=True))
         self._wrap_cache_context()
@@ -428,10 +431,6 @@ class KernelAttentionCapture(JointAttentionCapture):
             return original(query, key, value, attn_mask, *args, **kwargs)
 
         return scaled_dot_product_attention
-
-    def _encoder(self):
-        """The text encoder whose ids the denoiser's recorded text positions hold (HiDream: T5's)."""
-        return getattr(self.pipe, "text_encoder_3" if self.family.name == "hidream" else "text_encoder", None)
 
     def _encoder_rows(self, module, args, kwargs):
         """The ids of the text encoder's first call while recording: the prompts' (the negative
@@ -543,7 +542,7 @@ class KernelAttentionCapture(JointAttentionCapture):
         if self._call_grid is not None:
             image = self._call_grid[0] * self._call_grid[1]
             padded = image + (-image) % self.family.image_pad      # Z-Image pads its image segment to 32
-            if self.family.name == "hidream" and self._call_grid[0] != self._call_grid[1]:
+            if self.family.pad_to_max_seq and self._call_grid[0] != self._call_grid[1]:
                 padded = int(self.transformer.max_seq)              # HiDream pads a non-square image to max_seq
             length = positions - padded
         else:

@@ -8,6 +8,7 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
+from PIL import Image
 
 from operators.support import rle
 from pipelines.engine.report import figures as _figures
@@ -118,11 +119,7 @@ EXAMPLE_PIXELS = 320
 
 def _reduced(image: np.ndarray, step: int) -> np.ndarray:
     """``image`` (H x W x 3 uint8) reduced ``step`` times on each side by box averaging."""
-    if step <= 1:
-        return image
-    from PIL import Image  # deferred: Pillow (the report's optional path)
-
-    return np.asarray(Image.fromarray(image).reduce(step))
+    return image if step <= 1 else np.asarray(Image.fromarray(image).reduce(step))
 
 
 def example_figure(row: dict, image: np.ndarray | None):
