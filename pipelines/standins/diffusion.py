@@ -123,6 +123,14 @@ def tiny_safety_checker(seed: int = 0):
     return checker, CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
 
 
+def checker_levels(images):
+    """Calibration images, (N, 3, H, W) floats in [0, 1], as the 8-bit levels the stand-in
+    checker's image processor reads: (N, 3, H, W) uint8 on the CPU."""
+    import torch  # deferred: torch
+
+    return images.detach().float().cpu().mul(255).round().clamp(0, 255).to(torch.uint8)
+
+
 def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagged_share: float = 0.2,
                               images=None) -> str:
     """Save a tiny random standalone safety checker (``config.json`` and
@@ -131,9 +139,9 @@ def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagg
     flags some images: its first concept embedding is the calibration embeddings' first principal
     direction, whose threshold is the
     ``1 - flagged_share`` quantile of the cosines of calibration images; the other concepts never
-    fire. ``images``: the calibration images, (N, 3, H, W) floats in [0, 1], or a list of such
-    batches, one per stand-in generator the check will see: the direction is then the main one
-    *within* the generators, orthogonal to the differences between their mean embeddings, so that
+    fire. ``images``: the calibration images, (N, 3, H, W) floats in [0, 1] (or their
+    ``checker_levels``), or a list of such batches, one per stand-in generator the check will see:
+    the direction is then the main one *within* the generators, orthogonal to the differences between their mean embeddings, so that
     each generator gets flagged images, not one generator all of them. Default: the stand-in face
     decoder's targets at random latents and noise images."""
     import torch  # deferred: torch
@@ -148,7 +156,7 @@ def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagg
     groups = list(images) if isinstance(images, (list, tuple)) else [images]
     embeds = []
     for batch in groups:
-        levels = batch.detach().float().cpu().mul(255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        levels = (batch if batch.dtype == torch.uint8 else checker_levels(batch)).permute(0, 2, 3, 1)
         pixels = processor(list(levels.numpy()), return_tensors="pt").pixel_values
         with torch.no_grad():
             embeds.append(checker.visual_projection(checker.vision_model(pixels)[1]))

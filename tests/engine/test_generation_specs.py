@@ -200,6 +200,7 @@ def test_a_standin_nsfw_check_is_calibrated_on_the_generators_as_they_load(tmp_p
     from operators.support.diffusion import _generate, load_text2image
     from pipelines.engine.generation.loading import CALIBRATION_PROMPTS
     from pipelines.engine.generation.safety import SafetySettings
+    from pipelines.standins.diffusion import checker_levels
 
     (spec,) = G.build_standin_generators([GeneratorSpec("org/a", steps=2)], str(tmp_path))
     safety, checker = G.standin_checker(SafetySettings(exclude=True), str(tmp_path))
@@ -226,7 +227,7 @@ def test_a_standin_nsfw_check_is_calibrated_on_the_generators_as_they_load(tmp_p
     with torch.inference_mode():
         alone, _ = _generate(pipe, list(CALIBRATION_PROMPTS), list(range(len(CALIBRATION_PROMPTS))), spec.steps,
                              spec.guidance_scale, spec.height, spec.width, "cpu", spec.call_kwargs)
-    assert torch.equal(checker.images[0], alone.float())
+    assert torch.equal(checker.images[0], checker_levels(alone))
     with pytest.raises(RuntimeError, match="calibration images of 1 generator"):
         checker.build(2)
     assert checker.build(1) == safety.model and (tmp_path / "nsfw-check-standin" / "config.json").is_file()
@@ -242,9 +243,56 @@ def test_a_standin_nsfw_check_is_calibrated_on_the_generators_as_they_load(tmp_p
     safety, checker = G.standin_checker(SafetySettings(), str(tmp_path / "run"))
     records = lifecycle._load_models(Study(), SimpleNamespace(standin_models=True), None, None, [spec], safety,
                                      checker)
-    assert len(checker.images) == 1 and torch.equal(checker.images[0], alone.float())
+    assert len(checker.images) == 1 and torch.equal(checker.images[0], checker_levels(alone))
     assert [r["role"] for r in records] == ["generator", "NSFW check (every model's images)"]
     assert records[1]["model"] == safety.model == checker.path
+
+
+def test_a_standin_s_calibration_is_generated_once_per_process_by_what_decides_it(tmp_path, monkeypatch):
+    """The same stand-in (rebuilt elsewhere with the same seed) at the same settings calibrates a
+    later run's checker with the levels generated first, without generating; other steps, another
+    sampler, another seed's weights or other torch threads generate again."""
+    import torch
+
+    from operators.support.diffusion import load_text2image
+    from pipelines.engine.generation import loading
+
+    monkeypatch.setattr(loading, "_CALIBRATED", {})
+    calls = []
+    real = loading.StandinChecker._generate
+    monkeypatch.setattr(loading.StandinChecker, "_generate",
+                        staticmethod(lambda pipe, spec: calls.append(spec.model) or real(pipe, spec)))
+
+    def calibrated(where, spec_kw=None, seed_names=None, scheduler=None):
+        specs = [GeneratorSpec("org/a", **({"steps": 2} | (spec_kw or {}))), GeneratorSpec("org/b", steps=2)]
+        built = G.build_standin_generators(specs, str(tmp_path / where), seed_names)
+        checker = loading.StandinChecker(str(tmp_path / where))
+        pipe, _ = load_text2image(built[0].model, device="cpu", dtype="float32", safety_checker="off",
+                                  scheduler=scheduler)
+        checker.calibrate(pipe, built[0])
+        return checker.images[0]
+
+    first = calibrated("one")
+    assert len(calls) == 1
+    again = calibrated("two")                       # the same files, elsewhere: not generated again
+    assert len(calls) == 1 and torch.equal(again, first) and again.dtype == torch.uint8
+    assert calibrated("three", {"steps": 3}) is not None and len(calls) == 2
+    assert calibrated("four", scheduler="EulerDiscreteScheduler") is not None and len(calls) == 3
+    assert calibrated("five", seed_names=["generator-b", "generator-a"]) is not None and len(calls) == 3
+    # the second stand-in's seed gives other weights: org/b first
+    specs = [GeneratorSpec("org/b", steps=2), GeneratorSpec("org/a", steps=2)]
+    built = G.build_standin_generators(specs, str(tmp_path / "six"))
+    other = loading.StandinChecker(str(tmp_path / "six"))
+    pipe, _ = load_text2image(built[1].model, device="cpu", dtype="float32", safety_checker="off")
+    other.calibrate(pipe, built[1])                 # seed 1's weights
+    assert len(calls) == 4 and not torch.equal(other.images[0], first)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert calibrated("seven") is not None and len(calls) == 5
+    finally:
+        torch.set_num_threads(threads)
+    assert calibrated("eight") is not None and len(calls) == 5
 
 
 def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):

@@ -4,7 +4,9 @@ every generator once (its provenance record) before the run starts."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -12,9 +14,10 @@ from typing import Any, Callable, Sequence
 from operators.base import collect_let_go, weak_parts
 from operators.image_nsfw_check import load_safety_checker
 from operators.support.diffusion import _generate, load_text2image
+from operators.support.models import file_sha256
 from pipelines.engine.generation.safety import SafetySettings
 from pipelines.engine.generation.specs import GeneratorSpec
-from pipelines.standins.diffusion import build_tiny_safety_checker
+from pipelines.standins.diffusion import build_tiny_safety_checker, checker_levels
 from pipelines.standins.families import STANDIN_SIZE, build_tiny_pipeline, standin_family
 
 
@@ -100,6 +103,31 @@ CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of
                        "a photo of a pilot", "a photo of a baker", "a photo of a judge", "a photo of a farmer")
 STANDIN_CHECKER_DIR = "nsfw-check-standin"
 
+CALIBRATIONS_KEPT = 64     # the stand-ins' calibration levels a process keeps
+_CALIBRATED: dict[str, Any] = {}
+
+
+def calibration_key(pipe, spec: GeneratorSpec) -> str | None:
+    """What decides a stand-in's calibration images, as one sha256: every file of its directory
+    (weights, configs, tokenizers), its pipeline and sampler (class and config), the spec's call
+    settings and torch's intra-op threads (float sums may round otherwise with other thread
+    counts). None for a model that is not a local directory."""
+    import torch   # deferred: torch
+
+    root = Path(spec.model)
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}\0{file_sha256(f)}\0".encode())
+    scheduler = getattr(pipe, "scheduler", None)
+    settings = {"pipeline": type(pipe).__name__, "steps": spec.steps, "guidance_scale": spec.guidance_scale,
+                "height": spec.height, "width": spec.width, "call_kwargs": spec.call_kwargs,
+                "scheduler": [type(scheduler).__name__, dict(getattr(scheduler, "config", {}) or {})],
+                "threads": torch.get_num_threads(), "prompts": CALIBRATION_PROMPTS}
+    h.update(json.dumps(settings, sort_keys=True, default=repr).encode())
+    return h.hexdigest()
+
 
 @dataclasses.dataclass(eq=False)
 class StandinChecker:
@@ -119,7 +147,21 @@ class StandinChecker:
         """A few images of ``pipe`` at ``spec``'s settings, unchecked: its own safety checker (if
         any) off meanwhile, as a stand-in generator runs (stand-ins have none). The checker is
         swapped on the object itself: diffusers' ``__setattr__`` would also rewrite the pipeline's
-        config, and not back."""
+        config, and not back. Kept as the 8-bit levels the checker reads (``checker_levels``), and
+        remembered for the process by what decides them (``calibration_key``): a driver that runs
+        several stand-in runs (the test suite, a notebook) generates each stand-in's once."""
+        key = calibration_key(pipe, spec)
+        levels = _CALIBRATED.get(key) if key else None
+        if levels is None:
+            levels = checker_levels(self._generate(pipe, spec))
+            if key:
+                _CALIBRATED[key] = levels
+                while len(_CALIBRATED) > CALIBRATIONS_KEPT:   # the oldest let go first
+                    _CALIBRATED.pop(next(iter(_CALIBRATED)))
+        self.images.append(levels)
+
+    @staticmethod
+    def _generate(pipe, spec: GeneratorSpec):
         import torch   # deferred: torch
 
         own = getattr(pipe, "safety_checker", None)
@@ -132,7 +174,7 @@ class StandinChecker:
         finally:
             if own is not None:
                 object.__setattr__(pipe, "safety_checker", own)
-        self.images.append(out.float())
+        return out
 
     def build(self, generators: int) -> str:
         """The checker, calibrated on the images of each of the run's ``generators`` (a run's
