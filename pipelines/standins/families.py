@@ -20,7 +20,7 @@ classes and file layout of the family and tiny sizes:
   Mistral 3 with its vision tower behind a Pixtral processor and a Mistral chat template; ChatGLM3
   with a SentencePiece model trained here on a few sentences).
 
-The CLIP tokenizer is the real one (``standins.diffusion.build_clip_tokenizer``); the T5 tokenizer
+The CLIP tokenizer is the real one (``standins.diffusion.clip_tokenizer_to_save``); the T5 tokenizer
 is a tiny SentencePiece-style (Unigram) tokenizer over the bytes and a few hundred words, built with
 the ``tokenizers`` library, because T5's vocabulary does not ship with any package here. Images are
 64x64 (latents 8x8; PixArt 256x256). SDXL and PixArt decode with the fitted face decoder of the SD
@@ -34,7 +34,7 @@ import os
 import string
 from pathlib import Path
 
-from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_clip_tokenizer, build_tiny_stable_diffusion
+from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_tiny_stable_diffusion, clip_tokenizer_to_save
 from pipelines.standins.face_decoder import build_tiny_vae, load_face_decoder
 
 FAMILIES = ("sdxl", "sd3", "flux", "pixart", "chroma", "lumina2", "sana", "sana-sprint", "z-image", "flux2-klein",
@@ -131,7 +131,7 @@ def build_tiny_sdxl(directory, seed: int = 0) -> str:
             transformer_layers_per_block=(1, 1), norm_num_groups=32)
         pipe = StableDiffusionXLPipeline(
             vae=_vae(seed + 1), text_encoder=_clip_encoder(seed + 2, False), text_encoder_2=_clip_encoder(seed + 3, True),
-            tokenizer=build_clip_tokenizer(), tokenizer_2=build_clip_tokenizer(), unet=unet,
+            tokenizer=clip_tokenizer_to_save(), tokenizer_2=clip_tokenizer_to_save(), unet=unet,
             scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                                              timestep_spacing="leading", steps_offset=1))
     return _save(pipe, directory, "sdxl", seed)
@@ -151,8 +151,8 @@ def build_tiny_sd3(directory, seed: int = 0) -> str:
         pipe = StableDiffusion3Pipeline(
             transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
             vae=_vae(seed + 1, latent_channels=16, flow=True),
-            text_encoder=_clip_encoder(seed + 2, True), tokenizer=build_clip_tokenizer(),
-            text_encoder_2=_clip_encoder(seed + 3, True), tokenizer_2=build_clip_tokenizer(),
+            text_encoder=_clip_encoder(seed + 2, True), tokenizer=clip_tokenizer_to_save(),
+            text_encoder_2=_clip_encoder(seed + 3, True), tokenizer_2=clip_tokenizer_to_save(),
             text_encoder_3=_t5_encoder(seed + 4), tokenizer_3=build_tiny_t5_tokenizer())
     return _save(pipe, directory, "sd3", seed)
 
@@ -171,7 +171,7 @@ def build_tiny_flux(directory, seed: int = 0, guidance_embeds: bool = False) -> 
         pipe = FluxPipeline(
             transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
             vae=_vae(seed + 1, latent_channels=4, flow=True),
-            text_encoder=_clip_encoder(seed + 2, False), tokenizer=build_clip_tokenizer(),
+            text_encoder=_clip_encoder(seed + 2, False), tokenizer=clip_tokenizer_to_save(),
             text_encoder_2=_t5_encoder(seed + 3), tokenizer_2=build_tiny_t5_tokenizer())
     return _save(pipe, directory, "flux", seed)
 
@@ -456,8 +456,8 @@ def build_tiny_hidream(directory, seed: int = 0) -> str:
         pipe = HiDreamImagePipeline(
             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
             vae=_vae(seed + 1, latent_channels=16, flow=True, stages=2, mid_attention=False),
-            text_encoder=_clip_encoder(seed + 2, True, positions=248), tokenizer=build_clip_tokenizer(),
-            text_encoder_2=_clip_encoder(seed + 3, True, positions=248), tokenizer_2=build_clip_tokenizer(),
+            text_encoder=_clip_encoder(seed + 2, True, positions=248), tokenizer=clip_tokenizer_to_save(),
+            text_encoder_2=_clip_encoder(seed + 3, True, positions=248), tokenizer_2=clip_tokenizer_to_save(),
             text_encoder_3=_t5_encoder(seed + 4), tokenizer_3=build_tiny_t5_tokenizer(),
             text_encoder_4=llama, tokenizer_4=llama_tokenizer, transformer=transformer)
     return _save(pipe, directory, "hidream", seed)
