@@ -12,6 +12,10 @@ difference to torch on real captions and whether the nearest-neighbour subsets s
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+
 import numpy as np
 
 from operators.support.models import package_version
@@ -22,10 +26,26 @@ BACKENDS = ("torch", "openvino", "auto")
 
 def available() -> bool:
     try:
-        import openvino  # noqa: F401  # deferred: openvino
+        import_openvino()
     except ImportError:
         return False
     return True
+
+
+def import_openvino():
+    """``openvino``, without its usage reports. OpenVINO reports its import and each model
+    conversion to Intel through Google Analytics unless the user opted out: it writes a client ID
+    under ``~/intel`` and forks a process per event, which waits up to its timeout where there is
+    no network (a cluster's worker nodes). Imported first here, its conversion modules bind
+    OpenVINO's own stub (as when openvino-telemetry is not installed); imported elsewhere first,
+    each conversion here still runs with that stub (``no_conversion_telemetry``)."""
+    if "openvino" not in sys.modules and "openvino_telemetry" not in sys.modules:
+        sys.modules["openvino_telemetry"] = None   # an import of it fails: OpenVINO takes its stub
+        try:
+            return importlib.import_module("openvino")   # deferred: openvino
+        finally:
+            sys.modules.pop("openvino_telemetry", None)
+    return importlib.import_module("openvino")
 
 
 def version() -> str | None:
@@ -44,6 +64,29 @@ def _check_pipeline(model) -> bool:
     return "Normalize" in names
 
 
+# the modules of OpenVINO's model conversion that report its use (``tm``: openvino-telemetry, or
+# OpenVINO's own stub where that package is not installed)
+_REPORTING = ("openvino.tools.ovc.convert_impl", "openvino.tools.ovc.telemetry_utils", "openvino.tools.ovc.utils")
+
+
+@contextlib.contextmanager
+def no_conversion_telemetry():
+    """A model conversion that reports nothing (``import_openvino``), wherever ``openvino`` was
+    imported first: OpenVINO's conversion modules use its own stub meanwhile."""
+    import_openvino()
+    from openvino.tools.ovc import telemetry_stub  # deferred: openvino
+
+    modules = [m for m in map(importlib.import_module, _REPORTING) if hasattr(m, "tm")]
+    kept = [m.tm for m in modules]
+    for m in modules:
+        m.tm = telemetry_stub
+    try:
+        yield
+    finally:
+        for m, tm in zip(modules, kept):
+            m.tm = tm
+
+
 class OpenVinoSbert:
     """``encode(texts, batch_size)`` -> float32 (n, dim) unit vectors, like
     ``SentenceTransformer.encode(..., normalize_embeddings=True)`` on the CPU in fp32."""
@@ -54,9 +97,9 @@ class OpenVinoSbert:
         ~3e-3, 2.65e-3 measured; never the default)."""
         if precision not in ("f32", "bf16"):
             raise ValueError(f"OpenVINO SBERT precision must be f32 or bf16, got {precision!r}")
-        import openvino as ov  # deferred: openvino
         import torch  # deferred: torch
 
+        ov = import_openvino()
         _check_pipeline(st_model)
         self.tokenizer = st_model.tokenizer
         self.max_length = int(st_model.max_seq_length)
@@ -75,7 +118,7 @@ class OpenVinoSbert:
                 return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
         example = {k: torch.ones(2, 8, dtype=torch.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
-        with torch.no_grad():
+        with torch.no_grad(), no_conversion_telemetry():
             graph = ov.convert_model(Encoder().eval(), example_input=example,
                                      input=[("input_ids", [-1, -1], ov.Type.i64),
                                             ("attention_mask", [-1, -1], ov.Type.i64),

@@ -165,3 +165,77 @@ def test_the_flag_names_another_run_and_is_recorded():
     assert parse().models["sbert_backend"] == "auto"
     assert parse("--sbert-backend", "torch").models["sbert_backend"] == "torch"
     assert parse("--sbert-backend", "openvino").models["sbert_backend"] == "openvino"
+
+
+def test_converting_reports_nothing_to_openvino_telemetry(monkeypatch, minilm):
+    """OpenVINO's conversion reports each use (Google Analytics, a client ID under ~/intel) unless
+    the user opted out; the SBERT conversion runs with OpenVINO's own stub in its place (the guard
+    restores what was there after it), and a conversion without the guard does report."""
+    import importlib
+    from types import SimpleNamespace
+
+    import openvino as ov
+    import torch
+    from openvino.tools.ovc import telemetry_stub
+
+    from operators.support.sbert_openvino import _REPORTING, no_conversion_telemetry
+
+    events = []
+
+    class Recording(telemetry_stub.Telemetry):   # in place of openvino_telemetry.Telemetry: records, sends nothing
+        def send_event(self, *a, **k):
+            events.append(("send_event", a))
+
+        def start_session(self, *a, **k):
+            events.append(("start_session", a))
+
+    fake = SimpleNamespace(Telemetry=Recording)
+    modules = [importlib.import_module(m) for m in _REPORTING]
+    for m in modules:
+        monkeypatch.setattr(m, "tm", fake)
+    linear = torch.nn.Linear(2, 2).eval()
+    ov.convert_model(linear, example_input=torch.ones(1, 2))
+    assert ("start_session", ("ovc",)) in events          # the guard is needed: a conversion reports
+    events.clear()
+    with no_conversion_telemetry():
+        assert all(m.tm is telemetry_stub for m in modules)
+        ov.convert_model(linear, example_input=torch.ones(1, 2))
+    assert events == [] and all(m.tm is fake for m in modules)
+
+    class Stop(Exception):
+        pass
+
+    guarded = []
+
+    def convert(*a, **k):
+        guarded.append(all(m.tm is telemetry_stub for m in modules))
+        raise Stop
+
+    monkeypatch.setattr(ov, "convert_model", convert)
+    with pytest.raises(Stop):
+        OpenVinoSbert(minilm)
+    assert guarded == [True] and all(m.tm is fake for m in modules)
+
+
+def test_openvino_imported_here_writes_nothing_under_home_and_binds_its_stub(tmp_path):
+    """In a fresh interpreter with an empty home: OpenVINO imported through ``import_openvino`` and
+    a model converted leave the home empty (no ~/intel client ID), its conversion modules bound to
+    its stub; imported plainly, the same conversion writes ~/intel."""
+    import os
+    import subprocess
+    import sys
+
+    convert = ("import torch; ov.convert_model(torch.nn.Linear(2, 2).eval(), example_input=torch.ones(1, 2)); "
+               "import openvino.tools.ovc.telemetry_utils as t; print(t.tm.__name__)")
+    for name, first in (("guarded", "from operators.support.sbert_openvino import import_openvino; ov = import_openvino()"),
+                        ("plain", "import openvino as ov")):
+        home = tmp_path / name
+        home.mkdir()
+        proc = subprocess.run([sys.executable, "-c", f"{first}; {convert}"], capture_output=True, text=True,
+                              env=os.environ | {"HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        stub = proc.stdout.strip().splitlines()[-1] == "openvino.tools.ovc.telemetry_stub"
+        if name == "guarded":
+            assert stub and list(home.iterdir()) == []
+        else:                   # the check can fail: OpenVINO's own reporting, unguarded
+            assert not stub and (home / "intel").is_dir()
