@@ -293,6 +293,10 @@ def test_a_standin_s_calibration_is_generated_once_per_process_by_what_decides_i
     finally:
         torch.set_num_threads(threads)
     assert calibrated("eight") is not None and len(calls) == 5
+    # what a process keeps is bounded by bytes: over it, the oldest are let go (the newest kept)
+    monkeypatch.setattr(loading, "CALIBRATION_BYTES_KEPT", 1)
+    assert calibrated("nine", {"steps": 4}) is not None and len(calls) == 6 and len(loading._CALIBRATED) == 1
+    assert calibrated("ten") is not None and len(calls) == 7
 
 
 def test_the_negative_prompt_reaches_the_pipeline_call(tmp_path, capsys):

@@ -103,7 +103,7 @@ CALIBRATION_PROMPTS = ("a photo of a person", "a photo of a doctor", "a photo of
                        "a photo of a pilot", "a photo of a baker", "a photo of a judge", "a photo of a farmer")
 STANDIN_CHECKER_DIR = "nsfw-check-standin"
 
-CALIBRATIONS_KEPT = 64     # the stand-ins' calibration levels a process keeps
+CALIBRATION_BYTES_KEPT = 256 * 2**20   # the stand-ins' calibration levels a process keeps (uint8)
 _CALIBRATED: dict[str, Any] = {}
 
 
@@ -156,8 +156,8 @@ class StandinChecker:
             levels = checker_levels(self._generate(pipe, spec))
             if key:
                 _CALIBRATED[key] = levels
-                while len(_CALIBRATED) > CALIBRATIONS_KEPT:   # the oldest let go first
-                    _CALIBRATED.pop(next(iter(_CALIBRATED)))
+                while len(_CALIBRATED) > 1 and sum(v.numel() for v in _CALIBRATED.values()) > CALIBRATION_BYTES_KEPT:
+                    _CALIBRATED.pop(next(iter(_CALIBRATED)))      # the oldest let go first
         self.images.append(levels)
 
     @staticmethod
