@@ -149,9 +149,10 @@ def build_tiny_safety_checker(directory: str | os.PathLike, seed: int = 0, flagg
     ``1 - flagged_share`` quantile of the cosines of calibration images; the other concepts never
     fire. ``images``: the calibration images, (N, 3, H, W) floats in [0, 1] (or their
     ``checker_levels``), or a list of such batches, one per stand-in generator the check will see:
-    the direction is then the main one *within* the generators, orthogonal to the differences between their mean embeddings, so that
-    each generator gets flagged images, not one generator all of them. Default: the stand-in face
-    decoder's targets at random latents and noise images."""
+    the direction is then the main one *within* the generators, orthogonal to the differences
+    between their mean embeddings, so that each generator gets flagged images, not one generator
+    all of them. Default: the stand-in face decoder's targets at random latents and noise
+    images."""
     import torch  # deferred: torch
 
     checker, processor = tiny_safety_checker(seed)

@@ -259,8 +259,8 @@ def test_a_standin_s_calibration_is_generated_once_per_process_by_what_decides_i
 
     monkeypatch.setattr(loading, "_CALIBRATED", {})
     calls = []
-    real = loading.StandinChecker._generate
-    monkeypatch.setattr(loading.StandinChecker, "_generate",
+    real = loading.StandinChecker._images
+    monkeypatch.setattr(loading.StandinChecker, "_images",
                         staticmethod(lambda pipe, spec: calls.append(spec.model) or real(pipe, spec)))
 
     def calibrated(where, spec_kw=None, seed_names=None, scheduler=None):

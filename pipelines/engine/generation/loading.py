@@ -153,7 +153,7 @@ class StandinChecker:
         key = calibration_key(pipe, spec)
         levels = _CALIBRATED.get(key) if key else None
         if levels is None:
-            levels = checker_levels(self._generate(pipe, spec))
+            levels = checker_levels(self._images(pipe, spec))
             if key:
                 _CALIBRATED[key] = levels
                 while len(_CALIBRATED) > 1 and sum(v.numel() for v in _CALIBRATED.values()) > CALIBRATION_BYTES_KEPT:
@@ -161,7 +161,7 @@ class StandinChecker:
         self.images.append(levels)
 
     @staticmethod
-    def _generate(pipe, spec: GeneratorSpec):
+    def _images(pipe, spec: GeneratorSpec):
         import torch   # deferred: torch
 
         own = getattr(pipe, "safety_checker", None)

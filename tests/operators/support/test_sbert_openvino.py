@@ -227,8 +227,8 @@ def test_openvino_imported_here_writes_nothing_under_home_and_binds_its_stub(tmp
 
     convert = ("import torch; ov.convert_model(torch.nn.Linear(2, 2).eval(), example_input=torch.ones(1, 2)); "
                "import openvino.tools.ovc.telemetry_utils as t; print(t.tm.__name__)")
-    for name, first in (("guarded", "from operators.support.sbert_openvino import import_openvino; ov = import_openvino()"),
-                        ("plain", "import openvino as ov")):
+    guarded = "from operators.support.sbert_openvino import import_openvino; ov = import_openvino()"
+    for name, first in (("guarded", guarded), ("plain", "import openvino as ov")):
         home = tmp_path / name
         home.mkdir()
         proc = subprocess.run([sys.executable, "-c", f"{first}; {convert}"], capture_output=True, text=True,
