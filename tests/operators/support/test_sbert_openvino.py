@@ -228,11 +228,14 @@ def test_openvino_imported_here_writes_nothing_under_home_and_binds_its_stub(tmp
     convert = ("import torch; ov.convert_model(torch.nn.Linear(2, 2).eval(), example_input=torch.ones(1, 2)); "
                "import openvino.tools.ovc.telemetry_utils as t; print(t.tm.__name__)")
     guarded = "from operators.support.sbert_openvino import import_openvino; ov = import_openvino()"
+    # OpenVINO's conversion reporting declines by itself where one of these says "a CI job"
+    # (openvino_telemetry's _run_in_ci); without them both runs meet the reporting a user's shell meets
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")}
     for name, first in (("guarded", guarded), ("plain", "import openvino as ov")):
         home = tmp_path / name
         home.mkdir()
         proc = subprocess.run([sys.executable, "-c", f"{first}; {convert}"], capture_output=True, text=True,
-                              env=os.environ | {"HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}, timeout=300)
+                              env=env | {"HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         stub = proc.stdout.strip().splitlines()[-1] == "openvino.tools.ovc.telemetry_stub"
         if name == "guarded":
