@@ -28,6 +28,10 @@ NEW = {"lodestones/Chroma1-HD": ("chroma", "ChromaPipeline"),
        "hunyuanvideo-community/HunyuanImage-2.1-Diffusers": ("hunyuan-image", "HunyuanImagePipeline"),
        "Kwai-Kolors/Kolors-diffusers": ("kolors", "KolorsPipeline")}
 FAMILY.update(NEW)
+# one generator list, in one order, for every family run: the i-th stand-in has seed i in each, so the
+# same weights, and a test process generates each stand-in's NSFW-check calibration images once
+# (pipelines/engine/generation/loading.py, calibration_key) whichever family runs it runs
+EVERY = [SDXL, SD35, FLUX, *NEW, PIXART]
 
 
 def generator_records(run_dir) -> dict:

@@ -17,20 +17,20 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from family_checks import FLUX, NEW, PIXART, SD35, SDXL, check_records
+from family_checks import EVERY, FLUX, NEW, PIXART, SD35, SDXL, check_records
 from pipelines import dalleval, exposed
 from schemas import images as I
 
 pytestmark = pytest.mark.ray
 
 
-# one generator list, in one order, for every run: the i-th stand-in has seed i in each, so the same
-# weights; `t2i compare` joins the GEP and DALL-Eval runs on them (test at the end), and the driver
-# generates each stand-in's NSFW-check calibration images once for the file (SD Exposed's fifteen
-# are the list without PixArt, last). Today's four families and the twelve of 2025-2026 run in one
-# run per study (one generator actor pool, one set of heads and one report for all sixteen).
+# one generator list, in one order, for every run (family_checks.EVERY): the i-th stand-in has seed i
+# in each, so the same weights; `t2i compare` joins the GEP and DALL-Eval runs on them (test at the
+# end), and the driver generates each stand-in's NSFW-check calibration images once for the file
+# (SD Exposed's fifteen are the list without PixArt, last). Today's four families and the twelve of
+# 2025-2026 run in one run per study (one generator actor pool, one set of heads and one report for
+# all sixteen).
 MODELS = [SDXL, SD35, FLUX, PIXART]
-EVERY = [SDXL, SD35, FLUX, *NEW, PIXART]
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +74,14 @@ def test_exposed_reads_word_maps_of_every_family_and_refuses_pixart_in_one_line(
     work, in one line, alone or beside a family that runs."""
     models = [m for m in EVERY if m != PIXART]
     assert len(models) == 15 and set(models) == set(MODELS[:3]) | set(NEW)
+    # the report's object example panels (one unit of each model: each image, its masks and word maps
+    # drawn, about half this run's time with fifteen families) left out here: the masks' size is
+    # checked below, and the panels are drawn in tests/studies/exposed/test_objects.py and test_run.py
+    config = tmp_path / "no_object_examples.yaml"
+    config.write_text("report:\n  object_examples: 0\n")
     argv = ["run", "--output", str(tmp_path), "--run-id", "k", "--standin-models", "--max-triplets", "1",
             "--no-professions", "--seeds-per-triplet", "sample=1", "--steps", "2", "--no-progress",
-            "--no-exclude-nsfw", "--generators", *models]
+            "--no-exclude-nsfw", "--config", str(config), "--generators", *models]
     assert exposed.main(argv) == 0
     out = capsys.readouterr().out
     # the families with no pooled prompt embedding named, each once (Kolors and HiDream have one)
@@ -97,6 +102,20 @@ def test_exposed_reads_word_maps_of_every_family_and_refuses_pixart_in_one_line(
     # every measured image of every family has word maps (one per prompt noun its tokens hold)
     assert images["attention_words"].map(len).gt(0).all()
     assert (images["attention_maps"].map(len) == images["attention_words"].map(len)).all()
+    # and its object and word masks are at the size of its saved image (64 px to SANA-Sprint's 1024)
+    from PIL import Image
+
+    from pipelines.engine.storage.checkpoint import model_dir
+
+    sides = set()
+    for r in images.itertuples():
+        with Image.open(tmp_path / "k" / "images" / model_dir(r.model) / f"{r.image_id}.png") as saved:
+            pixels = saved.size[0] * saved.size[1]
+            sides.add(saved.size)
+        masks = [*(r.object_masks if r.object_masks is not None else []), *r.attention_masks]
+        assert len(r.attention_masks) == len(r.attention_words) and all(sum(m) == pixels for m in masks), r.model
+    assert {(64, 64), (1024, 1024)} <= sides
+    assert "objects_" not in (tmp_path / "k" / "report.html").read_text()      # no example panel drawn
     assert "Pooled prompt space: not defined for" in (tmp_path / "k" / "report.html").read_text()
     for refused in ([SD35, PIXART], ["PixArt-alpha/PixArt-XL-2-1024-MS"]):
         argv = ["run", "--output", str(tmp_path / "refused"), "--standin-models", "--generators", *refused]

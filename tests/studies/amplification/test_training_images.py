@@ -146,7 +146,7 @@ def test_shard_key_absent_from_the_metadata_or_the_captions_is_one_line(data, tm
 def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(data, tmp_path, ray_local, capsys):
     from pipelines import amplification
 
-    from family_checks import FAMILY, check_amplification_families
+    from family_checks import EVERY, check_amplification_families
 
     common = ["run", "--captions", str(data["captions"]), "--occupations", "nurse", "--sample-size", "4",
               "--nn-k", "4", "--images-per-prompt", "1", "--caption-images", "0", "--steps", "2", "--standin-models",
@@ -155,7 +155,7 @@ def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(d
     # the run over the partial download also generates with every family that has a stand-in (the
     # four of 2024 and eight of 2025-2026), at their card defaults, each image through the NSFW
     # check, the face filter and CLIP
-    families = ["--generators", ",".join(FAMILY), "--caption-images", "1"]
+    families = ["--generators", ",".join(EVERY), "--caption-images", "1"]
     # (every format's bytes equal a live fetch's: the test above; here the stream end to end, half the
     # images from the shards and half fetched live, against all fetched live)
     # the partial download is from a mirror: joined to the captions by the uid img2dataset saved
@@ -213,7 +213,7 @@ def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(d
     assert "Images T could not see" in (tmp_path / "partial" / "report.html").read_text()
     assert (tmp_path / "partial" / "link_rot.csv").exists()
     assert "not_in_shards" in summary and "not_in_shards" in out           # counted in the run summary
-    check_amplification_families(tmp_path / "partial", list(FAMILY))
+    check_amplification_families(tmp_path / "partial", EVERY)
     # the dataset is part of the record
     job = json.loads((tmp_path / "live" / "run.json").read_text())
     assert "Re-LAION" in json.dumps(job)
