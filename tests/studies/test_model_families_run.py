@@ -75,7 +75,7 @@ def test_exposed_reads_word_maps_of_every_family_and_refuses_pixart_in_one_line(
     models = [m for m in EVERY if m != PIXART]
     assert len(models) == 15 and set(models) == set(MODELS[:3]) | set(NEW)
     # the report's object example panels (one unit of each model: each image, its masks and word maps
-    # drawn, about half this run's time with fifteen families) left out here: the masks' size is
+    # drawn: 20 of the driver's CPU-s with fifteen families) left out here: the masks' size is
     # checked below, and the panels are drawn in tests/studies/exposed/test_objects.py and test_run.py
     config = tmp_path / "no_object_examples.yaml"
     config.write_text("report:\n  object_examples: 0\n")

@@ -153,7 +153,7 @@ def test_shards_give_the_live_fetch_s_T_on_a_relaion_file_without_column_flags(d
               "--allow-local-urls", "--no-progress", "--output", str(tmp_path)]
     sd = ["--generators", "CompVis/stable-diffusion-v1-4"]
     # the run over the partial download also generates with every family that has a stand-in (the
-    # four of 2024 and eight of 2025-2026), at their card defaults, each image through the NSFW
+    # four of 2024 and twelve of 2025-2026), at their card defaults, each image through the NSFW
     # check, the face filter and CLIP
     families = ["--generators", ",".join(EVERY), "--caption-images", "1"]
     # (every format's bytes equal a live fetch's: the test above; here the stream end to end, half the
