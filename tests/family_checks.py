@@ -29,8 +29,8 @@ NEW = {"lodestones/Chroma1-HD": ("chroma", "ChromaPipeline"),
        "Kwai-Kolors/Kolors-diffusers": ("kolors", "KolorsPipeline")}
 FAMILY.update(NEW)
 # one generator list, in one order, for every family run: the i-th stand-in has seed i in each, so the
-# same weights, and a test process generates each stand-in's NSFW-check calibration images once
-# (pipelines/engine/generation/loading.py, calibration_key) whichever family runs it runs
+# same weights, and a test process generates each stand-in's NSFW-check calibration images once, in
+# whichever family run comes first (pipelines/engine/generation/loading.py, calibration_key)
 EVERY = [SDXL, SD35, FLUX, *NEW, PIXART]
 
 
