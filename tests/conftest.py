@@ -151,9 +151,8 @@ SLOW_NODE_PREFIXES = (
     "engine/test_intervals.py::test_the_bootstrap_covers_the_true_mean",
     # Each study's report rendered and opened in headless Chromium (about 14 s)
     "engine/test_report_browser.py",
-    # Tests that start a Ray instance of their own through a study's main() (about 12 s)
+    # A test that starts a Ray instance of its own through a study's main() (about 6 s)
     "engine/test_cli.py::test_unloadable_model_fails_before_data_is_read",
-    "studies/amplification/test_input_integrity.py::test_non_text_rows_over_the_error_budget_fail_before_any_model_loads",
     # A fresh interpreter importing every operator's libraries, to see what is deferred (about 7 s)
     "operators/support/test_deferred_imports.py::test_importing_operators_defers_what_timm_and_img2dataset_import_unused",
     # The corrected intervals' coverage over 500 simulated datasets (about 5 s)

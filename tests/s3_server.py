@@ -1,6 +1,6 @@
 """A local S3 (moto) for tests of s3:// inputs and outputs.
 
-``moto_s3()`` starts moto's ``ThreadedMotoServer`` on 127.0.0.1 on a free port, creates a bucket,
+``moto_s3()`` serves moto's S3 on 127.0.0.1 on a free port (werkzeug, on a thread), creates a bucket,
 and points the AWS SDK at it through environment variables, so that a plain
 ``fsspec.core.url_to_fs("s3://bucket/key")`` (s3fs / aiobotocore / botocore) reaches it with no
 extra arguments -- in this process and in any process started afterwards that inherits the
@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -81,33 +82,42 @@ def _clear_fsspec_s3_cache() -> None:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
+# How often the server's loop looks for a shutdown request. moto's ThreadedMotoServer serves with
+# socketserver's default, 0.5 s, which each test's teardown waited out (about 4 s of idle time in
+# the fast tier); the same moto application is served here with a shorter poll.
+POLL_S = 0.02
+
+
 @contextlib.contextmanager
 def moto_s3(bucket: str = DEFAULT_BUCKET) -> Iterator[S3Server]:
     """Run a moto S3 server with ``bucket`` created; see the module docstring."""
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
 
     # werkzeug logs every request at INFO to stderr; keep test output readable
     werkzeug_log = logging.getLogger("werkzeug")
     saved_level = werkzeug_log.level
     werkzeug_log.setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app), threaded=True,
+                         request_handler=MotoRequestHandler)
+    loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": POLL_S}, daemon=True)
     try:
-        server.start()
-        host, port = server.get_host_and_port()
+        loop.start()
+        host, port = server.server_address[:2]
         endpoint = f"http://{host}:{port}"
         with _aws_environment(endpoint) as env:
             s3 = S3Server(endpoint, bucket, env)
             s3.fs().mkdir(bucket)  # creates the bucket
             yield s3
     finally:
-        if server._server is not None:
-            # moto's backends are process-global: reset them so the next server starts empty
-            host, port = server.get_host_and_port()
-            with contextlib.suppress(OSError):
-                request = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
-                urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10).close()
-            server.stop()
-            server._server.server_close()  # stop() ends the loop but leaves the socket open
+        # moto's backends are process-global: reset them so the next server starts empty
+        host, port = server.server_address[:2]
+        with contextlib.suppress(OSError):
+            request = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
+            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10).close()
+        server.shutdown()
+        loop.join()
+        server.server_close()
         werkzeug_log.setLevel(saved_level)
 
 

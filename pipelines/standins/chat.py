@@ -22,6 +22,8 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "standin-paraphraser"
+# How often the serving loop looks for a shutdown request: leaving the block waits up to this long.
+SHUTDOWN_POLL_S = 0.02
 SWAPS = (("with", "alongside"), ("photo", "picture"), ("photograph", "picture"), ("image", "picture"), ("portrait", "picture"),
          ("smiling", "with a smile"), ("working", "at work"), ("young", "youthful"), ("happy", "cheerful"),
          ("beautiful", "lovely"), ("woman", "lady"), ("man", "gentleman"))
@@ -97,7 +99,7 @@ class StandinChatServer:
         return f"http://{host}:{port}/v1"
 
     def __enter__(self) -> "StandinChatServer":
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S},
                                         name="StandinChatServer", daemon=True)
         self._thread.start()
         return self

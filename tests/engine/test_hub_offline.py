@@ -91,7 +91,7 @@ def test_a_hub_that_answers_is_left_online(tmp_path, monkeypatch, capsys):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()  # quick shutdown
     try:
         with monkeypatch.context() as m:   # the loader's own requests would go to this server: no load here
             import operators.support.diffusion as D

@@ -39,6 +39,9 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 from PIL import Image
 
+# How often the serving loop looks for a shutdown request: close() waits up to this long.
+SHUTDOWN_POLL_S = 0.02
+
 # The prefix of the bundled sample's URLs, and what replaces it (see LocalImageServer.localize).
 SAMPLE_URL_PREFIX = "https://images.example.org"
 
@@ -237,7 +240,8 @@ class LocalImageServer:
 
     def start(self) -> LocalImageServer:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+            self._thread = threading.Thread(target=self._server.serve_forever,
+                                            kwargs={"poll_interval": SHUTDOWN_POLL_S},
                                             name=f"LocalImageServer:{self.port}", daemon=True)
             self._thread.start()
         return self

@@ -87,7 +87,8 @@ class FakeChat:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # its loop looks for shutdown every 0.02 s, not socketserver's 0.5 s, which each test's teardown waited out
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
     def close(self):
         self.server.shutdown()

@@ -23,16 +23,21 @@ def captions(path, texts):
 
 
 class ModelsLoaded(Exception):
-    """Raised instead of loading models: the run got past input validation."""
+    """Raised instead of starting Ray or loading models: the run got past input validation."""
 
 
 @pytest.fixture
 def no_models(monkeypatch):
+    """The run stops where the work would start: at Ray's start (the first step after the input
+    checks, before any model loads; a local instance costs seconds and lingers for the rest of
+    the test process) and at the caption models' loading."""
     def refuse(*a, **k):
         raise ModelsLoaded
 
+    from pipelines.engine.run import lifecycle
     from pipelines.studies.amplification import captions
 
+    monkeypatch.setattr(lifecycle, "start_ray", refuse)
     monkeypatch.setattr(captions, "load_caption_models", refuse)
 
 
@@ -146,7 +151,7 @@ def test_non_text_rows_over_the_error_budget_fail_before_any_model_loads(tmp_pat
     assert amplification.main(argv) == 3  # 25% of the rows, the budget is 5%
     err = capsys.readouterr().err
     assert "p1.parquet" in err and "int64" in err and "--max-error-rate" in err
-    # within the budget: announced, and the run goes on (to the models, here refused)
+    # within the budget: announced, and the run goes on (to Ray and the models, here refused)
     with pytest.raises(ModelsLoaded):
         amplification.main([*argv, "--max-error-rate", "0.5"])
     assert "warning" in capsys.readouterr().err
