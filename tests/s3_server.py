@@ -115,8 +115,9 @@ def moto_s3(bucket: str = DEFAULT_BUCKET) -> Iterator[S3Server]:
         with contextlib.suppress(OSError):
             request = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10).close()
-        server.shutdown()
-        loop.join()
+        if loop.ident is not None:   # the loop started (shutdown() waits for a loop that never ran)
+            server.shutdown()
+            loop.join()
         server.server_close()
         werkzeug_log.setLevel(saved_level)
 
