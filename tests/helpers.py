@@ -14,6 +14,21 @@ REPO_ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ sits a
 TESTS_DATA = REPO_ROOT / "tests" / "data"  # the papers' tables as CSV
 
 
+# How often a test server's loop looks for a shutdown request. socketserver's default is 0.5 s,
+# which every test that stops a server in its teardown waited out.
+SHUTDOWN_POLL_S = 0.02
+
+
+def serve_in_thread(server) -> "threading.Thread":
+    """Start ``server.serve_forever`` (a socketserver or werkzeug server) on a daemon thread that
+    notices ``server.shutdown()`` within ``SHUTDOWN_POLL_S``; the thread, started."""
+    import threading
+
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, daemon=True)
+    thread.start()
+    return thread
+
+
 def run_main(main, argv) -> "subprocess.CompletedProcess":
     """A study's ``main(argv)`` in this process, as a subprocess would run its script: exit code
     (argparse's SystemExit included), stdout and stderr, in a CompletedProcess. What it saves is

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -82,27 +81,25 @@ def _clear_fsspec_s3_cache() -> None:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-# How often the server's loop looks for a shutdown request. moto's ThreadedMotoServer serves with
-# socketserver's default, 0.5 s, which each test's teardown waited out (about 4 s of idle time in
-# the fast tier); the same moto application is served here with a shorter poll.
-POLL_S = 0.02
-
-
 @contextlib.contextmanager
 def moto_s3(bucket: str = DEFAULT_BUCKET) -> Iterator[S3Server]:
     """Run a moto S3 server with ``bucket`` created; see the module docstring."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
+    from helpers import serve_in_thread
+
     # werkzeug logs every request at INFO to stderr; keep test output readable
     werkzeug_log = logging.getLogger("werkzeug")
     saved_level = werkzeug_log.level
     werkzeug_log.setLevel(logging.WARNING)
+    # moto's own ThreadedMotoServer polls for shutdown every 0.5 s, which each test's teardown
+    # waited out; its application is served here by helpers.serve_in_thread instead
     server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app), threaded=True,
                          request_handler=MotoRequestHandler)
-    loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": POLL_S}, daemon=True)
+    loop = None
     try:
-        loop.start()
+        loop = serve_in_thread(server)
         host, port = server.server_address[:2]
         endpoint = f"http://{host}:{port}"
         with _aws_environment(endpoint) as env:
@@ -115,7 +112,7 @@ def moto_s3(bucket: str = DEFAULT_BUCKET) -> Iterator[S3Server]:
         with contextlib.suppress(OSError):
             request = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10).close()
-        if loop.ident is not None:   # the loop started (shutdown() waits for a loop that never ran)
+        if loop is not None:   # the loop started (shutdown() waits for a loop that never ran)
             server.shutdown()
             loop.join()
         server.server_close()

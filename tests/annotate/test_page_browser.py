@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
 
 import pytest
 
@@ -29,11 +28,11 @@ class Served:
 
         self.server = make_server("127.0.0.1", 0, S.create_app(tasks), threaded=True)
         self.base = f"http://127.0.0.1:{self.server.server_port}"
-        # shutdown noticed within 0.02 s (socketserver's default poll: 0.5 s)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     def __enter__(self):
-        self.thread.start()
+        from helpers import serve_in_thread
+
+        serve_in_thread(self.server)
         return self
 
     def __exit__(self, *exc):

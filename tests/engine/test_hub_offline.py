@@ -82,6 +82,8 @@ def test_a_silent_hub_gets_one_probe_then_the_missing_model_fails_offline(silent
 def test_a_hub_that_answers_is_left_online(tmp_path, monkeypatch, capsys):
     import http.server
 
+    from helpers import serve_in_thread
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_HEAD(self):
             self.send_response(200)
@@ -91,7 +93,7 @@ def test_a_hub_that_answers_is_left_online(tmp_path, monkeypatch, capsys):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()  # quick shutdown
+    serve_in_thread(server)
     try:
         with monkeypatch.context() as m:   # the loader's own requests would go to this server: no load here
             import operators.support.diffusion as D

@@ -87,8 +87,9 @@ class FakeChat:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
-        # its loop looks for shutdown every 0.02 s, not socketserver's 0.5 s, which each test's teardown waited out
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        from helpers import serve_in_thread
+
+        serve_in_thread(self.server)
 
     def close(self):
         self.server.shutdown()

@@ -185,8 +185,9 @@ class Endpoint:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def __enter__(self):
-        # shutdown noticed within 0.02 s (socketserver's default poll: 0.5 s)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        from helpers import serve_in_thread
+
+        serve_in_thread(self.server)
         return self
 
     def __exit__(self, *exc):
