@@ -14,9 +14,16 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import forked_workers  # noqa: E402
 from operators.base import gc_paused, settle_heap  # noqa: E402
 from pipelines.engine.cli.config import load_config  # noqa: E402
 from pipelines.studies.amplification.jobs import occupations_from  # noqa: E402
+
+
+# Every Ray instance a test process starts forks its workers from one template process that has the
+# operators' libraries imported (tests/forked_workers.py): an actor no longer imports torch,
+# diffusers or spaCy again in a fresh interpreter before its first batch.
+forked_workers.install()
 
 
 @pytest.fixture(scope="session")

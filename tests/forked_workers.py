@@ -1,0 +1,375 @@
+"""Ray worker processes for the tests' local Ray instances, forked from one interpreter that has
+already imported the libraries the operators use, instead of each starting a fresh one.
+
+Why: every actor stage of every Ray Data execution starts a new worker process, which imports
+torch, diffusers, transformers, open_clip, spaCy or mediapipe again before it loads its (tiny)
+model: 2-9 CPU-s per process, about 470 of the full suite's 1,630 CPU-s (docs/testing.md).
+Ray has no fork server of its own. Here the raylet of every Ray instance a test process starts
+(``install``, from conftest.py) runs this file as its worker command; run as a script, it is
+the *client*: it hands its arguments, environment, working directory and standard streams to
+the *template* (``serve``, one per test process, started on first use), which forks a child
+that becomes the Ray worker (``default_worker.py``, run as ``__main__``) with those. The worker
+is a real Ray worker in every other respect: it registers with the raylet under its own PID
+(as a worker behind a container or conda shim does), runs its tasks and actors, and is killed
+by the raylet like any other. The client stays as the process the raylet started: it passes on
+the signals it gets and exits with the worker's status; if it dies, the template kills the
+worker.
+
+What it does not show, and where that is tested instead: a worker's fresh-interpreter start
+(its imports) happens in the subprocess drivers and clusters that start Ray instances of their
+own (``ray job submit``, the GPU-advertising instance, the fresh NER actor without torch,
+tests/operators/support/test_deferred_imports.py), which do not use it. ``T2I_TEST_FRESH_WORKERS=1``
+turns it off for a whole run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_ENV = "T2I_TEST_WORKER_TEMPLATE"   # the template's socket, in the raylet's environment
+WORKER_ENV = "T2I_TEST_RAY_WORKER"        # Ray's default_worker.py, which the workers run
+OFF_ENV = "T2I_TEST_FRESH_WORKERS"
+_HEADER = struct.Struct("!q")
+
+# What the template imports before it forks: the libraries of the operators' actors. Each is
+# imported if it can be; one that cannot is left to the workers to import. Not Ray: its core
+# library reads its settings from the environment once, when it is loaded (RAY_JOB_ID among
+# them, which the raylet sets for each worker), so each worker loads it itself.
+PRELOAD = (
+    "numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "pandas", "PIL.Image", "scipy.stats",
+    "torch", "torchvision", "safetensors.torch",
+    "transformers", "diffusers", "open_clip", "sentence_transformers",
+    "mediapipe", "cv2", "spacy",
+)
+PRELOAD_NAMES = (   # lazily exported classes whose modules the generator and head actors import
+    ("diffusers", ("DiffusionPipeline", "StableDiffusionPipeline", "StableDiffusionXLPipeline",
+                   "StableDiffusion3Pipeline", "FluxPipeline", "PixArtAlphaPipeline", "AutoencoderKL",
+                   "UNet2DConditionModel", "LMSDiscreteScheduler", "PNDMScheduler")),
+    ("transformers", ("CLIPTextModel", "CLIPTokenizer", "CLIPVisionModelWithProjection", "CLIPModel",
+                      "CLIPTextModelWithProjection", "T5EncoderModel", "T5TokenizerFast",
+                      "Blip2ForConditionalGeneration", "AutoTokenizer", "AutoModel")),
+)
+
+
+# ------------------------------------------------------------------------------------------ client
+def _client(argv: list[str]) -> int:
+    """The process the raylet starts: hand everything to the template, wait for the worker. If
+    the template cannot take it (gone, or refused to serve), this process becomes a fresh worker."""
+    worker = os.environ[WORKER_ENV]
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(os.environ[SOCKET_ENV])
+        request = json.dumps({"argv": [worker, *argv], "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        sock.sendmsg([_HEADER.pack(len(request))],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+        sock.sendall(request)
+        data = _recv_exactly(sock, _HEADER.size)
+        if not data:
+            raise ConnectionError("the template closed the connection")
+    except (OSError, KeyError):
+        os.execv(sys.executable, [sys.executable, worker, *argv])
+    pid = _HEADER.unpack(data)[0]
+    _die_with_parent()
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, forward)
+    data = _recv_exactly(sock, _HEADER.size)
+    status = _HEADER.unpack(data)[0] if data else 1
+    return status if status >= 0 else 128 - status     # killed by signal -status
+
+
+def _die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """``signum`` when the process that started this one dies: a client with the raylet (its
+    worker then goes with it), the template with its test process."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(signum), 0, 0, 0)    # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _recv_exactly(sock, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        try:
+            chunk = sock.recv(n - len(buf))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return b""
+        buf += chunk
+    return buf
+
+
+# ---------------------------------------------------------------------------------------- template
+def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_NAMES) -> None:
+    """The template: import ``preload``, then fork one worker per client connection."""
+    import gc
+    import importlib
+    import selectors
+
+    _die_with_parent(signal.SIGTERM)    # the test process that started it
+    # as Ray sets it for a worker of one CPU; OpenBLAS, read at its import, otherwise starts a thread per core
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(256)    # clients wait in the queue while the imports run
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception:   # not installed, or needs what a worker has: left to the workers
+            pass
+    for module, names in preload_names:
+        try:
+            m = importlib.import_module(module)
+            for n in names:
+                getattr(m, n, None)
+        except Exception:
+            pass
+    threads = _other_threads()
+    if "ray._raylet" in sys.modules:
+        threads.append("(Ray's core library is loaded)")
+    if threads:     # forking a process with other threads is not safe: say so, and serve nothing
+        print(f"forked_workers: the template has other threads after its imports ({', '.join(threads)}); "
+              f"its clients start fresh workers", file=sys.stderr)
+        return
+    gc.collect()
+    gc.freeze()         # the imports' objects stay shared with the children (no collection touches them)
+    template_path = list(sys.path)
+
+    rpipe, wpipe = os.pipe()
+    os.set_blocking(wpipe, False)
+    signal.set_wakeup_fd(wpipe)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(rpipe, selectors.EVENT_READ, "child")
+    conns: dict[int, socket.socket] = {}        # worker pid -> its client's connection
+    try:
+        while True:
+            for key, _ in sel.select():
+                if key.data == "accept":
+                    conn, _ = listener.accept()
+                    pid = _fork_worker(conn, template_path, [listener, rpipe, wpipe, *conns.values()])
+                    if pid:
+                        conns[pid] = conn
+                        sel.register(conn, selectors.EVENT_READ, pid)
+                    else:
+                        conn.close()
+                elif key.data == "child":
+                    os.read(rpipe, 4096)
+                    _reap(conns, sel)
+                else:                            # a client closed its end: it died, so its worker goes
+                    pid = key.data
+                    try:
+                        if not key.fileobj.recv(1):
+                            sel.unregister(key.fileobj)
+                            os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, OSError):
+                        pass
+    finally:
+        for pid in list(conns):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# threads that survive a fork by design: pyarrow's jemalloc prepares for it (pthread_atfork)
+FORK_SAFE_THREADS = {"jemalloc_bg_thd"}
+
+
+def _other_threads() -> list[str]:
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        if int(t) != os.getpid():
+            with open(f"/proc/self/task/{t}/comm") as f:
+                name = f.read().strip()
+            if name not in FORK_SAFE_THREADS:
+                names.append(name)
+    return names
+
+
+def _reap(conns, sel) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        conn = conns.pop(pid, None)
+        if conn is not None:
+            try:
+                sel.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+            try:
+                conn.sendall(_HEADER.pack(code))
+            except OSError:
+                pass
+            conn.close()
+
+
+def _fork_worker(conn, template_path: list[str], close: list) -> int:
+    """Read one client's request and fork its worker; the worker's pid (0 if the request was bad)."""
+    try:
+        msg, anc, _, _ = conn.recvmsg(_HEADER.size, socket.CMSG_SPACE(3 * 4))
+        fds = list(struct.unpack("3i", anc[0][2][:12]))
+        size = _HEADER.unpack(msg)[0]
+        request = json.loads(_recv_exactly(conn, size))
+    except Exception:
+        return 0
+    pid = os.fork()
+    if pid:
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(_HEADER.pack(pid))
+        return pid
+    # the worker
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
+            signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
+        for c in close:
+            try:
+                c.close() if hasattr(c, "close") else os.close(c)
+            except OSError:
+                pass
+        conn.close()
+        os.setpgid(0, 0)
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+            os.close(fd)
+        code = _become_worker(request, template_path)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _become_worker(request: dict, template_path: list[str]) -> int:
+    import random
+    import runpy
+
+    random.seed()                     # a fresh process's generators are seeded from the OS, not shared
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    args = list(request["argv"])
+    while args and args[0].startswith("-") and args[0] != "-":   # the interpreter's own flags
+        flag = args.pop(0)
+        if flag == "-u":
+            sys.stdout.reconfigure(write_through=True)
+            sys.stderr.reconfigure(write_through=True)
+    script = args[0]
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *extra,
+                   *[p for p in template_path[1:] if p not in extra]]
+    sys.argv = args
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+# --------------------------------------------------------------------------- the tests' side
+_template = {}
+
+
+def install() -> None:
+    """Make every Ray instance this process starts run its workers through the template (started
+    now, in the background; its imports take about 10 CPU-s). Nothing if ``T2I_TEST_FRESH_WORKERS``
+    is set, or if this Ray has not the hook it needs."""
+    if os.environ.get(OFF_ENV) or not sys.platform.startswith("linux"):
+        return
+    try:
+        from ray._private.node import Node
+    except ImportError:
+        return
+    if getattr(Node.start_raylet, "_forked_workers", False):
+        return
+    original = Node.start_raylet
+
+    def start_raylet(self, *args, **kwargs):
+        path = _start_template()
+        if path:
+            # the raylet inherits these, and so do its workers
+            os.environ[SOCKET_ENV] = path
+            os.environ[WORKER_ENV] = self._ray_params.worker_path
+            self._ray_params.worker_path = os.path.abspath(__file__)
+        return original(self, *args, **kwargs)
+
+    start_raylet._forked_workers = True
+    Node.start_raylet = start_raylet
+
+
+def _start_template() -> str | None:
+    import atexit
+    import subprocess
+    import tempfile
+    import time
+
+    proc = _template.get("proc")
+    if proc is not None and proc.poll() is None:
+        return _template["path"]
+    folder = tempfile.mkdtemp(prefix="t2i-workers-")
+    path = os.path.join(folder, "template.sock")
+    with open(os.path.join(folder, "template.log"), "wb") as log:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", path],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _template.update(proc=proc, path=path)
+
+    def stop():
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+
+    atexit.register(stop)
+    # bound before the imports: the raylet's first workers wait in its queue while they run
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+    return path
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:      # --serve PATH [MODULE,MODULE...]: the template
+        if len(sys.argv) > 3:
+            serve(sys.argv[2], tuple(m for m in sys.argv[3].split(",") if m), ())
+        else:
+            serve(sys.argv[2])
+    else:
+        sys.exit(_client(sys.argv[1:]))

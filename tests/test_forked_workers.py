@@ -1,0 +1,124 @@
+"""The tests' forked Ray workers (tests/forked_workers.py): the client hands its arguments,
+environment, working directory and standard streams to the template, whose child runs the worker
+script with them; the client passes on signals and the worker's exit status, a dead client takes
+its worker with it, and without a template the client runs the worker itself. Then, on the tests'
+own Ray instance, that Ray's workers really are the template's children."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import forked_workers
+
+SCRIPT = """
+import os, sys, time
+print("pid", os.getpid(), "ppid", os.getppid(), flush=True)
+print("argv", *sys.argv[1:], flush=True)
+print("cwd", os.getcwd(), "X", os.environ.get("X"), "path0", sys.path[0], flush=True)
+print("json loaded before", "json" in sys.modules, flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def template(tmp_path):
+    """A template that imports only ``json`` (so it is ready at once), on its own socket."""
+    path = str(tmp_path / "t.sock")
+    proc = subprocess.Popen([sys.executable, forked_workers.__file__, "--serve", path, "json"],
+                            stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    yield proc, path
+    proc.terminate()
+    proc.wait(10)
+
+
+def _client(tmp_path, socket_path, *args, env=None):
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, forked_workers.SOCKET_ENV: socket_path, forked_workers.WORKER_ENV: str(script),
+           "X": "from-the-client", **(env or {})}
+    work = tmp_path / "cwd"
+    work.mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, forked_workers.__file__, *args], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _fields(out: str) -> dict[str, list[str]]:
+    return {line.split(" ", 1)[0]: line.split()[1:] for line in out.splitlines() if line}
+
+
+def test_the_template_s_child_runs_the_worker_with_the_client_s_arguments_environment_and_streams(template,
+                                                                                                   tmp_path):
+    proc, path = template
+    client = _client(tmp_path, path, "exit", "3", "--flag=a b")
+    out, err = client.communicate(timeout=60)
+    assert client.returncode == 3, err                       # the worker's status, through the client
+    f = _fields(out)
+    assert int(f["pid"][2]) == proc.pid and int(f["pid"][0]) != client.pid   # forked by the template
+    assert f["argv"] == ["exit", "3", "--flag=a", "b"]
+    assert f["cwd"] == [str(tmp_path / "cwd"), "X", "from-the-client", "path0", str(tmp_path)]
+    assert f["json"][-1] == "True"                           # what the template imported is there
+    assert "to stderr" in err                                # the client's own stderr
+
+
+def test_a_signal_to_the_client_reaches_the_worker_and_a_killed_client_takes_its_worker(template, tmp_path):
+    _, path = template
+    for signum, status in ((signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
+        client = _client(tmp_path, path, "sleep", "0")
+        worker = int(client.stdout.readline().split()[1])
+        client.send_signal(signum)
+        assert client.wait(30) == status
+        deadline = time.monotonic() + 30
+        while _alive(worker):
+            assert time.monotonic() < deadline, f"worker {worker} outlived its client ({signum})"
+            time.sleep(0.02)
+        client.stdout.close()
+        client.stderr.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_without_a_template_the_client_runs_the_worker_itself(tmp_path):
+    client = _client(tmp_path, str(tmp_path / "no-such.sock"), "exit", "0")
+    out, err = client.communicate(timeout=60)
+    f = _fields(out)
+    assert client.returncode == 0 and int(f["pid"][0]) == client.pid, err
+    assert f["json"][-1] == "False"
+
+
+def test_the_tests_ray_workers_are_children_of_the_template_with_its_libraries_imported(ray_local):
+    template = forked_workers._template.get("proc")
+    assert template is not None and template.poll() is None
+
+    @ray_local.remote
+    def where():
+        return os.getppid(), "torch" in sys.modules, "diffusers" in sys.modules
+
+    @ray_local.remote(num_cpus=0.5, runtime_env={"env_vars": {"X": "from-ray"}})
+    class Actor:
+        def where(self):
+            return os.getppid(), os.environ.get("X")
+
+    assert ray_local.get(where.remote(), timeout=120) == (template.pid, True, True)
+    actor = Actor.remote()
+    # a runtime environment of its own (started through Ray's setup_worker.py): its variables reach it
+    assert ray_local.get(actor.where.remote(), timeout=120) == (template.pid, "from-ray")
+    ray_local.kill(actor)
