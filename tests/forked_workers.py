@@ -302,9 +302,10 @@ _template = {}
 
 
 def install() -> None:
-    """Make every Ray instance this process starts run its workers through the template (started
-    now, in the background; its imports take about 10 CPU-s). Nothing if ``T2I_TEST_FRESH_WORKERS``
-    is set, or if this Ray has not the hook it needs."""
+    """Make every Ray instance this process starts run its workers through a template: the one of
+    the test process that started this process, if there is one, else its own (started with the
+    first Ray instance; its imports take about 10 CPU-s, while the raylet's first workers wait for
+    it). Nothing if ``T2I_TEST_FRESH_WORKERS`` is set, or if this Ray has not the hook it needs."""
     if os.environ.get(OFF_ENV) or not sys.platform.startswith("linux"):
         return
     try:
@@ -337,6 +338,9 @@ def _start_template() -> str | None:
     proc = _template.get("proc")
     if proc is not None and proc.poll() is None:
         return _template["path"]
+    inherited = os.environ.get(SOCKET_ENV)
+    if proc is None and inherited and os.path.exists(inherited):
+        return inherited        # a driver the tests started in a subprocess: its test process's template
     folder = tempfile.mkdtemp(prefix="t2i-workers-")
     path = os.path.join(folder, "template.sock")
     with open(os.path.join(folder, "template.log"), "wb") as log:

@@ -14,6 +14,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ sits a
 TESTS_DATA = REPO_ROOT / "tests" / "data"  # the papers' tables as CSV
 
 
+# The first lines of a driver script a test runs in a subprocess that starts a Ray instance of its
+# own: its workers fork from the test process's template too (tests/forked_workers.py).
+FORKED_WORKERS = (f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+                  "import forked_workers\nforked_workers.install()\n")
+
+
 # How often a test server's loop looks for a shutdown request. socketserver's default is 0.5 s,
 # which every test that stops a server in its teardown waited out.
 SHUTDOWN_POLL_S = 0.02

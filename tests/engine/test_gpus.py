@@ -6,7 +6,7 @@ the autoscaler never starts a GPU node. These tests hold the request to the conf
 the refusal of real models on a CPU.
 """
 
-from helpers import REPO_ROOT
+from helpers import FORKED_WORKERS, REPO_ROOT
 import json
 import re
 import shlex
@@ -173,7 +173,7 @@ def test_a_local_instance_advertising_a_gpu_schedules_the_generator_actor_on_it(
     from pipelines.standins.diffusion import build_tiny_stable_diffusion
 
     model = build_tiny_stable_diffusion(tmp_path / "sd", seed=0)
-    proc = subprocess.run([sys.executable, "-c", _ADVERTISED_GPU, str(model)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", FORKED_WORKERS + _ADVERTISED_GPU, str(model)], cwd=ROOT,
                           capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])

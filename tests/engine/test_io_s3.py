@@ -1,6 +1,6 @@
 """pipelines.engine.storage.io on s3:// URIs, against a local moto S3 server (no network, no AWS)."""
 
-from helpers import REPO_ROOT
+from helpers import FORKED_WORKERS, REPO_ROOT
 import os
 import subprocess
 import sys
@@ -184,7 +184,7 @@ def test_pipeline_writes_its_run_to_s3_and_resumes_there(s3_server, tmp_path):  
     argv = ["captions", "--captions", str(tmp_path / "in.parquet"), "--output", out, "--run-id", "s3run",
             "--occupations", "nurse,pilot", "--no-names", "--nn-k", "2", "--sample-size", "5",
             "--ray-address", "local", "--num-cpus", "3", "--no-progress"]
-    twice = ("import sys\nfrom pipelines import amplification\n"
+    twice = (FORKED_WORKERS + "from pipelines import amplification\n"
              "for attempt in (1, 2):\n"
              "    rc = amplification.main(sys.argv[1:])\n"
              "    print(f'attempt {attempt}: exit {rc}', file=sys.stderr)\n"
