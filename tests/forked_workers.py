@@ -15,11 +15,10 @@ by the raylet like any other. The client stays as the process the raylet started
 the signals it gets and exits with the worker's status; if it dies, the template kills the
 worker.
 
-What it does not show, and where that is tested instead: a worker's fresh-interpreter start
-(its imports) happens in the subprocess drivers and clusters that start Ray instances of their
-own (``ray job submit``, the GPU-advertising instance, the fresh NER actor without torch,
-tests/operators/support/test_deferred_imports.py), which do not use it. ``T2I_TEST_FRESH_WORKERS=1``
-turns it off for a whole run.
+What it does not show, and where that is tested instead: a worker's start in a fresh interpreter
+(its imports). The cluster of the ``ray job submit`` test (``ray start`` in a subprocess) and the
+fresh NER actor without torch (a subprocess with a Ray instance of its own) do not use it.
+``T2I_TEST_FRESH_WORKERS=1`` turns it off for a whole run.
 """
 
 from __future__ import annotations
@@ -336,8 +335,8 @@ def _start_template() -> str | None:
     import time
 
     proc = _template.get("proc")
-    if proc is not None and proc.poll() is None:
-        return _template["path"]
+    if proc is not None:    # one per process: a template that refused to serve is not started again
+        return _template["path"] if proc.poll() is None else None
     inherited = os.environ.get(SOCKET_ENV)
     if proc is None and inherited and os.path.exists(inherited):
         return inherited        # a driver the tests started in a subprocess: its test process's template

@@ -106,7 +106,9 @@ def test_without_a_template_the_client_runs_the_worker_itself(tmp_path):
 
 def test_the_tests_ray_workers_are_children_of_the_template_with_its_libraries_imported(ray_local):
     template = forked_workers._template.get("proc")
-    assert template is not None and template.poll() is None
+    assert template is not None, "no template started"
+    log = os.path.join(os.path.dirname(forked_workers._template["path"]), "template.log")
+    assert template.poll() is None, open(log).read()[-3000:]      # it refused to serve: why
 
     @ray_local.remote
     def where():
