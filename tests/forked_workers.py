@@ -172,13 +172,16 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_N
                     os.read(rpipe, 4096)
                     _reap(conns, sel)
                 else:                            # a client closed its end: it died, so its worker goes
-                    pid = key.data
                     try:
-                        if not key.fileobj.recv(1):
-                            sel.unregister(key.fileobj)
-                            os.kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, OSError):
-                        pass
+                        gone = not key.fileobj.recv(1)
+                    except OSError:             # reset: gone as well (and never to be polled again)
+                        gone = True
+                    if gone:
+                        sel.unregister(key.fileobj)
+                        try:
+                            os.kill(key.data, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
     finally:
         for pid in list(conns):
             try:
