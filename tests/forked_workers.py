@@ -240,13 +240,17 @@ def _fork_worker(conn, template_path: list[str], close: list) -> int:
     if pid:
         for fd in fds:
             os.close(fd)
-        conn.sendall(_HEADER.pack(pid))
+        try:
+            conn.sendall(_HEADER.pack(pid))
+        except OSError:     # the client is gone already: the loop sees its end closed and kills the worker
+            pass
         return pid
     # the worker
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
+        # as a fresh interpreter has them (SIGPIPE stays ignored, as Python sets it at start-up)
+        for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
         for c in close:
             try:
@@ -284,12 +288,7 @@ def _become_worker(request: dict, template_path: list[str]) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    args = list(request["argv"])
-    while args and args[0].startswith("-") and args[0] != "-":   # the interpreter's own flags
-        flag = args.pop(0)
-        if flag == "-u":
-            sys.stdout.reconfigure(write_through=True)
-            sys.stderr.reconfigure(write_through=True)
+    args = list(request["argv"])      # the worker script (WORKER_ENV) and the raylet's arguments
     script = args[0]
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.path.dirname(os.path.abspath(script)), *extra,
@@ -341,7 +340,7 @@ def _start_template() -> str | None:
     if proc is not None:    # one per process: a template that refused to serve is not started again
         return _template["path"] if proc.poll() is None else None
     inherited = os.environ.get(SOCKET_ENV)
-    if proc is None and inherited and os.path.exists(inherited):
+    if inherited and os.path.exists(inherited):
         return inherited        # a driver the tests started in a subprocess: its test process's template
     folder = tempfile.mkdtemp(prefix="t2i-workers-")
     path = os.path.join(folder, "template.sock")

@@ -17,11 +17,12 @@ import pytest
 import forked_workers
 
 SCRIPT = """
-import os, sys, time
+import os, signal, sys, time
 print("pid", os.getpid(), "ppid", os.getppid(), flush=True)
 print("argv", *sys.argv[1:], flush=True)
 print("cwd", os.getcwd(), "X", os.environ.get("X"), "path0", sys.path[0], flush=True)
 print("json loaded before", "json" in sys.modules, flush=True)
+print("sigpipe", int(signal.getsignal(signal.SIGPIPE)), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "sleep":
     time.sleep(60)
@@ -70,6 +71,7 @@ def test_the_template_s_child_runs_the_worker_with_the_client_s_arguments_enviro
     assert f["argv"] == ["exit", "3", "--flag=a", "b"]
     assert f["cwd"] == [str(tmp_path / "cwd"), "X", "from-the-client", "path0", str(tmp_path)]
     assert f["json"][-1] == "True"                           # what the template imported is there
+    assert f["sigpipe"] == [str(int(signal.SIG_IGN))]        # as Python starts: a closed pipe raises
     assert "to stderr" in err                                # the client's own stderr
 
 
@@ -101,7 +103,7 @@ def test_without_a_template_the_client_runs_the_worker_itself(tmp_path):
     out, err = client.communicate(timeout=60)
     f = _fields(out)
     assert client.returncode == 0 and int(f["pid"][0]) == client.pid, err
-    assert f["json"][-1] == "False"
+    assert f["json"][-1] == "False" and f["sigpipe"] == [str(int(signal.SIG_IGN))]
 
 
 def test_the_tests_ray_workers_are_children_of_the_template_with_its_libraries_imported(ray_local):
