@@ -116,13 +116,17 @@ def ray_local():
     if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < RAY_LOCAL_CPUS:
         ray.shutdown()
     if not ray.is_initialized():
-        # Ray's log monitor ships workers' output to a driver that asked for it; this one did not
-        # (log_to_driver=False), yet with fewer than 1,000 log files the monitor globs the session's
-        # log folder every 0.1 s for the whole session. Its variables, for the processes this
-        # ray.init starts only: once every 5 s.
+        # Ray's log monitor ships workers' output to the drivers that asked for it; this one did
+        # not (log_to_driver=False), yet the monitor reads every worker's open log files every
+        # 0.1 s for the whole session (5-8 CPU-s a session). The tests' instance starts none; the
+        # files are still written in its session folder. The dashboard agent's reporter reads every
+        # worker process's CPU and memory (psutil) every 5 s for a dashboard nobody opens: once a
+        # minute (its variable, for the processes this ray.init starts only).
+        from ray._private.node import Node
+
         with pytest.MonkeyPatch.context() as env:
-            env.setenv("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
-            env.setenv("LOG_NAME_UPDATE_INTERVAL_S", "5")
+            env.setattr(Node, "start_log_monitor", lambda self: None)
+            env.setenv("REPORTER_UPDATE_INTERVAL_MS", "60000")
             ray.init(num_cpus=RAY_LOCAL_CPUS, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -34,6 +34,8 @@ SOCKET_ENV = "T2I_TEST_WORKER_TEMPLATE"   # the template's socket, in the raylet
 WORKER_ENV = "T2I_TEST_RAY_WORKER"        # Ray's default_worker.py, which the workers run
 OFF_ENV = "T2I_TEST_FRESH_WORKERS"
 _HEADER = struct.Struct("!q")
+PID_FILE = "template.pid"
+LEASE_WAIT_S = 120      # a run's template with no lease taken after its imports for this long ends
 
 # What the template imports before it forks: the libraries of the operators' actors. Each is
 # imported if it can be; one that cannot is left to the workers to import. Not Ray: its core
@@ -113,13 +115,18 @@ def _recv_exactly(sock, n: int) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------- template
-def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_NAMES) -> None:
-    """The template: import ``preload``, then fork one worker per client connection."""
+def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_NAMES, leased: bool = False) -> None:
+    """The template: import ``preload``, then fork one worker per client connection. ``leased``:
+    the template of a whole test run, which ends when the last test process holding a lease on it
+    (an open connection, ``_take_lease``) has gone, and takes its folder with it; otherwise it
+    ends with the process that started it."""
     import gc
     import importlib
     import selectors
+    import time
 
-    _die_with_parent(signal.SIGTERM)    # the test process that started it
+    if not leased:
+        _die_with_parent(signal.SIGTERM)    # the test process that started it
     # as Ray sets it for a worker of one CPU; OpenBLAS, read at its import, otherwise starts a thread per core
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -157,17 +164,42 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_N
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(rpipe, selectors.EVENT_READ, "child")
     conns: dict[int, socket.socket] = {}        # worker pid -> its client's connection
+    leases: list[socket.socket] = []
+    unleased_until = time.monotonic() + LEASE_WAIT_S
     try:
         while True:
-            for key, _ in sel.select():
+            events = sel.select(timeout=1.0 if leased else None)
+            if leased and not leases and time.monotonic() > unleased_until:
+                return                          # nobody took a lease, or the last one has gone
+            for key, _ in events:
                 if key.data == "accept":
                     conn, _ = listener.accept()
-                    pid = _fork_worker(conn, template_path, [listener, rpipe, wpipe, *conns.values()])
+                    request, fds = _read_request(conn)
+                    if request is not None and "lease" in request and not fds:
+                        leases.append(conn)
+                        sel.register(conn, selectors.EVENT_READ, "lease")
+                        try:
+                            conn.sendall(_HEADER.pack(os.getpid()))
+                        except OSError:
+                            pass
+                        continue
+                    pid = _fork_worker(conn, request, fds, template_path,
+                                       [listener, rpipe, wpipe, *conns.values(), *leases])
                     if pid:
                         conns[pid] = conn
                         sel.register(conn, selectors.EVENT_READ, pid)
                     else:
                         conn.close()
+                elif key.data == "lease":       # a test process holding a lease: readable only when it has gone
+                    try:
+                        gone = not key.fileobj.recv(1)
+                    except OSError:
+                        gone = True
+                    if gone:
+                        sel.unregister(key.fileobj)
+                        leases.remove(key.fileobj)
+                        key.fileobj.close()
+                        unleased_until = time.monotonic()
                 elif key.data == "child":
                     os.read(rpipe, 4096)
                     _reap(conns, sel)
@@ -187,6 +219,17 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_N
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
+                pass
+        if leased:      # the socket first: a test process that looks now starts a template of its own
+            folder = os.path.dirname(path)
+            for name in (os.path.basename(path), PID_FILE, "template.log", "template.lock"):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(folder)
+            except OSError:
                 pass
 
 
@@ -227,14 +270,27 @@ def _reap(conns, sel) -> None:
             conn.close()
 
 
-def _fork_worker(conn, template_path: list[str], close: list) -> int:
-    """Read one client's request and fork its worker; the worker's pid (0 if the request was bad)."""
+def _read_request(conn) -> tuple[dict | None, list[int]]:
+    """One client's request and the file descriptors sent with it (a lease comes with none)."""
+    fds: list[int] = []
     try:
         msg, anc, _, _ = conn.recvmsg(_HEADER.size, socket.CMSG_SPACE(3 * 4))
-        fds = list(struct.unpack("3i", anc[0][2][:12]))
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4])
         size = _HEADER.unpack(msg)[0]
-        request = json.loads(_recv_exactly(conn, size))
+        return json.loads(_recv_exactly(conn, size)), fds
     except Exception:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+
+
+def _fork_worker(conn, request: dict | None, fds: list[int], template_path: list[str], close: list) -> int:
+    """Fork one client's worker; its pid (0 if the request was bad)."""
+    if request is None or "argv" not in request or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
         return 0
     pid = os.fork()
     if pid:
@@ -299,14 +355,15 @@ def _become_worker(request: dict, template_path: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------- the tests' side
-_template = {}
+_template: dict = {}
 
 
 def install() -> None:
     """Make every Ray instance this process starts run its workers through a template: the one of
-    the test process that started this process, if there is one, else its own (started with the
-    first Ray instance; its imports take about 10 CPU-s, while the raylet's first workers wait for
-    it). Nothing if ``T2I_TEST_FRESH_WORKERS`` is set, or if this Ray has not the hook it needs."""
+    the test process that started this process, if there is one, else the test run's (started
+    with the first Ray instance of either test process; its imports take about 10 CPU-s, while the
+    raylet's first workers wait for it). Nothing if ``T2I_TEST_FRESH_WORKERS`` is set, or if this
+    Ray has not the hook it needs."""
     if os.environ.get(OFF_ENV) or not sys.platform.startswith("linux"):
         return
     try:
@@ -330,51 +387,107 @@ def install() -> None:
     Node.start_raylet = start_raylet
 
 
-def _start_template() -> str | None:
-    import atexit
-    import subprocess
+def template_folder() -> str:
+    """Where the test run's template lives: one folder per pytest-xdist run (the processes of one
+    run share their parent, the controller), or per process without xdist."""
     import tempfile
-    import time
 
-    proc = _template.get("proc")
-    if proc is not None:    # one per process: a template that refused to serve is not started again
-        return _template["path"] if proc.poll() is None else None
+    owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    return os.path.join(tempfile.gettempdir(), f"t2i-workers-{owner}")
+
+
+def _start_template() -> str | None:
+    """The socket of the test run's template, started here if no other test process of the run
+    has started it, with a lease on it held for this process's life (None: no template, fresh
+    workers; asked again, the answer stays)."""
+    import fcntl
+    import subprocess
+
+    if "path" in _template:
+        return _template["path"]
     inherited = os.environ.get(SOCKET_ENV)
     if inherited and os.path.exists(inherited):
         return inherited        # a driver the tests started in a subprocess: its test process's template
-    folder = tempfile.mkdtemp(prefix="t2i-workers-")
+    folder = template_folder()
     path = os.path.join(folder, "template.sock")
-    with open(os.path.join(folder, "template.log"), "wb") as log:
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", path],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    _template.update(proc=proc, path=path)
+    _template.update(path=None, folder=folder)
+    for _ in range(2):      # the second time: the template ended between the look and the lease
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "template.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)    # one test process at a time looks, and starts it if need be
+            if not (os.path.exists(path) and _alive(_read_pid(folder))):
+                if os.path.exists(path):
+                    os.unlink(path)
+                with open(os.path.join(folder, "template.log"), "ab") as log:
+                    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-leased", path],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+                with open(os.path.join(folder, PID_FILE), "w") as f:
+                    f.write(str(proc.pid))
+                _template["proc"] = proc
+        lease = _take_lease(path)
+        if lease is not None:
+            _template.update(path=path, lease=lease[0], pid=lease[1])
+            break
+        if "proc" in _template:      # one this process started, and it refused to serve: not again
+            break
+    return _template["path"]
 
-    def stop():
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for name in os.listdir(folder):
-            os.unlink(os.path.join(folder, name))
-        os.rmdir(folder)
 
-    atexit.register(stop)
-    # bound before the imports: the raylet's first workers wait in its queue while they run
+def _read_pid(folder: str) -> int | None:
+    try:
+        with open(os.path.join(folder, PID_FILE)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _take_lease(path: str) -> tuple[socket.socket, int] | None:
+    """A connection to the template, to be kept open for the rest of this process's life (the
+    template ends when the last one closes), and the template's pid. None when it cannot be had
+    (the template refused to serve, or ended): this process's Ray instances then start fresh
+    workers."""
+    import time
+
     deadline = time.monotonic() + 60
-    while not os.path.exists(path):
-        if proc.poll() is not None or time.monotonic() > deadline:
+    while not os.path.exists(path):         # bound before the imports: the lease waits in its queue
+        proc = _template.get("proc")
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
             return None
         time.sleep(0.05)
-    return path
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        request = json.dumps({"lease": os.getpid()}).encode()
+        sock.sendall(_HEADER.pack(len(request)) + request)
+        sock.settimeout(LEASE_WAIT_S)
+        answer = _recv_exactly(sock, _HEADER.size)
+    except OSError:
+        return None
+    if not answer:
+        sock.close()
+        return None
+    sock.settimeout(None)
+    return sock, _HEADER.unpack(answer)[0]
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--serve"]:      # --serve PATH [MODULE,MODULE...]: the template
-        if len(sys.argv) > 3:
-            serve(sys.argv[2], tuple(m for m in sys.argv[3].split(",") if m), ())
-        else:
-            serve(sys.argv[2])
+    # --serve PATH [MODULE,MODULE...]: a template that ends with the process that started it;
+    # --serve-leased PATH [MODULE,...]: the test run's, which ends with its last lease
+    if sys.argv[1:2] in (["--serve"], ["--serve-leased"]):
+        modules = (tuple(m for m in sys.argv[3].split(",") if m), ()) if len(sys.argv) > 3 else ()
+        serve(sys.argv[2], *modules, leased=sys.argv[1] == "--serve-leased")
     else:
         sys.exit(_client(sys.argv[1:]))

@@ -106,11 +106,40 @@ def test_without_a_template_the_client_runs_the_worker_itself(tmp_path):
     assert f["json"][-1] == "False" and f["sigpipe"] == [str(int(signal.SIG_IGN))]
 
 
+def test_a_leased_template_serves_until_its_last_lease_is_gone_and_takes_its_files(tmp_path):
+    """The test run's template: each test process takes a lease (a connection it keeps open);
+    with one lease gone it still forks workers, with the last one gone it ends and removes its
+    socket, pid file and folder."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    path = str(folder / "template.sock")
+    (folder / forked_workers.PID_FILE).write_text("0")
+    proc = subprocess.Popen([sys.executable, forked_workers.__file__, "--serve-leased", path, "json"],
+                            stdin=subprocess.DEVNULL)
+    try:
+        leases = [forked_workers._take_lease(path) for _ in range(2)]
+        assert [pid for _, pid in leases] == [proc.pid, proc.pid]
+        leases.pop()[0].close()
+        client = _client(tmp_path, path, "exit", "5")
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 5 and _fields(out)["json"][-1] == "True", err     # forked by the template
+        assert proc.poll() is None
+        leases.pop()[0].close()
+        assert proc.wait(30) == 0
+        assert not folder.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_the_tests_ray_workers_are_children_of_the_template_with_its_libraries_imported(ray_local):
-    template = forked_workers._template.get("proc")
-    assert template is not None, "no template started"
-    log = os.path.join(os.path.dirname(forked_workers._template["path"]), "template.log")
-    assert template.poll() is None, open(log).read()[-3000:]      # it refused to serve: why
+    """One template for the whole test run: the test processes of a pytest-xdist run share it,
+    each holding a lease on it."""
+    assert "folder" in forked_workers._template, "no template looked for"
+    log = os.path.join(forked_workers._template["folder"], "template.log")
+    assert forked_workers._template["path"], open(log).read()[-3000:]      # it refused to serve: why
+    template = forked_workers._template["pid"]
+    assert forked_workers._read_pid(forked_workers._template["folder"]) == template
 
     @ray_local.remote
     def where():
@@ -121,8 +150,8 @@ def test_the_tests_ray_workers_are_children_of_the_template_with_its_libraries_i
         def where(self):
             return os.getppid(), os.environ.get("X")
 
-    assert ray_local.get(where.remote(), timeout=120) == (template.pid, True, True)
+    assert ray_local.get(where.remote(), timeout=120) == (template, True, True)
     actor = Actor.remote()
     # a runtime environment of its own (started through Ray's setup_worker.py): its variables reach it
-    assert ray_local.get(actor.where.remote(), timeout=120) == (template.pid, "from-ray")
+    assert ray_local.get(actor.where.remote(), timeout=120) == (template, "from-ray")
     ray_local.kill(actor)
