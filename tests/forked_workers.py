@@ -48,7 +48,7 @@ PRELOAD = (
     "mediapipe", "cv2", "spacy",
 )
 PRELOAD_NAMES = (   # lazily exported classes whose modules the generator and head actors import
-    ("diffusers", ("DiffusionPipeline", "StableDiffusionPipeline", "StableDiffusionXLPipeline",
+    ("diffusers", ("DiffusionPipeline", "AutoPipelineForText2Image", "StableDiffusionPipeline", "StableDiffusionXLPipeline",
                    "StableDiffusion3Pipeline", "FluxPipeline", "PixArtAlphaPipeline", "AutoencoderKL",
                    "UNet2DConditionModel", "LMSDiscreteScheduler", "PNDMScheduler")),
     ("transformers", ("CLIPTextModel", "CLIPTokenizer", "CLIPVisionModelWithProjection", "CLIPModel",
