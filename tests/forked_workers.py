@@ -7,7 +7,7 @@ model: 2-9 CPU-s per process, about 470 of the full suite's 1,630 CPU-s (docs/te
 Ray has no fork server of its own. Here the raylet of every Ray instance a test process starts
 (``install``, from conftest.py) runs this file as its worker command; run as a script, it is
 the *client*: it hands its arguments, environment, working directory and standard streams to
-the *template* (``serve``, one per test process, started on first use), which forks a child
+the *template* (``serve``, one per test run, started on first use), which forks a child
 that becomes the Ray worker (``default_worker.py``, run as ``__main__``) with those. The worker
 is a real Ray worker in every other respect: it registers with the raylet under its own PID
 (as a worker behind a container or conda shim does), runs its tasks and actors, and is killed
@@ -48,8 +48,8 @@ PRELOAD = (
     "mediapipe", "cv2", "spacy",
 )
 PRELOAD_NAMES = (   # lazily exported classes whose modules the generator and head actors import
-    ("diffusers", ("DiffusionPipeline", "AutoPipelineForText2Image", "StableDiffusionPipeline", "StableDiffusionXLPipeline",
-                   "StableDiffusion3Pipeline", "FluxPipeline", "PixArtAlphaPipeline", "AutoencoderKL",
+    ("diffusers", ("DiffusionPipeline", "AutoPipelineForText2Image", "StableDiffusionPipeline",
+                   "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline", "PixArtAlphaPipeline", "AutoencoderKL",
                    "UNet2DConditionModel", "LMSDiscreteScheduler", "PNDMScheduler")),
     ("transformers", ("CLIPTextModel", "CLIPTokenizer", "CLIPVisionModelWithProjection", "CLIPModel",
                       "CLIPTextModelWithProjection", "T5EncoderModel", "T5TokenizerFast",
@@ -191,11 +191,7 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_N
                     else:
                         conn.close()
                 elif key.data == "lease":       # a test process holding a lease: readable only when it has gone
-                    try:
-                        gone = not key.fileobj.recv(1)
-                    except OSError:
-                        gone = True
-                    if gone:
+                    if _peer_gone(key.fileobj):
                         sel.unregister(key.fileobj)
                         leases.remove(key.fileobj)
                         key.fileobj.close()
@@ -203,17 +199,12 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_N
                 elif key.data == "child":
                     os.read(rpipe, 4096)
                     _reap(conns, sel)
-                else:                            # a client closed its end: it died, so its worker goes
+                elif _peer_gone(key.fileobj):   # a client closed its end: it died, so its worker goes
+                    sel.unregister(key.fileobj)
                     try:
-                        gone = not key.fileobj.recv(1)
-                    except OSError:             # reset: gone as well (and never to be polled again)
-                        gone = True
-                    if gone:
-                        sel.unregister(key.fileobj)
-                        try:
-                            os.kill(key.data, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
+                        os.kill(key.data, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
     finally:
         for pid in list(conns):
             try:
@@ -231,6 +222,15 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD, preload_names=PRELOAD_N
                 os.rmdir(folder)
             except OSError:
                 pass
+
+
+def _peer_gone(conn) -> bool:
+    """A connection the peer sends nothing on is readable only when the peer has closed it (or
+    its process has died); a reset counts as gone too, so it is never polled again."""
+    try:
+        return not conn.recv(1)
+    except OSError:
+        return True
 
 
 # threads that survive a fork by design: pyarrow's jemalloc prepares for it (pthread_atfork)
@@ -449,8 +449,8 @@ def _alive(pid: int | None) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:     # alive, another user's
+        pass
     return True
 
 
@@ -467,15 +467,15 @@ def _take_lease(path: str) -> tuple[socket.socket, int] | None:
         if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
             return None
         time.sleep(0.05)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
         request = json.dumps({"lease": os.getpid()}).encode()
         sock.sendall(_HEADER.pack(len(request)) + request)
         sock.settimeout(LEASE_WAIT_S)
         answer = _recv_exactly(sock, _HEADER.size)
     except OSError:
-        return None
+        answer = b""
     if not answer:
         sock.close()
         return None
