@@ -39,6 +39,31 @@ def tiny(tmp_path_factory):
     return {f: build_tiny_pipeline(f, root / f, seed=0) for f in STANDIN_FAMILIES}
 
 
+def test_a_stand_in_is_built_once_per_process_and_copied_byte_for_byte(tmp_path, monkeypatch):
+    """A second build of the same family, seed and options copies the first one's files (kept
+    apart: the caller may change its own directory); they are what a new build writes."""
+    import hashlib
+
+    from pipelines.standins import families as SF
+
+    def files(d):
+        return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(Path(d).rglob("*")) if p.is_file()}
+
+    built = []
+    real = SF.BUILDERS["flux"]
+    monkeypatch.setitem(SF.BUILDERS, "flux", lambda d, seed=0, **kw: built.append(seed) or real(d, seed=seed, **kw))
+    monkeypatch.setattr(SF, "_BUILT", {})
+    first = build_tiny_pipeline("flux", tmp_path / "a", seed=5, guidance_embeds=True)
+    (Path(first) / "transformer" / "config.json").write_text("{}")    # the first caller changes its copy
+    again = build_tiny_pipeline("flux", tmp_path / "b", seed=5, guidance_embeds=True)
+    build_tiny_pipeline("flux", tmp_path / "c", seed=5, guidance_embeds=False)
+    assert again == str(tmp_path / "b") and built == [5, 5]             # other options: built
+    monkeypatch.setattr(SF, "_BUILT", {})
+    fresh = build_tiny_pipeline("flux", tmp_path / "d", seed=5, guidance_embeds=True)
+    assert built == [5, 5, 5] and files(again) == files(fresh) and len(files(fresh)) > 10
+
+
 def rows(prompts, seeds) -> pa.Table:
     return pa.table({PROMPT_ID: [f"p{i}" for i in range(len(prompts))], PROMPT: prompts,
                      SEED: pa.array(seeds, pa.int64())})

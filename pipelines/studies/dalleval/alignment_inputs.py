@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob as _glob
 import posixpath
 import re
@@ -140,8 +141,11 @@ def reference_sources(ref: dict) -> tuple[str, list[str] | None]:
     return "files", paths
 
 
+@functools.cache
 def bundled_reference() -> pa.Table:
-    """scikit-image's bundled colour photos as encoded PNGs (the smoke run's stand-in reference)."""
+    """scikit-image's bundled colour photos as encoded PNGs (the smoke run's stand-in reference).
+    Encoded once per process (about 0.6 CPU-s): the table is immutable and always the same, so a
+    driver that runs several alignment runs (the test suite, a notebook) shares it."""
     import io as _io
 
     from PIL import Image

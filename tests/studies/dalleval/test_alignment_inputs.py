@@ -91,6 +91,7 @@ def test_bundled_reference_decodes_to_colour_images():
     t = AI.bundled_reference()
     arrays = batch_images(t)
     assert len(arrays) == 8 and all(a is not None and a.ndim == 3 and a.shape[2] == 3 for a in arrays)
+    assert AI.bundled_reference() is t      # encoded once per process (a driver of several runs)
 
 
 def test_run_identity_follows_the_captions_content():
