@@ -27,19 +27,16 @@ the ``tokenizers`` library, because T5's vocabulary does not ship with any packa
 stand-ins (``standins.face_decoder``); SD 3 and FLUX paint noise. The same seed writes the same
 weights.
 
-A process builds each (family, seed, options) once: ``build_tiny_pipeline`` keeps a private copy of
-its first build and copies it to every later directory that asks for the same stand-in (the same
-files, byte for byte, as a new build writes: the builders are seeded). A driver that runs several
+A process builds each (family, seed, options) once: ``build_tiny_pipeline`` keeps the files of its
+first build in memory and writes them to every later directory that asks for the same stand-in
+(byte for byte what a new build writes: the builders are seeded). A driver that runs several
 stand-in runs (the test suite, a notebook) builds each generator once instead of once per run.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import string
-import tempfile
 from pathlib import Path
 
 from pipelines.standins.diffusion import CLIP_VOCAB_SIZE, build_tiny_stable_diffusion, clip_tokenizer_to_save
@@ -688,7 +685,7 @@ def standin_family(family: str | None) -> str:
 def build_tiny_pipeline(family: str, directory, seed: int = 0, **options) -> str:
     """A tiny random pipeline of ``family`` (``FAMILIES``, or ``sd`` for SD 1.x) in ``directory``;
     ``options``: the builder's own (``faces`` for sd, ``guidance_embeds`` for flux). Built once per
-    process and options: later calls copy the first build's files (``_BUILT``)."""
+    process and options: later calls write the first build's files (``_BUILT``)."""
     if family != "sd" and family not in BUILDERS:
         raise ValueError(f"no tiny stand-in for the family {family!r} (have: sd, {', '.join(FAMILIES)})")
     try:
@@ -696,30 +693,26 @@ def build_tiny_pipeline(family: str, directory, seed: int = 0, **options) -> str
         hash(key)
     except TypeError:   # an option that is no dictionary key: built every time
         key = None
-    kept = _BUILT.get(key) if key is not None else None
-    if kept is not None and os.path.isdir(kept):
-        shutil.copytree(kept, directory, dirs_exist_ok=True)
-        return str(directory) if family == "sd" else os.fspath(Path(directory))
+    files = _BUILT.get(key) if key is not None else None
+    if files is not None:
+        root = Path(directory)
+        for rel, data in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(data)
+        return str(directory) if family == "sd" else os.fspath(root)
     if family == "sd":
         path = build_tiny_stable_diffusion(directory, seed=seed, **options)
     else:
         path = BUILDERS[family](directory, seed=seed, **options)
     if key is not None:
-        # a copy of its own: the caller may change its directory (a shared text encoder) or delete it
-        _BUILT[key] = shutil.copytree(path, os.path.join(tempfile.mkdtemp(prefix=f"{family}-", dir=_built_root()), "m"))
+        # the files as built, held in memory (all seventeen stand-ins: about 120 MB): the caller may
+        # change its directory afterwards (a shared text encoder) or delete it
+        _BUILT[key] = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(Path(path).rglob("*"))
+                       if p.is_file()}
     return path
 
 
-_BUILT: dict[tuple, str] = {}   # (family, seed, options) -> this process's copy of its first build
-_BUILT_ROOT: list[str] = []
-
-
-def _built_root() -> str:
-    """The process's folder of first builds, removed when it exits."""
-    if not _BUILT_ROOT:
-        _BUILT_ROOT.append(tempfile.mkdtemp(prefix="t2i-standin-builds-"))
-        atexit.register(shutil.rmtree, _BUILT_ROOT[0], True)
-    return _BUILT_ROOT[0]
+_BUILT: dict[tuple, dict[str, bytes]] = {}   # (family, seed, options) -> the files of its first build
 
 
 def _save(pipe, directory, family: str, seed: int) -> str:

@@ -40,8 +40,8 @@ def tiny(tmp_path_factory):
 
 
 def test_a_stand_in_is_built_once_per_process_and_copied_byte_for_byte(tmp_path, monkeypatch):
-    """A second build of the same family, seed and options copies the first one's files (kept
-    apart: the caller may change its own directory); they are what a new build writes."""
+    """A second build of the same family, seed and options writes the first one's files (as they
+    were built: the caller may change its own directory); they are what a new build writes."""
     import hashlib
 
     from pipelines.standins import families as SF
