@@ -51,17 +51,17 @@ def test_a_stand_in_is_built_once_per_process_and_copied_byte_for_byte(tmp_path,
                 for p in sorted(Path(d).rglob("*")) if p.is_file()}
 
     built = []
-    real = SF.BUILDERS["flux"]
-    monkeypatch.setitem(SF.BUILDERS, "flux", lambda d, seed=0, **kw: built.append(seed) or real(d, seed=seed, **kw))
+    real = SF.build_tiny_stable_diffusion
+    monkeypatch.setattr(SF, "build_tiny_stable_diffusion", lambda d, seed=0, **kw: built.append(seed) or real(d, seed=seed, **kw))
     monkeypatch.setattr(SF, "_BUILT", {})
-    first = build_tiny_pipeline("flux", tmp_path / "a", seed=5, guidance_embeds=True)
-    (Path(first) / "transformer" / "config.json").write_text("{}")    # the first caller changes its copy
-    again = build_tiny_pipeline("flux", tmp_path / "b", seed=5, guidance_embeds=True)
-    build_tiny_pipeline("flux", tmp_path / "c", seed=5, guidance_embeds=False)
+    first = build_tiny_pipeline("sd", tmp_path / "a", seed=5, faces=True)
+    (Path(first) / "unet" / "config.json").write_text("{}")          # the first caller changes its copy
+    again = build_tiny_pipeline("sd", tmp_path / "b", seed=5, faces=True)
+    build_tiny_pipeline("sd", tmp_path / "c", seed=5, faces=False)
     assert again == str(tmp_path / "b") and built == [5, 5]             # other options: built
     monkeypatch.setattr(SF, "_BUILT", {})
-    fresh = build_tiny_pipeline("flux", tmp_path / "d", seed=5, guidance_embeds=True)
-    assert built == [5, 5, 5] and files(again) == files(fresh) and len(files(fresh)) > 10
+    fresh = build_tiny_pipeline("sd", tmp_path / "d", seed=5, faces=True)
+    assert built == [5, 5, 5] and files(again) == files(fresh) and len(files(fresh)) >= 10
 
 
 def rows(prompts, seeds) -> pa.Table:
