@@ -42,13 +42,11 @@ def tiny(tmp_path_factory):
 def test_a_stand_in_is_built_once_per_process_and_copied_byte_for_byte(tmp_path, monkeypatch):
     """A second build of the same family, seed and options writes the first one's files (as they
     were built: the caller may change its own directory); they are what a new build writes."""
-    import hashlib
-
+    from operators.support.models import file_sha256
     from pipelines.standins import families as SF
 
     def files(d):
-        return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(Path(d).rglob("*")) if p.is_file()}
+        return {p.relative_to(d).as_posix(): file_sha256(p) for p in sorted(Path(d).rglob("*")) if p.is_file()}
 
     built = []
     real = SF.build_tiny_stable_diffusion
