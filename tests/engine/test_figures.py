@@ -68,6 +68,53 @@ def test_same_figure_same_bytes():
     assert b"CreationDate" not in figures.render(_figure(), "pdf")
 
 
+def test_a_figure_drawn_alike_again_is_rendered_once_per_process(tmp_path, monkeypatch):
+    import matplotlib
+    from matplotlib.ticker import FuncFormatter
+
+    monkeypatch.setattr(figures, "_RENDERED", type(figures._RENDERED)())
+    fresh = {"png": figures.render(_figure(), "png")}
+    fig = _figure()
+    figures.render(fig, "png")
+    fresh["pdf"] = figures.render(fig, "pdf")    # laid out after the PNG, as a report saves them
+    calls = []
+    real = figures.render
+    monkeypatch.setattr(figures, "render", lambda fig, fmt: calls.append(fmt) or real(fig, fmt))
+    fs = pafs.LocalFileSystem()
+    for run in ("a", "b"):      # two runs' reports of the same results: the second renders nothing
+        figures.FigureDir(fs, str(tmp_path / run)).save(_figure(), "f")
+    assert calls == ["png", "pdf"]
+    for run in ("a", "b"):      # the bytes a new render gives
+        assert (tmp_path / run / "figures" / "f.png").read_bytes() == fresh["png"]
+        assert (tmp_path / run / "figures" / "f.pdf").read_bytes() == fresh["pdf"]
+    page = figures.Inline().save(_figure(), "f")
+    assert calls == ["png", "pdf"] and base64.b64encode(fresh["png"]).decode() in page
+    # the key is the figure's state: the same for a figure keyed twice, another for one value of
+    # the data or one of matplotlib's settings that only a render reads
+    same, other = _figure(), _figure()
+    other.axes[0].lines[0].set_ydata([1, 0, 2.000001])
+    key = figures.figure_key(same)
+    assert figures.figure_key(same) == key == figures.figure_key(_figure()) != figures.figure_key(other)
+    with matplotlib.rc_context({"pdf.compression": 0}):
+        assert figures.figure_key(same) != key
+        figures.Inline().save(_figure(), "f")
+    assert calls == ["png", "pdf", "png"]
+    # a figure that cannot be pickled (a local function as formatter) is rendered each time
+    local = _figure()
+    local.axes[0].xaxis.set_major_formatter(FuncFormatter(lambda x, pos: f"<{x}>"))
+    assert figures.figure_key(local) is None
+    figures.Inline().save(local, "f")
+    figures.Inline().save(local, "f")
+    assert calls == ["png", "pdf", "png", "png", "png"]
+    # the oldest let go first once more than RENDERED_BYTES_KEPT are kept
+    monkeypatch.setattr(figures, "RENDERED_BYTES_KEPT", 1)
+    kept = figures.figure_key(other)
+    figures.Inline().save(other, "f")
+    assert list(figures._RENDERED) == [kept]
+    figures.FigureDir(fs, str(tmp_path / "c")).save(_figure(), "f")
+    assert calls[-2:] == ["png", "pdf"] and (tmp_path / "c" / "figures" / "f.pdf").read_bytes() == fresh["pdf"]
+
+
 def test_slug():
     assert figures.slug("gep_vectors_neutral_C_woman - man") == "gep_vectors_neutral_C_woman-man"
     assert figures.slug("all_prompt_#1") == "all_prompt_1" and figures.slug("../") == "figure"

@@ -8,6 +8,10 @@ takes ``figures=None`` or a ``FigureDir(fs, run_path)``; ``sink(figures)`` gives
 ``save`` to either way (``None``: the PNG embedded, nothing written). PDF and PNG bytes carry no
 creation date or software version, so the same figure gives the same files.
 
+A process renders each figure once: the bytes of a figure drawn again with the same state (a
+resumed run's report, a notebook drawing several runs' reports over the same results, the test
+suite) are reused (``rendered``), keyed by the figure's whole state and matplotlib's settings.
+
 Example images a report shows (generated images under the run directory) are embedded too:
 ``FigureDir.image(rel_path)`` reads one and gives a downscaled JPEG data URI (``thumbnail_uri``).
 """
@@ -15,12 +19,18 @@ Example images a report shows (generated images under the run directory) are emb
 from __future__ import annotations
 
 import base64
+import collections
+import hashlib
 import html
 import io as _io
+import pickle
 import re
 
+import matplotlib
 import pyarrow.fs as pafs
+from matplotlib.cbook import CallbackRegistry
 from matplotlib.figure import Figure
+from matplotlib.transforms import TransformNode
 from PIL import Image
 
 from pipelines.engine.storage import io
@@ -37,6 +47,8 @@ STYLE = ("figure.fig{display:inline-block;margin:4px;vertical-align:top;max-widt
          "figure.fig .files{color:#888;font-family:monospace}")
 THUMBNAIL_PX = 360      # example images: the longer side, twice the ~180 CSS px they are shown at
 JPEG_QUALITY = 85
+RENDERED_BYTES_KEPT = 64 * 2**20   # the rendered figures a process keeps for reuse (``rendered``)
+_RENDERED: collections.OrderedDict[str, dict[str, bytes]] = collections.OrderedDict()
 
 
 def new_figure(width: float, height: float, **kw) -> Figure:
@@ -58,6 +70,55 @@ def render(fig: Figure, fmt: str) -> bytes:
     meta = PDF_METADATA if fmt == "pdf" else PNG_METADATA
     fig.savefig(buf, format=fmt, dpi=DPI, metadata=meta, facecolor=fig.get_facecolor())
     return buf.getvalue()
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles a figure for its fingerprint only (never unpickled), without what differs between
+    two figures drawn alike: a transform's map of the transforms that depend on it is keyed by
+    their ``id()`` (written as the list of those transforms, in the order they were made), and a
+    callback registry pickles the next number of its counter (left out)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, TransformNode):
+            state = obj.__getstate__()
+            state["_parents"] = list(state["_parents"].values())
+            return object.__new__, (type(obj),), state
+        if isinstance(obj, CallbackRegistry):
+            state = obj.__getstate__()
+            state.pop("_cid_gen", None)
+            return object.__new__, (type(obj),), state
+        return NotImplemented
+
+
+def figure_key(fig: Figure) -> str | None:
+    """sha256 of everything a render of ``fig`` depends on: its whole state (what matplotlib
+    pickles to redraw it elsewhere) and matplotlib's settings (``rcParams``). None for a figure
+    that cannot be pickled (a formatter that is a local function, say): it is rendered each time."""
+    buf = _io.BytesIO()
+    try:
+        _StatePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(fig)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None
+    buf.write(repr(sorted(matplotlib.rcParams.items())).encode())
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def rendered(fig: Figure, formats: tuple[str, ...]) -> dict[str, bytes]:
+    """``fig`` rendered in each of ``formats`` (``("png",)`` or ``("png", "pdf")``), in that order
+    (the PDF's layout starts from where the PNG's left it), or the bytes this process rendered
+    before for a figure of the same state (``figure_key``); the last ``RENDERED_BYTES_KEPT``
+    bytes are kept, the oldest let go first."""
+    key = figure_key(fig)
+    if key is None:
+        return {f: render(fig, f) for f in formats}
+    done = _RENDERED.get(key, {})
+    if not all(f in done for f in formats):
+        done = {f: render(fig, f) for f in formats}
+        _RENDERED[key] = {**_RENDERED.get(key, {}), **done}
+        while len(_RENDERED) > 1 and sum(len(b) for v in _RENDERED.values() for b in v.values()) > RENDERED_BYTES_KEPT:
+            _RENDERED.popitem(last=False)
+    _RENDERED.move_to_end(key)
+    return {f: done[f] for f in formats}
 
 
 def _width(fig: Figure) -> int:
@@ -116,8 +177,9 @@ class FigureDir:
 
     def save(self, fig: Figure, name: str, alt: str = "", caption: str | None = None) -> str:
         stem = self._names.take(name)
-        png = render(fig, "png")
-        io.write_bytes(self.fs, f"{self.path}/{self.subdir}/{stem}.pdf", render(fig, "pdf"))
+        files = rendered(fig, ("png", "pdf"))
+        png = files["png"]
+        io.write_bytes(self.fs, f"{self.path}/{self.subdir}/{stem}.pdf", files["pdf"])
         io.write_bytes(self.fs, f"{self.path}/{self.subdir}/{stem}.png", png)
         self.saved.append(stem)
         return _html(png_uri(png), fig, stem, alt, caption, f"{self.subdir}/{stem}.pdf, .png")
@@ -147,7 +209,7 @@ class Inline:
     def save(self, fig: Figure, name: str, alt: str = "", caption: str | None = None) -> str:
         stem = self._names.take(name)
         self.saved.append(stem)
-        return _html(png_uri(render(fig, "png")), fig, stem, alt, caption, None)
+        return _html(png_uri(rendered(fig, ("png",))["png"]), fig, stem, alt, caption, None)
 
     def image(self, rel: str, max_px: int = THUMBNAIL_PX) -> str | None:
         """No run directory: no example image to embed."""
