@@ -115,8 +115,15 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
     if scheduler:
         pipe.scheduler = _scheduler(scheduler, pipe)
     pipe.set_progress_bar_config(disable=True)
+    return pipe, text2image_record(pipe, model, revision, source, torch_dtype, used_variant, device, cpu_offload,
+                                   safety_checker)
 
-    record = {
+
+def text2image_record(pipe, model: str, revision: str | None, source: str, torch_dtype, variant: str | None,
+                      device: str, cpu_offload: bool, safety_checker: str) -> dict:
+    """The provenance of ``pipe`` as ``load_text2image`` loaded it from ``source`` (the local
+    directory, or the hub snapshot ``model`` resolved to)."""
+    return {
         "model": model,
         "revision": revision,
         "source": "directory" if os.path.isdir(model) else "hub",
@@ -124,7 +131,7 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         "family": family_of_pipeline(type(pipe).__name__).name,
         "scheduler_class": type(pipe.scheduler).__name__ if getattr(pipe, "scheduler", None) is not None else None,
         "dtype": str(torch_dtype).replace("torch.", ""),
-        "variant": used_variant,
+        "variant": variant,
         "device": device,
         "cpu_offload": bool(cpu_offload),
         "safety_checker_policy": safety_checker,
@@ -136,7 +143,6 @@ def load_text2image(model: str, revision: str | None = None, device: str = "auto
         # commit, weight_files, weights_sha256: of the components loaded (a checker turned off is not)
         **weights_provenance(_loaded_files(pipe, source), source),
     }
-    return pipe, record
 
 
 # room a generator needs beyond its weights on the GPU (activations, the VAE decode, CUDA context)

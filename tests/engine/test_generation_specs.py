@@ -191,6 +191,42 @@ def test_standin_generators_keep_each_spec_s_settings(tmp_path):
         G.load_generators([built[0].at(built[0].model).__class__(built[0].model, extra=(("no_such_arg", 1),))], True)
 
 
+def test_a_standin_generator_is_loaded_once_per_process_and_recorded_in_each_run_s_directory(tmp_path, monkeypatch):
+    from pipelines.engine.generation import loading
+
+    monkeypatch.setattr(loading, "_LOADED", type(loading._LOADED)())
+    calls, real = [], loading.load_text2image
+    monkeypatch.setattr(loading, "load_text2image", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    runs = [G.build_standin_generators([GeneratorSpec("org/a", steps=2)], str(tmp_path / r))[0] for r in ("r1", "r2")]
+    first, second = (G.load_generators([spec], True)[0]["detail"] for spec in runs)
+    assert calls == [runs[0].model]      # the second run's stand-in has the same files: kept, not loaded
+    # its record is what a new load of its own directory records
+    _, record = real(runs[1].model, None, device="cpu", dtype="float32",
+                     safety_checker=runs[1].operator_kwargs()["safety_checker"])
+    assert {k: second[k] for k in record} == record and second["path"] == str(tmp_path / "r2" / "a-standin")
+    assert first["path"] == str(tmp_path / "r1" / "a-standin") and first["weights_sha256"] == second["weights_sha256"]
+    # another sampler is another pipeline; a generator that is not a stand-in is never kept
+    G.load_generators([dataclasses.replace(runs[1], scheduler="EulerDiscreteScheduler")], True)
+    G.load_generators([runs[1]], False)
+    G.load_generators([runs[1]], False)
+    assert calls == [runs[0].model] + [runs[1].model] * 3
+
+    def new_sampler(pipe, spec):        # a check that replaces a component of the pipeline it was given
+        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
+
+    G.load_generators([runs[1]], True, check=new_sampler)
+    assert len(calls) == 4
+    G.load_generators([runs[1]], True)   # what the check left is not used again
+    assert len(calls) == 5
+    # the oldest let go first once more than STANDINS_LOADED_KEPT bytes are kept
+    monkeypatch.setattr(loading, "STANDINS_LOADED_KEPT", 1)
+    G.load_generators([runs[0]], True)
+    assert len(calls) == 5 and len(loading._LOADED) == 1
+    G.load_generators([dataclasses.replace(runs[0], scheduler="EulerDiscreteScheduler")], True)
+    G.load_generators([runs[0]], True)
+    assert len(calls) == 7
+
+
 def test_a_standin_nsfw_check_is_calibrated_on_the_generators_as_they_load(tmp_path, capsys):
     """Each generator is loaded once on the driver: the stand-in NSFW check's calibration images
     come from the pipeline ``load_generators`` loaded, with the pipeline's own safety checker off

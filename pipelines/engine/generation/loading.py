@@ -3,6 +3,7 @@ every generator once (its provenance record) before the run starts."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import inspect
@@ -13,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from operators.base import collect_let_go, weak_parts
 from operators.image_nsfw_check import load_safety_checker
-from operators.support.diffusion import _generate, load_text2image
+from operators.support.diffusion import _generate, load_text2image, text2image_record
 from operators.support.models import file_sha256
 from pipelines.engine.generation.safety import SafetySettings
 from pipelines.engine.generation.specs import GeneratorSpec
@@ -75,16 +76,62 @@ def check_call_arguments(pipe, spec: GeneratorSpec) -> None:
                          f"{known}")
 
 
+STANDINS_LOADED_KEPT = 256 * 2**20    # the stand-in generators a process keeps loaded (bytes of their files)
+_LOADED: collections.OrderedDict[str, tuple[Any, int, tuple]] = collections.OrderedDict()
+
+
+def directory_digest(root: Path) -> tuple[str, int]:
+    """One sha256 over every file under ``root`` (its path there and its sha256), and their bytes."""
+    h, size = hashlib.sha256(), 0
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}\0{file_sha256(f)}\0".encode())
+        size += f.stat().st_size
+    return h.hexdigest(), size
+
+
+def _components(pipe) -> tuple:
+    """Which object each of ``pipe``'s components is: a kept stand-in whose components were
+    replaced since (a safety checker or a sampler set on it) is not used again."""
+    return tuple(sorted((name, id(part)) for name, part in pipe.components.items()))
+
+
+def _load_generator(spec: GeneratorSpec, standin: bool) -> tuple[Any, dict, bool]:
+    """``spec``'s pipeline on the CPU in float32, its provenance record, and whether the process
+    keeps it. A stand-in (a local directory) is kept by what decides it (its files, the revision,
+    the safety-checker policy and the sampler): a driver that runs several stand-in runs (the test
+    suite, a notebook) loads each stand-in once, and records each run's own directory."""
+    safety = spec.operator_kwargs()["safety_checker"]
+    root = Path(spec.model)
+    if not (standin and root.is_dir()):
+        return (*load_text2image(spec.model, spec.revision, device="cpu", dtype="float32", safety_checker=safety,
+                                 scheduler=spec.scheduler), False)
+    digest, size = directory_digest(root)
+    key = json.dumps([digest, spec.revision, safety, spec.scheduler])
+    pipe, _, components = _LOADED.pop(key, (None, 0, ()))
+    if pipe is not None and _components(pipe) == components:
+        import torch   # deferred: torch
+
+        record = text2image_record(pipe, spec.model, spec.revision, spec.model, torch.float32, None, "cpu", False,
+                                   safety)
+    else:
+        pipe, record = load_text2image(spec.model, spec.revision, device="cpu", dtype="float32",
+                                       safety_checker=safety, scheduler=spec.scheduler)
+    _LOADED[key] = (pipe, size, _components(pipe))
+    while len(_LOADED) > 1 and sum(n for _, n, _ in _LOADED.values()) > STANDINS_LOADED_KEPT:
+        _LOADED.popitem(last=False)      # the oldest let go first
+    return pipe, record, True
+
+
 def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
                     check: Callable[[Any, GeneratorSpec], None] | None = None,
                     calibrate: Callable[[Any, GeneratorSpec], None] | None = None) -> list[dict]:
-    """Load every generator on the CPU once (and let it go), as its spec says: their provenance
-    records (hub commit, weight sha256s, the spec). ``check(pipe, spec)``: a study's own check;
-    ``calibrate(pipe, spec)``: a stand-in NSFW check's calibration (``StandinChecker``)."""
+    """Load every generator on the CPU once (and let it go, a stand-in kept: ``_load_generator``),
+    as its spec says: their provenance records (hub commit, weight sha256s, the spec).
+    ``check(pipe, spec)``: a study's own check; ``calibrate(pipe, spec)``: a stand-in NSFW check's
+    calibration (``StandinChecker``)."""
     records = []
     for spec in specs:
-        pipe, rec = load_text2image(spec.model, spec.revision, device="cpu", dtype="float32",
-                                    safety_checker=spec.operator_kwargs()["safety_checker"], scheduler=spec.scheduler)
+        pipe, rec, kept = _load_generator(spec, standin)
         check_call_arguments(pipe, spec)
         if check is not None:
             check(pipe, spec)
@@ -93,7 +140,7 @@ def load_generators(specs: Sequence[GeneratorSpec], standin: bool,
         records.append({"role": "generator", "model": spec.model, "standin": standin,
                         "detail": {**rec, "spec": spec.record(), "defaults_from": spec.defaults_from},
                         **({"standin_for": spec.standin_for} if spec.standin_for else {})})
-        parts = weak_parts(pipe)
+        parts = [] if kept else weak_parts(pipe)
         del pipe
         collect_let_go(parts)
     return records
@@ -117,9 +164,7 @@ def calibration_key(pipe, spec: GeneratorSpec) -> str | None:
     root = Path(spec.model)
     if not root.is_dir():
         return None
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(root).as_posix()}\0{file_sha256(f)}\0".encode())
+    h = hashlib.sha256(directory_digest(root)[0].encode())
     scheduler = getattr(pipe, "scheduler", None)
     settings = {"pipeline": type(pipe).__name__, "steps": spec.steps, "guidance_scale": spec.guidance_scale,
                 "height": spec.height, "width": spec.width, "call_kwargs": spec.call_kwargs,
