@@ -25,6 +25,7 @@ import html
 import io as _io
 import pickle
 import re
+import threading
 
 import matplotlib
 import pyarrow.fs as pafs
@@ -49,6 +50,7 @@ THUMBNAIL_PX = 360      # example images: the longer side, twice the ~180 CSS px
 JPEG_QUALITY = 85
 RENDERED_BYTES_KEPT = 64 * 2**20   # the rendered figures a process keeps for reuse (``rendered``)
 _RENDERED: collections.OrderedDict[str, dict[str, bytes]] = collections.OrderedDict()
+_RENDERED_LOCK = threading.Lock()      # reports may be drawn in threads
 
 
 def new_figure(width: float, height: float, **kw) -> Figure:
@@ -111,13 +113,15 @@ def rendered(fig: Figure, formats: tuple[str, ...]) -> dict[str, bytes]:
     key = figure_key(fig)
     if key is None:
         return {f: render(fig, f) for f in formats}
-    done = _RENDERED.get(key, {})
+    with _RENDERED_LOCK:
+        done = dict(_RENDERED.get(key, {}))
     if not all(f in done for f in formats):
         done = {f: render(fig, f) for f in formats}
+    with _RENDERED_LOCK:
         _RENDERED[key] = {**_RENDERED.get(key, {}), **done}
+        _RENDERED.move_to_end(key)
         while len(_RENDERED) > 1 and sum(len(b) for v in _RENDERED.values() for b in v.values()) > RENDERED_BYTES_KEPT:
             _RENDERED.popitem(last=False)
-    _RENDERED.move_to_end(key)
     return {f: done[f] for f in formats}
 
 
