@@ -118,6 +118,37 @@ def load_spacy(model: str):
     return drop_unheard_encoders(nlp)
 
 
+_RECORDS: dict[tuple, dict] = {}
+
+
+def _installed_files(model: str) -> tuple:
+    """The files of the spaCy pipeline ``model`` (a directory, or an installed package's folder),
+    each with its size and modification time; () when it cannot be found."""
+    try:
+        root = model if os.path.isdir(model) else list(importlib.util.find_spec(model).submodule_search_locations)[0]
+    except (ImportError, AttributeError, TypeError, ValueError, IndexError):
+        return ()
+    out = []
+    for folder, _, names in sorted(os.walk(root)):
+        for name in sorted(names):
+            st = os.stat(os.path.join(folder, name))
+            out.append((os.path.relpath(os.path.join(folder, name), root), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def spacy_record(model: str) -> dict:
+    """What a run records of the spaCy pipeline ``model`` (its name, version and components, as
+    ``load_spacy`` loads it), loaded once to check that it loads (``ModelLoadError`` if not). A
+    process loads each pipeline once for its records while its files stay as they were (a driver
+    that runs several runs: the test suite, a notebook)."""
+    key = (model, _installed_files(model))
+    if key not in _RECORDS or not key[1]:
+        nlp = load_spacy(model)
+        _RECORDS[key] = {"model": model, "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
+                         "pipes": nlp.pipe_names}
+    return dict(_RECORDS[key])
+
+
 def needs_torch(model: str) -> bool | None:
     """Whether the installed spaCy pipeline ``model`` (a package name or a directory) needs torch,
     from its meta.json (a transformer component, or a requirement on spacy-transformers,

