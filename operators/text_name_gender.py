@@ -121,11 +121,19 @@ def load_spacy(model: str):
 _RECORDS: dict[tuple, dict] = {}
 
 
+def pipeline_folder(model: str) -> str:
+    """The folder of the spaCy pipeline ``model``: the directory itself, or the installed
+    package's (ImportError, AttributeError... when there is none)."""
+    if os.path.isdir(model):
+        return model
+    return list(importlib.util.find_spec(model).submodule_search_locations)[0]
+
+
 def _installed_files(model: str) -> tuple:
     """The files of the spaCy pipeline ``model`` (a directory, or an installed package's folder),
     each with its size and modification time; () when it cannot be found."""
     try:
-        root = model if os.path.isdir(model) else list(importlib.util.find_spec(model).submodule_search_locations)[0]
+        root = pipeline_folder(model)
     except (ImportError, AttributeError, TypeError, ValueError, IndexError):
         return ()
     out = []
@@ -154,12 +162,7 @@ def needs_torch(model: str) -> bool | None:
     from its meta.json (a transformer component, or a requirement on spacy-transformers,
     spacy-curated-transformers or torch); None when its meta cannot be read."""
     try:
-        if os.path.isdir(model):
-            meta = os.path.join(model, "meta.json")
-        else:
-            spec = importlib.util.find_spec(model)
-            meta = os.path.join(list(spec.submodule_search_locations)[0], "meta.json")
-        with open(meta) as f:
+        with open(os.path.join(pipeline_folder(model), "meta.json")) as f:
             info = json.load(f)
     except (ImportError, ValueError, TypeError, AttributeError, IndexError, OSError):
         return None
