@@ -58,10 +58,17 @@ PRELOAD_NAMES = (   # lazily exported classes whose modules the generator and he
 
 
 # ------------------------------------------------------------------------------------------ client
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def _client(argv: list[str]) -> int:
     """The process the raylet starts: hand everything to the template, wait for the worker. If
     the template cannot take it (gone, or refused to serve), this process becomes a fresh worker."""
     worker = os.environ[WORKER_ENV]
+    # held until the worker's pid is known and they are forwarded to it: a signal that comes
+    # sooner (the worker may already run and be seen) would otherwise end this process by its
+    # default action, without the worker's status
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(os.environ[SOCKET_ENV])
@@ -73,6 +80,7 @@ def _client(argv: list[str]) -> int:
         if not data:
             raise ConnectionError("the template closed the connection")
     except (OSError, KeyError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         os.execv(sys.executable, [sys.executable, worker, *argv])
     pid = _HEADER.unpack(data)[0]
     _die_with_parent()
@@ -83,8 +91,9 @@ def _client(argv: list[str]) -> int:
         except ProcessLookupError:
             pass
 
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    for s in FORWARDED:
         signal.signal(s, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)    # any held signal is forwarded now
     data = _recv_exactly(sock, _HEADER.size)
     status = _HEADER.unpack(data)[0] if data else 1
     return status if status >= 0 else 128 - status     # killed by signal -status

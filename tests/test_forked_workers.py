@@ -90,6 +90,51 @@ def test_a_signal_to_the_client_reaches_the_worker_and_a_killed_client_takes_its
         client.stderr.close()
 
 
+def test_a_signal_before_the_worker_s_pid_is_known_is_held_and_forwarded_to_the_worker(tmp_path):
+    """The raylet may signal a client as soon as it starts: before the template has answered with
+    its worker's pid, the signal is held, then passed on to the worker, and the client ends with
+    the worker's status (a stand-in template here answers when the test says so)."""
+    import socket
+
+    path = str(tmp_path / "fake.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    victim = subprocess.Popen(["sleep", "60"])          # the worker the stand-in template names
+    client = _client(tmp_path, path, "sleep", "0")
+    try:
+        conn, _ = server.accept()
+        request, fds = forked_workers._read_request(conn)
+        for fd in fds:
+            os.close(fd)
+        assert request is not None and len(fds) == 3
+        client.send_signal(signal.SIGTERM)               # no pid known yet
+        deadline = time.monotonic() + 30
+        while client.poll() is None and not _pending(client.pid, signal.SIGTERM):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert client.poll() is None, "the client ended on a signal meant for its worker"
+        conn.sendall(forked_workers._HEADER.pack(victim.pid))
+        assert victim.wait(30) == -signal.SIGTERM       # forwarded once the pid came
+        conn.sendall(forked_workers._HEADER.pack(-signal.SIGTERM))    # the worker's status
+        assert client.wait(30) == 128 + signal.SIGTERM
+    finally:
+        for proc in (client, victim):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        client.stdout.close()
+        client.stderr.close()
+        server.close()
+
+
+def _pending(pid: int, signum: int) -> bool:
+    """``signum`` is waiting to be delivered to ``pid`` (held by its signal mask)."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return any(int(fields[k], 16) >> (signum - 1) & 1 for k in ("SigPnd", "ShdPnd"))
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
