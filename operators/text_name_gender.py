@@ -149,12 +149,15 @@ def spacy_record(model: str) -> dict:
     ``load_spacy`` loads it), loaded once to check that it loads (``ModelLoadError`` if not). A
     process loads each pipeline once for its records while its files stay as they were (a driver
     that runs several runs: the test suite, a notebook)."""
-    key = (model, _installed_files(model))
-    if key not in _RECORDS or not key[1]:
+    files = _installed_files(model)
+    record = _RECORDS.get((model, files)) if files else None
+    if record is None:
         nlp = load_spacy(model)
-        _RECORDS[key] = {"model": model, "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
-                         "pipes": nlp.pipe_names}
-    return dict(_RECORDS[key])
+        record = {"model": model, "name": nlp.meta.get("name"), "version": nlp.meta.get("version"),
+                  "pipes": nlp.pipe_names}
+        if files:       # a pipeline whose files were not found is loaded each time: nothing to key it by
+            _RECORDS[(model, files)] = record
+    return dict(record)
 
 
 def needs_torch(model: str) -> bool | None:

