@@ -102,6 +102,7 @@ def test_a_signal_before_the_worker_s_pid_is_known_is_held_and_forwarded_to_the_
     server.listen(1)
     victim = subprocess.Popen(["sleep", "60"])          # the worker the stand-in template names
     client = _client(tmp_path, path, "sleep", "0")
+    conn = None
     try:
         conn, _ = server.accept()
         request, fds = forked_workers._read_request(conn)
@@ -125,6 +126,8 @@ def test_a_signal_before_the_worker_s_pid_is_known_is_held_and_forwarded_to_the_
                 proc.wait(10)
         client.stdout.close()
         client.stderr.close()
+        if conn is not None:
+            conn.close()
         server.close()
 
 
