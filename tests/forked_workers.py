@@ -19,6 +19,12 @@ What it does not show, and where that is tested instead: a worker's start in a f
 (its imports). The cluster of the ``ray job submit`` test (``ray start`` in a subprocess) and the
 fresh NER actor without torch (a subprocess with a Ray instance of its own) do not use it.
 ``T2I_TEST_FRESH_WORKERS=1`` turns it off for a whole run.
+
+The same template runs some of the tests' own Python children (``python_command``: the GPU
+benchmark's smoke run, the study scripts, two drivers with Ray instances of their own), where
+what the test checks is not a fresh interpreter's start and the libraries read none of the
+child's variables at import. A child that checks what a fresh interpreter imports, or that sets
+variables the libraries read at import (``HF_HUB_CACHE``), still starts a fresh one.
 """
 
 from __future__ import annotations
@@ -441,6 +447,47 @@ def _start_template() -> str | None:
         if "proc" in _template:      # one this process started, and it refused to serve: not again
             break
     return _template["path"]
+
+
+def python_command(argv: list[str], env: dict | None = None, tmp_dir: str | None = None,
+                   template: str | None = None) -> tuple[list[str], dict]:
+    """A command line ``[sys.executable, script | "-c" code, *args]`` and its environment, turned
+    into the client's, so that the Python child forks from the test run's template (its libraries
+    imported) instead of importing them in a fresh interpreter: what ``subprocess.run`` is then
+    given. The child runs the script as ``__main__`` with ``sys.argv`` as a fresh one has them,
+    in the working directory and with the environment given (the template's imports read the
+    test process's variables: only for a child whose variables those libraries do not read at
+    import). ``-c`` code is run from a file in ``tmp_dir`` that runs it as ``python -c`` does
+    (``sys.argv[0]`` ``"-c"``, the working directory first on the path, ``<string>`` in its
+    tracebacks). ``template``: that template's socket; by default the test run's, where one is
+    running already (started by a Ray instance of either test process: never for this alone, whose
+    imports cost more than the child saves), else a fresh interpreter, the command unchanged."""
+    import tempfile
+
+    env = dict(os.environ if env is None else env)
+    path = template or _running_template()
+    if not path or len(argv) < 2 or argv[0] != sys.executable or (argv[1].startswith("-") and argv[1] != "-c"):
+        return list(argv), env      # no template, or not a script or ``-c`` (``-m``, interpreter options)
+    script, args = argv[1], list(argv[2:])
+    if script == "-c":
+        fd, script = tempfile.mkstemp(suffix=".py", dir=tmp_dir)
+        with os.fdopen(fd, "w") as f:   # as ``python -c`` runs it: the working directory first on the path
+            f.write(f"import sys\nsys.argv[0] = '-c'\nsys.path[0] = ''\n"
+                    f"exec(compile({args.pop(0)!r}, '<string>', 'exec'))\n")
+    return [sys.executable, os.path.abspath(__file__), *args], env | {SOCKET_ENV: path, WORKER_ENV: script}
+
+
+def _running_template() -> str | None:
+    """The socket of the test run's template if one is running (with a lease on it for this
+    process), else None; none is started."""
+    if _template.get("path"):
+        return _template["path"]
+    if "path" in _template:     # looked for before, and none could be had
+        return None
+    folder = template_folder()
+    if os.path.exists(os.path.join(folder, "template.sock")) and _alive(_read_pid(folder)):
+        return _start_template()
+    return None
 
 
 def _read_pid(folder: str) -> int | None:

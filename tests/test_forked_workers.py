@@ -75,6 +75,48 @@ def test_the_template_s_child_runs_the_worker_with_the_client_s_arguments_enviro
     assert "to stderr" in err                                # the client's own stderr
 
 
+CHILD = """
+import os, sys
+print("ppid", os.getppid())
+print("name", __name__, "argv", *sys.argv, "cwd", os.getcwd(), "path0", repr(sys.path[0]), "X", os.environ.get("X"))
+print("json", "json" in sys.modules, flush=True)
+if sys.argv[-1] == "raise":
+    raise ValueError("from the child")
+sys.exit(int(sys.argv[-1]))
+"""
+
+
+def test_a_python_child_forked_from_the_template_sees_what_a_fresh_interpreter_sees(template, tmp_path):
+    """``python_command``: a test's ``python -c CODE ARGS`` or ``python SCRIPT ARGS``, run as the
+    template's child, prints what a fresh interpreter prints (name, arguments, working directory,
+    first path entry, environment, exit status, traceback), with the template's imports there."""
+    proc, path = template
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = os.environ | {"X": "given"}
+    for head in (["-c", CHILD], [str(script)]):
+        for last in ("4", "raise"):
+            argv = [sys.executable, *head, "a b", last]
+            runs = {}
+            for how in ("fresh", "forked"):
+                cmd, child_env = ((argv, env) if how == "fresh" else
+                                  forked_workers.python_command(argv, env, tmp_dir=str(tmp_path), template=path))
+                runs[how] = subprocess.run(cmd, env=child_env, cwd=work, capture_output=True, text=True, timeout=60)
+            fresh, forked = (_fields(runs[h].stdout) for h in ("fresh", "forked"))
+            assert int(forked.pop("ppid")[0]) == proc.pid and int(fresh.pop("ppid")[0]) != proc.pid, head
+            assert forked.pop("json") == ["True"] and fresh.pop("json") == ["False"]
+            assert forked == fresh and fresh["name"][0] == "__main__" and "given" in fresh["name"], head
+            assert runs["forked"].returncode == runs["fresh"].returncode == (4 if last == "4" else 1)
+            if last == "raise":
+                tails = [runs[h].stderr.strip().splitlines()[-2:] for h in ("fresh", "forked")]
+                assert tails[0] == tails[1] and tails[0][-1] == "ValueError: from the child", tails
+    # what it does not run through the template: a module (-m), or another interpreter
+    for argv in ([sys.executable, "-m", "json.tool"], ["python3", "-c", "pass"]):
+        assert forked_workers.python_command(argv, env, template=path) == (argv, env)
+
+
 def test_a_signal_to_the_client_reaches_the_worker_and_a_killed_client_takes_its_worker(template, tmp_path):
     _, path = template
     for signum, status in ((signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):

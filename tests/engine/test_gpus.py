@@ -7,6 +7,7 @@ the refusal of real models on a CPU.
 """
 
 from helpers import FORKED_WORKERS, REPO_ROOT
+from forked_workers import python_command
 import json
 import re
 import shlex
@@ -173,8 +174,9 @@ def test_a_local_instance_advertising_a_gpu_schedules_the_generator_actor_on_it(
     from pipelines.standins.diffusion import build_tiny_stable_diffusion
 
     model = build_tiny_stable_diffusion(tmp_path / "sd", seed=0)
-    proc = subprocess.run([sys.executable, "-c", FORKED_WORKERS + _ADVERTISED_GPU, str(model)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=580)
+    cmd, env = python_command([sys.executable, "-c", FORKED_WORKERS + _ADVERTISED_GPU, str(model)],
+                              tmp_dir=str(tmp_path))   # forked from the tests' template
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert result == {"per_actor": 1.0, "local": True, "gpu_ids": ["0"]}

@@ -1,6 +1,7 @@
 """pipelines.engine.storage.io on s3:// URIs, against a local moto S3 server (no network, no AWS)."""
 
 from helpers import FORKED_WORKERS, REPO_ROOT
+from forked_workers import python_command
 import os
 import subprocess
 import sys
@@ -190,7 +191,10 @@ def test_pipeline_writes_its_run_to_s3_and_resumes_there(s3_server, tmp_path):  
              "    print(f'attempt {attempt}: exit {rc}', file=sys.stderr)\n"
              "    if rc:\n"
              "        sys.exit(rc)\n")
-    res = subprocess.run([sys.executable, "-c", twice, *argv], capture_output=True, text=True, timeout=900, cwd=repo)
+    # forked from the tests' template (its libraries imported), with the server's variables: none
+    # of those libraries reads them at import
+    cmd, env = python_command([sys.executable, "-c", twice, *argv], tmp_dir=str(tmp_path))
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=repo)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "attempt 1: exit 0" in res.stderr and "attempt 2: exit 0" in res.stderr, res.stderr[-3000:]
     fs = s3_server.fs()
