@@ -457,7 +457,8 @@ def python_command(argv: list[str], env: dict | None = None, tmp_dir: str | None
     given. The child runs the script as ``__main__`` with ``sys.argv`` as a fresh one has them,
     in the working directory and with the environment given (the template's imports read the
     test process's variables: only for a child whose variables those libraries do not read at
-    import). ``-c`` code is run from a file in ``tmp_dir`` that runs it as ``python -c`` does
+    import). ``-c`` code is run from a file in ``tmp_dir`` (a test's ``tmp_path``: the file stays
+    there; by default the system's temporary folder) that runs it as ``python -c`` does
     (``sys.argv[0]`` ``"-c"``, the working directory first on the path, ``<string>`` in its
     tracebacks). ``template``: that template's socket; by default the test run's, where one is
     running already (started by a Ray instance of either test process: never for this alone, whose

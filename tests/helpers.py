@@ -57,8 +57,8 @@ def run_main(main, argv) -> "subprocess.CompletedProcess":
 
 def run_study_script(study: str, command: str, *args) -> "subprocess.CompletedProcess":
     """``pipelines/<study>.py <command> ...`` as a user runs it: the script as ``__main__``, in a
-    process of its own (forked from the tests' template, its libraries imported:
-    ``forked_workers.python_command``; 1-2 CPU-s less a call)."""
+    process of its own: forked from the test run's template where one is running (its libraries
+    imported: ``forked_workers.python_command``; 1-2 CPU-s less a call), else a fresh interpreter."""
     import subprocess
     import sys
 
