@@ -424,13 +424,13 @@ def _start_template() -> str | None:
     if inherited and os.path.exists(inherited):
         return inherited        # a driver the tests started in a subprocess: its test process's template
     folder = template_folder()
-    path = os.path.join(folder, "template.sock")
+    path = _socket(folder)
     _template.update(path=None, folder=folder)
     for _ in range(2):      # the second time: the template ended between the look and the lease
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "template.lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)    # one test process at a time looks, and starts it if need be
-            if not (os.path.exists(path) and _alive(_read_pid(folder))):
+            if not _serving(folder):
                 if os.path.exists(path):
                     os.unlink(path)
                 with open(os.path.join(folder, "template.log"), "ab") as log:
@@ -481,14 +481,18 @@ def python_command(argv: list[str], env: dict | None = None, tmp_dir: str | None
 def _running_template() -> str | None:
     """The socket of the test run's template if one is running (with a lease on it for this
     process), else None; none is started."""
-    if _template.get("path"):
+    if "path" in _template:     # looked for before: the answer stays
         return _template["path"]
-    if "path" in _template:     # looked for before, and none could be had
-        return None
-    folder = template_folder()
-    if os.path.exists(os.path.join(folder, "template.sock")) and _alive(_read_pid(folder)):
-        return _start_template()
-    return None
+    return _start_template() if _serving(template_folder()) else None
+
+
+def _socket(folder: str) -> str:
+    return os.path.join(folder, "template.sock")
+
+
+def _serving(folder: str) -> bool:
+    """The run's template in ``folder`` is up: its socket is there and its process alive."""
+    return os.path.exists(_socket(folder)) and _alive(_read_pid(folder))
 
 
 def _read_pid(folder: str) -> int | None:
